@@ -1,0 +1,3 @@
+//! Checkpoint formats, the Mimi codec, the Moshi LM and the tokenizer.
+//!
+//! This crate knows no threads or sockets.

@@ -1,0 +1,1 @@
+//! The full-duplex runtime: engine, sessions and the frame pass.

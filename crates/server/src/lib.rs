@@ -1,0 +1,1 @@
+//! WebSocket server speaking Kyutai's `/api/chat` protocol.
