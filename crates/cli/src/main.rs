@@ -1,6 +1,51 @@
-//! The `moshi-native` binary.
+//! The `moshi-native` binary: talk to Moshi, run Mimi, inspect and trace models.
 
-fn main() -> anyhow::Result<()> {
-    println!("moshi-native {}", env!("CARGO_PKG_VERSION"));
-    Ok(())
+mod fetch;
+#[allow(dead_code)] // used by the model-loading commands as they land
+mod models;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+/// Native inference engine for Kyutai's Moshi speech-to-speech model and its Mimi codec.
+#[derive(Parser, Debug)]
+#[command(name = "moshi-native", version, about, propagate_version = true)]
+struct Cli {
+    /// Print tracing logs (RUST_LOG overrides the filter).
+    #[arg(long, short, global = true)]
+    verbose: bool,
+    #[command(subcommand)]
+    cmd: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Download a released bundle into the Hugging Face cache (resumable).
+    Fetch(fetch::FetchArgs),
+}
+
+fn init_logging(verbose: bool) {
+    let default = if verbose { "debug" } else { "warn" };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn main() {
+    let cli = Cli::parse();
+    init_logging(cli.verbose);
+    if let Err(e) = dispatch(cli.cmd) {
+        // One clear line (plus any hint lines the error carries), non-zero exit.
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn dispatch(cmd: Command) -> Result<()> {
+    match cmd {
+        Command::Fetch(a) => fetch::run(&a),
+    }
 }

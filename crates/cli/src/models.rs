@@ -1,0 +1,271 @@
+//! Model selection: variants, presets, Hugging Face repositories and the local hub cache.
+//!
+//! Every command that needs weights resolves them the same way, in this order:
+//! `--model demo` (the tiny random-weight bundle shipped inside the binary), `--model-dir DIR`,
+//! the `MOSHI_MODEL_DIR` environment variable, and finally the Hugging Face hub cache for
+//! `--variant`/`--preset` (default: moshiko, q8).
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+
+/// The Mimi codec file shared by every released bundle.
+pub const MIMI_FILE: &str = "tokenizer-e351c8d8-checkpoint125.safetensors";
+/// The SentencePiece text tokenizer shared by every released bundle.
+pub const SPM_FILE: &str = "tokenizer_spm_32k_3.model";
+
+/// Which released voice to use.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Variant {
+    /// Moshi with the male voice.
+    Moshiko,
+    /// Moshi with the female voice.
+    Moshika,
+}
+
+impl fmt::Display for Variant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Variant::Moshiko => "moshiko",
+            Variant::Moshika => "moshika",
+        })
+    }
+}
+
+/// Which released weight format to use.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Preset {
+    /// PyTorch bf16 safetensors (`kyutai/<variant>-pytorch-bf16`, ~15 GB).
+    Bf16,
+    /// candle GGUF Q8_0 (`kyutai/<variant>-candle-q8`, ~8 GB). The default.
+    Q8,
+    /// MLX affine 4-bit (`kyutai/<variant>-mlx-q4`, ~4 GB).
+    Q4,
+    /// MLX bf16 safetensors (`kyutai/<variant>-mlx-bf16`).
+    #[value(name = "mlx-bf16")]
+    MlxBf16,
+    /// MLX affine 8-bit (`kyutai/<variant>-mlx-q8`).
+    #[value(name = "mlx-q8")]
+    MlxQ8,
+}
+
+impl fmt::Display for Preset {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Preset::Bf16 => "bf16",
+            Preset::Q8 => "q8",
+            Preset::Q4 => "q4",
+            Preset::MlxBf16 => "mlx-bf16",
+            Preset::MlxQ8 => "mlx-q8",
+        })
+    }
+}
+
+/// The Hugging Face repository and files of one variant × preset.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RepoSpec {
+    /// Repository id, e.g. `kyutai/moshiko-candle-q8`.
+    pub repo: String,
+    /// The LM weight file inside the repository.
+    pub lm_file: &'static str,
+    /// Every file to download (LM weights, Mimi, tokenizer).
+    pub files: Vec<&'static str>,
+}
+
+/// Maps a variant and preset to its repository and file names.
+pub fn repo_spec(variant: Variant, preset: Preset) -> RepoSpec {
+    let (suffix, lm_file) = match preset {
+        Preset::Bf16 => ("pytorch-bf16", "model.safetensors"),
+        Preset::Q8 => ("candle-q8", "model.q8.gguf"),
+        Preset::Q4 => ("mlx-q4", "model.q4.safetensors"),
+        Preset::MlxBf16 => ("mlx-bf16", "model.safetensors"),
+        Preset::MlxQ8 => ("mlx-q8", "model.q8.safetensors"),
+    };
+    RepoSpec {
+        repo: format!("kyutai/{variant}-{suffix}"),
+        lm_file,
+        files: vec![lm_file, MIMI_FILE, SPM_FILE],
+    }
+}
+
+/// The root of the Hugging Face hub cache: `HF_HUB_CACHE`, else `HF_HOME/hub`, else
+/// `~/.cache/huggingface/hub` (the same rules as the official hub client).
+pub fn hub_cache_dir() -> PathBuf {
+    hub_cache_dir_from(|k| std::env::var_os(k))
+}
+
+/// [`hub_cache_dir`] with an injectable environment, for tests.
+pub fn hub_cache_dir_from(env: impl Fn(&str) -> Option<std::ffi::OsString>) -> PathBuf {
+    if let Some(p) = env("HF_HUB_CACHE") {
+        return PathBuf::from(p);
+    }
+    if let Some(p) = env("HF_HOME") {
+        return PathBuf::from(p).join("hub");
+    }
+    let home = env("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    home.join(".cache").join("huggingface").join("hub")
+}
+
+/// The cache folder of one repository: `models--org--name`.
+pub fn repo_cache_dir(cache: &Path, repo: &str) -> PathBuf {
+    cache.join(format!("models--{}", repo.replace('/', "--")))
+}
+
+/// Looks a complete bundle up in the hub cache; returns the snapshot directory holding every file.
+pub fn find_in_cache(cache: &Path, spec: &RepoSpec) -> Option<PathBuf> {
+    let dir = repo_cache_dir(cache, &spec.repo);
+    let rev = std::fs::read_to_string(dir.join("refs").join("main")).ok()?;
+    let snap = dir.join("snapshots").join(rev.trim());
+    spec.files
+        .iter()
+        .all(|f| snap.join(f).is_file())
+        .then_some(snap)
+}
+
+/// Model-selection flags shared by every command that loads weights.
+#[derive(Args, Clone, Debug, Default)]
+pub struct ModelArgs {
+    /// `demo` selects the tiny random-weight model bundled with the binary (no download needed).
+    #[arg(long, value_name = "NAME")]
+    pub model: Option<String>,
+    /// An explicit bundle directory (config.json + weights + Mimi + tokenizer).
+    #[arg(long, value_name = "DIR", env = "MOSHI_MODEL_DIR")]
+    pub model_dir: Option<PathBuf>,
+    /// Released voice, looked up in the Hugging Face cache.
+    #[arg(long, value_enum)]
+    pub variant: Option<Variant>,
+    /// Released weight format, looked up in the Hugging Face cache.
+    #[arg(long, value_enum)]
+    pub preset: Option<Preset>,
+}
+
+/// Where the weights of a command come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ModelSource {
+    /// The bundled tiny random-weight demo model.
+    Demo,
+    /// A bundle directory on disk.
+    Dir(PathBuf),
+}
+
+impl ModelArgs {
+    /// Resolves the flags to a model source (see the module docs for the order).
+    pub fn resolve(&self) -> Result<ModelSource> {
+        self.resolve_with_cache(&hub_cache_dir())
+    }
+
+    /// [`ModelArgs::resolve`] against an explicit hub cache root.
+    pub fn resolve_with_cache(&self, cache: &Path) -> Result<ModelSource> {
+        match self.model.as_deref() {
+            Some("demo") => return Ok(ModelSource::Demo),
+            Some(other) => bail!(
+                "unknown --model `{other}`\nhint: the only built-in model is `demo`; use --model-dir for a bundle directory"
+            ),
+            None => {}
+        }
+        if let Some(dir) = &self.model_dir {
+            if !dir.is_dir() {
+                bail!(
+                    "model directory {} does not exist\nhint: pass a bundle directory (config.json, weights, Mimi, tokenizer) or --model demo",
+                    dir.display()
+                );
+            }
+            return Ok(ModelSource::Dir(dir.clone()));
+        }
+        let variant = self.variant.unwrap_or(Variant::Moshiko);
+        let preset = self.preset.unwrap_or(Preset::Q8);
+        let spec = repo_spec(variant, preset);
+        find_in_cache(cache, &spec)
+            .map(ModelSource::Dir)
+            .with_context(|| {
+                format!(
+                    "{variant} {preset} is not in the Hugging Face cache ({})\nhint: run `moshi-native fetch --variant {variant} --preset {preset}`, or try `--model demo`",
+                    cache.display()
+                )
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsString;
+
+    #[test]
+    fn every_preset_routes_to_its_repo_and_files() {
+        let cases = [
+            (Variant::Moshiko, Preset::Bf16, "kyutai/moshiko-pytorch-bf16", "model.safetensors"),
+            (Variant::Moshiko, Preset::Q8, "kyutai/moshiko-candle-q8", "model.q8.gguf"),
+            (Variant::Moshika, Preset::Q4, "kyutai/moshika-mlx-q4", "model.q4.safetensors"),
+            (Variant::Moshika, Preset::MlxBf16, "kyutai/moshika-mlx-bf16", "model.safetensors"),
+            (Variant::Moshiko, Preset::MlxQ8, "kyutai/moshiko-mlx-q8", "model.q8.safetensors"),
+        ];
+        for (v, p, repo, lm) in cases {
+            let s = repo_spec(v, p);
+            assert_eq!(s.repo, repo);
+            assert_eq!(s.lm_file, lm);
+            assert_eq!(s.files, vec![lm, MIMI_FILE, SPM_FILE]);
+        }
+    }
+
+    #[test]
+    fn cache_dir_follows_hub_env_rules() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| OsString::from(v))
+            }
+        };
+        assert_eq!(
+            hub_cache_dir_from(env(&[("HF_HUB_CACHE", "/a"), ("HF_HOME", "/b")])),
+            PathBuf::from("/a")
+        );
+        assert_eq!(hub_cache_dir_from(env(&[("HF_HOME", "/b")])), PathBuf::from("/b/hub"));
+        assert_eq!(
+            hub_cache_dir_from(env(&[("HOME", "/h")])),
+            PathBuf::from("/h/.cache/huggingface/hub")
+        );
+        assert_eq!(
+            repo_cache_dir(Path::new("/c"), "kyutai/moshiko-candle-q8"),
+            PathBuf::from("/c/models--kyutai--moshiko-candle-q8")
+        );
+    }
+
+    #[test]
+    fn resolution_order_and_cache_lookup() {
+        let tmp = std::env::temp_dir().join(format!("mn-models-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let args = ModelArgs::default();
+        let err = args.resolve_with_cache(&tmp).unwrap_err().to_string();
+        assert!(err.contains("moshiko q8 is not in the Hugging Face cache"), "{err}");
+        assert!(err.contains("moshi-native fetch --variant moshiko --preset q8"), "{err}");
+
+        // Lay out a complete snapshot by hand, as a user following the offline hint would.
+        let spec = repo_spec(Variant::Moshiko, Preset::Q8);
+        let repo = repo_cache_dir(&tmp, &spec.repo);
+        std::fs::create_dir_all(repo.join("refs")).unwrap();
+        std::fs::write(repo.join("refs/main"), "abc123\n").unwrap();
+        let snap = repo.join("snapshots/abc123");
+        std::fs::create_dir_all(&snap).unwrap();
+        for f in &spec.files[..2] {
+            std::fs::write(snap.join(f), b"x").unwrap();
+        }
+        assert!(args.resolve_with_cache(&tmp).is_err(), "incomplete snapshot must not resolve");
+        std::fs::write(snap.join(SPM_FILE), b"x").unwrap();
+        assert_eq!(args.resolve_with_cache(&tmp).unwrap(), ModelSource::Dir(snap.clone()));
+
+        let demo = ModelArgs { model: Some("demo".into()), ..Default::default() };
+        assert_eq!(demo.resolve_with_cache(&tmp).unwrap(), ModelSource::Demo);
+        let bad = ModelArgs { model: Some("huge".into()), ..Default::default() };
+        assert!(bad.resolve_with_cache(&tmp).is_err());
+        let dir = ModelArgs { model_dir: Some(tmp.clone()), ..Default::default() };
+        assert_eq!(dir.resolve_with_cache(&tmp).unwrap(), ModelSource::Dir(tmp.clone()));
+        let missing = ModelArgs { model_dir: Some(tmp.join("nope")), ..Default::default() };
+        assert!(missing.resolve_with_cache(&tmp).is_err());
+        std::fs::remove_dir_all(&tmp).unwrap();
+    }
+}
