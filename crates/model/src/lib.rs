@@ -1,3 +1,4 @@
 //! Checkpoint formats, the Mimi codec, the Moshi LM and the tokenizer.
 //!
 //! This crate knows no threads or sockets.
+pub mod sampling;
