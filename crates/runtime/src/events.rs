@@ -1,0 +1,124 @@
+//! What a frame pass reports: output, timings and counters.
+
+use crate::RuntimeError;
+
+/// Why a session stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// `stop` was requested.
+    Requested,
+    /// `SessionOptions::max_steps` LM steps were run.
+    MaxSteps,
+}
+
+/// Wall-clock time spent in each phase of one frame pass, in microseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FrameTimings {
+    /// Mimi encode of the input frame.
+    pub encode_us: u32,
+    /// LM step (temporal transformer, sampling and depformer).
+    pub lm_us: u32,
+    /// Mimi decode, detokenization and output resampling.
+    pub decode_us: u32,
+    /// Whole frame pass.
+    pub total_us: u32,
+}
+
+/// Running counters of a session (since creation; a reset does not clear them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Complete input frames ever queued by the producer.
+    pub frames_in: u64,
+    /// Input frames dropped (oldest first) because the queue was full.
+    pub frames_dropped: u64,
+    /// Input frames discarded by a reset (queued input of the old stream).
+    pub frames_discarded: u64,
+    /// Frame passes run (LM steps).
+    pub frames_processed: u64,
+    /// Input frames waiting in the queue (the lag behind the producer, in 80 ms frames).
+    pub queued: usize,
+    /// Current epoch.
+    pub epoch: u64,
+}
+
+/// The output of one frame pass, borrowed from the session's buffers (no allocation).
+#[derive(Debug)]
+pub struct FrameOutput<'a> {
+    /// Epoch at which the frame was produced.
+    pub epoch: u64,
+    /// LM call index since the stream started or was reset (0 = the first frame).
+    pub frame_index: u64,
+    /// Text token returned by LMGen for this call (None at call 0).
+    pub text_token: Option<u32>,
+    /// The 8 Moshi audio tokens returned by LMGen for this call (None at call 0).
+    pub audio_tokens: Option<[u32; 8]>,
+    /// Detokenized text produced by this frame ("" when none).
+    pub text: &'a str,
+    /// Output audio at the session's output rate (empty at call 0; varying length when resampling).
+    pub pcm: &'a [f32],
+    /// Time spent in each phase.
+    pub timings: FrameTimings,
+    /// Counters after this frame.
+    pub counters: Counters,
+}
+
+impl FrameOutput<'_> {
+    /// An owned copy (allocates).
+    pub fn to_event(&self) -> FrameEvent {
+        FrameEvent {
+            epoch: self.epoch,
+            frame_index: self.frame_index,
+            text_token: self.text_token,
+            audio_tokens: self.audio_tokens,
+            text: self.text.to_owned(),
+            pcm: self.pcm.to_vec(),
+            timings: self.timings,
+            counters: self.counters,
+        }
+    }
+}
+
+/// Result of [`crate::Session::step`].
+#[derive(Debug)]
+pub enum Step<'a> {
+    /// No whole frame is queued; nothing was done.
+    Idle,
+    /// The session is paused; nothing was consumed or produced.
+    Paused,
+    /// The session is stopped (and stays stopped).
+    Stopped(StopReason),
+    /// One frame pass ran.
+    Frame(FrameOutput<'a>),
+}
+
+/// An owned [`FrameOutput`], as sent by [`crate::SessionRunner`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct FrameEvent {
+    /// Epoch at which the frame was produced.
+    pub epoch: u64,
+    /// LM call index since the stream started or was reset.
+    pub frame_index: u64,
+    /// Text token returned by LMGen (None at call 0).
+    pub text_token: Option<u32>,
+    /// The 8 Moshi audio tokens returned by LMGen (None at call 0).
+    pub audio_tokens: Option<[u32; 8]>,
+    /// Detokenized text produced by this frame.
+    pub text: String,
+    /// Output audio at the session's output rate.
+    pub pcm: Vec<f32>,
+    /// Time spent in each phase.
+    pub timings: FrameTimings,
+    /// Counters after this frame.
+    pub counters: Counters,
+}
+
+/// An event from a [`crate::SessionRunner`].
+#[derive(Debug)]
+pub enum Event {
+    /// One frame pass (of the current epoch; older epochs are dropped by the receiver).
+    Frame(FrameEvent),
+    /// The session stopped; last event.
+    Stopped(StopReason),
+    /// The frame pass failed; last event.
+    Error(RuntimeError),
+}

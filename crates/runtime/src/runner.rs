@@ -1,0 +1,418 @@
+//! The threaded driver: one worker thread per session, an event queue, stop that joins exactly once.
+//!
+//! The worker never polls. It sleeps in `thread::park` when there is nothing to do (no whole input frame,
+//! paused, or the event queue full) and is woken by whoever can change that: the PCM producer (a frame was
+//! completed), the control handle (any command) and the event receiver (an event was taken). A wake-up that
+//! happens before the worker parks is not lost (`unpark` leaves a token). Stop sets a flag and wakes the worker;
+//! a frame pass in progress completes, then the worker returns; `SessionRunner::stop` joins it once.
+
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle, Thread};
+use std::time::{Duration, Instant};
+
+use crate::control::SessionControl;
+use crate::events::{Counters, Event, FrameEvent, StopReason};
+use crate::ring::{FrameRing, PcmProducer};
+use crate::RuntimeError;
+
+/// What one drive of the worker produced.
+pub(crate) enum Driven {
+    Idle,
+    Paused,
+    Stopped(StopReason),
+    Frame(FrameEvent),
+}
+
+/// Something the worker can drive frame by frame (the real [`crate::Session`], or a fake in tests).
+pub(crate) trait Drive: Send + 'static {
+    fn drive(&mut self) -> Result<Driven, RuntimeError>;
+    fn control(&self) -> SessionControl;
+    fn ring(&self) -> Arc<FrameRing>;
+    fn take_producer(&mut self) -> Option<PcmProducer>;
+    fn counters(&self) -> Counters;
+}
+
+/// Runs a session on its own worker thread.
+///
+/// ```text
+/// let mut runner = SessionRunner::spawn(session, 16)?;
+/// let mut mic = runner.producer().unwrap();      // give to the audio/network side
+/// let events = runner.events().unwrap();          // give to the output side
+/// ... mic.push(&pcm); while let Some(ev) = events.recv() { ... } ...
+/// runner.stop()?;                                 // or drop
+/// ```
+pub struct SessionRunner {
+    control: SessionControl,
+    producer: Option<PcmProducer>,
+    events: Option<EventReceiver>,
+    join: Option<JoinHandle<Counters>>,
+    result: Option<Counters>,
+}
+
+impl std::fmt::Debug for SessionRunner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionRunner")
+            .field("control", &self.control)
+            .field("running", &self.join.is_some())
+            .finish()
+    }
+}
+
+/// The receiving end of a runner's events. `Send`; may be moved to another thread.
+pub struct EventReceiver {
+    rx: Receiver<Event>,
+    worker: Thread,
+    control: SessionControl,
+}
+
+impl std::fmt::Debug for EventReceiver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventReceiver").finish_non_exhaustive()
+    }
+}
+
+impl EventReceiver {
+    /// Whether to hand this event to the consumer (frames of an older epoch are dropped).
+    fn keep(&self, ev: &Event) -> bool {
+        match ev {
+            Event::Frame(f) => f.epoch >= self.control.epoch(),
+            _ => true,
+        }
+    }
+
+    /// Block until the next event. `None` once the worker has ended and every event was taken.
+    pub fn recv(&self) -> Option<Event> {
+        loop {
+            let ev = self.rx.recv().ok()?;
+            self.worker.unpark();
+            if self.keep(&ev) {
+                return Some(ev);
+            }
+        }
+    }
+
+    /// Like [`EventReceiver::recv`] with a deadline.
+    pub fn recv_timeout(&self, timeout: Duration) -> Result<Event, RecvTimeoutError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ev = self.rx.recv_timeout(left)?;
+            self.worker.unpark();
+            if self.keep(&ev) {
+                return Ok(ev);
+            }
+        }
+    }
+
+    /// The next event if one is ready.
+    pub fn try_recv(&self) -> Result<Event, TryRecvError> {
+        loop {
+            let ev = self.rx.try_recv()?;
+            self.worker.unpark();
+            if self.keep(&ev) {
+                return Ok(ev);
+            }
+        }
+    }
+}
+
+impl SessionRunner {
+    pub(crate) fn spawn_driver<D: Drive>(
+        mut driver: D,
+        event_capacity: usize,
+    ) -> Result<SessionRunner, RuntimeError> {
+        let (tx, rx) = mpsc::sync_channel(event_capacity.max(1));
+        let control = driver.control();
+        let ring = driver.ring();
+        let producer = driver.take_producer();
+        let wctl = control.clone();
+        let join = thread::Builder::new()
+            .name("moshi-session".into())
+            .spawn(move || worker(driver, tx, wctl))
+            .map_err(RuntimeError::Spawn)?;
+        let t = join.thread().clone();
+        let t2 = t.clone();
+        ring.set_waker(Arc::new(move || t.unpark()));
+        control.set_waker(Arc::new(move || t2.unpark()));
+        // A command or frame that arrived before the wakers were installed must not be missed.
+        join.thread().unpark();
+        let events = EventReceiver {
+            rx,
+            worker: join.thread().clone(),
+            control: control.clone(),
+        };
+        Ok(SessionRunner {
+            control,
+            producer,
+            events: Some(events),
+            join: Some(join),
+            result: None,
+        })
+    }
+
+    /// The producer end of the input queue (once). Each completed frame wakes the worker.
+    pub fn producer(&mut self) -> Option<PcmProducer> {
+        self.producer.take()
+    }
+
+    /// The command handle.
+    pub fn control(&self) -> SessionControl {
+        self.control.clone()
+    }
+
+    /// The event receiver (once).
+    pub fn events(&mut self) -> Option<EventReceiver> {
+        self.events.take()
+    }
+
+    /// Whether the worker thread has ended (stopped, max steps, or error).
+    pub fn is_finished(&self) -> bool {
+        self.join.as_ref().is_none_or(|j| j.is_finished())
+    }
+
+    /// Request stop and join the worker (exactly once; later calls return the same counters). Never
+    /// deadlocks: the worker never blocks on the event queue, and a frame pass in progress simply completes.
+    pub fn stop(&mut self) -> Result<Counters, RuntimeError> {
+        self.control.stop();
+        if let Some(j) = self.join.take() {
+            match j.join() {
+                Ok(c) => self.result = Some(c),
+                Err(_) => return Err(RuntimeError::WorkerPanicked),
+            }
+        }
+        self.result.ok_or(RuntimeError::WorkerPanicked)
+    }
+}
+
+impl Drop for SessionRunner {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}
+
+/// Send an event, waiting (parked) while the queue is full. Returns false if the worker must end
+/// (receiver gone, or stop requested while waiting).
+fn send<D: Drive>(tx: &SyncSender<Event>, mut ev: Event, control: &SessionControl, _d: &D) -> bool {
+    loop {
+        match tx.try_send(ev) {
+            Ok(()) => return true,
+            Err(TrySendError::Disconnected(_)) => return false,
+            Err(TrySendError::Full(back)) => {
+                if control.is_stop_requested() {
+                    return false;
+                }
+                ev = back;
+                thread::park();
+            }
+        }
+    }
+}
+
+fn worker<D: Drive>(mut d: D, tx: SyncSender<Event>, control: SessionControl) -> Counters {
+    loop {
+        match d.drive() {
+            Ok(Driven::Idle) | Ok(Driven::Paused) => thread::park(),
+            Ok(Driven::Frame(f)) => {
+                if f.epoch < control.epoch() {
+                    continue; // interrupted after this frame was produced: discard
+                }
+                if !send(&tx, Event::Frame(f), &control, &d) {
+                    break;
+                }
+            }
+            Ok(Driven::Stopped(r)) => {
+                let _ = tx.try_send(Event::Stopped(r));
+                break;
+            }
+            Err(e) => {
+                tracing::error!("session frame pass failed: {e}");
+                let _ = tx.try_send(Event::Error(e));
+                break;
+            }
+        }
+    }
+    d.counters()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::FRAME_SIZE;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A fake session: output = input frame scaled, with an optional hook called inside the pass.
+    pub(crate) struct Fake {
+        pub ring: Arc<FrameRing>,
+        pub control: SessionControl,
+        pub producer: Option<PcmProducer>,
+        pub index: u64,
+        pub processed: u64,
+        pub hook: Option<Arc<dyn Fn() + Send + Sync>>,
+        pub completed: Arc<AtomicUsize>,
+    }
+
+    impl Fake {
+        pub fn new(cap: usize) -> Fake {
+            let ring = FrameRing::new(cap);
+            Fake {
+                producer: Some(PcmProducer::new(ring.clone())),
+                ring,
+                control: SessionControl::new(),
+                index: 0,
+                processed: 0,
+                hook: None,
+                completed: Arc::new(AtomicUsize::new(0)),
+            }
+        }
+    }
+
+    impl Drive for Fake {
+        fn drive(&mut self) -> Result<Driven, RuntimeError> {
+            if self.control.is_stop_requested() {
+                return Ok(Driven::Stopped(StopReason::Requested));
+            }
+            if self.control.is_paused() {
+                return Ok(Driven::Paused);
+            }
+            let mut buf = [0f32; FRAME_SIZE];
+            if !self.ring.pop(&mut buf) {
+                return Ok(Driven::Idle);
+            }
+            if let Some(h) = &self.hook {
+                h();
+            }
+            let ev = FrameEvent {
+                epoch: self.control.epoch(),
+                frame_index: self.index,
+                text_token: None,
+                audio_tokens: None,
+                text: String::new(),
+                pcm: buf.iter().map(|x| x * 2.0).collect(),
+                timings: Default::default(),
+                counters: self.counters(),
+            };
+            self.index += 1;
+            self.processed += 1;
+            self.completed.fetch_add(1, Ordering::SeqCst);
+            Ok(Driven::Frame(ev))
+        }
+        fn control(&self) -> SessionControl {
+            self.control.clone()
+        }
+        fn ring(&self) -> Arc<FrameRing> {
+            self.ring.clone()
+        }
+        fn take_producer(&mut self) -> Option<PcmProducer> {
+            self.producer.take()
+        }
+        fn counters(&self) -> Counters {
+            Counters {
+                frames_processed: self.processed,
+                ..Default::default()
+            }
+        }
+    }
+
+    #[test]
+    fn frames_flow_and_stop_joins_once() {
+        let mut r = SessionRunner::spawn_driver(Fake::new(8), 4).unwrap();
+        let mut p = r.producer().unwrap();
+        assert!(r.producer().is_none());
+        let ev = r.events().unwrap();
+        p.push(&vec![0.5; FRAME_SIZE * 2 + 10]);
+        for i in 0..2 {
+            match ev.recv_timeout(Duration::from_secs(10)).unwrap() {
+                Event::Frame(f) => {
+                    assert_eq!(f.frame_index, i);
+                    assert!(f.pcm.iter().all(|&x| x == 1.0));
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        let c = r.stop().unwrap();
+        assert_eq!(c.frames_processed, 2);
+        assert_eq!(r.stop().unwrap(), c, "second stop returns the same result");
+        assert!(matches!(
+            ev.recv(),
+            Some(Event::Stopped(StopReason::Requested))
+        ));
+        assert!(ev.recv().is_none());
+    }
+
+    #[test]
+    fn stop_while_idle_paused_or_output_full() {
+        // idle
+        let mut r = SessionRunner::spawn_driver(Fake::new(4), 1).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        r.stop().unwrap();
+        // paused with queued input
+        let mut r = SessionRunner::spawn_driver(Fake::new(4), 1).unwrap();
+        r.control().pause();
+        r.producer().unwrap().push(&vec![0.1; FRAME_SIZE * 3]);
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(r.stop().unwrap().frames_processed, 0);
+        // output queue full, nobody reading, receiver still alive
+        let mut r = SessionRunner::spawn_driver(Fake::new(8), 1).unwrap();
+        let _ev = r.events().unwrap();
+        r.producer().unwrap().push(&vec![0.1; FRAME_SIZE * 5]);
+        std::thread::sleep(Duration::from_millis(50));
+        let c = r.stop().unwrap();
+        assert!(
+            c.frames_processed <= 3,
+            "worker must wait while the queue is full: {c:?}"
+        );
+    }
+
+    #[test]
+    fn stop_inside_a_pass_completes_the_pass() {
+        let mut fake = Fake::new(4);
+        let (in_tx, in_rx) = mpsc::channel::<()>();
+        let ctl = fake.control.clone();
+        let in_tx = std::sync::Mutex::new(in_tx);
+        fake.hook = Some(Arc::new(move || {
+            in_tx.lock().unwrap().send(()).unwrap();
+            // Stay inside the pass until stop has been requested.
+            while !ctl.is_stop_requested() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }));
+        let completed = fake.completed.clone();
+        let mut r = SessionRunner::spawn_driver(fake, 4).unwrap();
+        let ev = r.events().unwrap();
+        r.producer().unwrap().push(&vec![0.0; FRAME_SIZE]);
+        in_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        let c = r.stop().unwrap();
+        assert_eq!(completed.load(Ordering::SeqCst), 1);
+        assert_eq!(c.frames_processed, 1);
+        // The frame finished before stop was observed; it is delivered, then Stopped.
+        assert!(matches!(ev.recv(), Some(Event::Frame(_))));
+        assert!(matches!(ev.recv(), Some(Event::Stopped(_))));
+    }
+
+    #[test]
+    fn interrupt_drops_older_epochs_at_the_receiver() {
+        let fake = Fake::new(8);
+        let completed = fake.completed.clone();
+        let mut r = SessionRunner::spawn_driver(fake, 8).unwrap();
+        let ev = r.events().unwrap();
+        let mut p = r.producer().unwrap();
+        p.push(&vec![0.0; FRAME_SIZE * 3]);
+        // Let the worker queue the three frames of epoch 0, then interrupt before reading them.
+        let t0 = Instant::now();
+        while completed.load(Ordering::SeqCst) < 3 && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let e = r.control().interrupt();
+        assert_eq!(e, 1);
+        p.push(&vec![0.0; FRAME_SIZE]);
+        match ev.recv_timeout(Duration::from_secs(10)).unwrap() {
+            Event::Frame(f) => {
+                assert_eq!(f.epoch, 1);
+                assert_eq!(f.frame_index, 3);
+            }
+            other => panic!("{other:?}"),
+        }
+        r.stop().unwrap();
+    }
+}
