@@ -2,3 +2,4 @@
 //!
 //! This crate knows no threads or sockets.
 pub mod sampling;
+pub mod mimi;

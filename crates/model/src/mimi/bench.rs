@@ -1,0 +1,166 @@
+//! Synthetic Mimi weights of realistic scale and a frame-timing helper for benchmarks.
+//!
+//! Used by `moshi-native bench mimi` and `cargo run --release -p moshi-model --example
+//! mimi_bench`; not part of the inference path.
+
+use super::{Mimi, MimiDecoder, MimiEncoder, MimiError, MimiSpec};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Named tensors, as [`super::MimiTensors`] accepts them.
+pub type TensorMap = HashMap<String, (Vec<f32>, Vec<usize>)>;
+
+/// A small deterministic generator (xorshift64*), uniform in [-1, 1).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> f32 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let v = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40;
+        (v as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.next() * scale).collect()
+    }
+}
+
+/// Random weights in Kyutai's names for `spec`, all codebooks included. Conv and linear
+/// weights are uniform with variance 1/fan_in (like trained nets keep activations O(1)),
+/// norms near 1, LayerScale near 0.01, codebook centroids of magnitude ~1.
+pub fn synthetic_tensors(spec: &MimiSpec, seed: u64) -> TensorMap {
+    let mut rng = Rng(seed.max(1));
+    let mut m = TensorMap::new();
+    let put = |m: &mut TensorMap, rng: &mut Rng, name: String, shape: Vec<usize>, fan_in: usize| {
+        let n = shape.iter().product();
+        let scale = (3.0 / fan_in as f32).sqrt();
+        m.insert(name, (rng.vec(n, scale), shape));
+    };
+    let nf = spec.n_filters;
+    let conv = |m: &mut TensorMap, rng: &mut Rng, p: String, cin: usize, cout: usize, k: usize| {
+        let n = cout * cin * k;
+        let scale = (3.0 / (cin * k) as f32).sqrt();
+        m.insert(format!("{p}.weight"), (rng.vec(n, scale), vec![cout, cin, k]));
+        m.insert(format!("{p}.bias"), (rng.vec(cout, 0.01), vec![cout]));
+    };
+    let res = |m: &mut TensorMap, rng: &mut Rng, p: &str, idx: usize, dim: usize| {
+        for j in 0..spec.n_residual_layers {
+            let h = dim / spec.compress;
+            conv(m, rng, format!("{p}.{}.block.1.conv.conv", idx + j), dim, h, spec.residual_kernel_size);
+            conv(m, rng, format!("{p}.{}.block.3.conv.conv", idx + j), h, dim, 1);
+        }
+    };
+    conv(&mut m, &mut rng, "encoder.model.0.conv.conv".into(), spec.channels, nf, spec.kernel_size);
+    let (mut idx, mut mult) = (1, 1);
+    for &r in spec.ratios.iter().rev() {
+        res(&mut m, &mut rng, "encoder.model", idx, mult * nf);
+        idx += spec.n_residual_layers + 1;
+        conv(&mut m, &mut rng, format!("encoder.model.{idx}.conv.conv"), mult * nf, 2 * mult * nf, 2 * r);
+        idx += 1;
+        mult *= 2;
+    }
+    idx += 1;
+    conv(&mut m, &mut rng, format!("encoder.model.{idx}.conv.conv"), mult * nf, spec.dimension, spec.last_kernel_size);
+    conv(&mut m, &mut rng, "decoder.model.0.conv.conv".into(), spec.dimension, mult * nf, spec.kernel_size);
+    let mut idx = 1;
+    for &r in &spec.ratios {
+        idx += 1;
+        let (cin, cout) = (mult * nf, mult * nf / 2);
+        let p = format!("decoder.model.{idx}.convtr.convtr");
+        let scale = (3.0 / cin as f32).sqrt();
+        m.insert(format!("{p}.weight"), (rng.vec(cin * cout * 2 * r, scale), vec![cin, cout, 2 * r]));
+        m.insert(format!("{p}.bias"), (rng.vec(cout, 0.01), vec![cout]));
+        idx += 1;
+        res(&mut m, &mut rng, "decoder.model", idx, cout);
+        idx += spec.n_residual_layers;
+        mult /= 2;
+    }
+    idx += 1;
+    conv(&mut m, &mut rng, format!("decoder.model.{idx}.conv.conv"), nf, spec.channels, spec.last_kernel_size);
+    let (d, ff) = (spec.dimension, spec.dim_feedforward);
+    for tr in ["encoder_transformer", "decoder_transformer"] {
+        for l in 0..spec.num_layers {
+            let p = format!("{tr}.transformer.layers.{l}.");
+            for n in ["norm1", "norm2"] {
+                let w: Vec<f32> = rng.vec(d, 0.1).into_iter().map(|v| 1.0 + v).collect();
+                m.insert(format!("{p}{n}.weight"), (w, vec![d]));
+                m.insert(format!("{p}{n}.bias"), (rng.vec(d, 0.05), vec![d]));
+            }
+            for n in ["layer_scale_1", "layer_scale_2"] {
+                let w: Vec<f32> = rng.vec(d, 0.005).into_iter().map(|v| 0.01 + v).collect();
+                m.insert(format!("{p}{n}.scale"), (w, vec![d]));
+            }
+            put(&mut m, &mut rng, format!("{p}self_attn.in_proj_weight"), vec![3 * d, d], d);
+            put(&mut m, &mut rng, format!("{p}self_attn.out_proj.weight"), vec![d, d], d);
+            put(&mut m, &mut rng, format!("{p}linear1.weight"), vec![ff, d], d);
+            put(&mut m, &mut rng, format!("{p}linear2.weight"), vec![d, ff], ff);
+        }
+    }
+    let s = spec.downsample_stride();
+    put(&mut m, &mut rng, "downsample.conv.conv.conv.weight".into(), vec![d, d, 2 * s], d * 2 * s);
+    put(&mut m, &mut rng, "upsample.convtr.convtr.convtr.weight".into(), vec![d, 1, 2 * s], 2);
+    let (cd, bins) = (spec.codebook_dim, spec.bins);
+    for (name, n) in [("rvq_first", 1), ("rvq_rest", spec.n_q - 1)] {
+        let p = format!("quantizer.{name}");
+        put(&mut m, &mut rng, format!("{p}.input_proj.weight"), vec![cd, d, 1], d);
+        put(&mut m, &mut rng, format!("{p}.output_proj.weight"), vec![d, cd, 1], cd);
+        for j in 0..n {
+            let q = format!("{p}.vq.layers.{j}._codebook");
+            let usage: Vec<f32> = rng.vec(bins, 0.5).into_iter().map(|v| 1.0 + v).collect();
+            let mut sum = rng.vec(bins * cd, 1.0);
+            for b in 0..bins {
+                for v in &mut sum[b * cd..(b + 1) * cd] {
+                    *v *= usage[b];
+                }
+            }
+            m.insert(format!("{q}.embedding_sum"), (sum, vec![bins, cd]));
+            m.insert(format!("{q}.cluster_usage"), (usage, vec![bins]));
+            m.insert(format!("{q}._initialized"), (vec![1.0], vec![1]));
+        }
+    }
+    m
+}
+
+/// A released-size Mimi with synthetic weights.
+pub fn synthetic_mimi(n_codebooks: usize, seed: u64) -> Result<Arc<Mimi>, MimiError> {
+    let spec = MimiSpec::v0_1();
+    let t = synthetic_tensors(&spec, seed);
+    Ok(Arc::new(Mimi::from_tensors(&t, &spec, n_codebooks)?))
+}
+
+/// A deterministic test signal: a chirp 100 Hz → 4 kHz at amplitude 0.5 plus a little noise.
+pub fn test_signal(n: usize, sample_rate: usize) -> Vec<f32> {
+    let mut rng = Rng(12345);
+    let dur = n as f64 / sample_rate as f64;
+    (0..n)
+        .map(|i| {
+            let t = i as f64 / sample_rate as f64;
+            let f = 100.0 + (4000.0 - 100.0) * t / dur.max(1e-9) / 2.0;
+            (0.5 * (2.0 * std::f64::consts::PI * f * t).sin()) as f32 + 0.01 * rng.next()
+        })
+        .collect()
+}
+
+/// Milliseconds per frame for `frames` streaming frames: (encode, decode) per frame.
+pub fn time_frames(mimi: &Arc<Mimi>, frames: usize) -> Result<(Vec<f64>, Vec<f64>), MimiError> {
+    let fs = mimi.frame_size();
+    let pcm = test_signal(frames * fs, mimi.spec().sample_rate);
+    let mut enc = MimiEncoder::new(mimi.clone());
+    let mut dec = MimiDecoder::new(mimi.clone());
+    let mut out = vec![0.0; fs];
+    let mut codes = vec![0u32; mimi.n_codebooks()];
+    let (mut te, mut td) = (Vec::new(), Vec::new());
+    for f in 0..frames {
+        let t0 = Instant::now();
+        codes.copy_from_slice(enc.encode_frame(&pcm[f * fs..(f + 1) * fs])?);
+        let t1 = Instant::now();
+        dec.decode_frame(&codes, &mut out)?;
+        let t2 = Instant::now();
+        te.push((t1 - t0).as_secs_f64() * 1e3);
+        td.push((t2 - t1).as_secs_f64() * 1e3);
+    }
+    Ok((te, td))
+}

@@ -1,0 +1,310 @@
+//! Building [`Mimi`](super::Mimi) from named tensors, in Kyutai's canonical names or the
+//! Hugging Face `transformers` layout (`kyutai/mimi`).
+
+use super::conv::{Conv1d, ConvTr1d};
+use super::quantizer::{Codebook, Rvq, SplitRvq};
+use super::seanet::{ResBlock, SeanetDecoder, SeanetEncoder};
+use super::transformer::{Layer, Transformer};
+use super::{MimiError, MimiSpec};
+use std::collections::HashMap;
+
+/// A source of named f32 tensors (implemented for checkpoints and in-memory maps).
+pub trait MimiTensors {
+    /// The tensor as f32 values plus its shape, or `None` if absent.
+    fn get_f32(&self, name: &str) -> Result<Option<(Vec<f32>, Vec<usize>)>, MimiError>;
+}
+
+/// An in-memory tensor map (tests, synthetic benchmark weights).
+impl MimiTensors for HashMap<String, (Vec<f32>, Vec<usize>)> {
+    fn get_f32(&self, name: &str) -> Result<Option<(Vec<f32>, Vec<usize>)>, MimiError> {
+        Ok(self.get(name).cloned())
+    }
+}
+
+/// Which naming scheme a checkpoint uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// Kyutai's names (`encoder.model.0.conv.conv.weight`, fused `in_proj_weight`, ...).
+    Kyutai,
+    /// Hugging Face `transformers` names (`encoder.layers.0.conv.weight`, split q/k/v with
+    /// rotate-half permutation, ...).
+    HuggingFace,
+}
+
+pub(crate) struct Loader<'a> {
+    src: &'a dyn MimiTensors,
+    layout: Layout,
+    heads: Option<usize>,
+}
+
+impl<'a> Loader<'a> {
+    pub fn new(src: &'a dyn MimiTensors) -> Result<Self, MimiError> {
+        let layout = if src.get_f32("encoder.model.0.conv.conv.weight")?.is_some() {
+            Layout::Kyutai
+        } else if src.get_f32("encoder.layers.0.conv.weight")?.is_some() {
+            Layout::HuggingFace
+        } else {
+            return Err(MimiError::Missing("encoder.model.0.conv.conv.weight".into()));
+        };
+        Ok(Loader { src, layout, heads: None })
+    }
+
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// Maps a canonical (Kyutai) name to this checkpoint's name.
+    fn map(&self, name: &str) -> String {
+        if self.layout == Layout::Kyutai {
+            return name.to_string();
+        }
+        let mut n = name.to_string();
+        // quantizer first (its `_codebook` part)
+        n = n.replace("quantizer.rvq_first.vq.layers.", "quantizer.semantic_residual_vector_quantizer.layers.");
+        n = n.replace("quantizer.rvq_rest.vq.layers.", "quantizer.acoustic_residual_vector_quantizer.layers.");
+        n = n.replace("quantizer.rvq_first.", "quantizer.semantic_residual_vector_quantizer.");
+        n = n.replace("quantizer.rvq_rest.", "quantizer.acoustic_residual_vector_quantizer.");
+        n = n.replace("._codebook.embedding_sum", ".codebook.embed_sum");
+        n = n.replace("._codebook.cluster_usage", ".codebook.cluster_usage");
+        n = n.replace("downsample.conv.conv.conv.", "downsample.conv.");
+        n = n.replace("upsample.convtr.convtr.convtr.", "upsample.conv.");
+        n = n.replace("encoder.model.", "encoder.layers.");
+        n = n.replace("decoder.model.", "decoder.layers.");
+        n = n.replace(".conv.conv.", ".conv.");
+        n = n.replace(".convtr.convtr.", ".conv.");
+        n = n.replace("_transformer.transformer.layers.", "_transformer.layers.");
+        n = n.replace("self_attn.out_proj.", "self_attn.o_proj.");
+        n = n.replace(".linear1.", ".mlp.fc1.");
+        n = n.replace(".linear2.", ".mlp.fc2.");
+        n = n.replace(".norm1.", ".input_layernorm.");
+        n = n.replace(".norm2.", ".post_attention_layernorm.");
+        n = n.replace(".layer_scale_1.", ".self_attn_layer_scale.");
+        n = n.replace(".layer_scale_2.", ".mlp_layer_scale.");
+        n
+    }
+
+    fn raw(&self, name: &str) -> Result<(Vec<f32>, Vec<usize>), MimiError> {
+        self.src.get_f32(name)?.ok_or_else(|| MimiError::Missing(name.to_string()))
+    }
+
+    /// Fetches `name` (canonical) and checks its shape.
+    pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, MimiError> {
+        if self.layout == Layout::HuggingFace && name.ends_with("self_attn.in_proj_weight") {
+            return self.hf_in_proj(name, shape);
+        }
+        let mapped = self.map(name);
+        let (v, s) = self.raw(&mapped)?;
+        if s != shape {
+            return Err(MimiError::Shape { name: mapped, expected: shape.to_vec(), found: s });
+        }
+        Ok(v)
+    }
+
+    /// HF splits the fused QKV and permutes Q and K rows per head from interleaved pairs to
+    /// half-split (view [heads, hd/2, 2, d] → transpose(1, 2)); undo that.
+    fn hf_in_proj(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, MimiError> {
+        let d = shape[1];
+        let prefix = name.trim_end_matches("in_proj_weight");
+        let prefix = self.map(prefix);
+        let heads = self.heads.unwrap_or(1);
+        let hd = d / heads;
+        let mut out = Vec::with_capacity(3 * d * d);
+        for (i, part) in ["q_proj", "k_proj", "v_proj"].iter().enumerate() {
+            let nm = format!("{prefix}{part}.weight");
+            let (v, s) = self.raw(&nm)?;
+            if s != [d, d] {
+                return Err(MimiError::Shape { name: nm, expected: vec![d, d], found: s });
+            }
+            if i == 2 {
+                out.extend_from_slice(&v);
+                continue;
+            }
+            // HF row (h, j, i) with j ∈ {0,1} (half), i < hd/2 ← Kyutai row (h, i, j).
+            let mut w = vec![0.0; d * d];
+            for h in 0..heads {
+                for i2 in 0..hd / 2 {
+                    for j in 0..2 {
+                        let src = h * hd + j * (hd / 2) + i2;
+                        let dst = h * hd + i2 * 2 + j;
+                        w[dst * d..(dst + 1) * d].copy_from_slice(&v[src * d..(src + 1) * d]);
+                    }
+                }
+            }
+            out.extend_from_slice(&w);
+        }
+        Ok(out)
+    }
+}
+
+/// Head count for the HF un-permutation (set before loading transformers).
+impl Loader<'_> {
+    fn with_heads(mut self, heads: usize) -> Self {
+        self.heads = Some(heads);
+        self
+    }
+}
+
+pub(crate) struct Parts {
+    pub encoder: SeanetEncoder,
+    pub decoder: SeanetDecoder,
+    pub enc_tr: Transformer,
+    pub dec_tr: Transformer,
+    pub down: Conv1d,
+    pub up: ConvTr1d,
+    pub quant: SplitRvq,
+    pub layout: Layout,
+}
+
+fn conv(
+    l: &Loader,
+    prefix: &str,
+    cin: usize,
+    cout: usize,
+    k: usize,
+    stride: usize,
+    dilation: usize,
+) -> Result<Conv1d, MimiError> {
+    let weight = l.tensor(&format!("{prefix}.weight"), &[cout, cin, k])?;
+    let bias = Some(l.tensor(&format!("{prefix}.bias"), &[cout])?);
+    Ok(Conv1d { cin, cout, k, stride, dilation, weight, bias, replicate: false })
+}
+
+fn resblocks(l: &Loader, spec: &MimiSpec, prefix: &str, first_idx: usize, dim: usize) -> Result<Vec<ResBlock>, MimiError> {
+    let hidden = dim / spec.compress;
+    (0..spec.n_residual_layers)
+        .map(|j| {
+            let idx = first_idx + j;
+            let dil = spec.dilation_base.pow(j as u32);
+            Ok(ResBlock {
+                c1: conv(l, &format!("{prefix}.{idx}.block.1.conv.conv"), dim, hidden, spec.residual_kernel_size, 1, dil)?,
+                c2: conv(l, &format!("{prefix}.{idx}.block.3.conv.conv"), hidden, dim, 1, 1, 1)?,
+            })
+        })
+        .collect()
+}
+
+fn transformer(l: &Loader, spec: &MimiSpec, prefix: &str) -> Result<Transformer, MimiError> {
+    let d = spec.dimension;
+    let ff = spec.dim_feedforward;
+    let layers = (0..spec.num_layers)
+        .map(|i| {
+            let p = format!("{prefix}.transformer.layers.{i}.");
+            let t = |n: &str, s: &[usize]| l.tensor(&format!("{p}{n}"), s);
+            Ok(Layer {
+                norm1_w: t("norm1.weight", &[d])?,
+                norm1_b: t("norm1.bias", &[d])?,
+                in_proj: t("self_attn.in_proj_weight", &[3 * d, d])?,
+                out_proj: t("self_attn.out_proj.weight", &[d, d])?,
+                ls1: t("layer_scale_1.scale", &[d])?,
+                norm2_w: t("norm2.weight", &[d])?,
+                norm2_b: t("norm2.bias", &[d])?,
+                linear1: t("linear1.weight", &[ff, d])?,
+                linear2: t("linear2.weight", &[d, ff])?,
+                ls2: t("layer_scale_2.scale", &[d])?,
+            })
+        })
+        .collect::<Result<Vec<_>, MimiError>>()?;
+    Ok(Transformer { d, heads: spec.num_heads, ff, context: spec.context, max_period: spec.max_period, layers })
+}
+
+fn rvq(l: &Loader, spec: &MimiSpec, prefix: &str, n: usize) -> Result<Rvq, MimiError> {
+    let (d, cd, bins) = (spec.dimension, spec.codebook_dim, spec.bins);
+    let input_proj = l.tensor(&format!("{prefix}.input_proj.weight"), &[cd, d, 1])?;
+    let output_proj = l.tensor(&format!("{prefix}.output_proj.weight"), &[d, cd, 1])?;
+    let codebooks = (0..n)
+        .map(|j| {
+            let p = format!("{prefix}.vq.layers.{j}._codebook");
+            let sum = l.tensor(&format!("{p}.embedding_sum"), &[bins, cd])?;
+            let usage = l.tensor(&format!("{p}.cluster_usage"), &[bins])?;
+            Ok(Codebook::from_sums(bins, cd, &sum, &usage))
+        })
+        .collect::<Result<Vec<_>, MimiError>>()?;
+    Ok(Rvq { input_proj, output_proj, codebooks })
+}
+
+pub(crate) fn load_parts(src: &dyn MimiTensors, spec: &MimiSpec, n_codebooks: usize) -> Result<Parts, MimiError> {
+    spec.validate()?;
+    if n_codebooks < 1 || n_codebooks > spec.n_q {
+        return Err(MimiError::Config(format!("n_codebooks {n_codebooks} outside 1..={}", spec.n_q)));
+    }
+    let l = Loader::new(src)?.with_heads(spec.num_heads);
+    let nf = spec.n_filters;
+    let nres = spec.n_residual_layers;
+    // encoder
+    let conv0 = conv(&l, "encoder.model.0.conv.conv", spec.channels, nf, spec.kernel_size, 1, 1)?;
+    let mut idx = 1;
+    let mut mult = 1;
+    let mut stages = Vec::new();
+    for &r in spec.ratios.iter().rev() {
+        let dim = mult * nf;
+        let res = resblocks(&l, spec, "encoder.model", idx, dim)?;
+        idx += nres + 1; // resblocks + ELU
+        let down = conv(&l, &format!("encoder.model.{idx}.conv.conv"), dim, dim * 2, 2 * r, r, 1)?;
+        idx += 1;
+        mult *= 2;
+        stages.push((res, down));
+    }
+    idx += 1; // ELU
+    let last = conv(&l, &format!("encoder.model.{idx}.conv.conv"), mult * nf, spec.dimension, spec.last_kernel_size, 1, 1)?;
+    let encoder = SeanetEncoder { conv0, stages, last };
+    // decoder
+    let mut mult = 1 << spec.ratios.len();
+    let conv0 = conv(&l, "decoder.model.0.conv.conv", spec.dimension, mult * nf, spec.kernel_size, 1, 1)?;
+    let mut idx = 1;
+    let mut stages = Vec::new();
+    for &r in &spec.ratios {
+        idx += 1; // ELU
+        let (cin, cout) = (mult * nf, mult * nf / 2);
+        let p = format!("decoder.model.{idx}.convtr.convtr");
+        let w = l.tensor(&format!("{p}.weight"), &[cin, cout, 2 * r])?;
+        let b = l.tensor(&format!("{p}.bias"), &[cout])?;
+        let up = ConvTr1d::from_torch(cin, cout, 2 * r, r, false, &w, Some(b));
+        idx += 1;
+        let res = resblocks(&l, spec, "decoder.model", idx, cout)?;
+        idx += nres;
+        mult /= 2;
+        stages.push((up, res));
+    }
+    idx += 1; // ELU
+    let last = conv(&l, &format!("decoder.model.{idx}.conv.conv"), nf, spec.channels, spec.last_kernel_size, 1, 1)?;
+    let decoder = SeanetDecoder { conv0, stages, last };
+    // transformers
+    let enc_tr = transformer(&l, spec, "encoder_transformer")?;
+    let dec_tr = transformer(&l, spec, "decoder_transformer")?;
+    // resampling
+    let d = spec.dimension;
+    let s = spec.downsample_stride();
+    let down = if s > 1 {
+        Conv1d {
+            cin: d,
+            cout: d,
+            k: 2 * s,
+            stride: s,
+            dilation: 1,
+            weight: l.tensor("downsample.conv.conv.conv.weight", &[d, d, 2 * s])?,
+            bias: None,
+            replicate: true,
+        }
+    } else {
+        // No resampling when the encoder rate equals the frame rate: identity 1×1 conv.
+        let mut w = vec![0.0; d * d];
+        for i in 0..d {
+            w[i * d + i] = 1.0;
+        }
+        Conv1d { cin: d, cout: d, k: 1, stride: 1, dilation: 1, weight: w, bias: None, replicate: false }
+    };
+    let up = if s > 1 {
+        let w = l.tensor("upsample.convtr.convtr.convtr.weight", &[d, 1, 2 * s])?;
+        ConvTr1d::from_torch(d, d, 2 * s, s, true, &w, None)
+    } else {
+        ConvTr1d::from_torch(d, d, 1, 1, true, &vec![1.0; d], None)
+    };
+    // quantizer
+    let quant = SplitRvq {
+        d,
+        cb_dim: spec.codebook_dim,
+        first: rvq(&l, spec, "quantizer.rvq_first", 1)?,
+        rest: rvq(&l, spec, "quantizer.rvq_rest", n_codebooks - 1)?,
+    };
+    Ok(Parts { encoder, decoder, enc_tr, dec_tr, down, up, quant, layout: l.layout() })
+}

@@ -1,0 +1,391 @@
+//! Mimi, Kyutai's streaming neural audio codec (parity reference: `moshi` 0.2.13).
+//!
+//! [`Mimi`] holds the immutable weights; [`MimiEncoder`] and [`MimiDecoder`] hold the
+//! streaming state (all buffers preallocated), so one model can serve several streams.
+//! `encode_frame` / `decode_frame` allocate nothing. [`Mimi::encode`] / [`Mimi::decode`]
+//! reproduce PyTorch's non-streaming path (attention mask without the ring limit), and
+//! [`StreamEncoder`] accepts PCM chunks of any length.
+//!
+//! Pipeline (architecture reference §1.8): SEANet encoder → encoder transformer → learnt
+//! stride-2 downsample (replicate padding) → split RVQ; decode: RVQ decode → depthwise
+//! transposed-conv upsample → decoder transformer → SEANet decoder.
+
+mod conv;
+mod linalg;
+mod load;
+mod quantizer;
+mod seanet;
+mod spec;
+mod stream;
+mod transformer;
+
+pub mod bench;
+
+pub use load::{Layout, MimiTensors};
+pub use spec::MimiSpec;
+pub use stream::StreamEncoder;
+
+use conv::{Conv1d, ConvState, ConvTr1d, ConvTrState};
+use quantizer::{QuantScratch, SplitRvq};
+use seanet::{SeanetDecState, SeanetDecoder, SeanetEncState, SeanetEncoder};
+use std::sync::Arc;
+use transformer::{Transformer, TransformerState};
+
+/// Errors of the Mimi codec.
+#[derive(Debug, thiserror::Error)]
+pub enum MimiError {
+    /// A configuration value is missing, inconsistent or unsupported.
+    #[error("mimi config: {0}")]
+    Config(String),
+    /// A tensor the model needs is absent from the checkpoint.
+    #[error("mimi checkpoint: missing tensor `{0}`")]
+    Missing(String),
+    /// A tensor has an unexpected shape.
+    #[error("mimi checkpoint: tensor `{name}` has shape {found:?}, expected {expected:?}")]
+    Shape {
+        /// Tensor name (as stored).
+        name: String,
+        /// Expected shape.
+        expected: Vec<usize>,
+        /// Shape found.
+        found: Vec<usize>,
+    },
+    /// A checkpoint could not be read.
+    #[error("mimi checkpoint: {0}")]
+    Checkpoint(String),
+    /// Input of the wrong length or content.
+    #[error("mimi input: {0}")]
+    Input(String),
+}
+
+/// Intermediate tensors reported to a trace callback, each `[C, T]` channel-major for the
+/// frames of the current call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// SEANet encoder output `[dim, 2T]` (25 Hz).
+    EncSeanet,
+    /// Encoder transformer output `[dim, 2T]`.
+    EncTransformer,
+    /// Downsampled latent entering the quantizer `[dim, T]`.
+    Latent,
+    /// `quantizer.decode(codes)` `[dim, T]`.
+    DecLatent,
+    /// After the transposed-conv upsample `[dim, 2T]`.
+    DecUpsample,
+    /// Decoder transformer output `[dim, 2T]`.
+    DecTransformer,
+}
+
+/// Optional trace callback (costs nothing when `None`).
+pub type Trace<'a> = Option<&'a mut dyn FnMut(Stage, &[f32])>;
+
+/// The Mimi codec weights.
+#[derive(Debug, Clone)]
+pub struct Mimi {
+    spec: MimiSpec,
+    encoder: SeanetEncoder,
+    decoder: SeanetDecoder,
+    enc_tr: Transformer,
+    dec_tr: Transformer,
+    down: Conv1d,
+    up: ConvTr1d,
+    quant: SplitRvq,
+    layout: Layout,
+}
+
+impl Mimi {
+    /// Builds the model from named tensors (Kyutai or Hugging Face names, detected), using
+    /// the first `n_codebooks` codebooks (Moshi uses 8).
+    pub fn from_tensors(src: &dyn MimiTensors, spec: &MimiSpec, n_codebooks: usize) -> Result<Self, MimiError> {
+        let p = load::load_parts(src, spec, n_codebooks)?;
+        Ok(Mimi {
+            spec: spec.clone(),
+            encoder: p.encoder,
+            decoder: p.decoder,
+            enc_tr: p.enc_tr,
+            dec_tr: p.dec_tr,
+            down: p.down,
+            up: p.up,
+            quant: p.quant,
+            layout: p.layout,
+        })
+    }
+
+    /// The dimensions in use.
+    pub fn spec(&self) -> &MimiSpec {
+        &self.spec
+    }
+
+    /// The tensor naming scheme the weights were loaded from.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// Codebooks produced per frame.
+    pub fn n_codebooks(&self) -> usize {
+        self.quant.n_q()
+    }
+
+    /// Codebook size (2048 for the release).
+    pub fn cardinality(&self) -> usize {
+        self.quant.bins()
+    }
+
+    /// Samples per frame (1920 for the release).
+    pub fn frame_size(&self) -> usize {
+        self.spec.frame_size()
+    }
+
+    /// Latent dimension (512 for the release).
+    pub fn dimension(&self) -> usize {
+        self.spec.dimension
+    }
+
+    /// Non-streaming encode of a whole signal (PyTorch `MimiModel.encode` outside
+    /// streaming): right-pads with zeros to a multiple of the frame size and returns codes
+    /// `[n_codebooks, T]` row-major with T = ceil(len / frame_size) (0 for empty input).
+    pub fn encode(self: &Arc<Self>, pcm: &[f32]) -> Vec<u32> {
+        let fs = self.frame_size();
+        let t = pcm.len().div_ceil(fs);
+        let nq = self.n_codebooks();
+        let mut codes = vec![0u32; nq * t];
+        if t == 0 {
+            return codes;
+        }
+        let chunk = BATCH_FRAMES.min(t);
+        let mut enc = MimiEncoder::with_chunk(self.clone(), chunk, true);
+        let mut buf = vec![0.0f32; chunk * fs];
+        let mut cc = vec![0u32; nq * chunk];
+        let mut f0 = 0;
+        while f0 < t {
+            let n = chunk.min(t - f0);
+            let src = &pcm[(f0 * fs).min(pcm.len())..((f0 + n) * fs).min(pcm.len())];
+            buf[..src.len()].copy_from_slice(src);
+            buf[src.len()..n * fs].fill(0.0);
+            enc.encode_chunk(&buf[..n * fs], n, &mut cc[..nq * n], None);
+            for q in 0..nq {
+                codes[q * t + f0..q * t + f0 + n].copy_from_slice(&cc[q * n..q * n + n]);
+            }
+            f0 += n;
+        }
+        codes
+    }
+
+    /// Non-streaming decode of codes `[n_codebooks, T]` row-major into `T * frame_size`
+    /// samples. Codes out of range are refused.
+    pub fn decode(self: &Arc<Self>, codes: &[u32], t: usize) -> Result<Vec<f32>, MimiError> {
+        let nq = self.n_codebooks();
+        if codes.len() != nq * t {
+            return Err(MimiError::Input(format!("expected {} codes ({nq} × {t}), got {}", nq * t, codes.len())));
+        }
+        let fs = self.frame_size();
+        let mut pcm = vec![0.0f32; t * fs];
+        if t == 0 {
+            return Ok(pcm);
+        }
+        let chunk = BATCH_FRAMES.min(t);
+        let mut dec = MimiDecoder::with_chunk(self.clone(), chunk, true);
+        let mut cc = vec![0u32; nq * chunk];
+        let mut f0 = 0;
+        while f0 < t {
+            let n = chunk.min(t - f0);
+            for q in 0..nq {
+                cc[q * n..q * n + n].copy_from_slice(&codes[q * t + f0..q * t + f0 + n]);
+            }
+            dec.decode_chunk(&cc[..nq * n], n, &mut pcm[f0 * fs..(f0 + n) * fs], None)?;
+            f0 += n;
+        }
+        Ok(pcm)
+    }
+}
+
+/// Frames per call in the non-streaming paths (bounded memory for long signals).
+const BATCH_FRAMES: usize = 16;
+
+/// Streaming encoder state (PyTorch `mimi.streaming(1)` + `encode` per frame).
+#[derive(Debug, Clone)]
+pub struct MimiEncoder {
+    mimi: Arc<Mimi>,
+    chunk: usize,
+    seanet: SeanetEncState,
+    tr: TransformerState,
+    down: ConvState,
+    quant: QuantScratch,
+    emb: Vec<f32>,
+    lat: Vec<f32>,
+    codes: Vec<u32>,
+}
+
+impl MimiEncoder {
+    /// A fresh streaming encoder fed one frame per call.
+    pub fn new(mimi: Arc<Mimi>) -> Self {
+        Self::with_chunk(mimi, 1, false)
+    }
+
+    fn with_chunk(mimi: Arc<Mimi>, chunk: usize, exact_window: bool) -> Self {
+        let fs = mimi.frame_size();
+        let s = mimi.spec.downsample_stride();
+        let d = mimi.dimension();
+        MimiEncoder {
+            seanet: mimi.encoder.state(chunk * fs),
+            tr: mimi.enc_tr.state(chunk * s, exact_window),
+            down: mimi.down.state(chunk * s),
+            quant: mimi.quant.scratch(),
+            emb: vec![0.0; d * chunk * s],
+            lat: vec![0.0; d * chunk],
+            codes: vec![0; mimi.n_codebooks() * chunk],
+            chunk,
+            mimi,
+        }
+    }
+
+    /// The model.
+    pub fn mimi(&self) -> &Arc<Mimi> {
+        &self.mimi
+    }
+
+    /// Encodes one frame of `frame_size` samples; returns its `n_codebooks` codes
+    /// (borrowed from the state). Allocation-free.
+    pub fn encode_frame(&mut self, pcm: &[f32]) -> Result<&[u32], MimiError> {
+        self.encode_frame_traced(pcm, None)
+    }
+
+    /// [`MimiEncoder::encode_frame`] reporting intermediates to `trace`.
+    pub fn encode_frame_traced(&mut self, pcm: &[f32], trace: Trace<'_>) -> Result<&[u32], MimiError> {
+        let fs = self.mimi.frame_size();
+        if pcm.len() != fs {
+            return Err(MimiError::Input(format!("encode_frame needs {fs} samples, got {}", pcm.len())));
+        }
+        let mut codes = std::mem::take(&mut self.codes);
+        let nq = self.mimi.n_codebooks();
+        self.encode_chunk(pcm, 1, &mut codes[..nq], trace);
+        self.codes = codes;
+        Ok(&self.codes[..nq])
+    }
+
+    /// `n` frames (≤ chunk) → codes `[nq, n]`.
+    fn encode_chunk(&mut self, pcm: &[f32], n: usize, codes: &mut [u32], mut trace: Trace<'_>) {
+        debug_assert!(n <= self.chunk);
+        let m = &*self.mimi;
+        let fs = m.frame_size();
+        let s = m.spec.downsample_stride();
+        let d = m.dimension();
+        let t2 = n * s;
+        let emb = &mut self.emb[..d * t2];
+        m.encoder.forward(&mut self.seanet, &pcm[..n * fs], n * fs, emb);
+        if let Some(f) = trace.as_mut() {
+            f(Stage::EncSeanet, emb);
+        }
+        m.enc_tr.forward(&mut self.tr, emb, t2);
+        if let Some(f) = trace.as_mut() {
+            f(Stage::EncTransformer, emb);
+        }
+        let lat = &mut self.lat[..d * n];
+        m.down.forward(&mut self.down, emb, t2, false, lat);
+        if let Some(f) = trace.as_mut() {
+            f(Stage::Latent, lat);
+        }
+        m.quant.encode(&mut self.quant, lat, n, codes);
+    }
+
+    /// Back to the fresh state (bit-identical results to a new encoder).
+    pub fn reset(&mut self) {
+        self.seanet.reset();
+        self.tr.reset();
+        self.down.reset();
+    }
+}
+
+/// Streaming decoder state (PyTorch `mimi.streaming(1)` + `decode` per frame).
+#[derive(Debug, Clone)]
+pub struct MimiDecoder {
+    mimi: Arc<Mimi>,
+    chunk: usize,
+    quant: QuantScratch,
+    lat: Vec<f32>,
+    up: ConvTrState,
+    emb: Vec<f32>,
+    tr: TransformerState,
+    seanet: SeanetDecState,
+}
+
+impl MimiDecoder {
+    /// A fresh streaming decoder fed one frame per call.
+    pub fn new(mimi: Arc<Mimi>) -> Self {
+        Self::with_chunk(mimi, 1, false)
+    }
+
+    fn with_chunk(mimi: Arc<Mimi>, chunk: usize, exact_window: bool) -> Self {
+        let s = mimi.spec.downsample_stride();
+        let d = mimi.dimension();
+        MimiDecoder {
+            quant: mimi.quant.scratch(),
+            lat: vec![0.0; d * chunk],
+            up: mimi.up.state(chunk),
+            emb: vec![0.0; d * chunk * s],
+            tr: mimi.dec_tr.state(chunk * s, exact_window),
+            seanet: mimi.decoder.state(chunk * s),
+            chunk,
+            mimi,
+        }
+    }
+
+    /// The model.
+    pub fn mimi(&self) -> &Arc<Mimi> {
+        &self.mimi
+    }
+
+    /// Decodes one frame of `n_codebooks` codes into `out` (`frame_size` samples).
+    /// Allocation-free. Codes ≥ the codebook size are refused.
+    pub fn decode_frame(&mut self, codes: &[u32], out: &mut [f32]) -> Result<(), MimiError> {
+        self.decode_frame_traced(codes, out, None)
+    }
+
+    /// [`MimiDecoder::decode_frame`] reporting intermediates to `trace`.
+    pub fn decode_frame_traced(&mut self, codes: &[u32], out: &mut [f32], trace: Trace<'_>) -> Result<(), MimiError> {
+        let fs = self.mimi.frame_size();
+        if out.len() != fs {
+            return Err(MimiError::Input(format!("decode_frame writes {fs} samples, buffer has {}", out.len())));
+        }
+        self.decode_chunk(codes, 1, out, trace)
+    }
+
+    fn decode_chunk(&mut self, codes: &[u32], n: usize, out: &mut [f32], mut trace: Trace<'_>) -> Result<(), MimiError> {
+        debug_assert!(n <= self.chunk);
+        let m = &*self.mimi;
+        let nq = m.n_codebooks();
+        if codes.len() != nq * n {
+            return Err(MimiError::Input(format!("expected {} codes, got {}", nq * n, codes.len())));
+        }
+        let bins = m.cardinality() as u32;
+        if let Some(bad) = codes.iter().find(|&&c| c >= bins) {
+            return Err(MimiError::Input(format!("code {bad} out of range (codebook size {bins})")));
+        }
+        let s = m.spec.downsample_stride();
+        let d = m.dimension();
+        let lat = &mut self.lat[..d * n];
+        m.quant.decode(&mut self.quant, codes, n, lat);
+        if let Some(f) = trace.as_mut() {
+            f(Stage::DecLatent, lat);
+        }
+        let t2 = n * s;
+        let emb = &mut self.emb[..d * t2];
+        m.up.forward(&mut self.up, lat, n, false, emb);
+        if let Some(f) = trace.as_mut() {
+            f(Stage::DecUpsample, emb);
+        }
+        m.dec_tr.forward(&mut self.tr, emb, t2);
+        if let Some(f) = trace.as_mut() {
+            f(Stage::DecTransformer, emb);
+        }
+        m.decoder.forward(&mut self.seanet, emb, t2, out);
+        Ok(())
+    }
+
+    /// Back to the fresh state (bit-identical results to a new decoder).
+    pub fn reset(&mut self) {
+        self.up.reset();
+        self.tr.reset();
+        self.seanet.reset();
+    }
+}

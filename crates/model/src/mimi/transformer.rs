@@ -1,0 +1,219 @@
+//! Mimi's streaming transformer (`ProjectedTransformer` without projections): pre-norm
+//! layers with LayerNorm, interleaved RoPE, causal attention limited to `context` steps,
+//! LayerScale, and a plain GELU(erf) FFN. No biases in the linears.
+//!
+//! KV cache semantics follow `RingKVCache` of `moshi` 0.2.13: a chunk of T steps is first
+//! written into the ring, then every query of the chunk attends to the entries still in the
+//! ring whose position p_k satisfies 0 ≤ p_q − p_k < context. With a ring capacity equal to
+//! the context (streaming), the older query of a 2-step chunk therefore sees one key fewer.
+//! The non-streaming PyTorch path (mask only) is reproduced with a larger ring.
+
+use super::linalg;
+
+/// Weights of one layer.
+#[derive(Debug, Clone)]
+pub(crate) struct Layer {
+    pub norm1_w: Vec<f32>,
+    pub norm1_b: Vec<f32>,
+    /// `[3 * d, d]`: rows Q (head-major), K, V.
+    pub in_proj: Vec<f32>,
+    /// `[d, d]`.
+    pub out_proj: Vec<f32>,
+    pub ls1: Vec<f32>,
+    pub norm2_w: Vec<f32>,
+    pub norm2_b: Vec<f32>,
+    /// `[ff, d]`.
+    pub linear1: Vec<f32>,
+    /// `[d, ff]`.
+    pub linear2: Vec<f32>,
+    pub ls2: Vec<f32>,
+}
+
+/// A stack of layers plus its sizes.
+#[derive(Debug, Clone)]
+pub(crate) struct Transformer {
+    pub d: usize,
+    pub heads: usize,
+    pub ff: usize,
+    pub context: usize,
+    pub max_period: f64,
+    pub layers: Vec<Layer>,
+}
+
+/// Streaming state: one KV ring per layer, the position counter and work buffers.
+#[derive(Debug, Clone)]
+pub(crate) struct TransformerState {
+    /// Ring capacity (= context when streaming exactly like PyTorch streaming).
+    cap: usize,
+    max_t: usize,
+    /// Per layer: keys then values, `[cap, d]` each (slot = position mod cap).
+    kv: Vec<(Vec<f32>, Vec<f32>)>,
+    /// Next absolute position.
+    pos: usize,
+    x: Vec<f32>,
+    h: Vec<f32>,
+    qkv: Vec<f32>,
+    att: Vec<f32>,
+    o: Vec<f32>,
+    f: Vec<f32>,
+    scores: Vec<f32>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl Transformer {
+    /// A fresh state. `max_t`: most steps per call. `exact_window`: every query sees its full
+    /// context (PyTorch non-streaming); otherwise the ring holds exactly `context` entries
+    /// (PyTorch streaming).
+    pub fn state(&self, max_t: usize, exact_window: bool) -> TransformerState {
+        let cap = if exact_window { self.context + max_t } else { self.context };
+        let d = self.d;
+        TransformerState {
+            cap,
+            max_t,
+            kv: self.layers.iter().map(|_| (vec![0.0; cap * d], vec![0.0; cap * d])).collect(),
+            pos: 0,
+            x: vec![0.0; max_t * d],
+            h: vec![0.0; max_t * d],
+            qkv: vec![0.0; max_t * 3 * d],
+            att: vec![0.0; max_t * d],
+            o: vec![0.0; max_t * d],
+            f: vec![0.0; max_t * self.ff],
+            scores: vec![0.0; cap],
+            cos: vec![0.0; max_t * d / self.heads / 2],
+            sin: vec![0.0; max_t * d / self.heads / 2],
+        }
+    }
+
+    /// Runs `t` steps. `io` is `[d, t]` (conv layout) on input and output.
+    pub fn forward(&self, st: &mut TransformerState, io: &mut [f32], t: usize) {
+        assert!(t <= st.max_t);
+        let d = self.d;
+        let hd = d / self.heads;
+        let half = hd / 2;
+        // transpose to [t, d]
+        for c in 0..d {
+            for s in 0..t {
+                st.x[s * d + c] = io[c * t + s];
+            }
+        }
+        // RoPE tables, computed like moshi's apply_rope: freqs and angles in f32.
+        let scale = (-(self.max_period.ln()) * 2.0 / hd as f64) as f32;
+        for s in 0..t {
+            let ts = (st.pos + s) as f32;
+            for i in 0..half {
+                let freq = (i as f32 * scale).exp();
+                let ang = freq * ts;
+                st.cos[s * half + i] = ang.cos();
+                st.sin[s * half + i] = ang.sin();
+            }
+        }
+        let inv_sqrt = 1.0 / (hd as f32).sqrt();
+        let cap = st.cap;
+        let last = st.pos + t - 1;
+        for (layer, (kc, vc)) in self.layers.iter().zip(st.kv.iter_mut()) {
+            for s in 0..t {
+                linalg::layer_norm(
+                    &st.x[s * d..(s + 1) * d],
+                    &layer.norm1_w,
+                    &layer.norm1_b,
+                    1e-5,
+                    &mut st.h[s * d..(s + 1) * d],
+                );
+            }
+            linalg::linear(3 * d, d, &layer.in_proj, &st.h, t, &mut st.qkv);
+            for s in 0..t {
+                let row = &mut st.qkv[s * 3 * d..(s + 1) * 3 * d];
+                let (cs, sn) = (&st.cos[s * half..(s + 1) * half], &st.sin[s * half..(s + 1) * half]);
+                for part in 0..2 {
+                    for hh in 0..self.heads {
+                        let v = &mut row[part * d + hh * hd..part * d + (hh + 1) * hd];
+                        for i in 0..half {
+                            let (re, im) = (v[2 * i], v[2 * i + 1]);
+                            v[2 * i] = re * cs[i] - im * sn[i];
+                            v[2 * i + 1] = re * sn[i] + im * cs[i];
+                        }
+                    }
+                }
+                let slot = (st.pos + s) % cap;
+                kc[slot * d..(slot + 1) * d].copy_from_slice(&row[d..2 * d]);
+                vc[slot * d..(slot + 1) * d].copy_from_slice(&row[2 * d..3 * d]);
+            }
+            // Attention: keys in the ring are positions (last − cap, last]; query p sees
+            // k ∈ [max(p − context + 1, last − cap + 1, 0), p].
+            for s in 0..t {
+                let p = st.pos + s;
+                let lo = (p + 1).saturating_sub(self.context).max((last + 1).saturating_sub(cap));
+                let n = p + 1 - lo;
+                let q_row = &st.qkv[s * 3 * d..s * 3 * d + d];
+                for hh in 0..self.heads {
+                    let q = &q_row[hh * hd..(hh + 1) * hd];
+                    let sc = &mut st.scores[..n];
+                    let mut mx = f32::NEG_INFINITY;
+                    for (i, kp) in (lo..=p).enumerate() {
+                        let slot = kp % cap;
+                        let kv = &kc[slot * d + hh * hd..slot * d + (hh + 1) * hd];
+                        let v = linalg::dot(q, kv) * inv_sqrt;
+                        sc[i] = v;
+                        mx = mx.max(v);
+                    }
+                    let mut sum = 0.0;
+                    for v in sc.iter_mut() {
+                        *v = (*v - mx).exp();
+                        sum += *v;
+                    }
+                    let inv = 1.0 / sum;
+                    let out = &mut st.att[s * d + hh * hd..s * d + (hh + 1) * hd];
+                    out.fill(0.0);
+                    for (i, kp) in (lo..=p).enumerate() {
+                        let slot = kp % cap;
+                        let vv = &vc[slot * d + hh * hd..slot * d + (hh + 1) * hd];
+                        linalg::axpy(sc[i] * inv, vv, out);
+                    }
+                }
+            }
+            linalg::linear(d, d, &layer.out_proj, &st.att, t, &mut st.o);
+            for s in 0..t {
+                for c in 0..d {
+                    st.x[s * d + c] += layer.ls1[c] * st.o[s * d + c];
+                }
+            }
+            for s in 0..t {
+                linalg::layer_norm(
+                    &st.x[s * d..(s + 1) * d],
+                    &layer.norm2_w,
+                    &layer.norm2_b,
+                    1e-5,
+                    &mut st.h[s * d..(s + 1) * d],
+                );
+            }
+            linalg::linear(self.ff, d, &layer.linear1, &st.h, t, &mut st.f);
+            for v in st.f[..t * self.ff].iter_mut() {
+                *v = linalg::gelu_erf(*v);
+            }
+            linalg::linear(d, self.ff, &layer.linear2, &st.f, t, &mut st.o);
+            for s in 0..t {
+                for c in 0..d {
+                    st.x[s * d + c] += layer.ls2[c] * st.o[s * d + c];
+                }
+            }
+        }
+        st.pos += t;
+        for c in 0..d {
+            for s in 0..t {
+                io[c * t + s] = st.x[s * d + c];
+            }
+        }
+    }
+}
+
+impl TransformerState {
+    /// Back to the fresh state (position 0; stale ring entries are never read again).
+    pub fn reset(&mut self) {
+        self.pos = 0;
+        for (k, v) in &mut self.kv {
+            k.fill(0.0);
+            v.fill(0.0);
+        }
+    }
+}

@@ -1,0 +1,197 @@
+//! Parity of the Mimi codec with `moshi` 0.2.13 on the committed tiny fixture
+//! (`fixtures/mimi/`, 32 frames, transformer context 8 so the KV ring wraps many times).
+
+mod mimi_common;
+
+use mimi_common::*;
+use model::mimi::{Layout, MimiDecoder, MimiEncoder, Stage, StreamEncoder};
+
+const TOL: f32 = 1e-4;
+
+struct Run {
+    codes: Vec<u32>, // [nq, T]
+    pcm: Vec<f32>,
+    tr: Collector,
+}
+
+fn run_streaming(mimi: &std::sync::Arc<model::mimi::Mimi>, input: &[f32]) -> Run {
+    let fs = mimi.frame_size();
+    let t = input.len().div_ceil(fs);
+    let mut padded = input.to_vec();
+    padded.resize(t * fs, 0.0);
+    let nq = mimi.n_codebooks();
+    let mut tr = Collector::default();
+    let mut enc = MimiEncoder::new(mimi.clone());
+    let mut codes = vec![0u32; nq * t];
+    for f in 0..t {
+        let mut cb = |s: Stage, x: &[f32]| tr.push(s, x);
+        let c = enc.encode_frame_traced(&padded[f * fs..(f + 1) * fs], Some(&mut cb)).unwrap();
+        for q in 0..nq {
+            codes[q * t + f] = c[q];
+        }
+    }
+    let mut dec = MimiDecoder::new(mimi.clone());
+    let mut pcm = vec![0.0; t * fs];
+    for f in 0..t {
+        let fc: Vec<u32> = (0..nq).map(|q| codes[q * t + f]).collect();
+        let mut cb = |s: Stage, x: &[f32]| tr.push(s, x);
+        dec.decode_frame_traced(&fc, &mut pcm[f * fs..(f + 1) * fs], Some(&mut cb)).unwrap();
+    }
+    Run { codes, pcm, tr }
+}
+
+fn codes_of(m: &TensorMap, name: &str) -> (Vec<u32>, usize) {
+    let (v, s) = &m[name];
+    (v.iter().map(|&x| x as u32).collect(), s[1])
+}
+
+#[test]
+fn streaming_matches_oracle() {
+    let spec = spec();
+    let mimi = load("mimi.safetensors", &spec);
+    assert_eq!(mimi.layout(), Layout::Kyutai);
+    let tr = read_tensors("trace.safetensors");
+    let input = &tr["input_pcm"].0;
+    let run = run_streaming(&mimi, input);
+    let (want_codes, t) = codes_of(&tr, "codes");
+    assert!(t >= 24);
+    assert_eq!(run.codes, want_codes, "codes differ");
+    let d = spec.dimension;
+    for name in ["enc_seanet", "enc_transformer", "latent", "dec_latent", "dec_upsample", "dec_transformer"] {
+        let got = run.tr.get(name, d);
+        let err = max_abs_diff(&got, &tr[name].0);
+        eprintln!("{name}: max abs diff {err:e}");
+        assert!(err < TOL, "{name}: max abs diff {err}");
+    }
+    let err = max_abs_diff(&run.pcm, &tr["pcm"].0);
+    eprintln!("pcm: max abs diff {err:e}");
+    assert!(err < TOL, "pcm: max abs diff {err}");
+}
+
+#[test]
+fn batch_matches_oracle() {
+    let spec = spec();
+    let mimi = load("mimi.safetensors", &spec);
+    let tr = read_tensors("trace.safetensors");
+    let input = &tr["input_pcm"].0;
+    let codes = mimi.encode(input);
+    let (want, t) = codes_of(&tr, "codes_batch");
+    assert_eq!(codes, want, "batch codes differ");
+    // The fixture's batch PCM is the batch decode of the *streaming* codes.
+    let (sc, _) = codes_of(&tr, "codes");
+    let pcm = mimi.decode(&sc, t).unwrap();
+    let err = max_abs_diff(&pcm, &tr["pcm_batch"].0);
+    assert!(err < TOL, "batch pcm: max abs diff {err}");
+}
+
+#[test]
+fn hf_layout_gives_identical_codes() {
+    let spec = spec();
+    let hf = load("mimi_hf.safetensors", &spec);
+    assert_eq!(hf.layout(), Layout::HuggingFace);
+    let tr = read_tensors("trace.safetensors");
+    let run = run_streaming(&hf, &tr["input_pcm"].0);
+    let (want, _) = codes_of(&tr, "codes");
+    assert_eq!(run.codes, want);
+    let err = max_abs_diff(&run.pcm, &tr["pcm"].0);
+    assert!(err < TOL, "hf pcm: {err}");
+}
+
+#[test]
+fn reset_reproduces_first_run_exactly() {
+    let spec = spec();
+    let mimi = load("mimi.safetensors", &spec);
+    let tr = read_tensors("trace.safetensors");
+    let input = &tr["input_pcm"].0;
+    let fs = mimi.frame_size();
+    let nq = mimi.n_codebooks();
+    let mut enc = MimiEncoder::new(mimi.clone());
+    let mut dec = MimiDecoder::new(mimi.clone());
+    let go = |enc: &mut MimiEncoder, dec: &mut MimiDecoder| {
+        let mut codes = Vec::new();
+        let mut pcm = vec![0.0; 12 * fs];
+        for f in 0..12 {
+            let c = enc.encode_frame(&input[f * fs..(f + 1) * fs]).unwrap().to_vec();
+            dec.decode_frame(&c, &mut pcm[f * fs..(f + 1) * fs]).unwrap();
+            codes.extend(c);
+        }
+        (codes, pcm)
+    };
+    let (c1, p1) = go(&mut enc, &mut dec);
+    // run further so the state (ring, positions, conv tails) is far from fresh
+    for f in 12..30 {
+        let c = enc.encode_frame(&input[f * fs..(f + 1) * fs]).unwrap().to_vec();
+        let mut o = vec![0.0; fs];
+        dec.decode_frame(&c, &mut o).unwrap();
+    }
+    enc.reset();
+    dec.reset();
+    let (c2, p2) = go(&mut enc, &mut dec);
+    assert_eq!(c1.len(), 12 * nq);
+    assert_eq!(c1, c2);
+    assert!(p1.iter().zip(&p2).all(|(a, b)| a.to_bits() == b.to_bits()), "pcm not bit-identical after reset");
+}
+
+#[test]
+fn stream_equals_batch_when_ring_never_limits() {
+    // With a context longer than the signal the PyTorch ring limitation vanishes, so the
+    // streaming and non-streaming paths must agree (codes exactly, floats to rounding).
+    let mut spec = spec();
+    spec.context = 1000;
+    let mimi = load("mimi.safetensors", &spec);
+    let tr = read_tensors("trace.safetensors");
+    let input = &tr["input_pcm"].0;
+    let run = run_streaming(&mimi, input);
+    let t = run.codes.len() / mimi.n_codebooks();
+    assert_eq!(mimi.encode(input), run.codes);
+    let pcm = mimi.decode(&run.codes, t).unwrap();
+    let err = max_abs_diff(&pcm, &run.pcm);
+    assert!(err < TOL, "stream vs batch pcm {err}");
+}
+
+#[test]
+fn stream_front_accepts_any_chunking() {
+    let spec = spec();
+    let mimi = load("mimi.safetensors", &spec);
+    let tr = read_tensors("trace.safetensors");
+    let input = &tr["input_pcm"].0;
+    let run = run_streaming(&mimi, input);
+    let nq = mimi.n_codebooks();
+    let t = run.codes.len() / nq;
+    let mut front = StreamEncoder::new(MimiEncoder::new(mimi.clone()));
+    let mut got: Vec<Vec<u32>> = Vec::new();
+    let sizes = [1usize, 7, 1919, 1920, 1921, 333, 4000, 0, 5];
+    let mut pos = 0;
+    let mut i = 0;
+    while pos < input.len() {
+        let n = sizes[i % sizes.len()].min(input.len() - pos);
+        front.push(&input[pos..pos + n], |c| got.push(c.to_vec())).unwrap();
+        pos += n;
+        i += 1;
+    }
+    front.flush(|c| got.push(c.to_vec())).unwrap();
+    assert_eq!(got.len(), t);
+    for (f, c) in got.iter().enumerate() {
+        for q in 0..nq {
+            assert_eq!(c[q], run.codes[q * t + f], "frame {f} q {q}");
+        }
+    }
+}
+
+#[test]
+fn bad_inputs_are_errors() {
+    let spec = spec();
+    let mimi = load("mimi.safetensors", &spec);
+    let mut enc = MimiEncoder::new(mimi.clone());
+    assert!(enc.encode_frame(&[0.0; 100]).is_err());
+    let mut dec = MimiDecoder::new(mimi.clone());
+    let mut out = vec![0.0; mimi.frame_size()];
+    assert!(dec.decode_frame(&[0; 3], &mut out).is_err());
+    assert!(dec.decode_frame(&[64; 8], &mut out).is_err());
+    assert!(mimi.decode(&[0; 7], 1).is_err());
+    let mut w = read_tensors("mimi.safetensors");
+    w.remove("encoder_transformer.transformer.layers.1.linear2.weight");
+    assert!(model::mimi::Mimi::from_tensors(&w, &spec, 8).is_err());
+    let w = read_tensors("mimi.safetensors");
+    assert!(model::mimi::Mimi::from_tensors(&w, &spec, 11).is_err());
+}
