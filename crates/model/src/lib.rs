@@ -3,3 +3,4 @@
 //! This crate knows no threads or sockets.
 pub mod sampling;
 pub mod mimi;
+pub mod text;
