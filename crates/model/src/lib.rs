@@ -4,3 +4,7 @@
 pub mod sampling;
 pub mod mimi;
 pub mod text;
+pub mod checkpoint;
+pub mod config;
+pub mod schema;
+pub mod weights;

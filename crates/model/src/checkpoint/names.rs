@@ -1,0 +1,657 @@
+//! Name mapping tables: every released layout onto the canonical Kyutai PyTorch names.
+//!
+//! LM layouts: PyTorch legacy (`self_attn.in_proj_weight`, canonical), PyTorch new (`in_projs.{k}`,
+//! `out_projs.{k}`), candle bf16 / q8 GGUF (`depformer.{k}.…` slices), MLX bf16/q8/q4
+//! (`audio_embs`, `depformer.slices.{k}`, `in_proj.weight`, squeezed norms `normX.weight`).
+//! Mimi layouts: Kyutai file (canonical, legacy or `in_projs` attention) and Hugging Face
+//! `kyutai/mimi` (`encoder.layers.{i}.conv`, split `q/k/v_proj` with RoPE-permuted rows, ...).
+
+use super::{CheckpointError, Component};
+
+/// Source layout family of a weights file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Layout {
+    /// Kyutai PyTorch names, legacy fused `in_proj_weight` (canonical).
+    PytorchLegacy,
+    /// Kyutai PyTorch `state_dict()` names (`in_projs.{k}` / `out_projs.{k}`).
+    PytorchNew,
+    /// candle names (`depformer.{k}.…`), safetensors or GGUF.
+    Candle,
+    /// MLX names (`audio_embs`, `depformer.slices.{k}`, `in_proj.weight`, `normX.weight`).
+    Mlx,
+    /// Hugging Face `transformers` Mimi (`kyutai/mimi`).
+    HfMimi,
+}
+
+impl Layout {
+    /// Short description.
+    pub fn name(self) -> &'static str {
+        match self {
+            Layout::PytorchLegacy => "pytorch (legacy in_proj_weight)",
+            Layout::PytorchNew => "pytorch (in_projs state_dict)",
+            Layout::Candle => "candle",
+            Layout::Mlx => "mlx",
+            Layout::HfMimi => "hugging face transformers (kyutai/mimi)",
+        }
+    }
+}
+
+/// Where one source tensor goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// Canonical tensor `name`, as row block `part` (concatenated along dim 0 in part order; 0 when
+    /// the tensor is whole). `reshape_norm` marks a squeezed norm `[d]` to be viewed as `[1, 1, d]`.
+    To {
+        /// Canonical name.
+        name: String,
+        /// Row-block index.
+        part: usize,
+        /// View `[d]` as `[1, 1, d]`.
+        reshape_norm: bool,
+        /// Hugging Face q/k rows to un-permute from half-split to interleaved RoPE order.
+        unpermute_rope: bool,
+    },
+    /// A duplicate that carries no information (candle's per-slice copies of the shared depformer norms).
+    Duplicate,
+}
+
+fn to(name: String, part: usize) -> Target {
+    Target::To {
+        name,
+        part,
+        reshape_norm: false,
+        unpermute_rope: false,
+    }
+}
+
+/// Typed refusal if `names` contain tensors of an unsupported variant (LoRA, conditioners, ...).
+pub fn refuse_tensors<'a>(
+    names: impl Iterator<Item = (&'a str, bool)>,
+) -> Result<(), CheckpointError> {
+    // (name, is_int8)
+    let mut lora = Vec::new();
+    let mut cond = Vec::new();
+    let mut cross = Vec::new();
+    let mut bnb = Vec::new();
+    let mut demux = Vec::new();
+    let mut extra = Vec::new();
+    let mut low_rank = Vec::new();
+    for (n, int8) in names {
+        let s = n.to_string();
+        if n.contains("lora_A") || n.contains("lora_B") || n.contains(".lora.") {
+            lora.push(s);
+        } else if n.starts_with("condition_provider.") || n.starts_with("fuser.") {
+            cond.push(s);
+        } else if n.contains("cross_attention.") || n.contains("norm_cross.") {
+            cross.push(s);
+        } else if n.ends_with("_scb") || n.ends_with(".SCB") || n.ends_with("weight_format") || int8
+        {
+            bnb.push(s);
+        } else if n.contains("text_emb.out1") || n.contains("text_emb.out2") {
+            demux.push(s);
+        } else if n.starts_with("extra_heads.") {
+            extra.push(s);
+        } else if n.contains(".low_rank.") {
+            low_rank.push(s);
+        }
+    }
+    let keys = |v: Vec<String>| v;
+    if !lora.is_empty() {
+        return Err(CheckpointError::Lora { keys: keys(lora) });
+    }
+    if !cond.is_empty() {
+        return Err(CheckpointError::Conditioning { keys: cond });
+    }
+    if !cross.is_empty() {
+        return Err(CheckpointError::CrossAttention { keys: cross });
+    }
+    if !bnb.is_empty() {
+        return Err(CheckpointError::BitsAndBytes { keys: bnb });
+    }
+    if !demux.is_empty() {
+        return Err(CheckpointError::Demux { keys: demux });
+    }
+    if !extra.is_empty() {
+        return Err(CheckpointError::ExtraHeads { keys: extra });
+    }
+    if !low_rank.is_empty() {
+        return Err(CheckpointError::LowRankEmbeddings { keys: low_rank });
+    }
+    Ok(())
+}
+
+/// Split `s` at the first `.` into (head, rest).
+fn split1(s: &str) -> Option<(&str, &str)> {
+    s.split_once('.')
+}
+
+fn parse_idx(s: &str) -> Option<usize> {
+    if s.is_empty() || s.len() > 6 || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+/// Detect the layout of an LM file from its (base) tensor names.
+pub fn detect_lm(names: &[&str]) -> Layout {
+    let any = |f: &dyn Fn(&str) -> bool| names.iter().any(|n| f(n));
+    if any(&|n| {
+        n.starts_with("audio_embs.")
+            || n.starts_with("depformer.slices.")
+            || n.ends_with("self_attn.in_proj.weight")
+    }) {
+        Layout::Mlx
+    } else if any(&|n| {
+        n.strip_prefix("depformer.")
+            .and_then(split1)
+            .is_some_and(|(k, _)| parse_idx(k).is_some())
+    }) {
+        Layout::Candle
+    } else if any(&|n| n.contains(".in_projs.") || n.contains(".out_projs.")) {
+        Layout::PytorchNew
+    } else {
+        Layout::PytorchLegacy
+    }
+}
+
+/// Detect the layout of a Mimi file.
+pub fn detect_mimi(names: &[&str]) -> Layout {
+    let hf = names.iter().any(|n| {
+        n.starts_with("encoder.layers.")
+            || n.starts_with("decoder.layers.")
+            || n.starts_with("quantizer.semantic_residual_vector_quantizer.")
+            || n.starts_with("encoder_transformer.layers.")
+    });
+    if hf {
+        Layout::HfMimi
+    } else if names
+        .iter()
+        .any(|n| n.contains(".in_projs.") || n.contains(".out_projs."))
+    {
+        Layout::PytorchNew
+    } else {
+        Layout::PytorchLegacy
+    }
+}
+
+/// `…self_attn.in_projs.{k}.weight` → (`…self_attn.in_proj_weight`, k); same for `out_projs`.
+fn new_attn(name: &str) -> Option<(String, usize)> {
+    for (pat, canon) in [
+        (".self_attn.in_projs.", ".self_attn.in_proj_weight"),
+        (".self_attn.out_projs.", ".self_attn.out_proj.weight"),
+    ] {
+        if let Some(i) = name.find(pat) {
+            let rest = &name[i + pat.len()..];
+            let (k, leaf) = split1(rest)?;
+            if leaf == "weight" {
+                return Some((format!("{}{}", &name[..i], canon), parse_idx(k)?));
+            }
+        }
+    }
+    None
+}
+
+/// Map one LM tensor name (base name for MLX triplets) to its canonical target.
+/// Returns `None` for a name that no rule recognises (it stays as-is and is judged by the schema).
+pub fn map_lm(layout: Layout, name: &str) -> Target {
+    if let Some((n, k)) = new_attn(name) {
+        return to(n, k);
+    }
+    match layout {
+        Layout::Mlx => map_mlx(name),
+        Layout::Candle => {
+            map_candle_depformer(name, "depformer.").unwrap_or_else(|| to(name.to_string(), 0))
+        }
+        _ => to(name.to_string(), 0),
+    }
+}
+
+fn mlx_leaf(rest: &str) -> (String, bool) {
+    // MLX module leaf names → canonical leaf names.
+    if let Some(p) = rest.strip_suffix("self_attn.in_proj.weight") {
+        return (format!("{p}self_attn.in_proj_weight"), false);
+    }
+    for n in ["norm1", "norm2", "out_norm"] {
+        if let Some(p) = rest.strip_suffix(&format!("{n}.weight")) {
+            if p.is_empty() || p.ends_with('.') {
+                return (format!("{p}{n}.alpha"), true);
+            }
+        }
+    }
+    (rest.to_string(), false)
+}
+
+fn map_mlx(name: &str) -> Target {
+    if let Some(rest) = name.strip_prefix("audio_embs.") {
+        return to(format!("emb.{rest}"), 0);
+    }
+    if let Some(rest) = name.strip_prefix("depformer.slices.") {
+        let (n, reshape) = mlx_leaf(rest);
+        return match map_candle_depformer(&format!("depformer.{n}"), "depformer.") {
+            Some(Target::To { name, part, .. }) => Target::To {
+                name,
+                part,
+                reshape_norm: reshape,
+                unpermute_rope: false,
+            },
+            Some(t) => t,
+            None => to(format!("depformer.slices.{n}"), 0),
+        };
+    }
+    let (n, reshape) = mlx_leaf(name);
+    Target::To {
+        name: n,
+        part: 0,
+        reshape_norm: reshape,
+        unpermute_rope: false,
+    }
+}
+
+/// candle depformer slices: `depformer.{k}.…` → canonical.
+fn map_candle_depformer(name: &str, prefix: &str) -> Option<Target> {
+    let rest = name.strip_prefix(prefix)?;
+    let (k, leaf) = split1(rest)?;
+    let k = parse_idx(k)?;
+    Some(match leaf {
+        "linear_in.weight" => to(format!("depformer_in.{k}.weight"), 0),
+        "linear_out.weight" => to(format!("linears.{k}.weight"), 0),
+        "emb.weight" if k == 0 => to("depformer_text_emb.weight".into(), 0),
+        "emb.weight" => to(format!("depformer_emb.{}.weight", k - 1), 0),
+        _ => {
+            let l = leaf.strip_prefix("transformer.layers.")?;
+            let (j, leaf) = split1(l)?;
+            let j = parse_idx(j)?;
+            match leaf {
+                "self_attn.in_proj_weight" => {
+                    to(format!("depformer.layers.{j}.self_attn.in_proj_weight"), k)
+                }
+                "self_attn.out_proj.weight" => {
+                    to(format!("depformer.layers.{j}.self_attn.out_proj.weight"), k)
+                }
+                "norm1.alpha" | "norm2.alpha" => {
+                    if k == 0 {
+                        to(format!("depformer.layers.{j}.{leaf}"), 0)
+                    } else {
+                        Target::Duplicate
+                    }
+                }
+                "gating.linear_in.weight" | "gating.linear_out.weight" => to(
+                    format!(
+                        "depformer.layers.{j}.gating.{k}.{}",
+                        &leaf["gating.".len()..]
+                    ),
+                    0,
+                ),
+                _ => return None,
+            }
+        }
+    })
+}
+
+/// Map one Mimi tensor name. `last_decoder_conv` = the index of the last `decoder.layers.{i}.conv`
+/// in a Hugging Face file (that one and index 0 are plain convs; the others are transposed convs).
+pub fn map_mimi(layout: Layout, name: &str, last_decoder_conv: Option<usize>) -> Target {
+    if let Some((n, k)) = new_attn(name) {
+        return to(n, k);
+    }
+    if layout != Layout::HfMimi {
+        return to(name.to_string(), 0);
+    }
+    map_hf_mimi(name, last_decoder_conv).unwrap_or_else(|| to(name.to_string(), 0))
+}
+
+fn map_hf_mimi(name: &str, last_decoder_conv: Option<usize>) -> Option<Target> {
+    for side in ["encoder", "decoder"] {
+        if let Some(rest) = name.strip_prefix(&format!("{side}.layers.")) {
+            let (i, leaf) = split1(rest)?;
+            let idx = parse_idx(i)?;
+            if let Some(p) = leaf.strip_prefix("conv.") {
+                let transposed = side == "decoder" && idx != 0 && Some(idx) != last_decoder_conv;
+                let mid = if transposed {
+                    "convtr.convtr"
+                } else {
+                    "conv.conv"
+                };
+                return Some(to(format!("{side}.model.{idx}.{mid}.{p}"), 0));
+            }
+            if let Some(b) = leaf.strip_prefix("block.") {
+                let (j, l) = split1(b)?;
+                let p = l.strip_prefix("conv.")?;
+                return Some(to(format!("{side}.model.{idx}.block.{j}.conv.conv.{p}"), 0));
+            }
+            return None;
+        }
+        let tp = format!("{side}_transformer.layers.");
+        if let Some(rest) = name.strip_prefix(&tp) {
+            let (l, leaf) = split1(rest)?;
+            let l = parse_idx(l)?;
+            let base = format!("{side}_transformer.transformer.layers.{l}.");
+            let qkv = [
+                ("self_attn.q_proj.weight", 0),
+                ("self_attn.k_proj.weight", 1),
+                ("self_attn.v_proj.weight", 2),
+            ];
+            for (pat, part) in qkv {
+                if leaf == pat {
+                    return Some(Target::To {
+                        name: format!("{base}self_attn.in_proj_weight"),
+                        part,
+                        reshape_norm: false,
+                        unpermute_rope: part < 2,
+                    });
+                }
+            }
+            let canon = match leaf {
+                "self_attn.o_proj.weight" => "self_attn.out_proj.weight",
+                "mlp.fc1.weight" => "linear1.weight",
+                "mlp.fc2.weight" => "linear2.weight",
+                "input_layernorm.weight" => "norm1.weight",
+                "input_layernorm.bias" => "norm1.bias",
+                "post_attention_layernorm.weight" => "norm2.weight",
+                "post_attention_layernorm.bias" => "norm2.bias",
+                "self_attn_layer_scale.scale" => "layer_scale_1.scale",
+                "mlp_layer_scale.scale" => "layer_scale_2.scale",
+                _ => return None,
+            };
+            return Some(to(format!("{base}{canon}"), 0));
+        }
+    }
+    if name == "downsample.conv.weight" {
+        return Some(to("downsample.conv.conv.conv.weight".into(), 0));
+    }
+    if name == "upsample.conv.weight" {
+        return Some(to("upsample.convtr.convtr.convtr.weight".into(), 0));
+    }
+    for (hf, canon) in [
+        (
+            "quantizer.semantic_residual_vector_quantizer.",
+            "quantizer.rvq_first.",
+        ),
+        (
+            "quantizer.acoustic_residual_vector_quantizer.",
+            "quantizer.rvq_rest.",
+        ),
+    ] {
+        if let Some(rest) = name.strip_prefix(hf) {
+            if rest.starts_with("input_proj.") || rest.starts_with("output_proj.") {
+                return Some(to(format!("{canon}{rest}"), 0));
+            }
+            let l = rest.strip_prefix("layers.")?;
+            let (n, leaf) = split1(l)?;
+            let n = parse_idx(n)?;
+            let leaf = match leaf {
+                "codebook.embed_sum" => "embedding_sum",
+                "codebook.initialized" => "_initialized",
+                "codebook.cluster_usage" => "cluster_usage",
+                _ => return None,
+            };
+            return Some(to(format!("{canon}vq.layers.{n}._codebook.{leaf}"), 0));
+        }
+    }
+    None
+}
+
+/// Index of the last `decoder.layers.{i}.conv.*` tensor in a Hugging Face Mimi file.
+pub fn hf_last_decoder_conv(names: &[&str]) -> Option<usize> {
+    names
+        .iter()
+        .filter_map(|n| {
+            let rest = n.strip_prefix("decoder.layers.")?;
+            let (i, leaf) = split1(rest)?;
+            if leaf.starts_with("conv.") {
+                parse_idx(i)
+            } else {
+                None
+            }
+        })
+        .max()
+}
+
+/// Map a name for `component` (convenience over [`map_lm`] / [`map_mimi`]).
+pub fn map(
+    component: Component,
+    layout: Layout,
+    name: &str,
+    last_decoder_conv: Option<usize>,
+) -> Target {
+    match component {
+        Component::Lm => map_lm(layout, name),
+        Component::Mimi => map_mimi(layout, name, last_decoder_conv),
+    }
+}
+
+/// Inverse of the Hugging Face RoPE row permutation for one q or k matrix.
+///
+/// HF stores row `h*hd + s*(hd/2) + i` for the original (interleaved-pair) row `h*hd + 2*i + s`.
+/// Returns, for each canonical row, the source row it comes from.
+pub fn hf_rope_source_rows(rows: usize, num_heads: usize) -> Option<Vec<usize>> {
+    if num_heads == 0 || rows % num_heads != 0 {
+        return None;
+    }
+    let hd = rows / num_heads;
+    if hd % 2 != 0 {
+        return None;
+    }
+    let half = hd / 2;
+    let mut src = vec![0; rows];
+    for h in 0..num_heads {
+        for i in 0..half {
+            for s in 0..2 {
+                src[h * hd + 2 * i + s] = h * hd + s * half + i;
+            }
+        }
+    }
+    Some(src)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn canon(t: Target) -> (String, usize) {
+        match t {
+            Target::To { name, part, .. } => (name, part),
+            Target::Duplicate => ("<dup>".into(), 0),
+        }
+    }
+
+    #[test]
+    fn candle_names() {
+        let l = Layout::Candle;
+        assert_eq!(
+            canon(map_lm(l, "depformer.3.linear_in.weight")),
+            ("depformer_in.3.weight".into(), 0)
+        );
+        assert_eq!(
+            canon(map_lm(l, "depformer.0.emb.weight")),
+            ("depformer_text_emb.weight".into(), 0)
+        );
+        assert_eq!(
+            canon(map_lm(l, "depformer.2.emb.weight")),
+            ("depformer_emb.1.weight".into(), 0)
+        );
+        assert_eq!(
+            canon(map_lm(
+                l,
+                "depformer.5.transformer.layers.1.self_attn.in_proj_weight"
+            )),
+            ("depformer.layers.1.self_attn.in_proj_weight".into(), 5)
+        );
+        assert_eq!(
+            canon(map_lm(
+                l,
+                "depformer.5.transformer.layers.1.gating.linear_out.weight"
+            )),
+            ("depformer.layers.1.gating.5.linear_out.weight".into(), 0)
+        );
+        assert_eq!(
+            map_lm(l, "depformer.5.transformer.layers.1.norm1.alpha"),
+            Target::Duplicate
+        );
+        assert_eq!(
+            canon(map_lm(l, "transformer.layers.0.norm1.alpha")),
+            ("transformer.layers.0.norm1.alpha".into(), 0)
+        );
+    }
+
+    #[test]
+    fn mlx_names() {
+        let l = Layout::Mlx;
+        assert_eq!(
+            canon(map_lm(l, "audio_embs.4.weight")),
+            ("emb.4.weight".into(), 0)
+        );
+        assert_eq!(
+            map_lm(l, "out_norm.weight"),
+            Target::To {
+                name: "out_norm.alpha".into(),
+                part: 0,
+                reshape_norm: true,
+                unpermute_rope: false
+            }
+        );
+        assert_eq!(
+            canon(map_lm(l, "transformer.layers.3.self_attn.in_proj.weight")),
+            ("transformer.layers.3.self_attn.in_proj_weight".into(), 0)
+        );
+        assert_eq!(
+            canon(map_lm(
+                l,
+                "depformer.slices.2.transformer.layers.0.self_attn.in_proj.weight"
+            )),
+            ("depformer.layers.0.self_attn.in_proj_weight".into(), 2)
+        );
+        assert_eq!(
+            map_lm(l, "depformer.slices.0.transformer.layers.0.norm2.weight"),
+            Target::To {
+                name: "depformer.layers.0.norm2.alpha".into(),
+                part: 0,
+                reshape_norm: true,
+                unpermute_rope: false
+            }
+        );
+        assert_eq!(
+            map_lm(l, "depformer.slices.1.transformer.layers.0.norm2.weight"),
+            Target::Duplicate
+        );
+    }
+
+    #[test]
+    fn new_layout() {
+        assert_eq!(
+            canon(map_lm(
+                Layout::PytorchNew,
+                "depformer.layers.1.self_attn.in_projs.7.weight"
+            )),
+            ("depformer.layers.1.self_attn.in_proj_weight".into(), 7)
+        );
+        assert_eq!(
+            canon(map_mimi(
+                Layout::PytorchNew,
+                "encoder_transformer.transformer.layers.0.self_attn.out_projs.0.weight",
+                None
+            )),
+            (
+                "encoder_transformer.transformer.layers.0.self_attn.out_proj.weight".into(),
+                0
+            )
+        );
+    }
+
+    #[test]
+    fn hf_mimi_names() {
+        let l = Layout::HfMimi;
+        let m = |n| canon(map_mimi(l, n, Some(14)));
+        assert_eq!(
+            m("decoder.layers.2.conv.weight").0,
+            "decoder.model.2.convtr.convtr.weight"
+        );
+        assert_eq!(
+            m("decoder.layers.14.conv.bias").0,
+            "decoder.model.14.conv.conv.bias"
+        );
+        assert_eq!(
+            m("decoder.layers.0.conv.bias").0,
+            "decoder.model.0.conv.conv.bias"
+        );
+        assert_eq!(
+            m("encoder.layers.1.block.3.conv.weight").0,
+            "encoder.model.1.block.3.conv.conv.weight"
+        );
+        assert_eq!(
+            m("encoder_transformer.layers.5.self_attn.k_proj.weight"),
+            (
+                "encoder_transformer.transformer.layers.5.self_attn.in_proj_weight".into(),
+                1
+            )
+        );
+        assert_eq!(
+            m("quantizer.acoustic_residual_vector_quantizer.layers.30.codebook.embed_sum").0,
+            "quantizer.rvq_rest.vq.layers.30._codebook.embedding_sum"
+        );
+        assert_eq!(
+            m("upsample.conv.weight").0,
+            "upsample.convtr.convtr.convtr.weight"
+        );
+    }
+
+    #[test]
+    fn rope_unpermute_inverts_hf() {
+        // HF permutation: view [heads, hd/2, 2, d] -> transpose(1,2) -> reshape.
+        let (heads, hd) = (3, 8);
+        let rows = heads * hd;
+        let mut hf_of_orig = vec![0; rows];
+        for h in 0..heads {
+            for s in 0..2 {
+                for i in 0..hd / 2 {
+                    // HF row (h, s, i) holds original row (h, i, s).
+                    hf_of_orig[h * hd + 2 * i + s] = h * hd + s * hd / 2 + i;
+                }
+            }
+        }
+        assert_eq!(hf_rope_source_rows(rows, heads).unwrap(), hf_of_orig);
+        assert!(hf_rope_source_rows(10, 4).is_none());
+    }
+
+    #[test]
+    fn refusals() {
+        let r = |names: &[&str]| refuse_tensors(names.iter().map(|n| (*n, false)));
+        assert!(matches!(
+            r(&["transformer.layers.0.gating.linear_in.lora_A.weight"]),
+            Err(CheckpointError::Lora { .. })
+        ));
+        assert!(matches!(
+            r(&["condition_provider.conditioners.x.embed.weight"]),
+            Err(CheckpointError::Conditioning { .. })
+        ));
+        assert!(matches!(
+            r(&["fuser.cfg"]),
+            Err(CheckpointError::Conditioning { .. })
+        ));
+        assert!(matches!(
+            r(&["transformer.layers.0.cross_attention.in_proj_weight"]),
+            Err(CheckpointError::CrossAttention { .. })
+        ));
+        assert!(matches!(
+            r(&["transformer.layers.0.gating.linear_in.weight_scb"]),
+            Err(CheckpointError::BitsAndBytes { .. })
+        ));
+        assert!(matches!(
+            r(&["text_emb.out1.weight"]),
+            Err(CheckpointError::Demux { .. })
+        ));
+        assert!(matches!(
+            r(&["extra_heads.0.weight"]),
+            Err(CheckpointError::ExtraHeads { .. })
+        ));
+        assert!(matches!(
+            r(&["depformer_emb.0.low_rank.weight"]),
+            Err(CheckpointError::LowRankEmbeddings { .. })
+        ));
+        assert!(matches!(
+            refuse_tensors([("transformer.layers.0.gating.linear_in.weight", true)].into_iter()),
+            Err(CheckpointError::BitsAndBytes { .. })
+        ));
+        assert!(r(&["text_emb.weight", "emb.0.weight"]).is_ok());
+    }
+}

@@ -1,0 +1,1085 @@
+//! [`Weights`]: a set of named tensors opened from a file (safetensors mmap, GGUF, MLX quantized
+//! safetensors), with names already mapped to the canonical Kyutai PyTorch names.
+//!
+//! Tensors are borrowed zero-copy from the mmap; a canonical tensor assembled from several source
+//! tensors (e.g. the depformer's per-step `in_projs.{k}` stacked into one `in_proj_weight`) keeps its
+//! parts separate, so [`Weights::matrix_rows`] on one step is still zero-copy.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use half::{bf16, f16};
+use kernels::{Matrix, Storage, WeightFormat};
+
+use crate::checkpoint::names::{self, Layout, Target};
+use crate::checkpoint::{
+    gguf, safetensors, CheckpointError, Component, DType, FileFormat, Malformed, RawTensor,
+};
+use crate::schema::{Allowed, Schema};
+
+type Owner = Arc<dyn AsRef<[u8]> + Send + Sync>;
+
+/// A byte range of a shared owner (mmap or owned buffer).
+#[derive(Clone)]
+struct Bytes {
+    owner: Owner,
+    offset: usize,
+    len: usize,
+}
+
+impl Bytes {
+    fn as_slice(&self) -> &[u8] {
+        &(*self.owner).as_ref()[self.offset..self.offset + self.len]
+    }
+    fn sub(&self, off: usize, len: usize) -> Bytes {
+        debug_assert!(off + len <= self.len);
+        Bytes {
+            owner: self.owner.clone(),
+            offset: self.offset + off,
+            len,
+        }
+    }
+    fn storage(&self) -> Storage {
+        Storage::from_shared(self.owner.clone(), self.offset, self.len)
+            .expect("range validated when the file was opened")
+    }
+    fn owned(v: Vec<u8>) -> Bytes {
+        let len = v.len();
+        Bytes {
+            owner: Arc::new(v),
+            offset: 0,
+            len,
+        }
+    }
+}
+
+/// How a tensor's values are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quant {
+    /// Plain or GGML block type.
+    Plain(DType),
+    /// MLX affine quantization: u32-packed codes with per-group scales and biases (`scale_dtype`).
+    Mlx {
+        /// Bits per code (4 or 8).
+        bits: u8,
+        /// Group size (32 or 64).
+        group: usize,
+        /// Dtype of scales and biases.
+        scale_dtype: DType,
+    },
+}
+
+impl Quant {
+    /// Short description (`bf16`, `q8_0`, `mlx-q4-g32`...).
+    pub fn name(&self) -> String {
+        match self {
+            Quant::Plain(d) => d.name().to_string(),
+            Quant::Mlx { bits, group, .. } => format!("mlx-q{bits}-g{group}"),
+        }
+    }
+}
+
+/// One row block of a canonical tensor.
+#[derive(Clone)]
+struct Part {
+    rows: usize,
+    data: Bytes,
+    scales: Option<Bytes>,
+    biases: Option<Bytes>,
+}
+
+/// A canonical tensor.
+#[derive(Clone)]
+struct Entry {
+    shape: Vec<usize>,
+    quant: Quant,
+    parts: Vec<Part>,
+    /// Source names (for messages).
+    sources: Vec<String>,
+}
+
+impl Entry {
+    fn rows_cols(&self) -> (usize, usize) {
+        let rows = self.shape.first().copied().unwrap_or(1);
+        let cols = self.shape.iter().skip(1).product();
+        (rows, cols)
+    }
+}
+
+/// Public description of one canonical tensor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorInfo {
+    /// Canonical shape.
+    pub shape: Vec<usize>,
+    /// Storage.
+    pub quant: Quant,
+    /// Bytes occupied in the file(s) (codes + scales + biases for MLX).
+    pub bytes: usize,
+    /// Names in the source file this tensor was assembled from.
+    pub sources: Vec<String>,
+}
+
+/// Options of [`Weights::open_with`].
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    /// Which model the file holds.
+    pub component: Component,
+    /// Heads of the Mimi transformer (to undo the Hugging Face RoPE row permutation); default 8.
+    pub mimi_num_heads: usize,
+    /// MLX (bits, group) if known (otherwise inferred from shapes).
+    pub mlx_bits_group: Option<(u8, usize)>,
+}
+
+impl OpenOptions {
+    /// Defaults for `component` (released Mimi: 8 heads).
+    pub fn new(component: Component) -> Self {
+        OpenOptions {
+            component,
+            mimi_num_heads: 8,
+            mlx_bits_group: None,
+        }
+    }
+}
+
+/// A set of named tensors, names mapped to canonical.
+pub struct Weights {
+    path: PathBuf,
+    component: Component,
+    format: FileFormat,
+    layout: Layout,
+    file_len: usize,
+    metadata: BTreeMap<String, String>,
+    entries: BTreeMap<String, Entry>,
+}
+
+impl std::fmt::Debug for Weights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Weights")
+            .field("path", &self.path)
+            .field("format", &self.format)
+            .field("layout", &self.layout)
+            .field("tensors", &self.entries.len())
+            .finish()
+    }
+}
+
+/// Open `path` read-only and map it.
+pub(crate) fn map_file(path: &Path) -> Result<Owner, CheckpointError> {
+    let io = |source| CheckpointError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    if len == 0 {
+        return Err(CheckpointError::Malformed {
+            path: path.to_path_buf(),
+            kind: Malformed::Truncated {
+                at: 0,
+                needed: 8,
+                len: 0,
+            },
+        });
+    }
+    // SAFETY: the file is opened read-only; like every mmap-based loader we rely on the checkpoint
+    // not being truncated or rewritten by another process while it is mapped.
+    let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+    Ok(Arc::new(mmap))
+}
+
+/// Detect the container format from the first bytes.
+pub(crate) fn detect_format(path: &Path, bytes: &[u8]) -> Result<FileFormat, CheckpointError> {
+    if bytes.len() >= 4 && u32::from_le_bytes(bytes[..4].try_into().expect("4")) == gguf::MAGIC {
+        return Ok(FileFormat::Gguf);
+    }
+    if bytes.len() >= 9 && bytes[8] == b'{' {
+        return Ok(FileFormat::Safetensors);
+    }
+    if bytes.len() < 9 {
+        return Err(CheckpointError::Malformed {
+            path: path.to_path_buf(),
+            kind: Malformed::Truncated {
+                at: 0,
+                needed: 9,
+                len: bytes.len() as u64,
+            },
+        });
+    }
+    Err(CheckpointError::UnknownFormat {
+        path: path.to_path_buf(),
+        reason: "neither GGUF magic nor a safetensors JSON header".into(),
+    })
+}
+
+impl Weights {
+    /// Open a weights file (safetensors, GGUF or MLX safetensors) of `kind`, mapping names to canonical.
+    pub fn open(path: &Path, kind: Component) -> Result<Weights, CheckpointError> {
+        Self::open_with(path, &OpenOptions::new(kind))
+    }
+
+    /// [`Weights::open`] with options.
+    pub fn open_with(path: &Path, opts: &OpenOptions) -> Result<Weights, CheckpointError> {
+        let owner = map_file(path)?;
+        Self::from_owner(path, owner, opts)
+    }
+
+    /// Open weights from bytes in memory (tests, tools). `label` names the source in errors.
+    pub fn from_bytes(
+        label: &str,
+        bytes: Vec<u8>,
+        opts: &OpenOptions,
+    ) -> Result<Weights, CheckpointError> {
+        Self::from_owner(Path::new(label), Arc::new(bytes), opts)
+    }
+
+    fn from_owner(
+        path: &Path,
+        owner: Owner,
+        opts: &OpenOptions,
+    ) -> Result<Weights, CheckpointError> {
+        let bytes = (*owner).as_ref();
+        let file_len = bytes.len();
+        let format = detect_format(path, bytes)?;
+        let malformed = |kind| CheckpointError::Malformed {
+            path: path.to_path_buf(),
+            kind,
+        };
+        let (raw, metadata) = match format {
+            FileFormat::Safetensors => {
+                let h = safetensors::parse(bytes).map_err(malformed)?;
+                (h.tensors, h.metadata)
+            }
+            FileFormat::Gguf => {
+                let h = gguf::parse(bytes).map_err(|e| e.into_checkpoint(path))?;
+                let md = h
+                    .metadata
+                    .iter()
+                    .map(|(k, v)| (k.clone(), format!("{v:?}")))
+                    .collect();
+                (h.tensors, md)
+            }
+        };
+        names::refuse_tensors(raw.iter().map(|t| {
+            (
+                t.name.as_str(),
+                t.dtype == DType::I8 && t.name.ends_with(".weight"),
+            )
+        }))?;
+        let entries_in = group_mlx(&raw, opts)?;
+        let base_names: Vec<&str> = entries_in.iter().map(|s| s.name.as_str()).collect();
+        let layout = match opts.component {
+            Component::Lm => names::detect_lm(&base_names),
+            Component::Mimi => names::detect_mimi(&base_names),
+        };
+        let last_dec = names::hf_last_decoder_conv(&base_names);
+        // Canonical name -> (part index -> source).
+        let mut groups: BTreeMap<String, BTreeMap<usize, (SourceTensor, bool, bool)>> =
+            BTreeMap::new();
+        for src in entries_in {
+            match names::map(opts.component, layout, &src.name, last_dec) {
+                Target::Duplicate => {}
+                Target::To {
+                    name,
+                    part,
+                    reshape_norm,
+                    unpermute_rope,
+                } => {
+                    let g = groups.entry(name.clone()).or_default();
+                    if let Some((prev, _, _)) = g.get(&part) {
+                        return Err(malformed(Malformed::Other(format!(
+                            "`{}` and `{}` both map to `{name}`",
+                            prev.name, src.name
+                        ))));
+                    }
+                    g.insert(part, (src, reshape_norm, unpermute_rope));
+                }
+            }
+        }
+        let mut entries = BTreeMap::new();
+        for (name, parts) in groups {
+            let e = assemble(&owner, &name, parts, opts)?;
+            entries.insert(name, e);
+        }
+        Ok(Weights {
+            path: path.to_path_buf(),
+            component: opts.component,
+            format,
+            layout,
+            file_len,
+            metadata,
+            entries,
+        })
+    }
+
+    /// Canonical tensor names (sorted).
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.entries.keys().map(String::as_str)
+    }
+    /// Number of canonical tensors.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+    /// True when no tensor was found.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+    /// True if `name` exists.
+    pub fn contains(&self, name: &str) -> bool {
+        self.entries.contains_key(name)
+    }
+    /// Canonical shape of `name`.
+    pub fn shape(&self, name: &str) -> Option<&[usize]> {
+        self.entries.get(name).map(|e| e.shape.as_slice())
+    }
+    /// Storage of `name`.
+    pub fn quant(&self, name: &str) -> Option<Quant> {
+        self.entries.get(name).map(|e| e.quant)
+    }
+    /// Description of `name`.
+    pub fn info(&self, name: &str) -> Option<TensorInfo> {
+        self.entries.get(name).map(|e| TensorInfo {
+            shape: e.shape.clone(),
+            quant: e.quant,
+            bytes: e
+                .parts
+                .iter()
+                .map(|p| {
+                    p.data.len
+                        + p.scales.as_ref().map_or(0, |s| s.len)
+                        + p.biases.as_ref().map_or(0, |b| b.len)
+                })
+                .sum(),
+            sources: e.sources.clone(),
+        })
+    }
+    /// File the weights came from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+    /// Container format.
+    pub fn format(&self) -> FileFormat {
+        self.format
+    }
+    /// Detected source layout.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+    /// Component given at open.
+    pub fn component(&self) -> Component {
+        self.component
+    }
+    /// Size of the file in bytes.
+    pub fn file_len(&self) -> usize {
+        self.file_len
+    }
+    /// Container metadata (safetensors `__metadata__`, GGUF key/values rendered as text).
+    pub fn metadata(&self) -> &BTreeMap<String, String> {
+        &self.metadata
+    }
+
+    fn entry(&self, name: &str) -> Result<&Entry, CheckpointError> {
+        self.entries
+            .get(name)
+            .ok_or_else(|| CheckpointError::NoSuchTensor(name.to_string()))
+    }
+
+    /// The tensor as a [`kernels::Matrix`] of shape `[shape[0], prod(shape[1..])]`.
+    ///
+    /// Zero-copy from the mmap when the tensor is a single source tensor; tensors assembled from
+    /// several parts are concatenated into an owned buffer.
+    pub fn matrix(&self, name: &str) -> Result<Matrix, CheckpointError> {
+        let e = self.entry(name)?;
+        let (rows, _) = e.rows_cols();
+        self.matrix_rows(name, 0, rows)
+    }
+
+    /// Rows `start..start + n` of the tensor as a matrix (e.g. one depformer step of a stacked
+    /// `in_proj_weight`); zero-copy when the rows lie within one source tensor.
+    pub fn matrix_rows(
+        &self,
+        name: &str,
+        start: usize,
+        n: usize,
+    ) -> Result<Matrix, CheckpointError> {
+        let e = self.entry(name)?;
+        let (rows, cols) = e.rows_cols();
+        if start.checked_add(n).is_none_or(|end| end > rows) || n == 0 {
+            return Err(CheckpointError::Kernel {
+                name: name.into(),
+                message: format!(
+                    "rows {start}..{} outside 0..{rows}",
+                    start.saturating_add(n)
+                ),
+            });
+        }
+        let kerr = |err: kernels::KernelError| CheckpointError::Kernel {
+            name: name.to_string(),
+            message: err.to_string(),
+        };
+        match e.quant {
+            Quant::Plain(dt) => {
+                let format = match dt {
+                    DType::F32 => WeightFormat::F32,
+                    DType::Bf16 => WeightFormat::Bf16,
+                    DType::F16 => WeightFormat::F16,
+                    DType::Q8_0 => WeightFormat::Q8_0,
+                    DType::Q4_0 => WeightFormat::Q4_0,
+                    other => {
+                        return Err(CheckpointError::DtypeNotAllowed {
+                            name: name.into(),
+                            dtype: other.name().into(),
+                            allowed: "f32, bf16, f16, q8_0, q4_0, mlx".into(),
+                        })
+                    }
+                };
+                let row_bytes =
+                    dt.bytes_for(cols as u64)
+                        .ok_or_else(|| CheckpointError::Kernel {
+                            name: name.into(),
+                            message: format!("{cols} columns do not fit {dt} blocks"),
+                        })? as usize;
+                let data = gather(&e.parts, start, n, |p| Some(&p.data), row_bytes);
+                Matrix::from_bytes(format, n, cols, data.storage()).map_err(kerr)
+            }
+            Quant::Mlx {
+                bits,
+                group,
+                scale_dtype,
+            } => {
+                if scale_dtype != DType::Bf16 {
+                    return Err(CheckpointError::DtypeNotAllowed {
+                        name: format!("{name} (scales)"),
+                        dtype: scale_dtype.name().into(),
+                        allowed: "bf16".into(),
+                    });
+                }
+                let w_row = cols * bits as usize / 8;
+                let s_row = cols / group * 2;
+                let w = gather(&e.parts, start, n, |p| Some(&p.data), w_row);
+                let s = gather(&e.parts, start, n, |p| p.scales.as_ref(), s_row);
+                let b = gather(&e.parts, start, n, |p| p.biases.as_ref(), s_row);
+                Matrix::from_mlx(bits, group, n, cols, w.storage(), s.storage(), b.storage())
+                    .map_err(kerr)
+            }
+        }
+    }
+
+    /// Dequantized f32 copy of the tensor plus its canonical shape.
+    pub fn f32(&self, name: &str) -> Result<(Vec<f32>, Vec<usize>), CheckpointError> {
+        let e = self.entry(name)?;
+        let (_, cols) = e.rows_cols();
+        let total: usize = e.shape.iter().product();
+        let mut out = Vec::with_capacity(total);
+        for p in &e.parts {
+            match e.quant {
+                Quant::Plain(dt) => {
+                    dequant_plain(dt, p.data.as_slice(), &mut out).map_err(|m| {
+                        CheckpointError::DtypeNotAllowed {
+                            name: name.into(),
+                            dtype: dt.name().into(),
+                            allowed: m.into(),
+                        }
+                    })?
+                }
+                Quant::Mlx {
+                    bits,
+                    group,
+                    scale_dtype,
+                } => {
+                    let mut s = Vec::new();
+                    let mut b = Vec::new();
+                    let sc = p.scales.as_ref().expect("mlx part has scales");
+                    let bi = p.biases.as_ref().expect("mlx part has biases");
+                    dequant_plain(scale_dtype, sc.as_slice(), &mut s).map_err(|m| {
+                        CheckpointError::DtypeNotAllowed {
+                            name: format!("{name} (scales)"),
+                            dtype: scale_dtype.name().into(),
+                            allowed: m.into(),
+                        }
+                    })?;
+                    dequant_plain(scale_dtype, bi.as_slice(), &mut b).map_err(|m| {
+                        CheckpointError::DtypeNotAllowed {
+                            name: format!("{name} (biases)"),
+                            dtype: scale_dtype.name().into(),
+                            allowed: m.into(),
+                        }
+                    })?;
+                    dequant_mlx(
+                        bits,
+                        group,
+                        p.rows,
+                        cols,
+                        p.data.as_slice(),
+                        &s,
+                        &b,
+                        &mut out,
+                    );
+                }
+            }
+        }
+        debug_assert_eq!(out.len(), total);
+        Ok((out, e.shape.clone()))
+    }
+
+    /// Check the tensors against a schema: every schema tensor present with its shape and an allowed
+    /// storage, and nothing else.
+    pub fn check(&self, schema: &Schema) -> Result<(), CheckpointError> {
+        let missing: Vec<String> = schema
+            .tensors
+            .iter()
+            .filter(|t| !self.entries.contains_key(&t.name))
+            .map(|t| t.name.clone())
+            .collect();
+        if !missing.is_empty() {
+            return Err(CheckpointError::MissingTensor { names: missing });
+        }
+        let by_name: HashMap<&str, _> = schema
+            .tensors
+            .iter()
+            .map(|t| (t.name.as_str(), t))
+            .collect();
+        let unexpected: Vec<String> = self
+            .entries
+            .iter()
+            .filter(|(n, _)| !by_name.contains_key(n.as_str()))
+            .map(|(n, e)| {
+                if e.sources.len() == 1 && e.sources[0] == *n {
+                    n.clone()
+                } else {
+                    format!("{n} (from {})", e.sources.join(", "))
+                }
+            })
+            .collect();
+        if !unexpected.is_empty() {
+            return Err(CheckpointError::UnexpectedTensor { names: unexpected });
+        }
+        for t in &schema.tensors {
+            let e = &self.entries[&t.name];
+            if e.shape != t.shape {
+                return Err(CheckpointError::ShapeMismatch {
+                    name: t.name.clone(),
+                    expected: t.shape.clone(),
+                    found: e.shape.clone(),
+                });
+            }
+            let ok = match (t.allowed, e.quant) {
+                (_, Quant::Plain(d)) if matches!(d, DType::F32 | DType::F16 | DType::Bf16) => true,
+                (Allowed::Matrix, Quant::Plain(DType::Q8_0 | DType::Q4_0)) => true,
+                (Allowed::Matrix, Quant::Mlx { .. }) => true,
+                (Allowed::FloatOrFlag, Quant::Plain(d)) => {
+                    matches!(d, DType::Bool | DType::U8 | DType::F64 | DType::I64)
+                }
+                _ => false,
+            };
+            if !ok {
+                return Err(CheckpointError::DtypeNotAllowed {
+                    name: t.name.clone(),
+                    dtype: e.quant.name(),
+                    allowed: t.allowed.describe().into(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A source tensor after MLX triplet grouping.
+struct SourceTensor {
+    /// Base name (`X.weight` for triplets).
+    name: String,
+    data: RawTensor,
+    quant: Quant,
+    scales: Option<RawTensor>,
+    biases: Option<RawTensor>,
+    /// Logical (dequantized) shape.
+    shape: Vec<usize>,
+}
+
+/// Group MLX `X.weight`(u32) + `X.scales` + `X.biases` triplets and infer (bits, group).
+fn group_mlx(raw: &[RawTensor], opts: &OpenOptions) -> Result<Vec<SourceTensor>, CheckpointError> {
+    let by_name: HashMap<&str, &RawTensor> = raw.iter().map(|t| (t.name.as_str(), t)).collect();
+    let mut out = Vec::with_capacity(raw.len());
+    struct Trip<'a> {
+        base: String,
+        w: &'a RawTensor,
+        s: &'a RawTensor,
+        b: &'a RawTensor,
+    }
+    let mut trips = Vec::new();
+    let mut consumed = std::collections::HashSet::new();
+    for t in raw {
+        if let Some(base) = t.name.strip_suffix(".scales") {
+            let bad = |reason: &str| CheckpointError::BadQuantization {
+                name: base.to_string(),
+                reason: reason.into(),
+            };
+            let w = by_name
+                .get(format!("{base}.weight").as_str())
+                .copied()
+                .ok_or_else(|| bad("`.scales` without `.weight`"))?;
+            let b = by_name
+                .get(format!("{base}.biases").as_str())
+                .copied()
+                .ok_or_else(|| bad("`.scales` without `.biases`"))?;
+            if w.dtype != DType::U32 {
+                return Err(bad(&format!(
+                    "packed weight has dtype {}, expected u32",
+                    w.dtype
+                )));
+            }
+            if w.shape.len() != 2
+                || t.shape.len() != 2
+                || b.shape != t.shape
+                || w.shape[0] != t.shape[0]
+                || b.dtype != t.dtype
+            {
+                return Err(bad(&format!(
+                    "inconsistent shapes: weight {:?}, scales {:?}, biases {:?}",
+                    w.shape, t.shape, b.shape
+                )));
+            }
+            if !t.dtype.is_float() {
+                return Err(bad(&format!("scales have dtype {}", t.dtype)));
+            }
+            consumed.insert(w.name.as_str());
+            consumed.insert(t.name.as_str());
+            consumed.insert(b.name.as_str());
+            trips.push(Trip {
+                base: base.to_string(),
+                w,
+                s: t,
+                b,
+            });
+        } else if let Some(base) = t.name.strip_suffix(".biases") {
+            if !by_name.contains_key(format!("{base}.scales").as_str()) {
+                return Err(CheckpointError::BadQuantization {
+                    name: base.to_string(),
+                    reason: "`.biases` without `.scales`".into(),
+                });
+            }
+        }
+    }
+    // Infer (bits, group): candidates per triplet; resolve ambiguity file-wide with the norm widths.
+    let candidates = |w: &RawTensor, s: &RawTensor| -> Vec<(u8, usize)> {
+        let mut c = Vec::new();
+        for bits in [4u8, 8] {
+            for group in [32usize, 64] {
+                let cols = w.shape[1] * 32 / bits as usize;
+                if s.shape[1] * group == cols {
+                    c.push((bits, group));
+                }
+            }
+        }
+        c
+    };
+    let file_choice = if let Some(bg) = opts.mlx_bits_group {
+        Some(bg)
+    } else {
+        // Known widths: 1-D norm weights of the file (`*norm*.weight` / `alpha`).
+        let widths: Vec<usize> = raw
+            .iter()
+            .filter(|t| t.name.contains("norm") && t.shape.len() == 1)
+            .map(|t| t.shape[0])
+            .collect();
+        let mut choice = None;
+        for tr in &trips {
+            let c = candidates(tr.w, tr.s);
+            if c.len() == 1 {
+                choice = Some(c[0]);
+                break;
+            }
+            let fits: Vec<_> = c
+                .iter()
+                .filter(|(bits, _)| widths.contains(&(tr.w.shape[1] * 32 / *bits as usize)))
+                .collect();
+            if fits.len() == 1 {
+                choice = Some(*fits[0]);
+                break;
+            }
+        }
+        choice
+    };
+    for tr in trips {
+        let c = candidates(tr.w, tr.s);
+        let chosen = match (c.len(), file_choice) {
+            (0, _) => None,
+            (_, Some(fc)) if c.contains(&fc) => Some(fc),
+            (1, _) => Some(c[0]),
+            _ => None,
+        };
+        let (bits, group) = chosen.ok_or_else(|| CheckpointError::BadQuantization {
+            name: tr.base.clone(),
+            reason: format!(
+                "cannot infer bits/group from weight {:?} and scales {:?} (candidates {c:?})",
+                tr.w.shape, tr.s.shape
+            ),
+        })?;
+        let cols = tr.w.shape[1] * 32 / bits as usize;
+        out.push(SourceTensor {
+            name: format!("{}.weight", tr.base),
+            data: tr.w.clone(),
+            quant: Quant::Mlx {
+                bits,
+                group,
+                scale_dtype: tr.s.dtype,
+            },
+            scales: Some(tr.s.clone()),
+            biases: Some(tr.b.clone()),
+            shape: vec![tr.w.shape[0], cols],
+        });
+    }
+    for t in raw {
+        if consumed.contains(t.name.as_str()) {
+            continue;
+        }
+        out.push(SourceTensor {
+            name: t.name.clone(),
+            data: t.clone(),
+            quant: Quant::Plain(t.dtype),
+            scales: None,
+            biases: None,
+            shape: t.shape.clone(),
+        });
+    }
+    Ok(out)
+}
+
+fn raw_bytes(owner: &Owner, t: &RawTensor) -> Bytes {
+    Bytes {
+        owner: owner.clone(),
+        offset: t.offset,
+        len: t.len,
+    }
+}
+
+/// Build one canonical entry from its parts.
+fn assemble(
+    owner: &Owner,
+    name: &str,
+    parts: BTreeMap<usize, (SourceTensor, bool, bool)>,
+    opts: &OpenOptions,
+) -> Result<Entry, CheckpointError> {
+    let n = parts.len();
+    if parts.keys().copied().ne(0..n) {
+        let have: Vec<usize> = parts.keys().copied().collect();
+        let missing: Vec<String> = (0..*have.last().unwrap_or(&0) + 1)
+            .filter(|k| !have.contains(k))
+            .map(|k| format!("{name} (part {k})"))
+            .collect();
+        return Err(CheckpointError::MissingTensor { names: missing });
+    }
+    let mut quant = None;
+    let mut tail: Option<Vec<usize>> = None;
+    let mut total_rows = 0;
+    let mut out_parts = Vec::with_capacity(n);
+    let mut sources = Vec::with_capacity(n);
+    let mut reshape = false;
+    for (_, (src, reshape_norm, unpermute)) in parts {
+        reshape |= reshape_norm;
+        if quant.is_some_and(|q| q != src.quant) {
+            return Err(CheckpointError::DtypeNotAllowed {
+                name: src.name.clone(),
+                dtype: src.quant.name(),
+                allowed: format!("same storage as the other parts of `{name}`"),
+            });
+        }
+        quant = Some(src.quant);
+        let shape = if src.shape.is_empty() {
+            vec![1]
+        } else {
+            src.shape.clone()
+        };
+        let t = shape[1..].to_vec();
+        if tail.as_ref().is_some_and(|x| *x != t) {
+            return Err(CheckpointError::ShapeMismatch {
+                name: src.name.clone(),
+                expected: tail.clone().unwrap_or_default(),
+                found: t,
+            });
+        }
+        tail = Some(t);
+        total_rows += shape[0];
+        let mut data = raw_bytes(owner, &src.data);
+        if unpermute {
+            let cols: usize = shape[1..].iter().product();
+            let elem = match src.quant {
+                Quant::Plain(d) if d.block().0 == 1 => d.block().1 as usize,
+                _ => {
+                    return Err(CheckpointError::DtypeNotAllowed {
+                        name: src.name.clone(),
+                        dtype: src.quant.name(),
+                        allowed: "a plain float dtype (Hugging Face q/k rows are permuted)".into(),
+                    })
+                }
+            };
+            let rows_src =
+                names::hf_rope_source_rows(shape[0], opts.mimi_num_heads).ok_or_else(|| {
+                    CheckpointError::ShapeMismatch {
+                        name: src.name.clone(),
+                        expected: vec![opts.mimi_num_heads, shape[0] / opts.mimi_num_heads.max(1)],
+                        found: shape.clone(),
+                    }
+                })?;
+            let rb = cols * elem;
+            let s = data.as_slice();
+            let mut v = Vec::with_capacity(s.len());
+            for r in rows_src {
+                v.extend_from_slice(&s[r * rb..(r + 1) * rb]);
+            }
+            data = Bytes::owned(v);
+        }
+        out_parts.push(Part {
+            rows: shape[0],
+            data,
+            scales: src.scales.as_ref().map(|t| raw_bytes(owner, t)),
+            biases: src.biases.as_ref().map(|t| raw_bytes(owner, t)),
+        });
+        sources.push(src.name);
+    }
+    let tail = tail.unwrap_or_default();
+    let mut shape = vec![total_rows];
+    shape.extend_from_slice(&tail);
+    if reshape && shape.len() == 1 {
+        shape = vec![1, 1, total_rows];
+        // A [d] norm viewed as [1, 1, d] is one row of d values.
+        for p in &mut out_parts {
+            p.rows = 1;
+        }
+    }
+    Ok(Entry {
+        shape,
+        quant: quant.expect("at least one part"),
+        parts: out_parts,
+        sources,
+    })
+}
+
+/// Rows `start..start+n` (each `row_bytes` long) of the concatenation of the parts' chosen buffers.
+fn gather(
+    parts: &[Part],
+    start: usize,
+    n: usize,
+    pick: impl Fn(&Part) -> Option<&Bytes>,
+    row_bytes: usize,
+) -> Bytes {
+    let mut base = 0;
+    for p in parts {
+        if start >= base && start + n <= base + p.rows {
+            let b = pick(p).expect("buffer present");
+            return b.sub((start - base) * row_bytes, n * row_bytes);
+        }
+        base += p.rows;
+    }
+    // Spans several parts: copy.
+    let mut v = Vec::with_capacity(n * row_bytes);
+    let mut base = 0;
+    for p in parts {
+        let lo = start.max(base);
+        let hi = (start + n).min(base + p.rows);
+        if lo < hi {
+            let b = pick(p).expect("buffer present");
+            v.extend_from_slice(&b.as_slice()[(lo - base) * row_bytes..(hi - base) * row_bytes]);
+        }
+        base += p.rows;
+    }
+    Bytes::owned(v)
+}
+
+/// Append the f32 values of `bytes` stored as `dt`.
+pub(crate) fn dequant_plain(
+    dt: DType,
+    bytes: &[u8],
+    out: &mut Vec<f32>,
+) -> Result<(), &'static str> {
+    match dt {
+        DType::F32 => out.extend(
+            bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        ),
+        DType::F16 => out.extend(
+            bytes
+                .chunks_exact(2)
+                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()),
+        ),
+        DType::Bf16 => out.extend(
+            bytes
+                .chunks_exact(2)
+                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()),
+        ),
+        DType::F64 => out.extend(
+            bytes
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().expect("8")) as f32),
+        ),
+        DType::Bool | DType::U8 => out.extend(bytes.iter().map(|&b| b as f32)),
+        DType::I64 => out.extend(
+            bytes
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().expect("8")) as f32),
+        ),
+        DType::Q8_0 => {
+            for blk in bytes.chunks_exact(34) {
+                let d = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
+                out.extend(blk[2..].iter().map(|&q| q as i8 as f32 * d));
+            }
+        }
+        DType::Q4_0 => {
+            for blk in bytes.chunks_exact(18) {
+                let d = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
+                let qs = &blk[2..];
+                out.extend(qs.iter().map(|&q| ((q & 0x0f) as i32 - 8) as f32 * d));
+                out.extend(qs.iter().map(|&q| ((q >> 4) as i32 - 8) as f32 * d));
+            }
+        }
+        _ => return Err("f32, f16, bf16, f64, q8_0, q4_0, bool, u8, i64"),
+    }
+    Ok(())
+}
+
+/// Dequantize MLX affine codes: `w = scale * q + bias` per group, codes little-endian in u32 words.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn dequant_mlx(
+    bits: u8,
+    group: usize,
+    rows: usize,
+    cols: usize,
+    w: &[u8],
+    s: &[f32],
+    b: &[f32],
+    out: &mut Vec<f32>,
+) {
+    let words_per_row = cols * bits as usize / 32;
+    let groups = cols / group;
+    let mask = (1u32 << bits) - 1;
+    let per_word = 32 / bits as usize;
+    for r in 0..rows {
+        for c in 0..cols {
+            let wi = r * words_per_row + c / per_word;
+            let word = u32::from_le_bytes(w[wi * 4..wi * 4 + 4].try_into().expect("4"));
+            let q = (word >> ((c % per_word) * bits as usize)) & mask;
+            let g = r * groups + c / group;
+            out.push(s[g] * q as f32 + b[g]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f32_bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn dequant_blocks() {
+        let mut blk = f16::from_f32(0.5).to_le_bytes().to_vec();
+        blk.extend((0..32).map(|i| (i as i8 - 16) as u8));
+        let mut out = Vec::new();
+        dequant_plain(DType::Q8_0, &blk, &mut out).unwrap();
+        assert_eq!(out[0], -8.0);
+        assert_eq!(out[31], 7.5);
+        let mut blk = f16::from_f32(2.0).to_le_bytes().to_vec();
+        blk.extend((0..16).map(|i| (i as u8) | (((15 - i) as u8) << 4)));
+        let mut out = Vec::new();
+        dequant_plain(DType::Q4_0, &blk, &mut out).unwrap();
+        assert_eq!(out[0], -16.0);
+        assert_eq!(out[15], 14.0);
+        assert_eq!(out[16], 14.0);
+        assert_eq!(out[31], -16.0);
+    }
+
+    #[test]
+    fn dequant_mlx_packing() {
+        // 4-bit: element 8i+j in bits [4j, 4j+4) of word i.
+        let word: u32 = 0x7654_3210;
+        let mut out = Vec::new();
+        dequant_mlx(4, 8, 1, 8, &word.to_le_bytes(), &[2.0], &[1.0], &mut out);
+        assert_eq!(out, vec![1.0, 3.0, 5.0, 7.0, 9.0, 11.0, 13.0, 15.0]);
+        let word: u32 = 0x0403_0201;
+        let mut out = Vec::new();
+        dequant_mlx(8, 4, 1, 4, &word.to_le_bytes(), &[1.0], &[-1.0], &mut out);
+        assert_eq!(out, vec![0.0, 1.0, 2.0, 3.0]);
+    }
+
+    #[test]
+    fn open_plain_safetensors_and_read() {
+        let a: Vec<f32> = (0..6).map(|i| i as f32).collect();
+        let bytes = safetensors::to_bytes(&[
+            ("x.weight".into(), "F32", vec![2, 3], f32_bytes(&a)),
+            (
+                "y".into(),
+                "BF16",
+                vec![2],
+                bf16::from_f32(1.5).to_le_bytes().repeat(2),
+            ),
+        ]);
+        let w = Weights::from_bytes("mem", bytes, &OpenOptions::new(Component::Mimi)).unwrap();
+        assert_eq!(w.names().collect::<Vec<_>>(), vec!["x.weight", "y"]);
+        assert_eq!(w.shape("x.weight"), Some(&[2usize, 3][..]));
+        assert_eq!(w.f32("x.weight").unwrap().0, a);
+        assert_eq!(w.f32("y").unwrap().0, vec![1.5, 1.5]);
+        assert!(matches!(
+            w.f32("nope"),
+            Err(CheckpointError::NoSuchTensor(_))
+        ));
+    }
+
+    #[test]
+    fn hf_qk_unpermute_roundtrip() {
+        // 2 heads, head_dim 4, d = 8: q rows permuted HF-style, k too, v plain.
+        let d = 8;
+        let heads = 2;
+        let orig: Vec<f32> = (0..3 * d * d).map(|i| i as f32).collect();
+        let hf_perm = |m: &[f32]| -> Vec<f32> {
+            let hd = d / heads;
+            let mut out = vec![0.0; d * d];
+            for h in 0..heads {
+                for s in 0..2 {
+                    for i in 0..hd / 2 {
+                        let hf_row = h * hd + s * hd / 2 + i;
+                        let o_row = h * hd + 2 * i + s;
+                        out[hf_row * d..(hf_row + 1) * d]
+                            .copy_from_slice(&m[o_row * d..(o_row + 1) * d]);
+                    }
+                }
+            }
+            out
+        };
+        let q = hf_perm(&orig[..d * d]);
+        let k = hf_perm(&orig[d * d..2 * d * d]);
+        let v = orig[2 * d * d..].to_vec();
+        let p = "encoder_transformer.layers.0.self_attn.";
+        let bytes = safetensors::to_bytes(&[
+            (
+                format!("{p}q_proj.weight"),
+                "F32",
+                vec![d, d],
+                f32_bytes(&q),
+            ),
+            (
+                format!("{p}k_proj.weight"),
+                "F32",
+                vec![d, d],
+                f32_bytes(&k),
+            ),
+            (
+                format!("{p}v_proj.weight"),
+                "F32",
+                vec![d, d],
+                f32_bytes(&v),
+            ),
+        ]);
+        let mut o = OpenOptions::new(Component::Mimi);
+        o.mimi_num_heads = heads;
+        let w = Weights::from_bytes("mem", bytes, &o).unwrap();
+        assert_eq!(w.layout(), Layout::HfMimi);
+        let (vals, shape) = w
+            .f32("encoder_transformer.transformer.layers.0.self_attn.in_proj_weight")
+            .unwrap();
+        assert_eq!(shape, vec![3 * d, d]);
+        assert_eq!(vals, orig);
+    }
+}
