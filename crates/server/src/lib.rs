@@ -1,1 +1,18 @@
-//! WebSocket server speaking Kyutai's `/api/chat` protocol.
+//! WebSocket server speaking Kyutai's `/api/chat` protocol, with Ogg/Opus audio, Prometheus
+//! metrics and a built-in web page.
+//!
+//! Entry points: [`Server::bind`] + [`Server::run_until`] (async), or [`run_blocking`]. The model
+//! is anything implementing [`backend::Backend`]; [`backend::RuntimeBackend`] serves the `runtime`
+//! crate's engine.
+
+mod app;
+pub mod backend;
+pub mod codec;
+pub mod metrics;
+pub mod protocol;
+pub mod testing;
+pub mod tls;
+mod ws;
+
+pub use app::{run_blocking, shutdown_signal, ServeConfig, Server, ServerError, MAX_MESSAGE_BYTES};
+pub use ws::OUT_QUEUE;

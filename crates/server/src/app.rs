@@ -1,0 +1,362 @@
+//! The HTTP application: routes, static files, admission state, startup and graceful shutdown.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::{RawQuery, State, WebSocketUpgrade};
+use axum::http::{header, HeaderValue, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use tokio::sync::{watch, Semaphore};
+
+use crate::backend::Backend;
+use crate::metrics::Metrics;
+
+/// Largest client WebSocket message accepted (bytes). A browser page of 40 ms of Opus is ~200 B.
+pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
+
+/// Server configuration (what `moshi-native serve` parses).
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// Address to bind.
+    pub host: String,
+    /// Port to bind (0 = any free port).
+    pub port: u16,
+    /// Serve this directory at `/` (with `index.html` fallback) instead of the built-in page.
+    pub static_dir: Option<PathBuf>,
+    /// Conversations served at once.
+    pub max_sessions: usize,
+    /// Clients allowed to wait for a slot; more are refused.
+    pub max_queue: usize,
+    /// TLS certificate and key (PEM files). `None` = plain HTTP.
+    pub tls: Option<crate::tls::TlsFiles>,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".into(),
+            port: 8998,
+            static_dir: None,
+            max_sessions: 1,
+            max_queue: 8,
+            tls: None,
+        }
+    }
+}
+
+/// Errors of server startup.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// Binding or serving failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The configuration is invalid.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// TLS set-up failed.
+    #[error("tls: {0}")]
+    Tls(String),
+}
+
+pub(crate) struct AppState {
+    pub backend: Arc<dyn Backend>,
+    pub metrics: Arc<Metrics>,
+    pub slots: Arc<Semaphore>,
+    pub max_queue: usize,
+    pub shutdown: watch::Receiver<bool>,
+    /// One clone per open WebSocket connection (to wait for them at shutdown).
+    pub tracker: Arc<()>,
+    pub static_dir: Option<PathBuf>,
+}
+
+/// A bound, not yet running server.
+pub struct Server {
+    listener: tokio::net::TcpListener,
+    addr: SocketAddr,
+    state: Arc<AppState>,
+    shutdown_tx: watch::Sender<bool>,
+    tls: Option<crate::tls::TlsFiles>,
+}
+
+impl Server {
+    /// Validates the configuration and binds the listening socket.
+    pub async fn bind(config: ServeConfig, backend: Arc<dyn Backend>) -> Result<Server, ServerError> {
+        if config.max_sessions == 0 {
+            return Err(ServerError::Config("--max-sessions must be at least 1".into()));
+        }
+        if let Some(d) = &config.static_dir {
+            if !d.join("index.html").is_file() {
+                return Err(ServerError::Config(format!(
+                    "--static {}: no index.html there",
+                    d.display()
+                )));
+            }
+        }
+        let listener = tokio::net::TcpListener::bind((config.host.as_str(), config.port))
+            .await
+            .map_err(|source| ServerError::Io {
+                context: format!("binding {}:{}", config.host, config.port),
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| ServerError::Io {
+            context: "local address".into(),
+            source,
+        })?;
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let state = Arc::new(AppState {
+            backend,
+            metrics: Arc::new(Metrics::default()),
+            slots: Arc::new(Semaphore::new(config.max_sessions)),
+            max_queue: config.max_queue,
+            shutdown: shutdown_rx,
+            tracker: Arc::new(()),
+            static_dir: config.static_dir,
+        });
+        Ok(Server {
+            listener,
+            addr,
+            state,
+            shutdown_tx,
+            tls: config.tls,
+        })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The server's counters.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.state.metrics.clone()
+    }
+
+    /// Serves until `signal` completes, then closes every session (clients get a close frame,
+    /// workers are joined, slots freed) and returns.
+    pub async fn run_until(
+        self,
+        signal: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServerError> {
+        let Server {
+            listener,
+            addr,
+            state,
+            shutdown_tx,
+            tls,
+        } = self;
+        let app = router(state.clone());
+        let tx = shutdown_tx.clone();
+        let graceful = async move {
+            signal.await;
+            tracing::info!("shutting down");
+            let _ = tx.send(true);
+        };
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        tracing::info!("listening on {scheme}://{addr}");
+        let served = match tls {
+            None => axum::serve(listener, app)
+                .with_graceful_shutdown(graceful)
+                .await
+                .map_err(|source| ServerError::Io {
+                    context: "serving".into(),
+                    source,
+                }),
+            Some(files) => {
+                let tls_listener = crate::tls::TlsListener::new(listener, &files)?;
+                axum::serve(tls_listener, app)
+                    .with_graceful_shutdown(graceful)
+                    .await
+                    .map_err(|source| ServerError::Io {
+                        context: "serving".into(),
+                        source,
+                    })
+            }
+        };
+        let _ = shutdown_tx.send(true);
+        // Wait for the WebSocket tasks (they run detached from the HTTP connections).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Arc::strong_count(&state.tracker) > 1 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let left = Arc::strong_count(&state.tracker) - 1;
+        if left > 0 {
+            tracing::warn!("{left} connections still open at exit");
+        }
+        served
+    }
+}
+
+/// Completes on ctrl-c or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
+/// Builds a multi-threaded tokio runtime, serves until ctrl-c/SIGTERM, and returns.
+pub fn run_blocking(config: ServeConfig, backend: Arc<dyn Backend>) -> Result<(), ServerError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name("moshi-http")
+        .build()
+        .map_err(|source| ServerError::Io {
+            context: "starting tokio".into(),
+            source,
+        })?;
+    rt.block_on(async move {
+        let server = Server::bind(config, backend).await?;
+        server.run_until(shutdown_signal()).await
+    })
+}
+
+fn router(state: Arc<AppState>) -> Router {
+    let r = Router::new()
+        .route("/api/chat", get(chat))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/metrics", get(metrics));
+    let r = if state.static_dir.is_some() {
+        r.fallback(get(static_file))
+    } else {
+        r.route("/", get(|| async { embedded("index.html") }))
+            .route("/index.html", get(|| async { embedded("index.html") }))
+            .route("/moshi.js", get(|| async { embedded("moshi.js") }))
+            .route("/moshi-worklet.js", get(|| async { embedded("moshi-worklet.js") }))
+    };
+    r.with_state(state)
+}
+
+async fn chat(
+    ws: WebSocketUpgrade,
+    RawQuery(query): RawQuery,
+    State(state): State<Arc<AppState>>,
+) -> Response {
+    ws.max_message_size(MAX_MESSAGE_BYTES)
+        .max_frame_size(MAX_MESSAGE_BYTES)
+        .on_upgrade(move |socket| crate::ws::handle_socket(socket, query, state))
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+const INDEX_HTML: &str = include_str!("../web/index.html");
+const MOSHI_JS: &str = include_str!("../web/moshi.js");
+const WORKLET_JS: &str = include_str!("../web/moshi-worklet.js");
+
+fn embedded(name: &str) -> Response {
+    let (body, ty) = match name {
+        "index.html" => (INDEX_HTML, "text/html; charset=utf-8"),
+        "moshi.js" => (MOSHI_JS, "text/javascript; charset=utf-8"),
+        _ => (WORKLET_JS, "text/javascript; charset=utf-8"),
+    };
+    ([(header::CONTENT_TYPE, ty), (header::CACHE_CONTROL, "no-cache")], body).into_response()
+}
+
+fn content_type(path: &Path) -> &'static str {
+    match path.extension().and_then(|e| e.to_str()).unwrap_or("") {
+        "html" | "htm" => "text/html; charset=utf-8",
+        "js" | "mjs" => "text/javascript; charset=utf-8",
+        "css" => "text/css; charset=utf-8",
+        "json" | "map" => "application/json",
+        "wasm" => "application/wasm",
+        "png" => "image/png",
+        "jpg" | "jpeg" => "image/jpeg",
+        "svg" => "image/svg+xml",
+        "ico" => "image/x-icon",
+        "woff2" => "font/woff2",
+        "woff" => "font/woff",
+        "txt" => "text/plain; charset=utf-8",
+        _ => "application/octet-stream",
+    }
+}
+
+/// Maps a request path into `root`, refusing anything that would leave it.
+fn safe_join(root: &Path, uri_path: &str) -> Option<PathBuf> {
+    let decoded = crate::protocol::percent_decode(uri_path.trim_start_matches('/'));
+    let mut p = root.to_path_buf();
+    for c in Path::new(&decoded).components() {
+        match c {
+            Component::Normal(s) => p.push(s),
+            Component::CurDir => {}
+            _ => return None,
+        }
+    }
+    Some(p)
+}
+
+async fn static_file(State(state): State<Arc<AppState>>, uri: Uri) -> Response {
+    let Some(root) = state.static_dir.as_deref() else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let Some(mut path) = safe_join(root, uri.path()) else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
+    if path.is_dir() {
+        path.push("index.html");
+    }
+    let (path, bytes) = match tokio::fs::read(&path).await {
+        Ok(b) => (path, b),
+        // SPA fallback: unknown paths get the index page.
+        Err(_) => {
+            let index = root.join("index.html");
+            match tokio::fs::read(&index).await {
+                Ok(b) => (index, b),
+                Err(_) => return StatusCode::NOT_FOUND.into_response(),
+            }
+        }
+    };
+    let mut resp = Response::new(Body::from(bytes));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(content_type(&path)),
+    );
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn safe_join_stays_inside() {
+        let root = Path::new("/srv/dist");
+        assert_eq!(
+            safe_join(root, "/assets/a.js"),
+            Some(PathBuf::from("/srv/dist/assets/a.js"))
+        );
+        assert_eq!(safe_join(root, "/"), Some(PathBuf::from("/srv/dist")));
+        assert_eq!(safe_join(root, "/../etc/passwd"), None);
+        assert_eq!(safe_join(root, "/a/%2e%2e/%2e%2e/x"), None);
+    }
+}

@@ -1,0 +1,101 @@
+//! What the server needs from a speech model: open a conversation, push PCM, receive frames.
+//!
+//! The product implementation is [`RuntimeBackend`] (the `runtime` crate's `Engine`/`SessionRunner`).
+//! The trait exists so that the protocol layer can also be exercised with the test double in
+//! [`crate::testing`].
+
+use crate::protocol::SessionParams;
+
+/// Static information about the served model (sent in the metadata message).
+#[derive(Debug, Clone, Default)]
+pub struct BackendInfo {
+    /// Name of the LM weights file.
+    pub lm_model_file: String,
+    /// Name of the Mimi weights file.
+    pub mimi_model_file: String,
+    /// Name of this server instance.
+    pub instance_name: String,
+}
+
+/// A conversation could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BackendError(pub String);
+
+/// What happened to pushed input.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InputReport {
+    /// 1920-sample frames completed by this push.
+    pub frames_completed: u32,
+    /// Queued frames dropped (oldest first) by this push because the model is behind.
+    pub frames_dropped: u32,
+    /// Frames waiting after this push.
+    pub queued: usize,
+}
+
+/// The non-blocking input end of a conversation (24 kHz mono PCM, any chunk size).
+pub trait AudioInput: Send {
+    /// Queues samples; never blocks. When the model is behind, old frames are dropped.
+    fn push(&mut self, pcm: &[f32]) -> InputReport;
+}
+
+/// One frame pass of the model.
+#[derive(Debug, Clone, Default)]
+pub struct FrameOut {
+    /// Output audio, 24 kHz mono (may be empty, e.g. the first frame).
+    pub pcm: Vec<f32>,
+    /// Text produced by this frame ("" if none).
+    pub text: String,
+    /// Wall time of the frame pass (µs).
+    pub step_us: u64,
+    /// Input frames waiting after this frame (the lag behind real time, in frames).
+    pub queued: usize,
+}
+
+/// An event from a running conversation.
+#[derive(Debug)]
+pub enum BackendEvent {
+    /// A frame was processed.
+    Frame(FrameOut),
+    /// The conversation ended (`max_steps` reached, or stop requested). Last event.
+    Stopped {
+        /// Whether `max_steps` was the reason.
+        max_steps: bool,
+    },
+    /// The frame pass failed. Last event.
+    Error(String),
+}
+
+/// The output end of a conversation.
+pub trait EventSource: Send {
+    /// Blocks until the next event; `None` once the conversation has ended and all events were read.
+    fn recv(&mut self) -> Option<BackendEvent>;
+}
+
+/// Stops a conversation (idempotent; waits for its worker to end, after which
+/// [`EventSource::recv`] returns `None`).
+pub trait Stopper: Send {
+    /// Requests stop and joins the worker.
+    fn stop(&mut self);
+}
+
+/// A started conversation, split into the parts used by different threads.
+pub struct OpenSession {
+    /// Where decoded client audio goes.
+    pub input: Box<dyn AudioInput>,
+    /// Where model output comes from.
+    pub events: Box<dyn EventSource>,
+    /// How to end it.
+    pub stopper: Box<dyn Stopper>,
+}
+
+/// A model that can hold many conversations at once.
+pub trait Backend: Send + Sync + 'static {
+    /// Static information for the metadata message.
+    fn info(&self) -> BackendInfo;
+    /// Starts a conversation (may allocate a lot; called on a blocking thread). The CPU work of the
+    /// conversation runs on threads owned by the returned session, never on the caller's.
+    fn open(&self, params: &SessionParams) -> Result<OpenSession, BackendError>;
+}
+
+mod runtime_backend;

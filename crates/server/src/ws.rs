@@ -1,0 +1,374 @@
+//! One `/api/chat` connection: parameters, admission, handshake, audio in, audio and text out.
+//!
+//! Threads per active session: the backend's worker (frame passes) and one output thread that
+//! receives frames and does the Opus encoding; the tokio tasks only move bytes (and decode the
+//! client's Opus, which costs microseconds per packet).
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::ws::{CloseFrame, Message, WebSocket};
+use futures_util::{SinkExt, StreamExt};
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
+
+use crate::app::AppState;
+use crate::backend::{BackendEvent, EventSource};
+use crate::codec::{OggOpusDecoder, OggOpusEncoder};
+use crate::metrics::Metrics;
+use crate::protocol::{self, ClientMessage, Metadata, SessionParams};
+
+/// Outgoing messages buffered per client before audio/text starts being dropped (≈ 2.5 s of
+/// output at one audio and one text message per 80 ms frame).
+pub const OUT_QUEUE: usize = 64;
+/// Interval of keep-alive pings (kind 6) sent to clients waiting for a slot. Kyutai's web client
+/// closes the socket after 10 s without any message.
+const WAIT_PING: Duration = Duration::from_secs(3);
+
+enum Out {
+    Bin(Vec<u8>),
+    Close(u16, String),
+}
+
+/// Close codes (RFC 6455).
+const CLOSE_NORMAL: u16 = 1000;
+const CLOSE_GOING_AWAY: u16 = 1001;
+const CLOSE_POLICY: u16 = 1008;
+const CLOSE_TRY_AGAIN: u16 = 1013;
+const CLOSE_ERROR: u16 = 1011;
+
+struct Gauge<'a>(&'a std::sync::atomic::AtomicU64);
+impl<'a> Gauge<'a> {
+    fn inc(a: &'a std::sync::atomic::AtomicU64) -> Self {
+        a.fetch_add(1, Relaxed);
+        Gauge(a)
+    }
+}
+impl Drop for Gauge<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
+}
+
+/// Serves one upgraded WebSocket until it closes, the session ends or the server shuts down.
+pub(crate) async fn handle_socket(socket: WebSocket, query: Option<String>, state: Arc<AppState>) {
+    let metrics = state.metrics.clone();
+    let _open = Gauge::inc(&metrics.connections_open);
+    let _conn = state.tracker.clone();
+    let (mut sink, mut stream) = socket.split();
+    let (out_tx, mut out_rx) = mpsc::channel::<Out>(OUT_QUEUE);
+    let writer = tokio::spawn(async move {
+        while let Some(m) = out_rx.recv().await {
+            match m {
+                Out::Bin(b) => {
+                    if sink.send(Message::Binary(b.into())).await.is_err() {
+                        return;
+                    }
+                }
+                Out::Close(code, reason) => {
+                    let _ = sink
+                        .send(Message::Close(Some(CloseFrame {
+                            code,
+                            reason: reason.into(),
+                        })))
+                        .await;
+                    return;
+                }
+            }
+        }
+        let _ = sink
+            .send(Message::Close(Some(CloseFrame {
+                code: CLOSE_NORMAL,
+                reason: "".into(),
+            })))
+            .await;
+    });
+
+    let end = run_connection(&mut stream, &out_tx, query, &state).await;
+    if let Some((code, reason)) = end {
+        let _ = out_tx.send(Out::Close(code, reason)).await;
+    }
+    drop(out_tx);
+    // Let the writer flush (bounded: a client that never reads cannot hold us forever).
+    let mut writer = writer;
+    if tokio::time::timeout(Duration::from_secs(2), &mut writer)
+        .await
+        .is_err()
+    {
+        writer.abort();
+    }
+}
+
+async fn send_error(out: &mpsc::Sender<Out>, text: &str) {
+    let _ = out
+        .send(Out::Bin(protocol::message(protocol::KIND_ERROR, text.as_bytes())))
+        .await;
+}
+
+type Stream = futures_util::stream::SplitStream<WebSocket>;
+
+/// Returns the close frame to send, if any.
+async fn run_connection(
+    stream: &mut Stream,
+    out: &mpsc::Sender<Out>,
+    query: Option<String>,
+    state: &Arc<AppState>,
+) -> Option<(u16, String)> {
+    let metrics = &state.metrics;
+    let mut shutdown = state.shutdown.clone();
+    let params = match SessionParams::from_query(query.as_deref()) {
+        Ok(p) => p,
+        Err(e) => {
+            metrics.sessions_rejected.fetch_add(1, Relaxed);
+            tracing::info!("refusing client: {e}");
+            send_error(out, &e.to_string()).await;
+            return Some((CLOSE_POLICY, "invalid query parameter".into()));
+        }
+    };
+    let info = state.backend.info();
+    let _ = out
+        .send(Out::Bin(Metadata::new(&params, &info).to_message()))
+        .await;
+
+    // ---- admission
+    let permit: OwnedSemaphorePermit = match state.slots.clone().try_acquire_owned() {
+        Ok(p) => p,
+        Err(_) => {
+            // Reserve a place in the waiting queue (bounded).
+            let waiting = metrics.sessions_waiting.fetch_add(1, Relaxed);
+            let _waiting = WaitGuard(metrics);
+            if waiting as usize >= state.max_queue {
+                metrics.sessions_rejected.fetch_add(1, Relaxed);
+                send_error(out, "server busy: all slots taken and the queue is full").await;
+                return Some((CLOSE_TRY_AGAIN, "server busy".into()));
+            }
+            let acquire = state.slots.clone().acquire_owned();
+            tokio::pin!(acquire);
+            let mut tick = tokio::time::interval(WAIT_PING);
+            tick.tick().await;
+            loop {
+                tokio::select! {
+                    p = &mut acquire => match p {
+                        Ok(p) => break p,
+                        Err(_) => return Some((CLOSE_GOING_AWAY, "server shutting down".into())),
+                    },
+                    _ = tick.tick() => {
+                        let _ = out.try_send(Out::Bin(vec![protocol::KIND_PING]));
+                    }
+                    m = stream.next() => match m {
+                        None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return None,
+                        Some(Ok(_)) => {} // audio before the handshake is discarded
+                    },
+                    _ = shutdown.changed() => {
+                        return Some((CLOSE_GOING_AWAY, "server shutting down".into()));
+                    }
+                }
+            }
+        }
+    };
+    if *shutdown.borrow() {
+        return Some((CLOSE_GOING_AWAY, "server shutting down".into()));
+    }
+
+    // ---- open the conversation (allocation-heavy: off the async workers)
+    let backend = state.backend.clone();
+    let p2 = params.clone();
+    let opened = match tokio::task::spawn_blocking(move || backend.open(&p2)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            metrics.sessions_rejected.fetch_add(1, Relaxed);
+            tracing::warn!("cannot open a session: {e}");
+            send_error(out, &format!("cannot open a session: {e}")).await;
+            return Some((CLOSE_ERROR, "session error".into()));
+        }
+        Err(_) => {
+            send_error(out, "cannot open a session").await;
+            return Some((CLOSE_ERROR, "session error".into()));
+        }
+    };
+    let _active = Gauge::inc(&metrics.sessions_active);
+    metrics.sessions_total.fetch_add(1, Relaxed);
+    let mut input = opened.input;
+    let mut stopper = opened.stopper;
+    let (ended_tx, mut ended_rx) = tokio::sync::oneshot::channel::<Option<(u16, String)>>();
+    let out_thread = {
+        let out = out.clone();
+        let metrics = metrics.clone();
+        let events = opened.events;
+        std::thread::Builder::new()
+            .name("moshi-ws-out".into())
+            .spawn(move || output_loop(events, out, metrics, ended_tx))
+    };
+    let out_thread = match out_thread {
+        Ok(t) => t,
+        Err(e) => {
+            stopper.stop();
+            send_error(out, &format!("cannot start a session thread: {e}")).await;
+            return Some((CLOSE_ERROR, "session error".into()));
+        }
+    };
+    let _ = out.send(Out::Bin(protocol::handshake())).await;
+    tracing::debug!("session started");
+
+    // ---- input loop
+    let mut decoder = match OggOpusDecoder::new() {
+        Ok(d) => Some(d),
+        Err(e) => {
+            tracing::error!("opus decoder: {e}");
+            None
+        }
+    };
+    let mut pcm = Vec::with_capacity(4 * 1920);
+    let mut last_stats = crate::codec::DecodeStats::default();
+    let end = loop {
+        tokio::select! {
+            m = stream.next() => match m {
+                None | Some(Ok(Message::Close(_))) => break None,
+                Some(Err(e)) => {
+                    tracing::info!("client stream error: {e}");
+                    send_error(out, &format!("protocol error: {e}")).await;
+                    break Some((CLOSE_POLICY, "protocol error".into()));
+                }
+                Some(Ok(Message::Binary(data))) => match protocol::parse_client_message(&data) {
+                    ClientMessage::Audio(bytes) => {
+                        if let Some(dec) = decoder.as_mut() {
+                            dec.push(bytes, &mut pcm);
+                            let st = dec.stats();
+                            metrics.bad_opus_packets.fetch_add(st.bad_packets - last_stats.bad_packets, Relaxed);
+                            metrics.ogg_bytes_skipped.fetch_add(st.skipped_bytes - last_stats.skipped_bytes, Relaxed);
+                            last_stats = st;
+                        }
+                        if !pcm.is_empty() {
+                            let r = input.push(&pcm);
+                            pcm.clear();
+                            metrics.frames_in.fetch_add(u64::from(r.frames_completed), Relaxed);
+                            metrics.frames_dropped.fetch_add(u64::from(r.frames_dropped), Relaxed);
+                        }
+                    }
+                    ClientMessage::Control(_) | ClientMessage::Ping => {}
+                    ClientMessage::Empty | ClientMessage::Unknown(_) => {
+                        metrics.messages_ignored.fetch_add(1, Relaxed);
+                    }
+                },
+                Some(Ok(Message::Text(_))) => {
+                    metrics.messages_ignored.fetch_add(1, Relaxed);
+                }
+                Some(Ok(_)) => {} // WebSocket ping/pong: answered by the library
+            },
+            e = &mut ended_rx => break e.unwrap_or(None),
+            _ = shutdown.changed() => break Some((CLOSE_GOING_AWAY, "server shutting down".into())),
+        }
+    };
+
+    // ---- teardown: stop the worker (joins it), then the output thread ends on its own.
+    let _ = tokio::task::spawn_blocking(move || {
+        stopper.stop();
+        let _ = out_thread.join();
+    })
+    .await;
+    drop(input);
+    drop(permit);
+    tracing::debug!("session ended");
+    end
+}
+
+struct WaitGuard<'a>(&'a Metrics);
+impl Drop for WaitGuard<'_> {
+    fn drop(&mut self) {
+        self.0.sessions_waiting.fetch_sub(1, Relaxed);
+    }
+}
+
+/// Output thread: frames → Ogg/Opus + text messages, never blocking on the client.
+fn output_loop(
+    mut events: Box<dyn EventSource>,
+    out: mpsc::Sender<Out>,
+    metrics: Arc<Metrics>,
+    ended: tokio::sync::oneshot::Sender<Option<(u16, String)>>,
+) {
+    let mut encoder = match OggOpusEncoder::new() {
+        Ok(e) => e,
+        Err(e) => {
+            let _ = out.try_send(Out::Bin(protocol::message(
+                protocol::KIND_ERROR,
+                format!("opus encoder: {e}").as_bytes(),
+            )));
+            let _ = ended.send(Some((CLOSE_ERROR, "encoder error".into())));
+            return;
+        }
+    };
+    let mut headers = Vec::new();
+    if let Err(e) = encoder.write_headers(&mut headers) {
+        tracing::error!("ogg headers: {e}");
+    }
+    let mut headers_sent = false;
+    let mut bytes = Vec::with_capacity(1024);
+    let mut end = None;
+    while let Some(ev) = events.recv() {
+        match ev {
+            BackendEvent::Frame(f) => {
+                metrics.frames_processed.fetch_add(1, Relaxed);
+                metrics.observe_step(f.step_us);
+                metrics.observe_lag(f.queued as u64);
+                bytes.clear();
+                if let Err(e) = encoder.push(&f.pcm, &mut bytes) {
+                    tracing::warn!("opus encode: {e}");
+                }
+                if !bytes.is_empty() {
+                    let mut msg = Vec::with_capacity(1 + headers.len() + bytes.len());
+                    msg.push(protocol::KIND_AUDIO);
+                    if !headers_sent {
+                        msg.extend_from_slice(&headers);
+                    }
+                    msg.extend_from_slice(&bytes);
+                    match out.try_send(Out::Bin(msg)) {
+                        Ok(()) => {
+                            headers_sent = true;
+                            metrics.audio_messages_out.fetch_add(1, Relaxed);
+                        }
+                        Err(mpsc::error::TrySendError::Full(_)) => {
+                            metrics.messages_dropped.fetch_add(1, Relaxed);
+                        }
+                        Err(mpsc::error::TrySendError::Closed(_)) => break,
+                    }
+                }
+                if !f.text.is_empty() {
+                    match out.try_send(Out::Bin(protocol::message(
+                        protocol::KIND_TEXT,
+                        f.text.as_bytes(),
+                    ))) {
+                        Ok(()) => {
+                            metrics.text_messages_out.fetch_add(1, Relaxed);
+                        }
+                        Err(mpsc::error::TrySendError::Full(_)) => {
+                            metrics.messages_dropped.fetch_add(1, Relaxed);
+                        }
+                        Err(mpsc::error::TrySendError::Closed(_)) => break,
+                    }
+                }
+            }
+            BackendEvent::Stopped { max_steps } => {
+                end = Some((
+                    CLOSE_NORMAL,
+                    if max_steps {
+                        "max_steps reached".into()
+                    } else {
+                        "session stopped".into()
+                    },
+                ));
+                break;
+            }
+            BackendEvent::Error(e) => {
+                tracing::error!("session failed: {e}");
+                // Never block here: a client that stopped reading must not hold this thread.
+                let _ = out.try_send(Out::Bin(protocol::message(
+                    protocol::KIND_ERROR,
+                    format!("model error: {e}").as_bytes(),
+                )));
+                end = Some((CLOSE_ERROR, "model error".into()));
+                break;
+            }
+        }
+    }
+    let _ = ended.send(end);
+}
