@@ -228,3 +228,6 @@ pub(crate) fn checked_size(
     let bytes = dtype.bytes_for(numel).ok_or_else(overflow)?;
     Ok((numel, bytes))
 }
+
+#[cfg(test)]
+mod tests;

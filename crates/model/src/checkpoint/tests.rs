@@ -1,0 +1,345 @@
+//! Tests against the oracle fixtures (`fixtures/`): every released layout maps completely onto the
+//! canonical names, and the values agree with the canonical PyTorch file.
+
+use std::path::PathBuf;
+
+use super::*;
+use crate::config::{LmConfig, MimiConfig};
+use crate::schema::Schema;
+use crate::weights::{OpenOptions, Quant, Weights};
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
+}
+
+fn tiny_lm_config() -> LmConfig {
+    let text = std::fs::read_to_string(fixtures().join("lm/config.json")).unwrap();
+    LmConfig::from_json(&text).unwrap()
+}
+
+fn tiny_mimi_config() -> MimiConfig {
+    let text = std::fs::read_to_string(fixtures().join("mimi/mimi_config.json")).unwrap();
+    MimiConfig::from_json(&text).unwrap()
+}
+
+fn round_bf16(x: f32) -> f32 {
+    half::bf16::from_f32(x).to_f32()
+}
+
+/// Compare every canonical tensor of `w` with the reference, with a per-row tolerance `rel * max|row|`.
+fn assert_close(reference: &Weights, w: &Weights, rel: f32, bf16_ref: bool) {
+    let names: Vec<&str> = reference.names().collect();
+    assert_eq!(names, w.names().collect::<Vec<_>>());
+    for n in names {
+        let (a, sa) = reference.f32(n).unwrap();
+        let (b, sb) = w.f32(n).unwrap();
+        assert_eq!(sa, sb, "{n}");
+        let cols: usize = sa.iter().skip(1).product::<usize>().max(1);
+        for (r, (ra, rb)) in a.chunks(cols).zip(b.chunks(cols)).enumerate() {
+            let amax = ra.iter().fold(0f32, |m, x| m.max(x.abs()));
+            for (x, y) in ra.iter().zip(rb) {
+                let x = if bf16_ref { round_bf16(*x) } else { *x };
+                assert!(
+                    (x - y).abs() <= rel * amax + 1e-30,
+                    "{n} row {r}: {x} vs {y} (amax {amax})"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn tiny_bundle_opens_and_matches_schema() {
+    let b = Bundle::open(&fixtures().join("lm")).unwrap();
+    assert_eq!(b.config.lm, tiny_lm_config());
+    assert_eq!(b.mimi_config, tiny_mimi_config());
+    assert_eq!(b.config.lm.ffn_hidden(), 128);
+    assert_eq!(b.config.lm.depformer_ffn_hidden(), 64);
+    let lm = b.lm_weights().unwrap();
+    assert_eq!(lm.layout(), names::Layout::PytorchLegacy);
+    assert_eq!(lm.len(), b.lm_schema().tensors.len());
+    let mimi = b.mimi_weights().unwrap();
+    assert_eq!(mimi.len(), b.mimi_schema().tensors.len());
+    // Every canonical tensor converts to a matrix of the flattened shape.
+    for n in lm
+        .names()
+        .chain(mimi.names().filter(|n| !n.ends_with("_initialized")))
+    {
+        let w = if lm.contains(n) { &lm } else { &mimi };
+        let shape = w.shape(n).unwrap();
+        let m = w.matrix(n).unwrap();
+        assert_eq!(m.rows(), shape[0], "{n}");
+        assert_eq!(m.cols(), shape[1..].iter().product::<usize>(), "{n}");
+    }
+}
+
+#[test]
+fn new_layout_equals_legacy() {
+    let legacy = Weights::open(&fixtures().join("lm/model.safetensors"), Component::Lm).unwrap();
+    let new = Weights::open(
+        &fixtures().join("lm/model_new_layout.safetensors"),
+        Component::Lm,
+    )
+    .unwrap();
+    assert_eq!(new.layout(), names::Layout::PytorchNew);
+    new.check(&Schema::lm(&tiny_lm_config())).unwrap();
+    assert_close(&legacy, &new, 0.0, false);
+    // One depformer step of the stacked in_proj is a zero-copy row block.
+    let n = "depformer.layers.1.self_attn.in_proj_weight";
+    let dd = 32;
+    let m = new.matrix_rows(n, 3 * 3 * dd, 3 * dd).unwrap();
+    assert_eq!((m.rows(), m.cols()), (3 * dd, dd));
+    let (all, _) = legacy.f32(n).unwrap();
+    let mut row = vec![0f32; dd];
+    m.row_f32(5, &mut row);
+    assert_eq!(&row[..], &all[(9 * dd + 5) * dd..(9 * dd + 6) * dd]);
+}
+
+#[test]
+fn hf_mimi_equals_kyutai() {
+    let cfg = tiny_mimi_config();
+    let k = Weights::open(&fixtures().join("mimi/mimi.safetensors"), Component::Mimi).unwrap();
+    let mut o = OpenOptions::new(Component::Mimi);
+    o.mimi_num_heads = cfg.transformer.num_heads;
+    let hf = Weights::open_with(&fixtures().join("mimi/mimi_hf.safetensors"), &o).unwrap();
+    assert_eq!(hf.layout(), names::Layout::HfMimi);
+    let schema = Schema::mimi(&cfg);
+    k.check(&schema).unwrap();
+    hf.check(&schema).unwrap();
+    assert_close(&k, &hf, 0.0, false);
+}
+
+#[test]
+fn candle_and_mlx_bf16_equal_legacy() {
+    let legacy = Weights::open(&fixtures().join("lm/model.safetensors"), Component::Lm).unwrap();
+    let schema = Schema::lm(&tiny_lm_config());
+    for (dir, layout) in [
+        ("lm_candle_bf16", names::Layout::Candle),
+        ("lm_mlx_bf16", names::Layout::Mlx),
+    ] {
+        let w = Weights::open(
+            &fixtures().join(dir).join("model.safetensors"),
+            Component::Lm,
+        )
+        .unwrap();
+        assert_eq!(w.layout(), layout, "{dir}");
+        w.check(&schema).unwrap();
+        assert_close(&legacy, &w, 0.0, true);
+        let b = Bundle::open(&fixtures().join(dir)).unwrap();
+        b.lm_weights().unwrap();
+    }
+}
+
+#[test]
+fn quantized_layouts_map_completely() {
+    let legacy = Weights::open(&fixtures().join("lm/model.safetensors"), Component::Lm).unwrap();
+    let schema = Schema::lm(&tiny_lm_config());
+    // (dir, file, layout, tolerance relative to the row max)
+    for (dir, file, layout, rel) in [
+        ("lm_gguf_q8", "model.q8.gguf", names::Layout::Candle, 0.02),
+        (
+            "lm_mlx_q8",
+            "model.q8.safetensors",
+            names::Layout::Mlx,
+            0.02,
+        ),
+        (
+            "lm_mlx_q4",
+            "model.q4.safetensors",
+            names::Layout::Mlx,
+            0.15,
+        ),
+    ] {
+        let w = Weights::open(&fixtures().join(dir).join(file), Component::Lm).unwrap();
+        assert_eq!(w.layout(), layout, "{dir}");
+        w.check(&schema).unwrap();
+        assert_close(&legacy, &w, rel, false);
+        let b = Bundle::open(&fixtures().join(dir)).unwrap();
+        assert_eq!(b.files.lm, fixtures().join(dir).join(file));
+        let w = b.lm_weights().unwrap();
+        let q = w
+            .quant("transformer.layers.0.self_attn.in_proj_weight")
+            .unwrap();
+        match dir {
+            "lm_gguf_q8" => assert_eq!(q, Quant::Plain(DType::Q8_0)),
+            "lm_mlx_q8" => assert!(matches!(
+                q,
+                Quant::Mlx {
+                    bits: 8,
+                    group: 64,
+                    ..
+                }
+            )),
+            _ => assert!(matches!(
+                q,
+                Quant::Mlx {
+                    bits: 4,
+                    group: 32,
+                    ..
+                }
+            )),
+        }
+        for n in w.names() {
+            let m = w.matrix(n).unwrap();
+            assert_eq!(m.rows(), w.shape(n).unwrap()[0], "{dir} {n}");
+        }
+    }
+}
+
+#[test]
+fn crafted_gguf_matches_expected() {
+    let g = Weights::open(&fixtures().join("quant/crafted.gguf"), Component::Lm).unwrap();
+    let e = Weights::open(
+        &fixtures().join("quant/crafted_gguf_expected.safetensors"),
+        Component::Lm,
+    )
+    .unwrap();
+    assert_eq!(g.format(), FileFormat::Gguf);
+    assert_close(&e, &g, 0.0, false);
+    let bytes = std::fs::read(fixtures().join("quant/crafted.gguf")).unwrap();
+    let h = gguf::parse(&bytes).unwrap();
+    assert_eq!(h.alignment, 64);
+    let md: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("quant/crafted_gguf_metadata.json")).unwrap(),
+    )
+    .unwrap();
+    for (k, v) in md.as_object().unwrap() {
+        let got = &h.metadata[k];
+        let val = &v["value"];
+        match got {
+            gguf::MetaValue::Int(i) => assert_eq!(
+                *i,
+                val.as_i64()
+                    .map(i128::from)
+                    .unwrap_or_else(|| val.as_u64().unwrap() as i128),
+                "{k}"
+            ),
+            gguf::MetaValue::Float(f) => assert_eq!(*f, val.as_f64().unwrap(), "{k}"),
+            gguf::MetaValue::Bool(b) => assert_eq!(*b, val.as_bool().unwrap(), "{k}"),
+            gguf::MetaValue::Str(s) => assert_eq!(s, val.as_str().unwrap(), "{k}"),
+            gguf::MetaValue::Array { len, .. } => {
+                assert_eq!(*len as usize, val.as_array().unwrap().len(), "{k}")
+            }
+        }
+    }
+}
+
+#[test]
+fn quant_blocks_dequantize_like_the_oracle() {
+    let bytes = std::fs::read(fixtures().join("quant/blocks.safetensors")).unwrap();
+    let h = safetensors::parse(&bytes).unwrap();
+    let get = |n: &str| {
+        h.tensors
+            .iter()
+            .find(|t| t.name == n)
+            .unwrap_or_else(|| panic!("{n}"))
+    };
+    let f32s = |n: &str| {
+        let t = get(n);
+        let mut v = Vec::new();
+        crate::weights::dequant_plain(t.dtype, &bytes[t.offset..t.offset + t.len], &mut v).unwrap();
+        v
+    };
+    for (q, dt) in [("q8_0", DType::Q8_0), ("q4_0", DType::Q4_0)] {
+        let t = get(&format!("{q}.bytes"));
+        let mut out = Vec::new();
+        crate::weights::dequant_plain(dt, &bytes[t.offset..t.offset + t.len], &mut out).unwrap();
+        assert_eq!(out, f32s(&format!("{q}.dequant")), "{q}");
+    }
+    // [8, 128] triplets: q4/g64 and q8/g32 have identical shapes, so (bits, group) is given here;
+    // unambiguous shapes are inferred (checked in `quantized_layouts_map_completely`).
+    for (name, bits, group) in [
+        ("mlx_q4_g32", 4u8, 32usize),
+        ("mlx_q4_g64", 4, 64),
+        ("mlx_q8_g32", 8, 32),
+        ("mlx_q8_g64", 8, 64),
+    ] {
+        let keep: Vec<(String, &str, Vec<usize>, Vec<u8>)> = ["weight", "scales", "biases"]
+            .iter()
+            .map(|leaf| {
+                let t = get(&format!("{name}.{leaf}"));
+                let dt = if t.dtype == DType::U32 { "U32" } else { "BF16" };
+                (
+                    t.name.clone(),
+                    dt,
+                    t.shape.clone(),
+                    bytes[t.offset..t.offset + t.len].to_vec(),
+                )
+            })
+            .collect();
+        let file = safetensors::to_bytes(&keep);
+        let inferred = Weights::from_bytes(name, file.clone(), &OpenOptions::new(Component::Lm));
+        if (bits, group) == (4, 32) || (bits, group) == (8, 64) {
+            assert!(inferred.is_ok(), "{name}");
+        } else {
+            assert!(
+                matches!(inferred, Err(CheckpointError::BadQuantization { .. })),
+                "{name}"
+            );
+        }
+        let mut o = OpenOptions::new(Component::Lm);
+        o.mlx_bits_group = Some((bits, group));
+        let m = Weights::from_bytes(name, file, &o).unwrap();
+        let (vals, shape) = m.f32(&format!("{name}.weight")).unwrap();
+        assert_eq!(shape, vec![8, 128]);
+        assert_eq!(vals, f32s(&format!("{name}.dequant")), "{name}");
+        assert_eq!(m.matrix(&format!("{name}.weight")).unwrap().cols(), 128);
+    }
+}
+
+#[test]
+fn tensor_level_refusals() {
+    let f = |names: &[(&str, &str)]| {
+        let t: Vec<(String, &str, Vec<usize>, Vec<u8>)> = names
+            .iter()
+            .map(|(n, d)| {
+                (
+                    n.to_string(),
+                    *d,
+                    vec![4],
+                    vec![0u8; 4 * if *d == "I8" { 1 } else { 4 }],
+                )
+            })
+            .collect();
+        Weights::from_bytes(
+            "mem",
+            safetensors::to_bytes(&t),
+            &OpenOptions::new(Component::Lm),
+        )
+    };
+    assert!(
+        matches!(f(&[("text_emb.weight", "F32"), ("x.lora_A.weight", "F32")]), Err(CheckpointError::Lora { keys }) if keys == ["x.lora_A.weight"])
+    );
+    assert!(matches!(
+        f(&[("transformer.layers.0.gating.linear_in.weight", "I8")]),
+        Err(CheckpointError::BitsAndBytes { .. })
+    ));
+    assert!(matches!(
+        f(&[("condition_provider.x.weight", "F32")]),
+        Err(CheckpointError::Conditioning { .. })
+    ));
+    assert!(matches!(
+        f(&[("extra_heads.0.weight", "F32")]),
+        Err(CheckpointError::ExtraHeads { .. })
+    ));
+    // Missing / unexpected / shape / dtype against the schema.
+    let legacy = Weights::open(&fixtures().join("lm/model.safetensors"), Component::Lm).unwrap();
+    let mut cfg = tiny_lm_config();
+    assert!(legacy.check(&Schema::lm(&cfg)).is_ok());
+    cfg.num_layers = 3;
+    assert!(
+        matches!(legacy.check(&Schema::lm(&cfg)), Err(CheckpointError::MissingTensor { names }) if names.len() == 6)
+    );
+    cfg.num_layers = 1;
+    assert!(
+        matches!(legacy.check(&Schema::lm(&cfg)), Err(CheckpointError::UnexpectedTensor { names }) if names.len() == 6)
+    );
+    cfg.num_layers = 2;
+    cfg.card = 63;
+    assert!(matches!(
+        legacy.check(&Schema::lm(&cfg)),
+        Err(CheckpointError::ShapeMismatch { .. })
+    ));
+    let u32_norm = f(&[("out_norm.alpha", "F32")]).unwrap();
+    assert!(u32_norm.contains("out_norm.alpha"));
+}
