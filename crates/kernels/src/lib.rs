@@ -1,4 +1,99 @@
 //! SIMD math kernels and a persistent worker pool for moshi-native.
 //!
 //! This crate knows nothing about Moshi: it provides matrix-vector products over
-//! several weight formats, row-wise ops, convolutions and attention.
+//! several weight formats ([`Matrix`]), row-wise ops ([`ops`]), attention over a
+//! ring-buffer KV cache ([`attention`]), causal convolutions ([`conv`]) and a small
+//! persistent worker pool ([`Pool`]).
+//!
+//! # SIMD dispatch
+//! The instruction set is detected once at run time ([`simd_level`]): AVX2+FMA+F16C on
+//! x86_64. Every SIMD kernel has a scalar reference (used on other CPUs, on aarch64 —
+//! NEON kernels are not written yet because the aarch64 target cannot be type-checked
+//! on the development machines — and by the property tests). Setting the environment
+//! variable `MOSHI_KERNELS_SCALAR=1` before the first kernel call forces the scalar path.
+//!
+//! # Quantized formats and activations
+//! Quantized weights (GGUF Q8_0 / Q4_0, MLX affine 4/8-bit) are multiplied against
+//! activations quantized once per call to signed 8-bit blocks of 32 values with one f32
+//! scale (`d = max|x| / 127`, codes rounded half away from zero), like llama.cpp's q8_0
+//! activation path. The additive parts (Q4_0's `-8·d` and MLX's per-group bias) are
+//! applied to the exact f32 block sums of the activations, so only the multiplicative
+//! part sees activation quantization. The relative error of a quantized dot product is
+//! therefore about `0.5/127` of `Σ|w·x|` in the worst case (typically far less); dense
+//! formats (f32, bf16, f16) are computed exactly in f32 (FMA, different summation order).
+//!
+//! # Weight layout
+//! Weights are row-major `[rows = out, cols = in]` like a PyTorch `Linear.weight`.
+//! Quantized formats are repacked at construction into tiles of 8 interleaved rows so
+//! one activation block feeds 8 rows and 8 outputs are produced without horizontal sums.
+
+#![warn(missing_docs)]
+
+#[cfg(target_endian = "big")]
+compile_error!("moshi-kernels assumes a little-endian target");
+
+pub mod attention;
+pub mod bench;
+pub mod conv;
+mod cpu;
+mod gemm;
+mod matrix;
+pub mod ops;
+mod pool;
+pub mod quant;
+mod storage;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+pub use cpu::{simd_level, SimdLevel};
+pub use matrix::{Matrix, Scratch, WeightFormat};
+pub use pool::Pool;
+pub use storage::Storage;
+
+/// Errors reported by constructors and validating calls of this crate.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KernelError {
+    /// A buffer had the wrong number of bytes or elements.
+    #[error("{what}: expected length {expected}, got {got}")]
+    BadLength {
+        /// Which buffer.
+        what: &'static str,
+        /// Expected length (bytes or elements, as described by `what`).
+        expected: usize,
+        /// Actual length.
+        got: usize,
+    },
+    /// A shape or parameter is invalid (zero sizes, non-divisible dimensions, ...).
+    #[error("invalid shape: {0}")]
+    BadShape(String),
+    /// A format or parameter combination is not supported.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// A byte range lies outside its owner.
+    #[error("range {offset}+{len} is outside a buffer of {total} bytes")]
+    OutOfRange {
+        /// Start of the range.
+        offset: usize,
+        /// Length of the range.
+        len: usize,
+        /// Size of the owning buffer.
+        total: usize,
+    },
+}
+
+/// Checks `got == expected` and reports a [`KernelError::BadLength`] otherwise.
+pub(crate) fn check_len(
+    what: &'static str,
+    expected: usize,
+    got: usize,
+) -> Result<(), KernelError> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(KernelError::BadLength {
+            what,
+            expected,
+            got,
+        })
+    }
+}

@@ -1,0 +1,263 @@
+//! Attention of one query over a ring-buffer KV cache.
+
+use crate::{ops, KernelError};
+
+/// Element type of the cached keys and values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvDtype {
+    /// f32 (exact).
+    F32,
+    /// bfloat16 (rounded to nearest even on push; half the memory traffic).
+    Bf16,
+}
+
+enum Store {
+    F32 { k: Vec<f32>, v: Vec<f32> },
+    Bf16 { k: Vec<u16>, v: Vec<u16> },
+}
+
+/// A ring buffer of the last `capacity` keys and values of one attention layer,
+/// `n_heads · head_dim` values per entry. Allocation-free after construction.
+pub struct KvRing {
+    capacity: usize,
+    n_heads: usize,
+    head_dim: usize,
+    pushed: u64,
+    store: Store,
+    scores: Vec<f32>,
+}
+
+impl std::fmt::Debug for KvRing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvRing")
+            .field("capacity", &self.capacity)
+            .field("n_heads", &self.n_heads)
+            .field("head_dim", &self.head_dim)
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+impl KvRing {
+    /// A ring of `capacity` entries of `n_heads × head_dim` keys and values.
+    pub fn new(
+        capacity: usize,
+        n_heads: usize,
+        head_dim: usize,
+        dtype: KvDtype,
+    ) -> Result<KvRing, KernelError> {
+        if capacity == 0 || n_heads == 0 || head_dim == 0 {
+            return Err(KernelError::BadShape(format!(
+                "KvRing {capacity}x{n_heads}x{head_dim}"
+            )));
+        }
+        let n = capacity
+            .checked_mul(n_heads * head_dim)
+            .ok_or_else(|| KernelError::BadShape("KvRing size overflow".into()))?;
+        let store = match dtype {
+            KvDtype::F32 => Store::F32 {
+                k: vec![0.0; n],
+                v: vec![0.0; n],
+            },
+            KvDtype::Bf16 => Store::Bf16 {
+                k: vec![0; n],
+                v: vec![0; n],
+            },
+        };
+        Ok(KvRing {
+            capacity,
+            n_heads,
+            head_dim,
+            pushed: 0,
+            store,
+            scores: vec![0.0; capacity],
+        })
+    }
+
+    /// Appends one entry (`k`, `v` of `n_heads · head_dim` values), overwriting the oldest
+    /// once full.
+    pub fn push(&mut self, k: &[f32], v: &[f32]) {
+        let d = self.n_heads * self.head_dim;
+        assert!(k.len() == d && v.len() == d, "KvRing::push: wrong length");
+        let slot = (self.pushed % self.capacity as u64) as usize;
+        match &mut self.store {
+            Store::F32 { k: ks, v: vs } => {
+                ks[slot * d..(slot + 1) * d].copy_from_slice(k);
+                vs[slot * d..(slot + 1) * d].copy_from_slice(v);
+            }
+            Store::Bf16 { k: ks, v: vs } => {
+                for (o, x) in ks[slot * d..(slot + 1) * d].iter_mut().zip(k) {
+                    *o = half::bf16::from_f32(*x).to_bits();
+                }
+                for (o, x) in vs[slot * d..(slot + 1) * d].iter_mut().zip(v) {
+                    *o = half::bf16::from_f32(*x).to_bits();
+                }
+            }
+        }
+        self.pushed += 1;
+    }
+
+    /// Forgets all entries.
+    pub fn reset(&mut self) {
+        self.pushed = 0;
+    }
+
+    /// Number of valid entries (`min(pushed, capacity)`).
+    pub fn len(&self) -> usize {
+        self.pushed.min(self.capacity as u64) as usize
+    }
+
+    /// True when no entry was pushed since construction / reset.
+    pub fn is_empty(&self) -> bool {
+        self.pushed == 0
+    }
+
+    /// Total number of entries pushed since construction / reset.
+    pub fn pushed(&self) -> u64 {
+        self.pushed
+    }
+
+    /// Capacity in entries.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Number of heads.
+    pub fn n_heads(&self) -> usize {
+        self.n_heads
+    }
+
+    /// Values per head.
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
+    /// For every head: `out_h = softmax(q_h·k_hᵀ/√d) v_h` over the most recent
+    /// `min(window, len)` entries (including the one just pushed), oldest first.
+    /// `q` and `out` hold `n_heads · head_dim` values. With no entry, `out` is zero.
+    pub fn attend(&mut self, q: &[f32], out: &mut [f32], window: usize) {
+        let hd = self.head_dim;
+        let mut scores = std::mem::take(&mut self.scores);
+        for h in 0..self.n_heads {
+            self.attend_head(
+                h,
+                &q[h * hd..(h + 1) * hd],
+                &mut out[h * hd..(h + 1) * hd],
+                window,
+                &mut scores,
+            );
+        }
+        self.scores = scores;
+    }
+
+    /// One head of [`KvRing::attend`], usable from several threads at once (e.g. via
+    /// [`crate::Pool::run`]); `scores` must hold at least `min(window, len)` values.
+    pub fn attend_head(
+        &self,
+        h: usize,
+        q: &[f32],
+        out: &mut [f32],
+        window: usize,
+        scores: &mut [f32],
+    ) {
+        let (hd, d) = (self.head_dim, self.n_heads * self.head_dim);
+        assert!(
+            h < self.n_heads && q.len() == hd && out.len() == hd,
+            "attend_head: bad head or length"
+        );
+        let n = window.min(self.len());
+        out.fill(0.0);
+        if n == 0 {
+            return;
+        }
+        let scores = &mut scores[..n];
+        let first = self.pushed - n as u64;
+        let slot = |j: usize| ((first + j as u64) % self.capacity as u64) as usize * d + h * hd;
+        let inv = 1.0 / (hd as f32).sqrt();
+        match &self.store {
+            Store::F32 { k, .. } => {
+                for (j, s) in scores.iter_mut().enumerate() {
+                    *s = ops::dot(q, &k[slot(j)..slot(j) + hd]) * inv;
+                }
+            }
+            Store::Bf16 { k, .. } => {
+                for (j, s) in scores.iter_mut().enumerate() {
+                    *s = ops::dot_bf16(q, &k[slot(j)..slot(j) + hd]) * inv;
+                }
+            }
+        }
+        ops::softmax(scores);
+        match &self.store {
+            Store::F32 { v, .. } => {
+                for (j, &p) in scores.iter().enumerate() {
+                    ops::axpy(out, p, &v[slot(j)..slot(j) + hd]);
+                }
+            }
+            Store::Bf16 { v, .. } => {
+                for (j, &p) in scores.iter().enumerate() {
+                    ops::axpy_bf16(out, p, &v[slot(j)..slot(j) + hd]);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Independent naive attention over explicit lists of keys and values.
+    fn naive(q: &[f32], ks: &[Vec<f32>], vs: &[Vec<f32>]) -> Vec<f32> {
+        let d = q.len();
+        let s: Vec<f64> = ks
+            .iter()
+            .map(|k| {
+                k.iter()
+                    .zip(q)
+                    .map(|(a, b)| (*a as f64) * (*b as f64))
+                    .sum::<f64>()
+                    / (d as f64).sqrt()
+            })
+            .collect();
+        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+        let z: f64 = e.iter().sum();
+        (0..d)
+            .map(|i| (e.iter().zip(vs).map(|(p, v)| p * v[i] as f64).sum::<f64>() / z) as f32)
+            .collect()
+    }
+
+    #[test]
+    fn ring_wraps_and_windows() {
+        let (cap, hd) = (4, 3);
+        let mut ring = KvRing::new(cap, 1, hd, KvDtype::F32).unwrap();
+        let mut ks = Vec::new();
+        let mut vs = Vec::new();
+        for t in 0..7 {
+            let k: Vec<f32> = (0..hd)
+                .map(|i| ((t * 7 + i * 3) % 5) as f32 * 0.3 - 0.5)
+                .collect();
+            let v: Vec<f32> = (0..hd).map(|i| ((t * 5 + i) % 7) as f32 - 3.0).collect();
+            ring.push(&k, &v);
+            ks.push(k);
+            vs.push(v);
+            let q = [0.2f32, -0.4, 0.9];
+            for window in [1usize, 2, 10] {
+                let mut out = [0f32; 3];
+                ring.attend(&q, &mut out, window);
+                let n = window.min(cap).min(t + 1);
+                let want = naive(&q, &ks[t + 1 - n..], &vs[t + 1 - n..]);
+                for (a, b) in out.iter().zip(&want) {
+                    assert!(
+                        (a - b).abs() < 1e-5,
+                        "t {t} window {window}: {out:?} vs {want:?}"
+                    );
+                }
+            }
+        }
+        assert_eq!(ring.len(), cap);
+        ring.reset();
+        assert!(ring.is_empty());
+        assert!(KvRing::new(0, 1, 1, KvDtype::F32).is_err());
+    }
+}

@@ -1,0 +1,1 @@
+//! Kernel micro-benchmark (filled in below).

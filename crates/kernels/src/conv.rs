@@ -1,0 +1,515 @@
+//! 1-D convolutions (`Conv1d`, `ConvTranspose1d`) over `[channels, time]` f32 buffers,
+//! computed as a blocked GEMM (weights packed at construction, input gathered per
+//! panel, no im2col buffer). Grouped transposed convolutions (Mimi's depthwise
+//! upsampler) use a direct loop. `forward_reference` is the plain scalar definition.
+
+use crate::cpu::{simd_level, SimdLevel};
+use crate::gemm::{gemm, BView, PackedA, NR};
+use crate::{KernelError, Pool};
+
+struct SendPtr(*mut f32);
+// SAFETY: shares write disjoint regions.
+unsafe impl Sync for SendPtr {}
+unsafe impl Send for SendPtr {}
+
+fn bad(msg: String) -> KernelError {
+    KernelError::BadShape(msg)
+}
+
+/// A 1-D convolution, PyTorch `nn.Conv1d` semantics without padding: the caller pads
+/// the input on the left (causal streaming), `t_out = (t_in − (k−1)·dilation − 1)/stride + 1`.
+#[derive(Clone, Debug)]
+pub struct Conv1d {
+    in_ch: usize,
+    out_ch: usize,
+    k: usize,
+    stride: usize,
+    dilation: usize,
+    groups: usize,
+    weight: Vec<f32>,
+    bias: Vec<f32>,
+    packed: Vec<PackedA>,
+}
+
+impl Conv1d {
+    /// Builds a convolution from a PyTorch weight `[out_ch, in_ch/groups, k]` (row-major)
+    /// and an optional bias `[out_ch]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        weight: Vec<f32>,
+        bias: Option<Vec<f32>>,
+        in_ch: usize,
+        out_ch: usize,
+        k: usize,
+        stride: usize,
+        dilation: usize,
+        groups: usize,
+    ) -> Result<Conv1d, KernelError> {
+        if in_ch == 0 || out_ch == 0 || k == 0 || stride == 0 || dilation == 0 || groups == 0 {
+            return Err(bad(format!("conv1d in {in_ch} out {out_ch} k {k} stride {stride} dilation {dilation} groups {groups}")));
+        }
+        if !in_ch.is_multiple_of(groups) || !out_ch.is_multiple_of(groups) {
+            return Err(bad(format!(
+                "conv1d channels {in_ch}/{out_ch} not divisible by groups {groups}"
+            )));
+        }
+        let (ig, og) = (in_ch / groups, out_ch / groups);
+        crate::check_len("conv1d weight", out_ch * ig * k, weight.len())?;
+        let bias = match bias {
+            Some(b) => {
+                crate::check_len("conv1d bias", out_ch, b.len())?;
+                b
+            }
+            None => vec![0.0; out_ch],
+        };
+        let kk = ig * k;
+        let packed = (0..groups)
+            .map(|g| PackedA::new(og, kk, |r, c| weight[(g * og + r) * kk + c]))
+            .collect();
+        Ok(Conv1d {
+            in_ch,
+            out_ch,
+            k,
+            stride,
+            dilation,
+            groups,
+            weight,
+            bias,
+            packed,
+        })
+    }
+
+    /// Input channels.
+    pub fn in_channels(&self) -> usize {
+        self.in_ch
+    }
+    /// Output channels.
+    pub fn out_channels(&self) -> usize {
+        self.out_ch
+    }
+    /// Kernel size.
+    pub fn kernel_size(&self) -> usize {
+        self.k
+    }
+    /// Stride.
+    pub fn stride(&self) -> usize {
+        self.stride
+    }
+    /// Dilation.
+    pub fn dilation(&self) -> usize {
+        self.dilation
+    }
+    /// Groups.
+    pub fn groups(&self) -> usize {
+        self.groups
+    }
+    /// Effective kernel span `(k−1)·dilation + 1`.
+    pub fn effective_kernel(&self) -> usize {
+        (self.k - 1) * self.dilation + 1
+    }
+    /// Output length for an input of `t_in` steps (0 when shorter than the kernel span).
+    pub fn out_len(&self, t_in: usize) -> usize {
+        let ke = self.effective_kernel();
+        if t_in < ke {
+            0
+        } else {
+            (t_in - ke) / self.stride + 1
+        }
+    }
+
+    fn dims(&self, input: &[f32], output: &[f32]) -> Result<(usize, usize), KernelError> {
+        if !input.len().is_multiple_of(self.in_ch) {
+            return Err(bad(format!(
+                "conv1d input of {} values for {} channels",
+                input.len(),
+                self.in_ch
+            )));
+        }
+        let t_in = input.len() / self.in_ch;
+        let t_out = self.out_len(t_in);
+        crate::check_len("conv1d output", self.out_ch * t_out, output.len())?;
+        Ok((t_in, t_out))
+    }
+
+    /// `output [out, t_out] = conv(input [in, t_in])` on the calling thread. Returns `t_out`.
+    pub fn forward(&self, input: &[f32], output: &mut [f32]) -> Result<usize, KernelError> {
+        let (t_in, t_out) = self.dims(input, output)?;
+        self.run(simd_level(), input, t_in, t_out, output, None);
+        Ok(t_out)
+    }
+
+    /// Like [`Conv1d::forward`], split over the pool's threads.
+    pub fn forward_pool(
+        &self,
+        input: &[f32],
+        output: &mut [f32],
+        pool: &Pool,
+    ) -> Result<usize, KernelError> {
+        let (t_in, t_out) = self.dims(input, output)?;
+        self.run(simd_level(), input, t_in, t_out, output, Some(pool));
+        Ok(t_out)
+    }
+
+    /// The same GEMM path with the scalar micro-kernel (reference for the SIMD kernel).
+    pub fn forward_scalar_gemm(
+        &self,
+        input: &[f32],
+        output: &mut [f32],
+    ) -> Result<usize, KernelError> {
+        let (t_in, t_out) = self.dims(input, output)?;
+        self.run(SimdLevel::Scalar, input, t_in, t_out, output, None);
+        Ok(t_out)
+    }
+
+    fn run(
+        &self,
+        level: SimdLevel,
+        input: &[f32],
+        t_in: usize,
+        t_out: usize,
+        output: &mut [f32],
+        pool: Option<&Pool>,
+    ) {
+        if t_out == 0 {
+            return;
+        }
+        let (ig, og) = (self.in_ch / self.groups, self.out_ch / self.groups);
+        let (k, d) = (self.k, self.dilation);
+        let out = SendPtr(output.as_mut_ptr());
+        let npanels_n = t_out.div_ceil(NR);
+        let work = |g: usize, pr: (usize, usize), qr: (usize, usize)| {
+            let b = BView {
+                src: input,
+                row_off: |c: usize| (g * ig + c / k) * t_in + (c % k) * d,
+                stride: self.stride,
+                n: t_out,
+            };
+            let out = &out;
+            // SAFETY: output holds out_ch·t_out values; shares write disjoint rows/cols.
+            unsafe {
+                gemm(
+                    level,
+                    &self.packed[g],
+                    &b,
+                    out.0.add(g * og * t_out),
+                    t_out,
+                    Some(&self.bias[g * og..]),
+                    pr,
+                    qr,
+                )
+            }
+        };
+        let nt = pool.map_or(1, |p| p.n_threads());
+        if nt <= 1 || (self.out_ch * t_out * ig * k) < 200_000 {
+            for g in 0..self.groups {
+                work(g, (0, self.packed[g].panels()), (0, npanels_n));
+            }
+            return;
+        }
+        let pool = pool.expect("nt > 1 implies a pool");
+        pool.run(nt, &|i| {
+            for g in 0..self.groups {
+                let mp = self.packed[g].panels();
+                if npanels_n >= nt {
+                    work(g, (0, mp), share(npanels_n, nt, i));
+                } else {
+                    work(g, share(mp, nt, i), (0, npanels_n));
+                }
+            }
+        });
+    }
+
+    /// Plain scalar definition (direct loops) for tests.
+    pub fn forward_reference(
+        &self,
+        input: &[f32],
+        output: &mut [f32],
+    ) -> Result<usize, KernelError> {
+        let (t_in, t_out) = self.dims(input, output)?;
+        let (ig, og) = (self.in_ch / self.groups, self.out_ch / self.groups);
+        for oc in 0..self.out_ch {
+            let g = oc / og;
+            for t in 0..t_out {
+                let mut s = self.bias[oc];
+                for ic in 0..ig {
+                    for kk in 0..self.k {
+                        let w = self.weight[(oc * ig + ic) * self.k + kk];
+                        s += w * input[(g * ig + ic) * t_in + t * self.stride + kk * self.dilation];
+                    }
+                }
+                output[oc * t_out + t] = s;
+            }
+        }
+        Ok(t_out)
+    }
+}
+
+fn share(n: usize, parts: usize, i: usize) -> (usize, usize) {
+    let base = n / parts;
+    let rem = n % parts;
+    let a = i * base + i.min(rem);
+    (a.min(n), (a + base + usize::from(i < rem)).min(n))
+}
+
+/// A 1-D transposed convolution, PyTorch `nn.ConvTranspose1d` without padding:
+/// `t_out = (t_in − 1)·stride + k` (the caller trims / overlap-adds for streaming).
+#[derive(Clone, Debug)]
+pub struct ConvTranspose1d {
+    in_ch: usize,
+    out_ch: usize,
+    k: usize,
+    stride: usize,
+    groups: usize,
+    weight: Vec<f32>,
+    bias: Vec<f32>,
+    /// For groups == 1: `A[(oc·k + kk), ic] = W[ic, oc, kk]`.
+    packed: Option<PackedA>,
+}
+
+thread_local! {
+    static ZBUF: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl ConvTranspose1d {
+    /// Builds a transposed convolution from a PyTorch weight `[in_ch, out_ch/groups, k]`
+    /// and an optional bias `[out_ch]`.
+    pub fn new(
+        weight: Vec<f32>,
+        bias: Option<Vec<f32>>,
+        in_ch: usize,
+        out_ch: usize,
+        k: usize,
+        stride: usize,
+        groups: usize,
+    ) -> Result<ConvTranspose1d, KernelError> {
+        if in_ch == 0 || out_ch == 0 || k == 0 || stride == 0 || groups == 0 {
+            return Err(bad(format!(
+                "conv_transpose1d in {in_ch} out {out_ch} k {k} stride {stride} groups {groups}"
+            )));
+        }
+        if !in_ch.is_multiple_of(groups) || !out_ch.is_multiple_of(groups) {
+            return Err(bad(format!(
+                "conv_transpose1d channels {in_ch}/{out_ch} not divisible by groups {groups}"
+            )));
+        }
+        let og = out_ch / groups;
+        crate::check_len("conv_transpose1d weight", in_ch * og * k, weight.len())?;
+        let bias = match bias {
+            Some(b) => {
+                crate::check_len("conv_transpose1d bias", out_ch, b.len())?;
+                b
+            }
+            None => vec![0.0; out_ch],
+        };
+        let packed = (groups == 1).then(|| {
+            PackedA::new(out_ch * k, in_ch, |r, ic| {
+                weight[(ic * out_ch + r / k) * k + r % k]
+            })
+        });
+        Ok(ConvTranspose1d {
+            in_ch,
+            out_ch,
+            k,
+            stride,
+            groups,
+            weight,
+            bias,
+            packed,
+        })
+    }
+
+    /// Input channels.
+    pub fn in_channels(&self) -> usize {
+        self.in_ch
+    }
+    /// Output channels.
+    pub fn out_channels(&self) -> usize {
+        self.out_ch
+    }
+    /// Kernel size.
+    pub fn kernel_size(&self) -> usize {
+        self.k
+    }
+    /// Stride.
+    pub fn stride(&self) -> usize {
+        self.stride
+    }
+    /// Groups.
+    pub fn groups(&self) -> usize {
+        self.groups
+    }
+    /// Output length `(t_in − 1)·stride + k` (0 for an empty input).
+    pub fn out_len(&self, t_in: usize) -> usize {
+        if t_in == 0 {
+            0
+        } else {
+            (t_in - 1) * self.stride + self.k
+        }
+    }
+
+    fn dims(&self, input: &[f32], output: &[f32]) -> Result<(usize, usize), KernelError> {
+        if !input.len().is_multiple_of(self.in_ch) {
+            return Err(bad(format!(
+                "conv_transpose1d input of {} values for {} channels",
+                input.len(),
+                self.in_ch
+            )));
+        }
+        let t_in = input.len() / self.in_ch;
+        let t_out = self.out_len(t_in);
+        crate::check_len("conv_transpose1d output", self.out_ch * t_out, output.len())?;
+        Ok((t_in, t_out))
+    }
+
+    /// `output [out, (t−1)·stride + k] = conv_transpose(input [in, t])` (bias included).
+    pub fn forward(&self, input: &[f32], output: &mut [f32]) -> Result<usize, KernelError> {
+        let (t_in, t_out) = self.dims(input, output)?;
+        self.run(simd_level(), input, t_in, t_out, output, None);
+        Ok(t_out)
+    }
+
+    /// Like [`ConvTranspose1d::forward`], split over the pool's threads.
+    pub fn forward_pool(
+        &self,
+        input: &[f32],
+        output: &mut [f32],
+        pool: &Pool,
+    ) -> Result<usize, KernelError> {
+        let (t_in, t_out) = self.dims(input, output)?;
+        self.run(simd_level(), input, t_in, t_out, output, Some(pool));
+        Ok(t_out)
+    }
+
+    /// The same GEMM path with the scalar micro-kernel (reference for the SIMD kernel).
+    pub fn forward_scalar_gemm(
+        &self,
+        input: &[f32],
+        output: &mut [f32],
+    ) -> Result<usize, KernelError> {
+        let (t_in, t_out) = self.dims(input, output)?;
+        self.run(SimdLevel::Scalar, input, t_in, t_out, output, None);
+        Ok(t_out)
+    }
+
+    fn run(
+        &self,
+        level: SimdLevel,
+        input: &[f32],
+        t_in: usize,
+        t_out: usize,
+        output: &mut [f32],
+        pool: Option<&Pool>,
+    ) {
+        if t_out == 0 {
+            return;
+        }
+        let (k, s) = (self.k, self.stride);
+        let Some(pa) = &self.packed else {
+            return self.direct(input, t_in, t_out, output);
+        };
+        ZBUF.with(|z| {
+            let mut z = z.borrow_mut();
+            let m = self.out_ch * k;
+            if z.len() < m * t_in {
+                z.resize(m * t_in, 0.0);
+            }
+            let zp = SendPtr(z.as_mut_ptr());
+            let b = BView {
+                src: input,
+                row_off: |c: usize| c * t_in,
+                stride: 1,
+                n: t_in,
+            };
+            let nq = t_in.div_ceil(NR);
+            let nt = pool.map_or(1, |p| p.n_threads());
+            let big = m * t_in * self.in_ch >= 200_000;
+            let zw = |pr: (usize, usize)| {
+                let zp = &zp;
+                // SAFETY: z holds m·t_in values; shares write disjoint rows.
+                unsafe { gemm(level, pa, &b, zp.0, t_in, None, pr, (0, nq)) }
+            };
+            let out = SendPtr(output.as_mut_ptr());
+            let col2im = |o0: usize, o1: usize| {
+                let (zp, out) = (&zp, &out);
+                for oc in o0..o1 {
+                    // SAFETY: row oc of the output belongs to this share only; z is read-only now.
+                    let y = unsafe { std::slice::from_raw_parts_mut(out.0.add(oc * t_out), t_out) };
+                    y.fill(self.bias[oc]);
+                    for kk in 0..k {
+                        let zr = unsafe {
+                            std::slice::from_raw_parts(zp.0.add((oc * k + kk) * t_in), t_in)
+                        };
+                        for (t, v) in zr.iter().enumerate() {
+                            y[t * s + kk] += v;
+                        }
+                    }
+                }
+            };
+            match pool {
+                Some(p) if nt > 1 && big => {
+                    p.run(nt, &|i| zw(share(pa.panels(), nt, i)));
+                    p.run(nt, &|i| {
+                        let (a, b) = share(self.out_ch, nt, i);
+                        col2im(a, b)
+                    });
+                }
+                _ => {
+                    zw((0, pa.panels()));
+                    col2im(0, self.out_ch);
+                }
+            }
+        })
+    }
+
+    fn direct(&self, input: &[f32], t_in: usize, t_out: usize, output: &mut [f32]) {
+        let (ig, og) = (self.in_ch / self.groups, self.out_ch / self.groups);
+        let (k, s) = (self.k, self.stride);
+        for oc in 0..self.out_ch {
+            output[oc * t_out..(oc + 1) * t_out].fill(self.bias[oc]);
+        }
+        for ic in 0..self.in_ch {
+            let g = ic / ig;
+            let x = &input[ic * t_in..(ic + 1) * t_in];
+            for o in 0..og {
+                let oc = g * og + o;
+                let w = &self.weight[(ic * og + o) * k..(ic * og + o + 1) * k];
+                let y = &mut output[oc * t_out..(oc + 1) * t_out];
+                for (t, &xv) in x.iter().enumerate() {
+                    for (kk, &wv) in w.iter().enumerate() {
+                        y[t * s + kk] = wv.mul_add(xv, y[t * s + kk]);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Plain scalar definition (direct loops) for tests.
+    pub fn forward_reference(
+        &self,
+        input: &[f32],
+        output: &mut [f32],
+    ) -> Result<usize, KernelError> {
+        let (t_in, t_out) = self.dims(input, output)?;
+        let (ig, og) = (self.in_ch / self.groups, self.out_ch / self.groups);
+        for oc in 0..self.out_ch {
+            let g = oc / og;
+            let o = oc % og;
+            for tt in 0..t_out {
+                let mut acc = self.bias[oc];
+                for ic in g * ig..(g + 1) * ig {
+                    for kk in 0..self.k {
+                        if tt >= kk && (tt - kk) % self.stride == 0 {
+                            let t = (tt - kk) / self.stride;
+                            if t < t_in {
+                                acc +=
+                                    self.weight[(ic * og + o) * self.k + kk] * input[ic * t_in + t];
+                            }
+                        }
+                    }
+                }
+                output[oc * t_out + tt] = acc;
+            }
+        }
+        Ok(t_out)
+    }
+}

@@ -1,0 +1,44 @@
+//! Run-time CPU feature detection (done once, cached).
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// The SIMD instruction set the kernels use on this machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SimdLevel {
+    /// Portable scalar code (reference implementations).
+    Scalar,
+    /// x86_64 AVX2 + FMA + F16C.
+    Avx2,
+}
+
+static LEVEL: AtomicU8 = AtomicU8::new(0);
+
+/// Detects (once) and returns the SIMD level used by the kernels.
+/// `MOSHI_KERNELS_SCALAR=1` in the environment forces [`SimdLevel::Scalar`].
+pub fn simd_level() -> SimdLevel {
+    match LEVEL.load(Ordering::Relaxed) {
+        1 => SimdLevel::Scalar,
+        2 => SimdLevel::Avx2,
+        _ => {
+            let l = detect();
+            LEVEL.store(if l == SimdLevel::Avx2 { 2 } else { 1 }, Ordering::Relaxed);
+            l
+        }
+    }
+}
+
+fn detect() -> SimdLevel {
+    if std::env::var_os("MOSHI_KERNELS_SCALAR").is_some_and(|v| v != "0" && !v.is_empty()) {
+        return SimdLevel::Scalar;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
+        {
+            return SimdLevel::Avx2;
+        }
+    }
+    SimdLevel::Scalar
+}

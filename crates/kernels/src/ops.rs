@@ -1,0 +1,345 @@
+//! Row-wise ops on `&[f32]` / `&mut [f32]`.
+//!
+//! These are short, memory-light loops written so the compiler vectorizes them; `dot`
+//! (used by attention) has an explicit AVX2 path with [`dot_reference`] as its scalar
+//! reference. All functions debug-assert matching lengths; in release builds they work
+//! on the common prefix.
+
+use crate::cpu::{simd_level, SimdLevel};
+
+/// RMSNorm: `out = x / sqrt(mean(x²) + eps) · w`, accumulated in f32.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    debug_assert!(x.len() == w.len() && x.len() == out.len());
+    let mut acc = [0f32; 8];
+    let mut it = x.chunks_exact(8);
+    for c in &mut it {
+        for k in 0..8 {
+            acc[k] = c[k].mul_add(c[k], acc[k]);
+        }
+    }
+    let mut ss: f32 = acc.iter().sum();
+    for v in it.remainder() {
+        ss = v.mul_add(*v, ss);
+    }
+    let inv = 1.0 / (ss / x.len() as f32 + eps).sqrt();
+    for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
+        *o = v * inv * g;
+    }
+}
+
+/// LayerNorm with weight and bias: `out = (x − mean) / sqrt(var + eps) · w + b`
+/// (biased variance, like PyTorch).
+pub fn layer_norm(x: &[f32], w: &[f32], b: &[f32], eps: f32, out: &mut [f32]) {
+    debug_assert!(x.len() == w.len() && x.len() == b.len() && x.len() == out.len());
+    let n = x.len() as f32;
+    let mean = x.iter().sum::<f32>() / n;
+    let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
+    let inv = 1.0 / (var + eps).sqrt();
+    for (((o, &v), &g), &bb) in out.iter_mut().zip(x).zip(w).zip(b) {
+        *o = (v - mean) * inv * g + bb;
+    }
+}
+
+/// Rotary embedding on interleaved pairs `(2i, 2i+1)` of each head of `x`
+/// (`n_heads · head_dim` values), at position `pos`:
+/// `freq_i = exp(−ln(max_period)·2i/head_dim)` (computed in f32 like PyTorch),
+/// angle `= freq_i · pos` computed in f64, so arbitrarily large positions stay exact.
+pub fn rope_interleaved(
+    x: &mut [f32],
+    n_heads: usize,
+    head_dim: usize,
+    pos: usize,
+    max_period: f32,
+) {
+    debug_assert!(x.len() >= n_heads * head_dim && head_dim.is_multiple_of(2));
+    let half = head_dim / 2;
+    let k = (-(max_period as f64).ln() * 2.0 / head_dim as f64) as f32;
+    for i in 0..half {
+        let freq = (i as f32 * k).exp();
+        let angle = freq as f64 * pos as f64;
+        let (s, c) = angle.sin_cos();
+        let (s, c) = (s as f32, c as f32);
+        for h in 0..n_heads {
+            let j = h * head_dim + 2 * i;
+            let (re, im) = (x[j], x[j + 1]);
+            x[j] = re * c - im * s;
+            x[j + 1] = re * s + im * c;
+        }
+    }
+}
+
+/// In-place softmax (max-subtracted). An empty slice is left alone.
+pub fn softmax(x: &mut [f32]) {
+    let m = x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    if m == f32::NEG_INFINITY {
+        return;
+    }
+    let mut sum = 0f32;
+    for v in x.iter_mut() {
+        *v = (*v - m).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// In-place SiLU: `x · sigmoid(x)`.
+pub fn silu(x: &mut [f32]) {
+    for v in x.iter_mut() {
+        *v /= 1.0 + (-*v).exp();
+    }
+}
+
+/// Error function (absolute error below 1e-7 in f32 terms; computed in f64).
+pub fn erf(x: f32) -> f32 {
+    erf64(x as f64) as f32
+}
+
+/// erf in f64 via a Chebyshev-fitted complementary error function (W. J. Cody style
+/// rational approximations would be more exact; this one has relative error < 1.2e-7,
+/// enough for f32 outputs).
+fn erf64(x: f64) -> f64 {
+    let z = x.abs();
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let r = t
+        * (-z * z - 1.265_512_23
+            + t * (1.000_023_68
+                + t * (0.374_091_96
+                    + t * (0.096_784_18
+                        + t * (-0.186_288_06
+                            + t * (0.278_868_07
+                                + t * (-1.135_203_98
+                                    + t * (1.488_515_87
+                                        + t * (-0.822_152_23 + t * 0.170_872_77)))))))))
+            .exp();
+    if x >= 0.0 {
+        1.0 - r
+    } else {
+        r - 1.0
+    }
+}
+
+/// In-place exact (erf-based) GELU: `0.5 · x · (1 + erf(x/√2))`.
+pub fn gelu_erf(x: &mut [f32]) {
+    for v in x.iter_mut() {
+        let a = *v as f64;
+        *v = (0.5 * a * (1.0 + erf64(a * std::f64::consts::FRAC_1_SQRT_2))) as f32;
+    }
+}
+
+/// In-place ELU: `x` if `x > 0`, else `alpha · (exp(x) − 1)` (via `exp_m1`).
+pub fn elu(x: &mut [f32], alpha: f32) {
+    for v in x.iter_mut() {
+        if *v <= 0.0 {
+            *v = alpha * v.exp_m1();
+        }
+    }
+}
+
+/// `a += b`.
+pub fn add(a: &mut [f32], b: &[f32]) {
+    debug_assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter_mut().zip(b) {
+        *x += *y;
+    }
+}
+
+/// `a *= b` element-wise.
+pub fn mul(a: &mut [f32], b: &[f32]) {
+    debug_assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter_mut().zip(b) {
+        *x *= *y;
+    }
+}
+
+/// `a *= s`.
+pub fn scale(a: &mut [f32], s: f32) {
+    for x in a.iter_mut() {
+        *x *= s;
+    }
+}
+
+/// `y += a · x`.
+pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    debug_assert_eq!(y.len(), x.len());
+    for (o, v) in y.iter_mut().zip(x) {
+        *o = a.mul_add(*v, *o);
+    }
+}
+
+/// Dot product (AVX2 when available).
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    let n = a.len().min(b.len());
+    #[cfg(target_arch = "x86_64")]
+    if simd_level() == SimdLevel::Avx2 {
+        // SAFETY: AVX2 detected; both slices hold at least n values.
+        return unsafe { dot_avx2(&a[..n], &b[..n]) };
+    }
+    let _ = simd_level;
+    dot_reference(&a[..n], &b[..n])
+}
+
+/// Scalar reference of [`dot`] (8 partial sums, then the tail).
+pub fn dot_reference(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut ca = a.chunks_exact(8);
+    let mut cb = b.chunks_exact(8);
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for k in 0..8 {
+            acc[k] = x[k].mul_add(y[k], acc[k]);
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
+        s = x.mul_add(*y, s);
+    }
+    s
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = a.len();
+    let (pa, pb) = (a.as_ptr(), b.as_ptr());
+    let mut a0 = _mm256_setzero_ps();
+    let mut a1 = _mm256_setzero_ps();
+    let mut i = 0;
+    while i + 16 <= n {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), a0);
+        a1 = _mm256_fmadd_ps(
+            _mm256_loadu_ps(pa.add(i + 8)),
+            _mm256_loadu_ps(pb.add(i + 8)),
+            a1,
+        );
+        i += 16;
+    }
+    if i + 8 <= n {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), a0);
+        i += 8;
+    }
+    let mut s = crate::x86::hsum(_mm256_add_ps(a0, a1));
+    while i < n {
+        s = (*pa.add(i)).mul_add(*pb.add(i), s);
+        i += 1;
+    }
+    s
+}
+
+/// Dot product of f32 `a` with bf16 bits `b` (scalar reference: [`dot_bf16_reference`]).
+pub fn dot_bf16(a: &[f32], b: &[u16]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    let n = a.len().min(b.len());
+    #[cfg(target_arch = "x86_64")]
+    if simd_level() == SimdLevel::Avx2 {
+        // SAFETY: AVX2 detected; both slices hold at least n values.
+        return unsafe { dot_bf16_avx2(&a[..n], &b[..n]) };
+    }
+    dot_bf16_reference(&a[..n], &b[..n])
+}
+
+/// Scalar reference of [`dot_bf16`].
+pub fn dot_bf16_reference(a: &[f32], b: &[u16]) -> f32 {
+    let mut s = 0f32;
+    for (x, &y) in a.iter().zip(b) {
+        s = x.mul_add(half::bf16::from_bits(y).to_f32(), s);
+    }
+    s
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_bf16_avx2(a: &[f32], b: &[u16]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = a.len();
+    let mut acc = _mm256_setzero_ps();
+    let mut i = 0;
+    while i + 8 <= n {
+        let h = _mm_loadu_si128(b.as_ptr().add(i) as *const __m128i);
+        let w = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)));
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(i)), w, acc);
+        i += 8;
+    }
+    let mut s = crate::x86::hsum(acc);
+    while i < n {
+        s = a[i].mul_add(half::bf16::from_bits(b[i]).to_f32(), s);
+        i += 1;
+    }
+    s
+}
+
+/// `y += a · x` with `x` given as bf16 bits.
+pub fn axpy_bf16(y: &mut [f32], a: f32, x: &[u16]) {
+    debug_assert_eq!(y.len(), x.len());
+    for (o, &v) in y.iter_mut().zip(x) {
+        *o = a.mul_add(half::bf16::from_bits(v).to_f32(), *o);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn softmax_sums_to_one() {
+        let mut x = vec![1.0, 2.0, 3.0, -1e30];
+        softmax(&mut x);
+        assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert_eq!(x[3], 0.0);
+        let e = [1f32.exp(), 2f32.exp(), 3f32.exp()];
+        let s: f32 = e.iter().sum();
+        assert!((x[2] - e[2] / s).abs() < 1e-6);
+    }
+
+    #[test]
+    fn erf_matches_known_values() {
+        // erf values from the series definition computed independently in f64 below.
+        for &x in &[-3.0f64, -1.0, -0.3, 0.0, 0.1, 0.5, 1.0, 2.0, 4.0] {
+            // Maclaurin series (converges well for |x| <= 4 in f64 with enough terms).
+            let mut term = x;
+            let mut sum = x;
+            for n in 1..200 {
+                term *= -x * x / n as f64;
+                sum += term / (2 * n + 1) as f64;
+            }
+            let want = 2.0 / std::f64::consts::PI.sqrt() * sum;
+            assert!(
+                (erf64(x) - want).abs() < 3e-7,
+                "erf({x}) = {} want {want}",
+                erf64(x)
+            );
+        }
+    }
+
+    #[test]
+    fn rms_norm_unit_rows() {
+        let x = [3.0f32, 4.0];
+        let mut out = [0f32; 2];
+        rms_norm(&x, &[1.0, 2.0], 0.0, &mut out);
+        let r = (12.5f32).sqrt();
+        assert!((out[0] - 3.0 / r).abs() < 1e-6 && (out[1] - 8.0 / r).abs() < 1e-6);
+    }
+
+    #[test]
+    fn rope_rotates_pairs_and_large_positions_are_finite() {
+        let mut x = vec![1.0f32, 0.0, 1.0, 0.0];
+        rope_interleaved(&mut x, 1, 4, 1, 10000.0);
+        assert!((x[0] - 1f32.cos()).abs() < 1e-6 && (x[1] - 1f32.sin()).abs() < 1e-6);
+        let mut y = vec![0.6f32, 0.8];
+        rope_interleaved(&mut y, 1, 2, 1 << 40, 10000.0);
+        assert!(((y[0] * y[0] + y[1] * y[1]) - 1.0).abs() < 1e-5);
+    }
+
+    #[test]
+    fn elu_and_silu() {
+        let mut x = vec![-1.0f32, 0.0, 2.0];
+        elu(&mut x, 1.0);
+        assert!((x[0] - ((-1f32).exp() - 1.0)).abs() < 1e-7 && x[1] == 0.0 && x[2] == 2.0);
+        let mut s = vec![0.0f32, 1.0];
+        silu(&mut s);
+        assert!(s[0] == 0.0 && (s[1] - 1.0 / (1.0 + (-1f32).exp())).abs() < 1e-7);
+    }
+}

@@ -1,0 +1,306 @@
+//! A small persistent worker pool for per-token kernels (matvec, attention heads, convs).
+//!
+//! Hand-off protocol: the caller publishes a job pointer, bumps an epoch counter and
+//! unparks the workers (a no-op unless they are parked); workers spin on the epoch for
+//! about [`SPIN`] before parking. The caller runs share 0 itself, then waits for the
+//! workers' completion counter. Nothing is allocated or spawned per call. With one
+//! thread there is no worker at all.
+
+use std::cell::UnsafeCell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle, Thread};
+use std::time::{Duration, Instant};
+
+use crate::cpu::simd_level;
+use crate::matrix::{Scratch, TILE};
+use crate::Matrix;
+
+/// How long an idle worker spins before parking.
+pub const SPIN: Duration = Duration::from_micros(80);
+
+type Job = *const (dyn Fn(usize) + Sync);
+
+struct Shared {
+    epoch: AtomicU64,
+    done: AtomicUsize,
+    panicked: AtomicBool,
+    stop: AtomicBool,
+    job: UnsafeCell<Option<Job>>,
+}
+
+// SAFETY: `job` is written only by the dispatching caller while no worker reads it
+// (between the completion of one epoch and the release-bump of the next).
+unsafe impl Sync for Shared {}
+unsafe impl Send for Shared {}
+
+/// Persistent worker pool; splits a matvec/matmul by output rows (8-row tiles).
+/// No allocation or spawn per call. `Pool` is `Sync`: concurrent calls from several
+/// threads are serialized (the second caller spins until the first one finishes).
+pub struct Pool {
+    shared: Arc<Shared>,
+    workers: Vec<(Thread, JoinHandle<()>)>,
+    busy: AtomicBool,
+    scratch: UnsafeCell<Scratch>,
+}
+
+// SAFETY: `scratch` is only touched while `busy` is held.
+unsafe impl Sync for Pool {}
+
+struct SendPtr(*mut f32);
+// SAFETY: used only to write disjoint row ranges from different threads.
+unsafe impl Sync for SendPtr {}
+unsafe impl Send for SendPtr {}
+
+impl Pool {
+    /// A pool with `n_threads` threads in total including the caller (`0` is treated as
+    /// 1; one thread means no worker). If the OS refuses to spawn a thread the pool
+    /// keeps the workers it got.
+    pub fn new(n_threads: usize) -> Pool {
+        let shared = Arc::new(Shared {
+            epoch: AtomicU64::new(0),
+            done: AtomicUsize::new(0),
+            panicked: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            job: UnsafeCell::new(None),
+        });
+        let mut workers = Vec::new();
+        for idx in 1..n_threads.max(1) {
+            let sh = shared.clone();
+            match thread::Builder::new()
+                .name(format!("moshi-kernels-{idx}"))
+                .spawn(move || worker(sh, idx))
+            {
+                Ok(h) => workers.push((h.thread().clone(), h)),
+                Err(_) => break,
+            }
+        }
+        Pool {
+            shared,
+            workers,
+            busy: AtomicBool::new(false),
+            scratch: UnsafeCell::new(Scratch::new()),
+        }
+    }
+
+    /// Number of threads taking part in a call (workers + the caller).
+    pub fn n_threads(&self) -> usize {
+        self.workers.len() + 1
+    }
+
+    /// `y = W · x` split over the pool's threads.
+    pub fn matvec(&self, m: &Matrix, x: &[f32], y: &mut [f32]) {
+        self.matmul(m, x, 1, y)
+    }
+
+    /// `y [n, rows] = x [n, cols] · Wᵀ`, split by output rows over the pool's threads;
+    /// activations are quantized once by the caller.
+    pub fn matmul(&self, m: &Matrix, x: &[f32], n: usize, y: &mut [f32]) {
+        assert!(
+            x.len() >= n * m.cols() && y.len() >= n * m.rows(),
+            "Pool::matmul: buffer too short"
+        );
+        let _guard = self.lock();
+        // SAFETY: the busy flag is held, so nobody else uses the scratch.
+        let scratch = unsafe { &mut *self.scratch.get() };
+        let act = m.prepare(x, n, scratch);
+        let level = simd_level();
+        let tiles = m.tiles();
+        let nt = self.n_threads().min(tiles);
+        let yp = SendPtr(y.as_mut_ptr());
+        let rows = m.rows();
+        let f = |i: usize| {
+            let (a, b) = split(tiles, nt, i);
+            if a < b {
+                let yp = &yp;
+                // SAFETY: each share writes its own rows; y was checked above.
+                unsafe { m.compute_rows(level, &act, x, n, a * TILE, (b * TILE).min(rows), yp.0) }
+            }
+        };
+        if nt <= 1 {
+            f(0)
+        } else {
+            self.dispatch(&f)
+        }
+    }
+
+    /// Runs `f(i)` for every `i` in `0..n_tasks`, spread over the pool's threads in
+    /// contiguous chunks (the caller takes the first chunk). Blocks until all are done.
+    /// Panics in `f` are propagated to the caller after all shares finish.
+    pub fn run(&self, n_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
+        if n_tasks == 0 {
+            return;
+        }
+        let nt = self.n_threads().min(n_tasks);
+        if nt <= 1 {
+            (0..n_tasks).for_each(f);
+            return;
+        }
+        let _guard = self.lock();
+        let g = |i: usize| {
+            let (a, b) = split(n_tasks, nt, i);
+            (a..b).for_each(f)
+        };
+        self.dispatch(&g)
+    }
+
+    fn lock(&self) -> BusyGuard<'_> {
+        let mut spins = 0u32;
+        while self
+            .busy
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            spins += 1;
+            if spins < 1000 {
+                std::hint::spin_loop();
+            } else {
+                thread::yield_now();
+            }
+        }
+        BusyGuard(&self.busy)
+    }
+
+    /// Runs `f(i)` for `i` in `0..n_threads()`: the caller runs `f(0)`.
+    fn dispatch(&self, f: &(dyn Fn(usize) + Sync)) {
+        let sh = &*self.shared;
+        // SAFETY: erase the lifetime; the pointer is cleared before this function returns
+        // and every worker has finished using it by then.
+        let job: Job = unsafe {
+            std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), Job>(f as *const _)
+        };
+        unsafe { *sh.job.get() = Some(job) };
+        sh.done.store(0, Ordering::Relaxed);
+        sh.epoch.fetch_add(1, Ordering::Release);
+        for (t, _) in &self.workers {
+            t.unpark();
+        }
+        let mine = catch_unwind(AssertUnwindSafe(|| f(0)));
+        let nw = self.workers.len();
+        let start = Instant::now();
+        let mut k = 0u32;
+        while sh.done.load(Ordering::Acquire) < nw {
+            k = k.wrapping_add(1);
+            if k.is_multiple_of(256) && start.elapsed() > SPIN {
+                thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        unsafe { *sh.job.get() = None };
+        if let Err(p) = mine {
+            std::panic::resume_unwind(p);
+        }
+        if sh.panicked.swap(false, Ordering::Relaxed) {
+            panic!("a kernels::Pool worker task panicked");
+        }
+    }
+}
+
+struct BusyGuard<'a>(&'a AtomicBool);
+impl Drop for BusyGuard<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+/// Share `i` of `n` items split into `parts` contiguous near-equal chunks.
+fn split(n: usize, parts: usize, i: usize) -> (usize, usize) {
+    let base = n / parts;
+    let rem = n % parts;
+    let a = i * base + i.min(rem);
+    let b = a + base + usize::from(i < rem);
+    (a.min(n), b.min(n))
+}
+
+fn worker(sh: Arc<Shared>, idx: usize) {
+    let mut seen = 0u64;
+    loop {
+        let mut e = sh.epoch.load(Ordering::Acquire);
+        if e == seen {
+            let start = Instant::now();
+            let mut k = 0u32;
+            loop {
+                std::hint::spin_loop();
+                e = sh.epoch.load(Ordering::Acquire);
+                if e != seen {
+                    break;
+                }
+                k = k.wrapping_add(1);
+                if k.is_multiple_of(64) && start.elapsed() > SPIN {
+                    while e == seen {
+                        thread::park();
+                        e = sh.epoch.load(Ordering::Acquire);
+                    }
+                    break;
+                }
+            }
+        }
+        seen = e;
+        if sh.stop.load(Ordering::Acquire) {
+            return;
+        }
+        // SAFETY: published before the epoch bump (release) we observed (acquire).
+        if let Some(job) = unsafe { *sh.job.get() } {
+            let r = catch_unwind(AssertUnwindSafe(|| unsafe { (*job)(idx) }));
+            if r.is_err() {
+                sh.panicked.store(true, Ordering::Relaxed);
+            }
+        }
+        sh.done.fetch_add(1, Ordering::Release);
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.epoch.fetch_add(1, Ordering::Release);
+        for (t, _) in &self.workers {
+            t.unpark();
+        }
+        for (_, h) in self.workers.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("n_threads", &self.n_threads())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_covers_everything() {
+        for n in 0..20 {
+            for parts in 1..5 {
+                let mut next = 0;
+                for i in 0..parts {
+                    let (a, b) = split(n, parts, i);
+                    assert_eq!(a, next);
+                    next = b;
+                }
+                assert_eq!(next, n);
+            }
+        }
+    }
+
+    #[test]
+    fn run_visits_each_task_once() {
+        let pool = Pool::new(3);
+        for n in [1usize, 2, 3, 7, 100] {
+            let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+            pool.run(n, &|i| {
+                hits[i].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+        }
+    }
+}

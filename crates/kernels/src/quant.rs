@@ -1,0 +1,139 @@
+//! Block quantization helpers: activation quantization (internal) and encoders that
+//! produce on-disk GGUF / MLX byte layouts from f32 values (for tests, benchmarks and
+//! tools that write synthetic checkpoints).
+
+use half::{bf16, f16};
+
+use crate::KernelError;
+
+/// Number of values in a quantization block (GGUF Q8_0/Q4_0 and activation blocks).
+pub const QK: usize = 32;
+
+/// Quantizes one activation row to signed 8-bit blocks of 32 values.
+/// Writes codes `q`, scales `d` (f32, `max|x|/127`), exact f32 block sums `s` and code
+/// sums `qs`. `x.len()` must be a multiple of 32.
+pub(crate) fn quantize_act_row(
+    x: &[f32],
+    q: &mut [i8],
+    d: &mut [f32],
+    s: &mut [f32],
+    qs: &mut [i32],
+) {
+    debug_assert_eq!(x.len() % QK, 0);
+    for (b, xb) in x.chunks_exact(QK).enumerate() {
+        let mut amax = 0f32;
+        let mut sum = 0f32;
+        for &v in xb {
+            amax = amax.max(v.abs());
+            sum += v;
+        }
+        let db = amax / 127.0;
+        let id = if db > 0.0 { 1.0 / db } else { 0.0 };
+        let mut qsum = 0i32;
+        for (o, &v) in q[b * QK..(b + 1) * QK].iter_mut().zip(xb) {
+            let c = (v * id).round().clamp(-127.0, 127.0) as i8;
+            *o = c;
+            qsum += c as i32;
+        }
+        d[b] = db;
+        s[b] = sum;
+        qs[b] = qsum;
+    }
+}
+
+/// Encodes f32 values (row-major, each row a multiple of 32 long) as GGUF Q8_0 blocks
+/// (f16 scale `max|x|/127` + 32 signed codes, rounded half away from zero).
+pub fn encode_q8_0(values: &[f32]) -> Result<Vec<u8>, KernelError> {
+    if !values.len().is_multiple_of(QK) {
+        return Err(KernelError::BadShape(format!(
+            "{} values is not a multiple of 32",
+            values.len()
+        )));
+    }
+    let mut out = Vec::with_capacity(values.len() / QK * 34);
+    for xb in values.chunks_exact(QK) {
+        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        out.extend_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+        for &v in xb {
+            out.push(((v * id).round().clamp(-127.0, 127.0) as i8) as u8);
+        }
+    }
+    Ok(out)
+}
+
+/// Encodes f32 values as GGUF Q4_0 blocks (f16 scale `d`, 16 bytes: element j in the
+/// low nibble of byte j, element j+16 in the high nibble; value = `d·(q−8)`).
+/// Scale choice: the element of largest magnitude maps to code 0 (`d = max/−8`).
+pub fn encode_q4_0(values: &[f32]) -> Result<Vec<u8>, KernelError> {
+    if !values.len().is_multiple_of(QK) {
+        return Err(KernelError::BadShape(format!(
+            "{} values is not a multiple of 32",
+            values.len()
+        )));
+    }
+    let mut out = Vec::with_capacity(values.len() / QK * 18);
+    for xb in values.chunks_exact(QK) {
+        let mut max = 0f32;
+        for &v in xb {
+            if v.abs() > max.abs() {
+                max = v;
+            }
+        }
+        let d = max / -8.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        out.extend_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+        let code = |v: f32| ((v * id + 8.5) as i32).clamp(0, 15) as u8;
+        for j in 0..16 {
+            out.push(code(xb[j]) | (code(xb[j + 16]) << 4));
+        }
+    }
+    Ok(out)
+}
+
+/// MLX affine quantization of a row-major `[rows, cols]` f32 matrix: returns
+/// (u32-packed codes as little-endian bytes, bf16 scales, bf16 biases), each per row,
+/// with `w ≈ scale·q + bias` per group (min/max scheme).
+#[allow(clippy::type_complexity)]
+pub fn encode_mlx(
+    bits: u8,
+    group: usize,
+    rows: usize,
+    cols: usize,
+    values: &[f32],
+) -> Result<(Vec<u8>, Vec<u8>, Vec<u8>), KernelError> {
+    if !(bits == 4 || bits == 8)
+        || group == 0
+        || !cols.is_multiple_of(group)
+        || !(cols * bits as usize).is_multiple_of(32)
+    {
+        return Err(KernelError::BadShape(format!(
+            "mlx bits {bits} group {group} cols {cols}"
+        )));
+    }
+    crate::check_len("mlx values", rows * cols, values.len())?;
+    let levels = ((1u32 << bits) - 1) as f32;
+    let mut codes = vec![0u8; rows * cols * bits as usize / 8];
+    let mut scales = Vec::with_capacity(rows * cols / group * 2);
+    let mut biases = Vec::with_capacity(rows * cols / group * 2);
+    for r in 0..rows {
+        for g in 0..cols / group {
+            let xs = &values[r * cols + g * group..r * cols + (g + 1) * group];
+            let lo = xs.iter().fold(f32::INFINITY, |m, &v| m.min(v));
+            let hi = xs.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            let scale = bf16::from_f32(((hi - lo) / levels).max(1e-7));
+            let bias = bf16::from_f32(lo);
+            scales.extend_from_slice(&scale.to_bits().to_le_bytes());
+            biases.extend_from_slice(&bias.to_bits().to_le_bytes());
+            let (s, b) = (scale.to_f32(), bias.to_f32());
+            for (j, &v) in xs.iter().enumerate() {
+                let q = ((v - b) / s).round().clamp(0.0, levels) as u32;
+                let e = r * cols + g * group + j; // element index in the bit stream
+                let bit = e * bits as usize;
+                codes[bit / 8] |= (q << (bit % 8)) as u8;
+            }
+        }
+    }
+    Ok((codes, scales, biases))
+}

@@ -1,0 +1,277 @@
+//! Property tests: SIMD matrix products against the scalar reference and against an
+#![allow(clippy::needless_range_loop)]
+//! exact f32 product over the dequantized weights, on random (ragged) shapes.
+//!
+//! Tolerances:
+//! * dense f32/bf16/f16, SIMD vs scalar: 1e-5 · Σ|w·x| (summation order only);
+//! * quantized, SIMD vs scalar: 1e-5 · Σ|w·x| (same integer sums, same f32 order);
+//! * quantized vs exact dequantized product: the activation-quantization bound
+//!   Σ_blocks Σ|w| · max|x_block| / 254, plus 1e-5 · Σ|w·x|.
+
+use half::{bf16, f16};
+use kernels::quant::{encode_mlx, encode_q4_0, encode_q8_0};
+use kernels::{Matrix, Pool, Scratch, Storage, WeightFormat};
+use proptest::prelude::*;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.next() * scale).collect()
+    }
+}
+
+fn build(fmt: WeightFormat, rows: usize, cols: usize, w: &[f32]) -> Matrix {
+    match fmt {
+        WeightFormat::F32 => Matrix::from_bytes(fmt, rows, cols, Storage::from_f32(w)).unwrap(),
+        WeightFormat::Bf16 => {
+            let b: Vec<u8> = w
+                .iter()
+                .flat_map(|v| bf16::from_f32(*v).to_bits().to_le_bytes())
+                .collect();
+            Matrix::from_bytes(fmt, rows, cols, Storage::from_vec(b)).unwrap()
+        }
+        WeightFormat::F16 => {
+            let b: Vec<u8> = w
+                .iter()
+                .flat_map(|v| f16::from_f32(*v).to_bits().to_le_bytes())
+                .collect();
+            Matrix::from_bytes(fmt, rows, cols, Storage::from_vec(b)).unwrap()
+        }
+        WeightFormat::Q8_0 => {
+            Matrix::from_bytes(fmt, rows, cols, Storage::from_vec(encode_q8_0(w).unwrap())).unwrap()
+        }
+        WeightFormat::Q4_0 => {
+            Matrix::from_bytes(fmt, rows, cols, Storage::from_vec(encode_q4_0(w).unwrap())).unwrap()
+        }
+        WeightFormat::MlxAffine { bits, group } => {
+            let (c, s, b) = encode_mlx(bits, group, rows, cols, w).unwrap();
+            Matrix::from_mlx(
+                bits,
+                group,
+                rows,
+                cols,
+                Storage::from_vec(c),
+                Storage::from_vec(s),
+                Storage::from_vec(b),
+            )
+            .unwrap()
+        }
+    }
+}
+
+fn quantized(fmt: WeightFormat) -> bool {
+    matches!(
+        fmt,
+        WeightFormat::Q8_0 | WeightFormat::Q4_0 | WeightFormat::MlxAffine { .. }
+    )
+}
+
+fn check(fmt: WeightFormat, rows: usize, cols: usize, n: usize, seed: u64) {
+    let mut rng = Rng(seed | 1);
+    let w = rng.vec(rows * cols, 0.5);
+    let mut x = rng.vec(n * cols, 2.0);
+    if n > 1 {
+        // one all-zero block to exercise the zero-scale path
+        x[..cols.min(32)].fill(0.0);
+    }
+    let m = build(fmt, rows, cols, &w);
+    let mut sc = Scratch::new();
+    let mut y = vec![0f32; n * rows];
+    let mut yr = vec![0f32; n * rows];
+    m.matmul(&x, n, &mut y, &mut sc);
+    m.matmul_reference(&x, n, &mut yr, &mut sc);
+    let mut row = vec![0f32; cols];
+    for r in 0..rows {
+        m.row_f32(r, &mut row);
+        for i in 0..n {
+            let xi = &x[i * cols..(i + 1) * cols];
+            let exact: f64 = row.iter().zip(xi).map(|(a, b)| *a as f64 * *b as f64).sum();
+            let mag: f64 = row
+                .iter()
+                .zip(xi)
+                .map(|(a, b)| (*a as f64 * *b as f64).abs())
+                .sum();
+            let (a, b) = (y[i * rows + r], yr[i * rows + r]);
+            assert!(
+                (a - b).abs() as f64 <= 1e-5 * mag + 1e-6,
+                "{fmt:?} {rows}x{cols} n{n} r{r} i{i}: simd {a} scalar {b}"
+            );
+            let mut bound = 1e-5 * mag + 1e-6;
+            if quantized(fmt) {
+                for (wb, xb) in row.chunks(32).zip(xi.chunks(32)) {
+                    let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+                    bound += wb.iter().map(|v| v.abs() as f64).sum::<f64>() * amax / 254.0;
+                }
+            }
+            assert!(
+                (a as f64 - exact).abs() <= bound,
+                "{fmt:?} {rows}x{cols} n{n}: got {a} exact {exact} bound {bound}"
+            );
+        }
+    }
+    // Pool with 1..3 threads gives the SIMD result.
+    for t in 1..=3 {
+        let pool = Pool::new(t);
+        let mut yp = vec![0f32; n * rows];
+        pool.matmul(&m, &x, n, &mut yp);
+        assert_eq!(yp, y, "pool with {t} threads");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
+
+    #[test]
+    fn dense_formats(rows in 1usize..20, cols in 1usize..80, n in 1usize..6, seed in any::<u64>()) {
+        for fmt in [WeightFormat::F32, WeightFormat::Bf16, WeightFormat::F16] {
+            check(fmt, rows, cols, n, seed);
+        }
+    }
+
+    #[test]
+    fn gguf_formats(rows in 1usize..20, blocks in 1usize..6, n in 1usize..10, seed in any::<u64>()) {
+        for fmt in [WeightFormat::Q8_0, WeightFormat::Q4_0] {
+            check(fmt, rows, blocks * 32, n, seed);
+        }
+    }
+
+    #[test]
+    fn mlx_formats(rows in 1usize..20, groups in 1usize..4, n in 1usize..6, seed in any::<u64>()) {
+        for bits in [4u8, 8] {
+            for group in [32usize, 64] {
+                check(WeightFormat::MlxAffine { bits, group }, rows, groups * 64, n, seed);
+            }
+        }
+    }
+}
+
+/// Independent decoders of the on-disk layouts, checked against `row_f32`.
+#[test]
+fn row_f32_matches_on_disk_layouts() {
+    let (rows, cols) = (3, 64);
+    let mut rng = Rng(42);
+    let w = rng.vec(rows * cols, 1.0);
+    // Q8_0
+    let bytes = encode_q8_0(&w).unwrap();
+    let m = Matrix::from_bytes(
+        WeightFormat::Q8_0,
+        rows,
+        cols,
+        Storage::from_vec(bytes.clone()),
+    )
+    .unwrap();
+    let mut row = vec![0f32; cols];
+    for r in 0..rows {
+        m.row_f32(r, &mut row);
+        for c in 0..cols {
+            let blk = &bytes[(r * 2 + c / 32) * 34..];
+            let d = f16::from_bits(u16::from_le_bytes([blk[0], blk[1]])).to_f32();
+            assert_eq!(row[c], d * (blk[2 + c % 32] as i8) as f32);
+            assert!((row[c] - w[r * cols + c]).abs() <= d * 0.6 + 1e-6);
+        }
+    }
+    // Q4_0
+    let bytes = encode_q4_0(&w).unwrap();
+    let m = Matrix::from_bytes(
+        WeightFormat::Q4_0,
+        rows,
+        cols,
+        Storage::from_vec(bytes.clone()),
+    )
+    .unwrap();
+    for r in 0..rows {
+        m.row_f32(r, &mut row);
+        for c in 0..cols {
+            let blk = &bytes[(r * 2 + c / 32) * 18..];
+            let d = f16::from_bits(u16::from_le_bytes([blk[0], blk[1]])).to_f32();
+            let j = c % 32;
+            let q = if j < 16 {
+                blk[2 + j] & 15
+            } else {
+                blk[2 + j - 16] >> 4
+            };
+            assert_eq!(row[c], d * (q as i32 - 8) as f32);
+            assert!((row[c] - w[r * cols + c]).abs() <= d.abs() * 1.01 + 1e-6);
+        }
+    }
+    // MLX 4 and 8 bit, group 32
+    for bits in [4u8, 8] {
+        let (codes, s, b) = encode_mlx(bits, 32, rows, cols, &w).unwrap();
+        let m = Matrix::from_mlx(
+            bits,
+            32,
+            rows,
+            cols,
+            Storage::from_vec(codes.clone()),
+            Storage::from_vec(s.clone()),
+            Storage::from_vec(b.clone()),
+        )
+        .unwrap();
+        let per_word = 32 / bits as usize;
+        for r in 0..rows {
+            m.row_f32(r, &mut row);
+            for c in 0..cols {
+                let wi = (r * cols + c) / per_word;
+                let word = u32::from_le_bytes([
+                    codes[4 * wi],
+                    codes[4 * wi + 1],
+                    codes[4 * wi + 2],
+                    codes[4 * wi + 3],
+                ]);
+                let q = (word >> (bits as usize * (c % per_word))) & ((1 << bits) - 1);
+                let gi = (r * cols + c) / 32;
+                let sc = bf16::from_bits(u16::from_le_bytes([s[2 * gi], s[2 * gi + 1]])).to_f32();
+                let bi = bf16::from_bits(u16::from_le_bytes([b[2 * gi], b[2 * gi + 1]])).to_f32();
+                assert!(
+                    (row[c] - (sc * q as f32 + bi)).abs() <= 1e-6 * (1.0 + bi.abs()),
+                    "bits {bits}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn constructors_reject_bad_sizes() {
+    assert!(Matrix::from_f32(2, 2, vec![0.0; 3]).is_err());
+    assert!(Matrix::from_f32(0, 2, vec![]).is_err());
+    assert!(Matrix::from_bytes(WeightFormat::Q8_0, 1, 33, Storage::from_vec(vec![0; 34])).is_err());
+    assert!(Matrix::from_bytes(WeightFormat::Q8_0, 1, 32, Storage::from_vec(vec![0; 33])).is_err());
+    assert!(Matrix::from_bytes(WeightFormat::Q4_0, 2, 32, Storage::from_vec(vec![0; 18])).is_err());
+    assert!(Matrix::from_bytes(WeightFormat::Bf16, 2, 3, Storage::from_vec(vec![0; 11])).is_err());
+    let v = || Storage::from_vec(vec![0; 16]);
+    assert!(Matrix::from_mlx(3, 32, 1, 32, v(), v(), v()).is_err());
+    assert!(Matrix::from_mlx(
+        4,
+        32,
+        1,
+        32,
+        v(),
+        Storage::from_vec(vec![0; 2]),
+        Storage::from_vec(vec![0; 2])
+    )
+    .is_ok());
+    assert!(Matrix::from_mlx(4, 48, 1, 96, v(), v(), v()).is_err());
+}
+
+#[test]
+fn unaligned_shared_storage_is_accepted() {
+    use std::sync::Arc;
+    let w: Vec<f32> = (0..12).map(|i| i as f32).collect();
+    let mut bytes = vec![0u8];
+    for v in &w {
+        bytes.extend_from_slice(&v.to_le_bytes());
+    }
+    let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(bytes);
+    let s = Storage::from_shared(owner, 1, 48).unwrap();
+    let m = Matrix::from_bytes(WeightFormat::F32, 3, 4, s).unwrap();
+    let mut y = [0f32; 3];
+    m.matvec(&[1.0, 0.0, 0.0, 1.0], &mut y, &mut Scratch::new());
+    assert_eq!(y, [3.0, 11.0, 19.0]);
+}
