@@ -9,6 +9,8 @@ os.environ.setdefault("NO_TORCH_COMPILE", "1")
 if os.environ["NO_TORCH_COMPILE"] != "1":
     raise SystemExit("NO_TORCH_COMPILE must be 1 for the oracle")
 
+os.environ.setdefault("HF_HUB_OFFLINE", "1")   # every path is local; never touch the network
+
 import json
 import struct
 import wave
