@@ -23,7 +23,6 @@ torch.set_num_threads(1)
 torch.use_deterministic_algorithms(True)
 
 import moshi  # noqa: E402
-from safetensors.torch import save_file  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 FIX = REPO / "fixtures"
@@ -44,16 +43,25 @@ def versions() -> dict:
     }
 
 
+_DT = {torch.float32: ("F32", "<f4"), torch.int64: ("I64", "<i8"), torch.uint8: ("U8", "u1"),
+       torch.int32: ("I32", "<i4")}
+
+
 def save_st(path: Path, tensors: dict, meta: dict | None = None):
-    """Save contiguous CPU tensors; metadata values are JSON strings."""
+    """Write a safetensors file byte-reproducibly (tensors sorted by name, metadata sorted by key; the
+    `safetensors` package stores metadata in a hash map, so its header order varies between runs).
+    Metadata values are JSON strings."""
+    import quant
     path.parent.mkdir(parents=True, exist_ok=True)
     out = {}
     for k, v in tensors.items():
         if isinstance(v, np.ndarray):
             v = torch.from_numpy(v)
-        out[k] = v.detach().cpu().contiguous()
-    md = {k: (v if isinstance(v, str) else json.dumps(v)) for k, v in (meta or {}).items()}
-    save_file(out, str(path), metadata=md)
+        v = v.detach().cpu().contiguous()
+        dt, npdt = _DT[v.dtype]
+        out[k] = (dt, tuple(v.shape), v.numpy().astype(npdt))
+    md = {k: (v if isinstance(v, str) else json.dumps(v, sort_keys=True)) for k, v in sorted((meta or {}).items())}
+    quant.write_safetensors(path, out, md)
 
 
 def write_json(path: Path, obj):

@@ -318,7 +318,6 @@ def trace(model, wav: np.ndarray) -> dict:
     for name in ["enc_seanet", "enc_transformer", "latent", "dec_upsample", "dec_transformer"]:
         out[name] = rec.cat(name)
     out["dec_latent"] = torch.cat(dec_lat, dim=-1)[0]
-    out["input_pcm"] = torch.from_numpy(wav)
     # Margins on the streaming path itself: nearest vs second-nearest centroid per level and frame.
     q = model.quantizer
     lat = out["latent"][None]

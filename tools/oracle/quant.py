@@ -119,7 +119,11 @@ _ST_DT = {"F32": ("<f4", 4), "F16": ("<f2", 2), "BF16": ("<u2", 2), "U32": ("<u4
 def write_safetensors(path, tensors: dict, metadata: dict | None = None):
     """tensors: name -> (dtype string, shape, numpy array with matching itemsize)."""
     header, blobs, off = {}, [], 0
-    for name in sorted(tensors):
+    if metadata:
+        header["__metadata__"] = None   # placeholder: keeps __metadata__ first in the JSON header
+    # Like the safetensors library: larger element sizes first, then by name, so that every tensor's data
+    # is aligned to its element size (given the 8-byte padded header).
+    for name in sorted(tensors, key=lambda n: (-_ST_DT[tensors[n][0]][1], n)):
         dt, shape, arr = tensors[name]
         npdt, _ = _ST_DT[dt]
         data = np.ascontiguousarray(arr).astype(npdt, copy=False).tobytes()
@@ -128,7 +132,7 @@ def write_safetensors(path, tensors: dict, metadata: dict | None = None):
         blobs.append(data)
         off += len(data)
     if metadata:
-        header["__metadata__"] = {k: str(v) for k, v in metadata.items()}
+        header["__metadata__"] = {k: str(metadata[k]) for k in sorted(metadata)}
     h = json.dumps(header, separators=(",", ":")).encode()
     h += b" " * ((8 - len(h) % 8) % 8)
     with open(path, "wb") as f:
