@@ -10,6 +10,7 @@ mod error;
 pub mod gguf;
 pub mod names;
 pub mod safetensors;
+pub mod synth;
 
 use std::fmt;
 

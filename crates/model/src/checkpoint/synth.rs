@@ -1,0 +1,691 @@
+//! Synthetic bundles: random weights of realistic scale with the exact released names, shapes and
+//! quantization layouts, streamed to disk tensor by tensor (never holding the model in memory).
+//! Used by the benchmarks (full moshiko dimensions) and by tests (tiny configs).
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use half::{bf16, f16};
+
+use super::gguf;
+use super::CheckpointError;
+use crate::config::{LmConfig, MimiConfig, MIMI_NAME, TOKENIZER_NAME};
+use crate::schema::{Schema, TensorSpec};
+
+/// Output layout of [`write_bundle`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SynthFormat {
+    /// `kyutai/moshiko-pytorch-bf16`: PyTorch legacy names, bf16, `model.safetensors` + `config.json`.
+    Bf16,
+    /// `kyutai/moshiko-candle-bf16`: candle names, bf16, `model.safetensors`.
+    CandleBf16,
+    /// `kyutai/moshiko-candle-q8`: candle names, Q8_0 (F32 norms), `model.q8.gguf`.
+    Q8Gguf,
+    /// `kyutai/moshiko-mlx-q4`: MLX names, 4-bit group 32, `model.q4.safetensors`.
+    MlxQ4,
+    /// `kyutai/moshiko-mlx-q8`: MLX names, 8-bit group 64, `model.q8.safetensors`.
+    MlxQ8,
+}
+
+impl SynthFormat {
+    /// Parse the CLI name (`bf16`, `candle-bf16`, `q8-gguf`, `mlx-q4`, `mlx-q8`).
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "bf16" => SynthFormat::Bf16,
+            "candle-bf16" => SynthFormat::CandleBf16,
+            "q8-gguf" => SynthFormat::Q8Gguf,
+            "mlx-q4" => SynthFormat::MlxQ4,
+            "mlx-q8" => SynthFormat::MlxQ8,
+            _ => return None,
+        })
+    }
+    /// LM file name in the bundle.
+    pub fn lm_file(self) -> &'static str {
+        match self {
+            SynthFormat::Bf16 | SynthFormat::CandleBf16 => "model.safetensors",
+            SynthFormat::Q8Gguf => "model.q8.gguf",
+            SynthFormat::MlxQ4 => "model.q4.safetensors",
+            SynthFormat::MlxQ8 => "model.q8.safetensors",
+        }
+    }
+}
+
+/// Small fast deterministic generator (SplitMix64).
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [-1, 1).
+    fn sym(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 / (1u64 << 23) as f32) - 1.0
+    }
+}
+
+/// How values of a tensor are drawn.
+#[derive(Clone, Copy)]
+enum Init {
+    /// Uniform with standard deviation `1/sqrt(fan_in)` (linears, convs).
+    Fan(usize),
+    /// Around 1 (norm weights, RMSNorm alpha).
+    One,
+    /// Small values (biases, LayerScale).
+    Small,
+    /// Positive usage counts (codebook `cluster_usage`), 0.5..1.5.
+    Usage,
+    /// Constant 1 (`_initialized`).
+    Flag,
+}
+
+fn init_for(spec: &TensorSpec) -> Init {
+    let n = &spec.name;
+    if n.ends_with("_initialized") {
+        Init::Flag
+    } else if n.ends_with("cluster_usage") {
+        Init::Usage
+    } else if n.ends_with(".alpha")
+        || (n.contains("norm") && n.ends_with(".weight") && spec.shape.len() == 1)
+    {
+        Init::One
+    } else if n.ends_with(".bias") || n.ends_with(".scale") {
+        Init::Small
+    } else {
+        Init::Fan(spec.shape.iter().skip(1).product::<usize>().max(1))
+    }
+}
+
+fn fill(rng: &mut Rng, init: Init, out: &mut [f32]) {
+    match init {
+        Init::Fan(fan) => {
+            let a = (3.0 / fan as f32).sqrt();
+            out.iter_mut().for_each(|v| *v = a * rng.sym());
+        }
+        Init::One => out.iter_mut().for_each(|v| *v = 1.0 + 0.1 * rng.sym()),
+        Init::Small => out.iter_mut().for_each(|v| *v = 0.02 * rng.sym()),
+        Init::Usage => out.iter_mut().for_each(|v| *v = 1.0 + 0.5 * rng.sym()),
+        Init::Flag => out.iter_mut().for_each(|v| *v = 1.0),
+    }
+}
+
+/// Storage of one written tensor.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Store {
+    F32,
+    Bf16,
+    Q8_0,
+    Mlx { bits: u8, group: usize },
+}
+
+/// A tensor to write: file name, logical shape (as in the file for plain types), storage, init.
+struct Out {
+    name: String,
+    shape: Vec<usize>,
+    store: Store,
+    init: Init,
+}
+
+impl Out {
+    fn rows_cols(&self) -> (usize, usize) {
+        (
+            self.shape.first().copied().unwrap_or(1),
+            self.shape.iter().skip(1).product::<usize>().max(1),
+        )
+    }
+}
+
+/// Map the canonical LM schema onto the file tensors of `format`.
+fn lm_outputs(cfg: &LmConfig, format: SynthFormat) -> Vec<Out> {
+    let schema = Schema::lm(cfg);
+    let steps = cfg.depformer_weight_steps();
+    let mut outs = Vec::new();
+    let mlx = matches!(format, SynthFormat::MlxQ4 | SynthFormat::MlxQ8);
+    let candle = !matches!(format, SynthFormat::Bf16);
+    let (bits, group) = match format {
+        SynthFormat::MlxQ4 => (4, 32),
+        _ => (8, 64),
+    };
+    for spec in &schema.tensors {
+        let init = init_for(spec);
+        let is_norm = spec.name.ends_with(".alpha");
+        let store_for = |cols: usize| -> Store {
+            match format {
+                SynthFormat::Bf16 | SynthFormat::CandleBf16 => Store::Bf16,
+                SynthFormat::Q8Gguf => {
+                    if is_norm || cols % 32 != 0 {
+                        // candle's tensor-tools keeps tensors whose rows do not fill Q8_0 blocks in F32.
+                        Store::F32
+                    } else {
+                        Store::Q8_0
+                    }
+                }
+                SynthFormat::MlxQ4 | SynthFormat::MlxQ8 => {
+                    if is_norm || cols % group != 0 {
+                        Store::Bf16
+                    } else {
+                        Store::Mlx { bits, group }
+                    }
+                }
+            }
+        };
+        let mut push = |name: String, shape: Vec<usize>| {
+            let cols = shape.iter().skip(1).product::<usize>();
+            let shape = if mlx && is_norm {
+                vec![*shape.last().expect("norm dim")]
+            } else {
+                shape
+            };
+            outs.push(Out {
+                name,
+                store: store_for(cols),
+                shape,
+                init,
+            });
+        };
+        if !candle {
+            push(spec.name.clone(), spec.shape.clone());
+            continue;
+        }
+        let dep = if mlx {
+            "depformer.slices."
+        } else {
+            "depformer."
+        };
+        let leaf_mlx = |leaf: &str| -> String {
+            if !mlx {
+                return leaf.to_string();
+            }
+            leaf.replace("self_attn.in_proj_weight", "self_attn.in_proj.weight")
+                .replace("norm1.alpha", "norm1.weight")
+                .replace("norm2.alpha", "norm2.weight")
+                .replace("out_norm.alpha", "out_norm.weight")
+        };
+        let n = spec.name.as_str();
+        let idx_after =
+            |p: &str| -> Option<usize> { n.strip_prefix(p)?.split('.').next()?.parse().ok() };
+        if let Some(k) = idx_after("depformer_in.") {
+            push(format!("{dep}{k}.linear_in.weight"), spec.shape.clone());
+        } else if let Some(k) = idx_after("linears.") {
+            push(format!("{dep}{k}.linear_out.weight"), spec.shape.clone());
+        } else if n == "depformer_text_emb.weight" {
+            push(format!("{dep}0.emb.weight"), spec.shape.clone());
+        } else if let Some(k) = idx_after("depformer_emb.") {
+            push(format!("{dep}{}.emb.weight", k + 1), spec.shape.clone());
+        } else if let Some(j) = idx_after("depformer.layers.") {
+            let leaf = &n[format!("depformer.layers.{j}.").len()..];
+            if leaf == "self_attn.in_proj_weight" || leaf == "self_attn.out_proj.weight" {
+                let rows = spec.shape[0] / steps;
+                for k in 0..steps {
+                    push(
+                        format!("{dep}{k}.transformer.layers.{j}.{}", leaf_mlx(leaf)),
+                        vec![rows, spec.shape[1]],
+                    );
+                }
+            } else if leaf.starts_with("norm") {
+                for k in 0..steps {
+                    push(
+                        format!("{dep}{k}.transformer.layers.{j}.{}", leaf_mlx(leaf)),
+                        spec.shape.clone(),
+                    );
+                }
+            } else if let Some(g) = leaf.strip_prefix("gating.") {
+                let (k, rest) = g.split_once('.').expect("gating.{k}.linear_*");
+                push(
+                    format!("{dep}{k}.transformer.layers.{j}.gating.{rest}"),
+                    spec.shape.clone(),
+                );
+            } else {
+                push(n.to_string(), spec.shape.clone());
+            }
+        } else if let (true, Some(i)) = (mlx, idx_after("emb.")) {
+            push(format!("audio_embs.{i}.weight"), spec.shape.clone());
+        } else {
+            push(leaf_mlx(n), spec.shape.clone());
+        }
+    }
+    outs
+}
+
+/// Bytes of each file tensor of `o` (for MLX: the packed codes, scales, biases as separate tensors).
+fn expand(o: &Out) -> Vec<(String, &'static str, Vec<usize>, usize)> {
+    let (rows, cols) = o.rows_cols();
+    let n: usize = o.shape.iter().product();
+    match o.store {
+        Store::F32 => vec![(o.name.clone(), "F32", o.shape.clone(), n * 4)],
+        Store::Bf16 => vec![(o.name.clone(), "BF16", o.shape.clone(), n * 2)],
+        Store::Q8_0 => vec![(o.name.clone(), "Q8_0", o.shape.clone(), n / 32 * 34)],
+        Store::Mlx { bits, group } => {
+            let base = o
+                .name
+                .strip_suffix(".weight")
+                .unwrap_or(&o.name)
+                .to_string();
+            let packed = cols * bits as usize / 32;
+            let ng = cols / group;
+            vec![
+                (
+                    format!("{base}.weight"),
+                    "U32",
+                    vec![rows, packed],
+                    rows * packed * 4,
+                ),
+                (
+                    format!("{base}.scales"),
+                    "BF16",
+                    vec![rows, ng],
+                    rows * ng * 2,
+                ),
+                (
+                    format!("{base}.biases"),
+                    "BF16",
+                    vec![rows, ng],
+                    rows * ng * 2,
+                ),
+            ]
+        }
+    }
+}
+
+/// Generate `o` row-chunk by row-chunk and hand each encoded buffer (per output tensor) to `sink`.
+/// For MLX, codes, scales and biases are written as three consecutive tensors, so `sink` receives
+/// `(tensor index within expand(o), bytes)`.
+fn stream_tensor(
+    o: &Out,
+    rng: &mut Rng,
+    mut sink: impl FnMut(usize, &[u8]) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let (rows, cols) = o.rows_cols();
+    let chunk_rows = (1usize << 20).div_ceil(cols.max(1)).clamp(1, rows.max(1));
+    let mut vals = vec![0f32; chunk_rows * cols];
+    let mut buf = Vec::new();
+    // MLX: three passes would regenerate; instead buffer scales/biases (small: rows*cols/group).
+    let mut scales = Vec::new();
+    let mut biases = Vec::new();
+    let mut r = 0;
+    while r < rows {
+        let n = chunk_rows.min(rows - r);
+        let v = &mut vals[..n * cols];
+        fill(rng, o.init, v);
+        buf.clear();
+        match o.store {
+            Store::F32 => v
+                .iter()
+                .for_each(|x| buf.extend_from_slice(&x.to_le_bytes())),
+            Store::Bf16 => v
+                .iter()
+                .for_each(|x| buf.extend_from_slice(&bf16::from_f32(*x).to_le_bytes())),
+            Store::Q8_0 => {
+                for blk in v.chunks_exact(32) {
+                    let amax = blk.iter().fold(0f32, |m, x| m.max(x.abs()));
+                    let d = amax / 127.0;
+                    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                    buf.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+                    buf.extend(blk.iter().map(|x| (x * id).round() as i8 as u8));
+                }
+            }
+            Store::Mlx { bits, group } => {
+                let levels = ((1u32 << bits) - 1) as f32;
+                let per_word = 32 / bits as usize;
+                for row in v.chunks_exact(cols) {
+                    let mut word = 0u32;
+                    for (gi, g) in row.chunks_exact(group).enumerate() {
+                        let (lo, hi) = g
+                            .iter()
+                            .fold((f32::MAX, f32::MIN), |(a, b), x| (a.min(*x), b.max(*x)));
+                        let scale = ((hi - lo) / levels).max(1e-7);
+                        let (s16, b16) = (bf16::from_f32(scale), bf16::from_f32(lo));
+                        scales.extend_from_slice(&s16.to_le_bytes());
+                        biases.extend_from_slice(&b16.to_le_bytes());
+                        let (s, b) = (s16.to_f32(), b16.to_f32());
+                        for (j, x) in g.iter().enumerate() {
+                            let q = ((x - b) / s).round().clamp(0.0, levels) as u32;
+                            let c = gi * group + j;
+                            word |= q << ((c % per_word) * bits as usize);
+                            if c % per_word == per_word - 1 {
+                                buf.extend_from_slice(&word.to_le_bytes());
+                                word = 0;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        sink(0, &buf)?;
+        r += n;
+    }
+    if matches!(o.store, Store::Mlx { .. }) {
+        sink(1, &scales)?;
+        sink(2, &biases)?;
+    }
+    Ok(())
+}
+
+fn io_err(path: &Path) -> impl Fn(std::io::Error) -> CheckpointError + '_ {
+    move |source| CheckpointError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Write a safetensors file of `outs`, streaming each tensor.
+fn write_safetensors(path: &Path, outs: &[Out], seed: u64) -> Result<u64, CheckpointError> {
+    let infos: Vec<(String, &str, Vec<usize>, usize)> = outs.iter().flat_map(expand).collect();
+    let header = super::safetensors::header_bytes(&infos, None);
+    let f = File::create(path).map_err(io_err(path))?;
+    let mut w = BufWriter::with_capacity(1 << 22, f);
+    w.write_all(&header).map_err(io_err(path))?;
+    let mut rng = Rng(seed);
+    for o in outs {
+        stream_tensor(o, &mut rng, |_, b| w.write_all(b)).map_err(io_err(path))?;
+    }
+    w.flush().map_err(io_err(path))?;
+    let total = header.len() as u64 + infos.iter().map(|i| i.3 as u64).sum::<u64>();
+    Ok(total)
+}
+
+/// Write a GGUF v3 file of `outs` (F32 / Q8_0 / BF16 tensors only), streaming each tensor.
+fn write_gguf(path: &Path, outs: &[Out], seed: u64) -> Result<u64, CheckpointError> {
+    let infos: Vec<(String, &str, Vec<usize>, usize)> = outs.iter().flat_map(expand).collect();
+    let typed: Vec<(&str, u32, &[usize], usize)> = infos
+        .iter()
+        .map(|(n, d, s, l)| {
+            let t = match *d {
+                "F32" => gguf::ggml::F32,
+                "Q8_0" => gguf::ggml::Q8_0,
+                _ => gguf::ggml::BF16,
+            };
+            (n.as_str(), t, s.as_slice(), *l)
+        })
+        .collect();
+    let (header, offsets) = gguf::header_bytes(&typed);
+    let f = File::create(path).map_err(io_err(path))?;
+    let mut w = BufWriter::with_capacity(1 << 22, f);
+    w.write_all(&header).map_err(io_err(path))?;
+    let mut rng = Rng(seed);
+    let mut pos = 0u64;
+    for (o, off) in outs.iter().zip(offsets) {
+        let pad = off - pos;
+        w.write_all(&vec![0u8; pad as usize])
+            .map_err(io_err(path))?;
+        pos = off;
+        stream_tensor(o, &mut rng, |_, b| {
+            pos += b.len() as u64;
+            w.write_all(b)
+        })
+        .map_err(io_err(path))?;
+    }
+    let end = pos.div_ceil(gguf::DEFAULT_ALIGNMENT) * gguf::DEFAULT_ALIGNMENT;
+    w.write_all(&vec![0u8; (end - pos) as usize])
+        .map_err(io_err(path))?;
+    w.flush().map_err(io_err(path))?;
+    Ok(header.len() as u64 + end)
+}
+
+/// A minimal SentencePiece `ModelProto` with `vocab` pieces (`<unk>`, `<s>`, `</s>`, `<pad>`, then
+/// `▁w{i}` normal pieces), enough for id → piece decoding in benchmarks.
+pub fn tiny_spm(vocab: usize) -> Vec<u8> {
+    fn varint(mut v: u64, out: &mut Vec<u8>) {
+        while v >= 0x80 {
+            out.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+    }
+    let mut out = Vec::new();
+    for i in 0..vocab {
+        let (piece, ty) = match i {
+            0 => ("<unk>".to_string(), 2),
+            1 => ("<s>".to_string(), 3),
+            2 => ("</s>".to_string(), 3),
+            3 => ("<pad>".to_string(), 3),
+            _ => (format!("\u{2581}w{i}"), 1),
+        };
+        let mut body = vec![0x0a];
+        varint(piece.len() as u64, &mut body);
+        body.extend_from_slice(piece.as_bytes());
+        body.push(0x15);
+        body.extend_from_slice(&(-(i as f32) / vocab as f32).to_le_bytes());
+        body.push(0x18);
+        varint(ty, &mut body);
+        out.push(0x0a);
+        varint(body.len() as u64, &mut out);
+        out.extend_from_slice(&body);
+    }
+    out
+}
+
+/// The Kyutai `config.json` for `cfg`.
+pub fn config_json(cfg: &LmConfig, moshi_name: &str, mimi_config_name: Option<&str>) -> String {
+    let mut m = serde_json::json!({
+        "dim": cfg.dim, "text_card": cfg.text_card, "existing_text_padding_id": cfg.existing_text_padding_id,
+        "n_q": cfg.n_q, "dep_q": cfg.dep_q, "card": cfg.card, "num_heads": cfg.num_heads,
+        "num_layers": cfg.num_layers, "hidden_scale": cfg.hidden_scale, "causal": cfg.causal,
+        "layer_scale": null, "context": cfg.context, "max_period": cfg.max_period,
+        "gating": cfg.gating.name(), "norm": cfg.norm.name(), "positional_embedding": cfg.positional_embedding.name(),
+        "depformer_dim": cfg.depformer_dim, "depformer_dim_feedforward": cfg.depformer_dim_feedforward,
+        "depformer_num_heads": cfg.depformer_num_heads, "depformer_num_layers": cfg.depformer_num_layers,
+        "depformer_layer_scale": null, "depformer_multi_linear": cfg.depformer_multi_linear,
+        "depformer_context": cfg.depformer_context, "depformer_max_period": cfg.depformer_max_period,
+        "depformer_gating": cfg.depformer_gating.name(), "depformer_pos_emb": cfg.depformer_pos_emb.name(),
+        "depformer_weights_per_step": cfg.depformer_weights_per_step, "delays": cfg.delays,
+        "moshi_name": moshi_name, "mimi_name": MIMI_NAME, "tokenizer_name": TOKENIZER_NAME, "model_type": "moshi",
+    });
+    if let Some(n) = mimi_config_name {
+        m["mimi_config_name"] = serde_json::Value::String(n.to_string());
+    }
+    serde_json::to_string_pretty(&m).expect("serialisable")
+}
+
+/// What [`write_bundle`] wrote.
+#[derive(Debug, Clone)]
+pub struct SynthReport {
+    /// LM weights file and its size in bytes.
+    pub lm: (PathBuf, u64),
+    /// Mimi weights file and its size in bytes.
+    pub mimi: (PathBuf, u64),
+    /// Whether a `config.json` was written.
+    pub config: bool,
+}
+
+/// Write a bundle with random weights into `dir` (created if needed).
+///
+/// `config.json` is written for [`SynthFormat::Bf16`] (as in the released PyTorch repository) and for
+/// every format when `lm`/`mimi` differ from the released configurations (the candle and MLX
+/// repositories have none). Mimi is written in f32 with the Kyutai names.
+pub fn write_bundle(
+    dir: &Path,
+    format: SynthFormat,
+    lm: &LmConfig,
+    mimi: &MimiConfig,
+    seed: u64,
+) -> Result<SynthReport, CheckpointError> {
+    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let released = *lm == LmConfig::moshiko_v0_1() && *mimi == MimiConfig::v0_1();
+    let lm_path = dir.join(format.lm_file());
+    let outs = lm_outputs(lm, format);
+    let lm_size = match format {
+        SynthFormat::Q8Gguf => write_gguf(&lm_path, &outs, seed)?,
+        _ => write_safetensors(&lm_path, &outs, seed)?,
+    };
+    let mimi_outs: Vec<Out> = Schema::mimi(mimi)
+        .tensors
+        .iter()
+        .map(|s| Out {
+            name: s.name.clone(),
+            shape: s.shape.clone(),
+            store: Store::F32,
+            init: init_for(s),
+        })
+        .collect();
+    let mimi_path = dir.join(MIMI_NAME);
+    let mimi_size = write_safetensors(&mimi_path, &mimi_outs, seed ^ 0x5eed)?;
+    let spm = dir.join(TOKENIZER_NAME);
+    std::fs::write(&spm, tiny_spm(lm.text_card)).map_err(io_err(&spm))?;
+    let write_cfg = format == SynthFormat::Bf16 || !released;
+    if write_cfg {
+        let mimi_cfg = if *mimi == MimiConfig::v0_1() {
+            None
+        } else {
+            let p = dir.join("mimi_config.json");
+            std::fs::write(&p, mimi_config_json(mimi)).map_err(io_err(&p))?;
+            Some("mimi_config.json")
+        };
+        let p = dir.join("config.json");
+        std::fs::write(&p, config_json(lm, format.lm_file(), mimi_cfg)).map_err(io_err(&p))?;
+    }
+    Ok(SynthReport {
+        lm: (lm_path, lm_size),
+        mimi: (mimi_path, mimi_size),
+        config: write_cfg,
+    })
+}
+
+/// A Mimi config JSON (`seanet` / `transformer` / `quantizer` sub-dicts) for `c`.
+pub fn mimi_config_json(c: &MimiConfig) -> String {
+    let s = &c.seanet;
+    let t = &c.transformer;
+    let q = &c.quantizer;
+    let m = serde_json::json!({
+        "sample_rate": c.sample_rate, "channels": c.channels, "frame_rate": c.frame_rate,
+        "seanet": {
+            "channels": s.channels, "dimension": s.dimension, "causal": s.causal, "n_filters": s.n_filters,
+            "n_residual_layers": s.n_residual_layers, "activation": s.activation, "compress": s.compress,
+            "dilation_base": s.dilation_base, "disable_norm_outer_blocks": s.disable_norm_outer_blocks,
+            "kernel_size": s.kernel_size, "residual_kernel_size": s.residual_kernel_size,
+            "last_kernel_size": s.last_kernel_size, "norm": s.norm, "pad_mode": s.pad_mode,
+            "ratios": s.ratios, "true_skip": s.true_skip,
+        },
+        "quantizer": {
+            "dimension": q.dimension, "n_q": q.n_q, "bins": q.bins,
+            "input_dimension": q.input_dimension, "output_dimension": q.output_dimension,
+        },
+        "transformer": {
+            "d_model": t.d_model, "num_heads": t.num_heads, "num_layers": t.num_layers, "causal": t.causal,
+            "layer_scale": t.layer_scale, "context": t.context, "conv_layout": t.conv_layout,
+            "max_period": t.max_period, "gating": t.gating.name(), "norm": t.norm.name(),
+            "positional_embedding": t.positional_embedding.name(), "dim_feedforward": t.dim_feedforward,
+            "input_dimension": t.input_dimension, "output_dimensions": t.output_dimensions,
+        },
+    });
+    serde_json::to_string_pretty(&m).expect("serialisable")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::names::Layout;
+    use crate::checkpoint::Bundle;
+    use crate::weights::Quant;
+
+    fn tiny() -> (LmConfig, MimiConfig) {
+        let mut lm = LmConfig::moshiko_v0_1();
+        lm.dim = 64;
+        lm.num_heads = 4;
+        lm.num_layers = 2;
+        lm.text_card = 100;
+        lm.text_card_out = 100;
+        lm.card = 64;
+        lm.context = Some(10);
+        lm.depformer_dim = 64;
+        lm.depformer_num_heads = 4;
+        lm.depformer_num_layers = 1;
+        lm.depformer_dim_feedforward = (4.125 * 64.0) as usize;
+        let mut mimi = MimiConfig::v0_1();
+        mimi.seanet.dimension = 32;
+        mimi.seanet.n_filters = 4;
+        mimi.transformer.d_model = 32;
+        mimi.transformer.input_dimension = 32;
+        mimi.transformer.output_dimensions = vec![32];
+        mimi.transformer.num_heads = 4;
+        mimi.transformer.num_layers = 1;
+        mimi.transformer.dim_feedforward = 64;
+        mimi.quantizer.dimension = 16;
+        mimi.quantizer.n_q = 8;
+        mimi.quantizer.bins = 64;
+        mimi.quantizer.input_dimension = 32;
+        mimi.quantizer.output_dimension = 32;
+        (lm, mimi)
+    }
+
+    #[test]
+    fn every_format_roundtrips_through_bundle() {
+        let (lm, mimi) = tiny();
+        let root = std::env::temp_dir().join(format!("moshi-synth-test-{}", std::process::id()));
+        for (fmt, layout) in [
+            (SynthFormat::Bf16, Layout::PytorchLegacy),
+            (SynthFormat::CandleBf16, Layout::Candle),
+            (SynthFormat::Q8Gguf, Layout::Candle),
+            (SynthFormat::MlxQ4, Layout::Mlx),
+            (SynthFormat::MlxQ8, Layout::Mlx),
+        ] {
+            let dir = root.join(format!("{fmt:?}"));
+            let rep = write_bundle(&dir, fmt, &lm, &mimi, 7).unwrap();
+            assert_eq!(
+                std::fs::metadata(&rep.lm.0).unwrap().len(),
+                rep.lm.1,
+                "{fmt:?}"
+            );
+            let b = Bundle::open(&dir).unwrap();
+            assert_eq!(b.config.lm, lm);
+            assert_eq!(b.mimi_config, mimi);
+            let w = b.lm_weights().unwrap_or_else(|e| panic!("{fmt:?}: {e}"));
+            assert_eq!(w.layout(), layout);
+            let q = w
+                .quant("transformer.layers.1.gating.linear_in.weight")
+                .unwrap();
+            let expect = match fmt {
+                SynthFormat::Bf16 | SynthFormat::CandleBf16 => "bf16",
+                SynthFormat::Q8Gguf => "q8_0",
+                SynthFormat::MlxQ4 => "mlx-q4-g32",
+                SynthFormat::MlxQ8 => "mlx-q8-g64",
+            };
+            assert_eq!(q.name(), expect);
+            // Values have the intended scale: std ~ 1/sqrt(fan_in) for a linear.
+            let (v, _) = w
+                .f32("transformer.layers.0.self_attn.in_proj_weight")
+                .unwrap();
+            let std = (v.iter().map(|x| x * x).sum::<f32>() / v.len() as f32).sqrt();
+            assert!((std - 0.125).abs() < 0.02, "{fmt:?} std {std}");
+            b.mimi_weights().unwrap();
+            if let Quant::Mlx { .. } = q {
+                w.matrix("text_emb.weight").unwrap();
+            }
+            let spm = crate::text::SentencePiece::load(&b.files.tokenizer).unwrap();
+            let _ = spm;
+        }
+        std::fs::remove_dir_all(&root).ok();
+    }
+
+    #[test]
+    fn moshiko_outputs_match_released_counts() {
+        // candle bf16: 8 slices x 6 layers x (in/out proj + 2 norms + 2 gating) + per-slice 3.
+        let outs = lm_outputs(&LmConfig::moshiko_v0_1(), SynthFormat::CandleBf16);
+        let dep: Vec<_> = outs
+            .iter()
+            .filter(|o| o.name.starts_with("depformer."))
+            .collect();
+        assert_eq!(dep.len(), 8 * (6 * 6 + 3));
+        let outs = lm_outputs(&LmConfig::moshiko_v0_1(), SynthFormat::MlxQ4);
+        let t: Vec<_> = outs.iter().flat_map(expand).collect();
+        let w = t
+            .iter()
+            .find(|x| x.0 == "transformer.layers.0.self_attn.in_proj.weight")
+            .unwrap();
+        assert_eq!(w.2, vec![12288, 512]);
+        let s = t
+            .iter()
+            .find(|x| x.0 == "transformer.layers.0.self_attn.in_proj.scales")
+            .unwrap();
+        assert_eq!(s.2, vec![12288, 128]);
+        let e = t.iter().find(|x| x.0 == "text_emb.weight").unwrap();
+        assert_eq!(e.2, vec![32001, 512]);
+        let outs = lm_outputs(&LmConfig::moshiko_v0_1(), SynthFormat::Bf16);
+        let bytes: usize = outs.iter().flat_map(expand).map(|x| x.3).sum();
+        assert_eq!(bytes, 2 * 7_687_729_152);
+    }
+}
