@@ -221,6 +221,26 @@ def link(name: str, target: str):
     os.symlink(target, p)
 
 
+def check_delay_semantics(tr, codes, ft, fa, kw):
+    """Independent statement of LMGen's stream alignment (architecture §2.6), checked on the forced trace:
+    step t feeds text T(t-1), Moshi semantic S(t-1), Moshi acoustic A(t-1) (initial token if t <= 1 for
+    the delayed streams, t == 0 for the others), user semantic U(t), user acoustic U(t-1); step t >= 1
+    returns (T(t-1), S(t-1), A(t)); step 0 returns None."""
+    inp = tr["input_tokens"]
+    S = inp.shape[0]
+    tc, ac = kw["text_card"], kw["card"]
+    for t in range(S):
+        exp = [tc if t == 0 else int(ft[t - 1])]
+        exp += [ac if t == 0 else int(fa[t - 1, 0])]
+        exp += [ac if t <= 1 else int(fa[t - 1, k]) for k in range(1, 8)]
+        exp += [ac if t == 0 else int(codes[0, t])]
+        exp += [ac if t <= 1 else int(codes[k, t - 1]) for k in range(1, 8)]
+        assert inp[t].tolist() == exp, (t, inp[t].tolist(), exp)
+    for i, t in enumerate(range(1, S)):
+        assert int(tr["out_text"][i]) == int(ft[t - 1])
+        assert tr["out_audio"][:, i].tolist() == [int(fa[t - 1, 0])] + [int(fa[t, k]) for k in range(1, 8)]
+
+
 def check_checkpoint_info(kw, model):
     """The bundle loads through CheckpointInfo (the server's path) to the same weights and Mimi."""
     info = loaders.CheckpointInfo.from_hf_repo(
@@ -268,6 +288,7 @@ def main(search: bool = False):
     ft[rng.random(N_STEPS) < 0.3] = 3   # some PAD tokens, as in real runs
     fa = rng.integers(0, kw["card"], size=(N_STEPS, kw["dep_q"]))
     forced = run_lmgen(m_legacy, codes, ft, fa)
+    check_delay_semantics(forced, codes, ft, fa, kw)
     forced["forced_text"] = torch.from_numpy(ft).to(torch.int64)
     forced["forced_audio"] = torch.from_numpy(fa.T.copy()).to(torch.int64)  # [8, S]
     stats = {
