@@ -2,9 +2,10 @@
 //!
 //! This crate knows no threads or sockets.
 pub mod sampling;
-pub mod mimi;
 pub mod text;
+pub mod mimi;
 pub mod checkpoint;
 pub mod config;
 pub mod schema;
 pub mod weights;
+pub mod lm;

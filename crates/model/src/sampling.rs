@@ -590,7 +590,7 @@ mod tests {
         s.record_text(3); // PAD: skipped
         s.record_text(0); // EPAD: skipped
         s.record_text(8); // start token: skipped
-        // History (context 2) = {5, 6}: 5 -> 0.5, 6 -> 0.45, 7 stays 0.6.
+                          // History (context 2) = {5, 6}: 5 -> 0.5, 6 -> 0.45, 7 stays 0.6.
         assert_eq!(s.sample_text(&logits).unwrap(), 7);
         s.record_text(7);
         // History = {6, 7}: 5 is free again.
@@ -626,11 +626,13 @@ mod tests {
         let mut c = SamplerConfig::default();
         c.text.temperature = f32::NAN;
         assert!(Sampler::new(c, 4, 4).is_err());
-        let mut c = SamplerConfig::default();
-        c.repetition_penalty = Some(RepetitionPenalty {
-            penalty: 0.0,
-            context: 4,
-        });
+        let c = SamplerConfig {
+            repetition_penalty: Some(RepetitionPenalty {
+                penalty: 0.0,
+                context: 4,
+            }),
+            ..SamplerConfig::default()
+        };
         assert_eq!(
             Sampler::new(c, 4, 4).unwrap_err(),
             SamplingError::BadPenalty(0.0)

@@ -1,0 +1,290 @@
+//! The streaming generator: Python `LMGen` (`moshi/models/lm.py`, `moshi` 0.2.13) for batch 1.
+//!
+//! State: a token cache of `K = 1 + n_q` streams × `CT = max_delay + 2` slots filled with −2
+//! ("ungenerated"), an offset starting at 0, and the initial tokens (`text_card` for text, `card`
+//! for audio). One call of [`LmGen::step`] with the user's codes:
+//!
+//! 1. writes user code `i` (stream `k = 1 + dep_q + i`) at slot `(offset + delay_k) mod CT`;
+//! 2. gathers the input column: stream `k` reads slot `offset mod CT`, replaced by the initial
+//!    token when `offset <= delay_k` (so at call 0 every stream is initial and the user codes of
+//!    call 0 are never seen by the model);
+//! 3. runs the temporal transformer and samples the text token;
+//! 4. runs the Depformer for `dep_q` codebooks;
+//! 5. `offset += 1`, writes text and audio tokens at slot `offset mod CT`;
+//! 6. returns nothing while `offset <= max_delay`, else stream `k ∈ 0..=dep_q` read at slot
+//!    `(offset − max_delay + delay_k) mod CT`: text and semantic sampled at the previous call,
+//!    acoustic codebooks sampled at this call.
+
+use kernels::Pool;
+
+use super::model::{LmModel, LmState};
+use super::spec::LmSpec;
+use super::{KvDtype, LmError};
+use crate::sampling::Sampler;
+
+/// Largest number of generated audio codebooks an [`LmFrame`] can hold.
+pub const MAX_AUDIO_CODEBOOKS: usize = 16;
+
+/// One frame returned by the generator: the text token and `dep_q` audio codes (Mimi codebooks
+/// in order), already un-delayed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LmFrame {
+    /// Text token (inner monologue), time-aligned with the audio frame.
+    pub text: u32,
+    codes: [u32; MAX_AUDIO_CODEBOOKS],
+    n: usize,
+}
+
+impl LmFrame {
+    /// The audio codes (length `dep_q`, 8 for Moshi).
+    pub fn audio(&self) -> &[u32] {
+        &self.codes[..self.n]
+    }
+}
+
+/// Per-call overrides.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StepOptions<'a> {
+    /// Use this text token instead of sampling one (text prompts; teacher forcing). It is fed to
+    /// the Depformer and stored in the text stream like a sampled token.
+    pub force_text: Option<u32>,
+    /// Use these `dep_q` audio tokens instead of sampling (teacher forcing). The Depformer still
+    /// runs with them as its inputs, so its logits stay observable.
+    pub force_audio: Option<&'a [u32]>,
+}
+
+/// Observation hooks called during a step (tracing). Every method has an empty default; with
+/// [`NoObserver`] the calls compile to nothing.
+pub trait LmObserver {
+    /// The token column fed to the temporal transformer (length `1 + n_q`).
+    fn input_tokens(&mut self, _tokens: &[i64]) {}
+    /// Normalised temporal output (length `dim`).
+    fn transformer_out(&mut self, _x: &[f32]) {}
+    /// Text logits (length `text_card`).
+    fn text_logits(&mut self, _logits: &[f32]) {}
+    /// Logits of Depformer step `k` (length `card`).
+    fn depformer_logits(&mut self, _k: usize, _logits: &[f32]) {}
+}
+
+/// The observer that observes nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoObserver;
+
+impl LmObserver for NoObserver {}
+
+/// The streaming generator of one session (batch 1).
+#[derive(Debug)]
+pub struct LmGen {
+    spec: LmSpec,
+    state: LmState,
+    /// `[K][CT]` token cache.
+    cache: Vec<i64>,
+    ct: usize,
+    offset: usize,
+    initial: Vec<i64>,
+    input: Vec<i64>,
+}
+
+/// The value the token cache is filled with (Python `ungenerated_token_id`).
+const UNGENERATED: i64 = -2;
+
+impl LmGen {
+    /// A fresh generator for `model` with temporal KV caches stored as `kv_dtype`.
+    pub fn new(model: &LmModel, kv_dtype: KvDtype) -> Result<Self, LmError> {
+        let spec = model.spec().clone();
+        if spec.dep_q > MAX_AUDIO_CODEBOOKS || spec.n_user() > MAX_AUDIO_CODEBOOKS {
+            return Err(LmError::Config(format!(
+                "dep_q = {} / user codebooks = {} above {MAX_AUDIO_CODEBOOKS}",
+                spec.dep_q,
+                spec.n_user()
+            )));
+        }
+        let k = spec.num_streams();
+        let ct = spec.max_delay() + 2;
+        let mut initial = vec![spec.card as i64; k];
+        initial[0] = spec.text_card as i64;
+        Ok(LmGen {
+            state: model.new_state(kv_dtype)?,
+            cache: vec![UNGENERATED; k * ct],
+            ct,
+            offset: 0,
+            initial,
+            input: vec![0; k],
+            spec,
+        })
+    }
+
+    /// Back to the fresh state: offset 0, cache filled with −2, empty KV caches. Allocates nothing.
+    /// (The sampler is separate: call [`Sampler::reset`] too for a reproducible restart.)
+    pub fn reset(&mut self) {
+        self.cache.fill(UNGENERATED);
+        self.offset = 0;
+        self.state.reset();
+    }
+
+    /// Number of calls since creation or reset.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// The model state (last logits, transformer output, position).
+    pub fn state(&self) -> &LmState {
+        &self.state
+    }
+
+    /// One call with the user's Mimi codes (at least `n_q - dep_q` = 8; extra ones are ignored as
+    /// in Python), sampling with `sampler`. Returns `None` for the first `max_delay` calls.
+    pub fn step(
+        &mut self,
+        model: &LmModel,
+        user_codes: &[u32],
+        sampler: &mut Sampler,
+        pool: &Pool,
+    ) -> Result<Option<LmFrame>, LmError> {
+        let n = self.spec.n_user();
+        if user_codes.len() < n {
+            return Err(LmError::Length {
+                what: "user codes",
+                expected: n,
+                got: user_codes.len(),
+            });
+        }
+        // `new` checked n <= MAX_AUDIO_CODEBOOKS.
+        let mut codes = [0i64; MAX_AUDIO_CODEBOOKS];
+        for (c, &u) in codes.iter_mut().zip(&user_codes[..n]) {
+            *c = u as i64;
+        }
+        self.step_with(
+            model,
+            &codes[..n],
+            sampler,
+            pool,
+            &StepOptions::default(),
+            &mut NoObserver,
+        )
+    }
+
+    /// One call with full control: user codes as i64 (−1 = "no input", embedded as zeros; `card`
+    /// = the initial token), per-call overrides and an observer.
+    pub fn step_with<O: LmObserver>(
+        &mut self,
+        model: &LmModel,
+        user_codes: &[i64],
+        sampler: &mut Sampler,
+        pool: &Pool,
+        opts: &StepOptions<'_>,
+        obs: &mut O,
+    ) -> Result<Option<LmFrame>, LmError> {
+        let s = &self.spec;
+        let (dep_q, n_user, ct) = (s.dep_q, s.n_user(), self.ct);
+        if model.spec() != s {
+            return Err(LmError::Config("model and generator sizes differ".into()));
+        }
+        if user_codes.len() < n_user {
+            return Err(LmError::Length {
+                what: "user codes",
+                expected: n_user,
+                got: user_codes.len(),
+            });
+        }
+        // Validate before mutating anything.
+        for (i, &c) in user_codes[..n_user].iter().enumerate() {
+            if !(-1..=s.card as i64).contains(&c) {
+                return Err(LmError::Token {
+                    stream: 1 + dep_q + i,
+                    token: c,
+                    max: s.card as i64,
+                });
+            }
+        }
+        if let Some(t) = opts.force_text {
+            if t as usize > s.text_card {
+                return Err(LmError::Token {
+                    stream: 0,
+                    token: t as i64,
+                    max: s.text_card as i64,
+                });
+            }
+        }
+        if let Some(a) = opts.force_audio {
+            if a.len() != dep_q {
+                return Err(LmError::Length {
+                    what: "forced audio tokens",
+                    expected: dep_q,
+                    got: a.len(),
+                });
+            }
+            if let Some((i, &t)) = a.iter().enumerate().find(|(_, &t)| t as usize > s.card) {
+                return Err(LmError::Token {
+                    stream: 1 + i,
+                    token: t as i64,
+                    max: s.card as i64,
+                });
+            }
+        }
+
+        // 1. user codes into the cache at their delayed slots.
+        for (i, &c) in user_codes[..n_user].iter().enumerate() {
+            let k = 1 + dep_q + i;
+            self.cache[k * ct + (self.offset + s.delays[k]) % ct] = c;
+        }
+        // 2. gather the input column.
+        for k in 0..s.num_streams() {
+            self.input[k] = if self.offset <= s.delays[k] {
+                self.initial[k]
+            } else {
+                self.cache[k * ct + self.offset % ct]
+            };
+        }
+        obs.input_tokens(&self.input);
+
+        // 3. temporal transformer + text token.
+        model.forward_temporal(&mut self.state, &self.input, pool)?;
+        obs.transformer_out(self.state.transformer_out());
+        obs.text_logits(self.state.text_logits());
+        let text = match opts.force_text {
+            Some(t) => t,
+            None => sampler.sample_text(self.state.text_logits())?,
+        };
+        sampler.record_text(text);
+
+        // 4. Depformer.
+        let mut audio = [0u32; MAX_AUDIO_CODEBOOKS];
+        let mut prev = text as i64;
+        for k in 0..dep_q {
+            let logits = model.depformer_step(&mut self.state, k, prev, pool)?;
+            obs.depformer_logits(k, logits);
+            let tok = match opts.force_audio {
+                Some(a) => a[k],
+                None => sampler.sample_audio(logits)?,
+            };
+            audio[k] = tok;
+            prev = tok as i64;
+        }
+
+        // 5. advance and store this call's tokens.
+        self.offset += 1;
+        let slot = self.offset % ct;
+        self.cache[slot] = text as i64;
+        for (k, &a) in audio[..dep_q].iter().enumerate() {
+            self.cache[(1 + k) * ct + slot] = a as i64;
+        }
+
+        // 6. output rule.
+        let max_delay = s.max_delay();
+        if self.offset <= max_delay {
+            return Ok(None);
+        }
+        let base = self.offset - max_delay;
+        let read = |k: usize| self.cache[k * ct + (base + s.delays[k]) % ct];
+        let mut frame = LmFrame {
+            text: read(0) as u32,
+            codes: [0; MAX_AUDIO_CODEBOOKS],
+            n: dep_q,
+        };
+        for k in 0..dep_q {
+            frame.codes[k] = read(1 + k) as u32;
+        }
+        Ok(Some(frame))
+    }
+}

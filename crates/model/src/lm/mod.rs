@@ -1,0 +1,78 @@
+//! The Moshi language model: temporal transformer, Depformer and the streaming generator
+//! ([`LmGen`], the state machine of Python `moshi.models.lm.LMGen`, `moshi` 0.2.13).
+//!
+//! * [`LmModel`] holds the weights (any format [`kernels::Matrix`] supports) and computes one
+//!   temporal step ([`LmModel::forward_temporal`]) and one Depformer step
+//!   ([`LmModel::depformer_step`]) into a per-session [`LmState`] (KV caches and buffers,
+//!   preallocated).
+//! * [`LmGen`] owns an [`LmState`] plus the delayed token cache and turns user codes into Moshi's
+//!   (text, audio) frames exactly as Python `LMGen.step` does.
+//! * Sampling lives in [`crate::sampling`]. Matrix products run on a caller-provided
+//!   [`kernels::Pool`]; this module owns no threads.
+//!
+//! Nothing in a step allocates once the state has been created.
+
+mod gen;
+mod model;
+mod source;
+mod spec;
+
+pub use gen::{LmFrame, LmGen, LmObserver, NoObserver, StepOptions, MAX_AUDIO_CODEBOOKS};
+pub use kernels::attention::KvDtype;
+pub use model::{LmModel, LmState};
+pub use source::{SyntheticSource, TensorSource};
+pub use spec::LmSpec;
+
+use crate::checkpoint::CheckpointError;
+use crate::sampling::SamplingError;
+
+/// Errors of the LM: loading (missing or mis-shaped tensors, unsupported configuration) and
+/// stepping (tokens out of range).
+#[derive(Debug, thiserror::Error)]
+pub enum LmError {
+    /// The checkpoint layer failed.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// A kernel constructor failed.
+    #[error(transparent)]
+    Kernel(#[from] kernels::KernelError),
+    /// Sampling failed.
+    #[error(transparent)]
+    Sampling(#[from] SamplingError),
+    /// A tensor has the wrong shape.
+    #[error("tensor {name}: expected shape {expected:?}, got {got:?}")]
+    Shape {
+        /// Canonical tensor name.
+        name: String,
+        /// Expected shape.
+        expected: Vec<usize>,
+        /// Shape found.
+        got: Vec<usize>,
+    },
+    /// The configuration is not one this engine runs.
+    #[error("unsupported LM configuration: {0}")]
+    Config(String),
+    /// A token fed to the model is outside its embedding table.
+    #[error("stream {stream}: token {token} outside [-1, {max}]")]
+    Token {
+        /// Stream index (0 = text, 1.. = audio).
+        stream: usize,
+        /// The token.
+        token: i64,
+        /// Largest valid id.
+        max: i64,
+    },
+    /// A slice argument has the wrong length.
+    #[error("{what}: expected length {expected}, got {got}")]
+    Length {
+        /// What was passed.
+        what: &'static str,
+        /// Expected length.
+        expected: usize,
+        /// Given length.
+        got: usize,
+    },
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

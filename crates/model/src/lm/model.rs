@@ -1,0 +1,418 @@
+//! LM weights and the two forward passes (temporal step, Depformer step).
+
+use kernels::attention::{KvDtype, KvRing};
+use kernels::{ops, Matrix, Pool};
+
+use super::source::TensorSource;
+use super::spec::LmSpec;
+use super::LmError;
+use crate::config::LmConfig;
+use crate::weights::Weights;
+
+/// One temporal transformer layer.
+#[derive(Debug)]
+struct TemporalLayer {
+    norm1: Vec<f32>,
+    norm2: Vec<f32>,
+    /// Fused Q, K, V projection `[3·dim, dim]`.
+    in_proj: Matrix,
+    out_proj: Matrix,
+    /// Gated FFN input `[2·hidden, dim]` (first half: gate through SiLU, second half: value).
+    lin_in: Matrix,
+    lin_out: Matrix,
+}
+
+/// Per-step weights of one Depformer layer.
+#[derive(Debug)]
+struct DepStepWeights {
+    in_proj: Matrix,
+    out_proj: Matrix,
+    lin_in: Matrix,
+    lin_out: Matrix,
+}
+
+/// One Depformer layer: shared norms, per-step projections.
+#[derive(Debug)]
+struct DepLayer {
+    norm1: Vec<f32>,
+    norm2: Vec<f32>,
+    steps: Vec<DepStepWeights>,
+}
+
+/// The Moshi LM weights (immutable; share one between sessions behind an `Arc`).
+#[derive(Debug)]
+pub struct LmModel {
+    spec: LmSpec,
+    text_emb: Matrix,
+    emb: Vec<Matrix>,
+    layers: Vec<TemporalLayer>,
+    out_norm: Vec<f32>,
+    text_linear: Matrix,
+    dep_in: Vec<Matrix>,
+    dep_text_emb: Matrix,
+    dep_emb: Vec<Matrix>,
+    dep_layers: Vec<DepLayer>,
+    linears: Vec<Matrix>,
+}
+
+/// Per-session LM state: temporal and Depformer KV caches plus every work buffer, all allocated
+/// by [`LmModel::new_state`]. A step allocates nothing.
+#[derive(Debug)]
+pub struct LmState {
+    kv: Vec<KvRing>,
+    dep_kv: Vec<KvRing>,
+    pos: usize,
+    dep_next: usize,
+    x: Vec<f32>,
+    h: Vec<f32>,
+    qkv: Vec<f32>,
+    attn: Vec<f32>,
+    tmp: Vec<f32>,
+    g: Vec<f32>,
+    u: Vec<f32>,
+    row: Vec<f32>,
+    tout: Vec<f32>,
+    text_logits: Vec<f32>,
+    dx: Vec<f32>,
+    dh: Vec<f32>,
+    dqkv: Vec<f32>,
+    dattn: Vec<f32>,
+    dtmp: Vec<f32>,
+    dg: Vec<f32>,
+    du: Vec<f32>,
+    drow: Vec<f32>,
+    dep_logits: Vec<f32>,
+}
+
+impl LmState {
+    /// Number of temporal steps run since creation or [`LmState::reset`] (the next RoPE position).
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// Normalised temporal output of the last step (`transformer_out`, input of the text head and
+    /// of the Depformer).
+    pub fn transformer_out(&self) -> &[f32] {
+        &self.tout
+    }
+
+    /// Text logits of the last temporal step.
+    pub fn text_logits(&self) -> &[f32] {
+        &self.text_logits
+    }
+
+    /// Logits of the last Depformer step.
+    pub fn depformer_logits(&self) -> &[f32] {
+        &self.dep_logits
+    }
+
+    /// Back to position 0 with empty caches (no deallocation).
+    pub fn reset(&mut self) {
+        for r in &mut self.kv {
+            r.reset();
+        }
+        for r in &mut self.dep_kv {
+            r.reset();
+        }
+        self.pos = 0;
+        self.dep_next = 0;
+    }
+}
+
+fn add_embedding(
+    table: &Matrix,
+    token: i64,
+    stream: usize,
+    acc: &mut [f32],
+    row: &mut [f32],
+) -> Result<(), LmError> {
+    // Python `ScaledEmbedding`: -1 gives an exact zero vector; other negative ids are clamped to 0
+    // (LMGen never feeds them); ids past the table are an error.
+    if token == -1 {
+        return Ok(());
+    }
+    let max = table.rows() as i64 - 1;
+    if token > max {
+        return Err(LmError::Token { stream, token, max });
+    }
+    table.row_f32(token.max(0) as usize, row);
+    ops::add(acc, row);
+    Ok(())
+}
+
+/// `u = silu(g[..h]) * g[h..]`.
+fn gate(g: &[f32], u: &mut [f32]) {
+    let (a, b) = g.split_at(u.len());
+    for ((o, &a), &b) in u.iter_mut().zip(a).zip(b) {
+        *o = a / (1.0 + (-a).exp()) * b;
+    }
+}
+
+fn ensure_len(what: &'static str, expected: usize, got: usize) -> Result<(), LmError> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(LmError::Length {
+            what,
+            expected,
+            got,
+        })
+    }
+}
+
+impl LmModel {
+    /// Load from a checkpoint (any format the checkpoint layer maps to canonical names) with the
+    /// sizes of `cfg`.
+    pub fn load(weights: &Weights, cfg: &LmConfig) -> Result<Self, LmError> {
+        Self::from_source(weights, LmSpec::from_config(cfg)?)
+    }
+
+    /// Load every tensor from `src` (canonical names, legacy attention layout) for `spec`.
+    pub fn from_source<S: TensorSource + ?Sized>(src: &S, spec: LmSpec) -> Result<Self, LmError> {
+        let d = spec.dim;
+        let dd = spec.dep_dim;
+        let text_emb = src.matrix("text_emb.weight", spec.text_card + 1, d)?;
+        let emb = (0..spec.n_q)
+            .map(|i| src.matrix(&format!("emb.{i}.weight"), spec.card + 1, d))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut layers = Vec::with_capacity(spec.num_layers);
+        for l in 0..spec.num_layers {
+            let p = format!("transformer.layers.{l}");
+            layers.push(TemporalLayer {
+                norm1: src.vector(&format!("{p}.norm1.alpha"), d)?,
+                norm2: src.vector(&format!("{p}.norm2.alpha"), d)?,
+                in_proj: src.matrix(&format!("{p}.self_attn.in_proj_weight"), 3 * d, d)?,
+                out_proj: src.matrix(&format!("{p}.self_attn.out_proj.weight"), d, d)?,
+                lin_in: src.matrix(&format!("{p}.gating.linear_in.weight"), 2 * spec.hidden, d)?,
+                lin_out: src.matrix(&format!("{p}.gating.linear_out.weight"), d, spec.hidden)?,
+            });
+        }
+        let out_norm = src.vector("out_norm.alpha", d)?;
+        let text_linear = src.matrix("text_linear.weight", spec.text_card, d)?;
+        let k = spec.dep_q;
+        let dep_in = (0..k)
+            .map(|i| src.matrix(&format!("depformer_in.{i}.weight"), dd, d))
+            .collect::<Result<Vec<_>, _>>()?;
+        let dep_text_emb = src.matrix("depformer_text_emb.weight", spec.text_card + 1, dd)?;
+        let dep_emb = (0..k.saturating_sub(1))
+            .map(|i| src.matrix(&format!("depformer_emb.{i}.weight"), spec.card + 1, dd))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut dep_layers = Vec::with_capacity(spec.dep_layers);
+        for j in 0..spec.dep_layers {
+            let p = format!("depformer.layers.{j}");
+            let in_name = format!("{p}.self_attn.in_proj_weight");
+            let out_name = format!("{p}.self_attn.out_proj.weight");
+            let mut steps = Vec::with_capacity(k);
+            for s in 0..k {
+                steps.push(DepStepWeights {
+                    in_proj: src.matrix_rows(&in_name, k * 3 * dd, dd, s * 3 * dd, 3 * dd)?,
+                    out_proj: src.matrix_rows(&out_name, k * dd, dd, s * dd, dd)?,
+                    lin_in: src.matrix(
+                        &format!("{p}.gating.{s}.linear_in.weight"),
+                        2 * spec.dep_hidden,
+                        dd,
+                    )?,
+                    lin_out: src.matrix(
+                        &format!("{p}.gating.{s}.linear_out.weight"),
+                        dd,
+                        spec.dep_hidden,
+                    )?,
+                });
+            }
+            dep_layers.push(DepLayer {
+                norm1: src.vector(&format!("{p}.norm1.alpha"), dd)?,
+                norm2: src.vector(&format!("{p}.norm2.alpha"), dd)?,
+                steps,
+            });
+        }
+        let linears = (0..k)
+            .map(|i| src.matrix(&format!("linears.{i}.weight"), spec.card, dd))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(LmModel {
+            spec,
+            text_emb,
+            emb,
+            layers,
+            out_norm,
+            text_linear,
+            dep_in,
+            dep_text_emb,
+            dep_emb,
+            dep_layers,
+            linears,
+        })
+    }
+
+    /// Sizes and token conventions.
+    pub fn spec(&self) -> &LmSpec {
+        &self.spec
+    }
+
+    /// Bytes of matrix weights streamed per frame (temporal layers, text head, 8 Depformer steps).
+    pub fn streamed_weight_bytes(&self) -> usize {
+        let mut b = self.text_linear.weight_bytes();
+        for l in &self.layers {
+            b += l.in_proj.weight_bytes()
+                + l.out_proj.weight_bytes()
+                + l.lin_in.weight_bytes()
+                + l.lin_out.weight_bytes();
+        }
+        for m in self.dep_in.iter().chain(&self.linears) {
+            b += m.weight_bytes();
+        }
+        for l in &self.dep_layers {
+            for s in &l.steps {
+                b += s.in_proj.weight_bytes()
+                    + s.out_proj.weight_bytes()
+                    + s.lin_in.weight_bytes()
+                    + s.lin_out.weight_bytes();
+            }
+        }
+        b
+    }
+
+    /// A fresh per-session state with temporal KV caches of `context` steps stored as `kv_dtype`
+    /// (f32 for parity, bf16 halves the memory).
+    pub fn new_state(&self, kv_dtype: KvDtype) -> Result<LmState, LmError> {
+        let s = &self.spec;
+        let kv = (0..s.num_layers)
+            .map(|_| KvRing::new(s.context, s.num_heads, s.head_dim, kv_dtype))
+            .collect::<Result<Vec<_>, _>>()?;
+        let dep_kv = (0..s.dep_layers)
+            .map(|_| KvRing::new(s.dep_q, s.dep_heads, s.dep_head_dim, KvDtype::F32))
+            .collect::<Result<Vec<_>, _>>()?;
+        let (d, dd) = (s.dim, s.dep_dim);
+        Ok(LmState {
+            kv,
+            dep_kv,
+            pos: 0,
+            dep_next: 0,
+            x: vec![0.0; d],
+            h: vec![0.0; d],
+            qkv: vec![0.0; 3 * d],
+            attn: vec![0.0; d],
+            tmp: vec![0.0; d],
+            g: vec![0.0; 2 * s.hidden],
+            u: vec![0.0; s.hidden],
+            row: vec![0.0; d],
+            tout: vec![0.0; d],
+            text_logits: vec![0.0; s.text_card],
+            dx: vec![0.0; dd],
+            dh: vec![0.0; dd],
+            dqkv: vec![0.0; 3 * dd],
+            dattn: vec![0.0; dd],
+            dtmp: vec![0.0; dd],
+            dg: vec![0.0; 2 * s.dep_hidden],
+            du: vec![0.0; s.dep_hidden],
+            drow: vec![0.0; dd],
+            dep_logits: vec![0.0; s.card],
+        })
+    }
+
+    /// One temporal step on the 17-token column `tokens` (text, Moshi audio, user audio):
+    /// embedding sum, transformer layers at the state's position, out norm, text head. Results
+    /// are in [`LmState::transformer_out`] and [`LmState::text_logits`]; the position advances.
+    pub fn forward_temporal(
+        &self,
+        st: &mut LmState,
+        tokens: &[i64],
+        pool: &Pool,
+    ) -> Result<(), LmError> {
+        let s = &self.spec;
+        ensure_len("input tokens", s.num_streams(), tokens.len())?;
+        // Validate everything before touching the state.
+        for (i, &t) in tokens.iter().enumerate() {
+            let max = if i == 0 { s.text_card } else { s.card } as i64;
+            if t > max {
+                return Err(LmError::Token {
+                    stream: i,
+                    token: t,
+                    max,
+                });
+            }
+        }
+        // Embedding sum in Python order: audio tables 0..n_q, then text.
+        st.x.fill(0.0);
+        for (i, table) in self.emb.iter().enumerate() {
+            add_embedding(table, tokens[1 + i], 1 + i, &mut st.x, &mut st.row)?;
+        }
+        add_embedding(&self.text_emb, tokens[0], 0, &mut st.x, &mut st.row)?;
+
+        let d = s.dim;
+        for (layer, kv) in self.layers.iter().zip(st.kv.iter_mut()) {
+            ops::rms_norm(&st.x, &layer.norm1, s.eps, &mut st.h);
+            pool.matvec(&layer.in_proj, &st.h, &mut st.qkv);
+            let (q, kvp) = st.qkv.split_at_mut(d);
+            let (k, v) = kvp.split_at_mut(d);
+            ops::rope_interleaved(q, s.num_heads, s.head_dim, st.pos, s.max_period);
+            ops::rope_interleaved(k, s.num_heads, s.head_dim, st.pos, s.max_period);
+            kv.push(k, v);
+            kv.attend(q, &mut st.attn, s.context);
+            pool.matvec(&layer.out_proj, &st.attn, &mut st.tmp);
+            ops::add(&mut st.x, &st.tmp);
+
+            ops::rms_norm(&st.x, &layer.norm2, s.eps, &mut st.h);
+            pool.matvec(&layer.lin_in, &st.h, &mut st.g);
+            gate(&st.g, &mut st.u);
+            pool.matvec(&layer.lin_out, &st.u, &mut st.tmp);
+            ops::add(&mut st.x, &st.tmp);
+        }
+        ops::rms_norm(&st.x, &self.out_norm, s.eps, &mut st.tout);
+        pool.matvec(&self.text_linear, &st.tout, &mut st.text_logits);
+        st.pos += 1;
+        st.dep_next = 0;
+        Ok(())
+    }
+
+    /// Depformer step `k` (0..dep_q, in order after a temporal step) with `prev_token` = the text
+    /// token of this frame for `k = 0`, else the audio token of step `k - 1`. Step 0 starts a fresh
+    /// Depformer cache. Returns the codebook-`k` logits (also in [`LmState::depformer_logits`]).
+    pub fn depformer_step<'s>(
+        &self,
+        st: &'s mut LmState,
+        k: usize,
+        prev_token: i64,
+        pool: &Pool,
+    ) -> Result<&'s [f32], LmError> {
+        let s = &self.spec;
+        if k >= s.dep_q || (k != 0 && k != st.dep_next) {
+            return Err(LmError::Config(format!(
+                "depformer step {k} out of order (expected {})",
+                st.dep_next
+            )));
+        }
+        if k == 0 {
+            for r in &mut st.dep_kv {
+                r.reset();
+            }
+        }
+        pool.matvec(&self.dep_in[k], &st.tout, &mut st.dx);
+        let table = if k == 0 {
+            &self.dep_text_emb
+        } else {
+            &self.dep_emb[k - 1]
+        };
+        add_embedding(table, prev_token, k, &mut st.dx, &mut st.drow)?;
+        let dd = s.dep_dim;
+        for (layer, kv) in self.dep_layers.iter().zip(st.dep_kv.iter_mut()) {
+            let w = &layer.steps[k];
+            ops::rms_norm(&st.dx, &layer.norm1, s.eps, &mut st.dh);
+            pool.matvec(&w.in_proj, &st.dh, &mut st.dqkv);
+            let (q, kvp) = st.dqkv.split_at_mut(dd);
+            let (kk, v) = kvp.split_at_mut(dd);
+            kv.push(kk, v);
+            kv.attend(q, &mut st.dattn, s.dep_q);
+            pool.matvec(&w.out_proj, &st.dattn, &mut st.dtmp);
+            ops::add(&mut st.dx, &st.dtmp);
+
+            ops::rms_norm(&st.dx, &layer.norm2, s.eps, &mut st.dh);
+            pool.matvec(&w.lin_in, &st.dh, &mut st.dg);
+            gate(&st.dg, &mut st.du);
+            pool.matvec(&w.lin_out, &st.du, &mut st.dtmp);
+            ops::add(&mut st.dx, &st.dtmp);
+        }
+        pool.matvec(&self.linears[k], &st.dx, &mut st.dep_logits);
+        st.dep_next = k + 1;
+        Ok(&st.dep_logits)
+    }
+}
