@@ -2,6 +2,7 @@
 //!
 //! See `docs/CONTRACTS.md` (runtime section) for the API contract and its semantics.
 
+pub mod audio;
 mod control;
 mod error;
 mod events;
