@@ -1,5 +1,7 @@
 //! The `moshi-native` binary: talk to Moshi, run Mimi, inspect and trace models.
 
+mod cmd_inspect;
+mod cmd_synth;
 mod fetch;
 #[allow(dead_code)] // used by the model-loading commands as they land
 mod models;
@@ -22,6 +24,10 @@ struct Cli {
 enum Command {
     /// Download a released bundle into the Hugging Face cache (resumable).
     Fetch(fetch::FetchArgs),
+    /// Inspect a weights file or bundle directory (format, variant, sizes, refusals).
+    Inspect(cmd_inspect::InspectArgs),
+    /// Write a bundle with random weights in a released layout (benchmarks).
+    Synth(cmd_synth::SynthArgs),
 }
 
 fn init_logging(verbose: bool) {
@@ -47,5 +53,7 @@ fn main() {
 fn dispatch(cmd: Command) -> Result<()> {
     match cmd {
         Command::Fetch(a) => fetch::run(&a),
+        Command::Inspect(a) => cmd_inspect::run(&a),
+        Command::Synth(a) => cmd_synth::run(&a),
     }
 }

@@ -1,0 +1,137 @@
+//! Flags shared by the commands that run the model (duplex, generate, serve, trace).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use model::sampling::{RepetitionPenalty, SamplerConfig};
+
+use crate::models::{ModelArgs, ModelSource};
+
+/// Sampling flags (defaults = Python `LMGen`: text 0.7/25, audio 0.8/250).
+#[derive(Args, Clone, Debug)]
+pub struct SamplingArgs {
+    /// Argmax for text and audio (overrides temperatures).
+    #[arg(long)]
+    pub greedy: bool,
+    /// Seed of the random streams (text and audio streams are derived from it).
+    #[arg(long, default_value_t = model::sampling::DEFAULT_SEED)]
+    pub seed: u64,
+    /// Text temperature (0 = argmax).
+    #[arg(long, default_value_t = 0.7)]
+    pub text_temperature: f32,
+    /// Text top-k (0 = all).
+    #[arg(long, default_value_t = 25)]
+    pub text_topk: usize,
+    /// Audio temperature (0 = argmax).
+    #[arg(long, default_value_t = 0.8)]
+    pub audio_temperature: f32,
+    /// Audio top-k (0 = all).
+    #[arg(long, default_value_t = 250)]
+    pub audio_topk: usize,
+    /// Multiply the text PAD probability by exp(pad_mult).
+    #[arg(long)]
+    pub pad_mult: Option<f32>,
+    /// Repetition penalty on recent text tokens (1.0 = off).
+    #[arg(long)]
+    pub repetition_penalty: Option<f32>,
+    /// Number of recent text tokens the repetition penalty looks at.
+    #[arg(long, default_value_t = 64)]
+    pub repetition_penalty_context: usize,
+}
+
+impl SamplingArgs {
+    /// The sampler configuration these flags describe.
+    pub fn config(&self) -> Result<SamplerConfig> {
+        let mut c = if self.greedy {
+            SamplerConfig::greedy()
+        } else {
+            let mut c = SamplerConfig::seeded(self.seed);
+            c.text.temperature = self.text_temperature;
+            c.text.top_k = self.text_topk;
+            c.audio.temperature = self.audio_temperature;
+            c.audio.top_k = self.audio_topk;
+            c
+        };
+        for (name, v) in [
+            ("--text-temperature", self.text_temperature),
+            ("--audio-temperature", self.audio_temperature),
+        ] {
+            if !v.is_finite() || v < 0.0 {
+                bail!("{name} must be a finite number >= 0 (got {v})");
+            }
+        }
+        if let Some(p) = self.pad_mult {
+            if !p.is_finite() {
+                bail!("--pad-mult must be finite (got {p})");
+            }
+        }
+        c.pad_mult = self.pad_mult;
+        if let Some(p) = self.repetition_penalty {
+            if !p.is_finite() || p <= 0.0 {
+                bail!("--repetition-penalty must be a finite number > 0 (got {p})");
+            }
+            c.repetition_penalty = Some(RepetitionPenalty { penalty: p, context: self.repetition_penalty_context });
+        }
+        Ok(c)
+    }
+}
+
+/// KV cache element type.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum KvDtypeArg {
+    /// float32 (exact; default).
+    F32,
+    /// bfloat16 (half the memory).
+    Bf16,
+}
+
+/// Engine flags: model selection, threads, KV dtype.
+#[derive(Args, Clone, Debug)]
+pub struct EngineArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Matvec threads per session.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Element type of the LM KV cache.
+    #[arg(long, value_enum, default_value_t = KvDtypeArg::F32)]
+    pub kv_dtype: KvDtypeArg,
+}
+
+/// An opened engine and whether it is the demo model.
+pub struct Opened {
+    /// The resident engine.
+    pub engine: Arc<runtime::Engine>,
+    /// True for `--model demo` (outputs must say so).
+    pub demo: bool,
+    /// The bundle directory.
+    pub dir: PathBuf,
+}
+
+impl EngineArgs {
+    /// Resolves the model and opens the engine, printing the demo label when relevant.
+    pub fn open(&self) -> Result<Opened> {
+        if self.threads == 0 || self.threads > 256 {
+            bail!("--threads must be between 1 and 256 (got {})", self.threads);
+        }
+        let (dir, demo) = match self.model.resolve()? {
+            ModelSource::Demo => (crate::demo::materialize()?, true),
+            ModelSource::Dir(d) => (d, false),
+        };
+        if demo {
+            eprintln!("{}", crate::demo::LABEL);
+        }
+        let opts = runtime::EngineOptions {
+            threads: self.threads,
+            kv_dtype: match self.kv_dtype {
+                KvDtypeArg::F32 => model::lm::KvDtype::F32,
+                KvDtypeArg::Bf16 => model::lm::KvDtype::Bf16,
+            },
+        };
+        let engine = runtime::Engine::open(&dir, opts)
+            .with_context(|| format!("cannot open the model bundle {}", dir.display()))?;
+        Ok(Opened { engine, demo, dir })
+    }
+}

@@ -1,0 +1,69 @@
+//! The demo model: a tiny random-weight bundle compiled into the binary.
+//!
+//! It is the oracle's tiny Moshi bundle (`fixtures/lm`, built with Kyutai's own loaders, exact
+//! architecture, random weights). It proves the pipeline end to end on a machine with no network;
+//! it does not speak. Every command that uses it says so.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+
+/// The label printed by every command running on the demo model.
+pub const LABEL: &str = "DEMO MODEL: random weights (tiny bundled bundle, not Moshi's voice)";
+
+/// The files of the bundle, by the names its `config.json` refers to.
+const FILES: &[(&str, &[u8])] = &[
+    ("config.json", include_bytes!("../../../fixtures/lm/config.json")),
+    ("model.safetensors", include_bytes!("../../../fixtures/lm/model.safetensors")),
+    (
+        "tokenizer-e351c8d8-checkpoint125.safetensors",
+        include_bytes!("../../../fixtures/mimi/mimi.safetensors"),
+    ),
+    ("mimi_config.json", include_bytes!("../../../fixtures/mimi/mimi_config.json")),
+    (
+        "tokenizer_spm_32k_3.model",
+        include_bytes!("../../../fixtures/lm/tokenizer_spm_32k_3.model"),
+    ),
+];
+
+/// Writes the bundle to a per-user cache folder (once) and returns the folder.
+pub fn materialize() -> Result<PathBuf> {
+    let total: usize = FILES.iter().map(|(_, b)| b.len()).sum();
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    let dir = base
+        .join("moshi-native")
+        .join(format!("demo-{}-{total}", env!("CARGO_PKG_VERSION")));
+    std::fs::create_dir_all(&dir)
+        .with_context(|| format!("cannot create the demo model folder {}", dir.display()))?;
+    for (name, bytes) in FILES {
+        let path = dir.join(name);
+        let same = std::fs::read(&path).map(|b| b == *bytes).unwrap_or(false);
+        if !same {
+            // Write then rename, so a concurrent run never sees a half-written file.
+            let tmp = dir.join(format!("{name}.tmp{}", std::process::id()));
+            std::fs::write(&tmp, bytes)
+                .and_then(|_| std::fs::rename(&tmp, &path))
+                .with_context(|| format!("cannot write the demo model to {}", dir.display()))?;
+        }
+    }
+    Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn demo_bundle_is_complete_and_idempotent() {
+        let a = super::materialize().unwrap();
+        let b = super::materialize().unwrap();
+        assert_eq!(a, b);
+        let cfg: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(a.join("config.json")).unwrap()).unwrap();
+        for key in ["moshi_name", "mimi_name", "tokenizer_name", "mimi_config_name"] {
+            let f = cfg[key].as_str().unwrap();
+            assert!(a.join(f).is_file(), "{key} = {f} missing");
+        }
+    }
+}
