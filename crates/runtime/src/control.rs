@@ -3,14 +3,17 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use crate::ring::Waker;
+use crate::ring::{FrameRing, Waker};
 
-#[derive(Default)]
 pub(crate) struct ControlState {
+    /// The session's input ring (a reset marks where the new stream's input starts).
+    pub(crate) ring: Arc<FrameRing>,
     /// Latest requested epoch (interrupt and reset bump it).
     pub(crate) epoch: AtomicU64,
     /// Number of reset requests so far.
     pub(crate) resets: AtomicU64,
+    /// Input frames with a sequence number below this were pushed before the latest reset.
+    pub(crate) reset_mark: AtomicU64,
     pub(crate) paused: AtomicBool,
     pub(crate) stop: AtomicBool,
     /// Woken after every command (the runner's worker thread). Set once at spawn.
@@ -37,9 +40,17 @@ impl std::fmt::Debug for SessionControl {
 }
 
 impl SessionControl {
-    pub(crate) fn new() -> SessionControl {
+    pub(crate) fn new(ring: Arc<FrameRing>) -> SessionControl {
         SessionControl {
-            state: Arc::new(ControlState::default()),
+            state: Arc::new(ControlState {
+                ring,
+                epoch: AtomicU64::new(0),
+                resets: AtomicU64::new(0),
+                reset_mark: AtomicU64::new(0),
+                paused: AtomicBool::new(false),
+                stop: AtomicBool::new(false),
+                waker: OnceLock::new(),
+            }),
         }
     }
 
@@ -74,10 +85,15 @@ impl SessionControl {
         self.wake();
     }
 
-    /// New stream: at the next frame boundary the session becomes indistinguishable from a fresh one
-    /// (queued input is discarded). Also bumps the epoch; returns the new epoch.
+    /// New stream: at the next frame boundary the session becomes indistinguishable from a fresh one. Input
+    /// pushed before this call (queued frames and a partial frame) belongs to the old stream and is discarded;
+    /// input pushed after it is the new stream's. Also bumps the epoch; returns the new epoch.
     pub fn reset(&self) -> u64 {
         let e = self.state.epoch.fetch_add(1, Ordering::AcqRel) + 1;
+        self.state.ring.forget_partial();
+        self.state
+            .reset_mark
+            .store(self.state.ring.published(), Ordering::Release);
         self.state.resets.fetch_add(1, Ordering::AcqRel);
         self.wake();
         e
@@ -106,5 +122,9 @@ impl SessionControl {
 
     pub(crate) fn resets(&self) -> u64 {
         self.state.resets.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn reset_mark(&self) -> u64 {
+        self.state.reset_mark.load(Ordering::Acquire)
     }
 }

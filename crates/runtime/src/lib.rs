@@ -1,21 +1,38 @@
 //! The full-duplex runtime: engine, sessions and the frame pass.
 //!
-//! See `docs/CONTRACTS.md` (runtime section) for the API contract and its semantics.
+//! * [`Engine`]: the resident, immutable weight image (LM + Mimi + tokenizer), shared by sessions (`Arc`).
+//! * [`Session`]: all per-conversation state, preallocated; [`Session::step`] runs one frame pass
+//!   (encode → LM step → decode + detokenize, see `frame.rs`) and returns borrowed output.
+//! * [`PcmProducer`]: non-blocking input (any chunk size, lock-free ring with drop-oldest).
+//! * [`SessionControl`]: interrupt / pause / resume / reset / stop from any thread, applied between frames.
+//! * [`SessionRunner`]: a worker thread per session with an event queue; stop joins exactly once.
+//!
+//! See `docs/CONTRACTS.md` (runtime section) for the contract and `examples/duplex.rs` for a runnable example.
 
 pub mod audio;
 mod control;
+mod engine;
 mod error;
 mod events;
+mod frame;
+mod resample;
 mod ring;
 mod runner;
+mod session;
 
 pub use control::SessionControl;
+pub use engine::{Engine, EngineOptions};
 pub use error::RuntimeError;
 pub use events::{Counters, Event, FrameEvent, FrameOutput, FrameTimings, Step, StopReason};
+#[doc(hidden)]
+pub use frame::{Phase, PhaseHook};
 pub use ring::{PcmProducer, PushReport};
 pub use runner::{EventReceiver, SessionRunner};
+pub use session::{Session, SessionOptions};
 
 /// The model's sample rate (Hz).
 pub const SAMPLE_RATE: u32 = 24_000;
 /// Samples per model frame (80 ms at 24 kHz): one LM step.
 pub const FRAME_SIZE: usize = 1920;
+/// Audio codebooks generated per step (and read from the user) by Moshi.
+pub const N_AUDIO: usize = 8;

@@ -63,11 +63,6 @@ impl FrameRing {
         self.discarded.load(Ordering::Relaxed)
     }
 
-    /// Capacity in frames.
-    pub(crate) fn capacity(&self) -> usize {
-        self.capacity as usize
-    }
-
     /// Frames currently queued (approximate while the producer runs).
     pub(crate) fn len(&self) -> usize {
         let t = self.tail.load(Ordering::Acquire);
@@ -118,14 +113,14 @@ impl FrameRing {
         dropped
     }
 
-    /// Consumer side: copy the oldest queued frame into `out` and remove it. Returns false if empty.
-    /// Must only be called by the single consumer.
-    pub(crate) fn pop(&self, out: &mut [f32; FRAME_SIZE]) -> bool {
+    /// Consumer side: copy the oldest queued frame into `out` and remove it; returns its sequence number
+    /// (count of frames published before it), or None if empty. Must only be called by the single consumer.
+    pub(crate) fn pop(&self, out: &mut [f32; FRAME_SIZE]) -> Option<u64> {
         loop {
             let h = self.head.load(Ordering::Acquire);
             let t = self.tail.load(Ordering::Acquire);
             if h >= t {
-                return false;
+                return None;
             }
             for (o, src) in out.iter_mut().zip(self.slot(h).iter()) {
                 *o = f32::from_bits(src.load(Ordering::Relaxed));
@@ -135,30 +130,38 @@ impl FrameRing {
                 .compare_exchange(h, h + 1, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
-                return true;
+                return Some(h);
             }
             // The producer dropped frame `h` while we copied it: the copy may be torn; take the next one.
         }
     }
 
-    /// Consumer side: discard every queued frame and ask the producer to forget its partial frame.
-    pub(crate) fn clear(&self) {
+    /// Ask the producer to forget its partial frame at its next push (new stream).
+    pub(crate) fn forget_partial(&self) {
         self.clear_partial.store(true, Ordering::Release);
+    }
+
+    /// Consumer side: discard queued frames whose sequence number is below `mark`.
+    pub(crate) fn discard_before(&self, mark: u64) {
         loop {
             let h = self.head.load(Ordering::Acquire);
-            let t = self.tail.load(Ordering::Acquire);
-            if h >= t {
+            if h >= mark {
                 return;
             }
             if self
                 .head
-                .compare_exchange(h, t, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange(h, mark, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
-                self.discarded.fetch_add(t - h, Ordering::Relaxed);
+                self.discarded.fetch_add(mark - h, Ordering::Relaxed);
                 return;
             }
         }
+    }
+
+    /// Count one popped frame as discarded (it belonged to a stream that was reset).
+    pub(crate) fn count_discarded(&self) {
+        self.discarded.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -268,13 +271,13 @@ mod tests {
         assert_eq!(p.partial_samples(), 7);
         let mut out = [0f32; FRAME_SIZE];
         for f in 0..3 {
-            assert!(ring.pop(&mut out));
+            assert_eq!(ring.pop(&mut out), Some(f as u64));
             assert!(out
                 .iter()
                 .enumerate()
                 .all(|(i, &x)| x == (f * FRAME_SIZE + i) as f32));
         }
-        assert!(!ring.pop(&mut out));
+        assert!(ring.pop(&mut out).is_none());
     }
 
     #[test]
@@ -290,11 +293,11 @@ mod tests {
         assert_eq!(ring.published(), 5);
         let mut out = [0f32; FRAME_SIZE];
         for v in 2..5 {
-            assert!(ring.pop(&mut out));
+            assert_eq!(ring.pop(&mut out), Some(v));
             assert_eq!(out[0], v as f32);
             assert_eq!(out[FRAME_SIZE - 1], v as f32);
         }
-        assert!(!ring.pop(&mut out));
+        assert!(ring.pop(&mut out).is_none());
     }
 
     #[test]
@@ -303,8 +306,10 @@ mod tests {
         let mut p = PcmProducer::new(ring.clone());
         p.push(&frame(1.0));
         p.push(&[2.0; 100]);
-        ring.clear();
+        ring.forget_partial();
+        ring.discard_before(ring.published());
         assert_eq!(ring.len(), 0);
+        assert_eq!(ring.discarded(), 1);
         p.push(&[3.0; FRAME_SIZE - 100]);
         assert_eq!(
             ring.len(),
@@ -313,7 +318,7 @@ mod tests {
         );
         p.push(&[3.0; 100]);
         let mut out = [0f32; FRAME_SIZE];
-        assert!(ring.pop(&mut out));
+        assert_eq!(ring.pop(&mut out), Some(1));
         assert!(out.iter().all(|&x| x == 3.0));
     }
 
@@ -334,7 +339,7 @@ mod tests {
         let mut last = -1f32;
         let mut got = 0u64;
         loop {
-            if ring.pop(&mut out) {
+            if ring.pop(&mut out).is_some() {
                 assert!(out.iter().all(|&x| x == out[0]), "torn frame");
                 assert!(out[0] > last, "frames out of order");
                 last = out[0];

@@ -118,6 +118,15 @@ impl EventReceiver {
 }
 
 impl SessionRunner {
+    /// Move a session onto a new worker thread. `event_capacity` (>= 1) bounds the queue of undelivered
+    /// events; when it is full the worker waits (without consuming input) until the consumer takes one.
+    pub fn spawn(
+        session: crate::Session,
+        event_capacity: usize,
+    ) -> Result<SessionRunner, RuntimeError> {
+        Self::spawn_driver(session, event_capacity)
+    }
+
     pub(crate) fn spawn_driver<D: Drive>(
         mut driver: D,
         event_capacity: usize,
@@ -257,8 +266,8 @@ pub(crate) mod tests {
             let ring = FrameRing::new(cap);
             Fake {
                 producer: Some(PcmProducer::new(ring.clone())),
+                control: SessionControl::new(ring.clone()),
                 ring,
-                control: SessionControl::new(),
                 index: 0,
                 processed: 0,
                 hook: None,
@@ -276,7 +285,7 @@ pub(crate) mod tests {
                 return Ok(Driven::Paused);
             }
             let mut buf = [0f32; FRAME_SIZE];
-            if !self.ring.pop(&mut buf) {
+            if self.ring.pop(&mut buf).is_none() {
                 return Ok(Driven::Idle);
             }
             if let Some(h) = &self.hook {
