@@ -41,7 +41,7 @@ fn frame_path_allocates_nothing() {
     let spec = spec();
     let mimi = load("mimi.safetensors", &spec);
     let tr = read_tensors("trace.safetensors");
-    let input = &tr["input_pcm"].0;
+    let input = &input_pcm();
     let fs = mimi.frame_size();
     let mut enc = MimiEncoder::new(mimi.clone());
     let mut dec = MimiDecoder::new(mimi.clone());
@@ -63,7 +63,12 @@ fn frame_path_allocates_nothing() {
     codes.copy_from_slice(enc.encode_frame(&input[..fs]).unwrap());
     dec.decode_frame(&codes, &mut out).unwrap();
     let after = allocs();
-    assert_eq!(after - before, 0, "frame path allocated {} times", after - before);
+    assert_eq!(
+        after - before,
+        0,
+        "frame path allocated {} times",
+        after - before
+    );
 
     // chunking front end
     let mut front = StreamEncoder::new(MimiEncoder::new(mimi.clone()));

@@ -25,7 +25,9 @@ fn run_streaming(mimi: &std::sync::Arc<model::mimi::Mimi>, input: &[f32]) -> Run
     let mut codes = vec![0u32; nq * t];
     for f in 0..t {
         let mut cb = |s: Stage, x: &[f32]| tr.push(s, x);
-        let c = enc.encode_frame_traced(&padded[f * fs..(f + 1) * fs], Some(&mut cb)).unwrap();
+        let c = enc
+            .encode_frame_with(&padded[f * fs..(f + 1) * fs], None, Some(&mut cb))
+            .unwrap();
         for q in 0..nq {
             codes[q * t + f] = c[q];
         }
@@ -35,7 +37,8 @@ fn run_streaming(mimi: &std::sync::Arc<model::mimi::Mimi>, input: &[f32]) -> Run
     for f in 0..t {
         let fc: Vec<u32> = (0..nq).map(|q| codes[q * t + f]).collect();
         let mut cb = |s: Stage, x: &[f32]| tr.push(s, x);
-        dec.decode_frame_traced(&fc, &mut pcm[f * fs..(f + 1) * fs], Some(&mut cb)).unwrap();
+        dec.decode_frame_with(&fc, &mut pcm[f * fs..(f + 1) * fs], None, Some(&mut cb))
+            .unwrap();
     }
     Run { codes, pcm, tr }
 }
@@ -51,13 +54,20 @@ fn streaming_matches_oracle() {
     let mimi = load("mimi.safetensors", &spec);
     assert_eq!(mimi.layout(), Layout::Kyutai);
     let tr = read_tensors("trace.safetensors");
-    let input = &tr["input_pcm"].0;
+    let input = &input_pcm();
     let run = run_streaming(&mimi, input);
     let (want_codes, t) = codes_of(&tr, "codes");
     assert!(t >= 24);
     assert_eq!(run.codes, want_codes, "codes differ");
     let d = spec.dimension;
-    for name in ["enc_seanet", "enc_transformer", "latent", "dec_latent", "dec_upsample", "dec_transformer"] {
+    for name in [
+        "enc_seanet",
+        "enc_transformer",
+        "latent",
+        "dec_latent",
+        "dec_upsample",
+        "dec_transformer",
+    ] {
         let got = run.tr.get(name, d);
         let err = max_abs_diff(&got, &tr[name].0);
         eprintln!("{name}: max abs diff {err:e}");
@@ -73,7 +83,7 @@ fn batch_matches_oracle() {
     let spec = spec();
     let mimi = load("mimi.safetensors", &spec);
     let tr = read_tensors("trace.safetensors");
-    let input = &tr["input_pcm"].0;
+    let input = &input_pcm();
     let codes = mimi.encode(input);
     let (want, t) = codes_of(&tr, "codes_batch");
     assert_eq!(codes, want, "batch codes differ");
@@ -90,7 +100,7 @@ fn hf_layout_gives_identical_codes() {
     let hf = load("mimi_hf.safetensors", &spec);
     assert_eq!(hf.layout(), Layout::HuggingFace);
     let tr = read_tensors("trace.safetensors");
-    let run = run_streaming(&hf, &tr["input_pcm"].0);
+    let run = run_streaming(&hf, &input_pcm());
     let (want, _) = codes_of(&tr, "codes");
     assert_eq!(run.codes, want);
     let err = max_abs_diff(&run.pcm, &tr["pcm"].0);
@@ -102,7 +112,7 @@ fn reset_reproduces_first_run_exactly() {
     let spec = spec();
     let mimi = load("mimi.safetensors", &spec);
     let tr = read_tensors("trace.safetensors");
-    let input = &tr["input_pcm"].0;
+    let input = &input_pcm();
     let fs = mimi.frame_size();
     let nq = mimi.n_codebooks();
     let mut enc = MimiEncoder::new(mimi.clone());
@@ -111,8 +121,12 @@ fn reset_reproduces_first_run_exactly() {
         let mut codes = Vec::new();
         let mut pcm = vec![0.0; 12 * fs];
         for f in 0..12 {
-            let c = enc.encode_frame(&input[f * fs..(f + 1) * fs]).unwrap().to_vec();
-            dec.decode_frame(&c, &mut pcm[f * fs..(f + 1) * fs]).unwrap();
+            let c = enc
+                .encode_frame(&input[f * fs..(f + 1) * fs])
+                .unwrap()
+                .to_vec();
+            dec.decode_frame(&c, &mut pcm[f * fs..(f + 1) * fs])
+                .unwrap();
             codes.extend(c);
         }
         (codes, pcm)
@@ -120,7 +134,10 @@ fn reset_reproduces_first_run_exactly() {
     let (c1, p1) = go(&mut enc, &mut dec);
     // run further so the state (ring, positions, conv tails) is far from fresh
     for f in 12..30 {
-        let c = enc.encode_frame(&input[f * fs..(f + 1) * fs]).unwrap().to_vec();
+        let c = enc
+            .encode_frame(&input[f * fs..(f + 1) * fs])
+            .unwrap()
+            .to_vec();
         let mut o = vec![0.0; fs];
         dec.decode_frame(&c, &mut o).unwrap();
     }
@@ -129,7 +146,10 @@ fn reset_reproduces_first_run_exactly() {
     let (c2, p2) = go(&mut enc, &mut dec);
     assert_eq!(c1.len(), 12 * nq);
     assert_eq!(c1, c2);
-    assert!(p1.iter().zip(&p2).all(|(a, b)| a.to_bits() == b.to_bits()), "pcm not bit-identical after reset");
+    assert!(
+        p1.iter().zip(&p2).all(|(a, b)| a.to_bits() == b.to_bits()),
+        "pcm not bit-identical after reset"
+    );
 }
 
 #[test]
@@ -140,7 +160,7 @@ fn stream_equals_batch_when_ring_never_limits() {
     spec.context = 1000;
     let mimi = load("mimi.safetensors", &spec);
     let tr = read_tensors("trace.safetensors");
-    let input = &tr["input_pcm"].0;
+    let input = &input_pcm();
     let run = run_streaming(&mimi, input);
     let t = run.codes.len() / mimi.n_codebooks();
     assert_eq!(mimi.encode(input), run.codes);
@@ -154,7 +174,7 @@ fn stream_front_accepts_any_chunking() {
     let spec = spec();
     let mimi = load("mimi.safetensors", &spec);
     let tr = read_tensors("trace.safetensors");
-    let input = &tr["input_pcm"].0;
+    let input = &input_pcm();
     let run = run_streaming(&mimi, input);
     let nq = mimi.n_codebooks();
     let t = run.codes.len() / nq;
@@ -165,7 +185,9 @@ fn stream_front_accepts_any_chunking() {
     let mut i = 0;
     while pos < input.len() {
         let n = sizes[i % sizes.len()].min(input.len() - pos);
-        front.push(&input[pos..pos + n], |c| got.push(c.to_vec())).unwrap();
+        front
+            .push(&input[pos..pos + n], |c| got.push(c.to_vec()))
+            .unwrap();
         pos += n;
         i += 1;
     }

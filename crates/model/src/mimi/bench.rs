@@ -3,7 +3,7 @@
 //! Used by `moshi-native bench mimi` and `cargo run --release -p moshi-model --example
 //! mimi_bench`; not part of the inference path.
 
-use super::{Mimi, MimiDecoder, MimiEncoder, MimiError, MimiSpec};
+use super::{Mimi, MimiDecoder, MimiEncoder, MimiError, MimiSpec, Pool};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -43,35 +43,83 @@ pub fn synthetic_tensors(spec: &MimiSpec, seed: u64) -> TensorMap {
     let conv = |m: &mut TensorMap, rng: &mut Rng, p: String, cin: usize, cout: usize, k: usize| {
         let n = cout * cin * k;
         let scale = (3.0 / (cin * k) as f32).sqrt();
-        m.insert(format!("{p}.weight"), (rng.vec(n, scale), vec![cout, cin, k]));
+        m.insert(
+            format!("{p}.weight"),
+            (rng.vec(n, scale), vec![cout, cin, k]),
+        );
         m.insert(format!("{p}.bias"), (rng.vec(cout, 0.01), vec![cout]));
     };
     let res = |m: &mut TensorMap, rng: &mut Rng, p: &str, idx: usize, dim: usize| {
         for j in 0..spec.n_residual_layers {
             let h = dim / spec.compress;
-            conv(m, rng, format!("{p}.{}.block.1.conv.conv", idx + j), dim, h, spec.residual_kernel_size);
-            conv(m, rng, format!("{p}.{}.block.3.conv.conv", idx + j), h, dim, 1);
+            conv(
+                m,
+                rng,
+                format!("{p}.{}.block.1.conv.conv", idx + j),
+                dim,
+                h,
+                spec.residual_kernel_size,
+            );
+            conv(
+                m,
+                rng,
+                format!("{p}.{}.block.3.conv.conv", idx + j),
+                h,
+                dim,
+                1,
+            );
         }
     };
-    conv(&mut m, &mut rng, "encoder.model.0.conv.conv".into(), spec.channels, nf, spec.kernel_size);
+    conv(
+        &mut m,
+        &mut rng,
+        "encoder.model.0.conv.conv".into(),
+        spec.channels,
+        nf,
+        spec.kernel_size,
+    );
     let (mut idx, mut mult) = (1, 1);
     for &r in spec.ratios.iter().rev() {
         res(&mut m, &mut rng, "encoder.model", idx, mult * nf);
         idx += spec.n_residual_layers + 1;
-        conv(&mut m, &mut rng, format!("encoder.model.{idx}.conv.conv"), mult * nf, 2 * mult * nf, 2 * r);
+        conv(
+            &mut m,
+            &mut rng,
+            format!("encoder.model.{idx}.conv.conv"),
+            mult * nf,
+            2 * mult * nf,
+            2 * r,
+        );
         idx += 1;
         mult *= 2;
     }
     idx += 1;
-    conv(&mut m, &mut rng, format!("encoder.model.{idx}.conv.conv"), mult * nf, spec.dimension, spec.last_kernel_size);
-    conv(&mut m, &mut rng, "decoder.model.0.conv.conv".into(), spec.dimension, mult * nf, spec.kernel_size);
+    conv(
+        &mut m,
+        &mut rng,
+        format!("encoder.model.{idx}.conv.conv"),
+        mult * nf,
+        spec.dimension,
+        spec.last_kernel_size,
+    );
+    conv(
+        &mut m,
+        &mut rng,
+        "decoder.model.0.conv.conv".into(),
+        spec.dimension,
+        mult * nf,
+        spec.kernel_size,
+    );
     let mut idx = 1;
     for &r in &spec.ratios {
         idx += 1;
         let (cin, cout) = (mult * nf, mult * nf / 2);
         let p = format!("decoder.model.{idx}.convtr.convtr");
         let scale = (3.0 / cin as f32).sqrt();
-        m.insert(format!("{p}.weight"), (rng.vec(cin * cout * 2 * r, scale), vec![cin, cout, 2 * r]));
+        m.insert(
+            format!("{p}.weight"),
+            (rng.vec(cin * cout * 2 * r, scale), vec![cin, cout, 2 * r]),
+        );
         m.insert(format!("{p}.bias"), (rng.vec(cout, 0.01), vec![cout]));
         idx += 1;
         res(&mut m, &mut rng, "decoder.model", idx, cout);
@@ -79,7 +127,14 @@ pub fn synthetic_tensors(spec: &MimiSpec, seed: u64) -> TensorMap {
         mult /= 2;
     }
     idx += 1;
-    conv(&mut m, &mut rng, format!("decoder.model.{idx}.conv.conv"), nf, spec.channels, spec.last_kernel_size);
+    conv(
+        &mut m,
+        &mut rng,
+        format!("decoder.model.{idx}.conv.conv"),
+        nf,
+        spec.channels,
+        spec.last_kernel_size,
+    );
     let (d, ff) = (spec.dimension, spec.dim_feedforward);
     for tr in ["encoder_transformer", "decoder_transformer"] {
         for l in 0..spec.num_layers {
@@ -93,20 +148,68 @@ pub fn synthetic_tensors(spec: &MimiSpec, seed: u64) -> TensorMap {
                 let w: Vec<f32> = rng.vec(d, 0.005).into_iter().map(|v| 0.01 + v).collect();
                 m.insert(format!("{p}{n}.scale"), (w, vec![d]));
             }
-            put(&mut m, &mut rng, format!("{p}self_attn.in_proj_weight"), vec![3 * d, d], d);
-            put(&mut m, &mut rng, format!("{p}self_attn.out_proj.weight"), vec![d, d], d);
-            put(&mut m, &mut rng, format!("{p}linear1.weight"), vec![ff, d], d);
-            put(&mut m, &mut rng, format!("{p}linear2.weight"), vec![d, ff], ff);
+            put(
+                &mut m,
+                &mut rng,
+                format!("{p}self_attn.in_proj_weight"),
+                vec![3 * d, d],
+                d,
+            );
+            put(
+                &mut m,
+                &mut rng,
+                format!("{p}self_attn.out_proj.weight"),
+                vec![d, d],
+                d,
+            );
+            put(
+                &mut m,
+                &mut rng,
+                format!("{p}linear1.weight"),
+                vec![ff, d],
+                d,
+            );
+            put(
+                &mut m,
+                &mut rng,
+                format!("{p}linear2.weight"),
+                vec![d, ff],
+                ff,
+            );
         }
     }
     let s = spec.downsample_stride();
-    put(&mut m, &mut rng, "downsample.conv.conv.conv.weight".into(), vec![d, d, 2 * s], d * 2 * s);
-    put(&mut m, &mut rng, "upsample.convtr.convtr.convtr.weight".into(), vec![d, 1, 2 * s], 2);
+    put(
+        &mut m,
+        &mut rng,
+        "downsample.conv.conv.conv.weight".into(),
+        vec![d, d, 2 * s],
+        d * 2 * s,
+    );
+    put(
+        &mut m,
+        &mut rng,
+        "upsample.convtr.convtr.convtr.weight".into(),
+        vec![d, 1, 2 * s],
+        2,
+    );
     let (cd, bins) = (spec.codebook_dim, spec.bins);
     for (name, n) in [("rvq_first", 1), ("rvq_rest", spec.n_q - 1)] {
         let p = format!("quantizer.{name}");
-        put(&mut m, &mut rng, format!("{p}.input_proj.weight"), vec![cd, d, 1], d);
-        put(&mut m, &mut rng, format!("{p}.output_proj.weight"), vec![d, cd, 1], cd);
+        put(
+            &mut m,
+            &mut rng,
+            format!("{p}.input_proj.weight"),
+            vec![cd, d, 1],
+            d,
+        );
+        put(
+            &mut m,
+            &mut rng,
+            format!("{p}.output_proj.weight"),
+            vec![d, cd, 1],
+            cd,
+        );
         for j in 0..n {
             let q = format!("{p}.vq.layers.{j}._codebook");
             let usage: Vec<f32> = rng.vec(bins, 0.5).into_iter().map(|v| 1.0 + v).collect();
@@ -145,7 +248,11 @@ pub fn test_signal(n: usize, sample_rate: usize) -> Vec<f32> {
 }
 
 /// Milliseconds per frame for `frames` streaming frames: (encode, decode) per frame.
-pub fn time_frames(mimi: &Arc<Mimi>, frames: usize) -> Result<(Vec<f64>, Vec<f64>), MimiError> {
+pub fn time_frames(
+    mimi: &Arc<Mimi>,
+    frames: usize,
+    pool: Option<&Pool>,
+) -> Result<(Vec<f64>, Vec<f64>), MimiError> {
     let fs = mimi.frame_size();
     let pcm = test_signal(frames * fs, mimi.spec().sample_rate);
     let mut enc = MimiEncoder::new(mimi.clone());
@@ -155,12 +262,132 @@ pub fn time_frames(mimi: &Arc<Mimi>, frames: usize) -> Result<(Vec<f64>, Vec<f64
     let (mut te, mut td) = (Vec::new(), Vec::new());
     for f in 0..frames {
         let t0 = Instant::now();
-        codes.copy_from_slice(enc.encode_frame(&pcm[f * fs..(f + 1) * fs])?);
+        codes.copy_from_slice(enc.encode_frame_with(&pcm[f * fs..(f + 1) * fs], pool, None)?);
         let t1 = Instant::now();
-        dec.decode_frame(&codes, &mut out)?;
+        dec.decode_frame_with(&codes, &mut out, pool, None)?;
         let t2 = Instant::now();
         te.push((t1 - t0).as_secs_f64() * 1e3);
         td.push((t2 - t1).as_secs_f64() * 1e3);
     }
     Ok((te, td))
+}
+
+fn median_spread(v: &mut [f64]) -> (f64, f64, f64) {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n == 0 {
+        return (0.0, 0.0, 0.0);
+    }
+    (v[n / 2], v[n / 10], v[(n * 9 / 10).min(n - 1)])
+}
+
+/// Benchmarks a released-size synthetic Mimi: for each round, and for 1 and 2 threads
+/// interleaved (A/B in the same process), `frames` streaming frames after a warm-up frame.
+/// Returns a printable report: median and p10–p90 of milliseconds per 80 ms frame, encode
+/// and decode separately, per thread count.
+pub fn run(frames: usize, rounds: usize, thread_counts: &[usize]) -> Result<String, MimiError> {
+    let mimi = synthetic_mimi(8, 42)?;
+    let pools: Vec<(usize, Option<Pool>)> = thread_counts
+        .iter()
+        .map(|&n| (n, if n > 1 { Some(Pool::new(n)) } else { None }))
+        .collect();
+    for (_, p) in &pools {
+        let _ = time_frames(&mimi, 1, p.as_ref())?;
+    }
+    let mut acc: Vec<(Vec<f64>, Vec<f64>)> =
+        pools.iter().map(|_| (Vec::new(), Vec::new())).collect();
+    for _ in 0..rounds.max(1) {
+        for ((_, p), (e, d)) in pools.iter().zip(acc.iter_mut()) {
+            let (te, td) = time_frames(&mimi, frames, p.as_ref())?;
+            e.extend(te);
+            d.extend(td);
+        }
+    }
+    let mut out = format!(
+        "mimi, released dimensions, synthetic weights, 8 codebooks, {frames} frames x {} rounds (threads interleaved)\n",
+        rounds.max(1)
+    );
+    for ((n, _), (e, d)) in pools.iter().zip(acc.iter_mut()) {
+        let (em, e10, e90) = median_spread(e);
+        let (dm, d10, d90) = median_spread(d);
+        out += &format!(
+            "{n} thread(s): encode median {em:.2} ms/frame (p10 {e10:.2}, p90 {e90:.2}); \
+             decode median {dm:.2} ms/frame (p10 {d10:.2}, p90 {d90:.2}); encode+decode {:.2} ms per 80 ms frame\n",
+            em + dm
+        );
+    }
+    Ok(out)
+}
+
+/// Mean milliseconds per frame spent in each stage (via the trace hook timestamps):
+/// encoder SEANet, encoder transformer, downsample, quantizer encode; quantizer decode,
+/// upsample, decoder transformer, decoder SEANet.
+pub fn stage_breakdown(
+    mimi: &Arc<Mimi>,
+    frames: usize,
+    pool: Option<&Pool>,
+) -> Result<Vec<(&'static str, f64)>, MimiError> {
+    use super::Stage;
+    let fs = mimi.frame_size();
+    let pcm = test_signal(frames * fs, mimi.spec().sample_rate);
+    let mut enc = MimiEncoder::new(mimi.clone());
+    let mut dec = MimiDecoder::new(mimi.clone());
+    let mut out = vec![0.0; fs];
+    let mut codes = vec![0u32; mimi.n_codebooks()];
+    let names = [
+        "enc seanet",
+        "enc transformer",
+        "downsample",
+        "quantize",
+        "dequantize",
+        "upsample",
+        "dec transformer",
+        "dec seanet",
+    ];
+    let mut acc = [0f64; 8];
+    for f in 0..frames {
+        let mut marks = [Instant::now(); 9];
+        let t0 = Instant::now();
+        {
+            let mut cb = |s: Stage, _: &[f32]| {
+                let i = match s {
+                    Stage::EncSeanet => 1,
+                    Stage::EncTransformer => 2,
+                    Stage::Latent => 3,
+                    Stage::DecLatent => 5,
+                    Stage::DecUpsample => 6,
+                    Stage::DecTransformer => 7,
+                };
+                marks[i] = Instant::now();
+            };
+            codes.copy_from_slice(enc.encode_frame_with(
+                &pcm[f * fs..(f + 1) * fs],
+                pool,
+                Some(&mut cb),
+            )?);
+        }
+        marks[0] = t0;
+        marks[4] = Instant::now();
+        {
+            let mut cb = |s: Stage, _: &[f32]| {
+                let i = match s {
+                    Stage::DecLatent => 5,
+                    Stage::DecUpsample => 6,
+                    Stage::DecTransformer => 7,
+                    _ => 0,
+                };
+                marks[i] = Instant::now();
+            };
+            dec.decode_frame_with(&codes, &mut out, pool, Some(&mut cb))?;
+        }
+        marks[8] = Instant::now();
+        for i in 0..8 {
+            acc[i] += (marks[i + 1] - marks[i]).as_secs_f64() * 1e3;
+        }
+    }
+    Ok(names
+        .iter()
+        .zip(acc)
+        .map(|(n, a)| (*n, a / frames.max(1) as f64))
+        .collect())
 }

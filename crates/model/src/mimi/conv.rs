@@ -1,38 +1,105 @@
 //! Causal streaming convolutions (`StreamingConv1d`, `StreamingConvTranspose1d` of `moshi`
 //! 0.2.13). Weights live in [`Conv1d`] / [`ConvTr1d`] (shared, immutable); the streaming
 //! state lives in [`ConvState`] / [`ConvTrState`], preallocated for a maximum chunk length.
+//! The arithmetic runs in the `kernels` crate (blocked GEMM convolution for long chunks,
+//! weight-streaming matmul for the few output steps of the 12.5/25 Hz layers).
 //!
 //! Layout: activations are channel-major `[C, T]` row-major slices.
 
 use super::linalg;
+use kernels::{Matrix, Pool, Scratch};
+
+/// Below this many output steps, a convolution runs as a matmul of the gathered input
+/// columns against the weight rows (weights read once for all steps).
+const SMALL_N: usize = 16;
+
+/// `y [n, rows] = x [n, cols] · Wᵀ`, on the pool when given.
+pub(crate) fn matmul(
+    m: &Matrix,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+    pool: Option<&Pool>,
+    scratch: &mut Scratch,
+) {
+    match pool {
+        Some(p) if p.n_threads() > 1 => p.matmul(m, x, n, y),
+        _ => m.matmul(x, n, y, scratch),
+    }
+}
 
 /// A causal 1-D convolution: weight `[out, in, k]` (groups = 1), optional bias.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct Conv1d {
     pub cin: usize,
     pub cout: usize,
     pub k: usize,
     pub stride: usize,
     pub dilation: usize,
-    /// `[cout, cin * k]` row-major (the PyTorch layout flattened).
-    pub weight: Vec<f32>,
     pub bias: Option<Vec<f32>>,
     /// `pad_mode = "replicate"`: the first call fills the left context with the first sample.
     pub replicate: bool,
+    /// Blocked-GEMM convolution (long chunks).
+    packed: kernels::conv::Conv1d,
+    /// The weight as a `[cout, cin * k]` matrix (short chunks).
+    mat: Matrix,
 }
 
 /// Streaming state of one [`Conv1d`]: the last `pad()` input samples per channel, plus
 /// work buffers sized for `max_tin` input samples per call.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct ConvState {
     hist: Vec<f32>,
     xbuf: Vec<f32>,
     col: Vec<f32>,
+    yt: Vec<f32>,
+    scratch: Scratch,
     first: bool,
     max_tin: usize,
 }
 
+fn kerr(e: kernels::KernelError) -> super::MimiError {
+    super::MimiError::Config(format!("convolution: {e}"))
+}
+
 impl Conv1d {
+    /// Builds the convolution (PyTorch weight `[cout, cin, k]`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        cin: usize,
+        cout: usize,
+        k: usize,
+        stride: usize,
+        dilation: usize,
+        weight: Vec<f32>,
+        bias: Option<Vec<f32>>,
+        replicate: bool,
+    ) -> Result<Self, super::MimiError> {
+        let packed = kernels::conv::Conv1d::new(
+            weight.clone(),
+            bias.clone(),
+            cin,
+            cout,
+            k,
+            stride,
+            dilation,
+            1,
+        )
+        .map_err(kerr)?;
+        let mat = Matrix::from_f32(cout, cin * k, weight).map_err(kerr)?;
+        Ok(Conv1d {
+            cin,
+            cout,
+            k,
+            stride,
+            dilation,
+            bias,
+            replicate,
+            packed,
+            mat,
+        })
+    }
+
     /// Left context (= effective kernel − stride), the padding_total of PyTorch.
     pub fn pad(&self) -> usize {
         (self.k - 1) * self.dilation + 1 - self.stride
@@ -42,11 +109,13 @@ impl Conv1d {
     pub fn state(&self, max_tin: usize) -> ConvState {
         let p = self.pad();
         let tout = max_tin / self.stride;
-        let direct = self.k == 1 && self.stride == 1;
+        let small = tout.min(SMALL_N - 1);
         ConvState {
             hist: vec![0.0; self.cin * p],
             xbuf: vec![0.0; self.cin * (p + max_tin)],
-            col: if direct { Vec::new() } else { vec![0.0; self.cin * self.k * tout] },
+            col: vec![0.0; self.cin * self.k * small],
+            yt: vec![0.0; self.cout * small],
+            scratch: Scratch::new(),
             first: true,
             max_tin,
         }
@@ -55,7 +124,15 @@ impl Conv1d {
     /// One streaming call: `x` is `[cin, tin]` (tin a multiple of the stride, ≤ max_tin),
     /// `out` receives `[cout, tin / stride]`. With `elu_in`, ELU is applied to the input
     /// first (the activation module preceding the conv in SEANet).
-    pub fn forward(&self, st: &mut ConvState, x: &[f32], tin: usize, elu_in: bool, out: &mut [f32]) {
+    pub fn forward(
+        &self,
+        st: &mut ConvState,
+        x: &[f32],
+        tin: usize,
+        elu_in: bool,
+        out: &mut [f32],
+        pool: Option<&Pool>,
+    ) {
         debug_assert!(tin % self.stride == 0 && tin <= st.max_tin);
         let p = self.pad();
         let tout = tin / self.stride;
@@ -80,27 +157,36 @@ impl Conv1d {
             }
             st.hist[c * p..(c + 1) * p].copy_from_slice(&row[tin..]);
         }
-        let kk = self.cin * self.k;
-        let bias = self.bias.as_deref();
-        if self.k == 1 && self.stride == 1 {
-            linalg::gemm(self.cout, tout, kk, &self.weight, &st.xbuf, w, out, bias);
+        if tout >= SMALL_N {
+            let (input, output) = (&st.xbuf[..self.cin * w], &mut out[..self.cout * tout]);
+            let r = match pool {
+                Some(pl) if pl.n_threads() > 1 => self.packed.forward_pool(input, output, pl),
+                _ => self.packed.forward(input, output),
+            };
+            debug_assert!(r.is_ok());
             return;
         }
-        for c in 0..self.cin {
-            let row = &st.xbuf[c * w..(c + 1) * w];
-            for j in 0..self.k {
-                let dst = &mut st.col[(c * self.k + j) * tout..(c * self.k + j + 1) * tout];
-                let off = j * self.dilation;
-                if self.stride == 1 {
-                    dst.copy_from_slice(&row[off..off + tout]);
-                } else {
-                    for (t, d) in dst.iter_mut().enumerate() {
-                        *d = row[off + t * self.stride];
-                    }
+        // colT[t, (c, j)] = xbuf[c, t·s + j·d]; yT = colT · Wᵀ; out = yTᵀ + bias
+        let kk = self.cin * self.k;
+        let colt = &mut st.col[..tout * kk];
+        for t in 0..tout {
+            for c in 0..self.cin {
+                let row = &st.xbuf[c * w..(c + 1) * w];
+                let dst = &mut colt[t * kk + c * self.k..t * kk + (c + 1) * self.k];
+                for (j, d) in dst.iter_mut().enumerate() {
+                    *d = row[t * self.stride + j * self.dilation];
                 }
             }
         }
-        linalg::gemm(self.cout, tout, kk, &self.weight, &st.col, tout, out, bias);
+        let yt = &mut st.yt[..tout * self.cout];
+        matmul(&self.mat, colt, tout, yt, pool, &mut st.scratch);
+        let bias = self.bias.as_deref();
+        for o in 0..self.cout {
+            let b = bias.map_or(0.0, |b| b[o]);
+            for t in 0..tout {
+                out[o * tout + t] = yt[t * self.cout + o] + b;
+            }
+        }
     }
 }
 
@@ -112,26 +198,23 @@ impl ConvState {
     }
 }
 
-/// A causal transposed 1-D convolution. Dense: PyTorch weight `[in, out, k]`, stored
-/// transposed as `[out * k, in]`; depthwise (groups = channels): `[C, 1, k]` kept as `[C, k]`.
-#[derive(Debug, Clone)]
+/// A causal transposed 1-D convolution, PyTorch weight `[in, out / groups, k]` (groups = 1,
+/// or depthwise with groups = channels).
+#[derive(Debug)]
 pub(crate) struct ConvTr1d {
     pub cin: usize,
     pub cout: usize,
     pub k: usize,
     pub stride: usize,
-    pub depthwise: bool,
-    /// Dense: `[cout * k, cin]`; depthwise: `[cin, k]`.
-    pub weight: Vec<f32>,
     pub bias: Option<Vec<f32>>,
+    kc: kernels::conv::ConvTranspose1d,
 }
 
 /// Streaming state of a [`ConvTr1d`]: the overlap tail (minus bias) and work buffers.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct ConvTrState {
     partial: Vec<f32>,
     xa: Vec<f32>,
-    z: Vec<f32>,
     y: Vec<f32>,
     max_tin: usize,
 }
@@ -146,21 +229,26 @@ impl ConvTr1d {
         depthwise: bool,
         w: &[f32],
         bias: Option<Vec<f32>>,
-    ) -> Self {
-        let weight = if depthwise {
-            w.to_vec()
-        } else {
-            let mut t = vec![0.0; cout * k * cin];
-            for c in 0..cin {
-                for o in 0..cout {
-                    for j in 0..k {
-                        t[(o * k + j) * cin + c] = w[(c * cout + o) * k + j];
-                    }
-                }
-            }
-            t
-        };
-        ConvTr1d { cin, cout, k, stride, depthwise, weight, bias }
+    ) -> Result<Self, super::MimiError> {
+        let groups = if depthwise { cin } else { 1 };
+        let kc = kernels::conv::ConvTranspose1d::new(
+            w.to_vec(),
+            bias.clone(),
+            cin,
+            cout,
+            k,
+            stride,
+            groups,
+        )
+        .map_err(kerr)?;
+        Ok(ConvTr1d {
+            cin,
+            cout,
+            k,
+            stride,
+            bias,
+            kc,
+        })
     }
 
     fn overlap(&self) -> usize {
@@ -172,8 +260,7 @@ impl ConvTr1d {
         let full = (max_tin.max(1) - 1) * self.stride + self.k;
         ConvTrState {
             partial: vec![0.0; self.cout * self.overlap()],
-            xa: if self.depthwise { Vec::new() } else { vec![0.0; self.cin * max_tin] },
-            z: if self.depthwise { Vec::new() } else { vec![0.0; self.cout * self.k * max_tin] },
+            xa: vec![0.0; self.cin * max_tin],
             y: vec![0.0; self.cout * full],
             max_tin,
         }
@@ -181,56 +268,38 @@ impl ConvTr1d {
 
     /// One streaming call: `x` `[cin, tin]` → `out` `[cout, tin * stride]`. With `elu_in`,
     /// ELU is applied to the input first.
-    pub fn forward(&self, st: &mut ConvTrState, x: &[f32], tin: usize, elu_in: bool, out: &mut [f32]) {
+    pub fn forward(
+        &self,
+        st: &mut ConvTrState,
+        x: &[f32],
+        tin: usize,
+        elu_in: bool,
+        out: &mut [f32],
+        pool: Option<&Pool>,
+    ) {
         debug_assert!(tin >= 1 && tin <= st.max_tin);
         let (k, s) = (self.k, self.stride);
         let full = (tin - 1) * s + k;
         let pt = self.overlap();
         let tout = tin * s;
         let y = &mut st.y[..self.cout * full];
-        y.fill(0.0);
-        if self.depthwise {
-            for c in 0..self.cin {
-                let wr = &self.weight[c * k..(c + 1) * k];
-                let yr = &mut y[c * full..(c + 1) * full];
-                for t in 0..tin {
-                    let v = x[c * tin + t];
-                    let v = if elu_in { linalg::elu(v) } else { v };
-                    for j in 0..k {
-                        yr[t * s + j] += v * wr[j];
-                    }
-                }
+        let input: &[f32] = if elu_in {
+            let xa = &mut st.xa[..self.cin * tin];
+            for (d, &v) in xa.iter_mut().zip(&x[..self.cin * tin]) {
+                *d = linalg::elu(v);
             }
+            xa
         } else {
-            // z[(o, j), t] = Σ_c w[(o, j), c] · x[c, t]
-            let z = &mut st.z[..self.cout * k * tin];
-            if elu_in {
-                let xa = &mut st.xa[..self.cin * tin];
-                for (d, &v) in xa.iter_mut().zip(&x[..self.cin * tin]) {
-                    *d = linalg::elu(v);
-                }
-                linalg::gemm(self.cout * k, tin, self.cin, &self.weight, xa, tin, z, None);
-            } else {
-                linalg::gemm(self.cout * k, tin, self.cin, &self.weight, x, tin, z, None);
-            }
-            for o in 0..self.cout {
-                let yr = &mut y[o * full..(o + 1) * full];
-                for j in 0..k {
-                    let zr = &z[(o * k + j) * tin..(o * k + j + 1) * tin];
-                    for t in 0..tin {
-                        yr[t * s + j] += zr[t];
-                    }
-                }
-            }
-        }
+            &x[..self.cin * tin]
+        };
+        let r = match pool {
+            Some(pl) if pl.n_threads() > 1 => self.kc.forward_pool(input, y, pl),
+            _ => self.kc.forward(input, y),
+        };
+        debug_assert!(r.is_ok());
         for o in 0..self.cout {
             let b = self.bias.as_ref().map_or(0.0, |b| b[o]);
             let yr = &mut y[o * full..(o + 1) * full];
-            if b != 0.0 {
-                for v in yr.iter_mut() {
-                    *v += b;
-                }
-            }
             let part = &mut st.partial[o * pt..(o + 1) * pt];
             for (v, p) in yr[..pt].iter_mut().zip(part.iter()) {
                 *v += *p;
@@ -254,7 +323,7 @@ impl ConvTrState {
 mod tests {
     use super::*;
 
-    fn naive_conv(c: &Conv1d, x: &[f32], t: usize) -> Vec<f32> {
+    fn naive_conv(c: &Conv1d, wt: &[f32], x: &[f32], t: usize) -> Vec<f32> {
         // zero (or replicate) left padding, no right padding, whole signal at once
         let p = c.pad();
         let tout = t / c.stride;
@@ -274,7 +343,7 @@ mod tests {
                         } else {
                             x[ci * t + idx as usize]
                         };
-                        s += c.weight[o * c.cin * c.k + ci * c.k + j] as f64 * v as f64;
+                        s += wt[o * c.cin * c.k + ci * c.k + j] as f64 * v as f64;
                     }
                 }
                 out[o * tout + to] = s as f32;
@@ -293,25 +362,39 @@ mod tests {
 
     #[test]
     fn streaming_conv_equals_whole() {
-        for (k, s, d, rep) in [(7, 1, 1, false), (8, 4, 1, false), (3, 1, 2, false), (4, 2, 1, true), (1, 1, 1, false)] {
+        for (k, s, d, rep) in [
+            (7, 1, 1, false),
+            (8, 4, 1, false),
+            (3, 1, 2, false),
+            (4, 2, 1, true),
+            (1, 1, 1, false),
+        ] {
             let (cin, cout, t) = (3, 5, 48);
             let n = cout * cin * k;
-            let conv = Conv1d {
+            let wt: Vec<f32> = (0..n).map(|i| ((i * 37) % 19) as f32 / 9.0 - 1.0).collect();
+            let conv = Conv1d::new(
                 cin,
                 cout,
                 k,
-                stride: s,
-                dilation: d,
-                weight: (0..n).map(|i| ((i * 37) % 19) as f32 / 9.0 - 1.0).collect(),
-                bias: Some((0..cout).map(|i| i as f32 * 0.3).collect()),
-                replicate: rep,
-            };
-            let x: Vec<f32> = (0..cin * t).map(|i| ((i * 53) % 23) as f32 / 11.0 - 1.0).collect();
-            let want = naive_conv(&conv, &x, t);
+                s,
+                d,
+                wt.clone(),
+                Some((0..cout).map(|i| i as f32 * 0.3).collect()),
+                rep,
+            )
+            .unwrap();
+            let x: Vec<f32> = (0..cin * t)
+                .map(|i| ((i * 53) % 23) as f32 / 11.0 - 1.0)
+                .collect();
+            let want = naive_conv(&conv, &wt, &x, t);
             let mut st = conv.state(t);
             let mut whole = vec![0.0; cout * t / s];
-            conv.forward(&mut st, &x, t, false, &mut whole);
-            let err = want.iter().zip(&whole).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+            conv.forward(&mut st, &x, t, false, &mut whole, None);
+            let err = want
+                .iter()
+                .zip(&whole)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
             assert!(err < 1e-4, "whole {k} {s} {d} {err}");
             // streaming in chunks of 8 samples
             let mut st = conv.state(8);
@@ -319,26 +402,36 @@ mod tests {
             for c0 in (0..t).step_by(8) {
                 let xc = split_cols(&x, cin, t, c0, c0 + 8);
                 let mut oc = vec![0.0; cout * 8 / s];
-                conv.forward(&mut st, &xc, 8, false, &mut oc);
+                conv.forward(&mut st, &xc, 8, false, &mut oc, None);
                 for o in 0..cout {
-                    got[o * t / s + c0 / s..o * t / s + (c0 + 8) / s].copy_from_slice(&oc[o * 8 / s..(o + 1) * 8 / s]);
+                    got[o * t / s + c0 / s..o * t / s + (c0 + 8) / s]
+                        .copy_from_slice(&oc[o * 8 / s..(o + 1) * 8 / s]);
                 }
             }
-            let err = want.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+            let err = want
+                .iter()
+                .zip(&got)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
             assert!(err < 1e-4, "stream {k} {s} {d} {err}");
         }
     }
 
     #[test]
     fn streaming_convtr_equals_whole() {
-        for depthwise in [false, true] {
-            let (cin, k, s, t) = (4, 8, 4, 12);
+        for (depthwise, ch) in [(false, 3), (true, 3), (false, 16), (true, 16)] {
+            let (cin, k, s, t) = (4, 8, 4, 32);
             let cout = if depthwise { cin } else { 3 };
             let wl = if depthwise { cin * k } else { cin * cout * k };
-            let w: Vec<f32> = (0..wl).map(|i| ((i * 29) % 17) as f32 / 8.0 - 1.0).collect();
+            let w: Vec<f32> = (0..wl)
+                .map(|i| ((i * 29) % 17) as f32 / 8.0 - 1.0)
+                .collect();
             let bias: Vec<f32> = (0..cout).map(|i| 0.2 * i as f32 - 0.1).collect();
-            let ct = ConvTr1d::from_torch(cin, cout, k, s, depthwise, &w, Some(bias.clone()));
-            let x: Vec<f32> = (0..cin * t).map(|i| ((i * 41) % 13) as f32 / 6.0 - 1.0).collect();
+            let ct =
+                ConvTr1d::from_torch(cin, cout, k, s, depthwise, &w, Some(bias.clone())).unwrap();
+            let x: Vec<f32> = (0..cin * t)
+                .map(|i| ((i * 41) % 13) as f32 / 6.0 - 1.0)
+                .collect();
             // naive: full transposed conv, then keep the first t * s samples
             let full = (t - 1) * s + k;
             let mut want = vec![0.0f64; cout * full];
@@ -352,21 +445,29 @@ mod tests {
                     }
                     for tt in 0..t {
                         for j in 0..k {
-                            let wv = if depthwise { w[c * k + j] } else { w[(c * cout + o) * k + j] };
+                            let wv = if depthwise {
+                                w[c * k + j]
+                            } else {
+                                w[(c * cout + o) * k + j]
+                            };
                             want[o * full + tt * s + j] += wv as f64 * x[c * t + tt] as f64;
                         }
                     }
                 }
             }
-            let mut st = ct.state(3);
-            for c0 in (0..t).step_by(3) {
-                let xc = split_cols(&x, cin, t, c0, c0 + 3);
-                let mut oc = vec![0.0; cout * 3 * s];
-                ct.forward(&mut st, &xc, 3, false, &mut oc);
+            let mut st = ct.state(ch);
+            for c0 in (0..t).step_by(ch) {
+                let n = ch.min(t - c0);
+                let xc = split_cols(&x, cin, t, c0, c0 + n);
+                let mut oc = vec![0.0; cout * n * s];
+                ct.forward(&mut st, &xc, n, false, &mut oc, None);
                 for o in 0..cout {
-                    for i in 0..3 * s {
+                    for i in 0..n * s {
                         let e = want[o * full + c0 * s + i];
-                        assert!((oc[o * 3 * s + i] as f64 - e).abs() < 1e-4, "{depthwise} {o} {c0} {i}");
+                        assert!(
+                            (oc[o * n * s + i] as f64 - e).abs() < 1e-4,
+                            "{depthwise} {o} {c0} {i}"
+                        );
                     }
                 }
             }

@@ -6,6 +6,7 @@ use super::quantizer::{Codebook, Rvq, SplitRvq};
 use super::seanet::{ResBlock, SeanetDecoder, SeanetEncoder};
 use super::transformer::{Layer, Transformer};
 use super::{MimiError, MimiSpec};
+use kernels::Matrix;
 use std::collections::HashMap;
 
 /// A source of named f32 tensors (implemented for checkpoints and in-memory maps).
@@ -44,9 +45,15 @@ impl<'a> Loader<'a> {
         } else if src.get_f32("encoder.layers.0.conv.weight")?.is_some() {
             Layout::HuggingFace
         } else {
-            return Err(MimiError::Missing("encoder.model.0.conv.conv.weight".into()));
+            return Err(MimiError::Missing(
+                "encoder.model.0.conv.conv.weight".into(),
+            ));
         };
-        Ok(Loader { src, layout, heads: None })
+        Ok(Loader {
+            src,
+            layout,
+            heads: None,
+        })
     }
 
     pub fn layout(&self) -> Layout {
@@ -60,10 +67,22 @@ impl<'a> Loader<'a> {
         }
         let mut n = name.to_string();
         // quantizer first (its `_codebook` part)
-        n = n.replace("quantizer.rvq_first.vq.layers.", "quantizer.semantic_residual_vector_quantizer.layers.");
-        n = n.replace("quantizer.rvq_rest.vq.layers.", "quantizer.acoustic_residual_vector_quantizer.layers.");
-        n = n.replace("quantizer.rvq_first.", "quantizer.semantic_residual_vector_quantizer.");
-        n = n.replace("quantizer.rvq_rest.", "quantizer.acoustic_residual_vector_quantizer.");
+        n = n.replace(
+            "quantizer.rvq_first.vq.layers.",
+            "quantizer.semantic_residual_vector_quantizer.layers.",
+        );
+        n = n.replace(
+            "quantizer.rvq_rest.vq.layers.",
+            "quantizer.acoustic_residual_vector_quantizer.layers.",
+        );
+        n = n.replace(
+            "quantizer.rvq_first.",
+            "quantizer.semantic_residual_vector_quantizer.",
+        );
+        n = n.replace(
+            "quantizer.rvq_rest.",
+            "quantizer.acoustic_residual_vector_quantizer.",
+        );
         n = n.replace("._codebook.embedding_sum", ".codebook.embed_sum");
         n = n.replace("._codebook.cluster_usage", ".codebook.cluster_usage");
         n = n.replace("downsample.conv.conv.conv.", "downsample.conv.");
@@ -84,7 +103,9 @@ impl<'a> Loader<'a> {
     }
 
     fn raw(&self, name: &str) -> Result<(Vec<f32>, Vec<usize>), MimiError> {
-        self.src.get_f32(name)?.ok_or_else(|| MimiError::Missing(name.to_string()))
+        self.src
+            .get_f32(name)?
+            .ok_or_else(|| MimiError::Missing(name.to_string()))
     }
 
     /// Fetches `name` (canonical) and checks its shape.
@@ -95,7 +116,11 @@ impl<'a> Loader<'a> {
         let mapped = self.map(name);
         let (v, s) = self.raw(&mapped)?;
         if s != shape {
-            return Err(MimiError::Shape { name: mapped, expected: shape.to_vec(), found: s });
+            return Err(MimiError::Shape {
+                name: mapped,
+                expected: shape.to_vec(),
+                found: s,
+            });
         }
         Ok(v)
     }
@@ -113,7 +138,11 @@ impl<'a> Loader<'a> {
             let nm = format!("{prefix}{part}.weight");
             let (v, s) = self.raw(&nm)?;
             if s != [d, d] {
-                return Err(MimiError::Shape { name: nm, expected: vec![d, d], found: s });
+                return Err(MimiError::Shape {
+                    name: nm,
+                    expected: vec![d, d],
+                    found: s,
+                });
             }
             if i == 2 {
                 out.extend_from_slice(&v);
@@ -166,18 +195,40 @@ fn conv(
 ) -> Result<Conv1d, MimiError> {
     let weight = l.tensor(&format!("{prefix}.weight"), &[cout, cin, k])?;
     let bias = Some(l.tensor(&format!("{prefix}.bias"), &[cout])?);
-    Ok(Conv1d { cin, cout, k, stride, dilation, weight, bias, replicate: false })
+    Conv1d::new(cin, cout, k, stride, dilation, weight, bias, false)
 }
 
-fn resblocks(l: &Loader, spec: &MimiSpec, prefix: &str, first_idx: usize, dim: usize) -> Result<Vec<ResBlock>, MimiError> {
+fn resblocks(
+    l: &Loader,
+    spec: &MimiSpec,
+    prefix: &str,
+    first_idx: usize,
+    dim: usize,
+) -> Result<Vec<ResBlock>, MimiError> {
     let hidden = dim / spec.compress;
     (0..spec.n_residual_layers)
         .map(|j| {
             let idx = first_idx + j;
             let dil = spec.dilation_base.pow(j as u32);
             Ok(ResBlock {
-                c1: conv(l, &format!("{prefix}.{idx}.block.1.conv.conv"), dim, hidden, spec.residual_kernel_size, 1, dil)?,
-                c2: conv(l, &format!("{prefix}.{idx}.block.3.conv.conv"), hidden, dim, 1, 1, 1)?,
+                c1: conv(
+                    l,
+                    &format!("{prefix}.{idx}.block.1.conv.conv"),
+                    dim,
+                    hidden,
+                    spec.residual_kernel_size,
+                    1,
+                    dil,
+                )?,
+                c2: conv(
+                    l,
+                    &format!("{prefix}.{idx}.block.3.conv.conv"),
+                    hidden,
+                    dim,
+                    1,
+                    1,
+                    1,
+                )?,
             })
         })
         .collect()
@@ -190,48 +241,89 @@ fn transformer(l: &Loader, spec: &MimiSpec, prefix: &str) -> Result<Transformer,
         .map(|i| {
             let p = format!("{prefix}.transformer.layers.{i}.");
             let t = |n: &str, s: &[usize]| l.tensor(&format!("{p}{n}"), s);
+            let mat = |n: &str, r: usize, c: usize| -> Result<Matrix, MimiError> {
+                Matrix::from_f32(r, c, t(n, &[r, c])?)
+                    .map_err(|e| MimiError::Config(format!("{p}{n}: {e}")))
+            };
             Ok(Layer {
                 norm1_w: t("norm1.weight", &[d])?,
                 norm1_b: t("norm1.bias", &[d])?,
-                in_proj: t("self_attn.in_proj_weight", &[3 * d, d])?,
-                out_proj: t("self_attn.out_proj.weight", &[d, d])?,
+                in_proj: mat("self_attn.in_proj_weight", 3 * d, d)?,
+                out_proj: mat("self_attn.out_proj.weight", d, d)?,
                 ls1: t("layer_scale_1.scale", &[d])?,
                 norm2_w: t("norm2.weight", &[d])?,
                 norm2_b: t("norm2.bias", &[d])?,
-                linear1: t("linear1.weight", &[ff, d])?,
-                linear2: t("linear2.weight", &[d, ff])?,
+                linear1: mat("linear1.weight", ff, d)?,
+                linear2: mat("linear2.weight", d, ff)?,
                 ls2: t("layer_scale_2.scale", &[d])?,
             })
         })
         .collect::<Result<Vec<_>, MimiError>>()?;
-    Ok(Transformer { d, heads: spec.num_heads, ff, context: spec.context, max_period: spec.max_period, layers })
+    Ok(Transformer {
+        d,
+        heads: spec.num_heads,
+        ff,
+        context: spec.context,
+        max_period: spec.max_period,
+        layers,
+    })
 }
 
 fn rvq(l: &Loader, spec: &MimiSpec, prefix: &str, n: usize) -> Result<Rvq, MimiError> {
     let (d, cd, bins) = (spec.dimension, spec.codebook_dim, spec.bins);
-    let input_proj = l.tensor(&format!("{prefix}.input_proj.weight"), &[cd, d, 1])?;
-    let output_proj = l.tensor(&format!("{prefix}.output_proj.weight"), &[d, cd, 1])?;
+    let merr = |e: kernels::KernelError| MimiError::Config(format!("{prefix}: {e}"));
+    let input_proj = Matrix::from_f32(
+        cd,
+        d,
+        l.tensor(&format!("{prefix}.input_proj.weight"), &[cd, d, 1])?,
+    )
+    .map_err(merr)?;
+    let output_proj = Matrix::from_f32(
+        d,
+        cd,
+        l.tensor(&format!("{prefix}.output_proj.weight"), &[d, cd, 1])?,
+    )
+    .map_err(merr)?;
     let codebooks = (0..n)
         .map(|j| {
             let p = format!("{prefix}.vq.layers.{j}._codebook");
             let sum = l.tensor(&format!("{p}.embedding_sum"), &[bins, cd])?;
             let usage = l.tensor(&format!("{p}.cluster_usage"), &[bins])?;
-            Ok(Codebook::from_sums(bins, cd, &sum, &usage))
+            Codebook::from_sums(bins, cd, &sum, &usage)
         })
         .collect::<Result<Vec<_>, MimiError>>()?;
-    Ok(Rvq { input_proj, output_proj, codebooks })
+    Ok(Rvq {
+        input_proj,
+        output_proj,
+        codebooks,
+    })
 }
 
-pub(crate) fn load_parts(src: &dyn MimiTensors, spec: &MimiSpec, n_codebooks: usize) -> Result<Parts, MimiError> {
+pub(crate) fn load_parts(
+    src: &dyn MimiTensors,
+    spec: &MimiSpec,
+    n_codebooks: usize,
+) -> Result<Parts, MimiError> {
     spec.validate()?;
     if n_codebooks < 1 || n_codebooks > spec.n_q {
-        return Err(MimiError::Config(format!("n_codebooks {n_codebooks} outside 1..={}", spec.n_q)));
+        return Err(MimiError::Config(format!(
+            "n_codebooks {n_codebooks} outside 1..={}",
+            spec.n_q
+        )));
     }
     let l = Loader::new(src)?.with_heads(spec.num_heads);
     let nf = spec.n_filters;
     let nres = spec.n_residual_layers;
     // encoder
-    let conv0 = conv(&l, "encoder.model.0.conv.conv", spec.channels, nf, spec.kernel_size, 1, 1)?;
+    let conv0 = conv(
+        &l,
+        "encoder.model.0.conv.conv",
+        spec.channels,
+        nf,
+        spec.kernel_size,
+        1,
+        1,
+    )?;
     let mut idx = 1;
     let mut mult = 1;
     let mut stages = Vec::new();
@@ -239,17 +331,45 @@ pub(crate) fn load_parts(src: &dyn MimiTensors, spec: &MimiSpec, n_codebooks: us
         let dim = mult * nf;
         let res = resblocks(&l, spec, "encoder.model", idx, dim)?;
         idx += nres + 1; // resblocks + ELU
-        let down = conv(&l, &format!("encoder.model.{idx}.conv.conv"), dim, dim * 2, 2 * r, r, 1)?;
+        let down = conv(
+            &l,
+            &format!("encoder.model.{idx}.conv.conv"),
+            dim,
+            dim * 2,
+            2 * r,
+            r,
+            1,
+        )?;
         idx += 1;
         mult *= 2;
         stages.push((res, down));
     }
     idx += 1; // ELU
-    let last = conv(&l, &format!("encoder.model.{idx}.conv.conv"), mult * nf, spec.dimension, spec.last_kernel_size, 1, 1)?;
-    let encoder = SeanetEncoder { conv0, stages, last };
+    let last = conv(
+        &l,
+        &format!("encoder.model.{idx}.conv.conv"),
+        mult * nf,
+        spec.dimension,
+        spec.last_kernel_size,
+        1,
+        1,
+    )?;
+    let encoder = SeanetEncoder {
+        conv0,
+        stages,
+        last,
+    };
     // decoder
     let mut mult = 1 << spec.ratios.len();
-    let conv0 = conv(&l, "decoder.model.0.conv.conv", spec.dimension, mult * nf, spec.kernel_size, 1, 1)?;
+    let conv0 = conv(
+        &l,
+        "decoder.model.0.conv.conv",
+        spec.dimension,
+        mult * nf,
+        spec.kernel_size,
+        1,
+        1,
+    )?;
     let mut idx = 1;
     let mut stages = Vec::new();
     for &r in &spec.ratios {
@@ -258,7 +378,7 @@ pub(crate) fn load_parts(src: &dyn MimiTensors, spec: &MimiSpec, n_codebooks: us
         let p = format!("decoder.model.{idx}.convtr.convtr");
         let w = l.tensor(&format!("{p}.weight"), &[cin, cout, 2 * r])?;
         let b = l.tensor(&format!("{p}.bias"), &[cout])?;
-        let up = ConvTr1d::from_torch(cin, cout, 2 * r, r, false, &w, Some(b));
+        let up = ConvTr1d::from_torch(cin, cout, 2 * r, r, false, &w, Some(b))?;
         idx += 1;
         let res = resblocks(&l, spec, "decoder.model", idx, cout)?;
         idx += nres;
@@ -266,8 +386,20 @@ pub(crate) fn load_parts(src: &dyn MimiTensors, spec: &MimiSpec, n_codebooks: us
         stages.push((up, res));
     }
     idx += 1; // ELU
-    let last = conv(&l, &format!("decoder.model.{idx}.conv.conv"), nf, spec.channels, spec.last_kernel_size, 1, 1)?;
-    let decoder = SeanetDecoder { conv0, stages, last };
+    let last = conv(
+        &l,
+        &format!("decoder.model.{idx}.conv.conv"),
+        nf,
+        spec.channels,
+        spec.last_kernel_size,
+        1,
+        1,
+    )?;
+    let decoder = SeanetDecoder {
+        conv0,
+        stages,
+        last,
+    };
     // transformers
     let enc_tr = transformer(&l, spec, "encoder_transformer")?;
     let dec_tr = transformer(&l, spec, "decoder_transformer")?;
@@ -275,29 +407,21 @@ pub(crate) fn load_parts(src: &dyn MimiTensors, spec: &MimiSpec, n_codebooks: us
     let d = spec.dimension;
     let s = spec.downsample_stride();
     let down = if s > 1 {
-        Conv1d {
-            cin: d,
-            cout: d,
-            k: 2 * s,
-            stride: s,
-            dilation: 1,
-            weight: l.tensor("downsample.conv.conv.conv.weight", &[d, d, 2 * s])?,
-            bias: None,
-            replicate: true,
-        }
+        let w = l.tensor("downsample.conv.conv.conv.weight", &[d, d, 2 * s])?;
+        Conv1d::new(d, d, 2 * s, s, 1, w, None, true)?
     } else {
         // No resampling when the encoder rate equals the frame rate: identity 1×1 conv.
         let mut w = vec![0.0; d * d];
         for i in 0..d {
             w[i * d + i] = 1.0;
         }
-        Conv1d { cin: d, cout: d, k: 1, stride: 1, dilation: 1, weight: w, bias: None, replicate: false }
+        Conv1d::new(d, d, 1, 1, 1, w, None, false)?
     };
     let up = if s > 1 {
         let w = l.tensor("upsample.convtr.convtr.convtr.weight", &[d, 1, 2 * s])?;
-        ConvTr1d::from_torch(d, d, 2 * s, s, true, &w, None)
+        ConvTr1d::from_torch(d, d, 2 * s, s, true, &w, None)?
     } else {
-        ConvTr1d::from_torch(d, d, 1, 1, true, &vec![1.0; d], None)
+        ConvTr1d::from_torch(d, d, 1, 1, true, &vec![1.0; d], None)?
     };
     // quantizer
     let quant = SplitRvq {
@@ -306,5 +430,14 @@ pub(crate) fn load_parts(src: &dyn MimiTensors, spec: &MimiSpec, n_codebooks: us
         first: rvq(&l, spec, "quantizer.rvq_first", 1)?,
         rest: rvq(&l, spec, "quantizer.rvq_rest", n_codebooks - 1)?,
     };
-    Ok(Parts { encoder, decoder, enc_tr, dec_tr, down, up, quant, layout: l.layout() })
+    Ok(Parts {
+        encoder,
+        decoder,
+        enc_tr,
+        dec_tr,
+        down,
+        up,
+        quant,
+        layout: l.layout(),
+    })
 }

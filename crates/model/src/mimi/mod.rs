@@ -26,6 +26,7 @@ pub use spec::MimiSpec;
 pub use stream::StreamEncoder;
 
 use conv::{Conv1d, ConvState, ConvTr1d, ConvTrState};
+pub use kernels::Pool;
 use quantizer::{QuantScratch, SplitRvq};
 use seanet::{SeanetDecState, SeanetDecoder, SeanetEncState, SeanetEncoder};
 use std::sync::Arc;
@@ -80,7 +81,7 @@ pub enum Stage {
 pub type Trace<'a> = Option<&'a mut dyn FnMut(Stage, &[f32])>;
 
 /// The Mimi codec weights.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Mimi {
     spec: MimiSpec,
     encoder: SeanetEncoder,
@@ -96,7 +97,11 @@ pub struct Mimi {
 impl Mimi {
     /// Builds the model from named tensors (Kyutai or Hugging Face names, detected), using
     /// the first `n_codebooks` codebooks (Moshi uses 8).
-    pub fn from_tensors(src: &dyn MimiTensors, spec: &MimiSpec, n_codebooks: usize) -> Result<Self, MimiError> {
+    pub fn from_tensors(
+        src: &dyn MimiTensors,
+        spec: &MimiSpec,
+        n_codebooks: usize,
+    ) -> Result<Self, MimiError> {
         let p = load::load_parts(src, spec, n_codebooks)?;
         Ok(Mimi {
             spec: spec.clone(),
@@ -145,6 +150,11 @@ impl Mimi {
     /// streaming): right-pads with zeros to a multiple of the frame size and returns codes
     /// `[n_codebooks, T]` row-major with T = ceil(len / frame_size) (0 for empty input).
     pub fn encode(self: &Arc<Self>, pcm: &[f32]) -> Vec<u32> {
+        self.encode_pool(pcm, None)
+    }
+
+    /// [`Mimi::encode`] with the matrix products split over `pool`.
+    pub fn encode_pool(self: &Arc<Self>, pcm: &[f32], pool: Option<&Pool>) -> Vec<u32> {
         let fs = self.frame_size();
         let t = pcm.len().div_ceil(fs);
         let nq = self.n_codebooks();
@@ -162,7 +172,7 @@ impl Mimi {
             let src = &pcm[(f0 * fs).min(pcm.len())..((f0 + n) * fs).min(pcm.len())];
             buf[..src.len()].copy_from_slice(src);
             buf[src.len()..n * fs].fill(0.0);
-            enc.encode_chunk(&buf[..n * fs], n, &mut cc[..nq * n], None);
+            enc.encode_chunk(&buf[..n * fs], n, &mut cc[..nq * n], pool, None);
             for q in 0..nq {
                 codes[q * t + f0..q * t + f0 + n].copy_from_slice(&cc[q * n..q * n + n]);
             }
@@ -174,9 +184,23 @@ impl Mimi {
     /// Non-streaming decode of codes `[n_codebooks, T]` row-major into `T * frame_size`
     /// samples. Codes out of range are refused.
     pub fn decode(self: &Arc<Self>, codes: &[u32], t: usize) -> Result<Vec<f32>, MimiError> {
+        self.decode_pool(codes, t, None)
+    }
+
+    /// [`Mimi::decode`] with the matrix products split over `pool`.
+    pub fn decode_pool(
+        self: &Arc<Self>,
+        codes: &[u32],
+        t: usize,
+        pool: Option<&Pool>,
+    ) -> Result<Vec<f32>, MimiError> {
         let nq = self.n_codebooks();
         if codes.len() != nq * t {
-            return Err(MimiError::Input(format!("expected {} codes ({nq} × {t}), got {}", nq * t, codes.len())));
+            return Err(MimiError::Input(format!(
+                "expected {} codes ({nq} × {t}), got {}",
+                nq * t,
+                codes.len()
+            )));
         }
         let fs = self.frame_size();
         let mut pcm = vec![0.0f32; t * fs];
@@ -192,7 +216,13 @@ impl Mimi {
             for q in 0..nq {
                 cc[q * n..q * n + n].copy_from_slice(&codes[q * t + f0..q * t + f0 + n]);
             }
-            dec.decode_chunk(&cc[..nq * n], n, &mut pcm[f0 * fs..(f0 + n) * fs], None)?;
+            dec.decode_chunk(
+                &cc[..nq * n],
+                n,
+                &mut pcm[f0 * fs..(f0 + n) * fs],
+                pool,
+                None,
+            )?;
             f0 += n;
         }
         Ok(pcm)
@@ -203,7 +233,7 @@ impl Mimi {
 const BATCH_FRAMES: usize = 16;
 
 /// Streaming encoder state (PyTorch `mimi.streaming(1)` + `encode` per frame).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct MimiEncoder {
     mimi: Arc<Mimi>,
     chunk: usize,
@@ -247,24 +277,40 @@ impl MimiEncoder {
     /// Encodes one frame of `frame_size` samples; returns its `n_codebooks` codes
     /// (borrowed from the state). Allocation-free.
     pub fn encode_frame(&mut self, pcm: &[f32]) -> Result<&[u32], MimiError> {
-        self.encode_frame_traced(pcm, None)
+        self.encode_frame_with(pcm, None, None)
     }
 
-    /// [`MimiEncoder::encode_frame`] reporting intermediates to `trace`.
-    pub fn encode_frame_traced(&mut self, pcm: &[f32], trace: Trace<'_>) -> Result<&[u32], MimiError> {
+    /// [`MimiEncoder::encode_frame`] with the matrix products split over `pool` (when
+    /// given) and intermediates reported to `trace` (when given).
+    pub fn encode_frame_with(
+        &mut self,
+        pcm: &[f32],
+        pool: Option<&Pool>,
+        trace: Trace<'_>,
+    ) -> Result<&[u32], MimiError> {
         let fs = self.mimi.frame_size();
         if pcm.len() != fs {
-            return Err(MimiError::Input(format!("encode_frame needs {fs} samples, got {}", pcm.len())));
+            return Err(MimiError::Input(format!(
+                "encode_frame needs {fs} samples, got {}",
+                pcm.len()
+            )));
         }
         let mut codes = std::mem::take(&mut self.codes);
         let nq = self.mimi.n_codebooks();
-        self.encode_chunk(pcm, 1, &mut codes[..nq], trace);
+        self.encode_chunk(pcm, 1, &mut codes[..nq], pool, trace);
         self.codes = codes;
         Ok(&self.codes[..nq])
     }
 
     /// `n` frames (≤ chunk) → codes `[nq, n]`.
-    fn encode_chunk(&mut self, pcm: &[f32], n: usize, codes: &mut [u32], mut trace: Trace<'_>) {
+    fn encode_chunk(
+        &mut self,
+        pcm: &[f32],
+        n: usize,
+        codes: &mut [u32],
+        pool: Option<&Pool>,
+        mut trace: Trace<'_>,
+    ) {
         debug_assert!(n <= self.chunk);
         let m = &*self.mimi;
         let fs = m.frame_size();
@@ -272,20 +318,21 @@ impl MimiEncoder {
         let d = m.dimension();
         let t2 = n * s;
         let emb = &mut self.emb[..d * t2];
-        m.encoder.forward(&mut self.seanet, &pcm[..n * fs], n * fs, emb);
+        m.encoder
+            .forward(&mut self.seanet, &pcm[..n * fs], n * fs, emb, pool);
         if let Some(f) = trace.as_mut() {
             f(Stage::EncSeanet, emb);
         }
-        m.enc_tr.forward(&mut self.tr, emb, t2);
+        m.enc_tr.forward(&mut self.tr, emb, t2, pool);
         if let Some(f) = trace.as_mut() {
             f(Stage::EncTransformer, emb);
         }
         let lat = &mut self.lat[..d * n];
-        m.down.forward(&mut self.down, emb, t2, false, lat);
+        m.down.forward(&mut self.down, emb, t2, false, lat, pool);
         if let Some(f) = trace.as_mut() {
             f(Stage::Latent, lat);
         }
-        m.quant.encode(&mut self.quant, lat, n, codes);
+        m.quant.encode(&mut self.quant, lat, n, codes, pool);
     }
 
     /// Back to the fresh state (bit-identical results to a new encoder).
@@ -297,7 +344,7 @@ impl MimiEncoder {
 }
 
 /// Streaming decoder state (PyTorch `mimi.streaming(1)` + `decode` per frame).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct MimiDecoder {
     mimi: Arc<Mimi>,
     chunk: usize,
@@ -338,47 +385,70 @@ impl MimiDecoder {
     /// Decodes one frame of `n_codebooks` codes into `out` (`frame_size` samples).
     /// Allocation-free. Codes ≥ the codebook size are refused.
     pub fn decode_frame(&mut self, codes: &[u32], out: &mut [f32]) -> Result<(), MimiError> {
-        self.decode_frame_traced(codes, out, None)
+        self.decode_frame_with(codes, out, None, None)
     }
 
-    /// [`MimiDecoder::decode_frame`] reporting intermediates to `trace`.
-    pub fn decode_frame_traced(&mut self, codes: &[u32], out: &mut [f32], trace: Trace<'_>) -> Result<(), MimiError> {
+    /// [`MimiDecoder::decode_frame`] with the matrix products split over `pool` (when
+    /// given) and intermediates reported to `trace` (when given).
+    pub fn decode_frame_with(
+        &mut self,
+        codes: &[u32],
+        out: &mut [f32],
+        pool: Option<&Pool>,
+        trace: Trace<'_>,
+    ) -> Result<(), MimiError> {
         let fs = self.mimi.frame_size();
         if out.len() != fs {
-            return Err(MimiError::Input(format!("decode_frame writes {fs} samples, buffer has {}", out.len())));
+            return Err(MimiError::Input(format!(
+                "decode_frame writes {fs} samples, buffer has {}",
+                out.len()
+            )));
         }
-        self.decode_chunk(codes, 1, out, trace)
+        self.decode_chunk(codes, 1, out, pool, trace)
     }
 
-    fn decode_chunk(&mut self, codes: &[u32], n: usize, out: &mut [f32], mut trace: Trace<'_>) -> Result<(), MimiError> {
+    fn decode_chunk(
+        &mut self,
+        codes: &[u32],
+        n: usize,
+        out: &mut [f32],
+        pool: Option<&Pool>,
+        mut trace: Trace<'_>,
+    ) -> Result<(), MimiError> {
         debug_assert!(n <= self.chunk);
         let m = &*self.mimi;
         let nq = m.n_codebooks();
         if codes.len() != nq * n {
-            return Err(MimiError::Input(format!("expected {} codes, got {}", nq * n, codes.len())));
+            return Err(MimiError::Input(format!(
+                "expected {} codes, got {}",
+                nq * n,
+                codes.len()
+            )));
         }
         let bins = m.cardinality() as u32;
         if let Some(bad) = codes.iter().find(|&&c| c >= bins) {
-            return Err(MimiError::Input(format!("code {bad} out of range (codebook size {bins})")));
+            return Err(MimiError::Input(format!(
+                "code {bad} out of range (codebook size {bins})"
+            )));
         }
         let s = m.spec.downsample_stride();
         let d = m.dimension();
         let lat = &mut self.lat[..d * n];
-        m.quant.decode(&mut self.quant, codes, n, lat);
+        m.quant.decode(&mut self.quant, codes, n, lat, pool);
         if let Some(f) = trace.as_mut() {
             f(Stage::DecLatent, lat);
         }
         let t2 = n * s;
         let emb = &mut self.emb[..d * t2];
-        m.up.forward(&mut self.up, lat, n, false, emb);
+        m.up.forward(&mut self.up, lat, n, false, emb, pool);
         if let Some(f) = trace.as_mut() {
             f(Stage::DecUpsample, emb);
         }
-        m.dec_tr.forward(&mut self.tr, emb, t2);
+        m.dec_tr.forward(&mut self.tr, emb, t2, pool);
         if let Some(f) = trace.as_mut() {
             f(Stage::DecTransformer, emb);
         }
-        m.decoder.forward(&mut self.seanet, emb, t2, out);
+        m.decoder.forward(&mut self.seanet, emb, t2, out, pool);
         Ok(())
     }
 

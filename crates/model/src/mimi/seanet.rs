@@ -1,15 +1,16 @@
 //! SEANet encoder and decoder (`moshi/modules/seanet.py`), causal, ELU, identity skips.
 
 use super::conv::{Conv1d, ConvState, ConvTr1d, ConvTrState};
+use kernels::Pool;
 
 /// Residual unit: `y = x + conv_1(ELU(conv_k(ELU(x))))`.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct ResBlock {
     pub c1: Conv1d,
     pub c2: Conv1d,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct ResState {
     s1: ConvState,
     s2: ConvState,
@@ -17,15 +18,29 @@ struct ResState {
 
 impl ResBlock {
     fn state(&self, t: usize) -> ResState {
-        ResState { s1: self.c1.state(t), s2: self.c2.state(t) }
+        ResState {
+            s1: self.c1.state(t),
+            s2: self.c2.state(t),
+        }
     }
 
     /// In place on `a` (`[dim, t]`), using `h` (`[hidden, t]`) and `r` (`[dim, t]`) as scratch.
-    fn forward(&self, st: &mut ResState, a: &mut [f32], t: usize, h: &mut [f32], r: &mut [f32]) {
+    #[allow(clippy::too_many_arguments)]
+    fn forward(
+        &self,
+        st: &mut ResState,
+        a: &mut [f32],
+        t: usize,
+        h: &mut [f32],
+        r: &mut [f32],
+        pool: Option<&Pool>,
+    ) {
         let dim = self.c1.cin;
         let hid = self.c1.cout;
-        self.c1.forward(&mut st.s1, &a[..dim * t], t, true, &mut h[..hid * t]);
-        self.c2.forward(&mut st.s2, &h[..hid * t], t, true, &mut r[..dim * t]);
+        self.c1
+            .forward(&mut st.s1, &a[..dim * t], t, true, &mut h[..hid * t], pool);
+        self.c2
+            .forward(&mut st.s2, &h[..hid * t], t, true, &mut r[..dim * t], pool);
         for (x, y) in a[..dim * t].iter_mut().zip(&r[..dim * t]) {
             *x += *y;
         }
@@ -34,7 +49,7 @@ impl ResBlock {
 
 /// Encoder: conv0, then per ratio (reversed) residual blocks + ELU + strided conv, then
 /// ELU + last conv.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct SeanetEncoder {
     pub conv0: Conv1d,
     pub stages: Vec<(Vec<ResBlock>, Conv1d)>,
@@ -42,7 +57,7 @@ pub(crate) struct SeanetEncoder {
 }
 
 /// Decoder: conv0, then per ratio ELU + transposed conv + residual blocks, then ELU + last conv.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct SeanetDecoder {
     pub conv0: Conv1d,
     pub stages: Vec<(ConvTr1d, Vec<ResBlock>)>,
@@ -50,7 +65,7 @@ pub(crate) struct SeanetDecoder {
 }
 
 /// Streaming state of the encoder for chunks of at most `max_t` samples.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct SeanetEncState {
     conv0: ConvState,
     stages: Vec<(Vec<ResState>, ConvState)>,
@@ -62,7 +77,7 @@ pub(crate) struct SeanetEncState {
 }
 
 /// Streaming state of the decoder for chunks of at most `max_t` latent frames.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct SeanetDecState {
     conv0: ConvState,
     stages: Vec<(ConvTrState, Vec<ResState>)>,
@@ -102,21 +117,36 @@ impl SeanetEncoder {
     }
 
     /// `x` `[1, t]` samples → `out` `[dim, t / hop]`.
-    pub fn forward(&self, st: &mut SeanetEncState, x: &[f32], t: usize, out: &mut [f32]) {
-        let SeanetEncState { conv0, stages, last, a, b, h, r } = st;
+    pub fn forward(
+        &self,
+        st: &mut SeanetEncState,
+        x: &[f32],
+        t: usize,
+        out: &mut [f32],
+        pool: Option<&Pool>,
+    ) {
+        let SeanetEncState {
+            conv0,
+            stages,
+            last,
+            a,
+            b,
+            h,
+            r,
+        } = st;
         let mut t = t;
-        self.conv0.forward(conv0, x, t, false, a);
+        self.conv0.forward(conv0, x, t, false, a, pool);
         for ((res, down), (rs, ds)) in self.stages.iter().zip(stages.iter_mut()) {
             for (blk, bs) in res.iter().zip(rs.iter_mut()) {
-                blk.forward(bs, a, t, h, r);
+                blk.forward(bs, a, t, h, r, pool);
             }
             let cin = down.cin;
-            down.forward(ds, &a[..cin * t], t, true, b);
+            down.forward(ds, &a[..cin * t], t, true, b, pool);
             t /= down.stride;
             std::mem::swap(a, b);
         }
         let cin = self.last.cin;
-        self.last.forward(last, &a[..cin * t], t, true, out);
+        self.last.forward(last, &a[..cin * t], t, true, out, pool);
     }
 }
 
@@ -164,21 +194,36 @@ impl SeanetDecoder {
     }
 
     /// `z` `[dim, t]` → `out` `[1, t * hop]`.
-    pub fn forward(&self, st: &mut SeanetDecState, z: &[f32], t: usize, out: &mut [f32]) {
-        let SeanetDecState { conv0, stages, last, a, b, h, r } = st;
+    pub fn forward(
+        &self,
+        st: &mut SeanetDecState,
+        z: &[f32],
+        t: usize,
+        out: &mut [f32],
+        pool: Option<&Pool>,
+    ) {
+        let SeanetDecState {
+            conv0,
+            stages,
+            last,
+            a,
+            b,
+            h,
+            r,
+        } = st;
         let mut t = t;
-        self.conv0.forward(conv0, z, t, false, a);
+        self.conv0.forward(conv0, z, t, false, a, pool);
         for ((up, res), (us, rs)) in self.stages.iter().zip(stages.iter_mut()) {
             let cin = up.cin;
-            up.forward(us, &a[..cin * t], t, true, b);
+            up.forward(us, &a[..cin * t], t, true, b, pool);
             t *= up.stride;
             std::mem::swap(a, b);
             for (blk, bs) in res.iter().zip(rs.iter_mut()) {
-                blk.forward(bs, a, t, h, r);
+                blk.forward(bs, a, t, h, r, pool);
             }
         }
         let cin = self.last.cin;
-        self.last.forward(last, &a[..cin * t], t, true, out);
+        self.last.forward(last, &a[..cin * t], t, true, out, pool);
     }
 }
 

@@ -80,7 +80,8 @@ impl MimiSpec {
     /// `transformer`, `quantizer`, as in `moshi.models.loaders._mimi_config`). Missing keys
     /// take the released values; flags that select another architecture are refused.
     pub fn from_json(text: &str) -> Result<Self, MimiError> {
-        let v: Value = serde_json::from_str(text).map_err(|e| MimiError::Config(format!("invalid JSON: {e}")))?;
+        let v: Value = serde_json::from_str(text)
+            .map_err(|e| MimiError::Config(format!("invalid JSON: {e}")))?;
         Self::from_value(&v)
     }
 
@@ -90,18 +91,19 @@ impl MimiSpec {
         let bad = |m: String| MimiError::Config(m);
         let get_usize = |obj: &Value, key: &str, dst: &mut usize| -> Result<(), MimiError> {
             if let Some(x) = obj.get(key) {
-                *dst = x
-                    .as_u64()
-                    .filter(|&n| n > 0)
-                    .ok_or_else(|| MimiError::Config(format!("`{key}` must be a positive integer")))?
-                    as usize;
+                *dst = x.as_u64().filter(|&n| n > 0).ok_or_else(|| {
+                    MimiError::Config(format!("`{key}` must be a positive integer"))
+                })? as usize;
             }
             Ok(())
         };
         get_usize(v, "sample_rate", &mut s.sample_rate)?;
         get_usize(v, "channels", &mut s.channels)?;
         if let Some(x) = v.get("frame_rate") {
-            s.frame_rate = x.as_f64().filter(|f| *f > 0.0).ok_or_else(|| bad("`frame_rate` must be positive".into()))?;
+            s.frame_rate = x
+                .as_f64()
+                .filter(|f| *f > 0.0)
+                .ok_or_else(|| bad("`frame_rate` must be positive".into()))?;
         }
         if let Some(se) = v.get("seanet") {
             get_usize(se, "dimension", &mut s.dimension)?;
@@ -112,10 +114,15 @@ impl MimiSpec {
             get_usize(se, "dilation_base", &mut s.dilation_base)?;
             get_usize(se, "compress", &mut s.compress)?;
             if let Some(x) = se.get("n_residual_layers") {
-                s.n_residual_layers = x.as_u64().ok_or_else(|| bad("`n_residual_layers` must be an integer".into()))? as usize;
+                s.n_residual_layers = x
+                    .as_u64()
+                    .ok_or_else(|| bad("`n_residual_layers` must be an integer".into()))?
+                    as usize;
             }
             if let Some(r) = se.get("ratios") {
-                let arr = r.as_array().ok_or_else(|| bad("`ratios` must be a list".into()))?;
+                let arr = r
+                    .as_array()
+                    .ok_or_else(|| bad("`ratios` must be a list".into()))?;
                 s.ratios = arr
                     .iter()
                     .map(|x| x.as_u64().filter(|&n| n > 0).map(|n| n as usize))
@@ -124,7 +131,9 @@ impl MimiSpec {
             }
             if let Some(ch) = se.get("channels") {
                 if ch.as_u64() != Some(s.channels as u64) {
-                    return Err(bad("seanet `channels` differs from top-level `channels`".into()));
+                    return Err(bad(
+                        "seanet `channels` differs from top-level `channels`".into()
+                    ));
                 }
             }
             check_str(se, "activation", "ELU")?;
@@ -152,7 +161,10 @@ impl MimiSpec {
             get_usize(tr, "dim_feedforward", &mut s.dim_feedforward)?;
             get_usize(tr, "context", &mut s.context)?;
             if let Some(x) = tr.get("max_period") {
-                s.max_period = x.as_f64().filter(|f| *f > 0.0).ok_or_else(|| bad("`max_period` must be positive".into()))?;
+                s.max_period = x
+                    .as_f64()
+                    .filter(|f| *f > 0.0)
+                    .ok_or_else(|| bad("`max_period` must be positive".into()))?;
             }
             check_str(tr, "gating", "none")?;
             check_str(tr, "norm", "layer_norm")?;
@@ -165,7 +177,9 @@ impl MimiSpec {
                 }
             }
             if let Some(x) = tr.get("output_dimensions") {
-                let ok = x.as_array().is_some_and(|a| a.len() == 1 && a[0].as_u64() == Some(s.dimension as u64));
+                let ok = x
+                    .as_array()
+                    .is_some_and(|a| a.len() == 1 && a[0].as_u64() == Some(s.dimension as u64));
                 if !ok {
                     return Err(bad("transformer output_dimensions must be [d_model]".into()));
                 }
@@ -178,7 +192,9 @@ impl MimiSpec {
             for key in ["input_dimension", "output_dimension"] {
                 if let Some(x) = q.get(key) {
                     if x.as_u64() != Some(s.dimension as u64) {
-                        return Err(bad(format!("quantizer `{key}` must equal the SEANet dimension")));
+                        return Err(bad(format!(
+                            "quantizer `{key}` must equal the SEANet dimension"
+                        )));
                     }
                 }
             }
@@ -191,7 +207,10 @@ impl MimiSpec {
     pub fn validate(&self) -> Result<(), MimiError> {
         let bad = |m: String| Err(MimiError::Config(m));
         if self.channels != 1 {
-            return bad(format!("only mono Mimi is supported (channels = {})", self.channels));
+            return bad(format!(
+                "only mono Mimi is supported (channels = {})",
+                self.channels
+            ));
         }
         if self.ratios.is_empty() {
             return bad("`ratios` is empty".into());
@@ -203,7 +222,9 @@ impl MimiSpec {
         let fs = fs.round() as usize;
         let hop = self.hop();
         if fs % hop != 0 {
-            return bad(format!("frame size {fs} is not a multiple of the SEANet hop {hop}"));
+            return bad(format!(
+                "frame size {fs} is not a multiple of the SEANet hop {hop}"
+            ));
         }
         if self.dimension % self.num_heads != 0 || (self.dimension / self.num_heads) % 2 != 0 {
             return bad("d_model must split into heads of even size".into());
@@ -242,7 +263,9 @@ fn check_str(obj: &Value, key: &str, want: &str) -> Result<(), MimiError> {
     match obj.get(key) {
         None => Ok(()),
         Some(x) if x.as_str() == Some(want) => Ok(()),
-        Some(x) => Err(MimiError::Config(format!("unsupported `{key}` = {x} (only {want:?} is implemented)"))),
+        Some(x) => Err(MimiError::Config(format!(
+            "unsupported `{key}` = {x} (only {want:?} is implemented)"
+        ))),
     }
 }
 
@@ -250,7 +273,9 @@ fn check_bool(obj: &Value, key: &str, want: bool) -> Result<(), MimiError> {
     match obj.get(key) {
         None => Ok(()),
         Some(x) if x.as_bool() == Some(want) => Ok(()),
-        Some(x) => Err(MimiError::Config(format!("unsupported `{key}` = {x} (only {want} is implemented)"))),
+        Some(x) => Err(MimiError::Config(format!(
+            "unsupported `{key}` = {x} (only {want} is implemented)"
+        ))),
     }
 }
 
@@ -274,7 +299,10 @@ mod tests {
             "transformer":{"d_model":32,"num_heads":4,"num_layers":2,"context":8,"dim_feedforward":64},
             "quantizer":{"dimension":16,"n_q":16,"bins":64,"input_dimension":32,"output_dimension":32}}"#;
         let s = MimiSpec::from_json(j).unwrap();
-        assert_eq!((s.dimension, s.n_filters, s.context, s.bins, s.n_q), (32, 4, 8, 64, 16));
+        assert_eq!(
+            (s.dimension, s.n_filters, s.context, s.bins, s.n_q),
+            (32, 4, 8, 64, 16)
+        );
         assert!(MimiSpec::from_json(&j.replace("\"none\"", "\"weight_norm\"")).is_err());
         assert!(MimiSpec::from_json(&j.replace("12.5", "11.0")).is_err());
         assert!(MimiSpec::from_json("{").is_err());

@@ -3,7 +3,7 @@
 use super::{MimiEncoder, MimiError};
 
 /// Buffers PCM until a whole frame is available, then encodes it (allocation-free).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct StreamEncoder {
     enc: MimiEncoder,
     buf: Vec<f32>,
@@ -14,7 +14,11 @@ impl StreamEncoder {
     /// Wraps a streaming encoder.
     pub fn new(enc: MimiEncoder) -> Self {
         let fs = enc.mimi().frame_size();
-        StreamEncoder { enc, buf: vec![0.0; fs], fill: 0 }
+        StreamEncoder {
+            enc,
+            buf: vec![0.0; fs],
+            fill: 0,
+        }
     }
 
     /// Samples waiting for the next frame.
@@ -24,7 +28,11 @@ impl StreamEncoder {
 
     /// Feeds `pcm` (any length, possibly empty); calls `on_frame` with the codes of every
     /// frame completed, in order. Returns the number of frames emitted.
-    pub fn push(&mut self, mut pcm: &[f32], mut on_frame: impl FnMut(&[u32])) -> Result<usize, MimiError> {
+    pub fn push(
+        &mut self,
+        mut pcm: &[f32],
+        mut on_frame: impl FnMut(&[u32]),
+    ) -> Result<usize, MimiError> {
         let fs = self.buf.len();
         let mut n = 0;
         while !pcm.is_empty() {

@@ -8,29 +8,31 @@
 //! the context (streaming), the older query of a 2-step chunk therefore sees one key fewer.
 //! The non-streaming PyTorch path (mask only) is reproduced with a larger ring.
 
+use super::conv::matmul;
 use super::linalg;
+use kernels::{Matrix, Pool, Scratch};
 
 /// Weights of one layer.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct Layer {
     pub norm1_w: Vec<f32>,
     pub norm1_b: Vec<f32>,
     /// `[3 * d, d]`: rows Q (head-major), K, V.
-    pub in_proj: Vec<f32>,
+    pub in_proj: Matrix,
     /// `[d, d]`.
-    pub out_proj: Vec<f32>,
+    pub out_proj: Matrix,
     pub ls1: Vec<f32>,
     pub norm2_w: Vec<f32>,
     pub norm2_b: Vec<f32>,
     /// `[ff, d]`.
-    pub linear1: Vec<f32>,
+    pub linear1: Matrix,
     /// `[d, ff]`.
-    pub linear2: Vec<f32>,
+    pub linear2: Matrix,
     pub ls2: Vec<f32>,
 }
 
 /// A stack of layers plus its sizes.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct Transformer {
     pub d: usize,
     pub heads: usize,
@@ -41,7 +43,7 @@ pub(crate) struct Transformer {
 }
 
 /// Streaming state: one KV ring per layer, the position counter and work buffers.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct TransformerState {
     /// Ring capacity (= context when streaming exactly like PyTorch streaming).
     cap: usize,
@@ -59,6 +61,7 @@ pub(crate) struct TransformerState {
     scores: Vec<f32>,
     cos: Vec<f32>,
     sin: Vec<f32>,
+    scratch: Scratch,
 }
 
 impl Transformer {
@@ -66,12 +69,20 @@ impl Transformer {
     /// context (PyTorch non-streaming); otherwise the ring holds exactly `context` entries
     /// (PyTorch streaming).
     pub fn state(&self, max_t: usize, exact_window: bool) -> TransformerState {
-        let cap = if exact_window { self.context + max_t } else { self.context };
+        let cap = if exact_window {
+            self.context + max_t
+        } else {
+            self.context
+        };
         let d = self.d;
         TransformerState {
             cap,
             max_t,
-            kv: self.layers.iter().map(|_| (vec![0.0; cap * d], vec![0.0; cap * d])).collect(),
+            kv: self
+                .layers
+                .iter()
+                .map(|_| (vec![0.0; cap * d], vec![0.0; cap * d]))
+                .collect(),
             pos: 0,
             x: vec![0.0; max_t * d],
             h: vec![0.0; max_t * d],
@@ -82,11 +93,18 @@ impl Transformer {
             scores: vec![0.0; cap],
             cos: vec![0.0; max_t * d / self.heads / 2],
             sin: vec![0.0; max_t * d / self.heads / 2],
+            scratch: Scratch::new(),
         }
     }
 
     /// Runs `t` steps. `io` is `[d, t]` (conv layout) on input and output.
-    pub fn forward(&self, st: &mut TransformerState, io: &mut [f32], t: usize) {
+    pub fn forward(
+        &self,
+        st: &mut TransformerState,
+        io: &mut [f32],
+        t: usize,
+        pool: Option<&Pool>,
+    ) {
         assert!(t <= st.max_t);
         let d = self.d;
         let hd = d / self.heads;
@@ -121,10 +139,20 @@ impl Transformer {
                     &mut st.h[s * d..(s + 1) * d],
                 );
             }
-            linalg::linear(3 * d, d, &layer.in_proj, &st.h, t, &mut st.qkv);
+            matmul(
+                &layer.in_proj,
+                &st.h[..t * d],
+                t,
+                &mut st.qkv,
+                pool,
+                &mut st.scratch,
+            );
             for s in 0..t {
                 let row = &mut st.qkv[s * 3 * d..(s + 1) * 3 * d];
-                let (cs, sn) = (&st.cos[s * half..(s + 1) * half], &st.sin[s * half..(s + 1) * half]);
+                let (cs, sn) = (
+                    &st.cos[s * half..(s + 1) * half],
+                    &st.sin[s * half..(s + 1) * half],
+                );
                 for part in 0..2 {
                     for hh in 0..self.heads {
                         let v = &mut row[part * d + hh * hd..part * d + (hh + 1) * hd];
@@ -143,7 +171,9 @@ impl Transformer {
             // k ∈ [max(p − context + 1, last − cap + 1, 0), p].
             for s in 0..t {
                 let p = st.pos + s;
-                let lo = (p + 1).saturating_sub(self.context).max((last + 1).saturating_sub(cap));
+                let lo = (p + 1)
+                    .saturating_sub(self.context)
+                    .max((last + 1).saturating_sub(cap));
                 let n = p + 1 - lo;
                 let q_row = &st.qkv[s * 3 * d..s * 3 * d + d];
                 for hh in 0..self.heads {
@@ -172,7 +202,14 @@ impl Transformer {
                     }
                 }
             }
-            linalg::linear(d, d, &layer.out_proj, &st.att, t, &mut st.o);
+            matmul(
+                &layer.out_proj,
+                &st.att[..t * d],
+                t,
+                &mut st.o,
+                pool,
+                &mut st.scratch,
+            );
             for s in 0..t {
                 for c in 0..d {
                     st.x[s * d + c] += layer.ls1[c] * st.o[s * d + c];
@@ -187,11 +224,25 @@ impl Transformer {
                     &mut st.h[s * d..(s + 1) * d],
                 );
             }
-            linalg::linear(self.ff, d, &layer.linear1, &st.h, t, &mut st.f);
+            matmul(
+                &layer.linear1,
+                &st.h[..t * d],
+                t,
+                &mut st.f,
+                pool,
+                &mut st.scratch,
+            );
             for v in st.f[..t * self.ff].iter_mut() {
                 *v = linalg::gelu_erf(*v);
             }
-            linalg::linear(d, self.ff, &layer.linear2, &st.f, t, &mut st.o);
+            matmul(
+                &layer.linear2,
+                &st.f[..t * self.ff],
+                t,
+                &mut st.o,
+                pool,
+                &mut st.scratch,
+            );
             for s in 0..t {
                 for c in 0..d {
                     st.x[s * d + c] += layer.ls2[c] * st.o[s * d + c];

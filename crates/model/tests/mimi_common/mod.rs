@@ -10,7 +10,9 @@ use std::sync::Arc;
 pub type TensorMap = HashMap<String, (Vec<f32>, Vec<usize>)>;
 
 pub fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/mimi").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/mimi")
+        .join(name)
 }
 
 /// Every f32 tensor of a safetensors file, plus i64 tensors converted to f32 (codes).
@@ -21,13 +23,52 @@ pub fn read_tensors(name: &str) -> TensorMap {
     for (n, v) in st.tensors() {
         let data = v.data();
         let vals: Vec<f32> = match v.dtype() {
-            Dtype::F32 => data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect(),
-            Dtype::I64 => data.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f32).collect(),
+            Dtype::F32 => data
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+            Dtype::I64 => data
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f32)
+                .collect(),
             _ => continue,
         };
         m.insert(n.to_string(), (vals, v.shape().to_vec()));
     }
     m
+}
+
+/// The fixture input (`input.wav`: 24 kHz mono IEEE float32), read with a minimal RIFF parser.
+pub fn input_pcm() -> Vec<f32> {
+    let b = std::fs::read(fixture("input.wav")).expect("input.wav");
+    assert_eq!(&b[0..4], b"RIFF");
+    assert_eq!(&b[8..12], b"WAVE");
+    let mut i = 12;
+    let mut fmt_ok = false;
+    while i + 8 <= b.len() {
+        let id = &b[i..i + 4];
+        let n = u32::from_le_bytes(b[i + 4..i + 8].try_into().unwrap()) as usize;
+        let body = &b[i + 8..(i + 8 + n).min(b.len())];
+        if id == b"fmt " {
+            let tag = u16::from_le_bytes([body[0], body[1]]);
+            let ch = u16::from_le_bytes([body[2], body[3]]);
+            let rate = u32::from_le_bytes(body[4..8].try_into().unwrap());
+            let bits = u16::from_le_bytes([body[14], body[15]]);
+            assert!(
+                (tag == 3 || tag == 0xFFFE) && ch == 1 && rate == 24000 && bits == 32,
+                "unexpected fixture format"
+            );
+            fmt_ok = true;
+        } else if id == b"data" {
+            assert!(fmt_ok);
+            return body
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+        }
+        i += 8 + n + (n & 1);
+    }
+    panic!("no data chunk in input.wav");
 }
 
 pub fn spec() -> MimiSpec {
@@ -58,7 +99,10 @@ pub fn stage_name(s: Stage) -> &'static str {
 
 impl Collector {
     pub fn push(&mut self, s: Stage, x: &[f32]) {
-        self.parts.entry(stage_name(s)).or_default().push(x.to_vec());
+        self.parts
+            .entry(stage_name(s))
+            .or_default()
+            .push(x.to_vec());
     }
 
     /// Concatenates along time, given the channel count.
@@ -80,5 +124,8 @@ impl Collector {
 
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "length mismatch");
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
