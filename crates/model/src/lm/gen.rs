@@ -72,6 +72,47 @@ pub struct NoObserver;
 
 impl LmObserver for NoObserver {}
 
+/// An observer that keeps everything it sees (tracing, tests): flattened per step.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LmRecorder {
+    /// Input columns, `[steps, 1 + n_q]`.
+    pub input_tokens: Vec<i64>,
+    /// Normalised temporal outputs, `[steps, dim]`.
+    pub transformer_out: Vec<f32>,
+    /// Text logits, `[steps, text_card]`.
+    pub text_logits: Vec<f32>,
+    /// Depformer logits, `[steps, dep_q, card]`.
+    pub depformer_logits: Vec<f32>,
+    /// Text tokens of the returned frames (filled by [`LmRecorder::record_frame`]).
+    pub out_text: Vec<i64>,
+    /// Audio codes of the returned frames, frame-major `[frames, dep_q]`.
+    pub out_audio: Vec<i64>,
+}
+
+impl LmRecorder {
+    /// Appends a frame returned by [`LmGen::step_with`].
+    pub fn record_frame(&mut self, frame: &LmFrame) {
+        self.out_text.push(frame.text as i64);
+        self.out_audio
+            .extend(frame.audio().iter().map(|&x| x as i64));
+    }
+}
+
+impl LmObserver for LmRecorder {
+    fn input_tokens(&mut self, t: &[i64]) {
+        self.input_tokens.extend_from_slice(t);
+    }
+    fn transformer_out(&mut self, x: &[f32]) {
+        self.transformer_out.extend_from_slice(x);
+    }
+    fn text_logits(&mut self, l: &[f32]) {
+        self.text_logits.extend_from_slice(l);
+    }
+    fn depformer_logits(&mut self, _k: usize, l: &[f32]) {
+        self.depformer_logits.extend_from_slice(l);
+    }
+}
+
 /// The streaming generator of one session (batch 1).
 #[derive(Debug)]
 pub struct LmGen {

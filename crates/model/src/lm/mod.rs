@@ -17,7 +17,9 @@ mod model;
 mod source;
 mod spec;
 
-pub use gen::{LmFrame, LmGen, LmObserver, NoObserver, StepOptions, MAX_AUDIO_CODEBOOKS};
+pub use gen::{
+    LmFrame, LmGen, LmObserver, LmRecorder, NoObserver, StepOptions, MAX_AUDIO_CODEBOOKS,
+};
 pub use kernels::attention::KvDtype;
 pub use model::{LmModel, LmState};
 pub use source::{SyntheticSource, TensorSource};

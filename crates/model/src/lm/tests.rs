@@ -62,32 +62,7 @@ pub(crate) fn tiny_model(file: &str) -> LmModel {
     LmModel::load(&w, &tiny_config()).unwrap()
 }
 
-/// Everything the observer sees plus the returned frames, flattened per step.
-#[derive(Default, Debug, Clone, PartialEq)]
-pub(crate) struct Recorded {
-    pub input_tokens: Vec<i64>,
-    pub transformer_out: Vec<f32>,
-    pub text_logits: Vec<f32>,
-    pub depformer_logits: Vec<f32>,
-    pub out_text: Vec<i64>,
-    /// Per returned frame, `dep_q` codes (frame-major).
-    pub out_audio: Vec<i64>,
-}
-
-impl LmObserver for Recorded {
-    fn input_tokens(&mut self, t: &[i64]) {
-        self.input_tokens.extend_from_slice(t);
-    }
-    fn transformer_out(&mut self, x: &[f32]) {
-        self.transformer_out.extend_from_slice(x);
-    }
-    fn text_logits(&mut self, l: &[f32]) {
-        self.text_logits.extend_from_slice(l);
-    }
-    fn depformer_logits(&mut self, _k: usize, l: &[f32]) {
-        self.depformer_logits.extend_from_slice(l);
-    }
-}
+pub(crate) type Recorded = LmRecorder;
 
 /// Column `t` of a `[rows, cols]` i64 tensor.
 fn column(v: &[i64], rows: usize, cols: usize, t: usize) -> Vec<i64> {
@@ -122,8 +97,7 @@ pub(crate) fn run(
             .step_with(model, &user, sampler, &pool, &opts, &mut rec)
             .unwrap();
         if let Some(f) = out {
-            rec.out_text.push(f.text as i64);
-            rec.out_audio.extend(f.audio().iter().map(|&x| x as i64));
+            rec.record_frame(&f);
         }
     }
     rec
@@ -263,8 +237,7 @@ fn reset_returns_to_fresh_state() {
                 )
                 .unwrap()
             {
-                rec.out_text.push(f.text as i64);
-                rec.out_audio.extend(f.audio().iter().map(|&x| x as i64));
+                rec.record_frame(&f);
             }
         }
         rec

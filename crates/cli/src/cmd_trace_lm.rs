@@ -1,0 +1,245 @@
+//! `moshi-native trace lm`: run the LM generator on recorded user codes and dump every
+//! intermediate the oracle dumps, for parity checks against Kyutai's Python `LMGen`.
+//!
+//! ```text
+//! moshi-native trace lm --model-dir DIR --user-codes CODES.safetensors --out OUT.safetensors
+//!                       [--steps N] [--greedy | --seed S] [--kv-dtype f32|bf16] [--threads T]
+//! ```
+//!
+//! `CODES.safetensors` holds `codes` (i64 `[8, T]`): the user stream, one column per `LMGen` call.
+//! The output holds, per step: `input_tokens` (i64 `[S, 17]`), `text_logits` (f32
+//! `[S, text_card]`), `depformer_logits` (f32 `[S, 8, card]`), `transformer_out` (f32 `[S, dim]`),
+//! and what the generator returned: `out_text` (i64 `[S']`), `out_audio` (i64 `[8, S']`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Args;
+use kernels::Pool;
+use model::checkpoint::Bundle;
+use model::lm::{KvDtype, LmGen, LmModel, LmRecorder, StepOptions};
+use model::sampling::{Sampler, SamplerConfig};
+
+/// Flags of `moshi-native trace lm`.
+#[derive(Args, Debug, Clone)]
+pub struct TraceLmArgs {
+    /// Bundle directory (config.json + LM weights; any supported weight format).
+    #[arg(long, value_name = "DIR")]
+    pub model_dir: PathBuf,
+    /// safetensors file with `codes` (i64 [8, T]): the user stream, one column per call.
+    #[arg(long, value_name = "CODES.safetensors")]
+    pub user_codes: PathBuf,
+    /// Output safetensors file.
+    #[arg(long, value_name = "OUT.safetensors")]
+    pub out: PathBuf,
+    /// Number of calls (default: every column of the codes).
+    #[arg(long)]
+    pub steps: Option<usize>,
+    /// Argmax for text and audio (the default).
+    #[arg(long, conflicts_with = "seed")]
+    pub greedy: bool,
+    /// Sample with Python LMGen's defaults (text 0.7/25, audio 0.8/250) from this seed.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Storage of the temporal KV cache: f32 (parity) or bf16.
+    #[arg(long, default_value = "f32")]
+    pub kv_dtype: String,
+    /// Threads for the matrix products.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+}
+
+/// One tensor read from a safetensors file.
+struct RawTensor {
+    dtype: String,
+    shape: Vec<usize>,
+    data: Vec<u8>,
+}
+
+/// Minimal safetensors reader (header JSON + raw little-endian data).
+fn read_safetensors(path: &Path) -> Result<BTreeMap<String, RawTensor>> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let bad = || anyhow!("{}: not a safetensors file", path.display());
+    let n = u64::from_le_bytes(bytes.get(..8).ok_or_else(bad)?.try_into()?) as usize;
+    let header = bytes
+        .get(8..8usize.checked_add(n).ok_or_else(bad)?)
+        .ok_or_else(bad)?;
+    let header: serde_json::Value = serde_json::from_slice(header).map_err(|_| bad())?;
+    let data = &bytes[8 + n..];
+    let mut out = BTreeMap::new();
+    for (name, v) in header.as_object().ok_or_else(bad)? {
+        if name == "__metadata__" {
+            continue;
+        }
+        let dtype = v["dtype"].as_str().ok_or_else(bad)?.to_string();
+        let shape = v["shape"]
+            .as_array()
+            .ok_or_else(bad)?
+            .iter()
+            .map(|d| d.as_u64().map(|d| d as usize).ok_or_else(bad))
+            .collect::<Result<Vec<_>>>()?;
+        let offs = v["data_offsets"].as_array().ok_or_else(bad)?;
+        let (a, b) = (
+            offs.first().and_then(|x| x.as_u64()).ok_or_else(bad)? as usize,
+            offs.get(1).and_then(|x| x.as_u64()).ok_or_else(bad)? as usize,
+        );
+        let slice = data.get(a..b).ok_or_else(bad)?;
+        out.insert(
+            name.clone(),
+            RawTensor {
+                dtype,
+                shape,
+                data: slice.to_vec(),
+            },
+        );
+    }
+    Ok(out)
+}
+
+/// A tensor to write.
+enum OutTensor {
+    F32(Vec<usize>, Vec<f32>),
+    I64(Vec<usize>, Vec<i64>),
+}
+
+/// Minimal safetensors writer (tensors in name order, 8-byte aligned header).
+fn write_safetensors(
+    path: &Path,
+    tensors: &BTreeMap<&str, OutTensor>,
+    meta: &BTreeMap<&str, String>,
+) -> Result<()> {
+    let mut header = serde_json::Map::new();
+    header.insert("__metadata__".into(), serde_json::to_value(meta)?);
+    let mut data = Vec::new();
+    for (name, t) in tensors {
+        let (dtype, shape, bytes): (&str, &Vec<usize>, Vec<u8>) = match t {
+            OutTensor::F32(s, v) => ("F32", s, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+            OutTensor::I64(s, v) => ("I64", s, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+        };
+        let start = data.len();
+        data.extend_from_slice(&bytes);
+        header.insert(
+            (*name).to_string(),
+            serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [start, data.len()]}),
+        );
+    }
+    let mut h = serde_json::to_vec(&serde_json::Value::Object(header))?;
+    while h.len() % 8 != 0 {
+        h.push(b' ');
+    }
+    let mut out = Vec::with_capacity(8 + h.len() + data.len());
+    out.extend_from_slice(&(h.len() as u64).to_le_bytes());
+    out.extend_from_slice(&h);
+    out.extend_from_slice(&data);
+    std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Runs `trace lm`.
+pub fn run(args: &TraceLmArgs) -> Result<()> {
+    let bundle = Bundle::open(&args.model_dir)
+        .with_context(|| format!("opening bundle {}", args.model_dir.display()))?;
+    let cfg = bundle.config.lm.clone();
+    let weights = bundle.lm_weights()?;
+    let model = LmModel::load(&weights, &cfg)?;
+    let spec = model.spec().clone();
+
+    let codes_file = read_safetensors(&args.user_codes)?;
+    let codes = codes_file
+        .get("codes")
+        .ok_or_else(|| anyhow!("{}: no tensor `codes`", args.user_codes.display()))?;
+    if codes.dtype != "I64" || codes.shape.len() != 2 || codes.shape[0] < spec.n_user() {
+        bail!(
+            "`codes` must be i64 [{}, T], got {} {:?}",
+            spec.n_user(),
+            codes.dtype,
+            codes.shape
+        );
+    }
+    let t_total = codes.shape[1];
+    let codes: Vec<i64> = codes
+        .data
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect();
+    let steps = args.steps.unwrap_or(t_total);
+    if steps > t_total {
+        bail!("--steps {steps} but the codes have only {t_total} columns");
+    }
+    let kv = match args.kv_dtype.as_str() {
+        "f32" => KvDtype::F32,
+        "bf16" => KvDtype::Bf16,
+        o => bail!("unknown --kv-dtype `{o}` (f32, bf16)"),
+    };
+    let sampler_cfg = match args.seed {
+        Some(s) if !args.greedy => SamplerConfig::seeded(s),
+        _ => SamplerConfig::greedy(),
+    };
+    let mut sampler = Sampler::new(sampler_cfg, spec.text_card, spec.card)?;
+    let pool = Pool::new(args.threads.max(1));
+    let mut gen = LmGen::new(&model, kv)?;
+    let mut rec = LmRecorder::default();
+    let n_user = spec.n_user();
+    let mut user = vec![0i64; n_user];
+    for t in 0..steps {
+        for (k, u) in user.iter_mut().enumerate() {
+            *u = codes[k * t_total + t];
+        }
+        if let Some(frame) = gen
+            .step_with(
+                &model,
+                &user,
+                &mut sampler,
+                &pool,
+                &StepOptions::default(),
+                &mut rec,
+            )
+            .with_context(|| format!("step {t}"))?
+        {
+            rec.record_frame(&frame);
+        }
+    }
+
+    let frames = rec.out_text.len();
+    let dq = spec.dep_q;
+    let out_audio: Vec<i64> = (0..dq)
+        .flat_map(|k| (0..frames).map(move |f| (k, f)))
+        .map(|(k, f)| rec.out_audio[f * dq + k])
+        .collect();
+    let mut tensors = BTreeMap::new();
+    tensors.insert(
+        "input_tokens",
+        OutTensor::I64(vec![steps, spec.num_streams()], rec.input_tokens),
+    );
+    tensors.insert(
+        "text_logits",
+        OutTensor::F32(vec![steps, spec.text_card], rec.text_logits),
+    );
+    tensors.insert(
+        "depformer_logits",
+        OutTensor::F32(vec![steps, dq, spec.card], rec.depformer_logits),
+    );
+    tensors.insert(
+        "transformer_out",
+        OutTensor::F32(vec![steps, spec.dim], rec.transformer_out),
+    );
+    tensors.insert("out_text", OutTensor::I64(vec![frames], rec.out_text));
+    tensors.insert("out_audio", OutTensor::I64(vec![dq, frames], out_audio));
+    let mut meta = BTreeMap::new();
+    meta.insert("steps", steps.to_string());
+    meta.insert(
+        "sampling",
+        match args.seed {
+            Some(s) if !args.greedy => format!("seed {s}"),
+            _ => "greedy".into(),
+        },
+    );
+    meta.insert("kv_dtype", args.kv_dtype.clone());
+    meta.insert("weights", weights.path().display().to_string());
+    write_safetensors(&args.out, &tensors, &meta)?;
+    eprintln!(
+        "trace lm: {steps} steps, {frames} frames -> {}",
+        args.out.display()
+    );
+    Ok(())
+}
