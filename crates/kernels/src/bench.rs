@@ -1,1 +1,451 @@
-//! Kernel micro-benchmark (filled in below).
+//! Kernel micro-benchmark: matvec GB/s per weight format next to a plain memory-read
+//! probe measured in the same run (interleaved rounds, medians and spread).
+//!
+//! Run it with `cargo run --release -p moshi-kernels --example kernel_bench` (or call
+//! [`run`] from a CLI command). Each sample streams a working set of several distinct
+//! copies of the matrix (at least [`BenchOptions::working_set_mb`]) so the weights come
+//! from memory, not from the last-level cache.
+
+use std::time::Instant;
+
+use crate::quant::{encode_mlx, encode_q4_0, encode_q8_0};
+use crate::{Matrix, Pool, Storage, WeightFormat};
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Formats to measure.
+    pub formats: Vec<WeightFormat>,
+    /// Matrix shapes `(rows, cols)`.
+    pub shapes: Vec<(usize, usize)>,
+    /// Thread counts.
+    pub threads: Vec<usize>,
+    /// Rounds (each round runs every configuration once, interleaved).
+    pub rounds: usize,
+    /// Minimum bytes streamed per sample, in MiB (distinct matrix copies).
+    pub working_set_mb: usize,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        BenchOptions {
+            formats: vec![
+                WeightFormat::F32,
+                WeightFormat::Bf16,
+                WeightFormat::Q8_0,
+                WeightFormat::Q4_0,
+                WeightFormat::MlxAffine { bits: 4, group: 32 },
+            ],
+            shapes: vec![(4096, 4096), (4096, 11264)],
+            threads: vec![1, 2],
+            rounds: 9,
+            working_set_mb: 384,
+        }
+    }
+}
+
+/// One measured configuration.
+#[derive(Debug, Clone)]
+pub struct BenchRow {
+    /// Weight format.
+    pub format: WeightFormat,
+    /// `(rows, cols)`.
+    pub shape: (usize, usize),
+    /// Threads.
+    pub threads: usize,
+    /// Median weight-stream GB/s over the rounds.
+    pub gbps_median: f64,
+    /// Lowest and highest GB/s over the rounds.
+    pub gbps_range: (f64, f64),
+    /// Median microseconds per matvec.
+    pub us_median: f64,
+    /// Median read-probe GB/s with the same thread count, measured in the same rounds.
+    pub read_gbps_median: f64,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn synth(rows: usize, cols: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..rows * cols)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1
+        })
+        .collect()
+}
+
+fn make(format: WeightFormat, rows: usize, cols: usize, vals: &[f32]) -> Matrix {
+    let m = match format {
+        WeightFormat::F32 => Matrix::from_f32(rows, cols, vals.to_vec()),
+        WeightFormat::Bf16 | WeightFormat::F16 => {
+            let b: Vec<u8> = vals
+                .iter()
+                .flat_map(|v| {
+                    if format == WeightFormat::Bf16 {
+                        half::bf16::from_f32(*v).to_bits().to_le_bytes()
+                    } else {
+                        half::f16::from_f32(*v).to_bits().to_le_bytes()
+                    }
+                })
+                .collect();
+            Matrix::from_bytes(format, rows, cols, Storage::from_vec(b))
+        }
+        WeightFormat::Q8_0 => Matrix::from_bytes(
+            format,
+            rows,
+            cols,
+            Storage::from_vec(encode_q8_0(vals).unwrap()),
+        ),
+        WeightFormat::Q4_0 => Matrix::from_bytes(
+            format,
+            rows,
+            cols,
+            Storage::from_vec(encode_q4_0(vals).unwrap()),
+        ),
+        WeightFormat::MlxAffine { bits, group } => {
+            let (c, s, b) = encode_mlx(bits, group, rows, cols, vals).unwrap();
+            Matrix::from_mlx(
+                bits,
+                group,
+                rows,
+                cols,
+                Storage::from_vec(c),
+                Storage::from_vec(s),
+                Storage::from_vec(b),
+            )
+        }
+    };
+    m.expect("synthetic matrix")
+}
+
+/// Streaming read probe: sums `buf` split over the pool's threads; returns GB/s.
+fn read_probe(pool: &Pool, buf: &[f32]) -> f64 {
+    let t0 = Instant::now();
+    let nt = pool.n_threads();
+    let chunk = buf.len().div_ceil(nt);
+    let sink = std::sync::atomic::AtomicU32::new(0);
+    pool.run(nt, &|i| {
+        let part = &buf[(i * chunk).min(buf.len())..((i + 1) * chunk).min(buf.len())];
+        let s = sum_f32(part);
+        sink.fetch_add(s.to_bits() & 1, std::sync::atomic::Ordering::Relaxed);
+    });
+    let dt = t0.elapsed().as_secs_f64();
+    std::hint::black_box(sink.load(std::sync::atomic::Ordering::Relaxed));
+    (buf.len() * 4) as f64 / dt / 1e9
+}
+
+fn sum_f32(v: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd_level() == crate::SimdLevel::Avx2 {
+        // SAFETY: AVX2 detected.
+        return unsafe { sum_avx2(v) };
+    }
+    let mut acc = [0f32; 16];
+    for c in v.chunks_exact(16) {
+        for k in 0..16 {
+            acc[k] += c[k];
+        }
+    }
+    acc.iter().sum()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn sum_avx2(v: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let mut a = [_mm256_setzero_ps(); 8];
+    let n = v.len() / 64 * 64;
+    let p = v.as_ptr();
+    let mut i = 0;
+    while i < n {
+        for (k, ak) in a.iter_mut().enumerate() {
+            *ak = _mm256_add_ps(*ak, _mm256_loadu_ps(p.add(i + 8 * k)));
+        }
+        i += 64;
+    }
+    let mut s = _mm256_setzero_ps();
+    for ak in a {
+        s = _mm256_add_ps(s, ak);
+    }
+    crate::x86::hsum(s)
+}
+
+/// Runs the benchmark; returns one row per (format, shape, threads). Progress goes to
+/// `log` (for example `|s| eprintln!("{s}")`).
+pub fn run(opts: &BenchOptions, log: &dyn Fn(&str)) -> Vec<BenchRow> {
+    let pools: Vec<Pool> = opts.threads.iter().map(|&t| Pool::new(t)).collect();
+    let probe = vec![1.0f32; opts.working_set_mb * (1 << 20) / 4];
+    let mut rows = Vec::new();
+    for &format in &opts.formats {
+        // Build the working sets of both shapes.
+        let sets: Vec<(usize, usize, Vec<Matrix>)> = opts
+            .shapes
+            .iter()
+            .map(|&(r, c)| {
+                let vals = synth(r, c, 7);
+                let first = make(format, r, c, &vals);
+                let per = first.weight_bytes();
+                let copies = (opts.working_set_mb * (1 << 20)).div_ceil(per).max(2);
+                let mut v = vec![first];
+                for k in 1..copies {
+                    let vals = synth(r, c, 7 + k as u64);
+                    v.push(make(format, r, c, &vals));
+                }
+                (r, c, v)
+            })
+            .collect();
+        log(&format!(
+            "{format:?}: built {} matrices",
+            sets.iter().map(|s| s.2.len()).sum::<usize>()
+        ));
+        let max_cols = opts.shapes.iter().map(|s| s.1).max().unwrap_or(0);
+        let max_rows = opts.shapes.iter().map(|s| s.0).max().unwrap_or(0);
+        let x = synth(1, max_cols, 99);
+        let mut y = vec![0f32; max_rows];
+        let n_cfg = sets.len() * pools.len();
+        let mut samples = vec![Vec::new(); n_cfg];
+        let mut probes = vec![Vec::new(); pools.len()];
+        for round in 0..opts.rounds + 1 {
+            for (pi, pool) in pools.iter().enumerate() {
+                let g = read_probe(pool, &probe);
+                if round > 0 {
+                    probes[pi].push(g);
+                }
+                for (si, (r, c, ms)) in sets.iter().enumerate() {
+                    let t0 = Instant::now();
+                    for m in ms {
+                        pool.matvec(m, &x[..*c], &mut y[..*r]);
+                    }
+                    let dt = t0.elapsed().as_secs_f64();
+                    let bytes: usize = ms.iter().map(|m| m.weight_bytes()).sum();
+                    if round > 0 {
+                        samples[si * pools.len() + pi]
+                            .push((bytes as f64 / dt / 1e9, dt / ms.len() as f64 * 1e6));
+                    }
+                }
+            }
+        }
+        std::hint::black_box(&y);
+        for (si, (r, c, _)) in sets.iter().enumerate() {
+            for (pi, &t) in opts.threads.iter().enumerate() {
+                let s = &samples[si * pools.len() + pi];
+                let mut g: Vec<f64> = s.iter().map(|v| v.0).collect();
+                let mut us: Vec<f64> = s.iter().map(|v| v.1).collect();
+                let lo = g.iter().cloned().fold(f64::INFINITY, f64::min);
+                let hi = g.iter().cloned().fold(0.0, f64::max);
+                let row = BenchRow {
+                    format,
+                    shape: (*r, *c),
+                    threads: t,
+                    gbps_median: median(&mut g),
+                    gbps_range: (lo, hi),
+                    us_median: median(&mut us),
+                    read_gbps_median: median(&mut probes[pi].clone()),
+                };
+                log(&format_row(&row));
+                rows.push(row);
+            }
+        }
+    }
+    rows
+}
+
+fn fmt_name(f: WeightFormat) -> String {
+    match f {
+        WeightFormat::MlxAffine { bits, group } => format!("mlx-q{bits} g{group}"),
+        other => format!("{other:?}").to_lowercase(),
+    }
+}
+
+fn format_row(r: &BenchRow) -> String {
+    format!(
+        "| {} | {}x{} | {} | {:.1} | {:.1}–{:.1} | {:.0} | {:.1} | {:.0}% |",
+        fmt_name(r.format),
+        r.shape.0,
+        r.shape.1,
+        r.threads,
+        r.gbps_median,
+        r.gbps_range.0,
+        r.gbps_range.1,
+        r.us_median,
+        r.read_gbps_median,
+        100.0 * r.gbps_median / r.read_gbps_median
+    )
+}
+
+/// A markdown table of the rows.
+pub fn markdown(rows: &[BenchRow]) -> String {
+    let mut s = String::from(
+        "| format | rows x cols | threads | GB/s median | GB/s min–max | µs/matvec median | read probe GB/s | of probe |\n|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in rows {
+        s.push_str(&format_row(r));
+        s.push('\n');
+    }
+    s
+}
+
+/// One convolution layer of the Mimi SEANet stack at 24 kHz, per 80 ms frame.
+#[derive(Debug, Clone, Copy)]
+struct ConvLayer {
+    transpose: bool,
+    cin: usize,
+    cout: usize,
+    k: usize,
+    stride: usize,
+    /// Output steps (Conv1d) or input steps (ConvTranspose1d) per frame.
+    t: usize,
+}
+
+fn mimi_layers() -> Vec<ConvLayer> {
+    let c = |cin, cout, k, stride, t| ConvLayer {
+        transpose: false,
+        cin,
+        cout,
+        k,
+        stride,
+        t,
+    };
+    let ct = |cin, cout, k, stride, t| ConvLayer {
+        transpose: true,
+        cin,
+        cout,
+        k,
+        stride,
+        t,
+    };
+    vec![
+        // encoder
+        c(1, 64, 7, 1, 1920),
+        c(64, 32, 3, 1, 1920),
+        c(32, 64, 1, 1, 1920),
+        c(64, 128, 8, 4, 480),
+        c(128, 64, 3, 1, 480),
+        c(64, 128, 1, 1, 480),
+        c(128, 256, 10, 5, 96),
+        c(256, 128, 3, 1, 96),
+        c(128, 256, 1, 1, 96),
+        c(256, 512, 12, 6, 16),
+        c(512, 256, 3, 1, 16),
+        c(256, 512, 1, 1, 16),
+        c(512, 1024, 16, 8, 2),
+        c(1024, 512, 3, 1, 2),
+        // decoder
+        c(512, 1024, 7, 1, 2),
+        ct(1024, 512, 16, 8, 2),
+        c(512, 256, 3, 1, 16),
+        c(256, 512, 1, 1, 16),
+        ct(512, 256, 12, 6, 16),
+        c(256, 128, 3, 1, 96),
+        c(128, 256, 1, 1, 96),
+        ct(256, 128, 10, 5, 96),
+        c(128, 64, 3, 1, 480),
+        c(64, 128, 1, 1, 480),
+        ct(128, 64, 8, 4, 480),
+        c(64, 32, 3, 1, 1920),
+        c(32, 64, 1, 1, 1920),
+        c(64, 1, 3, 1, 1920),
+    ]
+}
+
+/// Result of [`run_mimi_convs`].
+#[derive(Debug, Clone)]
+pub struct ConvBenchRow {
+    /// Threads.
+    pub threads: usize,
+    /// Median milliseconds per frame for all SEANet convolutions (encoder + decoder).
+    pub ms_median: f64,
+    /// Lowest and highest ms per frame.
+    pub ms_range: (f64, f64),
+    /// GFLOP/s at the median.
+    pub gflops: f64,
+}
+
+/// Times the Mimi SEANet convolution stack (encoder + decoder, per 80 ms frame, the
+/// `kernels::conv` GEMM paths; ELUs and transformers excluded) with each thread count.
+pub fn run_mimi_convs(threads: &[usize], rounds: usize) -> Vec<ConvBenchRow> {
+    use crate::conv::{Conv1d, ConvTranspose1d};
+    enum L {
+        C(Conv1d),
+        T(ConvTranspose1d),
+    }
+    let mut flops = 0f64;
+    let layers: Vec<(L, Vec<f32>, Vec<f32>)> = mimi_layers()
+        .into_iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let w = synth(1, l.cout * l.cin * l.k, i as u64 + 1);
+            flops += 2.0 * (l.cout * l.cin * l.k * l.t) as f64;
+            if l.transpose {
+                let m = ConvTranspose1d::new(
+                    w,
+                    Some(vec![0.1; l.cout]),
+                    l.cin,
+                    l.cout,
+                    l.k,
+                    l.stride,
+                    1,
+                )
+                .unwrap();
+                let x = synth(l.cin, l.t, 5);
+                let y = vec![0f32; l.cout * m.out_len(l.t)];
+                (L::T(m), x, y)
+            } else {
+                let m = Conv1d::new(
+                    w,
+                    Some(vec![0.1; l.cout]),
+                    l.cin,
+                    l.cout,
+                    l.k,
+                    l.stride,
+                    1,
+                    1,
+                )
+                .unwrap();
+                let t_in = (l.t - 1) * l.stride + l.k;
+                let x = synth(l.cin, t_in, 5);
+                let y = vec![0f32; l.cout * l.t];
+                (L::C(m), x, y)
+            }
+        })
+        .collect();
+    let mut layers = layers;
+    let pools: Vec<Pool> = threads.iter().map(|&t| Pool::new(t)).collect();
+    let mut samples = vec![Vec::new(); pools.len()];
+    for round in 0..rounds + 1 {
+        for (pi, pool) in pools.iter().enumerate() {
+            let t0 = Instant::now();
+            for (l, x, y) in layers.iter_mut() {
+                match l {
+                    L::C(m) => m.forward_pool(x, y, pool).map(|_| ()),
+                    L::T(m) => m.forward_pool(x, y, pool).map(|_| ()),
+                }
+                .expect("bench conv");
+            }
+            if round > 0 {
+                samples[pi].push(t0.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+    }
+    threads
+        .iter()
+        .zip(samples)
+        .map(|(&t, mut s)| {
+            let lo = s.iter().cloned().fold(f64::INFINITY, f64::min);
+            let hi = s.iter().cloned().fold(0.0, f64::max);
+            let med = median(&mut s);
+            ConvBenchRow {
+                threads: t,
+                ms_median: med,
+                ms_range: (lo, hi),
+                gflops: flops / med / 1e6,
+            }
+        })
+        .collect()
+}

@@ -2,7 +2,9 @@
 //! packed once (weights) in panels of [`MR`] rows and B gathered per call into panels of
 //! [`NR`] columns from an arbitrary (row offset, column stride) view of the input, so a
 //! convolution needs no explicit im2col. The AVX2 micro-kernel keeps a 6×16 block of C in
-//! 12 registers; the scalar micro-kernel is its reference.
+//! 12 registers; the scalar micro-kernel is its reference. Outputs at most [`SKINNY`] wide
+//! (Mimi's 12.5/25 Hz layers) take a weight-streaming kernel that reads A exactly once.
+#![allow(clippy::needless_range_loop)]
 
 use std::cell::RefCell;
 
@@ -25,7 +27,8 @@ impl PackedA {
     /// Packs a row-major `[m, k]` matrix given by `at(row, col)`.
     pub(crate) fn new(m: usize, k: usize, at: impl Fn(usize, usize) -> f32) -> PackedA {
         let panels = m.div_ceil(MR);
-        let mut data = vec![0f32; panels * k * MR];
+        // 8 floats of padding: the skinny kernel loads 8 lanes at the last panel row.
+        let mut data = vec![0f32; panels * k * MR + 8];
         for r in 0..m {
             let (p, ri) = (r / MR, r % MR);
             for c in 0..k {
@@ -69,6 +72,12 @@ pub(crate) unsafe fn gemm<F: Fn(usize) -> usize>(
     (q0, q1): (usize, usize),
 ) {
     let k = a.k;
+    if b.n <= SKINNY {
+        if q0 < q1 {
+            skinny(level, a, b, c, ldc, bias, (p0, p1));
+        }
+        return;
+    }
     BPANEL.with(|buf| {
         let mut buf = buf.borrow_mut();
         if buf.len() < k * NR {
@@ -110,6 +119,109 @@ pub(crate) unsafe fn gemm<F: Fn(usize) -> usize>(
             }
         }
     })
+}
+
+/// Widest `n` handled by the skinny (weight-streaming) path.
+pub(crate) const SKINNY: usize = 4;
+
+/// `n <= SKINNY`: stream the packed A once, B transposed into `[k][SKINNY]`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn skinny<F: Fn(usize) -> usize>(
+    level: SimdLevel,
+    a: &PackedA,
+    b: &BView<'_, F>,
+    c: *mut f32,
+    ldc: usize,
+    bias: Option<&[f32]>,
+    (p0, p1): (usize, usize),
+) {
+    let k = a.k;
+    BPANEL.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        if buf.len() < k * SKINNY {
+            buf.resize(k * SKINNY, 0.0);
+        }
+        let bt = &mut buf[..k * SKINNY];
+        for (cc, dst) in bt.chunks_exact_mut(SKINNY).enumerate() {
+            let base = (b.row_off)(cc);
+            for (j, d) in dst.iter_mut().enumerate() {
+                *d = if j < b.n {
+                    b.src[base + j * b.stride]
+                } else {
+                    0.0
+                };
+            }
+        }
+        for p in p0..p1 {
+            let ap = &a.data[p * k * MR..(p + 1) * k * MR + 8];
+            let mut tile = [[0f32; SKINNY]; MR];
+            match level {
+                #[cfg(target_arch = "x86_64")]
+                SimdLevel::Avx2 => skinny_avx2(k, ap, bt, &mut tile),
+                _ => skinny_scalar(k, ap, bt, &mut tile),
+            }
+            let mv = (a.m - p * MR).min(MR);
+            for (ri, row) in tile.iter().enumerate().take(mv) {
+                let r = p * MR + ri;
+                let bv = bias.map_or(0.0, |bb| bb[r]);
+                for (j, v) in row.iter().enumerate().take(b.n) {
+                    *c.add(r * ldc + j) = v + bv;
+                }
+            }
+        }
+    })
+}
+
+fn skinny_scalar(k: usize, a: &[f32], bt: &[f32], tile: &mut [[f32; SKINNY]; MR]) {
+    for p in 0..k {
+        for r in 0..MR {
+            for j in 0..SKINNY {
+                tile[r][j] = a[p * MR + r].mul_add(bt[p * SKINNY + j], tile[r][j]);
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn skinny_avx2(k: usize, a: &[f32], bt: &[f32], tile: &mut [[f32; SKINNY]; MR]) {
+    use std::arch::x86_64::*;
+    assert!(a.len() >= k * MR + 2 && bt.len() >= k * SKINNY);
+    // SAFETY: bounds checked above (8-lane loads of A read at most 2 padding floats).
+    unsafe {
+        let mut acc0 = [_mm256_setzero_ps(); SKINNY];
+        let mut acc1 = [_mm256_setzero_ps(); SKINNY];
+        let (ap, bp) = (a.as_ptr(), bt.as_ptr());
+        let mut p = 0;
+        while p + 2 <= k {
+            let a0 = _mm256_loadu_ps(ap.add(p * MR));
+            let a1 = _mm256_loadu_ps(ap.add((p + 1) * MR));
+            for j in 0..SKINNY {
+                acc0[j] =
+                    _mm256_fmadd_ps(a0, _mm256_broadcast_ss(&*bp.add(p * SKINNY + j)), acc0[j]);
+                acc1[j] = _mm256_fmadd_ps(
+                    a1,
+                    _mm256_broadcast_ss(&*bp.add((p + 1) * SKINNY + j)),
+                    acc1[j],
+                );
+            }
+            p += 2;
+        }
+        if p < k {
+            let a0 = _mm256_loadu_ps(ap.add(p * MR));
+            for j in 0..SKINNY {
+                acc0[j] =
+                    _mm256_fmadd_ps(a0, _mm256_broadcast_ss(&*bp.add(p * SKINNY + j)), acc0[j]);
+            }
+        }
+        for j in 0..SKINNY {
+            let mut lanes = [0f32; 8];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(acc0[j], acc1[j]));
+            for r in 0..MR {
+                tile[r][j] = lanes[r];
+            }
+        }
+    }
 }
 
 fn kernel_scalar(k: usize, a: &[f32], b: &[f32], tile: &mut [[f32; NR]; MR]) {

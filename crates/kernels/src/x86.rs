@@ -39,8 +39,49 @@ unsafe fn load_f32x8(p: *const f32) -> __m256 {
 }
 
 macro_rules! dense_kernel {
-    ($name:ident, $t:ty, $load:ident, $conv:expr) => {
-        /// Dense matmul rows `r0..r1` (AVX2): 4 weight rows share each activation load.
+    ($name:ident, $block:ident, $t:ty, $load:ident, $conv:expr) => {
+        /// 4 weight rows against `N` activation rows: each weight vector is loaded once
+        /// and feeds `N` activation rows.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $block<const N: usize>(
+            w0: *const $t,
+            cols: usize,
+            x: *const f32,
+            out: &mut [[f32; 4]; N],
+        ) {
+            let conv = $conv;
+            let main = cols / 8 * 8;
+            let mut acc = [[_mm256_setzero_ps(); 4]; N];
+            let mut c = 0;
+            while c < main {
+                let wv = [
+                    $load(w0.add(c)),
+                    $load(w0.add(cols + c)),
+                    $load(w0.add(2 * cols + c)),
+                    $load(w0.add(3 * cols + c)),
+                ];
+                for i in 0..N {
+                    let xv = _mm256_loadu_ps(x.add(i * cols + c));
+                    for r in 0..4 {
+                        acc[i][r] = _mm256_fmadd_ps(wv[r], xv, acc[i][r]);
+                    }
+                }
+                c += 8;
+            }
+            for i in 0..N {
+                for r in 0..4 {
+                    let mut s = hsum(acc[i][r]);
+                    for c in main..cols {
+                        s = conv(*w0.add(r * cols + c)).mul_add(*x.add(i * cols + c), s);
+                    }
+                    out[i][r] = s;
+                }
+            }
+        }
+
+        /// Dense matmul rows `r0..r1` (AVX2): blocks of 4 weight rows, each weight load
+        /// feeding up to 2 activation rows.
         ///
         /// # Safety
         /// AVX2/FMA/F16C available; `w` is `rows·cols`, `x` is `n·cols`, `y` holds `n·rows`.
@@ -62,34 +103,25 @@ macro_rules! dense_kernel {
             let mut r = r0;
             while r + 4 <= r1 {
                 let w0 = w.as_ptr().add(r * cols);
-                let w1 = w0.add(cols);
-                let w2 = w1.add(cols);
-                let w3 = w2.add(cols);
-                for i in 0..n {
+                let mut i = 0;
+                while i < n {
                     let xp = x.as_ptr().add(i * cols);
-                    let mut a0 = _mm256_setzero_ps();
-                    let mut a1 = _mm256_setzero_ps();
-                    let mut a2 = _mm256_setzero_ps();
-                    let mut a3 = _mm256_setzero_ps();
-                    let mut c = 0;
-                    while c < main {
-                        let xv = _mm256_loadu_ps(xp.add(c));
-                        a0 = _mm256_fmadd_ps($load(w0.add(c)), xv, a0);
-                        a1 = _mm256_fmadd_ps($load(w1.add(c)), xv, a1);
-                        a2 = _mm256_fmadd_ps($load(w2.add(c)), xv, a2);
-                        a3 = _mm256_fmadd_ps($load(w3.add(c)), xv, a3);
-                        c += 8;
-                    }
-                    let mut s = [hsum(a0), hsum(a1), hsum(a2), hsum(a3)];
-                    for c in main..cols {
-                        let xv = *xp.add(c);
-                        s[0] = conv(*w0.add(c)).mul_add(xv, s[0]);
-                        s[1] = conv(*w1.add(c)).mul_add(xv, s[1]);
-                        s[2] = conv(*w2.add(c)).mul_add(xv, s[2]);
-                        s[3] = conv(*w3.add(c)).mul_add(xv, s[3]);
-                    }
-                    for (k, v) in s.iter().enumerate() {
-                        *y.add(i * rows + r + k) = *v;
+                    if n - i >= 2 {
+                        let mut o = [[0f32; 4]; 2];
+                        $block::<2>(w0, cols, xp, &mut o);
+                        for (ii, row) in o.iter().enumerate() {
+                            for (k, v) in row.iter().enumerate() {
+                                *y.add((i + ii) * rows + r + k) = *v;
+                            }
+                        }
+                        i += 2;
+                    } else {
+                        let mut o = [[0f32; 4]; 1];
+                        $block::<1>(w0, cols, xp, &mut o);
+                        for (k, v) in o[0].iter().enumerate() {
+                            *y.add(i * rows + r + k) = *v;
+                        }
+                        i += 1;
                     }
                 }
                 r += 4;
@@ -116,12 +148,13 @@ macro_rules! dense_kernel {
     };
 }
 
-dense_kernel!(dense_f32, f32, load_f32x8, |v: f32| v);
-dense_kernel!(dense_bf16, u16, load_bf16x8, |b: u16| {
+dense_kernel!(dense_f32, block_f32, f32, load_f32x8, |v: f32| v);
+dense_kernel!(dense_bf16, block_bf16, u16, load_bf16x8, |b: u16| {
     half::bf16::from_bits(b).to_f32()
 });
-dense_kernel!(dense_f16, u16, load_f16x8, |b: u16| half::f16::from_bits(b)
-    .to_f32());
+dense_kernel!(dense_f16, block_f16, u16, load_f16x8, |b: u16| {
+    half::f16::from_bits(b).to_f32()
+});
 
 /// Loads the 8 per-row scales (as f32) of tile `t`, group `g`.
 #[inline]

@@ -1,0 +1,30 @@
+//! Kernel microbenchmark:
+//! `cargo run --release -p moshi-kernels --example kernel_bench [rounds] [working_set_mb] [matvec|conv|all]`.
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let mut opts = kernels::bench::BenchOptions::default();
+    if let Some(r) = args.next().and_then(|a| a.parse().ok()) {
+        opts.rounds = r;
+    }
+    if let Some(w) = args.next().and_then(|a| a.parse().ok()) {
+        opts.working_set_mb = w;
+    }
+    let what = args.next().unwrap_or_else(|| "all".into());
+    eprintln!("simd level: {:?}; options: {opts:?}", kernels::simd_level());
+    if what == "all" || what == "conv" {
+        let rows = kernels::bench::run_mimi_convs(&opts.threads, opts.rounds * 3);
+        println!("| Mimi SEANet convs per frame | threads | ms median | ms min–max | GFLOP/s |\n|---|---|---|---|---|");
+        for r in rows {
+            println!(
+                "| encoder+decoder | {} | {:.2} | {:.2}–{:.2} | {:.1} |",
+                r.threads, r.ms_median, r.ms_range.0, r.ms_range.1, r.gflops
+            );
+        }
+        println!();
+    }
+    if what == "all" || what == "matvec" {
+        let rows = kernels::bench::run(&opts, &|s| eprintln!("{s}"));
+        println!("{}", kernels::bench::markdown(&rows));
+    }
+}
