@@ -91,9 +91,14 @@ pub struct Server {
 
 impl Server {
     /// Validates the configuration and binds the listening socket.
-    pub async fn bind(config: ServeConfig, backend: Arc<dyn Backend>) -> Result<Server, ServerError> {
+    pub async fn bind(
+        config: ServeConfig,
+        backend: Arc<dyn Backend>,
+    ) -> Result<Server, ServerError> {
         if config.max_sessions == 0 {
-            return Err(ServerError::Config("--max-sessions must be at least 1".into()));
+            return Err(ServerError::Config(
+                "--max-sessions must be at least 1".into(),
+            ));
         }
         if let Some(d) = &config.static_dir {
             if !d.join("index.html").is_file() {
@@ -247,7 +252,10 @@ fn router(state: Arc<AppState>) -> Router {
         r.route("/", get(|| async { embedded("index.html") }))
             .route("/index.html", get(|| async { embedded("index.html") }))
             .route("/moshi.js", get(|| async { embedded("moshi.js") }))
-            .route("/moshi-worklet.js", get(|| async { embedded("moshi-worklet.js") }))
+            .route(
+                "/moshi-worklet.js",
+                get(|| async { embedded("moshi-worklet.js") }),
+            )
     };
     r.with_state(state)
 }
@@ -280,7 +288,14 @@ fn embedded(name: &str) -> Response {
         "moshi.js" => (MOSHI_JS, "text/javascript; charset=utf-8"),
         _ => (WORKLET_JS, "text/javascript; charset=utf-8"),
     };
-    ([(header::CONTENT_TYPE, ty), (header::CACHE_CONTROL, "no-cache")], body).into_response()
+    (
+        [
+            (header::CONTENT_TYPE, ty),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response()
 }
 
 fn content_type(path: &Path) -> &'static str {

@@ -149,19 +149,28 @@ impl OggReader {
                 pos += start;
                 continue;
             }
-            if buf.len() < 27 {
-                break;
+            if buf.len() >= 6 && (buf[4] != 0 || buf[5] > 7) {
+                // Bad version or flags: not a page.
+                self.stats.skipped_bytes += 1;
+                pos += 1;
+                continue;
             }
+            let complete = page_len(buf);
+            let Some(page_len) = complete else {
+                // Incomplete. If a complete, valid page starts later in the buffer, this capture
+                // pattern was garbage (or a truncated page): skip to the valid one instead of
+                // waiting for up to 64 KiB of data that would never form this page.
+                match next_valid_page(buf) {
+                    Some(off) => {
+                        self.stats.skipped_bytes += off as u64;
+                        pos += off;
+                        continue;
+                    }
+                    None => break,
+                }
+            };
             let n_seg = buf[26] as usize;
-            if buf.len() < 27 + n_seg {
-                break;
-            }
             let lacing = &buf[27..27 + n_seg];
-            let body_len: usize = lacing.iter().map(|&l| l as usize).sum();
-            let page_len = 27 + n_seg + body_len;
-            if buf.len() < page_len {
-                break;
-            }
             let page = &buf[..page_len];
             let stored_crc = u32::from_le_bytes([page[22], page[23], page[24], page[25]]);
             if page[4] != 0 || page_crc(page) != stored_crc {
@@ -229,6 +238,39 @@ impl OggReader {
     }
 }
 
+/// Length of the page at the start of `buf` if all of it is there.
+fn page_len(buf: &[u8]) -> Option<usize> {
+    if buf.len() < 27 {
+        return None;
+    }
+    let n_seg = buf[26] as usize;
+    if buf.len() < 27 + n_seg {
+        return None;
+    }
+    let body: usize = buf[27..27 + n_seg].iter().map(|&l| l as usize).sum();
+    let len = 27 + n_seg + body;
+    (buf.len() >= len).then_some(len)
+}
+
+/// Offset (> 0) of the first complete page with a valid CRC after the start of `buf`.
+fn next_valid_page(buf: &[u8]) -> Option<usize> {
+    let mut off = 1;
+    while off < buf.len() {
+        let rest = &buf[off..];
+        let start = find_capture(rest)?;
+        let cand = &rest[start..];
+        if let Some(len) = page_len(cand) {
+            let page = &cand[..len];
+            let stored = u32::from_le_bytes([page[22], page[23], page[24], page[25]]);
+            if page[4] == 0 && page_crc(page) == stored {
+                return Some(off + start);
+            }
+        }
+        off += start + 1;
+    }
+    None
+}
+
 fn find_capture(buf: &[u8]) -> Option<usize> {
     buf.windows(4).position(|w| w == b"OggS")
 }
@@ -273,7 +315,10 @@ impl OggOpusDecoder {
                 }
                 Err(e) => {
                     self.bad_packets += 1;
-                    tracing::debug!("dropping undecodable opus packet ({} bytes): {e}", packet.len());
+                    tracing::debug!(
+                        "dropping undecodable opus packet ({} bytes): {e}",
+                        packet.len()
+                    );
                 }
             }
         }
@@ -464,7 +509,10 @@ mod tests {
         let ps = pages(&bytes);
         let mut dec = OggOpusDecoder::new().unwrap();
         let mut out = Vec::new();
-        dec.push(b"hello, this is not ogg at all OggS but not a page either", &mut out);
+        dec.push(
+            b"hello, this is not ogg at all OggS but not a page either",
+            &mut out,
+        );
         dec.push(ps[0], &mut out);
         dec.push(ps[1], &mut out);
         // A truncated page followed by a full one: the truncated one is lost, the next is decoded.

@@ -71,22 +71,102 @@ impl Metrics {
         let mut put = |name: &str, kind: &str, help: &str, v: u64| {
             let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
         };
-        put("moshi_sessions_active", "gauge", "Sessions holding a slot.", self.sessions_active.load(Relaxed));
-        put("moshi_sessions_waiting", "gauge", "Clients waiting for a slot.", self.sessions_waiting.load(Relaxed));
-        put("moshi_sessions_total", "counter", "Sessions started.", self.sessions_total.load(Relaxed));
-        put("moshi_sessions_rejected_total", "counter", "Clients refused.", self.sessions_rejected.load(Relaxed));
-        put("moshi_connections_open", "gauge", "Open WebSocket connections.", self.connections_open.load(Relaxed));
-        put("moshi_frames_in_total", "counter", "80 ms input frames received.", self.frames_in.load(Relaxed));
-        put("moshi_frames_processed_total", "counter", "Model frames processed.", self.frames_processed.load(Relaxed));
-        put("moshi_frames_dropped_total", "counter", "Input frames dropped because the model fell behind.", self.frames_dropped.load(Relaxed));
-        put("moshi_messages_dropped_total", "counter", "Outgoing messages dropped for slow readers.", self.messages_dropped.load(Relaxed));
-        put("moshi_audio_messages_out_total", "counter", "Audio messages sent.", self.audio_messages_out.load(Relaxed));
-        put("moshi_text_messages_out_total", "counter", "Text messages sent.", self.text_messages_out.load(Relaxed));
-        put("moshi_messages_ignored_total", "counter", "Client messages ignored.", self.messages_ignored.load(Relaxed));
-        put("moshi_bad_opus_packets_total", "counter", "Undecodable client Opus packets.", self.bad_opus_packets.load(Relaxed));
-        put("moshi_ogg_bytes_skipped_total", "counter", "Client bytes skipped resynchronising Ogg.", self.ogg_bytes_skipped.load(Relaxed));
-        put("moshi_lag_frames", "gauge", "Input backlog in 80 ms frames at the last frame.", self.lag_frames.load(Relaxed));
-        put("moshi_lag_frames_max", "gauge", "Largest input backlog seen, in 80 ms frames.", self.lag_frames_max.load(Relaxed));
+        put(
+            "moshi_sessions_active",
+            "gauge",
+            "Sessions holding a slot.",
+            self.sessions_active.load(Relaxed),
+        );
+        put(
+            "moshi_sessions_waiting",
+            "gauge",
+            "Clients waiting for a slot.",
+            self.sessions_waiting.load(Relaxed),
+        );
+        put(
+            "moshi_sessions_total",
+            "counter",
+            "Sessions started.",
+            self.sessions_total.load(Relaxed),
+        );
+        put(
+            "moshi_sessions_rejected_total",
+            "counter",
+            "Clients refused.",
+            self.sessions_rejected.load(Relaxed),
+        );
+        put(
+            "moshi_connections_open",
+            "gauge",
+            "Open WebSocket connections.",
+            self.connections_open.load(Relaxed),
+        );
+        put(
+            "moshi_frames_in_total",
+            "counter",
+            "80 ms input frames received.",
+            self.frames_in.load(Relaxed),
+        );
+        put(
+            "moshi_frames_processed_total",
+            "counter",
+            "Model frames processed.",
+            self.frames_processed.load(Relaxed),
+        );
+        put(
+            "moshi_frames_dropped_total",
+            "counter",
+            "Input frames dropped because the model fell behind.",
+            self.frames_dropped.load(Relaxed),
+        );
+        put(
+            "moshi_messages_dropped_total",
+            "counter",
+            "Outgoing messages dropped for slow readers.",
+            self.messages_dropped.load(Relaxed),
+        );
+        put(
+            "moshi_audio_messages_out_total",
+            "counter",
+            "Audio messages sent.",
+            self.audio_messages_out.load(Relaxed),
+        );
+        put(
+            "moshi_text_messages_out_total",
+            "counter",
+            "Text messages sent.",
+            self.text_messages_out.load(Relaxed),
+        );
+        put(
+            "moshi_messages_ignored_total",
+            "counter",
+            "Client messages ignored.",
+            self.messages_ignored.load(Relaxed),
+        );
+        put(
+            "moshi_bad_opus_packets_total",
+            "counter",
+            "Undecodable client Opus packets.",
+            self.bad_opus_packets.load(Relaxed),
+        );
+        put(
+            "moshi_ogg_bytes_skipped_total",
+            "counter",
+            "Client bytes skipped resynchronising Ogg.",
+            self.ogg_bytes_skipped.load(Relaxed),
+        );
+        put(
+            "moshi_lag_frames",
+            "gauge",
+            "Input backlog in 80 ms frames at the last frame.",
+            self.lag_frames.load(Relaxed),
+        );
+        put(
+            "moshi_lag_frames_max",
+            "gauge",
+            "Largest input backlog seen, in 80 ms frames.",
+            self.lag_frames_max.load(Relaxed),
+        );
         let _ = writeln!(
             s,
             "# HELP moshi_step_seconds Wall time of one frame pass.\n# TYPE moshi_step_seconds histogram"

@@ -216,7 +216,8 @@ fn parse_usize(v: &str, lo: usize, hi: usize) -> Result<usize, &'static str> {
 }
 
 fn parse_u64(v: &str) -> Result<u64, &'static str> {
-    v.parse::<u64>().map_err(|_| "not an unsigned 64-bit integer")
+    v.parse::<u64>()
+        .map_err(|_| "not an unsigned 64-bit integer")
 }
 
 /// Decodes `%XX` escapes and `+` (as a space). Invalid escapes are kept literally; invalid UTF-8
@@ -367,7 +368,10 @@ mod tests {
         assert_eq!(p.text_seed, Some(123));
         assert_eq!(p.audio_seed, Some(99));
         assert_eq!(p.max_steps, None);
-        assert_eq!(SessionParams::from_query(None).unwrap(), SessionParams::default());
+        assert_eq!(
+            SessionParams::from_query(None).unwrap(),
+            SessionParams::default()
+        );
         let p = SessionParams::from_query(Some("max_steps=100&text_topk=25.0")).unwrap();
         assert_eq!(p.max_steps, Some(100));
         assert_eq!(p.text_topk, 25);
@@ -409,9 +413,15 @@ mod tests {
     fn messages() {
         assert_eq!(handshake(), vec![0, 0, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(parse_client_message(&[]), ClientMessage::Empty);
-        assert_eq!(parse_client_message(&[1, 5, 6]), ClientMessage::Audio(&[5, 6]));
+        assert_eq!(
+            parse_client_message(&[1, 5, 6]),
+            ClientMessage::Audio(&[5, 6])
+        );
         assert_eq!(parse_client_message(&[3]), ClientMessage::Control(None));
-        assert_eq!(parse_client_message(&[3, 2]), ClientMessage::Control(Some(2)));
+        assert_eq!(
+            parse_client_message(&[3, 2]),
+            ClientMessage::Control(Some(2))
+        );
         assert_eq!(parse_client_message(&[6]), ClientMessage::Ping);
         assert_eq!(parse_client_message(&[200, 1]), ClientMessage::Unknown(200));
     }

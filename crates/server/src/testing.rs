@@ -121,7 +121,7 @@ impl EventSource for Events {
         } else {
             frame.iter().map(|x| 0.5 * x).collect()
         };
-        let text = if i > 0 && i % self.text_every == 0 {
+        let text = if i > 0 && i.is_multiple_of(self.text_every) {
             format!(" w{i}")
         } else {
             String::new()

@@ -101,7 +101,10 @@ pub(crate) async fn handle_socket(socket: WebSocket, query: Option<String>, stat
 
 async fn send_error(out: &mpsc::Sender<Out>, text: &str) {
     let _ = out
-        .send(Out::Bin(protocol::message(protocol::KIND_ERROR, text.as_bytes())))
+        .send(Out::Bin(protocol::message(
+            protocol::KIND_ERROR,
+            text.as_bytes(),
+        )))
         .await;
 }
 

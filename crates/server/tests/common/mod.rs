@@ -1,0 +1,340 @@
+//! Shared helpers of the server integration tests: a server on loopback, a real WebSocket client,
+//! real Opus encoding (browser-like and Python-client-like framings) and decoding.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use server::backend::Backend;
+use server::{ServeConfig, Server};
+use tokio::net::TcpStream;
+use tokio::sync::oneshot;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+pub type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+pub struct Running {
+    pub addr: SocketAddr,
+    pub metrics: Arc<server::metrics::Metrics>,
+    stop: Option<oneshot::Sender<()>>,
+    pub done: tokio::task::JoinHandle<Result<(), server::ServerError>>,
+}
+
+impl Running {
+    /// Triggers graceful shutdown and waits for `run_until` to return.
+    pub async fn shutdown(mut self) -> Result<(), server::ServerError> {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(20), &mut self.done)
+            .await
+            .expect("server did not stop")
+            .expect("server task panicked")
+    }
+
+    pub fn url(&self, query: &str) -> String {
+        format!("ws://{}/api/chat{}", self.addr, query)
+    }
+}
+
+pub async fn start(config: ServeConfig, backend: Arc<dyn Backend>) -> Running {
+    let config = ServeConfig {
+        host: "127.0.0.1".into(),
+        port: 0,
+        ..config
+    };
+    let server = Server::bind(config, backend).await.expect("bind");
+    let addr = server.local_addr();
+    let metrics = server.metrics();
+    let (tx, rx) = oneshot::channel::<()>();
+    let done = tokio::spawn(server.run_until(async move {
+        let _ = rx.await;
+    }));
+    Running {
+        addr,
+        metrics,
+        stop: Some(tx),
+        done,
+    }
+}
+
+pub async fn connect(url: &str) -> Ws {
+    let (ws, _) = tokio_tungstenite::connect_async(url)
+        .await
+        .expect("connect");
+    ws
+}
+
+/// Next binary message (skipping pings of kind 6), or None on close/timeout.
+pub async fn next_bin(ws: &mut Ws, timeout: Duration) -> Option<Vec<u8>> {
+    loop {
+        match tokio::time::timeout(timeout, ws.next()).await {
+            Ok(Some(Ok(Message::Binary(b)))) => {
+                if b.first() == Some(&6) {
+                    continue;
+                }
+                return Some(b.to_vec());
+            }
+            Ok(Some(Ok(Message::Close(_)))) | Ok(None) | Ok(Some(Err(_))) | Err(_) => return None,
+            Ok(Some(Ok(_))) => continue,
+        }
+    }
+}
+
+/// Waits for metadata (kind 4) then the handshake (kind 0 + 8 zero bytes); returns the metadata.
+pub async fn expect_ready(ws: &mut Ws) -> serde_json::Value {
+    let m = next_bin(ws, Duration::from_secs(10))
+        .await
+        .expect("metadata");
+    assert_eq!(m[0], 4, "first message must be metadata");
+    let meta: serde_json::Value = serde_json::from_slice(&m[1..]).expect("metadata json");
+    let h = next_bin(ws, Duration::from_secs(30))
+        .await
+        .expect("handshake");
+    assert_eq!(h, vec![0u8; 9], "handshake");
+    meta
+}
+
+pub fn tone(n: usize, start: usize, f: f32) -> Vec<f32> {
+    (start..start + n)
+        .map(|i| 0.3 * (2.0 * std::f32::consts::PI * f * i as f32 / 24_000.0).sin())
+        .collect()
+}
+
+/// Browser-like sender (opus-recorder settings): 20 ms Opus frames (480 samples), Application
+/// Audio, two packets per Ogg page, header pages first.
+pub struct BrowserEncoder {
+    enc: opus::Encoder,
+    writer: ogg::PacketWriter<'static, Vec<u8>>,
+    pending: Vec<f32>,
+    in_page: usize,
+    granule: u64,
+    serial: u32,
+    started: bool,
+}
+
+impl BrowserEncoder {
+    pub fn new(serial: u32) -> Self {
+        Self {
+            enc: opus::Encoder::new(24_000, opus::Channels::Mono, opus::Application::Audio)
+                .unwrap(),
+            writer: ogg::PacketWriter::new(Vec::new()),
+            pending: Vec::new(),
+            in_page: 0,
+            granule: 0,
+            serial,
+            started: false,
+        }
+    }
+
+    /// Returns the bytes of every page completed by `pcm` (possibly empty).
+    pub fn push(&mut self, pcm: &[f32]) -> Vec<u8> {
+        if !self.started {
+            self.started = true;
+            let mut head = b"OpusHead".to_vec();
+            head.extend_from_slice(&[1, 1, 0x38, 0x01]);
+            head.extend_from_slice(&48_000u32.to_le_bytes());
+            head.extend_from_slice(&[0, 0, 0]);
+            let mut tags = b"OpusTags".to_vec();
+            tags.extend_from_slice(&4u32.to_le_bytes());
+            tags.extend_from_slice(b"test");
+            tags.extend_from_slice(&0u32.to_le_bytes());
+            use ogg::PacketWriteEndInfo::EndPage;
+            self.writer
+                .write_packet(head, self.serial, EndPage, 0)
+                .unwrap();
+            self.writer
+                .write_packet(tags, self.serial, EndPage, 0)
+                .unwrap();
+        }
+        self.pending.extend_from_slice(pcm);
+        let mut buf = vec![0u8; 4000];
+        while self.pending.len() >= 480 {
+            let frame: Vec<f32> = self.pending.drain(..480).collect();
+            let n = self.enc.encode_float(&frame, &mut buf).unwrap();
+            self.granule += 960;
+            self.in_page += 1;
+            let end = if self.in_page == 2 {
+                self.in_page = 0;
+                ogg::PacketWriteEndInfo::EndPage
+            } else {
+                ogg::PacketWriteEndInfo::NormalPacket
+            };
+            self.writer
+                .write_packet(buf[..n].to_vec(), self.serial, end, self.granule)
+                .unwrap();
+        }
+        std::mem::take(self.writer.inner_mut())
+    }
+}
+
+/// Independent decoder of everything a client received: demux with the `ogg` crate's reader
+/// over the concatenated bytes, decode with libopus.
+pub fn decode_all(ogg_bytes: &[u8]) -> (Vec<f32>, usize) {
+    let mut r = ogg::PacketReader::new(std::io::Cursor::new(ogg_bytes.to_vec()));
+    let mut dec = opus::Decoder::new(24_000, opus::Channels::Mono).unwrap();
+    let mut out = Vec::new();
+    let mut buf = vec![0f32; 5760];
+    let mut packets = 0;
+    let mut first = true;
+    while let Ok(Some(p)) = r.read_packet() {
+        if first {
+            assert!(
+                p.data.starts_with(b"OpusHead"),
+                "first packet must be OpusHead"
+            );
+            first = false;
+            continue;
+        }
+        if p.data.starts_with(b"OpusTags") {
+            continue;
+        }
+        let n = dec
+            .decode_float(&p.data, &mut buf, false)
+            .expect("decodable opus");
+        out.extend_from_slice(&buf[..n]);
+        packets += 1;
+    }
+    (out, packets)
+}
+
+pub async fn send_bin(ws: &mut Ws, kind: u8, payload: &[u8]) -> bool {
+    let mut m = Vec::with_capacity(1 + payload.len());
+    m.push(kind);
+    m.extend_from_slice(payload);
+    ws.send(Message::Binary(m.into())).await.is_ok()
+}
+
+/// Plain HTTP GET on loopback; returns (status, body).
+pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut v = Vec::new();
+    s.read_to_end(&mut v).await.unwrap();
+    let text = String::from_utf8_lossy(&v).into_owned();
+    let status = text[9..12].parse().unwrap();
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|x| x.1.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// Polls a condition for up to `secs`.
+pub async fn eventually(secs: u64, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    while std::time::Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    f()
+}
+
+/// What a client collected during a conversation.
+#[derive(Debug, Default)]
+pub struct Received {
+    pub audio_messages: usize,
+    pub audio_bytes: Vec<u8>,
+    pub text: String,
+    pub text_messages: usize,
+    pub errors: Vec<String>,
+    pub closed: bool,
+}
+
+/// Sends `frames` 80 ms frames of a tone (browser framing when `browser`, else Python-client
+/// framing), one frame every `pace`, while collecting everything the server sends. After the last
+/// frame, keeps reading for `tail`.
+pub async fn converse(
+    ws: Ws,
+    frames: usize,
+    pace: Duration,
+    browser: bool,
+    tail: Duration,
+) -> Received {
+    let (mut tx, mut rx) = ws.split();
+    let reader = tokio::spawn(async move {
+        let mut r = Received::default();
+        while let Some(m) = rx.next().await {
+            match m {
+                Ok(Message::Binary(b)) => match b.first() {
+                    Some(1) => {
+                        r.audio_messages += 1;
+                        r.audio_bytes.extend_from_slice(&b[1..]);
+                    }
+                    Some(2) => {
+                        r.text_messages += 1;
+                        r.text.push_str(&String::from_utf8_lossy(&b[1..]));
+                    }
+                    Some(5) => r.errors.push(String::from_utf8_lossy(&b[1..]).into_owned()),
+                    _ => {}
+                },
+                Ok(Message::Close(_)) | Err(_) => {
+                    r.closed = true;
+                    break;
+                }
+                Ok(_) => {}
+            }
+        }
+        r
+    });
+    let mut browser_enc = BrowserEncoder::new(1234);
+    let mut py_enc = server::codec::OggOpusEncoder::new().unwrap();
+    let mut next = tokio::time::Instant::now();
+    for i in 0..frames {
+        let pcm = tone(1920, i * 1920, 440.0);
+        let bytes = if browser {
+            browser_enc.push(&pcm)
+        } else {
+            let mut b = Vec::new();
+            py_enc.push(&pcm, &mut b).unwrap();
+            b
+        };
+        if !bytes.is_empty() {
+            // The browser sends each page as its own message; split the chunk into pages.
+            if browser {
+                for page in split_pages(&bytes) {
+                    let mut m = vec![1u8];
+                    m.extend_from_slice(page);
+                    if tx.send(Message::Binary(m.into())).await.is_err() {
+                        break;
+                    }
+                }
+            } else {
+                let mut m = vec![1u8];
+                m.extend_from_slice(&bytes);
+                if tx.send(Message::Binary(m.into())).await.is_err() {
+                    break;
+                }
+            }
+        }
+        next += pace;
+        tokio::time::sleep_until(next).await;
+    }
+    tokio::time::sleep(tail).await;
+    let _ = tx.send(Message::Close(None)).await;
+    match tokio::time::timeout(Duration::from_secs(10), reader).await {
+        Ok(Ok(r)) => r,
+        _ => panic!("reader did not finish"),
+    }
+}
+
+/// Splits a byte string made of whole Ogg pages into pages.
+pub fn split_pages(bytes: &[u8]) -> Vec<&[u8]> {
+    let mut v = Vec::new();
+    let mut p = 0;
+    while p + 27 <= bytes.len() {
+        let n = bytes[p + 26] as usize;
+        let body: usize = bytes[p + 27..p + 27 + n].iter().map(|&x| x as usize).sum();
+        v.push(&bytes[p..p + 27 + n + body]);
+        p += 27 + n + body;
+    }
+    v
+}

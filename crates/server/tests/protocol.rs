@@ -1,0 +1,366 @@
+//! Protocol, admission, malformed traffic and shutdown tests on loopback with the echo test double
+//! (no model needed): a real WebSocket client, real Opus encoding and decoding.
+
+mod common;
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use futures_util::SinkExt;
+use server::testing::EchoBackend;
+use server::ServeConfig;
+use tokio_tungstenite::tungstenite::Message;
+
+fn cfg(max_sessions: usize, max_queue: usize) -> ServeConfig {
+    ServeConfig {
+        max_sessions,
+        max_queue,
+        ..ServeConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conversation_roundtrip_both_framings() {
+    let srv = start(cfg(2, 2), Arc::new(EchoBackend::default())).await;
+    for browser in [true, false] {
+        let mut ws = connect(&srv.url("?text_temperature=0.7&text_topk=25&audio_topk=250")).await;
+        let meta = expect_ready(&mut ws).await;
+        for f in [
+            "text_temperature",
+            "text_topk",
+            "audio_temperature",
+            "audio_topk",
+            "pad_mult",
+            "repetition_penalty_context",
+            "repetition_penalty",
+            "lm_model_file",
+            "instance_name",
+        ] {
+            assert!(meta.get(f).is_some(), "metadata lacks {f}");
+        }
+        assert_eq!(meta["text_topk"], 25);
+        assert!(meta["build_info"]["git_describe"].is_string());
+        let dropped_before = srv.metrics.frames_dropped.load(Relaxed);
+        let r = converse(
+            ws,
+            110,
+            Duration::from_millis(40),
+            browser,
+            Duration::from_millis(500),
+        )
+        .await;
+        let (pcm, packets) = decode_all(&r.audio_bytes);
+        // Echo: every frame after the first comes back (1920 samples = two 960-sample packets),
+        // except frames dropped because the (loaded) machine fell behind, which are counted.
+        let dropped = (srv.metrics.frames_dropped.load(Relaxed) - dropped_before) as usize;
+        assert!(
+            packets >= 2 * 100,
+            "browser={browser}: {packets} packets, {dropped} dropped"
+        );
+        assert_eq!(
+            packets / 2 + dropped,
+            109,
+            "every frame is either answered or counted as dropped"
+        );
+        assert_eq!(pcm.len(), packets * 960);
+        let rms = (pcm.iter().map(|x| x * x).sum::<f32>() / pcm.len() as f32).sqrt();
+        assert!(rms > 0.05, "echoed tone is audible (rms {rms})");
+        assert!(r.text_messages >= 30, "{}", r.text_messages);
+        assert!(r.text.contains(" w3"));
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+    }
+    assert!(eventually(5, || srv.metrics.sessions_active.load(Relaxed) == 0).await);
+    assert!(srv.metrics.frames_processed.load(Relaxed) >= 200);
+    srv.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_query_values_get_error_and_close() {
+    let srv = start(cfg(1, 1), Arc::new(EchoBackend::default())).await;
+    for q in [
+        "?text_temperature=abc",
+        "?audio_topk=0",
+        "?max_steps=-4",
+        "?text_seed=1.5",
+        "?pad_mult=nan",
+    ] {
+        let mut ws = connect(&srv.url(q)).await;
+        let m = next_bin(&mut ws, Duration::from_secs(5))
+            .await
+            .expect("error message");
+        assert_eq!(m[0], 5, "{q}: kind 5 expected");
+        let text = String::from_utf8_lossy(&m[1..]);
+        assert!(text.contains("invalid query parameter"), "{text}");
+        assert!(
+            next_bin(&mut ws, Duration::from_secs(5)).await.is_none(),
+            "closed after error"
+        );
+    }
+    // The server still serves a good client, with the slot untouched.
+    let mut ws = connect(&srv.url("?max_steps=5")).await;
+    expect_ready(&mut ws).await;
+    let r = converse(
+        ws,
+        10,
+        Duration::from_millis(5),
+        false,
+        Duration::from_millis(300),
+    )
+    .await;
+    assert!(r.closed, "max_steps ends the session");
+    assert_eq!(srv.metrics.sessions_rejected.load(Relaxed), 5);
+    srv.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_traffic_is_ignored_or_refused_while_others_run() {
+    let srv = start(cfg(3, 0), Arc::new(EchoBackend::default())).await;
+    // A well-behaved session runs during the abuse.
+    let mut good = connect(&srv.url("")).await;
+    expect_ready(&mut good).await;
+    let good_task = tokio::spawn(converse(
+        good,
+        60,
+        Duration::from_millis(20),
+        true,
+        Duration::from_millis(300),
+    ));
+
+    // Session 2: text frames, unknown kinds, empty, control, ping, truncated Ogg, garbage Opus.
+    let mut bad = connect(&srv.url("")).await;
+    expect_ready(&mut bad).await;
+    bad.send(Message::Text("hello".into())).await.unwrap();
+    for kind in [0u8, 2, 4, 5, 7, 8, 9, 200, 255] {
+        assert!(send_bin(&mut bad, kind, b"xyz").await);
+    }
+    bad.send(Message::Binary(Vec::new().into())).await.unwrap();
+    assert!(send_bin(&mut bad, 3, &[1]).await);
+    assert!(send_bin(&mut bad, 6, &[]).await);
+    let mut enc = BrowserEncoder::new(9);
+    let pages_bytes = enc.push(&tone(9600, 0, 300.0));
+    let pages = split_pages(&pages_bytes);
+    assert!(send_bin(&mut bad, 1, &pages[2][..pages[2].len() / 2]).await); // truncated page
+    assert!(send_bin(&mut bad, 1, b"OggS\0\0garbage garbage garbage").await);
+    // A well-formed Ogg page whose packet is not Opus.
+    let mut w = ogg::PacketWriter::new(Vec::new());
+    for i in 0..20u8 {
+        w.write_packet(
+            vec![0xff, i, 0x13, 0x37, 0, 0, 0, 0, 1, 2, 3],
+            9,
+            ogg::PacketWriteEndInfo::EndPage,
+            0,
+        )
+        .unwrap();
+    }
+    assert!(send_bin(&mut bad, 1, &w.into_inner()).await);
+    // The session survives all that and still answers real audio.
+    for p in &pages[3..] {
+        assert!(send_bin(&mut bad, 1, p).await);
+    }
+    let more = enc.push(&tone(1920 * 10, 9600, 300.0));
+    for p in split_pages(&more) {
+        assert!(send_bin(&mut bad, 1, p).await);
+    }
+    let mut got_audio = false;
+    while let Some(m) = next_bin(&mut bad, Duration::from_secs(3)).await {
+        if m[0] == 1 {
+            got_audio = true;
+            break;
+        }
+    }
+    assert!(got_audio, "session still works after malformed input");
+    assert!(srv.metrics.messages_ignored.load(Relaxed) >= 10);
+
+    // Session 3: a 10 MB message is refused (error and/or close), nothing else is affected.
+    let mut huge = connect(&srv.url("")).await;
+    expect_ready(&mut huge).await;
+    let _ = send_bin(&mut huge, 1, &vec![0x4f; 10 << 20]).await;
+    let mut closed = false;
+    for _ in 0..10 {
+        match next_bin(&mut huge, Duration::from_secs(5)).await {
+            None => {
+                closed = true;
+                break;
+            }
+            Some(m) if m[0] == 5 => {}
+            Some(_) => {}
+        }
+    }
+    assert!(closed, "oversized message closes that connection");
+
+    let r = good_task.await.unwrap();
+    let (pcm, packets) = decode_all(&r.audio_bytes);
+    assert!(packets >= 100, "good session kept running: {packets}");
+    assert!(!pcm.is_empty());
+    assert!(r.errors.is_empty());
+    drop(bad);
+    assert!(eventually(5, || srv.metrics.sessions_active.load(Relaxed) == 0).await);
+    srv.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_waits_then_refuses() {
+    let srv = start(cfg(1, 1), Arc::new(EchoBackend::default())).await;
+    let mut a = connect(&srv.url("")).await;
+    expect_ready(&mut a).await;
+    // B waits: metadata, then no handshake while A holds the slot.
+    let mut b = connect(&srv.url("")).await;
+    let m = next_bin(&mut b, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(m[0], 4);
+    assert!(eventually(5, || srv.metrics.sessions_waiting.load(Relaxed) == 1).await);
+    // C finds the queue full: error and close.
+    let mut c = connect(&srv.url("")).await;
+    let m = next_bin(&mut c, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(m[0], 4);
+    let m = next_bin(&mut c, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(m[0], 5);
+    assert!(String::from_utf8_lossy(&m[1..]).contains("busy"));
+    assert!(next_bin(&mut c, Duration::from_secs(5)).await.is_none());
+    // B still has no handshake (waiting pings are skipped by next_bin).
+    assert!(next_bin(&mut b, Duration::from_millis(700)).await.is_none());
+    assert_eq!(srv.metrics.sessions_active.load(Relaxed), 1);
+    // A leaves: B gets the handshake.
+    a.close(None).await.unwrap();
+    let h = next_bin(&mut b, Duration::from_secs(10))
+        .await
+        .expect("handshake for B");
+    assert_eq!(h, vec![0u8; 9]);
+    assert_eq!(srv.metrics.sessions_waiting.load(Relaxed), 0);
+    let r = converse(
+        b,
+        20,
+        Duration::from_millis(5),
+        false,
+        Duration::from_millis(300),
+    )
+    .await;
+    assert!(r.audio_messages > 5);
+    srv.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_clients_get_keepalive_pings() {
+    let srv = start(cfg(1, 4), Arc::new(EchoBackend::default())).await;
+    let mut a = connect(&srv.url("")).await;
+    expect_ready(&mut a).await;
+    let mut b = connect(&srv.url("")).await;
+    use futures_util::StreamExt;
+    let mut pings = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(7_000);
+    while let Ok(Some(Ok(m))) = tokio::time::timeout_at(deadline, b.next()).await {
+        if let Message::Binary(d) = m {
+            assert_ne!(d[0], 0, "no handshake while waiting");
+            if d[0] == 6 {
+                pings += 1;
+            }
+        }
+    }
+    assert!(pings >= 2, "{pings} pings in 7 s");
+    drop(a);
+    srv.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnect_mid_frame_frees_the_slot() {
+    let srv = start(cfg(1, 2), Arc::new(EchoBackend::default())).await;
+    for round in 0..3 {
+        let mut a = connect(&srv.url("")).await;
+        expect_ready(&mut a).await;
+        let mut enc = BrowserEncoder::new(5);
+        let bytes = enc.push(&tone(1920 * 3, 0, 200.0));
+        let pages = split_pages(&bytes);
+        for p in &pages[..4] {
+            assert!(send_bin(&mut a, 1, p).await);
+        }
+        // Half a page, then the TCP connection vanishes without a close handshake.
+        assert!(send_bin(&mut a, 1, &pages[4][..pages[4].len() / 3]).await);
+        drop(a);
+        assert!(
+            eventually(5, || srv.metrics.sessions_active.load(Relaxed) == 0).await,
+            "round {round}: slot not freed"
+        );
+    }
+    let mut b = connect(&srv.url("")).await;
+    expect_ready(&mut b).await;
+    drop(b);
+    srv.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_shutdown_with_active_and_waiting_sessions() {
+    let srv = start(cfg(1, 2), Arc::new(EchoBackend::default())).await;
+    let mut a = connect(&srv.url("")).await;
+    expect_ready(&mut a).await;
+    let mut b = connect(&srv.url("")).await;
+    assert_eq!(
+        next_bin(&mut b, Duration::from_secs(5)).await.unwrap()[0],
+        4
+    );
+    let a_task = tokio::spawn(converse(
+        a,
+        1000,
+        Duration::from_millis(20),
+        false,
+        Duration::ZERO,
+    ));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let metrics = srv.metrics.clone();
+    srv.shutdown().await.expect("clean shutdown");
+    assert_eq!(metrics.sessions_active.load(Relaxed), 0);
+    assert_eq!(metrics.sessions_waiting.load(Relaxed), 0);
+    assert_eq!(metrics.connections_open.load(Relaxed), 0);
+    assert!(next_bin(&mut b, Duration::from_secs(5)).await.is_none());
+    let r = tokio::time::timeout(Duration::from_secs(30), a_task)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(r.closed);
+    assert!(r.audio_messages > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_routes() {
+    let dir = std::env::temp_dir().join(format!("moshi-static-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("assets")).unwrap();
+    std::fs::write(dir.join("index.html"), "<html>kyutai dist</html>").unwrap();
+    std::fs::write(dir.join("assets/app.js"), "console.log(1)").unwrap();
+    let srv = start(cfg(1, 1), Arc::new(EchoBackend::default())).await;
+    let (s, body) = http_get(srv.addr, "/healthz").await;
+    assert_eq!((s, body.trim()), (200, "ok"));
+    let (s, body) = http_get(srv.addr, "/metrics").await;
+    assert_eq!(s, 200);
+    assert!(body.contains("moshi_sessions_active 0"));
+    assert!(body.contains("moshi_step_seconds_bucket{le=\"+Inf\"}"));
+    let (s, body) = http_get(srv.addr, "/").await;
+    assert_eq!(s, 200);
+    assert!(body.contains("moshi-native"));
+    let (s, _) = http_get(srv.addr, "/moshi-worklet.js").await;
+    assert_eq!(s, 200);
+    srv.shutdown().await.unwrap();
+
+    let srv = start(
+        ServeConfig {
+            static_dir: Some(dir.clone()),
+            ..cfg(1, 1)
+        },
+        Arc::new(EchoBackend::default()),
+    )
+    .await;
+    assert_eq!(http_get(srv.addr, "/").await.1, "<html>kyutai dist</html>");
+    assert_eq!(
+        http_get(srv.addr, "/assets/app.js").await.1,
+        "console.log(1)"
+    );
+    assert_eq!(
+        http_get(srv.addr, "/some/spa/route").await.1,
+        "<html>kyutai dist</html>"
+    );
+    assert_ne!(
+        http_get(srv.addr, "/../../etc/passwd").await.1,
+        std::fs::read_to_string("/etc/passwd").unwrap_or_default()
+    );
+    srv.shutdown().await.unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
