@@ -1,7 +1,10 @@
 //! The `moshi-native` binary: talk to Moshi, run Mimi, inspect and trace models.
 
 mod cmd_inspect;
+mod cmd_mimi;
 mod cmd_synth;
+#[allow(dead_code)] // `trace mimi`: to be folded into clap by the CLI owner (cmd_trace_mimi::run)
+mod cmd_trace_mimi;
 mod fetch;
 #[allow(dead_code)] // used by the model-loading commands as they land
 mod models;
@@ -28,6 +31,9 @@ enum Command {
     Inspect(cmd_inspect::InspectArgs),
     /// Write a bundle with random weights in a released layout (benchmarks).
     Synth(cmd_synth::SynthArgs),
+    /// Encode a WAV into Mimi codes, or decode codes into a WAV.
+    #[command(subcommand)]
+    Mimi(cmd_mimi::MimiCmd),
 }
 
 fn init_logging(verbose: bool) {
@@ -55,5 +61,6 @@ fn dispatch(cmd: Command) -> Result<()> {
         Command::Fetch(a) => fetch::run(&a),
         Command::Inspect(a) => cmd_inspect::run(&a),
         Command::Synth(a) => cmd_synth::run(&a),
+        Command::Mimi(c) => cmd_mimi::run(&c),
     }
 }

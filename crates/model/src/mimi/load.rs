@@ -22,6 +22,18 @@ impl MimiTensors for HashMap<String, (Vec<f32>, Vec<usize>)> {
     }
 }
 
+/// Checkpoints opened by `model::weights` (names already canonical, any stored dtype).
+impl MimiTensors for crate::weights::Weights {
+    fn get_f32(&self, name: &str) -> Result<Option<(Vec<f32>, Vec<usize>)>, MimiError> {
+        if !self.contains(name) {
+            return Ok(None);
+        }
+        self.f32(name)
+            .map(Some)
+            .map_err(|e| MimiError::Checkpoint(e.to_string()))
+    }
+}
+
 /// Which naming scheme a checkpoint uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layout {

@@ -116,6 +116,17 @@ impl Mimi {
         })
     }
 
+    /// Builds the model from opened weights and the checkpoint owner's config (the
+    /// contract signature of `docs/CONTRACTS.md`).
+    pub fn load(
+        weights: &crate::weights::Weights,
+        config: &crate::config::MimiConfig,
+        n_codebooks: usize,
+    ) -> Result<Self, MimiError> {
+        let spec = MimiSpec::try_from(config)?;
+        Self::from_tensors(weights, &spec, n_codebooks)
+    }
+
     /// The dimensions in use.
     pub fn spec(&self) -> &MimiSpec {
         &self.spec

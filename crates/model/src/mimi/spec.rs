@@ -85,6 +85,89 @@ impl MimiSpec {
         Self::from_value(&v)
     }
 
+    /// Parses either a Kyutai-style Mimi config or a Hugging Face `transformers` Mimi config
+    /// (`"model_type": "mimi"`, keys `hidden_size`, `num_filters`, `upsampling_ratios`, ...).
+    pub fn from_any_json(text: &str) -> Result<Self, MimiError> {
+        let v: Value = serde_json::from_str(text)
+            .map_err(|e| MimiError::Config(format!("invalid JSON: {e}")))?;
+        if v.get("model_type").and_then(|m| m.as_str()) == Some("mimi") {
+            Self::from_hf_value(&v)
+        } else {
+            Self::from_value(&v)
+        }
+    }
+
+    /// Parses a Hugging Face `MimiConfig` dict.
+    pub fn from_hf_value(v: &Value) -> Result<Self, MimiError> {
+        let mut s = Self::v0_1();
+        let u = |key: &str, dst: &mut usize| -> Result<(), MimiError> {
+            if let Some(x) = v.get(key) {
+                *dst = x.as_u64().filter(|&n| n > 0).ok_or_else(|| {
+                    MimiError::Config(format!("`{key}` must be a positive integer"))
+                })? as usize;
+            }
+            Ok(())
+        };
+        u("sampling_rate", &mut s.sample_rate)?;
+        u("audio_channels", &mut s.channels)?;
+        u("hidden_size", &mut s.dimension)?;
+        u("num_filters", &mut s.n_filters)?;
+        u("kernel_size", &mut s.kernel_size)?;
+        u("last_kernel_size", &mut s.last_kernel_size)?;
+        u("residual_kernel_size", &mut s.residual_kernel_size)?;
+        u("dilation_growth_rate", &mut s.dilation_base)?;
+        u("compress", &mut s.compress)?;
+        u("num_attention_heads", &mut s.num_heads)?;
+        u("num_hidden_layers", &mut s.num_layers)?;
+        u("intermediate_size", &mut s.dim_feedforward)?;
+        u("sliding_window", &mut s.context)?;
+        u("codebook_dim", &mut s.codebook_dim)?;
+        u("codebook_size", &mut s.bins)?;
+        u("num_quantizers", &mut s.n_q)?;
+        if let Some(x) = v.get("num_residual_layers") {
+            s.n_residual_layers = x
+                .as_u64()
+                .ok_or_else(|| MimiError::Config("`num_residual_layers`".into()))?
+                as usize;
+        }
+        if let Some(x) = v.get("frame_rate") {
+            s.frame_rate = x
+                .as_f64()
+                .filter(|f| *f > 0.0)
+                .ok_or_else(|| MimiError::Config("`frame_rate`".into()))?;
+        }
+        if let Some(x) = v.get("rope_theta") {
+            s.max_period = x
+                .as_f64()
+                .filter(|f| *f > 0.0)
+                .ok_or_else(|| MimiError::Config("`rope_theta`".into()))?;
+        }
+        if let Some(r) = v.get("upsampling_ratios").and_then(|r| r.as_array()) {
+            s.ratios = r
+                .iter()
+                .map(|x| x.as_u64().filter(|&n| n > 0).map(|n| n as usize))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| {
+                    MimiError::Config("`upsampling_ratios` must hold positive integers".into())
+                })?;
+        }
+        if v.get("num_semantic_quantizers")
+            .and_then(|x| x.as_u64())
+            .is_some_and(|n| n != 1)
+        {
+            return Err(MimiError::Config(
+                "only 1 semantic quantizer is supported".into(),
+            ));
+        }
+        if v.get("use_conv_shortcut").and_then(|x| x.as_bool()) == Some(true) {
+            return Err(MimiError::Config("conv shortcuts are not supported".into()));
+        }
+        check_str(v, "pad_mode", "constant")?;
+        check_str(v, "hidden_act", "gelu")?;
+        s.validate()?;
+        Ok(s)
+    }
+
     /// Like [`MimiSpec::from_json`] on an already parsed value.
     pub fn from_value(v: &Value) -> Result<Self, MimiError> {
         let mut s = Self::v0_1();
@@ -276,6 +359,46 @@ fn check_bool(obj: &Value, key: &str, want: bool) -> Result<(), MimiError> {
         Some(x) => Err(MimiError::Config(format!(
             "unsupported `{key}` = {x} (only {want} is implemented)"
         ))),
+    }
+}
+
+impl TryFrom<&crate::config::MimiConfig> for MimiSpec {
+    type Error = MimiError;
+
+    /// Takes the sizes of the checkpoint owner's [`crate::config::MimiConfig`].
+    fn try_from(c: &crate::config::MimiConfig) -> Result<Self, MimiError> {
+        let t = &c.transformer;
+        let s = MimiSpec {
+            sample_rate: c.sample_rate,
+            frame_rate: c.frame_rate,
+            channels: c.channels,
+            dimension: c.seanet.dimension,
+            n_filters: c.seanet.n_filters,
+            ratios: c.seanet.ratios.clone(),
+            kernel_size: c.seanet.kernel_size,
+            last_kernel_size: c.seanet.last_kernel_size,
+            residual_kernel_size: c.seanet.residual_kernel_size,
+            n_residual_layers: c.seanet.n_residual_layers,
+            dilation_base: c.seanet.dilation_base,
+            compress: c.seanet.compress,
+            num_heads: t.num_heads,
+            num_layers: t.num_layers,
+            dim_feedforward: t.dim_feedforward,
+            context: t
+                .context
+                .ok_or_else(|| MimiError::Config("Mimi transformer without context".into()))?,
+            max_period: t.max_period,
+            codebook_dim: c.quantizer.dimension,
+            bins: c.quantizer.bins,
+            n_q: c.quantizer.n_q,
+        };
+        if t.d_model != s.dimension {
+            return Err(MimiError::Config(
+                "transformer d_model differs from the SEANet dimension".into(),
+            ));
+        }
+        s.validate()?;
+        Ok(s)
     }
 }
 

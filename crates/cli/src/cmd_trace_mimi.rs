@@ -1,0 +1,223 @@
+//! `moshi-native trace mimi --model-dir DIR --input IN.wav --out OUT.safetensors`: streaming
+//! Mimi encode then decode with every intermediate dumped, for external parity checks.
+//!
+//! The input (24 kHz mono, 16-bit PCM or 32-bit float WAV) is right-padded with zeros to a
+//! multiple of the frame size and encoded frame by frame; the codes are then decoded frame by
+//! frame by a fresh decoder. Output tensors (channel-major `[C, time]`):
+//! `codes` i64 `[n_codebooks, T]`, `pcm` f32 `[T * frame_size]`, `enc_seanet` `[C, 2T]`,
+//! `enc_transformer` `[C, 2T]`, `latent` `[C, T]`, `dec_latent` `[C, T]`,
+//! `dec_upsample` `[C, 2T]`, `dec_transformer` `[C, 2T]` (2 = encoder steps per frame).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Result};
+use clap::Args;
+use model::mimi::{MimiDecoder, MimiEncoder, Stage};
+
+use crate::cmd_mimi::{
+    f32_bytes, i64_bytes, open_mimi, read_wav_24k_mono, write_safetensors, OutTensor,
+};
+
+/// Flags of `moshi-native trace mimi`.
+#[derive(Args, Debug, Clone)]
+pub struct TraceMimiArgs {
+    /// Bundle directory (`config.json` with `mimi_name`, optional `mimi_config_name`).
+    #[arg(long, value_name = "DIR")]
+    pub model_dir: PathBuf,
+    /// Input WAV, 24 kHz mono, 16-bit PCM or 32-bit float.
+    #[arg(long, value_name = "IN.wav")]
+    pub input: PathBuf,
+    /// Output safetensors.
+    #[arg(long, value_name = "OUT.safetensors")]
+    pub out: PathBuf,
+    /// Number of codebooks.
+    #[arg(long, default_value_t = 8)]
+    pub codebooks: usize,
+}
+
+const STAGES: [(Stage, &str); 6] = [
+    (Stage::EncSeanet, "enc_seanet"),
+    (Stage::EncTransformer, "enc_transformer"),
+    (Stage::Latent, "latent"),
+    (Stage::DecLatent, "dec_latent"),
+    (Stage::DecUpsample, "dec_upsample"),
+    (Stage::DecTransformer, "dec_transformer"),
+];
+
+/// Per-stage accumulation of `[C, t]` chunks into `[C, total]`.
+struct Acc {
+    chunks: Vec<Vec<Vec<f32>>>,
+}
+
+impl Acc {
+    fn push(&mut self, s: Stage, x: &[f32]) {
+        if let Some(i) = STAGES.iter().position(|(st, _)| *st == s) {
+            self.chunks[i].push(x.to_vec());
+        }
+    }
+
+    fn join(&self, i: usize, c: usize) -> (Vec<f32>, usize) {
+        let total: usize = self.chunks[i].iter().map(|p| p.len() / c).sum();
+        let mut out = vec![0.0; c * total];
+        let mut t0 = 0;
+        for p in &self.chunks[i] {
+            let t = p.len() / c;
+            for ch in 0..c {
+                out[ch * total + t0..ch * total + t0 + t].copy_from_slice(&p[ch * t..(ch + 1) * t]);
+            }
+            t0 += t;
+        }
+        (out, total)
+    }
+}
+
+/// Runs `trace mimi`.
+pub fn run(args: &TraceMimiArgs) -> Result<()> {
+    trace(&args.model_dir, &args.input, &args.out, args.codebooks)
+}
+
+/// The trace itself (also callable from tests).
+pub fn trace(model_dir: &Path, input: &Path, out: &Path, codebooks: usize) -> Result<()> {
+    let pcm = read_wav_24k_mono(input)?;
+    if pcm.is_empty() {
+        bail!("{}: no samples", input.display());
+    }
+    let mimi = open_mimi(model_dir, codebooks)?;
+    let fs = mimi.frame_size();
+    let nq = mimi.n_codebooks();
+    let d = mimi.dimension();
+    let t = pcm.len().div_ceil(fs);
+    let mut padded = pcm;
+    padded.resize(t * fs, 0.0);
+    let mut acc = Acc {
+        chunks: vec![Vec::new(); STAGES.len()],
+    };
+    let mut enc = MimiEncoder::new(mimi.clone());
+    let mut codes = vec![0u32; nq * t];
+    for f in 0..t {
+        let mut cb = |s: Stage, x: &[f32]| acc.push(s, x);
+        let c = enc.encode_frame_with(&padded[f * fs..(f + 1) * fs], None, Some(&mut cb))?;
+        for q in 0..nq {
+            codes[q * t + f] = c[q];
+        }
+    }
+    let mut dec = MimiDecoder::new(mimi.clone());
+    let mut out_pcm = vec![0.0f32; t * fs];
+    let mut col = vec![0u32; nq];
+    for f in 0..t {
+        for q in 0..nq {
+            col[q] = codes[q * t + f];
+        }
+        let mut cb = |s: Stage, x: &[f32]| acc.push(s, x);
+        dec.decode_frame_with(
+            &col,
+            &mut out_pcm[f * fs..(f + 1) * fs],
+            None,
+            Some(&mut cb),
+        )?;
+    }
+    let mut tensors: Vec<OutTensor> = vec![
+        (
+            "codes".into(),
+            "I64",
+            vec![nq, t],
+            i64_bytes(codes.iter().map(|&c| c as i64)),
+        ),
+        ("pcm".into(), "F32", vec![t * fs], f32_bytes(&out_pcm)),
+    ];
+    for (i, (_, name)) in STAGES.iter().enumerate() {
+        let (v, total) = acc.join(i, d);
+        tensors.push((name.to_string(), "F32", vec![d, total], f32_bytes(&v)));
+    }
+    write_safetensors(out, &tensors, None)?;
+    eprintln!(
+        "trace mimi: {t} frames, {nq} codebooks -> {}",
+        out.display()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read_f32(bytes: &[u8], name: &str) -> Vec<f32> {
+        let hdr = model::checkpoint::safetensors::parse(bytes).unwrap();
+        let t = hdr
+            .tensors
+            .iter()
+            .find(|t| t.name == name)
+            .unwrap_or_else(|| panic!("{name}"));
+        let data = &bytes[t.offset..t.offset + t.len];
+        if t.dtype.name().eq_ignore_ascii_case("i64") {
+            data.chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f32)
+                .collect()
+        } else {
+            data.chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect()
+        }
+    }
+
+    #[test]
+    fn trace_matches_oracle_fixture() {
+        let fx = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/mimi");
+        let dir = std::env::temp_dir().join(format!("mimi-trace-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = format!(
+            r#"{{"mimi_name": "{}", "mimi_config_name": "{}"}}"#,
+            fx.join("mimi.safetensors").display(),
+            fx.join("mimi_config.json").display()
+        );
+        std::fs::write(dir.join("config.json"), cfg).unwrap();
+        let out = dir.join("trace.safetensors");
+        trace(&dir, &fx.join("input.wav"), &out, 8).unwrap();
+        let got = std::fs::read(&out).unwrap();
+        let want = std::fs::read(fx.join("trace.safetensors")).unwrap();
+        assert_eq!(read_f32(&got, "codes"), read_f32(&want, "codes"));
+        for name in [
+            "pcm",
+            "enc_seanet",
+            "enc_transformer",
+            "latent",
+            "dec_latent",
+            "dec_upsample",
+            "dec_transformer",
+        ] {
+            let (g, w) = (read_f32(&got, name), read_f32(&want, name));
+            assert_eq!(g.len(), w.len(), "{name}");
+            let err = g
+                .iter()
+                .zip(&w)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            assert!(err < 1e-4, "{name}: {err}");
+        }
+        // refusals: stereo / wrong rate
+        let bad = dir.join("bad.wav");
+        let spec = hound::WavSpec {
+            channels: 2,
+            sample_rate: 24000,
+            bits_per_sample: 16,
+            sample_format: hound::SampleFormat::Int,
+        };
+        let mut w = hound::WavWriter::create(&bad, spec).unwrap();
+        for _ in 0..100 {
+            w.write_sample(0i16).unwrap();
+        }
+        w.finalize().unwrap();
+        assert!(trace(&dir, &bad, &out, 8).is_err());
+        let spec = hound::WavSpec {
+            channels: 1,
+            sample_rate: 16000,
+            bits_per_sample: 16,
+            sample_format: hound::SampleFormat::Int,
+        };
+        let mut w = hound::WavWriter::create(&bad, spec).unwrap();
+        w.write_sample(0i16).unwrap();
+        w.finalize().unwrap();
+        assert!(trace(&dir, &bad, &out, 8).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
