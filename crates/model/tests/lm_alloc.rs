@@ -1,0 +1,109 @@
+//! A warmed-up LM step (temporal step, sampling, Depformer, LMGen bookkeeping) allocates nothing.
+//!
+//! Counting global allocator with a thread-local counter, so only the stepping thread is counted.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::path::Path;
+
+use kernels::Pool;
+use model::checkpoint::Component;
+use model::config::LmConfig;
+use model::lm::{KvDtype, LmGen, LmModel, NoObserver, StepOptions};
+use model::sampling::{RepetitionPenalty, Sampler, SamplerConfig};
+use model::weights::Weights;
+
+struct Counting;
+
+thread_local! {
+    static ALLOCS: Cell<usize> = const { Cell::new(0) };
+}
+
+fn bump() {
+    let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+}
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        bump();
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        bump();
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        bump();
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn allocs() -> usize {
+    ALLOCS.with(|c| c.get())
+}
+
+#[test]
+fn lm_step_allocates_nothing_after_warmup() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/lm");
+    let cfg =
+        LmConfig::from_json(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let w = Weights::open(&dir.join("model.safetensors"), Component::Lm).unwrap();
+    let model = LmModel::load(&w, &cfg).unwrap();
+    let pool = Pool::new(2);
+    // The counter sees allocations of this thread.
+    let probe = allocs();
+    std::hint::black_box(vec![1u8; 16]);
+    assert!(allocs() > probe);
+    let mut cfg = SamplerConfig::seeded(5);
+    cfg.pad_mult = Some(0.5);
+    cfg.repetition_penalty = Some(RepetitionPenalty {
+        penalty: 1.3,
+        context: 16,
+    });
+    let mut sampler = Sampler::new(cfg, 128, 64).unwrap();
+    for kv in [KvDtype::F32, KvDtype::Bf16] {
+        let mut gen = LmGen::new(&model, kv).unwrap();
+        // Warm-up: the pool's activation scratch grows on first use.
+        for t in 0..3u32 {
+            gen.step(&model, &[t; 8], &mut sampler, &pool).unwrap();
+        }
+        let before = allocs();
+        let forced = [1u32, 2, 3, 4, 5, 6, 7, 8];
+        for t in 0..40u32 {
+            let codes = [t % 64, 1, 2, 3, 4, 5, 6, 7];
+            // None right after the reset below, Some otherwise.
+            let out = gen.step(&model, &codes, &mut sampler, &pool).unwrap();
+            assert_eq!(out.is_some(), t != 21);
+            let codes_i64 = [-1i64, 0, 64, 3, 4, 5, 6, 7];
+            let opts = StepOptions {
+                force_text: Some(5),
+                force_audio: Some(&forced),
+            };
+            gen.step_with(
+                &model,
+                &codes_i64,
+                &mut sampler,
+                &pool,
+                &opts,
+                &mut NoObserver,
+            )
+            .unwrap();
+            if t == 20 {
+                gen.reset();
+                sampler.reset();
+            }
+        }
+        let after = allocs();
+        assert_eq!(
+            after - before,
+            0,
+            "allocations during 80 warmed-up steps ({kv:?})"
+        );
+    }
+}
