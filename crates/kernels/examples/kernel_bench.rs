@@ -1,5 +1,5 @@
 //! Kernel microbenchmark:
-//! `cargo run --release -p moshi-kernels --example kernel_bench [rounds] [working_set_mb] [matvec|conv|all]`.
+//! `cargo run --release -p moshi-kernels --example kernel_bench [rounds] [working_set_mb] [matvec|conv|hot|all]`.
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -22,6 +22,10 @@ fn main() {
             );
         }
         println!();
+    }
+    if what == "all" || what == "hot" {
+        let rows = kernels::bench::run_hot(&opts.formats, &[1, 4], opts.rounds);
+        println!("{}", kernels::bench::markdown_hot(&rows));
     }
     if what == "all" || what == "matvec" {
         let rows = kernels::bench::run(&opts, &|s| eprintln!("{s}"));

@@ -2,6 +2,11 @@
 
 use crate::{ops, KernelError};
 
+struct SendPtr(*mut f32);
+// SAFETY: used to hand disjoint slices to pool shares.
+unsafe impl Sync for SendPtr {}
+unsafe impl Send for SendPtr {}
+
 /// Element type of the cached keys and values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KvDtype {
@@ -150,6 +155,42 @@ impl KvRing {
         self.scores = scores;
     }
 
+    /// [`KvRing::attend`] with the heads split over the pool's threads (each head's
+    /// arithmetic is identical to `attend`, so results match bit for bit).
+    pub fn attend_pool(&mut self, q: &[f32], out: &mut [f32], window: usize, pool: &crate::Pool) {
+        let (hd, nh) = (self.head_dim, self.n_heads);
+        assert!(
+            q.len() >= nh * hd && out.len() >= nh * hd,
+            "attend_pool: wrong length"
+        );
+        let nt = pool.n_threads().min(nh);
+        if nt <= 1 || self.len().min(window) < 16 {
+            return self.attend(q, out, window);
+        }
+        let cap = self.capacity;
+        if self.scores.len() < cap * nt {
+            // Grows once per thread count (warm-up), never in steady state.
+            self.scores.resize(cap * nt, 0.0);
+        }
+        let mut scores = std::mem::take(&mut self.scores);
+        {
+            let this = &*self;
+            let outp = SendPtr(out.as_mut_ptr());
+            let sp = SendPtr(scores.as_mut_ptr());
+            pool.run(nt, &|i| {
+                let (outp, sp) = (&outp, &sp);
+                let (a, b) = (i * nh / nt, (i + 1) * nh / nt);
+                // SAFETY: share i owns heads a..b of `out` and scores slice i.
+                let sc = unsafe { std::slice::from_raw_parts_mut(sp.0.add(i * cap), cap) };
+                for h in a..b {
+                    let o = unsafe { std::slice::from_raw_parts_mut(outp.0.add(h * hd), hd) };
+                    this.attend_head(h, &q[h * hd..(h + 1) * hd], o, window, sc);
+                }
+            });
+        }
+        self.scores = scores;
+    }
+
     /// One head of [`KvRing::attend`], usable from several threads at once (e.g. via
     /// [`crate::Pool::run`]); `scores` must hold at least `min(window, len)` values.
     pub fn attend_head(
@@ -256,6 +297,19 @@ mod tests {
             }
         }
         assert_eq!(ring.len(), cap);
+        // attend_pool matches attend bit for bit (needs >= 16 entries to take the threaded path).
+        let mut big = KvRing::new(40, 4, 8, KvDtype::Bf16).unwrap();
+        for t in 0..50 {
+            let k: Vec<f32> = (0..32)
+                .map(|i| ((t * 3 + i * 5) % 11) as f32 * 0.1 - 0.5)
+                .collect();
+            big.push(&k, &k);
+        }
+        let q: Vec<f32> = (0..32).map(|i| (i % 7) as f32 * 0.2 - 0.6).collect();
+        let (mut a, mut b) = (vec![0f32; 32], vec![0f32; 32]);
+        big.attend(&q, &mut a, 30);
+        big.attend_pool(&q, &mut b, 30, &crate::Pool::new(2));
+        assert_eq!(a, b);
         ring.reset();
         assert!(ring.is_empty());
         assert!(KvRing::new(0, 1, 1, KvDtype::F32).is_err());

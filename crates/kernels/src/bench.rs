@@ -449,3 +449,95 @@ pub fn run_mimi_convs(threads: &[usize], rounds: usize) -> Vec<ConvBenchRow> {
         })
         .collect()
 }
+
+/// CPU time consumed by the calling thread, in seconds (Linux `schedstat`; falls back to
+/// `None` elsewhere).
+fn thread_cpu_s() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let ns: u64 = s.split_whitespace().next()?.parse().ok()?;
+    Some(ns as f64 * 1e-9)
+}
+
+/// Result of [`run_hot`]: kernel throughput with the weights cache-resident, per second
+/// of the calling thread's CPU time (robust to other processes on a shared machine).
+#[derive(Debug, Clone)]
+pub struct HotRow {
+    /// Weight format.
+    pub format: WeightFormat,
+    /// Activation rows per call.
+    pub n: usize,
+    /// Median weights·rows per CPU-second, in billions.
+    pub gw_per_s: f64,
+    /// The same as GB/s of weight data per CPU-second.
+    pub gbps: f64,
+}
+
+/// Compute ceiling of each matvec kernel: a 256×4096 matrix (cache-resident) multiplied
+/// repeatedly on one thread, timed in thread CPU time (wall time when unavailable).
+pub fn run_hot(formats: &[WeightFormat], ns: &[usize], rounds: usize) -> Vec<HotRow> {
+    let (rows, cols) = (256usize, 4096usize);
+    let vals = synth(rows, cols, 3);
+    let ms: Vec<Matrix> = formats
+        .iter()
+        .map(|&f| make(f, rows, cols, &vals))
+        .collect();
+    let nmax = ns.iter().copied().max().unwrap_or(1);
+    let x = synth(nmax, cols, 4);
+    let mut y = vec![0f32; nmax * rows];
+    let mut sc = crate::Scratch::new();
+    let mut samples = vec![Vec::new(); ms.len() * ns.len()];
+    let t_wall = Instant::now();
+    let clock = |cpu: Option<f64>| cpu.unwrap_or_else(|| t_wall.elapsed().as_secs_f64());
+    for round in 0..rounds + 1 {
+        for (ni, &n) in ns.iter().enumerate() {
+            for (mi, m) in ms.iter().enumerate() {
+                let it = 200;
+                let t0 = clock(thread_cpu_s());
+                for _ in 0..it {
+                    m.matmul(&x[..n * cols], n, &mut y[..n * rows], &mut sc);
+                }
+                let dt = (clock(thread_cpu_s()) - t0) / it as f64;
+                if round > 0 && dt > 0.0 {
+                    samples[ni * ms.len() + mi].push((
+                        (rows * cols * n) as f64 / dt / 1e9,
+                        m.weight_bytes() as f64 / dt / 1e9,
+                    ));
+                }
+            }
+        }
+    }
+    std::hint::black_box(&y);
+    let mut out = Vec::new();
+    for (ni, &n) in ns.iter().enumerate() {
+        for (mi, &f) in formats.iter().enumerate() {
+            let s = &samples[ni * ms.len() + mi];
+            let mut a: Vec<f64> = s.iter().map(|v| v.0).collect();
+            let mut b: Vec<f64> = s.iter().map(|v| v.1).collect();
+            if a.is_empty() {
+                continue;
+            }
+            out.push(HotRow {
+                format: f,
+                n,
+                gw_per_s: median(&mut a),
+                gbps: median(&mut b),
+            });
+        }
+    }
+    out
+}
+
+/// A markdown table of [`run_hot`] rows.
+pub fn markdown_hot(rows: &[HotRow]) -> String {
+    let mut s = String::from("| format | activation rows | Gweight·rows per CPU-s | weight GB per CPU-s |\n|---|---|---|---|\n");
+    for r in rows {
+        s.push_str(&format!(
+            "| {} | {} | {:.1} | {:.1} |\n",
+            fmt_name(r.format),
+            r.n,
+            r.gw_per_s,
+            r.gbps
+        ));
+    }
+    s
+}

@@ -161,11 +161,65 @@ pub fn scale(a: &mut [f32], s: f32) {
     }
 }
 
-/// `y += a · x`.
+/// `y += a · x` (AVX2 when available; scalar reference [`axpy_reference`]).
 pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     debug_assert_eq!(y.len(), x.len());
+    let n = y.len().min(x.len());
+    #[cfg(target_arch = "x86_64")]
+    if simd_level() == SimdLevel::Avx2 {
+        // SAFETY: AVX2 detected; both slices hold at least n values.
+        return unsafe { axpy_avx2(&mut y[..n], a, &x[..n], None) };
+    }
+    axpy_reference(&mut y[..n], a, &x[..n])
+}
+
+/// Scalar reference of [`axpy`].
+pub fn axpy_reference(y: &mut [f32], a: f32, x: &[f32]) {
     for (o, v) in y.iter_mut().zip(x) {
         *o = a.mul_add(*v, *o);
+    }
+}
+
+/// AVX2 `y += a·x` with `x` either f32 or bf16 bits.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn axpy_avx2(y: &mut [f32], a: f32, x: &[f32], xb: Option<&[u16]>) {
+    use std::arch::x86_64::*;
+    let n = y.len();
+    let av = _mm256_set1_ps(a);
+    let yp = y.as_mut_ptr();
+    let mut i = 0;
+    match xb {
+        None => {
+            while i + 8 <= n {
+                let v = _mm256_fmadd_ps(
+                    av,
+                    _mm256_loadu_ps(x.as_ptr().add(i)),
+                    _mm256_loadu_ps(yp.add(i)),
+                );
+                _mm256_storeu_ps(yp.add(i), v);
+                i += 8;
+            }
+            while i < n {
+                *yp.add(i) = a.mul_add(x[i], *yp.add(i));
+                i += 1;
+            }
+        }
+        Some(b) => {
+            while i + 8 <= n {
+                let h = _mm_loadu_si128(b.as_ptr().add(i) as *const __m128i);
+                let w = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)));
+                _mm256_storeu_ps(
+                    yp.add(i),
+                    _mm256_fmadd_ps(av, w, _mm256_loadu_ps(yp.add(i))),
+                );
+                i += 8;
+            }
+            while i < n {
+                *yp.add(i) = a.mul_add(half::bf16::from_bits(b[i]).to_f32(), *yp.add(i));
+                i += 1;
+            }
+        }
     }
 }
 
@@ -271,9 +325,21 @@ unsafe fn dot_bf16_avx2(a: &[f32], b: &[u16]) -> f32 {
     s
 }
 
-/// `y += a · x` with `x` given as bf16 bits.
+/// `y += a · x` with `x` given as bf16 bits (AVX2 when available; scalar reference
+/// [`axpy_bf16_reference`]).
 pub fn axpy_bf16(y: &mut [f32], a: f32, x: &[u16]) {
     debug_assert_eq!(y.len(), x.len());
+    let n = y.len().min(x.len());
+    #[cfg(target_arch = "x86_64")]
+    if simd_level() == SimdLevel::Avx2 {
+        // SAFETY: AVX2 detected; both slices hold at least n values.
+        return unsafe { axpy_avx2(&mut y[..n], a, &[], Some(&x[..n])) };
+    }
+    axpy_bf16_reference(&mut y[..n], a, &x[..n])
+}
+
+/// Scalar reference of [`axpy_bf16`].
+pub fn axpy_bf16_reference(y: &mut [f32], a: f32, x: &[u16]) {
     for (o, &v) in y.iter_mut().zip(x) {
         *o = a.mul_add(half::bf16::from_bits(v).to_f32(), *o);
     }

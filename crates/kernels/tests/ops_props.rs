@@ -39,3 +39,18 @@ fn gelu_matches_erf_definition() {
     assert_eq!(x[1], 0.0);
     assert!((x[2] + (1.0 - 0.841_344_7)).abs() < 1e-6);
 }
+
+proptest! {
+    #[test]
+    fn axpy_matches_reference(v in proptest::collection::vec(-4.0f32..4.0, 0..100), a in -2.0f32..2.0) {
+        let mut y1: Vec<f32> = v.iter().map(|x| x * 0.3 - 1.0).collect();
+        let mut y2 = y1.clone();
+        ops::axpy(&mut y1, a, &v);
+        ops::axpy_reference(&mut y2, a, &v);
+        prop_assert_eq!(&y1, &y2);
+        let vb: Vec<u16> = v.iter().map(|x| half::bf16::from_f32(*x).to_bits()).collect();
+        ops::axpy_bf16(&mut y1, a, &vb);
+        ops::axpy_bf16_reference(&mut y2, a, &vb);
+        prop_assert_eq!(&y1, &y2);
+    }
+}
