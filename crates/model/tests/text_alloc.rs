@@ -1,0 +1,64 @@
+//! The streaming detokenizer does not allocate per token (counting global allocator with
+//! thread-local counts, so other test threads do not interfere).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::Arc;
+
+use model::text::{Detokenizer, SentencePiece};
+
+struct Counting;
+
+thread_local! {
+    static ALLOCS: Cell<usize> = const { Cell::new(0) };
+}
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn allocs() -> usize {
+    ALLOCS.with(|c| c.get())
+}
+
+#[test]
+fn detokenizer_push_does_not_allocate() {
+    let b = allocs();
+    let v = std::hint::black_box(vec![1u8; 10]);
+    assert!(allocs() > b, "the counter must see allocations");
+    drop(v);
+
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../fixtures/spm/unigram_bytes_nfkc.model"
+    );
+    let sp = Arc::new(SentencePiece::load(path).unwrap());
+    let mut ids = sp.encode("Hello world! café 你好 🦀 ＡＢＣ");
+    ids.extend([0, 3, 1, 2, 100_000]);
+    ids.extend(0..sp.vocab_size() as u32);
+    let mut d = Detokenizer::new(sp);
+    let before = allocs();
+    let mut bytes = 0;
+    for _ in 0..3 {
+        for &id in &ids {
+            bytes += d.push(id).len();
+        }
+        bytes += d.flush().len();
+        d.reset();
+    }
+    assert_eq!(allocs() - before, 0, "allocations while detokenizing");
+    assert!(bytes > 1000);
+}
