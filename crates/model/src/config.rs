@@ -352,16 +352,16 @@ impl LmConfig {
                 return Err(bad(k, "must be positive".into()));
             }
         }
-        if self.dim % self.num_heads != 0 {
+        if !self.dim.is_multiple_of(self.num_heads) {
             return Err(bad("num_heads", "must divide dim".into()));
         }
-        if self.depformer_dim % self.depformer_num_heads != 0 {
+        if !self.depformer_dim.is_multiple_of(self.depformer_num_heads) {
             return Err(bad(
                 "depformer_num_heads",
                 "must divide depformer_dim".into(),
             ));
         }
-        if self.head_dim() % 2 != 0 {
+        if !self.head_dim().is_multiple_of(2) {
             return Err(bad("num_heads", "head dim must be even for RoPE".into()));
         }
         if self.delays.len() != self.n_q + 1 {
@@ -1249,7 +1249,7 @@ impl MimiConfig {
                 "must be non-empty and positive".into(),
             ));
         }
-        if !(self.frame_rate > 0.0) {
+        if self.frame_rate.is_nan() || self.frame_rate <= 0.0 {
             return Err(bad("frame_rate", "must be positive".into()));
         }
         if s.activation != "ELU" {
@@ -1267,7 +1267,7 @@ impl MimiConfig {
         if !s.causal {
             return arch("seanet.causal", "false".into(), "only causal");
         }
-        if t.d_model % t.num_heads != 0 || t.head_dim() % 2 != 0 {
+        if !t.d_model.is_multiple_of(t.num_heads) || !t.head_dim().is_multiple_of(2) {
             return Err(bad(
                 "transformer.num_heads",
                 "must divide d_model into even head dims".into(),

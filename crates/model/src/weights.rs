@@ -564,7 +564,7 @@ impl Weights {
                 });
             }
             let ok = match (t.allowed, e.quant) {
-                (_, Quant::Plain(d)) if matches!(d, DType::F32 | DType::F16 | DType::Bf16) => true,
+                (_, Quant::Plain(DType::F32 | DType::F16 | DType::Bf16)) => true,
                 (Allowed::Matrix, Quant::Plain(DType::Q8_0 | DType::Q4_0)) => true,
                 (Allowed::Matrix, Quant::Mlx { .. }) => true,
                 (Allowed::FloatOrFlag, Quant::Plain(d)) => {

@@ -160,7 +160,7 @@ pub enum CheckpointError {
         reason: String,
     },
     /// Config keys that this engine does not know.
-    #[error("unknown config keys: {keys:?}")]
+    #[error("unknown config keys: {}", list(keys))]
     UnknownConfigKeys {
         /// The keys.
         keys: Vec<String>,
@@ -182,61 +182,64 @@ pub enum CheckpointError {
         reason: String,
     },
     /// LoRA adapters (config `lora`/`lora_name`, tensors `*.lora_A/B`).
-    #[error("LoRA is not supported (found: {keys:?})")]
+    #[error("LoRA is not supported (found: {})", list(keys))]
     Lora {
         /// Offending keys or tensor names.
         keys: Vec<String>,
     },
     /// Conditioners / condition fuser / classifier-free guidance.
-    #[error("conditioning / fuser / CFG is not supported (found: {keys:?})")]
+    #[error("conditioning / fuser / CFG is not supported (found: {})", list(keys))]
     Conditioning {
         /// Offending keys or tensor names.
         keys: Vec<String>,
     },
     /// Cross-attention layers.
-    #[error("cross-attention is not supported (found: {keys:?})")]
+    #[error("cross-attention is not supported (found: {})", list(keys))]
     CrossAttention {
         /// Offending keys or tensor names.
         keys: Vec<String>,
     },
     /// bitsandbytes int8 checkpoints (`*.weight_scb`, int8 weights, `quantize: true`).
-    #[error("bitsandbytes int8 checkpoints are not supported (found: {keys:?})")]
+    #[error(
+        "bitsandbytes int8 checkpoints are not supported (found: {})",
+        list(keys)
+    )]
     BitsAndBytes {
         /// Offending keys or tensor names.
         keys: Vec<String>,
     },
     /// Demultiplexed second text stream.
-    #[error("demux second text stream is not supported (found: {keys:?})")]
+    #[error("demux second text stream is not supported (found: {})", list(keys))]
     Demux {
         /// Offending keys or tensor names.
         keys: Vec<String>,
     },
     /// Extra output heads.
-    #[error("extra heads are not supported (found: {keys:?})")]
+    #[error("extra heads are not supported (found: {})", list(keys))]
     ExtraHeads {
         /// Offending keys or tensor names.
         keys: Vec<String>,
     },
     /// Low-rank depformer embeddings.
-    #[error("low-rank embeddings are not supported (found: {keys:?})")]
+    #[error("low-rank embeddings are not supported (found: {})", list(keys))]
     LowRankEmbeddings {
         /// Offending keys or tensor names.
         keys: Vec<String>,
     },
     /// TTS / STT / other task configs.
-    #[error("task-specific configs are not supported (found: {keys:?})")]
+    #[error("task-specific configs are not supported (found: {})", list(keys))]
     TaskConfig {
         /// Offending keys.
         keys: Vec<String>,
     },
     /// Tensors the architecture needs but the file lacks.
-    #[error("missing tensors: {names:?}")]
+    #[error("missing tensors: {}", list(names))]
     MissingTensor {
         /// Canonical names.
         names: Vec<String>,
     },
     /// Tensors the file holds but the architecture does not use.
-    #[error("unexpected tensors: {names:?}")]
+    #[error("unexpected tensors: {}", list(names))]
     UnexpectedTensor {
         /// Names as found in the file.
         names: Vec<String>,
@@ -300,4 +303,23 @@ pub enum CheckpointError {
         /// Kernel error text.
         message: String,
     },
+}
+
+/// Render a list of names, at most 8 of them, with the count of the others.
+fn list(v: &[String]) -> String {
+    const SHOW: usize = 8;
+    let mut out = v
+        .iter()
+        .take(SHOW)
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join(", ");
+    if v.len() > SHOW {
+        out.push_str(&format!(
+            ", ... ({} more, {} in total)",
+            v.len() - SHOW,
+            v.len()
+        ));
+    }
+    out
 }

@@ -132,7 +132,7 @@ fn scalar_size(t: u32) -> Option<u64> {
     match t {
         0 | 1 | 7 => Some(1), // u8, i8, bool
         2 | 3 => Some(2),     // u16, i16
-        4 | 5 | 6 => Some(4), // u32, i32, f32
+        4..=6 => Some(4),     // u32, i32, f32
         10..=12 => Some(8),   // u64, i64, f64
         _ => None,
     }
@@ -390,7 +390,7 @@ pub fn header_bytes(tensors: &[(&str, u32, &[usize], usize)]) -> (Vec<u8>, Vec<u
         offsets.push(off);
         off = (off + *len as u64).div_ceil(DEFAULT_ALIGNMENT) * DEFAULT_ALIGNMENT;
     }
-    while out.len() as u64 % DEFAULT_ALIGNMENT != 0 {
+    while !(out.len() as u64).is_multiple_of(DEFAULT_ALIGNMENT) {
         out.push(0);
     }
     (out, offsets)
@@ -408,7 +408,7 @@ pub fn write(tensors: &[WriteTensor<'_>]) -> Vec<u8> {
         out.resize(base + off as usize, 0);
         out.extend_from_slice(t.data);
     }
-    while out.len() as u64 % DEFAULT_ALIGNMENT != 0 {
+    while !(out.len() as u64).is_multiple_of(DEFAULT_ALIGNMENT) {
         out.push(0);
     }
     out

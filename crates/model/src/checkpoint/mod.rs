@@ -104,7 +104,7 @@ impl DType {
     /// Bytes for `n` values along a row (n must be a multiple of the block size); `None` on overflow.
     pub fn bytes_for(self, n: u64) -> Option<u64> {
         let (vals, bytes) = self.block();
-        if n % vals != 0 {
+        if !n.is_multiple_of(vals) {
             return None;
         }
         (n / vals).checked_mul(bytes)

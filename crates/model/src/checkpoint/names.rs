@@ -425,11 +425,11 @@ pub fn map(
 /// HF stores row `h*hd + s*(hd/2) + i` for the original (interleaved-pair) row `h*hd + 2*i + s`.
 /// Returns, for each canonical row, the source row it comes from.
 pub fn hf_rope_source_rows(rows: usize, num_heads: usize) -> Option<Vec<usize>> {
-    if num_heads == 0 || rows % num_heads != 0 {
+    if num_heads == 0 || !rows.is_multiple_of(num_heads) {
         return None;
     }
     let hd = rows / num_heads;
-    if hd % 2 != 0 {
+    if !hd.is_multiple_of(2) {
         return None;
     }
     let half = hd / 2;

@@ -194,7 +194,7 @@ pub fn header_bytes(
     }
     let mut json = serde_json::to_vec(&Value::Object(map)).expect("serialisable");
     // Pad with spaces to a multiple of 8 so the data section is aligned.
-    while (json.len() + 8) % 8 != 0 {
+    while !(json.len() + 8).is_multiple_of(8) {
         json.push(b' ');
     }
     let mut out = (json.len() as u64).to_le_bytes().to_vec();

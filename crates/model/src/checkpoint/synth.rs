@@ -18,6 +18,8 @@ use crate::schema::{Schema, TensorSpec};
 pub enum SynthFormat {
     /// `kyutai/moshiko-pytorch-bf16`: PyTorch legacy names, bf16, `model.safetensors` + `config.json`.
     Bf16,
+    /// PyTorch `state_dict()` names (`in_projs.{k}` / `out_projs.{k}`), bf16, `model.safetensors` + `config.json`.
+    Bf16InProjs,
     /// `kyutai/moshiko-candle-bf16`: candle names, bf16, `model.safetensors`.
     CandleBf16,
     /// `kyutai/moshiko-candle-q8`: candle names, Q8_0 (F32 norms), `model.q8.gguf`.
@@ -33,6 +35,7 @@ impl SynthFormat {
     pub fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "bf16" => SynthFormat::Bf16,
+            "bf16-in-projs" => SynthFormat::Bf16InProjs,
             "candle-bf16" => SynthFormat::CandleBf16,
             "q8-gguf" => SynthFormat::Q8Gguf,
             "mlx-q4" => SynthFormat::MlxQ4,
@@ -43,7 +46,9 @@ impl SynthFormat {
     /// LM file name in the bundle.
     pub fn lm_file(self) -> &'static str {
         match self {
-            SynthFormat::Bf16 | SynthFormat::CandleBf16 => "model.safetensors",
+            SynthFormat::Bf16 | SynthFormat::Bf16InProjs | SynthFormat::CandleBf16 => {
+                "model.safetensors"
+            }
             SynthFormat::Q8Gguf => "model.q8.gguf",
             SynthFormat::MlxQ4 => "model.q4.safetensors",
             SynthFormat::MlxQ8 => "model.q8.safetensors",
@@ -145,7 +150,7 @@ fn lm_outputs(cfg: &LmConfig, format: SynthFormat) -> Vec<Out> {
     let steps = cfg.depformer_weight_steps();
     let mut outs = Vec::new();
     let mlx = matches!(format, SynthFormat::MlxQ4 | SynthFormat::MlxQ8);
-    let candle = !matches!(format, SynthFormat::Bf16);
+    let candle = !matches!(format, SynthFormat::Bf16 | SynthFormat::Bf16InProjs);
     let (bits, group) = match format {
         SynthFormat::MlxQ4 => (4, 32),
         _ => (8, 64),
@@ -155,9 +160,11 @@ fn lm_outputs(cfg: &LmConfig, format: SynthFormat) -> Vec<Out> {
         let is_norm = spec.name.ends_with(".alpha");
         let store_for = |cols: usize| -> Store {
             match format {
-                SynthFormat::Bf16 | SynthFormat::CandleBf16 => Store::Bf16,
+                SynthFormat::Bf16 | SynthFormat::Bf16InProjs | SynthFormat::CandleBf16 => {
+                    Store::Bf16
+                }
                 SynthFormat::Q8Gguf => {
-                    if is_norm || cols % 32 != 0 {
+                    if is_norm || !cols.is_multiple_of(32) {
                         // candle's tensor-tools keeps tensors whose rows do not fill Q8_0 blocks in F32.
                         Store::F32
                     } else {
@@ -165,7 +172,7 @@ fn lm_outputs(cfg: &LmConfig, format: SynthFormat) -> Vec<Out> {
                     }
                 }
                 SynthFormat::MlxQ4 | SynthFormat::MlxQ8 => {
-                    if is_norm || cols % group != 0 {
+                    if is_norm || !cols.is_multiple_of(group) {
                         Store::Bf16
                     } else {
                         Store::Mlx { bits, group }
@@ -188,7 +195,27 @@ fn lm_outputs(cfg: &LmConfig, format: SynthFormat) -> Vec<Out> {
             });
         };
         if !candle {
-            push(spec.name.clone(), spec.shape.clone());
+            let split = [
+                ("self_attn.in_proj_weight", "self_attn.in_projs"),
+                ("self_attn.out_proj.weight", "self_attn.out_projs"),
+            ];
+            match split.iter().find(|(c, _)| spec.name.ends_with(c)) {
+                Some((c, new)) if format == SynthFormat::Bf16InProjs => {
+                    let k = if spec.name.starts_with("depformer.") {
+                        steps
+                    } else {
+                        1
+                    };
+                    let base = &spec.name[..spec.name.len() - c.len()];
+                    for i in 0..k {
+                        push(
+                            format!("{base}{new}.{i}.weight"),
+                            vec![spec.shape[0] / k, spec.shape[1]],
+                        );
+                    }
+                }
+                _ => push(spec.name.clone(), spec.shape.clone()),
+            }
             continue;
         }
         let dep = if mlx {
@@ -426,6 +453,47 @@ fn write_gguf(path: &Path, outs: &[Out], seed: u64) -> Result<u64, CheckpointErr
     Ok(header.len() as u64 + end)
 }
 
+/// Write only the header of the LM file of `format` for `cfg` and extend the file to its full
+/// length without writing data (a sparse file): enough to exercise format detection, name mapping
+/// and schema checks at full size without generating gigabytes.
+pub fn write_lm_header_only(
+    path: &Path,
+    format: SynthFormat,
+    cfg: &LmConfig,
+) -> Result<u64, CheckpointError> {
+    let outs = lm_outputs(cfg, format);
+    let infos: Vec<(String, &str, Vec<usize>, usize)> = outs.iter().flat_map(expand).collect();
+    let (header, total) = match format {
+        SynthFormat::Q8Gguf => {
+            let typed: Vec<(&str, u32, &[usize], usize)> = infos
+                .iter()
+                .map(|(n, d, s, l)| {
+                    let t = if *d == "Q8_0" {
+                        gguf::ggml::Q8_0
+                    } else {
+                        gguf::ggml::F32
+                    };
+                    (n.as_str(), t, s.as_slice(), *l)
+                })
+                .collect();
+            let (h, offs) = gguf::header_bytes(&typed);
+            let last = offs.last().copied().unwrap_or(0) + infos.last().map_or(0, |i| i.3 as u64);
+            let len =
+                h.len() as u64 + last.div_ceil(gguf::DEFAULT_ALIGNMENT) * gguf::DEFAULT_ALIGNMENT;
+            (h, len)
+        }
+        _ => {
+            let h = super::safetensors::header_bytes(&infos, None);
+            let len = h.len() as u64 + infos.iter().map(|i| i.3 as u64).sum::<u64>();
+            (h, len)
+        }
+    };
+    let mut f = File::create(path).map_err(io_err(path))?;
+    f.write_all(&header).map_err(io_err(path))?;
+    f.set_len(total).map_err(io_err(path))?;
+    Ok(total)
+}
+
 /// A minimal SentencePiece `ModelProto` with `vocab` pieces (`<unk>`, `<s>`, `</s>`, `<pad>`, then
 /// `▁w{i}` normal pieces), enough for id → piece decoding in benchmarks.
 pub fn tiny_spm(vocab: usize) -> Vec<u8> {
@@ -526,7 +594,7 @@ pub fn write_bundle(
     let mimi_size = write_safetensors(&mimi_path, &mimi_outs, seed ^ 0x5eed)?;
     let spm = dir.join(TOKENIZER_NAME);
     std::fs::write(&spm, tiny_spm(lm.text_card)).map_err(io_err(&spm))?;
-    let write_cfg = format == SynthFormat::Bf16 || !released;
+    let write_cfg = matches!(format, SynthFormat::Bf16 | SynthFormat::Bf16InProjs) || !released;
     if write_cfg {
         let mimi_cfg = if *mimi == MimiConfig::v0_1() {
             None
@@ -618,6 +686,7 @@ mod tests {
         let root = std::env::temp_dir().join(format!("moshi-synth-test-{}", std::process::id()));
         for (fmt, layout) in [
             (SynthFormat::Bf16, Layout::PytorchLegacy),
+            (SynthFormat::Bf16InProjs, Layout::PytorchNew),
             (SynthFormat::CandleBf16, Layout::Candle),
             (SynthFormat::Q8Gguf, Layout::Candle),
             (SynthFormat::MlxQ4, Layout::Mlx),
@@ -639,7 +708,7 @@ mod tests {
                 .quant("transformer.layers.1.gating.linear_in.weight")
                 .unwrap();
             let expect = match fmt {
-                SynthFormat::Bf16 | SynthFormat::CandleBf16 => "bf16",
+                SynthFormat::Bf16 | SynthFormat::Bf16InProjs | SynthFormat::CandleBf16 => "bf16",
                 SynthFormat::Q8Gguf => "q8_0",
                 SynthFormat::MlxQ4 => "mlx-q4-g32",
                 SynthFormat::MlxQ8 => "mlx-q8-g64",
@@ -657,6 +726,43 @@ mod tests {
             }
             let spm = crate::text::SentencePiece::load(&b.files.tokenizer).unwrap();
             let _ = spm;
+        }
+        std::fs::remove_dir_all(&root).ok();
+    }
+
+    /// Full-size moshiko files (header only, sparse) in every layout map completely onto the schema.
+    #[test]
+    fn moshiko_header_only_files_map_completely() {
+        let cfg = LmConfig::moshiko_v0_1();
+        let schema = Schema::lm(&cfg);
+        let root = std::env::temp_dir().join(format!("moshi-synth-hdr-{}", std::process::id()));
+        std::fs::create_dir_all(&root).unwrap();
+        for (fmt, layout, q) in [
+            (SynthFormat::Bf16, Layout::PytorchLegacy, "bf16"),
+            (SynthFormat::Bf16InProjs, Layout::PytorchNew, "bf16"),
+            (SynthFormat::CandleBf16, Layout::Candle, "bf16"),
+            (SynthFormat::Q8Gguf, Layout::Candle, "q8_0"),
+            (SynthFormat::MlxQ4, Layout::Mlx, "mlx-q4-g32"),
+            (SynthFormat::MlxQ8, Layout::Mlx, "mlx-q8-g64"),
+        ] {
+            let p = root.join(format!("{fmt:?}"));
+            let len = write_lm_header_only(&p, fmt, &cfg).unwrap();
+            let w = crate::weights::Weights::open(&p, crate::checkpoint::Component::Lm).unwrap();
+            assert_eq!(w.file_len() as u64, len);
+            assert_eq!(w.layout(), layout, "{fmt:?}");
+            w.check(&schema).unwrap_or_else(|e| panic!("{fmt:?}: {e}"));
+            for n in [
+                "text_emb.weight",
+                "depformer.layers.5.gating.7.linear_out.weight",
+                "linears.7.weight",
+            ] {
+                assert_eq!(w.quant(n).unwrap().name(), q, "{fmt:?} {n}");
+            }
+            let i = w
+                .info("depformer.layers.3.self_attn.in_proj_weight")
+                .unwrap();
+            assert_eq!(i.shape, vec![24576, 1024]);
+            std::fs::remove_file(&p).unwrap();
         }
         std::fs::remove_dir_all(&root).ok();
     }

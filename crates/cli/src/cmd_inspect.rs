@@ -1,0 +1,236 @@
+//! `moshi-native inspect <file-or-bundle-dir>`: detected format, layout/variant, per-storage counts,
+//! total size, schema check; refusals print a clear message and exit non-zero.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use model::checkpoint::{Bundle, Component};
+use model::config::{LmConfig, MimiConfig};
+use model::schema::Schema;
+use model::weights::{OpenOptions, Quant, Weights};
+
+/// Flags of `moshi-native inspect`.
+#[derive(Args, Debug, Clone)]
+pub struct InspectArgs {
+    /// A weights file (safetensors / GGUF / MLX) or a bundle directory.
+    #[arg(value_name = "FILE_OR_DIR")]
+    pub path: PathBuf,
+    /// Also list every canonical tensor with its shape and storage.
+    #[arg(long)]
+    pub tensors: bool,
+}
+
+/// Runs `inspect`.
+pub fn run(args: &InspectArgs) -> Result<()> {
+    let p = &args.path;
+    if p.is_dir() {
+        inspect_bundle(p, args.tensors)
+    } else if p.is_file() {
+        inspect_file(p, args.tensors)
+    } else {
+        bail!("{}: no such file or directory", p.display())
+    }
+}
+
+fn human(bytes: usize) -> String {
+    let b = bytes as f64;
+    if b >= 1e9 {
+        format!("{:.2} GB", b / 1e9)
+    } else if b >= 1e6 {
+        format!("{:.2} MB", b / 1e6)
+    } else if b >= 1e3 {
+        format!("{:.1} kB", b / 1e3)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
+/// Variant name from the layout and the storage of the linear weights.
+fn variant(w: &Weights) -> String {
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for n in w.names() {
+        if n.ends_with(".weight") || n.ends_with("in_proj_weight") {
+            *counts
+                .entry(w.quant(n).map(|q| q.name()).unwrap_or_default())
+                .or_default() += 1;
+        }
+    }
+    let dominant = counts
+        .iter()
+        .max_by_key(|(_, c)| **c)
+        .map(|(q, _)| q.clone())
+        .unwrap_or_else(|| "empty".into());
+    let family = match w.layout() {
+        model::checkpoint::names::Layout::PytorchLegacy
+        | model::checkpoint::names::Layout::PytorchNew => "pytorch",
+        model::checkpoint::names::Layout::Candle => "candle",
+        model::checkpoint::names::Layout::Mlx => "mlx",
+        model::checkpoint::names::Layout::HfMimi => "hf-transformers",
+    };
+    if dominant.starts_with("mlx-") {
+        dominant
+    } else {
+        format!("{family}-{dominant}")
+    }
+}
+
+fn print_weights(w: &Weights, list: bool) {
+    println!(
+        "  file:      {} ({})",
+        w.path().display(),
+        human(w.file_len())
+    );
+    println!("  format:    {}", w.format());
+    println!("  layout:    {}", w.layout().name());
+    println!("  variant:   {}", variant(w));
+    let mut per: BTreeMap<String, (usize, usize, usize)> = BTreeMap::new();
+    let mut total_values = 0usize;
+    let mut total_bytes = 0usize;
+    for n in w.names() {
+        let info = w.info(n).expect("listed name");
+        let values: usize = info.shape.iter().product();
+        let e = per.entry(info.quant.name()).or_default();
+        e.0 += 1;
+        e.1 += values;
+        e.2 += info.bytes;
+        total_values += values;
+        total_bytes += info.bytes;
+    }
+    println!(
+        "  tensors:   {} canonical, {} values, {}",
+        w.len(),
+        total_values,
+        human(total_bytes)
+    );
+    for (q, (c, v, b)) in &per {
+        println!(
+            "    {q:<14} {c:>5} tensors {v:>14} values {:>10}",
+            human(*b)
+        );
+    }
+    if list {
+        for n in w.names() {
+            let info = w.info(n).expect("listed name");
+            let src = if info.sources.len() == 1 && info.sources[0] == n {
+                String::new()
+            } else {
+                format!("  <- {}", info.sources.join(", "))
+            };
+            println!("    {n} {:?} {}{src}", info.shape, info.quant.name());
+        }
+    }
+}
+
+/// Guess the component of a lone file from its canonical names.
+fn guess_component(path: &Path) -> Result<(Weights, Component)> {
+    let lm = Weights::open(path, Component::Lm)?;
+    let is_mimi = lm.names().any(|n| {
+        n.starts_with("encoder.")
+            || n.starts_with("decoder.")
+            || n.starts_with("quantizer.")
+            || n.starts_with("encoder_transformer.")
+    });
+    if is_mimi {
+        Ok((
+            Weights::open_with(path, &OpenOptions::new(Component::Mimi))?,
+            Component::Mimi,
+        ))
+    } else {
+        Ok((lm, Component::Lm))
+    }
+}
+
+fn inspect_file(path: &Path, list: bool) -> Result<()> {
+    let (w, comp) = guess_component(path).context("refused")?;
+    println!("{}: {comp} weights", path.display());
+    print_weights(&w, list);
+    let (schema, what) = match comp {
+        Component::Lm => (
+            Schema::lm(&LmConfig::moshiko_v0_1()),
+            "released moshiko/moshika v0.1 LM",
+        ),
+        Component::Mimi => (Schema::mimi(&MimiConfig::v0_1()), "released Mimi"),
+    };
+    match w.check(&schema) {
+        Ok(()) => println!("  schema:    matches the {what}"),
+        Err(e) => {
+            println!("  schema:    differs from the {what}: {e}");
+            println!("             (a bundle directory is checked against the dimensions of its config.json)");
+        }
+    }
+    // Quantized storage summary per tensor kind.
+    let quantized = w
+        .names()
+        .filter(|n| matches!(w.quant(n), Some(Quant::Mlx { .. })))
+        .count();
+    if quantized > 0 {
+        println!("  mlx triplets: {quantized}");
+    }
+    Ok(())
+}
+
+fn inspect_bundle(dir: &Path, list: bool) -> Result<()> {
+    let b = Bundle::open(dir).with_context(|| format!("refused: bundle {}", dir.display()))?;
+    println!("{}: bundle", dir.display());
+    match &b.files.config {
+        Some(p) => println!("  config:    {}", p.display()),
+        None => println!("  config:    none (released moshiko v0.1 configuration applies)"),
+    }
+    let c = &b.config.lm;
+    println!(
+        "  lm:        dim {} x {} layers ({} heads), ffn {}, depformer {} x {} ({} heads, ffn {}), n_q {}, dep_q {}, card {}, text_card {}, context {:?}",
+        c.dim,
+        c.num_layers,
+        c.num_heads,
+        c.ffn_hidden(),
+        c.depformer_dim,
+        c.depformer_num_layers,
+        c.depformer_num_heads,
+        c.depformer_ffn_hidden(),
+        c.n_q,
+        c.dep_q,
+        c.card,
+        c.text_card,
+        c.context
+    );
+    let m = &b.mimi_config;
+    println!(
+        "  mimi:      dim {}, filters {}, transformer {} x {} ({} heads), codebooks {} x {} (dim {}){}",
+        m.seanet.dimension,
+        m.seanet.n_filters,
+        m.transformer.d_model,
+        m.transformer.num_layers,
+        m.transformer.num_heads,
+        m.quantizer.n_q,
+        m.quantizer.bins,
+        m.quantizer.dimension,
+        match &b.files.mimi_config {
+            Some(p) => format!(", config {}", p.display()),
+            None => String::new(),
+        }
+    );
+    println!(
+        "  tokenizer: {} ({})",
+        b.files.tokenizer.display(),
+        human(
+            std::fs::metadata(&b.files.tokenizer)
+                .map(|m| m.len() as usize)
+                .unwrap_or(0)
+        )
+    );
+    println!("LM weights:");
+    let lm = b
+        .lm_weights()
+        .with_context(|| format!("refused: LM weights {}", b.files.lm.display()))?;
+    print_weights(&lm, list);
+    println!("  schema:    complete ({} tensors)", lm.len());
+    println!("Mimi weights:");
+    let mimi = b
+        .mimi_weights()
+        .with_context(|| format!("refused: Mimi weights {}", b.files.mimi.display()))?;
+    print_weights(&mimi, list);
+    println!("  schema:    complete ({} tensors)", mimi.len());
+    Ok(())
+}

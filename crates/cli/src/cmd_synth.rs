@@ -1,0 +1,74 @@
+//! `moshi-native synth`: write a bundle with random weights of realistic scale in a released layout
+//! (exact names, shapes and quantization), streamed to disk. For benchmarks and tests.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use model::checkpoint::synth::{write_bundle, SynthFormat};
+use model::config::{BundleConfig, LmConfig, MimiConfig};
+
+/// Flags of `moshi-native synth`.
+#[derive(Args, Debug, Clone)]
+pub struct SynthArgs {
+    /// Model size: `moshiko` (released 7B dimensions; moshika has the same architecture).
+    #[arg(long, default_value = "moshiko")]
+    pub variant: String,
+    /// Layout: bf16 | candle-bf16 | q8-gguf | mlx-q4 | mlx-q8.
+    #[arg(long, default_value = "bf16")]
+    pub format: String,
+    /// Kyutai config.json to take the LM (and `mimi_config_name`) dimensions from instead of `--variant`.
+    #[arg(long, value_name = "CONFIG_JSON")]
+    pub config: Option<PathBuf>,
+    /// Output bundle directory.
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Random seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+/// Runs `synth`.
+pub fn run(args: &SynthArgs) -> Result<()> {
+    let format = SynthFormat::parse(&args.format).with_context(|| {
+        format!(
+            "unknown --format `{}` (bf16, candle-bf16, q8-gguf, mlx-q4, mlx-q8)",
+            args.format
+        )
+    })?;
+    let (lm, mimi) = match &args.config {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| p.display().to_string())?;
+            let cfg = BundleConfig::from_json(&text)?;
+            let mimi = match &cfg.mimi_config_name {
+                None => MimiConfig::v0_1(),
+                Some(name) => {
+                    let mp = p
+                        .parent()
+                        .unwrap_or(std::path::Path::new("."))
+                        .join(name.trim_start_matches("file://"));
+                    MimiConfig::from_json(
+                        &std::fs::read_to_string(&mp).with_context(|| mp.display().to_string())?,
+                    )?
+                }
+            };
+            (cfg.lm, mimi)
+        }
+        None => match args.variant.as_str() {
+            "moshiko" | "moshika" => (LmConfig::moshiko_v0_1(), MimiConfig::v0_1()),
+            v => bail!("unknown --variant `{v}` (moshiko, moshika)"),
+        },
+    };
+    let t0 = std::time::Instant::now();
+    let rep = write_bundle(&args.out, format, &lm, &mimi, args.seed)?;
+    println!(
+        "wrote {} ({:.2} GB) and {} ({:.1} MB){} in {:.1} s",
+        rep.lm.0.display(),
+        rep.lm.1 as f64 / 1e9,
+        rep.mimi.0.display(),
+        rep.mimi.1 as f64 / 1e6,
+        if rep.config { " + config.json" } else { "" },
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
