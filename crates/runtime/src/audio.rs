@@ -116,6 +116,13 @@ fn decode_mono<R: Read>(
     if spec.channels == 0 || spec.sample_rate == 0 {
         return Err(AudioError::NotWav(format!("invalid header: {info}")));
     }
+    if !RATE_RANGE.contains(&spec.sample_rate) {
+        return Err(AudioError::Unsupported(format!(
+            "{info} (sample rates from {} to {} Hz are supported)",
+            RATE_RANGE.start(),
+            RATE_RANGE.end()
+        )));
+    }
     let channels = usize::from(spec.channels);
     // The header's length may lie (truncated or hostile files): cap the up-front reservation.
     let frames_hint = (reader.len() as usize / channels).min(1 << 22);
@@ -290,6 +297,13 @@ pub fn write_wav_stereo(
     write_wav_stereo_to(file, left, right, sample_rate, format)
 }
 
+/// Sample rates the resampler accepts (Hz). The bound keeps FFT sizes sane for hostile headers: for
+/// coprime rates the FFT block is a multiple of the whole input rate.
+pub const RATE_RANGE: std::ops::RangeInclusive<u32> = 1_000..=768_000;
+
+/// Largest internal chunk hint accepted by [`StreamResampler::with_chunk`] (input samples).
+pub const MAX_CHUNK: usize = 1 << 20;
+
 fn gcd(mut a: u32, mut b: u32) -> u32 {
     while b != 0 {
         (a, b) = (b, a % b);
@@ -359,11 +373,17 @@ impl StreamResampler {
         to: u32,
         chunk_hint: usize,
     ) -> Result<StreamResampler, AudioError> {
-        if from == 0 || to == 0 {
-            return Err(AudioError::Invalid(format!("sample rates {from} → {to}")));
+        if !RATE_RANGE.contains(&from) || !RATE_RANGE.contains(&to) {
+            return Err(AudioError::Invalid(format!(
+                "sample rates {from} → {to} (supported: {} to {} Hz)",
+                RATE_RANGE.start(),
+                RATE_RANGE.end()
+            )));
         }
-        if chunk_hint == 0 {
-            return Err(AudioError::Invalid("chunk size 0".into()));
+        if chunk_hint == 0 || chunk_hint > MAX_CHUNK {
+            return Err(AudioError::Invalid(format!(
+                "chunk size {chunk_hint} (supported: 1 to {MAX_CHUNK})"
+            )));
         }
         let state = if from == to {
             None

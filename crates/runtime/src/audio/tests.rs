@@ -44,6 +44,26 @@ fn wav_f32(rate: u32, channels: u16, samples: &[f32]) -> Vec<u8> {
     cur.into_inner()
 }
 
+/// A hand-made canonical WAV (44-byte header) for formats hound will not write.
+fn raw_wav(format_tag: u16, channels: u16, rate: u32, bits: u16, data: &[u8]) -> Vec<u8> {
+    let block = u32::from(channels) * u32::from(bits) / 8;
+    let mut w = Vec::new();
+    w.extend_from_slice(b"RIFF");
+    w.extend_from_slice(&(36 + data.len() as u32).to_le_bytes());
+    w.extend_from_slice(b"WAVEfmt ");
+    w.extend_from_slice(&16u32.to_le_bytes());
+    w.extend_from_slice(&format_tag.to_le_bytes());
+    w.extend_from_slice(&channels.to_le_bytes());
+    w.extend_from_slice(&rate.to_le_bytes());
+    w.extend_from_slice(&rate.wrapping_mul(block).to_le_bytes());
+    w.extend_from_slice(&(block as u16).to_le_bytes());
+    w.extend_from_slice(&bits.to_le_bytes());
+    w.extend_from_slice(b"data");
+    w.extend_from_slice(&(data.len() as u32).to_le_bytes());
+    w.extend_from_slice(data);
+    w
+}
+
 fn sine(rate: u32, freq: f64, n: usize, amp: f64) -> Vec<f32> {
     (0..n)
         .map(|i| {
@@ -142,25 +162,21 @@ fn typed_errors_for_bad_input() {
     // Cut inside the header.
     assert!(read_wav_from(Cursor::new(full[..20].to_vec())).is_err());
     // 64-bit float: a valid WAV that hound does not read.
-    let mut f64wav = Vec::new();
-    let data: [u8; 16] = [0; 16];
-    f64wav.extend_from_slice(b"RIFF");
-    f64wav.extend_from_slice(&(36u32 + 16).to_le_bytes());
-    f64wav.extend_from_slice(b"WAVEfmt ");
-    f64wav.extend_from_slice(&16u32.to_le_bytes());
-    f64wav.extend_from_slice(&3u16.to_le_bytes()); // IEEE float
-    f64wav.extend_from_slice(&1u16.to_le_bytes());
-    f64wav.extend_from_slice(&24_000u32.to_le_bytes());
-    f64wav.extend_from_slice(&(24_000u32 * 8).to_le_bytes());
-    f64wav.extend_from_slice(&8u16.to_le_bytes());
-    f64wav.extend_from_slice(&64u16.to_le_bytes());
-    f64wav.extend_from_slice(b"data");
-    f64wav.extend_from_slice(&16u32.to_le_bytes());
-    f64wav.extend_from_slice(&data);
+    let f64wav = raw_wav(3, 1, 24_000, 64, &[0; 16]);
     let err = read_wav_from(Cursor::new(f64wav)).unwrap_err();
     assert!(
         matches!(err, AudioError::Unsupported(_) | AudioError::NotWav(_)),
         "{err}"
+    );
+    // A header with an absurd sample rate is refused before any resampler is built.
+    let absurd = raw_wav(1, 1, 2_000_000, 16, &[0; 16]);
+    let err = read_wav_from(Cursor::new(absurd)).unwrap_err();
+    assert!(matches!(err, AudioError::Unsupported(_)), "{err:?}");
+    // A rate whose byte rate overflows 32 bits: hound refuses the header.
+    let err = read_wav_from(Cursor::new(raw_wav(1, 1, 4_000_000_000, 16, &[0; 16]))).unwrap_err();
+    assert!(
+        matches!(err, AudioError::NotWav(_) | AudioError::Unsupported(_)),
+        "{err:?}"
     );
     assert!(matches!(
         read_wav("/nonexistent/file.wav"),
@@ -342,6 +358,17 @@ fn reuse_after_flush_and_reset() {
     r.flush(&mut b).unwrap();
     assert_eq!(a, b);
     assert!(StreamResampler::new(0, 24_000).is_err());
+    assert!(StreamResampler::new(24_000, 999).is_err());
+    assert!(StreamResampler::new(4_000_000_007, 24_000).is_err());
+    assert!(StreamResampler::with_chunk(24_000, 48_000, MAX_CHUNK + 1).is_err());
+    // Coprime rates are fine (the FFT block spans a whole second of input).
+    let x = sine(22_051, 440.0, 22_051, 0.5);
+    let y = StreamResampler::new(22_051, 24_000)
+        .unwrap()
+        .process_all(&x)
+        .unwrap();
+    let want = sine(24_000, 440.0, y.len(), 0.5);
+    assert!(max_err(&y[2400..21_600], &want[2400..21_600]) < 1e-4);
     assert!(StreamResampler::with_chunk(24_000, 48_000, 0).is_err());
 }
 
@@ -378,5 +405,31 @@ proptest! {
         let x: Vec<f32> = (0..len).map(|i| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0).collect();
         let one = StreamResampler::new(from, to).unwrap().process_all(&x).unwrap();
         prop_assert_eq!(chunked(from, to, &x, &sizes), one);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(3000))]
+
+    /// Hostile headers (random format fields, lengths, data) give errors, never panics.
+    #[test]
+    fn hostile_wav_headers_never_panic(
+        tag in prop_oneof![Just(1u16), Just(3u16), Just(0xfffeu16), any::<u16>()],
+        channels in prop_oneof![0u16..4, any::<u16>()],
+        rate in prop_oneof![Just(24_000u32), 0u32..2_000_000, any::<u32>()],
+        bits in prop_oneof![Just(8u16), Just(16u16), Just(24u16), Just(32u16), any::<u16>()],
+        data in proptest::collection::vec(any::<u8>(), 0..64),
+        edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..4),
+        cut in any::<prop::sample::Index>(),
+    ) {
+        let mut bytes = raw_wav(tag, channels, rate, bits, &data);
+        for (at, b) in edits {
+            let i = at.index(bytes.len());
+            bytes[i] = b;
+        }
+        let keep = bytes.len() - cut.index(bytes.len() / 4 + 1);
+        bytes.truncate(keep);
+        let _ = read_wav_from(Cursor::new(&bytes));
+        let _ = read_wav_strict_from(Cursor::new(&bytes));
     }
 }
