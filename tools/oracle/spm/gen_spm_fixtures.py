@@ -152,6 +152,25 @@ def dump(name: str, model_path: str, model_type: str, byte_fallback: bool, user_
                 "decoded": sp.decode(ids),
             }
         )
+    # Random strings: corpus words mixed with characters the models rarely or never saw.
+    rng = random.Random(7)
+    pool = list("abcdefghijklmnopqrstuvwxyzABCXYZ0123456789 .,!?'-") + [
+        "  ", "\t", "\n", "\u3000", "\u00a0", "\u2581", "\u0301", "é", "ß", "ñ", "ø", "œ", "ﬁ", "Ａ", "１",
+        "½", "你", "好", "的", "語", "안", "😀", "🦀", "\U0001d518", "<s>", "<laugh>", "moshi",
+    ]
+    words = WORDS_EN + WORDS_FR + WORDS_DE + WORDS_ES + CJK + EMOJI + NUMBERS
+    for _ in range(150):
+        parts = []
+        for _ in range(rng.randint(1, 10)):
+            if rng.random() < 0.5:
+                parts.append(rng.choice(words))
+            else:
+                parts.append("".join(rng.choice(pool) for _ in range(rng.randint(1, 4))))
+            parts.append(rng.choice([" ", " ", " ", "", "  "]))
+        text = "".join(parts)
+        ids = sp.encode(text)
+        encode.append({"text": text, "normalized": sp.normalize(text), "ids": ids,
+                       "decoded": sp.decode(ids)})
     # Decode vectors: random id sequences (byte pieces that may form broken UTF-8, control ids, unknown).
     rng = random.Random(99)
     byte_ids = [i for i in range(n) if sp.is_byte(i)]
@@ -188,8 +207,16 @@ def dump(name: str, model_path: str, model_type: str, byte_fallback: bool, user_
         "decode": decode,
     }
     with open(os.path.join(OUT, name + ".json"), "w", encoding="utf-8") as f:
-        json.dump(meta, f, ensure_ascii=False, indent=1)
-        f.write("\n")
+        # One list element per line: compact, and diffs stay readable.
+        f.write("{\n")
+        for k, (key, value) in enumerate(meta.items()):
+            sep = "," if k + 1 < len(meta) else ""
+            if isinstance(value, list) and value and isinstance(value[0], dict):
+                items = ",\n".join("  " + json.dumps(v, ensure_ascii=False) for v in value)
+                f.write(f"{json.dumps(key)}: [\n{items}\n]{sep}\n")
+            else:
+                f.write(f"{json.dumps(key)}: {json.dumps(value, ensure_ascii=False)}{sep}\n")
+        f.write("}\n")
     print(name, n, os.path.getsize(model_path), "bytes", file=sys.stderr)
 
 
