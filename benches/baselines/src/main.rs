@@ -1,1 +1,238 @@
-fn main() {}
+//! Side-by-side baseline for `moshi-native bench`: Kyutai's Rust `moshi` crate 0.6.4 (candle 0.9),
+//! built with `-C target-cpu=native` (see `.cargo/config.toml`), timing its own streaming steps on
+//! the same synthetic weights `moshi-native synth` writes.
+//!
+//! ```text
+//! moshi-native-baselines lm   --gguf BUNDLE/model.q8.gguf [--threads 1,2] [--frames 4] [--rounds 3]
+//! moshi-native-baselines mimi --weights BUNDLE/tokenizer-...safetensors [--threads 1,2] [--frames 20] [--rounds 3]
+//! ```
+//!
+//! Output (stdout), one line per timed frame and one summary line per configuration:
+//! `frame impl=candle what=lm_frame threads=2 round=0 ms=712.345`
+//! `median impl=candle what=lm_frame threads=2 ms=710.0 min=700.1 max=731.9 n=12`
+//! Thread counts are interleaved inside each round (one rayon pool per count; candle's parallel
+//! loops run in the pool they are called from).
+
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use candle::{DType, Device, Tensor};
+use candle_transformers::generation::{LogitsProcessor, Sampling};
+use moshi::streaming::{StreamMask, StreamTensor};
+
+struct Opts {
+    what: String,
+    path: String,
+    threads: Vec<usize>,
+    frames: usize,
+    rounds: usize,
+}
+
+fn parse_args() -> Result<Opts> {
+    let mut args = std::env::args().skip(1);
+    let what = args
+        .next()
+        .context("usage: moshi-native-baselines lm|mimi ...")?;
+    let mut o = Opts {
+        what,
+        path: String::new(),
+        threads: vec![1, 2],
+        frames: 0,
+        rounds: 3,
+    };
+    while let Some(a) = args.next() {
+        let mut val = || args.next().with_context(|| format!("{a} needs a value"));
+        match a.as_str() {
+            "--gguf" | "--weights" => o.path = val()?,
+            "--threads" => {
+                o.threads = val()?
+                    .split(',')
+                    .map(|s| s.trim().parse())
+                    .collect::<Result<_, _>>()?
+            }
+            "--frames" => o.frames = val()?.parse()?,
+            "--rounds" => o.rounds = val()?.parse()?,
+            other => bail!("unknown argument {other}"),
+        }
+    }
+    if o.path.is_empty() {
+        bail!("--gguf / --weights is required");
+    }
+    if o.frames == 0 {
+        o.frames = if o.what == "lm" { 4 } else { 20 };
+    }
+    Ok(o)
+}
+
+fn stats(v: &mut [f64]) -> (f64, f64, f64) {
+    v.sort_by(|a, b| a.total_cmp(b));
+    (v[v.len() / 2], v[0], v[v.len() - 1])
+}
+
+fn report(what: &str, threads: &[usize], samples: &mut [Vec<f64>]) {
+    for (t, s) in threads.iter().zip(samples.iter_mut()) {
+        if s.is_empty() {
+            continue;
+        }
+        let n = s.len();
+        let (m, lo, hi) = stats(s);
+        println!(
+            "median impl=candle what={what} threads={t} ms={m:.3} min={lo:.3} max={hi:.3} n={n}"
+        );
+    }
+}
+
+fn pools(threads: &[usize]) -> Result<Vec<rayon::ThreadPool>> {
+    threads
+        .iter()
+        .map(|&n| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build()
+                .map_err(anyhow::Error::from)
+        })
+        .collect()
+}
+
+fn bench_lm(o: &Opts) -> Result<()> {
+    let dev = Device::Cpu;
+    let t0 = Instant::now();
+    // Moshi's released streaming configuration: 8 generated + 8 user codebooks, 8 Depformer slices.
+    let cfg = moshi::lm::Config::v0_1_streaming(8);
+    let model = moshi::lm::load_lm_model(cfg, &o.path, DType::F32, &dev)?;
+    eprintln!(
+        "candle lm: loaded {} in {:.1} s",
+        o.path,
+        t0.elapsed().as_secs_f64()
+    );
+    let total = (o.rounds + 1) * o.threads.len() * o.frames + 8;
+    // Python/server defaults: text top-k 25 at 0.7, audio top-k 250 at 0.8.
+    let audio_lp = LogitsProcessor::from_sampling(
+        42,
+        Sampling::TopK {
+            k: 250,
+            temperature: 0.8,
+        },
+    );
+    let text_lp = LogitsProcessor::from_sampling(
+        43,
+        Sampling::TopK {
+            k: 25,
+            temperature: 0.7,
+        },
+    );
+    let mut state = moshi::lm_generate_multistream::State::new(
+        model,
+        total,
+        audio_lp,
+        text_lp,
+        None,
+        None,
+        None,
+        moshi::lm_generate_multistream::Config::v0_1(),
+    );
+    let pools = pools(&o.threads)?;
+    let user: Vec<u32> = (0..8).map(|i| 100 + 37 * i).collect();
+    let mut text = 32000u32;
+    let mut samples = vec![Vec::new(); o.threads.len()];
+    // Round 0 is warm-up (one frame per thread count).
+    for round in 0..=o.rounds {
+        for (pi, pool) in pools.iter().enumerate() {
+            let n = if round == 0 { 1 } else { o.frames };
+            for _ in 0..n {
+                let t = Instant::now();
+                text = pool.install(|| state.step(text, &user, None, None))?;
+                let ms = t.elapsed().as_secs_f64() * 1e3;
+                if round > 0 {
+                    println!(
+                        "frame impl=candle what=lm_frame threads={} round={} pos={} ms={ms:.3}",
+                        o.threads[pi],
+                        round - 1,
+                        state.step_idx() - 1
+                    );
+                    samples[pi].push(ms);
+                }
+            }
+        }
+    }
+    report("lm_frame", &o.threads, &mut samples);
+    Ok(())
+}
+
+fn bench_mimi(o: &Opts) -> Result<()> {
+    let dev = Device::Cpu;
+    let t0 = Instant::now();
+    let mut mimi = moshi::mimi::load(&o.path, Some(8), &dev)?;
+    eprintln!(
+        "candle mimi: loaded {} in {:.1} s",
+        o.path,
+        t0.elapsed().as_secs_f64()
+    );
+    let pools = pools(&o.threads)?;
+    let fs = 1920usize;
+    // A deterministic chirp, like ours (the values do not change the cost).
+    let n = fs * o.frames.max(1);
+    let pcm: Vec<f32> = (0..n)
+        .map(|i| {
+            let t = i as f64 / 24000.0;
+            (0.5 * (2.0 * std::f64::consts::PI * (100.0 + 1000.0 * t) * t).sin()) as f32
+        })
+        .collect();
+    let mask = StreamMask::empty();
+    let mut enc = vec![Vec::new(); o.threads.len()];
+    let mut dec = vec![Vec::new(); o.threads.len()];
+    for round in 0..=o.rounds {
+        for (pi, pool) in pools.iter().enumerate() {
+            // Each (round, threads) block is a fresh stream, as ours is.
+            mimi.reset_state();
+            let frames = if round == 0 { 2 } else { o.frames };
+            for f in 0..frames {
+                let x =
+                    Tensor::from_slice(&pcm[(f % o.frames.max(1)) * fs..][..fs], (1, 1, fs), &dev)?;
+                let (te, td) = pool.install(|| -> Result<(f64, f64)> {
+                    let t = Instant::now();
+                    let codes = mimi.encode_step(&StreamTensor::from_tensor(x), &mask)?;
+                    let te = t.elapsed().as_secs_f64() * 1e3;
+                    let t = Instant::now();
+                    let out = mimi.decode_step(&codes, &mask)?;
+                    if let Some(o) = out.as_option() {
+                        // Force the result (candle is eager; this is a no-op copy check).
+                        std::hint::black_box(o.dims());
+                    }
+                    Ok((te, t.elapsed().as_secs_f64() * 1e3))
+                })?;
+                if round > 0 {
+                    let th = o.threads[pi];
+                    println!(
+                        "frame impl=candle what=mimi_encode threads={th} round={} ms={te:.3}",
+                        round - 1
+                    );
+                    println!(
+                        "frame impl=candle what=mimi_decode threads={th} round={} ms={td:.3}",
+                        round - 1
+                    );
+                    enc[pi].push(te);
+                    dec[pi].push(td);
+                }
+            }
+        }
+    }
+    report("mimi_encode", &o.threads, &mut enc);
+    report("mimi_decode", &o.threads, &mut dec);
+    let mut sum: Vec<Vec<f64>> = enc
+        .iter()
+        .zip(&dec)
+        .map(|(e, d)| e.iter().zip(d).map(|(a, b)| a + b).collect())
+        .collect();
+    report("mimi_encdec", &o.threads, &mut sum);
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let o = parse_args()?;
+    match o.what.as_str() {
+        "lm" => bench_lm(&o),
+        "mimi" => bench_mimi(&o),
+        w => bail!("unknown benchmark {w} (lm, mimi)"),
+    }
+}

@@ -1,0 +1,534 @@
+// wire: Bench(cmd_bench::BenchArgs) => cmd_bench::run(&a)
+//! `moshi-native bench`: speed at full moshiko dimensions with synthetic weights, each result next to
+//! its roofline measured in the same run.
+//!
+//! * `probe`: plain streaming-read bandwidth (sum of a large buffer split over the pool).
+//! * `kernels`: matvec GB/s per weight format and the Mimi conv stack ([`kernels::bench`]).
+//! * `lm`: one LM frame (temporal step + text sampling + 8 Depformer steps + their sampling,
+//!   i.e. one [`LmGen::step`]) per weight format and thread count, plus the extra cost of the
+//!   temporal KV cache at positions P (see [`KvExtra`]). Roofline = (streamed weight bytes +
+//!   KV bytes read at P) ÷ read-probe bandwidth measured in the same round and thread count.
+//! * `mimi`: streaming encode and decode, ms per 80 ms frame.
+//!
+//! Noise handling (2 shared vCPUs): every round runs each thread count once, interleaved, with the
+//! read probe re-measured right before the timed frames; medians and min–max over rounds are
+//! reported. The 2-thread pool is idle (its worker parked) while 1-thread numbers are taken.
+//!
+//! Every result is also printed as one machine-readable line starting with `result ` (key=value
+//! pairs), which `tools/bench/compare.sh` reads to interleave ours with the baselines.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use kernels::attention::{KvDtype, KvRing};
+use kernels::{Pool, WeightFormat};
+use model::lm::{LmGen, LmModel, LmSpec, SyntheticSource};
+use model::mimi::Mimi;
+use model::sampling::{Sampler, SamplerConfig};
+
+/// What `moshi-native bench` measures.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum What {
+    /// Everything below, in one run.
+    All,
+    /// Streaming read bandwidth only.
+    Probe,
+    /// Kernel matvec GB/s and the Mimi conv stack.
+    Kernels,
+    /// LM frame per format, thread count and KV position.
+    Lm,
+    /// Mimi encode/decode per frame.
+    Mimi,
+}
+
+/// Flags of `moshi-native bench`.
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// What to measure.
+    #[arg(value_enum, default_value = "all")]
+    pub what: What,
+    /// Thread counts (interleaved within each round).
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    pub threads: Vec<usize>,
+    /// LM weight formats (synthetic, in memory): q8_0, q4_0, bf16, f32, mlx-q4, mlx-q8.
+    /// Ignored with `--bundle`.
+    #[arg(long, value_delimiter = ',', default_value = "q8_0,q4_0,bf16")]
+    pub formats: Vec<String>,
+    /// Temporal KV positions to report the LM frame at.
+    #[arg(long, value_delimiter = ',', default_value = "0,375,3000")]
+    pub positions: Vec<usize>,
+    /// Temporal KV cache element types to report the positions with: f32 (the runtime default), bf16.
+    #[arg(long, value_delimiter = ',', default_value = "f32,bf16")]
+    pub kv: Vec<String>,
+    /// Rounds (each round runs every thread count once).
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// Timed LM frames per (round, threads).
+    #[arg(long, default_value_t = 2)]
+    pub lm_frames: usize,
+    /// Timed Mimi frames per (round, threads).
+    #[arg(long, default_value_t = 20)]
+    pub mimi_frames: usize,
+    /// Load the LM and Mimi from this bundle (e.g. written by `moshi-native synth`) instead of
+    /// building synthetic weights in memory.
+    #[arg(long, value_name = "DIR")]
+    pub bundle: Option<PathBuf>,
+    /// Read-probe buffer size in MiB (well above the last-level cache).
+    #[arg(long, default_value_t = 512)]
+    pub probe_mb: usize,
+}
+
+/// Median, min and max.
+fn stats(v: &[f64]) -> (f64, f64, f64) {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    if s.is_empty() {
+        return (f64::NAN, f64::NAN, f64::NAN);
+    }
+    (s[s.len() / 2], s[0], s[s.len() - 1])
+}
+
+/// A buffer for the streaming-read probe.
+struct Probe {
+    buf: Vec<u64>,
+}
+
+impl Probe {
+    fn new(mb: usize) -> Probe {
+        // Distinct values so no page is shared (zero pages would all map to one frame).
+        let n = mb.max(16) * (1 << 20) / 8;
+        Probe {
+            buf: (0..n as u64).collect(),
+        }
+    }
+
+    /// GB/s of one pass summing the buffer, split over the pool's threads.
+    fn measure(&self, pool: &Pool) -> f64 {
+        let nt = pool.n_threads();
+        let chunk = self.buf.len().div_ceil(nt);
+        let sink = std::sync::atomic::AtomicU64::new(0);
+        let t0 = Instant::now();
+        pool.run(nt, &|i| {
+            let lo = (i * chunk).min(self.buf.len());
+            let hi = ((i + 1) * chunk).min(self.buf.len());
+            let s = sum_u64(&self.buf[lo..hi]);
+            sink.fetch_add(s, std::sync::atomic::Ordering::Relaxed);
+        });
+        let dt = t0.elapsed().as_secs_f64();
+        std::hint::black_box(sink.load(std::sync::atomic::Ordering::Relaxed));
+        (self.buf.len() * 8) as f64 / dt / 1e9
+    }
+}
+
+/// Wrapping sum of `v` (AVX2 with 8 independent 256-bit accumulators when the CPU has it, else a
+/// portable loop); memory-bound on any buffer well above the last-level cache.
+fn sum_u64(v: &[u64]) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 is present (checked just above).
+        return unsafe { sum_u64_avx2(v) };
+    }
+    let mut acc = [0u64; 8];
+    let mut chunks = v.chunks_exact(8);
+    for c in &mut chunks {
+        for k in 0..8 {
+            acc[k] = acc[k].wrapping_add(c[k]);
+        }
+    }
+    let tail: u64 = chunks.remainder().iter().fold(0, |a, &b| a.wrapping_add(b));
+    acc.iter().fold(tail, |a, &b| a.wrapping_add(b))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn sum_u64_avx2(v: &[u64]) -> u64 {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm256_setzero_si256(); 8];
+    let blocks = v.len() / 32;
+    let p = v.as_ptr() as *const __m256i;
+    for i in 0..blocks {
+        for (k, a) in acc.iter_mut().enumerate() {
+            // SAFETY: i * 8 + k < blocks * 8 = the number of whole 32-byte chunks of `v`.
+            *a = _mm256_add_epi64(*a, unsafe { _mm256_loadu_si256(p.add(i * 8 + k)) });
+        }
+    }
+    let mut s = acc[0];
+    for a in &acc[1..] {
+        s = _mm256_add_epi64(s, *a);
+    }
+    let mut lanes = [0u64; 4];
+    // SAFETY: `lanes` holds 32 bytes.
+    unsafe { _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, s) };
+    v[blocks * 32..]
+        .iter()
+        .chain(&lanes)
+        .fold(0, |a, &b| a.wrapping_add(b))
+}
+
+/// Lets a multi-thread pool's worker finish spinning and park before a 1-thread measurement.
+fn settle() {
+    std::thread::sleep(Duration::from_millis(3));
+}
+
+fn parse_format(s: &str) -> Result<WeightFormat> {
+    Ok(match s.to_ascii_lowercase().as_str() {
+        "q8_0" | "q8" => WeightFormat::Q8_0,
+        "q4_0" | "q4" => WeightFormat::Q4_0,
+        "bf16" => WeightFormat::Bf16,
+        "f32" => WeightFormat::F32,
+        "mlx-q4" => WeightFormat::MlxAffine { bits: 4, group: 32 },
+        "mlx-q8" => WeightFormat::MlxAffine { bits: 8, group: 64 },
+        other => bail!("unknown format `{other}` (q8_0, q4_0, bf16, f32, mlx-q4, mlx-q8)"),
+    })
+}
+
+fn parse_kv(s: &str) -> Result<KvDtype> {
+    Ok(match s {
+        "f32" => KvDtype::F32,
+        "bf16" => KvDtype::Bf16,
+        other => bail!("unknown KV type `{other}` (f32, bf16)"),
+    })
+}
+
+fn kv_name(k: KvDtype) -> &'static str {
+    match k {
+        KvDtype::F32 => "f32",
+        KvDtype::Bf16 => "bf16",
+    }
+}
+
+fn kv_elt_bytes(k: KvDtype) -> usize {
+    match k {
+        KvDtype::F32 => 4,
+        KvDtype::Bf16 => 2,
+    }
+}
+
+/// Runs `bench`.
+pub fn run(args: &BenchArgs) -> Result<()> {
+    if args.threads.is_empty() || args.threads.contains(&0) {
+        bail!("--threads needs positive counts");
+    }
+    if args.rounds == 0 {
+        bail!("--rounds must be at least 1");
+    }
+    print_machine();
+    let pools: Vec<Pool> = args.threads.iter().map(|&t| Pool::new(t)).collect();
+    let probe = Probe::new(args.probe_mb);
+    let all = args.what == What::All;
+    if all || args.what == What::Probe {
+        bench_probe(args, &pools, &probe);
+    }
+    if all || args.what == What::Kernels {
+        bench_kernels(args);
+    }
+    if all || args.what == What::Mimi {
+        bench_mimi(args, &pools)?;
+    }
+    if all || args.what == What::Lm {
+        bench_lm(args, &pools, &probe)?;
+    }
+    Ok(())
+}
+
+fn print_machine() {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!(
+        "# machine: {cpu}, {cores} logical CPUs, SIMD {:?}, loadavg {}",
+        kernels::simd_level(),
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+}
+
+fn bench_probe(args: &BenchArgs, pools: &[Pool], probe: &Probe) {
+    let mut s = vec![Vec::new(); pools.len()];
+    for _ in 0..args.rounds.max(3) {
+        for (pi, pool) in pools.iter().enumerate() {
+            settle();
+            s[pi].push(probe.measure(pool));
+        }
+    }
+    println!("\n## read probe ({} MiB, GB/s)", args.probe_mb);
+    for (pi, v) in s.iter().enumerate() {
+        let (m, lo, hi) = stats(v);
+        println!(
+            "result impl=ours what=read_probe threads={} gbps={m:.2} min={lo:.2} max={hi:.2} n={}",
+            args.threads[pi],
+            v.len()
+        );
+    }
+}
+
+fn bench_kernels(args: &BenchArgs) {
+    println!("\n## kernels: matvec GB/s vs read probe (kernels::bench)");
+    let opts = kernels::bench::BenchOptions {
+        threads: args.threads.clone(),
+        rounds: args.rounds.max(3),
+        ..Default::default()
+    };
+    let rows = kernels::bench::run(&opts, &|s| eprintln!("{s}"));
+    print!("{}", kernels::bench::markdown(&rows));
+    println!("\n## kernels: Mimi SEANet conv stack per frame (encoder + decoder)");
+    for r in kernels::bench::run_mimi_convs(&args.threads, args.rounds.max(3)) {
+        println!(
+            "result impl=ours what=mimi_convs threads={} ms={:.3} min={:.3} max={:.3} gflops={:.1}",
+            r.threads, r.ms_median, r.ms_range.0, r.ms_range.1, r.gflops
+        );
+    }
+}
+
+fn bench_mimi(args: &BenchArgs, pools: &[Pool]) -> Result<()> {
+    let t0 = Instant::now();
+    let (mimi, src) = match &args.bundle {
+        Some(dir) => {
+            let b = model::checkpoint::Bundle::open(dir)?;
+            let w = b.mimi_weights()?;
+            (
+                Arc::new(Mimi::load(&w, &b.mimi_config, 8)?),
+                b.files.mimi.display().to_string(),
+            )
+        }
+        None => (
+            model::mimi::bench::synthetic_mimi(8, 42)?,
+            "synthetic in memory".to_string(),
+        ),
+    };
+    eprintln!(
+        "mimi: loaded ({src}) in {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    // The 1-thread path runs without a pool, as the runtime does for threads = 1.
+    let pool_of = |pi: usize| (args.threads[pi] > 1).then_some(&pools[pi]);
+    for pi in 0..pools.len() {
+        model::mimi::bench::time_frames(&mimi, 2, pool_of(pi))?;
+    }
+    let n = pools.len();
+    let (mut enc, mut dec, mut sum) = (
+        vec![Vec::new(); n],
+        vec![Vec::new(); n],
+        vec![Vec::new(); n],
+    );
+    for _ in 0..args.rounds {
+        for pi in 0..n {
+            settle();
+            let (e, d) = model::mimi::bench::time_frames(&mimi, args.mimi_frames, pool_of(pi))?;
+            sum[pi].extend(e.iter().zip(&d).map(|(a, b)| a + b));
+            enc[pi].extend(e);
+            dec[pi].extend(d);
+        }
+    }
+    println!(
+        "\n## mimi: streaming ms per 80 ms frame ({src}; {} frames x {} rounds)",
+        args.mimi_frames, args.rounds
+    );
+    for pi in 0..n {
+        for (what, v) in [
+            ("mimi_encode", &enc[pi]),
+            ("mimi_decode", &dec[pi]),
+            ("mimi_encdec", &sum[pi]),
+        ] {
+            let (m, lo, hi) = stats(v);
+            let (_, p10, p90) = {
+                let mut s = v.clone();
+                s.sort_by(|a, b| a.total_cmp(b));
+                let k = s.len();
+                (0.0, s[k / 10], s[(k * 9 / 10).min(k - 1)])
+            };
+            println!(
+                "result impl=ours what={what} threads={} ms={m:.3} min={lo:.3} max={hi:.3} p10={p10:.3} p90={p90:.3} n={}",
+                args.threads[pi],
+                v.len()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Extra time per frame that a temporal KV cache of `pos` entries costs over an empty one:
+/// for each of the 32 layers, `KvRing::push` + `KvRing::attend` (exactly what
+/// `LmModel::forward_temporal` runs per layer) at length `pos` minus the same at length 1.
+/// Measured on its own rings because the LM state cannot be fast-forwarded without running
+/// `pos` full frames (minutes each); the LM frame at `pos` is reported as the measured frame
+/// near position 0 plus this extra.
+struct KvExtra {
+    /// `(kv dtype, pos, threads index) -> ms samples`.
+    ms: Vec<(KvDtype, usize, usize, Vec<f64>)>,
+}
+
+fn measure_kv(args: &BenchArgs, spec: &LmSpec, pools: &[Pool]) -> Result<KvExtra> {
+    let d = spec.num_heads * spec.head_dim;
+    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        ((rng >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0
+    };
+    let q: Vec<f32> = (0..d).map(|_| next()).collect();
+    let k: Vec<f32> = (0..d).map(|_| next()).collect();
+    let mut out = vec![0f32; d];
+    let mut res = KvExtra { ms: Vec::new() };
+    let positions: Vec<usize> = args.positions.iter().copied().filter(|&p| p > 0).collect();
+    if positions.is_empty() {
+        return Ok(res);
+    }
+    for kvs in &args.kv {
+        let dt = parse_kv(kvs)?;
+        let mut rings: Vec<KvRing> = (0..spec.num_layers)
+            .map(|_| KvRing::new(spec.context, spec.num_heads, spec.head_dim, dt))
+            .collect::<Result<_, _>>()?;
+        // The time of one "frame" of KV work: push + attend on every layer, with the rings
+        // holding `len` entries before the push; the rings are rewound after.
+        let mut frame_ms = |rings: &mut Vec<KvRing>, len: usize| -> f64 {
+            for r in rings.iter_mut() {
+                r.reset();
+                for _ in 0..len {
+                    r.push(&k, &k);
+                }
+            }
+            let t0 = Instant::now();
+            for r in rings.iter_mut() {
+                r.push(&k, &k);
+                r.attend(&q, &mut out, spec.context);
+            }
+            t0.elapsed().as_secs_f64() * 1e3
+        };
+        for &p in &positions {
+            let mut samples = vec![Vec::new(); pools.len()];
+            for _ in 0..args.rounds.max(3) {
+                for (pi, s) in samples.iter_mut().enumerate() {
+                    // `attend` runs on the calling thread (the LM does not split attention
+                    // over the pool today), so the thread count only changes the noise.
+                    let _ = pi;
+                    settle();
+                    let base = frame_ms(&mut rings, 0);
+                    let at = frame_ms(&mut rings, p.min(spec.context) - 1);
+                    s.push((at - base).max(0.0));
+                }
+            }
+            for (pi, s) in samples.into_iter().enumerate() {
+                res.ms.push((dt, p, pi, s));
+            }
+        }
+    }
+    std::hint::black_box(&out);
+    Ok(res)
+}
+
+fn bench_lm(args: &BenchArgs, pools: &[Pool], probe: &Probe) -> Result<()> {
+    let spec = LmSpec::moshiko();
+    // KV extras first, while no model occupies memory (rings at 3000 positions: 1.6–3.1 GB).
+    let kv = measure_kv(args, &spec, pools)?;
+    let sources: Vec<(String, Option<WeightFormat>)> = match &args.bundle {
+        Some(dir) => vec![(format!("bundle:{}", dir.display()), None)],
+        None => args
+            .formats
+            .iter()
+            .map(|f| Ok((f.clone(), Some(parse_format(f)?))))
+            .collect::<Result<_>>()?,
+    };
+    println!(
+        "\n## lm: one frame = temporal step + text sampling + 8 Depformer steps (LmGen::step), ms"
+    );
+    for (label, fmt) in sources {
+        let t0 = Instant::now();
+        let model = match fmt {
+            Some(format) => {
+                LmModel::from_source(&SyntheticSource { format, seed: 1 }, spec.clone())
+                    .with_context(|| format!("building synthetic {label} LM"))?
+            }
+            None => {
+                let dir = args.bundle.as_ref().expect("bundle source");
+                let b = model::checkpoint::Bundle::open(dir)?;
+                let w = b.lm_weights()?;
+                LmModel::load(&w, &b.config.lm)?
+            }
+        };
+        let wbytes = model.streamed_weight_bytes();
+        eprintln!(
+            "lm {label}: built in {:.1} s, {:.3} GB streamed per frame",
+            t0.elapsed().as_secs_f64(),
+            wbytes as f64 / 1e9
+        );
+        // bf16 KV for the timed state (same cost near position 0, half the memory of f32).
+        let mut gen = LmGen::new(&model, KvDtype::Bf16)?;
+        let mut sampler = Sampler::new(SamplerConfig::default(), spec.text_card, spec.card)?;
+        let user: Vec<u32> = (0..spec.n_user() as u32).map(|i| 100 + 37 * i).collect();
+        // Warm-up: one frame per pool.
+        for pool in pools {
+            gen.step(&model, &user, &mut sampler, pool)?;
+        }
+        let n = pools.len();
+        let mut frames = vec![Vec::new(); n];
+        let mut ratios = vec![Vec::new(); n];
+        let mut probes = vec![Vec::new(); n];
+        let mut max_pos = 0;
+        for _ in 0..args.rounds {
+            for (pi, pool) in pools.iter().enumerate() {
+                settle();
+                let bw = probe.measure(pool);
+                probes[pi].push(bw);
+                settle();
+                for _ in 0..args.lm_frames {
+                    let t = Instant::now();
+                    gen.step(&model, &user, &mut sampler, pool)?;
+                    let ms = t.elapsed().as_secs_f64() * 1e3;
+                    max_pos = max_pos.max(gen.state().position());
+                    frames[pi].push(ms);
+                    // Per-round ratio to the roofline of this round's probe.
+                    ratios[pi].push(ms / (wbytes as f64 / bw / 1e6));
+                }
+            }
+        }
+        for pi in 0..n {
+            let th = args.threads[pi];
+            let (m, lo, hi) = stats(&frames[pi]);
+            let (bw, bwlo, bwhi) = stats(&probes[pi]);
+            let (r, rlo, rhi) = stats(&ratios[pi]);
+            let roof = wbytes as f64 / bw / 1e6;
+            println!(
+                "result impl=ours what=lm_frame format={label} threads={th} pos=0 ms={m:.1} min={lo:.1} max={hi:.1} n={} \
+                 weight_gb={:.3} probe_gbps={bw:.2} probe_min={bwlo:.2} probe_max={bwhi:.2} roofline_ms={roof:.1} \
+                 ratio={r:.2} ratio_min={rlo:.2} ratio_max={rhi:.2} max_pos_timed={max_pos}",
+                frames[pi].len(),
+                wbytes as f64 / 1e9
+            );
+            for (dt, p, kpi, s) in kv.ms.iter().filter(|e| e.2 == pi) {
+                debug_assert_eq!(*kpi, pi);
+                let (em, elo, ehi) = stats(s);
+                let kv_bytes = 2 * spec.num_layers * p * spec.dim * kv_elt_bytes(*dt);
+                let roof_p = (wbytes + kv_bytes) as f64 / bw / 1e6;
+                let total = m + em;
+                println!(
+                    "result impl=ours what=lm_frame format={label} threads={th} pos={p} kv={} ms={total:.1} \
+                     kv_extra_ms={em:.1} kv_extra_min={elo:.1} kv_extra_max={ehi:.1} kv_gb={:.3} roofline_ms={roof_p:.1} \
+                     ratio={:.2} method=frame_pos0+kv_extra",
+                    kv_name(*dt),
+                    kv_bytes as f64 / 1e9,
+                    total / roof_p
+                );
+            }
+        }
+        drop(gen);
+        drop(model);
+    }
+    Ok(())
+}
