@@ -340,6 +340,78 @@ fn tensor_level_refusals() {
         legacy.check(&Schema::lm(&cfg)),
         Err(CheckpointError::ShapeMismatch { .. })
     ));
-    let u32_norm = f(&[("out_norm.alpha", "F32")]).unwrap();
-    assert!(u32_norm.contains("out_norm.alpha"));
+    // A norm stored as an integer type is refused with the tensor named.
+    let t = vec![(
+        "out_norm.alpha".to_string(),
+        "I32",
+        vec![1, 1, 4],
+        vec![0u8; 16],
+    )];
+    let w = Weights::from_bytes(
+        "mem",
+        safetensors::to_bytes(&t),
+        &OpenOptions::new(Component::Lm),
+    )
+    .unwrap();
+    let schema = Schema {
+        component: Component::Lm,
+        tensors: vec![crate::schema::TensorSpec {
+            name: "out_norm.alpha".into(),
+            shape: vec![1, 1, 4],
+            allowed: crate::schema::Allowed::Float,
+        }],
+    };
+    assert!(
+        matches!(w.check(&schema), Err(CheckpointError::DtypeNotAllowed { name, .. }) if name == "out_norm.alpha")
+    );
+    // A Q8_0 norm in a GGUF file is refused as well.
+    let q = vec![0u8; 34];
+    let g = gguf::write(&[gguf::WriteTensor {
+        name: "out_norm.alpha",
+        ggml_type: gguf::ggml::Q8_0,
+        shape: &[1, 1, 32],
+        data: &q,
+    }]);
+    let w = Weights::from_bytes("mem.gguf", g, &OpenOptions::new(Component::Lm)).unwrap();
+    let mut schema = schema;
+    schema.tensors[0].shape = vec![1, 1, 32];
+    assert!(matches!(
+        w.check(&schema),
+        Err(CheckpointError::DtypeNotAllowed { .. })
+    ));
+}
+
+fn exercise(w: &Weights) {
+    for n in w.names().map(str::to_string).collect::<Vec<_>>() {
+        let _ = w.f32(&n);
+        let _ = w.matrix(&n);
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+    /// Corrupting header bytes of real fixtures gives typed errors or valid weights, never a panic.
+    #[test]
+    fn corrupted_fixtures_never_panic(
+        which in 0usize..4,
+        edits in proptest::collection::vec((0usize..4096, proptest::num::u8::ANY), 1..4),
+    ) {
+        let (file, comp) = [
+            ("lm_mlx_q4/model.q4.safetensors", Component::Lm),
+            ("lm_gguf_q8/model.q8.gguf", Component::Lm),
+            ("mimi/mimi_hf.safetensors", Component::Mimi),
+            ("lm/model_new_layout.safetensors", Component::Lm),
+        ][which];
+        let mut bytes = std::fs::read(fixtures().join(file)).unwrap();
+        for (pos, val) in edits {
+            let p = pos % bytes.len();
+            bytes[p] = val;
+        }
+        let mut o = OpenOptions::new(comp);
+        o.mimi_num_heads = 2;
+        if let Ok(w) = Weights::from_bytes(file, bytes, &o) {
+            exercise(&w);
+        }
+    }
 }
