@@ -7,6 +7,19 @@
 //! * [`write_wav_mono`] / [`write_wav_stereo`] write `f32` or 16-bit PCM files.
 //! * [`StreamResampler`] converts a stream chunk by chunk with state carried between calls; the
 //!   output does not depend on how the input is split, and after construction it does not allocate.
+//!
+//! Session output at the consumer's rate, one 80 ms model frame at a time:
+//!
+//! ```no_run
+//! # use runtime::audio::StreamResampler;
+//! let mut rs = StreamResampler::new(24_000, 48_000)?;
+//! let mut out = Vec::with_capacity(rs.max_output_len(1920) + rs.max_flush_len());
+//! let frame = [0.0f32; 1920]; // decoded Mimi frame
+//! out.clear();
+//! rs.process(&frame, &mut out)?; // no allocation: `out` has room
+//! // ... send `out`; on interrupt/reset call `rs.reset()`, at the end of a stream `rs.flush(&mut out)`.
+//! # Ok::<(), runtime::audio::AudioError>(())
+//! ```
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Seek, Write};

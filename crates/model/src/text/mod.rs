@@ -9,6 +9,18 @@
 //! precompiled character map (which is how SentencePiece stores `nmt_nfkc` and every other rule set),
 //! user-defined symbols, `add_dummy_prefix`, `remove_extra_whitespaces` and `escape_whitespaces`.
 //! Not implemented: `treat_whitespace_as_suffix`, the denormalizer spec, sampling / n-best encoding.
+//!
+//! ```no_run
+//! # use std::sync::Arc;
+//! # use model::text::{Detokenizer, SentencePiece};
+//! let sp = Arc::new(SentencePiece::load("tokenizer_spm_32k_3.model")?);
+//! let prompt_ids = sp.encode("Hello, Moshi!");
+//! let mut detok = Detokenizer::new(sp.clone());
+//! for id in [3, 0, 4521, 3] {
+//!     print!("{}", detok.push(id)); // PAD (3) and EPAD (0) print nothing
+//! }
+//! # Ok::<(), model::text::TextError>(())
+//! ```
 
 mod detok;
 mod encode;
