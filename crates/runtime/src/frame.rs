@@ -98,7 +98,7 @@ impl Pipeline {
             .map_err(|e| RuntimeError::Model(e.to_string()))?;
         let mimi = engine.mimi().clone();
         let resampler = OutputResampler::new(output_rate)?;
-        let pcm = Vec::with_capacity(resampler.max_output(FRAME_SIZE));
+        let pcm = Vec::with_capacity(resampler.frame_capacity());
         let detok = engine.tokenizer().map(|sp| Detokenizer::new(sp.clone()));
         let text = String::with_capacity(256);
         Ok(Pipeline {
@@ -195,7 +195,7 @@ impl Pipeline {
             self.dec
                 .decode_frame(&audio, &mut self.decoded)
                 .map_err(|e| RuntimeError::Model(e.to_string()))?;
-            self.resampler.process(&self.decoded, &mut self.pcm);
+            self.resampler.process(&self.decoded, &mut self.pcm)?;
             if let Some(d) = &mut self.detok {
                 self.text.push_str(d.push(frame.text));
             }

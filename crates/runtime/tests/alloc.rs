@@ -67,7 +67,8 @@ fn steady_state_frames_do_not_allocate() {
     COUNTING.store(false, Ordering::SeqCst);
     assert_eq!(ALLOCS.load(Ordering::SeqCst), 1);
     // Sampling (not greedy) so the sampler's paths are exercised; a small queue so drops happen too.
-    for threads in [1, 2] {
+    // Two threads and a 48 kHz output exercise the pool workers and the output resampler.
+    for (threads, output_rate) in [(1, 24_000), (2, 48_000)] {
         let engine = runtime::Engine::open(
             &bundle_dir(),
             EngineOptions {
@@ -76,14 +77,12 @@ fn steady_state_frames_do_not_allocate() {
             },
         )
         .unwrap();
-        let mut s = Session::new(
-            engine,
-            SessionOptions {
-                max_queued_frames: 2,
-                ..sampled(3)
-            },
-        )
-        .unwrap();
+        let opts = SessionOptions {
+            max_queued_frames: 2,
+            output_rate,
+            ..sampled(3)
+        };
+        let mut s = Session::new(engine, opts).unwrap();
         let pcm = signal(260, 31);
         // Warm-up: 40 frames (past the tiny LM's 10-step and Mimi's 8-step contexts, so the KV rings wrap).
         let (_, warm) = count_frames(&mut s, &pcm[..40 * FRAME_SIZE]);

@@ -236,3 +236,35 @@ fn forced_text_enters_the_text_stream() {
     assert_ne!(c.text_tokens, free.text_tokens);
     assert!(s.force_text(&[100_000]).is_err());
 }
+
+#[test]
+fn output_is_resampled_continuously_to_the_consumer_rate() {
+    let pcm = signal(12, 13);
+    let base = run(greedy(), &pcm);
+    for rate in [48_000u32, 44_100, 16_000] {
+        let got = run(
+            SessionOptions {
+                output_rate: rate,
+                ..greedy()
+            },
+            &pcm,
+        );
+        assert_eq!(got.text_tokens, base.text_tokens, "{rate}");
+        // Frame-by-frame output equals resampling the whole 24 kHz stream in one call.
+        let mut r = runtime::audio::StreamResampler::with_chunk(24_000, rate, FRAME_SIZE).unwrap();
+        let mut whole = Vec::new();
+        r.process(&base.pcm, &mut whole).unwrap();
+        assert_eq!(got.pcm.len(), whole.len(), "{rate}");
+        assert_eq!(got.pcm, whole, "{rate}");
+        let expect = base.pcm.len() as f64 * rate as f64 / 24_000.0;
+        assert!((got.pcm.len() as f64) > expect - 2.0 * FRAME_SIZE as f64 * rate as f64 / 24_000.0);
+    }
+    assert!(Session::new(
+        engine(),
+        SessionOptions {
+            output_rate: 7,
+            ..greedy()
+        }
+    )
+    .is_err());
+}

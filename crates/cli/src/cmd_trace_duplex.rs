@@ -1,0 +1,300 @@
+//! `moshi-native trace duplex`: run the full-duplex frame loop exactly as Kyutai's Python server drives it
+//! (`moshi/server.py`, moshi 0.2.13: 1920-sample frames, first frame encoded then Mimi reset, its codes passed to
+//! LMGen call 0, every LM output decoded) on a WAV file, and dump what it produced for parity checks.
+//!
+//! ```text
+//! moshi-native trace duplex --model-dir DIR --input IN.wav --out OUT.safetensors
+//!                           [--greedy | --seed S] [--chunk N] [--threads T] [--kv-dtype f32|bf16]
+//! ```
+//!
+//! `IN.wav` must be 24 kHz mono (16-bit PCM or 32-bit float); a trailing partial frame is dropped, as the
+//! server does. The output holds `text_tokens` (i64 `[S']`, the text token of every LM output step, PAD and
+//! EPAD included), `audio_tokens` (i64 `[8, S']`) and `pcm` (f32 `[S' · 1920]`, the decoded output), where
+//! S' = frames − 1 (LMGen returns nothing at call 0). Compare with the oracle's `fixtures/duplex/trace.safetensors`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use model::sampling::SamplerConfig;
+use runtime::{Engine, EngineOptions, Session, SessionOptions, Step, FRAME_SIZE, N_AUDIO};
+
+/// Flags of `moshi-native trace duplex`.
+#[derive(Args, Debug, Clone)]
+pub struct TraceDuplexArgs {
+    /// Bundle directory (config.json + LM + Mimi weights + tokenizer).
+    #[arg(long, value_name = "DIR")]
+    pub model_dir: PathBuf,
+    /// Input WAV, 24 kHz mono, 16-bit PCM or 32-bit float.
+    #[arg(long, value_name = "IN.wav")]
+    pub input: PathBuf,
+    /// Output safetensors file.
+    #[arg(long, value_name = "OUT.safetensors")]
+    pub out: PathBuf,
+    /// Argmax for text and audio (the default).
+    #[arg(long, conflicts_with = "seed")]
+    pub greedy: bool,
+    /// Sample with Python LMGen's defaults (text 0.7/25, audio 0.8/250) from this seed.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Size of the input chunks pushed into the session (any size; the session frames them).
+    #[arg(long, default_value_t = FRAME_SIZE)]
+    pub chunk: usize,
+    /// Threads for the matrix products.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Storage of the temporal KV cache: f32 (parity) or bf16.
+    #[arg(long, default_value = "f32")]
+    pub kv_dtype: String,
+}
+
+/// What the server-style loop produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DuplexTrace {
+    /// Text token of every LM output step.
+    pub text_tokens: Vec<i64>,
+    /// Audio tokens, `[8, S']` row-major (codebook-major).
+    pub audio_tokens: Vec<i64>,
+    /// Decoded output PCM, 24 kHz.
+    pub pcm: Vec<f32>,
+    /// Whole input frames fed (LM calls).
+    pub frames_in: usize,
+}
+
+/// Run the server loop over `input` (24 kHz mono), pushing it in `chunk`-sample pieces.
+pub fn trace(
+    engine: std::sync::Arc<Engine>,
+    sampling: SamplerConfig,
+    input: &[f32],
+    chunk: usize,
+) -> Result<DuplexTrace> {
+    if chunk == 0 {
+        bail!("--chunk must be at least 1");
+    }
+    let frames = input.len() / FRAME_SIZE;
+    // A queue that holds the whole input: the trace must never drop a frame.
+    let opts = SessionOptions {
+        sampling,
+        max_queued_frames: frames.max(1) + 1,
+        ..SessionOptions::default()
+    };
+    let mut s = Session::new(engine, opts).context("cannot create a session")?;
+    let (mut text, mut audio, mut pcm, mut calls) = (Vec::new(), Vec::new(), Vec::new(), 0usize);
+    for piece in input.chunks(chunk) {
+        s.push_pcm(piece)?;
+        loop {
+            match s.step().context("frame pass failed")? {
+                Step::Frame(f) => {
+                    calls += 1;
+                    if let (Some(t), Some(a)) = (f.text_token, f.audio_tokens) {
+                        text.push(i64::from(t));
+                        audio.push(a);
+                        pcm.extend_from_slice(f.pcm);
+                    }
+                }
+                Step::Idle => break,
+                other => bail!("unexpected session state {other:?}"),
+            }
+        }
+    }
+    let k = s.counters();
+    if k.frames_dropped != 0 || calls != frames {
+        bail!(
+            "internal: {calls} LM calls for {frames} input frames ({} dropped)",
+            k.frames_dropped
+        );
+    }
+    let n = text.len();
+    let mut audio_tokens = vec![0i64; N_AUDIO * n];
+    for (t, frame) in audio.iter().enumerate() {
+        for (cb, &code) in frame.iter().enumerate() {
+            audio_tokens[cb * n + t] = i64::from(code);
+        }
+    }
+    Ok(DuplexTrace {
+        text_tokens: text,
+        audio_tokens,
+        pcm,
+        frames_in: frames,
+    })
+}
+
+/// A tensor to write.
+enum Data<'a> {
+    I64(&'a [i64]),
+    F32(&'a [f32]),
+}
+
+/// Write a safetensors file (8-byte LE header length, JSON header, little-endian data).
+fn write_safetensors(
+    path: &Path,
+    tensors: &[(&str, Vec<usize>, Data<'_>)],
+    meta: &BTreeMap<String, String>,
+) -> Result<()> {
+    let mut header = serde_json::Map::new();
+    header.insert("__metadata__".into(), serde_json::to_value(meta)?);
+    let mut data = Vec::new();
+    for (name, shape, d) in tensors {
+        let start = data.len();
+        let dtype = match d {
+            Data::I64(v) => {
+                v.iter()
+                    .for_each(|x| data.extend_from_slice(&x.to_le_bytes()));
+                "I64"
+            }
+            Data::F32(v) => {
+                v.iter()
+                    .for_each(|x| data.extend_from_slice(&x.to_le_bytes()));
+                "F32"
+            }
+        };
+        header.insert(
+            (*name).into(),
+            serde_json::json!({ "dtype": dtype, "shape": shape, "data_offsets": [start, data.len()] }),
+        );
+    }
+    let mut h = serde_json::to_vec(&serde_json::Value::Object(header))?;
+    while h.len() % 8 != 0 {
+        h.push(b' ');
+    }
+    let mut out = Vec::with_capacity(8 + h.len() + data.len());
+    out.extend_from_slice(&(h.len() as u64).to_le_bytes());
+    out.extend_from_slice(&h);
+    out.extend_from_slice(&data);
+    std::fs::write(path, out).with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// `moshi-native trace duplex`.
+pub fn run(args: &TraceDuplexArgs) -> Result<()> {
+    let kv_dtype = match args.kv_dtype.as_str() {
+        "f32" => model::lm::KvDtype::F32,
+        "bf16" => model::lm::KvDtype::Bf16,
+        other => bail!("--kv-dtype must be f32 or bf16 (got {other})"),
+    };
+    if args.threads == 0 {
+        bail!("--threads must be at least 1");
+    }
+    let engine = Engine::open(
+        &args.model_dir,
+        EngineOptions {
+            threads: args.threads,
+            kv_dtype,
+        },
+    )
+    .with_context(|| format!("cannot open the model bundle {}", args.model_dir.display()))?;
+    let input = runtime::audio::read_wav_strict(&args.input)
+        .with_context(|| format!("cannot read {}", args.input.display()))?;
+    let sampling = match args.seed {
+        Some(seed) => SamplerConfig::seeded(seed),
+        None => SamplerConfig::greedy(),
+    };
+    let t = trace(engine, sampling, &input, args.chunk)?;
+    let n = t.text_tokens.len();
+    let mut meta = BTreeMap::new();
+    meta.insert(
+        "producer".to_string(),
+        format!("moshi-native {} trace duplex", env!("CARGO_PKG_VERSION")),
+    );
+    meta.insert("frames_in".to_string(), t.frames_in.to_string());
+    meta.insert(
+        "dropped_tail_samples".to_string(),
+        (input.len() % FRAME_SIZE).to_string(),
+    );
+    meta.insert(
+        "sampling".to_string(),
+        args.seed
+            .map_or("greedy".to_string(), |s| format!("seed {s}")),
+    );
+    write_safetensors(
+        &args.out,
+        &[
+            ("text_tokens", vec![n], Data::I64(&t.text_tokens)),
+            ("audio_tokens", vec![N_AUDIO, n], Data::I64(&t.audio_tokens)),
+            ("pcm", vec![t.pcm.len()], Data::F32(&t.pcm)),
+        ],
+        &meta,
+    )?;
+    eprintln!(
+        "{} frames in, {n} LM outputs, {} samples out → {}",
+        t.frames_in,
+        t.pcm.len(),
+        args.out.display()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+    }
+
+    /// Read one tensor of a safetensors file as raw little-endian bytes plus dtype and shape.
+    fn read_tensor(bytes: &[u8], name: &str) -> (String, Vec<usize>, Vec<u8>) {
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+        let t = &header[name];
+        let off: Vec<usize> = t["data_offsets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as usize)
+            .collect();
+        let shape = t["shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as usize)
+            .collect();
+        (
+            t["dtype"].as_str().unwrap().to_string(),
+            shape,
+            bytes[8 + n + off[0]..8 + n + off[1]].to_vec(),
+        )
+    }
+
+    #[test]
+    fn trace_duplex_matches_the_python_server_emulation() {
+        let out = std::env::temp_dir().join(format!(
+            "moshi-trace-duplex-{}.safetensors",
+            std::process::id()
+        ));
+        let args = TraceDuplexArgs {
+            model_dir: root().join("fixtures/lm"),
+            input: root().join("fixtures/duplex/input.wav"),
+            out: out.clone(),
+            greedy: true,
+            seed: None,
+            chunk: 1500,
+            threads: 1,
+            kv_dtype: "f32".into(),
+        };
+        run(&args).unwrap();
+        let got = std::fs::read(&out).unwrap();
+        let _ = std::fs::remove_file(&out);
+        let want = std::fs::read(root().join("fixtures/duplex/trace.safetensors")).unwrap();
+        for name in ["text_tokens", "audio_tokens"] {
+            let (gd, gs, gb) = read_tensor(&got, name);
+            let (wd, ws, wb) = read_tensor(&want, name);
+            assert_eq!((gd.as_str(), &gs), (wd.as_str(), &ws), "{name}");
+            assert_eq!(gb, wb, "{name} must match exactly");
+        }
+        let (gd, gs, gb) = read_tensor(&got, "pcm");
+        let (_, ws, wb) = read_tensor(&want, "pcm");
+        assert_eq!((gd.as_str(), &gs), ("F32", &ws));
+        let f = |b: &[u8]| {
+            b.chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect::<Vec<_>>()
+        };
+        let max_err = f(&gb)
+            .iter()
+            .zip(f(&wb))
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(max_err <= 1e-4, "pcm max abs error {max_err}");
+    }
+}

@@ -1,0 +1,118 @@
+//! Parity with the oracle's emulation of `moshi/server.py` (fixtures/duplex, moshi 0.2.13, greedy, tiny bundle):
+//! the first frame is encoded, Mimi is reset, its codes go to LMGen call 0; every later LM output is decoded.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::*;
+use runtime::{Session, SessionOptions, Step};
+use safetensors::SafeTensors;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/duplex")
+        .join(name)
+}
+
+fn i64s(st: &SafeTensors<'_>, name: &str) -> (Vec<i64>, Vec<usize>) {
+    let t = st.tensor(name).unwrap();
+    assert_eq!(t.dtype(), safetensors::Dtype::I64, "{name}");
+    let v = t
+        .data()
+        .chunks_exact(8)
+        .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    (v, t.shape().to_vec())
+}
+
+fn f32s(st: &SafeTensors<'_>, name: &str) -> Vec<f32> {
+    let t = st.tensor(name).unwrap();
+    assert_eq!(t.dtype(), safetensors::Dtype::F32, "{name}");
+    t.data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn server_loop_matches_the_python_server_emulation() {
+    let bytes = std::fs::read(fixture("trace.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let (text, text_shape) = i64s(&st, "text_tokens");
+    let (audio, audio_shape) = i64s(&st, "audio_tokens");
+    let want_pcm = f32s(&st, "pcm");
+    let s_out = text_shape[0];
+    assert_eq!(audio_shape, [8, s_out]);
+    let input = runtime::audio::read_wav_strict(fixture("input.wav")).unwrap();
+
+    // Same message sizes as the emulated WebSocket client; a queue large enough that nothing is dropped.
+    let opts = SessionOptions {
+        max_queued_frames: 64,
+        ..greedy()
+    };
+    let mut s = Session::new(engine(), opts).unwrap();
+    let mut got = Collected::default();
+    let sizes = [960usize, 1500, 2000, 1920, 700, 3840];
+    let (mut pos, mut i) = (0, 0);
+    while pos < input.len() {
+        let end = (pos + sizes[i % sizes.len()]).min(input.len());
+        i += 1;
+        s.push_pcm(&input[pos..end]).unwrap();
+        pos = end;
+        while got.record(s.step().unwrap()) {}
+    }
+    assert!(matches!(s.step().unwrap(), Step::Idle));
+    assert_eq!(
+        got.text_tokens.len(),
+        s_out + 1,
+        "one LM call per whole input frame; the tail is dropped"
+    );
+    assert_eq!(got.text_tokens[0], None);
+
+    let got_text: Vec<i64> = got.text_tokens[1..]
+        .iter()
+        .map(|t| i64::from(t.unwrap()))
+        .collect();
+    assert_eq!(got_text, text, "text tokens");
+    for (t, frame) in got.audio[1..].iter().enumerate() {
+        let frame = frame.unwrap();
+        for (k, &code) in frame.iter().enumerate() {
+            assert_eq!(
+                i64::from(code),
+                audio[k * s_out + t],
+                "audio token: codebook {k}, output {t}"
+            );
+        }
+    }
+    assert_eq!(got.pcm.len(), want_pcm.len());
+    let max_err = got
+        .pcm
+        .iter()
+        .zip(&want_pcm)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    eprintln!(
+        "duplex parity: {} outputs, pcm max abs error {max_err:e}",
+        s_out
+    );
+    assert!(max_err <= 1e-4, "pcm max abs error {max_err}");
+
+    // The server's kind-2 payloads are `id_to_piece` with "▁" → " " for ids other than 0 and 3.
+    let sp = engine().tokenizer().unwrap().clone();
+    let messages: Vec<String> = text
+        .iter()
+        .filter(|&&t| t != 0 && t != 3)
+        .map(|&t| sp.id_to_piece(t as u32).unwrap().replace('\u{2581}', " "))
+        .collect();
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("text_messages.json")).unwrap())
+            .unwrap();
+    let want: Vec<&str> = json["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m.as_str().unwrap())
+        .collect();
+    assert_eq!(messages, want);
+}
