@@ -99,3 +99,4 @@ pub trait Backend: Send + Sync + 'static {
 }
 
 mod runtime_backend;
+pub use runtime_backend::RuntimeBackend;

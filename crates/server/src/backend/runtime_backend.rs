@@ -1,6 +1,98 @@
 //! [`super::Backend`] on top of the `runtime` crate.
 
-use super::{AudioInput, BackendEvent, EventSource, FrameOut, InputReport, Stopper};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use model::sampling::{RepetitionPenalty, SamplerConfig};
+
+use super::{
+    AudioInput, Backend, BackendError, BackendEvent, BackendInfo, EventSource, FrameOut,
+    InputReport, OpenSession, Stopper,
+};
+use crate::protocol::SessionParams;
+
+/// Frames buffered between a session's worker and the server's output thread.
+const EVENT_CAPACITY: usize = 16;
+
+/// Serves conversations from one resident [`runtime::Engine`]: one [`runtime::Session`] per
+/// client, driven by its own [`runtime::SessionRunner`] worker thread.
+pub struct RuntimeBackend {
+    engine: Arc<runtime::Engine>,
+    info: BackendInfo,
+    /// Bounded input queue of each session (frames); when the model falls behind, the oldest
+    /// queued frame is dropped (the runtime's policy).
+    pub max_queued_frames: usize,
+    seed_counter: AtomicU64,
+}
+
+impl RuntimeBackend {
+    /// A backend over `engine`, described by `info` in the metadata message.
+    pub fn new(engine: Arc<runtime::Engine>, info: BackendInfo) -> Self {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        Self {
+            engine,
+            info,
+            max_queued_frames: 4,
+            seed_counter: AtomicU64::new(t),
+        }
+    }
+
+    /// The sampler configuration of a session with `params` (seeds drawn by the server when the
+    /// client gives none).
+    pub fn sampler_config(&self, params: &SessionParams) -> SamplerConfig {
+        let drawn = self
+            .seed_counter
+            .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
+        let mut c = SamplerConfig::seeded(params.text_seed.unwrap_or(drawn));
+        if let Some(s) = params.audio_seed {
+            c.audio_seed = s;
+        }
+        c.text.temperature = params.text_temperature as f32;
+        c.text.top_k = params.text_topk;
+        c.audio.temperature = params.audio_temperature as f32;
+        c.audio.top_k = params.audio_topk;
+        c.pad_mult = (params.pad_mult != 0.0).then_some(params.pad_mult as f32);
+        c.repetition_penalty = (params.repetition_penalty != 1.0).then_some(RepetitionPenalty {
+            penalty: params.repetition_penalty as f32,
+            context: params.repetition_penalty_context,
+        });
+        c
+    }
+}
+
+impl Backend for RuntimeBackend {
+    fn info(&self) -> BackendInfo {
+        self.info.clone()
+    }
+
+    fn open(&self, params: &SessionParams) -> Result<OpenSession, BackendError> {
+        let opts = runtime::SessionOptions {
+            sampling: self.sampler_config(params),
+            max_queued_frames: self.max_queued_frames.max(1),
+            output_rate: runtime::SAMPLE_RATE,
+            max_steps: params.max_steps,
+            first_frame_reset: true,
+        };
+        let session = runtime::Session::new(self.engine.clone(), opts)
+            .map_err(|e| BackendError(e.to_string()))?;
+        let mut runner = session
+            .spawn(EVENT_CAPACITY)
+            .map_err(|e| BackendError(e.to_string()))?;
+        let (Some(producer), Some(events)) = (runner.producer(), runner.events()) else {
+            return Err(BackendError(
+                "session runner without producer/events".into(),
+            ));
+        };
+        Ok(OpenSession {
+            input: Box::new(producer),
+            events: Box::new(events),
+            stopper: Box::new(runner),
+        })
+    }
+}
 
 impl AudioInput for runtime::PcmProducer {
     fn push(&mut self, pcm: &[f32]) -> InputReport {

@@ -1,0 +1,125 @@
+//! `moshi-native serve`: the WebSocket server (Kyutai's `/api/chat` protocol) and the web page.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use server::backend::{BackendInfo, RuntimeBackend};
+use server::ServeConfig;
+
+use crate::common::EngineArgs;
+
+/// Flags of `serve`.
+#[derive(Args, Clone, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Address to listen on (use 0.0.0.0 to accept remote browsers; they need --self-signed or
+    /// --tls-cert/--tls-key, since microphones only work over HTTPS or on localhost).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on.
+    #[arg(long, default_value_t = 8998)]
+    pub port: u16,
+    /// Serve this web client build (e.g. Kyutai's `dist/`) instead of the built-in page.
+    #[arg(long = "static", value_name = "DIR")]
+    pub static_dir: Option<PathBuf>,
+    /// TLS certificate chain (PEM).
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "tls_key",
+        conflicts_with = "self_signed"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Serve HTTPS with a self-signed certificate (generated once into the cache folder).
+    #[arg(long)]
+    pub self_signed: bool,
+    /// Conversations served at once (default: CPU cores / --threads, at least 1).
+    #[arg(long)]
+    pub max_sessions: Option<usize>,
+    /// Clients allowed to wait for a free slot; later ones get an error.
+    #[arg(long, default_value_t = 8)]
+    pub max_queue: usize,
+    /// Input frames (80 ms) a session may queue when the model falls behind before the oldest
+    /// are dropped.
+    #[arg(long, default_value_t = 4)]
+    pub max_queued_frames: usize,
+}
+
+fn cache_dir() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("moshi-native")
+}
+
+/// Runs the server until ctrl-c or SIGTERM.
+pub fn run(a: &ServeArgs) -> Result<()> {
+    if a.max_queued_frames == 0 {
+        bail!("--max-queued-frames must be at least 1");
+    }
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let max_sessions = a
+        .max_sessions
+        .unwrap_or((cores / a.engine.threads.max(1)).max(1));
+    if max_sessions == 0 {
+        bail!("--max-sessions must be at least 1");
+    }
+    let tls = if a.self_signed {
+        let names = if a.host == "0.0.0.0" || a.host == "::" {
+            vec![]
+        } else {
+            vec![a.host.clone()]
+        };
+        Some(server::tls::self_signed(&cache_dir().join("tls"), &names)?)
+    } else {
+        match (&a.tls_cert, &a.tls_key) {
+            (Some(cert), Some(key)) => Some(server::tls::TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+            }),
+            _ => None,
+        }
+    };
+    let opened = a.engine.open()?;
+    let file_name = |p: &std::path::Path| {
+        p.file_name()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    };
+    let info = BackendInfo {
+        lm_model_file: if opened.demo {
+            "demo (random weights)".into()
+        } else {
+            file_name(&opened.dir)
+        },
+        mimi_model_file: String::new(),
+        instance_name: format!("moshi-native {}", env!("CARGO_PKG_VERSION")),
+    };
+    let mut backend = RuntimeBackend::new(opened.engine, info);
+    backend.max_queued_frames = a.max_queued_frames;
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    eprintln!(
+        "moshi-native serve: {scheme}://{}:{}/ ({max_sessions} concurrent sessions, queue {})",
+        a.host, a.port, a.max_queue
+    );
+    let config = ServeConfig {
+        host: a.host.clone(),
+        port: a.port,
+        static_dir: a.static_dir.clone(),
+        max_sessions,
+        max_queue: a.max_queue,
+        tls,
+    };
+    server::run_blocking(config, Arc::new(backend)).context("server failed")?;
+    eprintln!("moshi-native serve: stopped");
+    Ok(())
+}

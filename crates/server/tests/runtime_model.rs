@@ -1,0 +1,120 @@
+//! End-to-end tests on the real runtime with the oracle's tiny Moshi bundle (`fixtures/lm`: exact
+//! architecture, random weights): real WebSocket client, real Opus both ways.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use server::backend::{BackendInfo, RuntimeBackend};
+use server::ServeConfig;
+
+fn backend() -> Arc<RuntimeBackend> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/lm");
+    let engine =
+        runtime::Engine::open(&dir, runtime::EngineOptions::default()).expect("tiny bundle");
+    Arc::new(RuntimeBackend::new(
+        engine,
+        BackendInfo {
+            lm_model_file: "model.safetensors".into(),
+            mimi_model_file: "tokenizer-e351c8d8-checkpoint125.safetensors".into(),
+            instance_name: "test".into(),
+        },
+    ))
+}
+
+fn cfg(max_sessions: usize, max_queue: usize) -> ServeConfig {
+    ServeConfig {
+        max_sessions,
+        max_queue,
+        ..ServeConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_conversation_on_tiny_model() {
+    let srv = start(cfg(2, 2), backend()).await;
+    let mut ws = connect(&srv.url("?text_temperature=0.7&text_topk=25&audio_temperature=0.8&audio_topk=250&pad_mult=0&repetition_penalty_context=64&repetition_penalty=1.0&text_seed=1&audio_seed=2")).await;
+    let meta = expect_ready(&mut ws).await;
+    assert_eq!(meta["instance_name"], "test");
+    let frames = 120;
+    let r = converse(
+        ws,
+        frames,
+        Duration::from_millis(80),
+        true,
+        Duration::from_millis(1500),
+    )
+    .await;
+    let (pcm, packets) = decode_all(&r.audio_bytes);
+    let processed = srv.metrics.frames_processed.load(Relaxed) as usize;
+    let dropped = srv.metrics.frames_dropped.load(Relaxed) as usize;
+    // Frame 0 returns nothing (LMGen call 0); every other processed frame returns 1920 samples.
+    assert!(
+        processed + dropped >= frames - 1,
+        "{processed} processed + {dropped} dropped"
+    );
+    assert!(processed >= 100, "{processed} frames processed");
+    assert_eq!(
+        packets,
+        2 * (processed - 1),
+        "two 960-sample packets per output frame"
+    );
+    assert_eq!(pcm.len(), packets * 960);
+    assert!(pcm.iter().all(|x| x.is_finite()));
+    assert!(r.text_messages > 0, "the tiny model produced some text");
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    assert!(eventually(5, || srv.metrics.sessions_active.load(Relaxed) == 0).await);
+    srv.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_and_disconnect_on_tiny_model() {
+    let srv = start(cfg(1, 1), backend()).await;
+    let mut a = connect(&srv.url("")).await;
+    expect_ready(&mut a).await;
+    // A streams a little, then vanishes in the middle of an Ogg page.
+    let mut enc = BrowserEncoder::new(3);
+    let bytes = enc.push(&tone(1920 * 6, 0, 220.0));
+    let pages = split_pages(&bytes);
+    for p in &pages[..pages.len() - 1] {
+        assert!(send_bin(&mut a, 1, p).await);
+    }
+    let last = pages[pages.len() - 1];
+    assert!(send_bin(&mut a, 1, &last[..last.len() / 2]).await);
+    // B waits, C is refused.
+    let mut b = connect(&srv.url("")).await;
+    assert_eq!(
+        next_bin(&mut b, Duration::from_secs(5)).await.unwrap()[0],
+        4
+    );
+    assert!(eventually(5, || srv.metrics.sessions_waiting.load(Relaxed) == 1).await);
+    let mut c = connect(&srv.url("")).await;
+    assert_eq!(
+        next_bin(&mut c, Duration::from_secs(5)).await.unwrap()[0],
+        4
+    );
+    assert_eq!(
+        next_bin(&mut c, Duration::from_secs(5)).await.unwrap()[0],
+        5
+    );
+    drop(a);
+    let h = next_bin(&mut b, Duration::from_secs(15))
+        .await
+        .expect("B admitted");
+    assert_eq!(h, vec![0u8; 9]);
+    let r = converse(
+        b,
+        20,
+        Duration::from_millis(80),
+        false,
+        Duration::from_millis(800),
+    )
+    .await;
+    assert!(r.audio_messages > 5, "{}", r.audio_messages);
+    assert!(eventually(5, || srv.metrics.sessions_active.load(Relaxed) == 0).await);
+    srv.shutdown().await.unwrap();
+}
