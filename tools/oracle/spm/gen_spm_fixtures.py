@@ -238,11 +238,12 @@ def main():
         p = train("bpe_bytes_identity", "corpus.txt", tmp, model_type="bpe", vocab_size=400,
                   byte_fallback=True, normalization_rule_name="identity")
         dump("bpe_bytes_identity", p, "bpe", True, [])
-        # BPE without byte fallback, no dummy prefix, keep extra whitespace, identity normalizer.
+        # BPE without byte fallback, no dummy prefix, keep extra whitespace, identity normalizer,
+        # user-defined symbols (kept whole, never merged).
         p = train("bpe_raw_ws", "corpus.txt", tmp, model_type="bpe", vocab_size=300,
                   normalization_rule_name="identity", add_dummy_prefix=False,
-                  remove_extra_whitespaces=False)
-        dump("bpe_raw_ws", p, "bpe", False, [])
+                  remove_extra_whitespaces=False, user_defined_symbols=ud)
+        dump("bpe_raw_ws", p, "bpe", False, ud)
         # Character and word models (identity normalizer).
         p = train("char_identity", "corpus.txt", tmp, model_type="char", vocab_size=120,
                   normalization_rule_name="identity")
