@@ -72,7 +72,10 @@ impl SamplingArgs {
             if !p.is_finite() || p <= 0.0 {
                 bail!("--repetition-penalty must be a finite number > 0 (got {p})");
             }
-            c.repetition_penalty = Some(RepetitionPenalty { penalty: p, context: self.repetition_penalty_context });
+            c.repetition_penalty = Some(RepetitionPenalty {
+                penalty: p,
+                context: self.repetition_penalty_context,
+            });
         }
         Ok(c)
     }

@@ -9,17 +9,26 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 
 /// The label printed by every command running on the demo model.
-pub const LABEL: &str = "DEMO MODEL: random weights (tiny bundled bundle, not Moshi's voice)";
+pub const LABEL: &str = "DEMO MODEL: random weights (tiny bundled model, not Moshi's voice)";
 
 /// The files of the bundle, by the names its `config.json` refers to.
 const FILES: &[(&str, &[u8])] = &[
-    ("config.json", include_bytes!("../../../fixtures/lm/config.json")),
-    ("model.safetensors", include_bytes!("../../../fixtures/lm/model.safetensors")),
+    (
+        "config.json",
+        include_bytes!("../../../fixtures/lm/config.json"),
+    ),
+    (
+        "model.safetensors",
+        include_bytes!("../../../fixtures/lm/model.safetensors"),
+    ),
     (
         "tokenizer-e351c8d8-checkpoint125.safetensors",
         include_bytes!("../../../fixtures/mimi/mimi.safetensors"),
     ),
-    ("mimi_config.json", include_bytes!("../../../fixtures/mimi/mimi_config.json")),
+    (
+        "mimi_config.json",
+        include_bytes!("../../../fixtures/mimi/mimi_config.json"),
+    ),
     (
         "tokenizer_spm_32k_3.model",
         include_bytes!("../../../fixtures/lm/tokenizer_spm_32k_3.model"),
@@ -61,7 +70,12 @@ mod tests {
         assert_eq!(a, b);
         let cfg: serde_json::Value =
             serde_json::from_slice(&std::fs::read(a.join("config.json")).unwrap()).unwrap();
-        for key in ["moshi_name", "mimi_name", "tokenizer_name", "mimi_config_name"] {
+        for key in [
+            "moshi_name",
+            "mimi_name",
+            "tokenizer_name",
+            "mimi_config_name",
+        ] {
             let f = cfg[key].as_str().unwrap();
             assert!(a.join(f).is_file(), "{key} = {f} missing");
         }

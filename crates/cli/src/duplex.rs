@@ -100,10 +100,20 @@ fn run_frames(
         let el = start.elapsed().as_secs_f64().max(1e-9);
         let done = (i + 1) as f64;
         progress.set_position(i as u64 + 1);
-        progress.set_message(format!("{:.1} frames/s, RTF {:.2}", done / el, el / (done * 0.08)));
+        progress.set_message(format!(
+            "{:.1} frames/s, RTF {:.2}",
+            done / el,
+            el / (done * 0.08)
+        ));
     }
     moshi.resize(frames * FRAME_SIZE, 0.0);
-    Ok(RunResult { moshi, text, frames, elapsed: start.elapsed().as_secs_f64(), dropped })
+    Ok(RunResult {
+        moshi,
+        text,
+        frames,
+        elapsed: start.elapsed().as_secs_f64(),
+        dropped,
+    })
 }
 
 fn progress_bar(frames: usize) -> ProgressBar {
@@ -115,7 +125,11 @@ fn progress_bar(frames: usize) -> ProgressBar {
     bar
 }
 
-fn session(opened: &crate::common::Opened, sampling: &SamplingArgs, frames: usize) -> Result<Session> {
+fn session(
+    opened: &crate::common::Opened,
+    sampling: &SamplingArgs,
+    frames: usize,
+) -> Result<Session> {
     let opts = SessionOptions {
         sampling: sampling.config()?,
         // Files are fed frame by frame with a step after each, so nothing ever queues up.
@@ -144,7 +158,12 @@ fn summary(label: &str, demo: bool, r: &RunResult, out: &std::path::Path) {
 /// Runs `duplex`.
 pub fn run_duplex(a: &DuplexArgs) -> Result<()> {
     let mut user = runtime::audio::read_wav(&a.input).map(|w| w.samples)
-        .with_context(|| format!("cannot read {}", a.input.display()))?;
+        .with_context(|| {
+            format!(
+                "cannot read {}\nhint: --in takes a WAV file (8/16/24/32-bit PCM or 32-bit float, any rate, mono or stereo)",
+                a.input.display()
+            )
+        })?;
     if user.is_empty() {
         bail!("{} holds no audio samples", a.input.display());
     }
@@ -184,7 +203,7 @@ pub fn run_generate(a: &GenerateArgs) -> Result<()> {
             .engine
             .tokenizer()
             .context("this bundle has no SentencePiece tokenizer, so --prompt cannot be used")?;
-        let ids = tok.encode(p).context("cannot tokenize the prompt")?;
+        let ids = tok.encode(p);
         s.force_text(&ids).context("cannot force the prompt")?;
     }
     let user = vec![0.0f32; frames * FRAME_SIZE];

@@ -2,11 +2,15 @@
 
 mod cmd_inspect;
 mod cmd_mimi;
+mod cmd_serve;
 mod cmd_synth;
-#[allow(dead_code)] // `trace mimi`: to be folded into clap by the CLI owner (cmd_trace_mimi::run)
+mod cmd_trace_duplex;
+mod cmd_trace_lm;
 mod cmd_trace_mimi;
+mod common;
+mod demo;
+mod duplex;
 mod fetch;
-#[allow(dead_code)] // used by the model-loading commands as they land
 mod models;
 
 use anyhow::Result;
@@ -25,6 +29,12 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Full duplex on a WAV file: you speak (the input), Moshi answers on its own channel.
+    Duplex(duplex::DuplexArgs),
+    /// One-way generation with a silent user stream, optionally starting from a text prompt.
+    Generate(duplex::GenerateArgs),
+    /// Serve conversations over WebSocket (Kyutai's /api/chat protocol) with a built-in web page.
+    Serve(cmd_serve::ServeArgs),
     /// Download a released bundle into the Hugging Face cache (resumable).
     Fetch(fetch::FetchArgs),
     /// Inspect a weights file or bundle directory (format, variant, sizes, refusals).
@@ -34,6 +44,19 @@ enum Command {
     /// Encode a WAV into Mimi codes, or decode codes into a WAV.
     #[command(subcommand)]
     Mimi(cmd_mimi::MimiCmd),
+    /// Dump every intermediate of a component for parity checks against Kyutai's Python package.
+    #[command(subcommand)]
+    Trace(TraceCmd),
+}
+
+#[derive(Subcommand, Debug)]
+enum TraceCmd {
+    /// Streaming Mimi encode then decode, with intermediates.
+    Mimi(cmd_trace_mimi::TraceMimiArgs),
+    /// LMGen steps on recorded user codes, with logits and returned tokens.
+    Lm(cmd_trace_lm::TraceLmArgs),
+    /// The server-style full-duplex loop on a WAV (first-frame rule included).
+    Duplex(cmd_trace_duplex::TraceDuplexArgs),
 }
 
 fn init_logging(verbose: bool) {
@@ -50,17 +73,50 @@ fn main() {
     let cli = Cli::parse();
     init_logging(cli.verbose);
     if let Err(e) = dispatch(cli.cmd) {
-        // One clear line (plus any hint lines the error carries), non-zero exit.
-        eprintln!("error: {e:#}");
+        eprintln!("{}", render_error(&e));
         std::process::exit(1);
     }
 }
 
+/// One clear line (the context chain, causes repeated by their wrapper skipped), then any
+/// `hint:` lines the chain carries.
+fn render_error(e: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut hints: Vec<String> = Vec::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        let mut lines = text.lines();
+        let head = lines.next().unwrap_or("").trim().to_string();
+        for l in lines {
+            if l.trim_start().starts_with("hint:") {
+                hints.push(l.trim().to_string());
+            } else if !l.trim().is_empty() {
+                parts.push(l.trim().to_string());
+            }
+        }
+        if !head.is_empty() && !parts.last().is_some_and(|p| p.contains(&head)) {
+            parts.push(head);
+        }
+    }
+    let mut out = format!("error: {}", parts.join(": "));
+    for h in hints {
+        out.push('\n');
+        out.push_str(&h);
+    }
+    out
+}
+
 fn dispatch(cmd: Command) -> Result<()> {
     match cmd {
+        Command::Duplex(a) => duplex::run_duplex(&a),
+        Command::Generate(a) => duplex::run_generate(&a),
+        Command::Serve(a) => cmd_serve::run(&a),
         Command::Fetch(a) => fetch::run(&a),
         Command::Inspect(a) => cmd_inspect::run(&a),
         Command::Synth(a) => cmd_synth::run(&a),
         Command::Mimi(c) => cmd_mimi::run(&c),
+        Command::Trace(TraceCmd::Mimi(a)) => cmd_trace_mimi::run(&a),
+        Command::Trace(TraceCmd::Lm(a)) => cmd_trace_lm::run(&a),
+        Command::Trace(TraceCmd::Duplex(a)) => cmd_trace_duplex::run(&a),
     }
 }
