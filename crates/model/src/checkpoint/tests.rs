@@ -415,3 +415,90 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn bundle_refusals() {
+    let dir = std::env::temp_dir().join(format!("moshi-bundle-refusals-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // Empty directory: no config.json, so the released layout is looked for and reported missing.
+    assert!(matches!(
+        Bundle::open(&dir),
+        Err(CheckpointError::MissingFile {
+            what: "LM weights",
+            ..
+        })
+    ));
+    let src = fixtures().join("lm");
+    for f in [
+        "model.safetensors",
+        "tokenizer_spm_32k_3.model",
+        "mimi_config.json",
+    ] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let cfg = std::fs::read_to_string(src.join("config.json")).unwrap();
+    std::fs::write(dir.join("config.json"), &cfg).unwrap();
+    assert!(matches!(
+        Bundle::open(&dir),
+        Err(CheckpointError::MissingFile {
+            what: "Mimi weights",
+            ..
+        })
+    ));
+    std::fs::copy(
+        src.join("tokenizer-e351c8d8-checkpoint125.safetensors"),
+        dir.join("mimi.safetensors"),
+    )
+    .unwrap();
+    // `hf://org/repo/file` and `file://` references resolve inside the bundle directory.
+    let patched = cfg
+        .replace(
+            "\"tokenizer-e351c8d8-checkpoint125.safetensors\"",
+            "\"hf://kyutai/moshiko-pytorch-bf16/mimi.safetensors\"",
+        )
+        .replace("\"mimi_config.json\"", "\"file://mimi_config.json\"");
+    std::fs::write(dir.join("config.json"), &patched).unwrap();
+    let b = Bundle::open(&dir).unwrap();
+    b.lm_weights().unwrap();
+    b.mimi_weights().unwrap();
+    // Each refusal named in config.json.
+    for (extra, check) in [
+        (r#""lora_name": "lora.safetensors""#, "Lora"),
+        (r#""model_type": "hibiki""#, "UnsupportedModelType"),
+        (
+            r#""conditioners": {"description": {"type": "lut"}}"#,
+            "Conditioning",
+        ),
+        (r#""cross_attention": true"#, "CrossAttention"),
+        (r#""quantize": true"#, "BitsAndBytes"),
+        (r#""extra_heads_num_heads": 2"#, "ExtraHeads"),
+        (r#""demux_second_stream": true"#, "Demux"),
+        (
+            r#""depformer_low_rank_embeddings": 128"#,
+            "LowRankEmbeddings",
+        ),
+    ] {
+        let body = patched.trim_end().strip_suffix('}').unwrap();
+        let text = if extra.starts_with("\"model_type\"") {
+            patched.replace("\"model_type\": \"moshi\"", extra)
+        } else {
+            format!("{body}, {extra}}}")
+        };
+        std::fs::write(dir.join("config.json"), &text).unwrap();
+        let e = Bundle::open(&dir).unwrap_err();
+        assert!(format!("{e:?}").starts_with(check), "{check}: {e:?}");
+    }
+    // A truncated LM file is a typed error, not a panic.
+    std::fs::write(dir.join("config.json"), &patched).unwrap();
+    let full = std::fs::read(src.join("model.safetensors")).unwrap();
+    std::fs::write(dir.join("model.safetensors"), &full[..full.len() / 2]).unwrap();
+    let b = Bundle::open(&dir).unwrap();
+    assert!(matches!(
+        b.lm_weights(),
+        Err(CheckpointError::Malformed {
+            kind: Malformed::OffsetOutOfRange { .. },
+            ..
+        })
+    ));
+    std::fs::remove_dir_all(&dir).ok();
+}
