@@ -163,6 +163,18 @@ impl LmGen {
         self.state.reset();
     }
 
+    /// Benchmark helper: jump to call `offset` with KV caches holding `min(offset, context)` zero
+    /// entries and the token cache holding initial tokens (see [`LmState::seek_for_bench`]).
+    pub fn seek_for_bench(&mut self, offset: usize) {
+        self.reset();
+        for k in 0..self.spec.num_streams() {
+            let init = self.initial[k];
+            self.cache[k * self.ct..(k + 1) * self.ct].fill(init);
+        }
+        self.offset = offset;
+        self.state.seek_for_bench(offset);
+    }
+
     /// Number of calls since creation or reset.
     pub fn offset(&self) -> usize {
         self.offset

@@ -106,6 +106,22 @@ impl LmState {
         &self.dep_logits
     }
 
+    /// Benchmark helper: reset, then fill every temporal KV cache with `min(pos, context)` zero
+    /// entries and set the position to `pos`, as if `pos` steps had run (values are meaningless).
+    pub fn seek_for_bench(&mut self, pos: usize) {
+        self.reset();
+        if let Some(first) = self.kv.first() {
+            let d = first.n_heads() * first.head_dim();
+            let zeros = vec![0.0f32; d];
+            for r in &mut self.kv {
+                for _ in 0..pos.min(r.capacity()) {
+                    r.push(&zeros, &zeros);
+                }
+            }
+        }
+        self.pos = pos;
+    }
+
     /// Back to position 0 with empty caches (no deallocation).
     pub fn reset(&mut self) {
         for r in &mut self.kv {

@@ -73,7 +73,8 @@ impl TensorSource for Weights {
 }
 
 /// Random weights in one storage format, generated deterministically from the tensor name.
-/// Matrix values are uniform with magnitude about `1/sqrt(cols)`; norm weights lie in [0.5, 1.5].
+/// Matrix values are uniform with magnitude about `1/sqrt(cols)` (bf16: magnitude in
+/// [2^-7, 2^-6) with random sign); norm weights lie in [0.5, 1.5].
 /// Meant for speed measurements (the values do not matter) and smoke tests.
 #[derive(Debug, Clone, Copy)]
 pub struct SyntheticSource {
@@ -115,15 +116,22 @@ impl SyntheticSource {
                 let v: Vec<f32> = (0..n).map(|_| uniform(&mut rng)).collect();
                 Matrix::from_f32(rows, cols, v)?
             }
-            WeightFormat::Bf16 | WeightFormat::F16 => {
+            WeightFormat::Bf16 => {
+                // Fast path for full-size benchmarks: random sign and mantissa, exponent fixed so
+                // that |w| lies in [2^-7, 2^-6) (the values do not matter for speed).
+                let mut bytes = vec![0u8; 2 * n];
+                fill_bytes(&mut rng, &mut bytes);
+                for c in bytes.chunks_exact_mut(2) {
+                    let r = u16::from_le_bytes([c[0], c[1]]);
+                    c.copy_from_slice(&((r & 0x807F) | 0x3C00).to_le_bytes());
+                }
+                Matrix::from_bytes(self.format, rows, cols, Storage::from_vec(bytes))?
+            }
+            WeightFormat::F16 => {
                 let mut bytes = Vec::with_capacity(2 * n);
                 for _ in 0..n {
                     let x = uniform(&mut rng);
-                    let bits = if self.format == WeightFormat::Bf16 {
-                        half::bf16::from_f32(x).to_bits()
-                    } else {
-                        half::f16::from_f32(x).to_bits()
-                    };
+                    let bits = half::f16::from_f32(x).to_bits();
                     bytes.extend_from_slice(&bits.to_le_bytes());
                 }
                 Matrix::from_bytes(self.format, rows, cols, Storage::from_vec(bytes))?
