@@ -4,9 +4,10 @@
 # markdown summary (medians over rounds, min–max, ours/theirs ratios) and keeps the raw log.
 #
 #   tools/bench/compare.sh --bundle DIR [--rounds 3] [--threads 1,2] [--what lm,mimi] \
-#                          [--lm-frames 2] [--mimi-frames 20] [--torch] [--log FILE]
+#                          [--lm-frames 2] [--mimi-frames 20] [--torch] [--ours-formats q4_0,mlx-q4] [--log FILE]
 #
-# DIR must hold model.q8.gguf and the Mimi safetensors (`moshi-native synth --format q8-gguf --out DIR`).
+# --ours-formats also times our LM on synthetic in-memory weights of those formats each round (for
+# "q4 vs candle q8"). DIR must hold model.q8.gguf and the Mimi safetensors (`moshi-native synth --format q8-gguf --out DIR`).
 # Environment:
 #   OURS    command for our bench (default: target/release/moshi-native bench)
 #   THEIRS  candle baseline binary (default: benches/baselines/target/release/moshi-native-baselines;
@@ -15,7 +16,7 @@
 # Rounds alternate which side goes first, so slow drift of the machine's load hits both sides.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-ROUNDS=3; THREADS=1,2; WHAT=lm,mimi; LMF=2; MIF=20; TORCH=0; BUNDLE=""; LOG=""
+ROUNDS=3; THREADS=1,2; WHAT=lm,mimi; LMF=2; MIF=20; TORCH=0; BUNDLE=""; LOG=""; OFMT=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --bundle) BUNDLE=$2; shift 2;;
@@ -25,6 +26,7 @@ while [ $# -gt 0 ]; do
     --lm-frames) LMF=$2; shift 2;;
     --mimi-frames) MIF=$2; shift 2;;
     --torch) TORCH=1; shift;;
+    --ours-formats) OFMT=$2; shift 2;;
     --log) LOG=$2; shift 2;;
     *) echo "unknown argument $1" >&2; exit 2;;
   esac
@@ -46,6 +48,7 @@ ours_mimi()   { tag "$1" $OURS mimi --bundle "$BUNDLE" --rounds 1 --mimi-frames 
 theirs_mimi() { tag "$1" "$THEIRS" mimi --weights "$MIMI" --rounds 1 --frames "$MIF" --threads "$THREADS"; }
 torch_mimi()  { tag "$1" env NO_TORCH_COMPILE=1 "$VENV/bin/python" tools/bench/torch_mimi.py --weights "$MIMI" --rounds 1 --frames "$MIF" --threads "$THREADS"; }
 ours_lm()     { tag "$1" $OURS lm --bundle "$BUNDLE" --rounds 1 --lm-frames "$LMF" --positions 0 --threads "$THREADS"; }
+ours_lm_fmt() { tag "$1" $OURS lm --formats "$OFMT" --rounds 1 --lm-frames "$LMF" --positions 0 --threads "$THREADS"; }
 theirs_lm()   { tag "$1" "$THEIRS" lm --gguf "$GGUF" --rounds 1 --frames "$LMF" --threads "$THREADS"; }
 
 for r in $(seq 0 $((ROUNDS - 1))); do
@@ -56,6 +59,7 @@ for r in $(seq 0 $((ROUNDS - 1))); do
   fi
   if [[ ",$WHAT," == *",lm,"* ]]; then
     if [ $((r % 2)) -eq 0 ]; then ours_lm "$r"; theirs_lm "$r"; else theirs_lm "$r"; ours_lm "$r"; fi
+    if [ -n "$OFMT" ]; then ours_lm_fmt "$r"; fi
   fi
 done
 echo

@@ -1,58 +1,65 @@
 #!/usr/bin/env python3
-"""Summarise the log of tools/bench/compare.sh: per (what, threads, impl) the median over rounds of
-each round's median, the min-max of those, and ours/theirs ratios (speed-up = theirs_ms / ours_ms),
-both from the overall medians and as the median of per-round paired ratios (robust to slow drift of
-the machine's load). Reads `result ...` (ours) and `median ...` (baselines) lines tagged by the
-driver with `round=R`. Standard library only."""
+"""Summarise the log of tools/bench/compare.sh.
+
+For every (what, threads) and implementation (ours per weight source, candle, torch): the median
+over rounds of each round's median ms, and the min-max of those. For each of our rows, the speed-up
+over each baseline (baseline_ms / ours_ms) from the overall medians and as the median (min-max) of
+per-round paired ratios, which cancels slow drift of the shared machine's load. For our LM rows
+also the ratio to the roofline (frame ms / (weight bytes / read-probe GB/s of the same round)).
+Reads `result ...` (ours) and `median ...` (baselines) lines that the driver tagged with
+`round_tag=R`. Standard library only."""
 import re
 import statistics
 import sys
 from collections import defaultdict
 
 KV = re.compile(r"(\w+)=(\S+)")
+BASELINES = ("candle", "torch")
+
+
+def fmt_ratio(xs):
+    return f"{statistics.median(xs):.2f}× ({min(xs):.2f}–{max(xs):.2f})"
 
 
 def main(path):
     per = defaultdict(dict)  # (what, threads, impl) -> {round: ms}
-    extra = {}
+    roof = defaultdict(list)  # (what, threads, impl) -> [ratio to roofline]
     for line in open(path):
         if not (line.startswith("result ") or line.startswith("median ")):
             continue
         kv = dict(KV.findall(line))
-        if "ms" not in kv or "round_tag" not in kv:
+        if "ms" not in kv or "round_tag" not in kv or kv.get("pos", "0") != "0":
             continue
-        if kv.get("pos", "0") != "0":
-            continue
-        key = (kv["what"], int(kv["threads"]), kv["impl"])
+        impl = kv["impl"]
+        if impl == "ours" and "format" in kv:
+            impl = f"ours[{kv['format'].replace('bundle:', '')}]"
+        key = (kv["what"], int(kv["threads"]), impl)
         per[key][int(kv["round_tag"])] = float(kv["ms"])
-        if kv["impl"] == "ours" and "roofline_ms" in kv:
-            extra.setdefault(key, []).append((float(kv["roofline_ms"]), float(kv.get("ratio", "nan"))))
-    rows = sorted(per)
-    print("| what | threads | impl | median ms (over rounds) | min–max | rounds | ours faster by (overall) | paired per-round ratio median (min–max) |")
-    print("|---|---|---|---|---|---|---|---|")
-    for key in rows:
-        what, th, impl = key
-        vals = per[key]
-        ms = list(vals.values())
-        med = statistics.median(ms)
-        cell = ""
-        paired = ""
-        if impl != "ours":
-            ours = per.get((what, th, "ours"))
-            if ours:
-                cell = f"{med / statistics.median(ours.values()):.2f}×"
-                pr = [vals[r] / ours[r] for r in vals if r in ours]
-                if pr:
-                    paired = f"{statistics.median(pr):.2f}× ({min(pr):.2f}–{max(pr):.2f})"
-        print(f"| {what} | {th} | {impl} | {med:.1f} | {min(ms):.1f}–{max(ms):.1f} | {len(ms)} | {cell} | {paired} |")
-    if extra:
-        print()
-        print("| what | threads | ours: roofline ms (median) | ours: ratio to roofline, median (min–max) |")
-        print("|---|---|---|---|")
-        for key, v in sorted(extra.items()):
-            roofs = [r for r, _ in v]
-            ratios = [q for _, q in v]
-            print(f"| {key[0]} | {key[1]} | {statistics.median(roofs):.1f} | {statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}) |")
+        if "ratio" in kv:
+            roof[key].append(float(kv["ratio"]))
+    groups = sorted({(w, t) for (w, t, _) in per})
+    head = "| what | threads | implementation | median ms | min–max over rounds | rounds | ratio to roofline | "
+    head += " | ".join(f"speed-up vs {b}: overall; paired per round" for b in BASELINES)
+    print(head + " |")
+    print("|" + "---|" * (7 + len(BASELINES)))
+    for w, t in groups:
+        impls = sorted(i for (w2, t2, i) in per if (w2, t2) == (w, t))
+        for impl in impls:
+            vals = per[(w, t, impl)]
+            ms = list(vals.values())
+            med = statistics.median(ms)
+            r = roof.get((w, t, impl))
+            cells = []
+            for b in BASELINES:
+                base = per.get((w, t, b))
+                if not impl.startswith("ours") or not base:
+                    cells.append("")
+                    continue
+                overall = statistics.median(base.values()) / med
+                paired = [base[k] / vals[k] for k in vals if k in base]
+                cells.append(f"{overall:.2f}×; {fmt_ratio(paired)}" if paired else f"{overall:.2f}×")
+            print(f"| {w} | {t} | {impl} | {med:.1f} | {min(ms):.1f}–{max(ms):.1f} | {len(ms)} | "
+                  f"{fmt_ratio(r) if r else ''} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -438,7 +438,11 @@ fn bench_lm(args: &BenchArgs, pools: &[Pool], probe: &Probe) -> Result<()> {
     // KV extras first, while no model occupies memory (rings at 3000 positions: 1.6–3.1 GB).
     let kv = measure_kv(args, &spec, pools)?;
     let sources: Vec<(String, Option<WeightFormat>)> = match &args.bundle {
-        Some(dir) => vec![(format!("bundle:{}", dir.display()), None)],
+        Some(dir) => {
+            let lm = model::checkpoint::Bundle::open(dir)?.files.lm;
+            let name = lm.file_name().map(|n| n.to_string_lossy().into_owned());
+            vec![(format!("bundle:{}", name.unwrap_or_default()), None)]
+        }
         None => args
             .formats
             .iter()
