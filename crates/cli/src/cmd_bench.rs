@@ -25,7 +25,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use kernels::attention::{KvDtype, KvRing};
 use kernels::{Pool, WeightFormat};
-use model::lm::{LmGen, LmModel, LmSpec, SyntheticSource};
+use model::lm::{LmBatchGen, LmFrame, LmGen, LmModel, LmSpec, SyntheticSource};
 use model::mimi::Mimi;
 use model::sampling::{Sampler, SamplerConfig};
 
@@ -76,6 +76,11 @@ pub struct BenchArgs {
     /// building synthetic weights in memory.
     #[arg(long, value_name = "DIR")]
     pub bundle: Option<PathBuf>,
+    /// Sessions in the batched LM step (`LmBatchGen`), timed interleaved with the single-session
+    /// frame and reported as a ratio to it; 0 or 1 = skip. Only for formats of at most 8.5 bits
+    /// per weight (the batch's KV caches cost 1.6 GB per session in bf16).
+    #[arg(long, default_value_t = 4)]
+    pub batch: usize,
     /// Read-probe buffer size in MiB (well above the last-level cache).
     #[arg(long, default_value_t = 512)]
     pub probe_mb: usize,
@@ -476,15 +481,34 @@ fn bench_lm(args: &BenchArgs, pools: &[Pool], probe: &Probe) -> Result<()> {
         let mut gen = LmGen::new(&model, KvDtype::Bf16)?;
         let mut sampler = Sampler::new(SamplerConfig::default(), spec.text_card, spec.card)?;
         let user: Vec<u32> = (0..spec.n_user() as u32).map(|i| 100 + 37 * i).collect();
+        // Batched step: only where the weights are small enough for the extra KV caches.
+        let nb = args.batch;
+        let small = wbytes < 9_000_000_000;
+        let mut batch = if nb > 1 && small {
+            Some((
+                LmBatchGen::new(&model, nb, KvDtype::Bf16)?,
+                (0..nb)
+                    .map(|_| Sampler::new(SamplerConfig::default(), spec.text_card, spec.card))
+                    .collect::<Result<Vec<_>, _>>()?,
+                user.repeat(nb),
+                vec![None::<LmFrame>; nb],
+            ))
+        } else {
+            None
+        };
         // Warm-up: one frame per pool.
         for pool in pools {
             gen.step(&model, &user, &mut sampler, pool)?;
+            if let Some((bg, samplers, codes, out)) = batch.as_mut() {
+                bg.step(&model, codes, samplers, pool, out)?;
+            }
         }
         let n = pools.len();
         let mut frames = vec![Vec::new(); n];
         let mut ratios = vec![Vec::new(); n];
         let mut probes = vec![Vec::new(); n];
         let mut max_pos = 0;
+        let mut batch_ms = vec![Vec::new(); n];
         for _ in 0..args.rounds {
             for (pi, pool) in pools.iter().enumerate() {
                 settle();
@@ -499,6 +523,11 @@ fn bench_lm(args: &BenchArgs, pools: &[Pool], probe: &Probe) -> Result<()> {
                     frames[pi].push(ms);
                     // Per-round ratio to the roofline of this round's probe.
                     ratios[pi].push(ms / (wbytes as f64 / bw / 1e6));
+                    if let Some((bg, samplers, codes, out)) = batch.as_mut() {
+                        let t = Instant::now();
+                        bg.step(&model, codes, samplers, pool, out)?;
+                        batch_ms[pi].push(t.elapsed().as_secs_f64() * 1e3);
+                    }
                 }
             }
         }
@@ -515,6 +544,21 @@ fn bench_lm(args: &BenchArgs, pools: &[Pool], probe: &Probe) -> Result<()> {
                 frames[pi].len(),
                 wbytes as f64 / 1e9
             );
+            if !batch_ms[pi].is_empty() {
+                let (bm, blo, bhi) = stats(&batch_ms[pi]);
+                // Paired ratios: each batched step against the single-session frame just before it.
+                let pr: Vec<f64> = batch_ms[pi]
+                    .iter()
+                    .zip(&frames[pi])
+                    .map(|(b, a)| b / a)
+                    .collect();
+                let (r, rlo, rhi) = stats(&pr);
+                println!(
+                    "result impl=ours what=lm_batch format={label} threads={th} pos=0 sessions={nb} ms={bm:.1} min={blo:.1} max={bhi:.1} \
+                     ratio_to_single={r:.2} ratio_min={rlo:.2} ratio_max={rhi:.2} n={}",
+                    pr.len()
+                );
+            }
             for (dt, p, kpi, s) in kv.ms.iter().filter(|e| e.2 == pi) {
                 debug_assert_eq!(*kpi, pi);
                 let (em, elo, ehi) = stats(s);
@@ -531,6 +575,7 @@ fn bench_lm(args: &BenchArgs, pools: &[Pool], probe: &Probe) -> Result<()> {
                 );
             }
         }
+        drop(batch);
         drop(gen);
         drop(model);
     }
