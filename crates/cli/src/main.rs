@@ -1,5 +1,6 @@
 //! The `moshi-native` binary: talk to Moshi, run Mimi, inspect and trace models.
 
+mod cmd_bench;
 mod cmd_inspect;
 mod cmd_mimi;
 mod cmd_serve;
@@ -44,6 +45,8 @@ enum Command {
     /// Encode a WAV into Mimi codes, or decode codes into a WAV.
     #[command(subcommand)]
     Mimi(cmd_mimi::MimiCmd),
+    /// Benchmarks at full moshiko dimensions with synthetic weights (ratios to the same-run roofline).
+    Bench(cmd_bench::BenchArgs),
     /// Dump every intermediate of a component for parity checks against Kyutai's Python package.
     #[command(subcommand)]
     Trace(TraceCmd),
@@ -115,6 +118,7 @@ fn dispatch(cmd: Command) -> Result<()> {
         Command::Inspect(a) => cmd_inspect::run(&a),
         Command::Synth(a) => cmd_synth::run(&a),
         Command::Mimi(c) => cmd_mimi::run(&c),
+        Command::Bench(a) => cmd_bench::run(&a),
         Command::Trace(TraceCmd::Mimi(a)) => cmd_trace_mimi::run(&a),
         Command::Trace(TraceCmd::Lm(a)) => cmd_trace_lm::run(&a),
         Command::Trace(TraceCmd::Duplex(a)) => cmd_trace_duplex::run(&a),
