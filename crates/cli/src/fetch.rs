@@ -40,12 +40,22 @@ pub fn run(args: &FetchArgs) -> Result<()> {
     let cache = args.dir.clone().unwrap_or_else(hub_cache_dir);
     let spec = repo_spec(args.variant, args.preset);
     let snap = fetch_repo(&endpoint, &cache, &spec, true)?;
-    println!("{} {} ready in {}", args.variant, args.preset, snap.display());
+    println!(
+        "{} {} ready in {}",
+        args.variant,
+        args.preset,
+        snap.display()
+    );
     Ok(())
 }
 
 /// Downloads (or resumes) every file of `spec` into the hub cache at `cache`; returns the snapshot dir.
-pub fn fetch_repo(endpoint: &str, cache: &Path, spec: &RepoSpec, progress: bool) -> Result<PathBuf> {
+pub fn fetch_repo(
+    endpoint: &str,
+    cache: &Path,
+    spec: &RepoSpec,
+    progress: bool,
+) -> Result<PathBuf> {
     let agent = ureq::AgentBuilder::new()
         .timeout_connect(Duration::from_secs(10))
         .timeout_read(Duration::from_secs(60))
@@ -83,7 +93,12 @@ fn fetch_file(
     file: &str,
     progress: bool,
 ) -> Result<String> {
-    let url = format!("{}/{}/resolve/main/{}", endpoint.trim_end_matches('/'), spec.repo, file);
+    let url = format!(
+        "{}/{}/resolve/main/{}",
+        endpoint.trim_end_matches('/'),
+        spec.repo,
+        file
+    );
     let blobs = repo_dir.join("blobs");
     fs::create_dir_all(&blobs).with_context(|| format!("cannot create {}", blobs.display()))?;
     let partial = blobs.join(format!("{}.incomplete", file.replace('/', "_")));
@@ -132,8 +147,10 @@ fn fetch_file(
     let bar = if progress {
         let b = ProgressBar::new(total.unwrap_or(0));
         b.set_style(
-            ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            ProgressStyle::with_template(
+                "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
         b.set_message(file.to_string());
         b.set_position(start);
@@ -177,7 +194,10 @@ mod tests {
 
     /// A loopback server mimicking the hub's `resolve` URLs. `cut` truncates the first response
     /// of each file after that many body bytes (an interrupted download).
-    fn serve(files: Vec<(String, Vec<u8>)>, cut: Option<usize>) -> (String, Arc<Mutex<Vec<String>>>) {
+    fn serve(
+        files: Vec<(String, Vec<u8>)>,
+        cut: Option<usize>,
+    ) -> (String, Arc<Mutex<Vec<String>>>) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         let log = Arc::new(Mutex::new(Vec::new()));
@@ -204,12 +224,18 @@ mod tests {
                 }
                 log2.lock().unwrap().push(format!("{path} {range:?}"));
                 let Some((_, body)) = files.iter().find(|(p, _)| path.ends_with(p.as_str())) else {
-                    let _ = s.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+                    let _ = s.write_all(
+                        b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                    );
                     continue;
                 };
                 let start = range.unwrap_or(0);
                 let part = &body[start..];
-                let status = if range.is_some() { "206 Partial Content" } else { "200 OK" };
+                let status = if range.is_some() {
+                    "206 Partial Content"
+                } else {
+                    "200 OK"
+                };
                 let head = format!(
                     "HTTP/1.1 {status}\r\nContent-Length: {}\r\nX-Repo-Commit: deadbeef\r\nConnection: close\r\n\r\n",
                     part.len()
@@ -252,7 +278,10 @@ mod tests {
         let (ep, _) = serve(files.clone(), None);
         let cache = tmpdir("ok");
         let snap = fetch_repo(&ep, &cache, &spec, false).unwrap();
-        assert_eq!(snap, repo_cache_dir(&cache, &spec.repo).join("snapshots/deadbeef"));
+        assert_eq!(
+            snap,
+            repo_cache_dir(&cache, &spec.repo).join("snapshots/deadbeef")
+        );
         for (f, (_, body)) in spec.files.iter().zip(&files) {
             assert_eq!(&fs::read(snap.join(f)).unwrap(), body);
         }
@@ -265,8 +294,13 @@ mod tests {
         let spec = repo_spec(Variant::Moshiko, Preset::Bf16);
         let (ep, _) = serve(vec![], None);
         let cache = tmpdir("404");
-        let err = fetch_repo(&ep, &cache, &spec, false).unwrap_err().to_string();
-        assert!(err.contains("HTTP 404") && err.contains("model.safetensors"), "{err}");
+        let err = fetch_repo(&ep, &cache, &spec, false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("HTTP 404") && err.contains("model.safetensors"),
+            "{err}"
+        );
         fs::remove_dir_all(&cache).unwrap();
     }
 
@@ -276,7 +310,9 @@ mod tests {
         let files = spec_files(&spec);
         let (ep, log) = serve(files.clone(), Some(1234));
         let cache = tmpdir("resume");
-        let err = fetch_repo(&ep, &cache, &spec, false).unwrap_err().to_string();
+        let err = fetch_repo(&ep, &cache, &spec, false)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("resume"), "{err}");
         let partial = repo_cache_dir(&cache, &spec.repo).join("blobs/model.q8.gguf.incomplete");
         assert_eq!(fs::metadata(&partial).unwrap().len(), 1234);
@@ -293,14 +329,21 @@ mod tests {
             assert_eq!(&fs::read(snap.join(f)).unwrap(), body, "{f}");
         }
         let log = log.lock().unwrap();
-        assert!(log.iter().any(|l| l.contains("model.q8.gguf Some(1234)")), "{log:?}");
+        assert!(
+            log.iter().any(|l| l.contains("model.q8.gguf Some(1234)")),
+            "{log:?}"
+        );
         fs::remove_dir_all(&cache).unwrap();
     }
 
     #[test]
     fn offline_fails_fast_naming_repo_and_files() {
         // A closed port on loopback: connection refused, as with no network.
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let spec = repo_spec(Variant::Moshiko, Preset::Q8);
         let cache = tmpdir("offline");
         let t = std::time::Instant::now();

@@ -104,7 +104,9 @@ pub fn hub_cache_dir_from(env: impl Fn(&str) -> Option<std::ffi::OsString>) -> P
     if let Some(p) = env("HF_HOME") {
         return PathBuf::from(p).join("hub");
     }
-    let home = env("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    let home = env("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
     home.join(".cache").join("huggingface").join("hub")
 }
 
@@ -196,11 +198,36 @@ mod tests {
     #[test]
     fn every_preset_routes_to_its_repo_and_files() {
         let cases = [
-            (Variant::Moshiko, Preset::Bf16, "kyutai/moshiko-pytorch-bf16", "model.safetensors"),
-            (Variant::Moshiko, Preset::Q8, "kyutai/moshiko-candle-q8", "model.q8.gguf"),
-            (Variant::Moshika, Preset::Q4, "kyutai/moshika-mlx-q4", "model.q4.safetensors"),
-            (Variant::Moshika, Preset::MlxBf16, "kyutai/moshika-mlx-bf16", "model.safetensors"),
-            (Variant::Moshiko, Preset::MlxQ8, "kyutai/moshiko-mlx-q8", "model.q8.safetensors"),
+            (
+                Variant::Moshiko,
+                Preset::Bf16,
+                "kyutai/moshiko-pytorch-bf16",
+                "model.safetensors",
+            ),
+            (
+                Variant::Moshiko,
+                Preset::Q8,
+                "kyutai/moshiko-candle-q8",
+                "model.q8.gguf",
+            ),
+            (
+                Variant::Moshika,
+                Preset::Q4,
+                "kyutai/moshika-mlx-q4",
+                "model.q4.safetensors",
+            ),
+            (
+                Variant::Moshika,
+                Preset::MlxBf16,
+                "kyutai/moshika-mlx-bf16",
+                "model.safetensors",
+            ),
+            (
+                Variant::Moshiko,
+                Preset::MlxQ8,
+                "kyutai/moshiko-mlx-q8",
+                "model.q8.safetensors",
+            ),
         ];
         for (v, p, repo, lm) in cases {
             let s = repo_spec(v, p);
@@ -224,7 +251,10 @@ mod tests {
             hub_cache_dir_from(env(&[("HF_HUB_CACHE", "/a"), ("HF_HOME", "/b")])),
             PathBuf::from("/a")
         );
-        assert_eq!(hub_cache_dir_from(env(&[("HF_HOME", "/b")])), PathBuf::from("/b/hub"));
+        assert_eq!(
+            hub_cache_dir_from(env(&[("HF_HOME", "/b")])),
+            PathBuf::from("/b/hub")
+        );
         assert_eq!(
             hub_cache_dir_from(env(&[("HOME", "/h")])),
             PathBuf::from("/h/.cache/huggingface/hub")
@@ -241,8 +271,14 @@ mod tests {
         let _ = std::fs::remove_dir_all(&tmp);
         let args = ModelArgs::default();
         let err = args.resolve_with_cache(&tmp).unwrap_err().to_string();
-        assert!(err.contains("moshiko q8 is not in the Hugging Face cache"), "{err}");
-        assert!(err.contains("moshi-native fetch --variant moshiko --preset q8"), "{err}");
+        assert!(
+            err.contains("moshiko q8 is not in the Hugging Face cache"),
+            "{err}"
+        );
+        assert!(
+            err.contains("moshi-native fetch --variant moshiko --preset q8"),
+            "{err}"
+        );
 
         // Lay out a complete snapshot by hand, as a user following the offline hint would.
         let spec = repo_spec(Variant::Moshiko, Preset::Q8);
@@ -254,17 +290,38 @@ mod tests {
         for f in &spec.files[..2] {
             std::fs::write(snap.join(f), b"x").unwrap();
         }
-        assert!(args.resolve_with_cache(&tmp).is_err(), "incomplete snapshot must not resolve");
+        assert!(
+            args.resolve_with_cache(&tmp).is_err(),
+            "incomplete snapshot must not resolve"
+        );
         std::fs::write(snap.join(SPM_FILE), b"x").unwrap();
-        assert_eq!(args.resolve_with_cache(&tmp).unwrap(), ModelSource::Dir(snap.clone()));
+        assert_eq!(
+            args.resolve_with_cache(&tmp).unwrap(),
+            ModelSource::Dir(snap.clone())
+        );
 
-        let demo = ModelArgs { model: Some("demo".into()), ..Default::default() };
+        let demo = ModelArgs {
+            model: Some("demo".into()),
+            ..Default::default()
+        };
         assert_eq!(demo.resolve_with_cache(&tmp).unwrap(), ModelSource::Demo);
-        let bad = ModelArgs { model: Some("huge".into()), ..Default::default() };
+        let bad = ModelArgs {
+            model: Some("huge".into()),
+            ..Default::default()
+        };
         assert!(bad.resolve_with_cache(&tmp).is_err());
-        let dir = ModelArgs { model_dir: Some(tmp.clone()), ..Default::default() };
-        assert_eq!(dir.resolve_with_cache(&tmp).unwrap(), ModelSource::Dir(tmp.clone()));
-        let missing = ModelArgs { model_dir: Some(tmp.join("nope")), ..Default::default() };
+        let dir = ModelArgs {
+            model_dir: Some(tmp.clone()),
+            ..Default::default()
+        };
+        assert_eq!(
+            dir.resolve_with_cache(&tmp).unwrap(),
+            ModelSource::Dir(tmp.clone())
+        );
+        let missing = ModelArgs {
+            model_dir: Some(tmp.join("nope")),
+            ..Default::default()
+        };
         assert!(missing.resolve_with_cache(&tmp).is_err());
         std::fs::remove_dir_all(&tmp).unwrap();
     }
