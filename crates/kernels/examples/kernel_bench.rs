@@ -1,5 +1,5 @@
 //! Kernel microbenchmark:
-//! `cargo run --release -p moshi-kernels --example kernel_bench [rounds] [working_set_mb] [matvec|conv|hot|all]`.
+//! `cargo run --release -p moshi-kernels --example kernel_bench [rounds] [working_set_mb] [matvec|conv|hot|pool|all]`.
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -22,6 +22,11 @@ fn main() {
             );
         }
         println!();
+    }
+    if what == "all" || what == "pool" {
+        let (wm, w9, im, i9) = kernels::bench::run_pool_latency(2, 2000);
+        println!("| pool hand-off, 2 threads | median µs | p90 µs |\n|---|---|---|");
+        println!("| back to back (worker spinning) | {wm:.2} | {w9:.2} |\n| after 2 ms idle (worker parked) | {im:.2} | {i9:.2} |\n");
     }
     if what == "all" || what == "hot" {
         let rows = kernels::bench::run_hot(&opts.formats, &[1, 4], opts.rounds);

@@ -541,3 +541,35 @@ pub fn markdown_hot(rows: &[HotRow]) -> String {
     }
     s
 }
+
+/// Pool hand-off latency with `threads` threads: medians and 90th percentiles (µs) of an
+/// empty `Pool::run` called back to back (worker spinning) and after 2 ms of idleness
+/// (worker parked). Returns `(warm_median, warm_p90, idle_median, idle_p90)`.
+pub fn run_pool_latency(threads: usize, calls: usize) -> (f64, f64, f64, f64) {
+    let pool = Pool::new(threads);
+    let noop = |_: usize| {};
+    let n = pool.n_threads();
+    let pct = |v: &mut Vec<f64>, p: f64| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[((v.len() - 1) as f64 * p) as usize]
+    };
+    let mut warm = Vec::with_capacity(calls);
+    for _ in 0..calls {
+        let t = Instant::now();
+        pool.run(n, &noop);
+        warm.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let mut idle = Vec::with_capacity(calls / 10 + 1);
+    for _ in 0..calls / 10 + 1 {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let t = Instant::now();
+        pool.run(n, &noop);
+        idle.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    (
+        pct(&mut warm, 0.5),
+        pct(&mut warm, 0.9),
+        pct(&mut idle, 0.5),
+        pct(&mut idle, 0.9),
+    )
+}

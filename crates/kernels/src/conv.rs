@@ -207,16 +207,18 @@ impl Conv1d {
             return;
         }
         let pool = pool.expect("nt > 1 implies a pool");
-        pool.run(nt, &|i| {
-            for g in 0..self.groups {
-                let mp = self.packed[g].panels();
-                if npanels_n >= nt {
-                    work(g, (0, mp), share(npanels_n, nt, i));
-                } else {
-                    work(g, share(mp, nt, i), (0, npanels_n));
-                }
+        // Chunks of panels (a few per thread), claimed dynamically by the pool's threads;
+        // each chunk gathers its own B panels, so chunks are kept coarse.
+        for g in 0..self.groups {
+            let mp = self.packed[g].panels();
+            if npanels_n >= 2 * nt {
+                let chunks = npanels_n.min(nt * CHUNKS_PER_THREAD);
+                pool.run(chunks, &|c| work(g, (0, mp), share(npanels_n, chunks, c)));
+            } else {
+                let chunks = mp.min(nt * CHUNKS_PER_THREAD);
+                pool.run(chunks, &|c| work(g, share(mp, chunks, c), (0, npanels_n)));
             }
-        });
+        }
     }
 
     /// Plain scalar definition (direct loops) for tests.
@@ -243,6 +245,9 @@ impl Conv1d {
         Ok(t_out)
     }
 }
+
+/// Work chunks per pool thread for the threaded convolutions.
+const CHUNKS_PER_THREAD: usize = 3;
 
 fn share(n: usize, parts: usize, i: usize) -> (usize, usize) {
     let base = n / parts;
@@ -447,7 +452,8 @@ impl ConvTranspose1d {
             };
             match pool {
                 Some(p) if nt > 1 && big => {
-                    p.run(nt, &|i| zw(share(pa.panels(), nt, i)));
+                    let chunks = pa.panels().min(nt * CHUNKS_PER_THREAD);
+                    p.run(chunks, &|c| zw(share(pa.panels(), chunks, c)));
                     p.run(nt, &|i| {
                         let (a, b) = share(self.out_ch, nt, i);
                         col2im(a, b)

@@ -1,10 +1,13 @@
 //! A small persistent worker pool for per-token kernels (matvec, attention heads, convs).
 //!
-//! Hand-off protocol: the caller publishes a job pointer, bumps an epoch counter and
-//! unparks the workers (a no-op unless they are parked); workers spin on the epoch for
-//! about [`SPIN`] before parking. The caller runs share 0 itself, then waits for the
-//! workers' completion counter. Nothing is allocated or spawned per call. With one
-//! thread there is no worker at all.
+//! Hand-off protocol: the caller publishes a job pointer and a number of shares, then
+//! bumps an epoch stored in the high half of one atomic word whose low half is the next
+//! unclaimed share, and unparks the workers (a no-op unless they are parked). Every
+//! participant — the caller included — claims shares with a compare-and-swap on that word
+//! until none is left, so a worker that is descheduled (shared machines) or still parked
+//! simply leaves its shares to the caller instead of making it wait. Idle workers spin on
+//! the epoch for about [`SPIN`] before parking. Nothing is allocated or spawned per call.
+//! With one thread there is no worker at all.
 
 use std::cell::UnsafeCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -20,20 +23,59 @@ use crate::Matrix;
 /// How long an idle worker spins before parking.
 pub const SPIN: Duration = Duration::from_micros(80);
 
+/// Shares per thread a matrix product is cut into (dynamic load balancing).
+const SHARES_PER_THREAD: usize = 4;
+
 type Job = *const (dyn Fn(usize) + Sync);
 
 struct Shared {
-    epoch: AtomicU64,
-    done: AtomicUsize,
+    /// Epoch (high 32 bits) | next unclaimed share (low 32 bits).
+    state: AtomicU64,
+    n_shares: AtomicUsize,
+    completed: AtomicUsize,
     panicked: AtomicBool,
     stop: AtomicBool,
     job: UnsafeCell<Option<Job>>,
 }
 
-// SAFETY: `job` is written only by the dispatching caller while no worker reads it
-// (between the completion of one epoch and the release-bump of the next).
+// SAFETY: `job` is written only by the dispatching caller while no share of the previous
+// epoch is running and none of the next one can be claimed yet.
 unsafe impl Sync for Shared {}
 unsafe impl Send for Shared {}
+
+impl Shared {
+    /// Claims and runs shares of `epoch` until none is left. Returns how many ran.
+    fn work(&self, epoch: u32) -> usize {
+        let mut ran = 0;
+        loop {
+            let s = self.state.load(Ordering::Acquire);
+            if (s >> 32) as u32 != epoch {
+                return ran;
+            }
+            let i = (s & 0xffff_ffff) as usize;
+            if i >= self.n_shares.load(Ordering::Acquire) {
+                return ran;
+            }
+            if self
+                .state
+                .compare_exchange_weak(s, s + 1, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+            {
+                continue;
+            }
+            // SAFETY: a claimed share of the current epoch keeps the caller waiting, so the
+            // job published (release) before this epoch is alive.
+            if let Some(job) = unsafe { *self.job.get() } {
+                let r = catch_unwind(AssertUnwindSafe(|| unsafe { (*job)(i) }));
+                if r.is_err() {
+                    self.panicked.store(true, Ordering::Relaxed);
+                }
+            }
+            self.completed.fetch_add(1, Ordering::Release);
+            ran += 1;
+        }
+    }
+}
 
 /// Persistent worker pool; splits a matvec/matmul by output rows (8-row tiles).
 /// No allocation or spawn per call. `Pool` is `Sync`: concurrent calls from several
@@ -43,9 +85,10 @@ pub struct Pool {
     workers: Vec<(Thread, JoinHandle<()>)>,
     busy: AtomicBool,
     scratch: UnsafeCell<Scratch>,
+    epoch: std::cell::Cell<u32>,
 }
 
-// SAFETY: `scratch` is only touched while `busy` is held.
+// SAFETY: `scratch` and `epoch` are only touched while `busy` is held.
 unsafe impl Sync for Pool {}
 
 struct SendPtr(*mut f32);
@@ -59,8 +102,9 @@ impl Pool {
     /// keeps the workers it got.
     pub fn new(n_threads: usize) -> Pool {
         let shared = Arc::new(Shared {
-            epoch: AtomicU64::new(0),
-            done: AtomicUsize::new(0),
+            state: AtomicU64::new(0),
+            n_shares: AtomicUsize::new(0),
+            completed: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             job: UnsafeCell::new(None),
@@ -70,7 +114,7 @@ impl Pool {
             let sh = shared.clone();
             match thread::Builder::new()
                 .name(format!("moshi-kernels-{idx}"))
-                .spawn(move || worker(sh, idx))
+                .spawn(move || worker(sh))
             {
                 Ok(h) => workers.push((h.thread().clone(), h)),
                 Err(_) => break,
@@ -81,6 +125,7 @@ impl Pool {
             workers,
             busy: AtomicBool::new(false),
             scratch: UnsafeCell::new(Scratch::new()),
+            epoch: std::cell::Cell::new(0),
         }
     }
 
@@ -107,42 +152,42 @@ impl Pool {
         let act = m.prepare(x, n, scratch);
         let level = simd_level();
         let tiles = m.tiles();
-        let nt = self.n_threads().min(tiles);
+        let shares = (self.n_threads() * SHARES_PER_THREAD).min(tiles);
         let yp = SendPtr(y.as_mut_ptr());
         let rows = m.rows();
         let f = |i: usize| {
-            let (a, b) = split(tiles, nt, i);
+            let (a, b) = split(tiles, shares, i);
             if a < b {
                 let yp = &yp;
                 // SAFETY: each share writes its own rows; y was checked above.
                 unsafe { m.compute_rows(level, &act, x, n, a * TILE, (b * TILE).min(rows), yp.0) }
             }
         };
-        if nt <= 1 {
-            f(0)
+        if self.n_threads() <= 1 || shares <= 1 {
+            (0..shares.max(1)).for_each(f)
         } else {
-            self.dispatch(&f)
+            self.dispatch(shares, &f)
         }
     }
 
-    /// Runs `f(i)` for every `i` in `0..n_tasks`, spread over the pool's threads in
-    /// contiguous chunks (the caller takes the first chunk). Blocks until all are done.
-    /// Panics in `f` are propagated to the caller after all shares finish.
+    /// Runs `f(i)` exactly once for every `i` in `0..n_tasks`, spread over the pool's
+    /// threads (tasks are claimed dynamically, in contiguous chunks). Blocks until all are
+    /// done. Panics in `f` are propagated to the caller after all tasks finish.
     pub fn run(&self, n_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
         if n_tasks == 0 {
             return;
         }
-        let nt = self.n_threads().min(n_tasks);
-        if nt <= 1 {
+        if self.n_threads() <= 1 || n_tasks == 1 {
             (0..n_tasks).for_each(f);
             return;
         }
         let _guard = self.lock();
+        let shares = n_tasks.min(self.n_threads() * SHARES_PER_THREAD);
         let g = |i: usize| {
-            let (a, b) = split(n_tasks, nt, i);
+            let (a, b) = split(n_tasks, shares, i);
             (a..b).for_each(f)
         };
-        self.dispatch(&g)
+        self.dispatch(shares, &g)
     }
 
     fn lock(&self) -> BusyGuard<'_> {
@@ -162,25 +207,27 @@ impl Pool {
         BusyGuard(&self.busy)
     }
 
-    /// Runs `f(i)` for `i` in `0..n_threads()`: the caller runs `f(0)`.
-    fn dispatch(&self, f: &(dyn Fn(usize) + Sync)) {
+    /// Runs `f(i)` for `i` in `0..shares` on the caller and the workers.
+    fn dispatch(&self, shares: usize, f: &(dyn Fn(usize) + Sync)) {
         let sh = &*self.shared;
-        // SAFETY: erase the lifetime; the pointer is cleared before this function returns
-        // and every worker has finished using it by then.
+        // SAFETY: erase the lifetime; the pointer is cleared before this function returns,
+        // and no share can be claimed after that (all are claimed and completed).
         let job: Job = unsafe {
             std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), Job>(f as *const _)
         };
         unsafe { *sh.job.get() = Some(job) };
-        sh.done.store(0, Ordering::Relaxed);
-        sh.epoch.fetch_add(1, Ordering::Release);
+        sh.n_shares.store(shares, Ordering::Relaxed);
+        sh.completed.store(0, Ordering::Relaxed);
+        let epoch = self.epoch.get().wrapping_add(1);
+        self.epoch.set(epoch);
+        sh.state.store((epoch as u64) << 32, Ordering::Release);
         for (t, _) in &self.workers {
             t.unpark();
         }
-        let mine = catch_unwind(AssertUnwindSafe(|| f(0)));
-        let nw = self.workers.len();
+        sh.work(epoch);
         let start = Instant::now();
         let mut k = 0u32;
-        while sh.done.load(Ordering::Acquire) < nw {
+        while sh.completed.load(Ordering::Acquire) < shares {
             k = k.wrapping_add(1);
             if k.is_multiple_of(256) && start.elapsed() > SPIN {
                 thread::yield_now();
@@ -189,11 +236,8 @@ impl Pool {
             }
         }
         unsafe { *sh.job.get() = None };
-        if let Err(p) = mine {
-            std::panic::resume_unwind(p);
-        }
         if sh.panicked.swap(false, Ordering::Relaxed) {
-            panic!("a kernels::Pool worker task panicked");
+            panic!("a kernels::Pool task panicked");
         }
     }
 }
@@ -214,16 +258,17 @@ fn split(n: usize, parts: usize, i: usize) -> (usize, usize) {
     (a.min(n), b.min(n))
 }
 
-fn worker(sh: Arc<Shared>, idx: usize) {
-    let mut seen = 0u64;
+fn worker(sh: Arc<Shared>) {
+    let mut seen = 0u32;
     loop {
-        let mut e = sh.epoch.load(Ordering::Acquire);
+        let epoch_of = |s: u64| (s >> 32) as u32;
+        let mut e = epoch_of(sh.state.load(Ordering::Acquire));
         if e == seen {
             let start = Instant::now();
             let mut k = 0u32;
             loop {
                 std::hint::spin_loop();
-                e = sh.epoch.load(Ordering::Acquire);
+                e = epoch_of(sh.state.load(Ordering::Acquire));
                 if e != seen {
                     break;
                 }
@@ -231,7 +276,7 @@ fn worker(sh: Arc<Shared>, idx: usize) {
                 if k.is_multiple_of(64) && start.elapsed() > SPIN {
                     while e == seen {
                         thread::park();
-                        e = sh.epoch.load(Ordering::Acquire);
+                        e = epoch_of(sh.state.load(Ordering::Acquire));
                     }
                     break;
                 }
@@ -241,21 +286,18 @@ fn worker(sh: Arc<Shared>, idx: usize) {
         if sh.stop.load(Ordering::Acquire) {
             return;
         }
-        // SAFETY: published before the epoch bump (release) we observed (acquire).
-        if let Some(job) = unsafe { *sh.job.get() } {
-            let r = catch_unwind(AssertUnwindSafe(|| unsafe { (*job)(idx) }));
-            if r.is_err() {
-                sh.panicked.store(true, Ordering::Relaxed);
-            }
-        }
-        sh.done.fetch_add(1, Ordering::Release);
+        sh.work(e);
     }
 }
 
 impl Drop for Pool {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
-        self.shared.epoch.fetch_add(1, Ordering::Release);
+        self.shared.n_shares.store(0, Ordering::Relaxed);
+        let epoch = self.epoch.get().wrapping_add(1);
+        self.shared
+            .state
+            .store((epoch as u64) << 32, Ordering::Release);
         for (t, _) in &self.workers {
             t.unpark();
         }
@@ -290,6 +332,39 @@ mod tests {
                 assert_eq!(next, n);
             }
         }
+    }
+
+    #[test]
+    fn many_dispatches_and_panics_propagate() {
+        let pool = Pool::new(2);
+        let total = AtomicUsize::new(0);
+        for round in 0..5000 {
+            let n = 1 + round % 9;
+            pool.run(n, &|i| {
+                total.fetch_add(i + 1, Ordering::Relaxed);
+            });
+        }
+        let want: usize = (0..5000)
+            .map(|r| {
+                let n = 1 + r % 9;
+                n * (n + 1) / 2
+            })
+            .sum();
+        assert_eq!(total.load(Ordering::Relaxed), want);
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            pool.run(4, &|i| {
+                if i == 3 {
+                    panic!("task failure");
+                }
+            })
+        }));
+        assert!(r.is_err());
+        // The pool still works afterwards.
+        let hits = AtomicUsize::new(0);
+        pool.run(6, &|_| {
+            hits.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(hits.load(Ordering::Relaxed), 6);
     }
 
     #[test]

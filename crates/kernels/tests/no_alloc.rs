@@ -1,0 +1,106 @@
+//! After warm-up, the hot calls allocate nothing on the calling thread: matrix products
+//! (single thread and through the pool), attention, convolutions and row ops.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use kernels::attention::{KvDtype, KvRing};
+use kernels::conv::{Conv1d, ConvTranspose1d};
+use kernels::quant::{encode_q4_0, encode_q8_0};
+use kernels::{ops, Matrix, Pool, Scratch, Storage, WeightFormat};
+
+struct Counting;
+
+thread_local! {
+    static COUNT: Cell<usize> = const { Cell::new(0) };
+}
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let _ = COUNT.try_with(|c| c.set(c.get() + 1));
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let _ = COUNT.try_with(|c| c.set(c.get() + 1));
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+fn allocations(f: impl FnOnce()) -> usize {
+    let before = COUNT.with(|c| c.get());
+    f();
+    COUNT.with(|c| c.get()) - before
+}
+
+#[test]
+fn hot_calls_do_not_allocate_after_warm_up() {
+    let (rows, cols) = (40, 128);
+    let vals: Vec<f32> = (0..rows * cols)
+        .map(|i| (i % 9) as f32 * 0.1 - 0.4)
+        .collect();
+    let mats = [
+        Matrix::from_f32(rows, cols, vals.clone()).unwrap(),
+        Matrix::from_bytes(
+            WeightFormat::Q8_0,
+            rows,
+            cols,
+            Storage::from_vec(encode_q8_0(&vals).unwrap()),
+        )
+        .unwrap(),
+        Matrix::from_bytes(
+            WeightFormat::Q4_0,
+            rows,
+            cols,
+            Storage::from_vec(encode_q4_0(&vals).unwrap()),
+        )
+        .unwrap(),
+    ];
+    let x: Vec<f32> = (0..cols * 4).map(|i| (i % 5) as f32 - 2.0).collect();
+    let mut y = vec![0f32; rows * 4];
+    let mut scratch = Scratch::new();
+    let pool = Pool::new(2);
+    let mut ring = KvRing::new(64, 2, 16, KvDtype::Bf16).unwrap();
+    let conv = Conv1d::new(vec![0.1; 8 * 4 * 3], None, 4, 8, 3, 1, 1, 1).unwrap();
+    let convt = ConvTranspose1d::new(vec![0.1; 8 * 4 * 4], None, 8, 4, 4, 2, 1).unwrap();
+    let cin: Vec<f32> = vec![0.5; 4 * 40];
+    let mut cout = vec![0f32; 8 * 38];
+    let tin: Vec<f32> = vec![0.5; 8 * 30];
+    let mut tout = vec![0f32; 4 * 62];
+    let kv = vec![0.25f32; 32];
+    let mut att = vec![0f32; 32];
+    let mut row = vec![0f32; cols];
+    let mut a2 = vec![0f32; 32];
+    let mut step = |scratch: &mut Scratch, ring: &mut KvRing, y: &mut [f32]| {
+        for m in &mats {
+            m.matvec(&x[..cols], &mut y[..rows], scratch);
+            m.matmul(&x, 4, y, scratch);
+            pool.matvec(m, &x[..cols], &mut y[..rows]);
+            pool.matmul(m, &x, 4, y);
+            m.row_f32(3, &mut row);
+        }
+        ring.push(&kv, &kv);
+        ring.attend(&kv, &mut att, 64);
+        ring.attend_pool(&kv, &mut att, 64, &pool);
+        conv.forward(&cin, &mut cout).unwrap();
+        conv.forward_pool(&cin, &mut cout, &pool).unwrap();
+        convt.forward(&tin, &mut tout).unwrap();
+        convt.forward_pool(&tin, &mut tout, &pool).unwrap();
+        ops::softmax(&mut att);
+        ops::rope_interleaved(&mut att, 2, 16, 12345, 10000.0);
+        a2.copy_from_slice(&att);
+        ops::rms_norm(&a2, &kv, 1e-5, &mut att);
+    };
+    for _ in 0..20 {
+        step(&mut scratch, &mut ring, &mut y);
+    }
+    let n = allocations(|| step(&mut scratch, &mut ring, &mut y));
+    assert_eq!(n, 0, "unexpected allocations in the hot path");
+    // The counter works: an allocation is seen.
+    assert_eq!(allocations(|| drop(std::hint::black_box(vec![1u8; 10]))), 1);
+}
