@@ -391,6 +391,83 @@ fn map_hf_mimi(name: &str, last_decoder_conv: Option<usize>) -> Option<Target> {
     None
 }
 
+/// Hugging Face `kyutai/mimi` name(s) of a canonical Mimi tensor (the inverse of the mapping above;
+/// a fused `in_proj_weight` gives its `q_proj`, `k_proj`, `v_proj` parts in order).
+pub fn to_hf_mimi(canonical: &str) -> Option<Vec<String>> {
+    for side in ["encoder", "decoder"] {
+        if let Some(rest) = canonical.strip_prefix(&format!("{side}.model.")) {
+            let (i, leaf) = split1(rest)?;
+            for mid in ["conv.conv.", "convtr.convtr."] {
+                if let Some(p) = leaf.strip_prefix(mid) {
+                    return Some(vec![format!("{side}.layers.{i}.conv.{p}")]);
+                }
+            }
+            let b = leaf.strip_prefix("block.")?;
+            let (j, l) = split1(b)?;
+            let p = l.strip_prefix("conv.conv.")?;
+            return Some(vec![format!("{side}.layers.{i}.block.{j}.conv.{p}")]);
+        }
+        if let Some(rest) =
+            canonical.strip_prefix(&format!("{side}_transformer.transformer.layers."))
+        {
+            let (l, leaf) = split1(rest)?;
+            let base = format!("{side}_transformer.layers.{l}.");
+            if leaf == "self_attn.in_proj_weight" {
+                return Some(
+                    ["q", "k", "v"]
+                        .iter()
+                        .map(|x| format!("{base}self_attn.{x}_proj.weight"))
+                        .collect(),
+                );
+            }
+            let hf = match leaf {
+                "self_attn.out_proj.weight" => "self_attn.o_proj.weight",
+                "linear1.weight" => "mlp.fc1.weight",
+                "linear2.weight" => "mlp.fc2.weight",
+                "norm1.weight" => "input_layernorm.weight",
+                "norm1.bias" => "input_layernorm.bias",
+                "norm2.weight" => "post_attention_layernorm.weight",
+                "norm2.bias" => "post_attention_layernorm.bias",
+                "layer_scale_1.scale" => "self_attn_layer_scale.scale",
+                "layer_scale_2.scale" => "mlp_layer_scale.scale",
+                _ => return None,
+            };
+            return Some(vec![format!("{base}{hf}")]);
+        }
+    }
+    match canonical {
+        "downsample.conv.conv.conv.weight" => return Some(vec!["downsample.conv.weight".into()]),
+        "upsample.convtr.convtr.convtr.weight" => return Some(vec!["upsample.conv.weight".into()]),
+        _ => {}
+    }
+    for (canon, hf) in [
+        (
+            "quantizer.rvq_first.",
+            "quantizer.semantic_residual_vector_quantizer.",
+        ),
+        (
+            "quantizer.rvq_rest.",
+            "quantizer.acoustic_residual_vector_quantizer.",
+        ),
+    ] {
+        if let Some(rest) = canonical.strip_prefix(canon) {
+            if rest.starts_with("input_proj.") || rest.starts_with("output_proj.") {
+                return Some(vec![format!("{hf}{rest}")]);
+            }
+            let l = rest.strip_prefix("vq.layers.")?;
+            let (n, leaf) = split1(l)?;
+            let leaf = match leaf {
+                "_codebook.embedding_sum" => "codebook.embed_sum",
+                "_codebook._initialized" => "codebook.initialized",
+                "_codebook.cluster_usage" => "codebook.cluster_usage",
+                _ => return None,
+            };
+            return Some(vec![format!("{hf}layers.{n}.{leaf}")]);
+        }
+    }
+    None
+}
+
 /// Index of the last `decoder.layers.{i}.conv.*` tensor in a Hugging Face Mimi file.
 pub fn hf_last_decoder_conv(names: &[&str]) -> Option<usize> {
     names
@@ -593,6 +670,40 @@ mod tests {
             m("upsample.conv.weight").0,
             "upsample.convtr.convtr.convtr.weight"
         );
+    }
+
+    #[test]
+    fn hf_mimi_mapping_is_a_bijection_on_the_schema() {
+        let cfg = crate::config::MimiConfig::v0_1();
+        let schema = crate::schema::Schema::mimi(&cfg);
+        let hf: Vec<(String, String, usize)> = schema
+            .tensors
+            .iter()
+            .flat_map(|t| {
+                to_hf_mimi(&t.name)
+                    .unwrap_or_else(|| panic!("{}", t.name))
+                    .into_iter()
+                    .enumerate()
+                    .map(move |(k, h)| (t.name.clone(), h, k))
+            })
+            .collect();
+        let names: Vec<&str> = hf.iter().map(|x| x.1.as_str()).collect();
+        let last = hf_last_decoder_conv(&names);
+        assert_eq!(last, Some(14));
+        for (canon, h, k) in &hf {
+            assert_eq!(
+                canon_of(map_mimi(Layout::HfMimi, h, last)),
+                (canon.clone(), *k),
+                "{h}"
+            );
+        }
+    }
+
+    fn canon_of(t: Target) -> (String, usize) {
+        match t {
+            Target::To { name, part, .. } => (name, part),
+            Target::Duplicate => ("<dup>".into(), 0),
+        }
     }
 
     #[test]

@@ -494,6 +494,37 @@ pub fn write_lm_header_only(
     Ok(total)
 }
 
+/// Write only the header of an f32 Mimi file for `cfg` (Kyutai names, or the Hugging Face layout when
+/// `hf`) and extend it to full length without data (sparse), like [`write_lm_header_only`].
+pub fn write_mimi_header_only(
+    path: &Path,
+    cfg: &MimiConfig,
+    hf: bool,
+) -> Result<u64, CheckpointError> {
+    let mut infos: Vec<(String, &str, Vec<usize>, usize)> = Vec::new();
+    for t in Schema::mimi(cfg).tensors {
+        let n: usize = t.shape.iter().product();
+        if !hf {
+            infos.push((t.name, "F32", t.shape, n * 4));
+            continue;
+        }
+        let names = super::names::to_hf_mimi(&t.name)
+            .ok_or_else(|| CheckpointError::NoSuchTensor(t.name.clone()))?;
+        let k = names.len();
+        let mut shape = t.shape.clone();
+        shape[0] /= k;
+        for name in names {
+            infos.push((name, "F32", shape.clone(), n / k * 4));
+        }
+    }
+    let header = super::safetensors::header_bytes(&infos, None);
+    let total = header.len() as u64 + infos.iter().map(|i| i.3 as u64).sum::<u64>();
+    let mut f = File::create(path).map_err(io_err(path))?;
+    f.write_all(&header).map_err(io_err(path))?;
+    f.set_len(total).map_err(io_err(path))?;
+    Ok(total)
+}
+
 /// A minimal SentencePiece `ModelProto` with `vocab` pieces (`<unk>`, `<s>`, `</s>`, `<pad>`, then
 /// `▁w{i}` normal pieces), enough for id → piece decoding in benchmarks.
 pub fn tiny_spm(vocab: usize) -> Vec<u8> {
@@ -763,6 +794,32 @@ mod tests {
                 .unwrap();
             assert_eq!(i.shape, vec![24576, 1024]);
             std::fs::remove_file(&p).unwrap();
+        }
+        std::fs::remove_dir_all(&root).ok();
+    }
+
+    /// The released Mimi (Kyutai and Hugging Face layouts, header only) maps onto the schema.
+    #[test]
+    fn released_mimi_header_only_both_layouts() {
+        let cfg = MimiConfig::v0_1();
+        let schema = Schema::mimi(&cfg);
+        let root = std::env::temp_dir().join(format!("moshi-synth-mimi-{}", std::process::id()));
+        std::fs::create_dir_all(&root).unwrap();
+        for (hf, layout) in [(false, Layout::PytorchLegacy), (true, Layout::HfMimi)] {
+            let p = root.join(format!("mimi-{hf}.safetensors"));
+            write_mimi_header_only(&p, &cfg, hf).unwrap();
+            let w = crate::weights::Weights::open(&p, crate::checkpoint::Component::Mimi).unwrap();
+            assert_eq!(w.layout(), layout);
+            w.check(&schema).unwrap_or_else(|e| panic!("hf={hf}: {e}"));
+            let i = w.info("decoder.model.11.convtr.convtr.weight").unwrap();
+            assert_eq!(i.shape, vec![128, 64, 8]);
+            if hf {
+                assert_eq!(i.sources, vec!["decoder.layers.11.conv.weight".to_string()]);
+                assert_eq!(
+                    w.info("decoder.model.14.conv.conv.weight").unwrap().shape,
+                    vec![1, 64, 3]
+                );
+            }
         }
         std::fs::remove_dir_all(&root).ok();
     }
