@@ -149,9 +149,7 @@ impl Conv1d {
             row[..p].copy_from_slice(&st.hist[c * p..(c + 1) * p]);
             let src = &x[c * tin..(c + 1) * tin];
             if elu_in {
-                for (d, &s) in row[p..].iter_mut().zip(src) {
-                    *d = linalg::elu(s);
-                }
+                linalg::elu_into(src, &mut row[p..]);
             } else {
                 row[p..].copy_from_slice(src);
             }
@@ -285,9 +283,7 @@ impl ConvTr1d {
         let y = &mut st.y[..self.cout * full];
         let input: &[f32] = if elu_in {
             let xa = &mut st.xa[..self.cin * tin];
-            for (d, &v) in xa.iter_mut().zip(&x[..self.cin * tin]) {
-                *d = linalg::elu(v);
-            }
+            linalg::elu_into(&x[..self.cin * tin], xa);
             xa
         } else {
             &x[..self.cin * tin]
