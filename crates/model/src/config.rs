@@ -433,9 +433,6 @@ impl LmConfig {
         if !self.depformer_weights_per_step {
             return arch("depformer_weights_per_step", "false".into(), "only true");
         }
-        if self.max_delay() > 8 {
-            return Err(bad("delays", "delays above 8 are not supported".into()));
-        }
         Ok(())
     }
 }

@@ -287,10 +287,11 @@ impl Weights {
                 } => {
                     let g = groups.entry(name.clone()).or_default();
                     if let Some((prev, _, _)) = g.get(&part) {
-                        return Err(malformed(Malformed::Other(format!(
-                            "`{}` and `{}` both map to `{name}`",
-                            prev.name, src.name
-                        ))));
+                        return Err(malformed(Malformed::MappingConflict {
+                            a: prev.name.clone(),
+                            b: src.name.clone(),
+                            canonical: name,
+                        }));
                     }
                     g.insert(part, (src, reshape_norm, unpermute_rope));
                 }

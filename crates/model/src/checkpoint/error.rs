@@ -110,6 +110,16 @@ pub enum Malformed {
         /// Block size.
         block: u64,
     },
+    /// Two source tensors map onto the same canonical tensor (e.g. both `in_proj_weight` and `in_projs.0`).
+    #[error("`{a}` and `{b}` both map to `{canonical}`")]
+    MappingConflict {
+        /// First source name.
+        a: String,
+        /// Second source name.
+        b: String,
+        /// Canonical name.
+        canonical: String,
+    },
     /// Something else inconsistent.
     #[error("{0}")]
     Other(String),

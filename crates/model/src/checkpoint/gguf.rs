@@ -242,7 +242,7 @@ pub fn parse(bytes: &[u8]) -> Result<Header, GgufError> {
         let t = c.u32()?;
         let v = read_value(&mut c, t, 0)?;
         if metadata.insert(key.clone(), v).is_some() {
-            return Err(Malformed::Other(format!("duplicate metadata key `{key}`")).into());
+            return Err(Malformed::DuplicateName(key).into());
         }
     }
     let alignment = match metadata.get("general.alignment") {

@@ -502,3 +502,62 @@ fn bundle_refusals() {
     ));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn legacy_and_new_attention_in_one_file_conflict() {
+    let t = vec![
+        (
+            "transformer.layers.0.self_attn.in_proj_weight".to_string(),
+            "F32",
+            vec![3, 1],
+            vec![0u8; 12],
+        ),
+        (
+            "transformer.layers.0.self_attn.in_projs.0.weight".to_string(),
+            "F32",
+            vec![3, 1],
+            vec![0u8; 12],
+        ),
+    ];
+    let e = Weights::from_bytes(
+        "mem",
+        safetensors::to_bytes(&t),
+        &OpenOptions::new(Component::Lm),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            CheckpointError::Malformed {
+                kind: Malformed::MappingConflict { .. },
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    // A gap in the per-step parts is reported as the missing part.
+    let t = vec![
+        (
+            "depformer.layers.0.self_attn.in_projs.0.weight".to_string(),
+            "F32",
+            vec![3, 1],
+            vec![0u8; 12],
+        ),
+        (
+            "depformer.layers.0.self_attn.in_projs.2.weight".to_string(),
+            "F32",
+            vec![3, 1],
+            vec![0u8; 12],
+        ),
+    ];
+    let e = Weights::from_bytes(
+        "mem",
+        safetensors::to_bytes(&t),
+        &OpenOptions::new(Component::Lm),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&e, CheckpointError::MissingTensor { names } if names[0].contains("part 1")),
+        "{e:?}"
+    );
+}
