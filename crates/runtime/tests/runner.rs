@@ -172,7 +172,7 @@ fn stop_while_idle_paused_or_with_a_full_event_queue() {
     std::thread::sleep(Duration::from_millis(20));
     assert_eq!(r.stop().unwrap().frames_processed, 0);
     // event queue full (capacity 1), nobody reading, receiver alive
-    let session = Session::new(
+    let mut session = Session::new(
         engine(),
         SessionOptions {
             max_queued_frames: 8,
@@ -180,10 +180,27 @@ fn stop_while_idle_paused_or_with_a_full_event_queue() {
         },
     )
     .unwrap();
+    let started = Arc::new(AtomicUsize::new(0));
+    let s2 = started.clone();
+    session.set_phase_hook(Some(Arc::new(move |p| {
+        if p == Phase::Encode {
+            s2.fetch_add(1, Ordering::SeqCst);
+        }
+    })));
     let mut r = SessionRunner::spawn(session, 1).unwrap();
     let ev = r.events().unwrap();
     r.producer().unwrap().push(&signal(6, 25));
-    std::thread::sleep(Duration::from_millis(200));
+    // Wait (bounded) until the second pass has started; its event cannot be queued, so no third pass follows.
+    let t0 = std::time::Instant::now();
+    while started.load(Ordering::SeqCst) < 2 && t0.elapsed() < T {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        started.load(Ordering::SeqCst),
+        2,
+        "the worker waits for room in the event queue"
+    );
     let c = r.stop().unwrap();
     assert_eq!(
         c.frames_processed, 2,
