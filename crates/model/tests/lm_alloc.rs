@@ -107,3 +107,35 @@ fn lm_step_allocates_nothing_after_warmup() {
         );
     }
 }
+
+#[test]
+fn batched_step_allocates_nothing_after_warmup() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/lm");
+    let cfg =
+        LmConfig::from_json(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let w = Weights::open(&dir.join("model.safetensors"), Component::Lm).unwrap();
+    let model = LmModel::load(&w, &cfg).unwrap();
+    let pool = Pool::new(2);
+    let n = 3;
+    let mut batch = model::lm::LmBatchGen::new(&model, n, KvDtype::Bf16).unwrap();
+    let mut samplers: Vec<Sampler> = (0..n)
+        .map(|b| Sampler::new(SamplerConfig::seeded(b as u64), 128, 64).unwrap())
+        .collect();
+    let mut out = vec![None; n];
+    let codes: Vec<u32> = (0..n as u32 * 8).map(|i| i % 64).collect();
+    for _ in 0..3 {
+        batch
+            .step(&model, &codes, &mut samplers, &pool, &mut out)
+            .unwrap();
+    }
+    let before = allocs();
+    for t in 0..30 {
+        batch
+            .step(&model, &codes, &mut samplers, &pool, &mut out)
+            .unwrap();
+        if t == 10 {
+            batch.reset_session(1);
+        }
+    }
+    assert_eq!(allocs() - before, 0);
+}

@@ -113,11 +113,12 @@ impl LmObserver for LmRecorder {
     }
 }
 
-/// The streaming generator of one session (batch 1).
-#[derive(Debug)]
-pub struct LmGen {
-    spec: LmSpec,
-    state: LmState,
+/// The value the token cache is filled with (Python `ungenerated_token_id`).
+const UNGENERATED: i64 = -2;
+
+/// The delayed token cache of one session (steps 1, 2, 5 and 6 of the module docs).
+#[derive(Debug, Clone)]
+struct TokenCache {
     /// `[K][CT]` token cache.
     cache: Vec<i64>,
     ct: usize,
@@ -126,31 +127,150 @@ pub struct LmGen {
     input: Vec<i64>,
 }
 
-/// The value the token cache is filled with (Python `ungenerated_token_id`).
-const UNGENERATED: i64 = -2;
-
-impl LmGen {
-    /// A fresh generator for `model` with temporal KV caches stored as `kv_dtype`.
-    pub fn new(model: &LmModel, kv_dtype: KvDtype) -> Result<Self, LmError> {
-        let spec = model.spec().clone();
-        if spec.dep_q > MAX_AUDIO_CODEBOOKS || spec.n_user() > MAX_AUDIO_CODEBOOKS {
-            return Err(LmError::Config(format!(
-                "dep_q = {} / user codebooks = {} above {MAX_AUDIO_CODEBOOKS}",
-                spec.dep_q,
-                spec.n_user()
-            )));
-        }
+impl TokenCache {
+    fn new(spec: &LmSpec) -> Self {
         let k = spec.num_streams();
         let ct = spec.max_delay() + 2;
         let mut initial = vec![spec.card as i64; k];
         initial[0] = spec.text_card as i64;
-        Ok(LmGen {
-            state: model.new_state(kv_dtype)?,
+        TokenCache {
             cache: vec![UNGENERATED; k * ct],
             ct,
             offset: 0,
             initial,
             input: vec![0; k],
+        }
+    }
+
+    fn reset(&mut self) {
+        self.cache.fill(UNGENERATED);
+        self.offset = 0;
+    }
+
+    fn seek(&mut self, offset: usize) {
+        for (k, &init) in self.initial.iter().enumerate() {
+            self.cache[k * self.ct..(k + 1) * self.ct].fill(init);
+        }
+        self.offset = offset;
+    }
+
+    /// Checks a call's arguments (nothing is mutated).
+    fn validate(spec: &LmSpec, user_codes: &[i64], opts: &StepOptions<'_>) -> Result<(), LmError> {
+        let (dep_q, n_user) = (spec.dep_q, spec.n_user());
+        if user_codes.len() < n_user {
+            return Err(LmError::Length {
+                what: "user codes",
+                expected: n_user,
+                got: user_codes.len(),
+            });
+        }
+        for (i, &c) in user_codes[..n_user].iter().enumerate() {
+            if !(-1..=spec.card as i64).contains(&c) {
+                return Err(LmError::Token {
+                    stream: 1 + dep_q + i,
+                    token: c,
+                    max: spec.card as i64,
+                });
+            }
+        }
+        if let Some(t) = opts.force_text {
+            if t as usize > spec.text_card {
+                return Err(LmError::Token {
+                    stream: 0,
+                    token: t as i64,
+                    max: spec.text_card as i64,
+                });
+            }
+        }
+        if let Some(a) = opts.force_audio {
+            if a.len() != dep_q {
+                return Err(LmError::Length {
+                    what: "forced audio tokens",
+                    expected: dep_q,
+                    got: a.len(),
+                });
+            }
+            if let Some((i, &t)) = a.iter().enumerate().find(|(_, &t)| t as usize > spec.card) {
+                return Err(LmError::Token {
+                    stream: 1 + i,
+                    token: t as i64,
+                    max: spec.card as i64,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Steps 1 and 2: stores the user codes at their delayed slots and gathers `self.input`.
+    fn gather(&mut self, spec: &LmSpec, user_codes: &[i64]) {
+        let (ct, dep_q) = (self.ct, spec.dep_q);
+        for (i, &c) in user_codes[..spec.n_user()].iter().enumerate() {
+            let k = 1 + dep_q + i;
+            self.cache[k * ct + (self.offset + spec.delays[k]) % ct] = c;
+        }
+        for k in 0..spec.num_streams() {
+            self.input[k] = if self.offset <= spec.delays[k] {
+                self.initial[k]
+            } else {
+                self.cache[k * ct + self.offset % ct]
+            };
+        }
+    }
+
+    /// Steps 5 and 6: advances, stores this call's tokens and applies the output rule.
+    fn commit(&mut self, spec: &LmSpec, text: u32, audio: &[u32]) -> Option<LmFrame> {
+        let ct = self.ct;
+        self.offset += 1;
+        let slot = self.offset % ct;
+        self.cache[slot] = text as i64;
+        for (k, &a) in audio.iter().enumerate() {
+            self.cache[(1 + k) * ct + slot] = a as i64;
+        }
+        let max_delay = spec.max_delay();
+        if self.offset <= max_delay {
+            return None;
+        }
+        let base = self.offset - max_delay;
+        let read = |k: usize| self.cache[k * ct + (base + spec.delays[k]) % ct];
+        let mut frame = LmFrame {
+            text: read(0) as u32,
+            codes: [0; MAX_AUDIO_CODEBOOKS],
+            n: audio.len(),
+        };
+        for k in 0..audio.len() {
+            frame.codes[k] = read(1 + k) as u32;
+        }
+        Some(frame)
+    }
+}
+
+fn check_sizes(spec: &LmSpec) -> Result<(), LmError> {
+    if spec.dep_q > MAX_AUDIO_CODEBOOKS || spec.n_user() > MAX_AUDIO_CODEBOOKS {
+        return Err(LmError::Config(format!(
+            "dep_q = {} / user codebooks = {} above {MAX_AUDIO_CODEBOOKS}",
+            spec.dep_q,
+            spec.n_user()
+        )));
+    }
+    Ok(())
+}
+
+/// The streaming generator of one session (batch 1).
+#[derive(Debug)]
+pub struct LmGen {
+    spec: LmSpec,
+    state: LmState,
+    tc: TokenCache,
+}
+
+impl LmGen {
+    /// A fresh generator for `model` with temporal KV caches stored as `kv_dtype`.
+    pub fn new(model: &LmModel, kv_dtype: KvDtype) -> Result<Self, LmError> {
+        let spec = model.spec().clone();
+        check_sizes(&spec)?;
+        Ok(LmGen {
+            state: model.new_state(kv_dtype)?,
+            tc: TokenCache::new(&spec),
             spec,
         })
     }
@@ -158,8 +278,7 @@ impl LmGen {
     /// Back to the fresh state: offset 0, cache filled with −2, empty KV caches. Allocates nothing.
     /// (The sampler is separate: call [`Sampler::reset`] too for a reproducible restart.)
     pub fn reset(&mut self) {
-        self.cache.fill(UNGENERATED);
-        self.offset = 0;
+        self.tc.reset();
         self.state.reset();
     }
 
@@ -167,17 +286,13 @@ impl LmGen {
     /// entries and the token cache holding initial tokens (see [`LmState::seek_for_bench`]).
     pub fn seek_for_bench(&mut self, offset: usize) {
         self.reset();
-        for k in 0..self.spec.num_streams() {
-            let init = self.initial[k];
-            self.cache[k * self.ct..(k + 1) * self.ct].fill(init);
-        }
-        self.offset = offset;
+        self.tc.seek(offset);
         self.state.seek_for_bench(offset);
     }
 
     /// Number of calls since creation or reset.
     pub fn offset(&self) -> usize {
-        self.offset
+        self.tc.offset
     }
 
     /// The model state (last logits, transformer output, position).
@@ -229,70 +344,14 @@ impl LmGen {
         obs: &mut O,
     ) -> Result<Option<LmFrame>, LmError> {
         let s = &self.spec;
-        let (dep_q, n_user, ct) = (s.dep_q, s.n_user(), self.ct);
         if model.spec() != s {
             return Err(LmError::Config("model and generator sizes differ".into()));
         }
-        if user_codes.len() < n_user {
-            return Err(LmError::Length {
-                what: "user codes",
-                expected: n_user,
-                got: user_codes.len(),
-            });
-        }
-        // Validate before mutating anything.
-        for (i, &c) in user_codes[..n_user].iter().enumerate() {
-            if !(-1..=s.card as i64).contains(&c) {
-                return Err(LmError::Token {
-                    stream: 1 + dep_q + i,
-                    token: c,
-                    max: s.card as i64,
-                });
-            }
-        }
-        if let Some(t) = opts.force_text {
-            if t as usize > s.text_card {
-                return Err(LmError::Token {
-                    stream: 0,
-                    token: t as i64,
-                    max: s.text_card as i64,
-                });
-            }
-        }
-        if let Some(a) = opts.force_audio {
-            if a.len() != dep_q {
-                return Err(LmError::Length {
-                    what: "forced audio tokens",
-                    expected: dep_q,
-                    got: a.len(),
-                });
-            }
-            if let Some((i, &t)) = a.iter().enumerate().find(|(_, &t)| t as usize > s.card) {
-                return Err(LmError::Token {
-                    stream: 1 + i,
-                    token: t as i64,
-                    max: s.card as i64,
-                });
-            }
-        }
+        TokenCache::validate(s, user_codes, opts)?;
+        self.tc.gather(s, user_codes);
+        obs.input_tokens(&self.tc.input);
 
-        // 1. user codes into the cache at their delayed slots.
-        for (i, &c) in user_codes[..n_user].iter().enumerate() {
-            let k = 1 + dep_q + i;
-            self.cache[k * ct + (self.offset + s.delays[k]) % ct] = c;
-        }
-        // 2. gather the input column.
-        for k in 0..s.num_streams() {
-            self.input[k] = if self.offset <= s.delays[k] {
-                self.initial[k]
-            } else {
-                self.cache[k * ct + self.offset % ct]
-            };
-        }
-        obs.input_tokens(&self.input);
-
-        // 3. temporal transformer + text token.
-        model.forward_temporal(&mut self.state, &self.input, pool)?;
+        model.forward_temporal(&mut self.state, &self.tc.input, pool)?;
         obs.transformer_out(self.state.transformer_out());
         obs.text_logits(self.state.text_logits());
         let text = match opts.force_text {
@@ -301,11 +360,10 @@ impl LmGen {
         };
         sampler.record_text(text);
 
-        // 4. Depformer.
         let mut audio = [0u32; MAX_AUDIO_CODEBOOKS];
         let mut prev = text as i64;
-        for k in 0..dep_q {
-            let logits = model.depformer_step(&mut self.state, k, prev, pool)?;
+        for k in 0..s.dep_q {
+            let logits = model.depformer_step(&mut self.state, k, &[prev], pool)?;
             obs.depformer_logits(k, logits);
             let tok = match opts.force_audio {
                 Some(a) => a[k],
@@ -314,30 +372,124 @@ impl LmGen {
             audio[k] = tok;
             prev = tok as i64;
         }
+        Ok(self.tc.commit(s, text, &audio[..s.dep_q]))
+    }
+}
 
-        // 5. advance and store this call's tokens.
-        self.offset += 1;
-        let slot = self.offset % ct;
-        self.cache[slot] = text as i64;
-        for (k, &a) in audio[..dep_q].iter().enumerate() {
-            self.cache[(1 + k) * ct + slot] = a as i64;
-        }
+/// Several sessions stepped together: every weight matrix is read once per step for all of them
+/// ([`Pool::matmul`]). Each session keeps its own token cache, KV caches, position and sampler;
+/// results equal those of separate [`LmGen`]s up to float summation order.
+#[derive(Debug)]
+pub struct LmBatchGen {
+    spec: LmSpec,
+    state: LmState,
+    tcs: Vec<TokenCache>,
+    input: Vec<i64>,
+    prev: Vec<i64>,
+    text: Vec<u32>,
+    audio: Vec<u32>,
+}
 
-        // 6. output rule.
-        let max_delay = s.max_delay();
-        if self.offset <= max_delay {
-            return Ok(None);
+impl LmBatchGen {
+    /// `n >= 1` fresh sessions.
+    pub fn new(model: &LmModel, n: usize, kv_dtype: KvDtype) -> Result<Self, LmError> {
+        let spec = model.spec().clone();
+        check_sizes(&spec)?;
+        let state = model.new_batch_state(n, kv_dtype)?;
+        Ok(LmBatchGen {
+            tcs: vec![TokenCache::new(&spec); n],
+            input: vec![0; n * spec.num_streams()],
+            prev: vec![0; n],
+            text: vec![0; n],
+            audio: vec![0; n * spec.dep_q],
+            state,
+            spec,
+        })
+    }
+
+    /// Number of sessions.
+    pub fn batch_size(&self) -> usize {
+        self.tcs.len()
+    }
+
+    /// Resets session `b` to its fresh state (the others continue).
+    pub fn reset_session(&mut self, b: usize) {
+        self.tcs[b].reset();
+        self.state.reset_session(b);
+    }
+
+    /// Calls made by session `b` since creation or its last reset.
+    pub fn offset(&self, b: usize) -> usize {
+        self.tcs[b].offset
+    }
+
+    /// The shared model state (`[n, ...]` logits and outputs of the last step).
+    pub fn state(&self) -> &LmState {
+        &self.state
+    }
+
+    /// One call for every session: `user_codes` is `[n, n_q - dep_q]` row-major, `samplers[b]`
+    /// samples session `b`, `out[b]` receives its frame (or `None` during its first `max_delay`
+    /// calls).
+    pub fn step(
+        &mut self,
+        model: &LmModel,
+        user_codes: &[u32],
+        samplers: &mut [Sampler],
+        pool: &Pool,
+        out: &mut [Option<LmFrame>],
+    ) -> Result<(), LmError> {
+        let s = &self.spec;
+        let (n, nu, ks, dq) = (self.tcs.len(), s.n_user(), s.num_streams(), s.dep_q);
+        if model.spec() != s {
+            return Err(LmError::Config("model and generator sizes differ".into()));
         }
-        let base = self.offset - max_delay;
-        let read = |k: usize| self.cache[k * ct + (base + s.delays[k]) % ct];
-        let mut frame = LmFrame {
-            text: read(0) as u32,
-            codes: [0; MAX_AUDIO_CODEBOOKS],
-            n: dep_q,
-        };
-        for k in 0..dep_q {
-            frame.codes[k] = read(1 + k) as u32;
+        for (what, expected, got) in [
+            ("user codes", n * nu, user_codes.len()),
+            ("samplers", n, samplers.len()),
+            ("outputs", n, out.len()),
+        ] {
+            if expected != got {
+                return Err(LmError::Length {
+                    what,
+                    expected,
+                    got,
+                });
+            }
         }
-        Ok(Some(frame))
+        let mut codes = [0i64; MAX_AUDIO_CODEBOOKS];
+        for b in 0..n {
+            for (c, &u) in codes.iter_mut().zip(&user_codes[b * nu..(b + 1) * nu]) {
+                *c = u as i64;
+            }
+            TokenCache::validate(s, &codes[..nu], &StepOptions::default())?;
+        }
+        for (b, tc) in self.tcs.iter_mut().enumerate() {
+            for (c, &u) in codes.iter_mut().zip(&user_codes[b * nu..(b + 1) * nu]) {
+                *c = u as i64;
+            }
+            tc.gather(s, &codes[..nu]);
+            self.input[b * ks..(b + 1) * ks].copy_from_slice(&tc.input);
+        }
+        model.forward_temporal(&mut self.state, &self.input, pool)?;
+        let tc_len = s.text_card;
+        for (b, sampler) in samplers.iter_mut().enumerate() {
+            let t = sampler.sample_text(&self.state.text_logits()[b * tc_len..(b + 1) * tc_len])?;
+            sampler.record_text(t);
+            self.text[b] = t;
+            self.prev[b] = t as i64;
+        }
+        for k in 0..dq {
+            let logits = model.depformer_step(&mut self.state, k, &self.prev, pool)?;
+            for (b, sampler) in samplers.iter_mut().enumerate() {
+                let t = sampler.sample_audio(&logits[b * s.card..(b + 1) * s.card])?;
+                self.audio[b * dq + k] = t;
+                self.prev[b] = t as i64;
+            }
+        }
+        for (b, tc) in self.tcs.iter_mut().enumerate() {
+            out[b] = tc.commit(s, self.text[b], &self.audio[b * dq..(b + 1) * dq]);
+        }
+        Ok(())
     }
 }

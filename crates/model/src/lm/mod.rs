@@ -18,7 +18,8 @@ mod source;
 mod spec;
 
 pub use gen::{
-    LmFrame, LmGen, LmObserver, LmRecorder, NoObserver, StepOptions, MAX_AUDIO_CODEBOOKS,
+    LmBatchGen, LmFrame, LmGen, LmObserver, LmRecorder, NoObserver, StepOptions,
+    MAX_AUDIO_CODEBOOKS,
 };
 pub use kernels::attention::KvDtype;
 pub use model::{LmModel, LmState};

@@ -55,13 +55,17 @@ pub struct LmModel {
     linears: Vec<Matrix>,
 }
 
-/// Per-session LM state: temporal and Depformer KV caches plus every work buffer, all allocated
-/// by [`LmModel::new_state`]. A step allocates nothing.
+/// LM state of `n` sessions stepped together (`n = 1` for one session): temporal and Depformer
+/// KV caches plus every work buffer (row-major `[n, ...]`), all allocated by
+/// [`LmModel::new_state`] / [`LmModel::new_batch_state`]. A step allocates nothing.
 #[derive(Debug)]
 pub struct LmState {
+    n: usize,
+    /// `[n][num_layers]` temporal caches.
     kv: Vec<KvRing>,
+    /// `[n][dep_layers]` Depformer caches.
     dep_kv: Vec<KvRing>,
-    pos: usize,
+    pos: Vec<usize>,
     dep_next: usize,
     x: Vec<f32>,
     h: Vec<f32>,
@@ -85,29 +89,39 @@ pub struct LmState {
 }
 
 impl LmState {
-    /// Number of temporal steps run since creation or [`LmState::reset`] (the next RoPE position).
+    /// Number of sessions (rows).
+    pub fn batch_size(&self) -> usize {
+        self.n
+    }
+
+    /// Number of temporal steps run by session 0 since creation or reset (its next RoPE position).
     pub fn position(&self) -> usize {
-        self.pos
+        self.pos[0]
+    }
+
+    /// Position of session `b`.
+    pub fn position_of(&self, b: usize) -> usize {
+        self.pos[b]
     }
 
     /// Normalised temporal output of the last step (`transformer_out`, input of the text head and
-    /// of the Depformer).
+    /// of the Depformer), `[n, dim]`.
     pub fn transformer_out(&self) -> &[f32] {
         &self.tout
     }
 
-    /// Text logits of the last temporal step.
+    /// Text logits of the last temporal step, `[n, text_card]`.
     pub fn text_logits(&self) -> &[f32] {
         &self.text_logits
     }
 
-    /// Logits of the last Depformer step.
+    /// Logits of the last Depformer step, `[n, card]`.
     pub fn depformer_logits(&self) -> &[f32] {
         &self.dep_logits
     }
 
     /// Benchmark helper: reset, then fill every temporal KV cache with `min(pos, context)` zero
-    /// entries and set the position to `pos`, as if `pos` steps had run (values are meaningless).
+    /// entries and set the positions to `pos`, as if `pos` steps had run (values are meaningless).
     pub fn seek_for_bench(&mut self, pos: usize) {
         self.reset();
         if let Some(first) = self.kv.first() {
@@ -119,19 +133,24 @@ impl LmState {
                 }
             }
         }
-        self.pos = pos;
+        self.pos.fill(pos);
     }
 
-    /// Back to position 0 with empty caches (no deallocation).
+    /// Back to position 0 with empty caches for every session (no deallocation).
     pub fn reset(&mut self) {
-        for r in &mut self.kv {
-            r.reset();
+        for b in 0..self.n {
+            self.reset_session(b);
         }
-        for r in &mut self.dep_kv {
-            r.reset();
-        }
-        self.pos = 0;
         self.dep_next = 0;
+    }
+
+    /// Back to position 0 with empty caches for session `b` only.
+    pub fn reset_session(&mut self, b: usize) {
+        let l = self.kv.len() / self.n;
+        for r in &mut self.kv[b * l..(b + 1) * l] {
+            r.reset();
+        }
+        self.pos[b] = 0;
     }
 }
 
@@ -290,44 +309,55 @@ impl LmModel {
     /// A fresh per-session state with temporal KV caches of `context` steps stored as `kv_dtype`
     /// (f32 for parity, bf16 halves the memory).
     pub fn new_state(&self, kv_dtype: KvDtype) -> Result<LmState, LmError> {
+        self.new_batch_state(1, kv_dtype)
+    }
+
+    /// A state for `n >= 1` sessions stepped together (each matrix is read once per step for all
+    /// of them through [`Pool::matmul`]).
+    pub fn new_batch_state(&self, n: usize, kv_dtype: KvDtype) -> Result<LmState, LmError> {
+        if n == 0 {
+            return Err(LmError::Config("batch size must be >= 1".into()));
+        }
         let s = &self.spec;
-        let kv = (0..s.num_layers)
+        let kv = (0..n * s.num_layers)
             .map(|_| KvRing::new(s.context, s.num_heads, s.head_dim, kv_dtype))
             .collect::<Result<Vec<_>, _>>()?;
-        let dep_kv = (0..s.dep_layers)
+        let dep_kv = (0..n * s.dep_layers)
             .map(|_| KvRing::new(s.dep_q, s.dep_heads, s.dep_head_dim, KvDtype::F32))
             .collect::<Result<Vec<_>, _>>()?;
         let (d, dd) = (s.dim, s.dep_dim);
         Ok(LmState {
+            n,
             kv,
             dep_kv,
-            pos: 0,
+            pos: vec![0; n],
             dep_next: 0,
-            x: vec![0.0; d],
-            h: vec![0.0; d],
-            qkv: vec![0.0; 3 * d],
-            attn: vec![0.0; d],
-            tmp: vec![0.0; d],
-            g: vec![0.0; 2 * s.hidden],
-            u: vec![0.0; s.hidden],
+            x: vec![0.0; n * d],
+            h: vec![0.0; n * d],
+            qkv: vec![0.0; n * 3 * d],
+            attn: vec![0.0; n * d],
+            tmp: vec![0.0; n * d],
+            g: vec![0.0; n * 2 * s.hidden],
+            u: vec![0.0; n * s.hidden],
             row: vec![0.0; d],
-            tout: vec![0.0; d],
-            text_logits: vec![0.0; s.text_card],
-            dx: vec![0.0; dd],
-            dh: vec![0.0; dd],
-            dqkv: vec![0.0; 3 * dd],
-            dattn: vec![0.0; dd],
-            dtmp: vec![0.0; dd],
-            dg: vec![0.0; 2 * s.dep_hidden],
-            du: vec![0.0; s.dep_hidden],
+            tout: vec![0.0; n * d],
+            text_logits: vec![0.0; n * s.text_card],
+            dx: vec![0.0; n * dd],
+            dh: vec![0.0; n * dd],
+            dqkv: vec![0.0; n * 3 * dd],
+            dattn: vec![0.0; n * dd],
+            dtmp: vec![0.0; n * dd],
+            dg: vec![0.0; n * 2 * s.dep_hidden],
+            du: vec![0.0; n * s.dep_hidden],
             drow: vec![0.0; dd],
-            dep_logits: vec![0.0; s.card],
+            dep_logits: vec![0.0; n * s.card],
         })
     }
 
-    /// One temporal step on the 17-token column `tokens` (text, Moshi audio, user audio):
-    /// embedding sum, transformer layers at the state's position, out norm, text head. Results
-    /// are in [`LmState::transformer_out`] and [`LmState::text_logits`]; the position advances.
+    /// One temporal step for every session of `st`: `tokens` holds `n` columns of `1 + n_q`
+    /// tokens (text, Moshi audio, user audio), row-major. Embedding sum, transformer layers at each
+    /// session's position, out norm, text head. Results are in [`LmState::transformer_out`] and
+    /// [`LmState::text_logits`]; positions advance.
     pub fn forward_temporal(
         &self,
         st: &mut LmState,
@@ -335,62 +365,92 @@ impl LmModel {
         pool: &Pool,
     ) -> Result<(), LmError> {
         let s = &self.spec;
-        ensure_len("input tokens", s.num_streams(), tokens.len())?;
+        let (n, k_streams) = (st.n, s.num_streams());
+        ensure_len("input tokens", n * k_streams, tokens.len())?;
         // Validate everything before touching the state.
         for (i, &t) in tokens.iter().enumerate() {
-            let max = if i == 0 { s.text_card } else { s.card } as i64;
+            let stream = i % k_streams;
+            let max = if stream == 0 { s.text_card } else { s.card } as i64;
             if t > max {
                 return Err(LmError::Token {
-                    stream: i,
+                    stream,
                     token: t,
                     max,
                 });
             }
         }
+        let d = s.dim;
         // Embedding sum in Python order: audio tables 0..n_q, then text.
         st.x.fill(0.0);
-        for (i, table) in self.emb.iter().enumerate() {
-            add_embedding(table, tokens[1 + i], 1 + i, &mut st.x, &mut st.row)?;
+        for (b, col) in tokens.chunks_exact(k_streams).enumerate() {
+            let x = &mut st.x[b * d..(b + 1) * d];
+            for (i, table) in self.emb.iter().enumerate() {
+                add_embedding(table, col[1 + i], 1 + i, x, &mut st.row)?;
+            }
+            add_embedding(&self.text_emb, col[0], 0, x, &mut st.row)?;
         }
-        add_embedding(&self.text_emb, tokens[0], 0, &mut st.x, &mut st.row)?;
 
-        let d = s.dim;
-        for (layer, kv) in self.layers.iter().zip(st.kv.iter_mut()) {
-            ops::rms_norm(&st.x, &layer.norm1, s.eps, &mut st.h);
-            pool.matvec(&layer.in_proj, &st.h, &mut st.qkv);
-            let (q, kvp) = st.qkv.split_at_mut(d);
-            let (k, v) = kvp.split_at_mut(d);
-            ops::rope_interleaved(q, s.num_heads, s.head_dim, st.pos, s.max_period);
-            ops::rope_interleaved(k, s.num_heads, s.head_dim, st.pos, s.max_period);
-            kv.push(k, v);
-            kv.attend(q, &mut st.attn, s.context);
-            pool.matvec(&layer.out_proj, &st.attn, &mut st.tmp);
+        let nl = s.num_layers;
+        for (l, layer) in self.layers.iter().enumerate() {
+            for b in 0..n {
+                let r = b * d..(b + 1) * d;
+                ops::rms_norm(&st.x[r.clone()], &layer.norm1, s.eps, &mut st.h[r]);
+            }
+            pool.matmul(&layer.in_proj, &st.h, n, &mut st.qkv);
+            for b in 0..n {
+                let qkv = &mut st.qkv[b * 3 * d..(b + 1) * 3 * d];
+                let (q, kvp) = qkv.split_at_mut(d);
+                let (k, v) = kvp.split_at_mut(d);
+                let pos = st.pos[b];
+                ops::rope_interleaved(q, s.num_heads, s.head_dim, pos, s.max_period);
+                ops::rope_interleaved(k, s.num_heads, s.head_dim, pos, s.max_period);
+                let ring = &mut st.kv[b * nl + l];
+                ring.push(k, v);
+                ring.attend(q, &mut st.attn[b * d..(b + 1) * d], s.context);
+            }
+            pool.matmul(&layer.out_proj, &st.attn, n, &mut st.tmp);
             ops::add(&mut st.x, &st.tmp);
 
-            ops::rms_norm(&st.x, &layer.norm2, s.eps, &mut st.h);
-            pool.matvec(&layer.lin_in, &st.h, &mut st.g);
-            gate(&st.g, &mut st.u);
-            pool.matvec(&layer.lin_out, &st.u, &mut st.tmp);
+            for b in 0..n {
+                let r = b * d..(b + 1) * d;
+                ops::rms_norm(&st.x[r.clone()], &layer.norm2, s.eps, &mut st.h[r]);
+            }
+            pool.matmul(&layer.lin_in, &st.h, n, &mut st.g);
+            for (g, u) in
+                st.g.chunks_exact(2 * s.hidden)
+                    .zip(st.u.chunks_exact_mut(s.hidden))
+            {
+                gate(g, u);
+            }
+            pool.matmul(&layer.lin_out, &st.u, n, &mut st.tmp);
             ops::add(&mut st.x, &st.tmp);
         }
-        ops::rms_norm(&st.x, &self.out_norm, s.eps, &mut st.tout);
-        pool.matvec(&self.text_linear, &st.tout, &mut st.text_logits);
-        st.pos += 1;
+        for b in 0..n {
+            let r = b * d..(b + 1) * d;
+            ops::rms_norm(&st.x[r.clone()], &self.out_norm, s.eps, &mut st.tout[r]);
+        }
+        pool.matmul(&self.text_linear, &st.tout, n, &mut st.text_logits);
+        for p in &mut st.pos {
+            *p += 1;
+        }
         st.dep_next = 0;
         Ok(())
     }
 
-    /// Depformer step `k` (0..dep_q, in order after a temporal step) with `prev_token` = the text
-    /// token of this frame for `k = 0`, else the audio token of step `k - 1`. Step 0 starts a fresh
-    /// Depformer cache. Returns the codebook-`k` logits (also in [`LmState::depformer_logits`]).
+    /// Depformer step `k` (0..dep_q, in order after a temporal step) for every session, with
+    /// `prev_tokens[b]` = the text token of this frame for `k = 0`, else the audio token of step
+    /// `k - 1`. Step 0 starts fresh Depformer caches. Returns the codebook-`k` logits `[n, card]`
+    /// (also in [`LmState::depformer_logits`]).
     pub fn depformer_step<'s>(
         &self,
         st: &'s mut LmState,
         k: usize,
-        prev_token: i64,
+        prev_tokens: &[i64],
         pool: &Pool,
     ) -> Result<&'s [f32], LmError> {
         let s = &self.spec;
+        let n = st.n;
+        ensure_len("previous tokens", n, prev_tokens.len())?;
         if k >= s.dep_q || (k != 0 && k != st.dep_next) {
             return Err(LmError::Config(format!(
                 "depformer step {k} out of order (expected {})",
@@ -402,32 +462,57 @@ impl LmModel {
                 r.reset();
             }
         }
-        pool.matvec(&self.dep_in[k], &st.tout, &mut st.dx);
         let table = if k == 0 {
             &self.dep_text_emb
         } else {
             &self.dep_emb[k - 1]
         };
-        add_embedding(table, prev_token, k, &mut st.dx, &mut st.drow)?;
+        pool.matmul(&self.dep_in[k], &st.tout, n, &mut st.dx);
         let dd = s.dep_dim;
-        for (layer, kv) in self.dep_layers.iter().zip(st.dep_kv.iter_mut()) {
+        for (b, &prev) in prev_tokens.iter().enumerate() {
+            add_embedding(
+                table,
+                prev,
+                k,
+                &mut st.dx[b * dd..(b + 1) * dd],
+                &mut st.drow,
+            )?;
+        }
+        let ndl = s.dep_layers;
+        for (j, layer) in self.dep_layers.iter().enumerate() {
             let w = &layer.steps[k];
-            ops::rms_norm(&st.dx, &layer.norm1, s.eps, &mut st.dh);
-            pool.matvec(&w.in_proj, &st.dh, &mut st.dqkv);
-            let (q, kvp) = st.dqkv.split_at_mut(dd);
-            let (kk, v) = kvp.split_at_mut(dd);
-            kv.push(kk, v);
-            kv.attend(q, &mut st.dattn, s.dep_q);
-            pool.matvec(&w.out_proj, &st.dattn, &mut st.dtmp);
+            for b in 0..n {
+                let r = b * dd..(b + 1) * dd;
+                ops::rms_norm(&st.dx[r.clone()], &layer.norm1, s.eps, &mut st.dh[r]);
+            }
+            pool.matmul(&w.in_proj, &st.dh, n, &mut st.dqkv);
+            for b in 0..n {
+                let qkv = &mut st.dqkv[b * 3 * dd..(b + 1) * 3 * dd];
+                let (q, kvp) = qkv.split_at_mut(dd);
+                let (kk, v) = kvp.split_at_mut(dd);
+                let ring = &mut st.dep_kv[b * ndl + j];
+                ring.push(kk, v);
+                ring.attend(q, &mut st.dattn[b * dd..(b + 1) * dd], s.dep_q);
+            }
+            pool.matmul(&w.out_proj, &st.dattn, n, &mut st.dtmp);
             ops::add(&mut st.dx, &st.dtmp);
 
-            ops::rms_norm(&st.dx, &layer.norm2, s.eps, &mut st.dh);
-            pool.matvec(&w.lin_in, &st.dh, &mut st.dg);
-            gate(&st.dg, &mut st.du);
-            pool.matvec(&w.lin_out, &st.du, &mut st.dtmp);
+            for b in 0..n {
+                let r = b * dd..(b + 1) * dd;
+                ops::rms_norm(&st.dx[r.clone()], &layer.norm2, s.eps, &mut st.dh[r]);
+            }
+            pool.matmul(&w.lin_in, &st.dh, n, &mut st.dg);
+            for (g, u) in st
+                .dg
+                .chunks_exact(2 * s.dep_hidden)
+                .zip(st.du.chunks_exact_mut(s.dep_hidden))
+            {
+                gate(g, u);
+            }
+            pool.matmul(&w.lin_out, &st.du, n, &mut st.dtmp);
             ops::add(&mut st.dx, &st.dtmp);
         }
-        pool.matvec(&self.linears[k], &st.dx, &mut st.dep_logits);
+        pool.matmul(&self.linears[k], &st.dx, n, &mut st.dep_logits);
         st.dep_next = k + 1;
         Ok(&st.dep_logits)
     }

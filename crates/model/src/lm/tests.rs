@@ -504,3 +504,60 @@ fn other_formats_native_kernels_within_documented_bounds() {
         }
     }
 }
+
+#[test]
+fn batched_sessions_match_separate_generators() {
+    let model = tiny_model("model.safetensors");
+    let c = codes();
+    let t_total = c.len() / 8;
+    let pool = Pool::new(2);
+    let n = 3;
+    let mut batch = LmBatchGen::new(&model, n, KvDtype::F32).unwrap();
+    let mut samplers: Vec<Sampler> = (0..n)
+        .map(|b| {
+            let cfg = if b == 0 {
+                SamplerConfig::greedy()
+            } else {
+                SamplerConfig::seeded(b as u64)
+            };
+            Sampler::new(cfg, 128, 64).unwrap()
+        })
+        .collect();
+    let mut singles: Vec<(LmGen, Sampler)> = samplers
+        .iter()
+        .map(|s| (LmGen::new(&model, KvDtype::F32).unwrap(), s.clone()))
+        .collect();
+    let user = |b: usize, t: usize| -> Vec<u32> {
+        column(&c, 8, t_total, t)
+            .iter()
+            .map(|&x| ((x as usize + 7 * b) % 64) as u32)
+            .collect()
+    };
+    let mut out = vec![None; n];
+    let mut texts0 = Vec::new();
+    for t in 0..t_total {
+        if t == 5 {
+            batch.reset_session(1);
+            singles[1].0.reset();
+        }
+        let flat: Vec<u32> = (0..n).flat_map(|b| user(b, t)).collect();
+        batch
+            .step(&model, &flat, &mut samplers, &pool, &mut out)
+            .unwrap();
+        for (b, (g, s)) in singles.iter_mut().enumerate() {
+            let o = g.step(&model, &user(b, t), s, &pool).unwrap();
+            assert_eq!(o, out[b], "session {b} step {t}");
+            let d = max_abs_diff(
+                &batch.state().text_logits()[b * 128..(b + 1) * 128],
+                g.state().text_logits(),
+            );
+            assert!(d < 1e-4, "session {b} step {t}: {d}");
+        }
+        if let Some(f) = out[0] {
+            texts0.push(f.text as i64);
+        }
+    }
+    assert_eq!(batch.offset(1), t_total - 5);
+    let trace = Tensors::open("trace.safetensors");
+    assert_eq!(texts0, trace.i64("out_text").0);
+}
