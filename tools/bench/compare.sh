@@ -47,8 +47,8 @@ tag() { local r=$1; shift; "$@" 2>>"$LOG.stderr" | sed -u "s/^\(result\|median\)
 ours_mimi()   { tag "$1" $OURS mimi --bundle "$BUNDLE" --rounds 1 --mimi-frames "$MIF" --threads "$THREADS"; }
 theirs_mimi() { tag "$1" "$THEIRS" mimi --weights "$MIMI" --rounds 1 --frames "$MIF" --threads "$THREADS"; }
 torch_mimi()  { tag "$1" env NO_TORCH_COMPILE=1 "$VENV/bin/python" tools/bench/torch_mimi.py --weights "$MIMI" --rounds 1 --frames "$MIF" --threads "$THREADS"; }
-ours_lm()     { tag "$1" $OURS lm --bundle "$BUNDLE" --rounds 1 --lm-frames "$LMF" --positions 0 --threads "$THREADS"; }
-ours_lm_fmt() { tag "$1" $OURS lm --formats "$OFMT" --rounds 1 --lm-frames "$LMF" --positions 0 --threads "$THREADS"; }
+ours_lm()     { tag "$1" $OURS lm --bundle "$BUNDLE" --rounds 1 --lm-frames "$LMF" --positions 0 --batch 0 --threads "$THREADS"; }
+ours_lm_fmt() { tag "$1" $OURS lm --formats "$OFMT" --rounds 1 --lm-frames "$LMF" --positions 0 --batch 0 --threads "$THREADS"; }
 theirs_lm()   { tag "$1" "$THEIRS" lm --gguf "$GGUF" --rounds 1 --frames "$LMF" --threads "$THREADS"; }
 
 for r in $(seq 0 $((ROUNDS - 1))); do
