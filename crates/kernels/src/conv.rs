@@ -482,7 +482,7 @@ impl ConvTranspose1d {
                 let y = &mut output[oc * t_out..(oc + 1) * t_out];
                 for (t, &xv) in x.iter().enumerate() {
                     for (kk, &wv) in w.iter().enumerate() {
-                        y[t * s + kk] = wv.mul_add(xv, y[t * s + kk]);
+                        y[t * s + kk] += wv * xv;
                     }
                 }
             }

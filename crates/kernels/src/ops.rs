@@ -3,7 +3,8 @@
 //! These are short, memory-light loops written so the compiler vectorizes them; `dot`
 //! (used by attention) has an explicit AVX2 path with [`dot_reference`] as its scalar
 //! reference. All functions debug-assert matching lengths; in release builds they work
-//! on the common prefix.
+//! on the common prefix. Plain loops avoid `f32::mul_add`, which is a slow library call on
+//! x86_64 builds without the FMA target feature.
 
 use crate::cpu::{simd_level, SimdLevel};
 
@@ -14,16 +15,17 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let mut it = x.chunks_exact(8);
     for c in &mut it {
         for k in 0..8 {
-            acc[k] = c[k].mul_add(c[k], acc[k]);
+            acc[k] += c[k] * c[k];
         }
     }
     let mut ss: f32 = acc.iter().sum();
     for v in it.remainder() {
-        ss = v.mul_add(*v, ss);
+        ss += v * v;
     }
     let inv = 1.0 / (ss / x.len() as f32 + eps).sqrt();
+    // Same grouping as moshi's `x * (alpha * rsqrt(var))`.
     for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
-        *o = v * inv * g;
+        *o = v * (g * inv);
     }
 }
 
