@@ -193,7 +193,13 @@ pub(crate) fn detect_format(path: &Path, bytes: &[u8]) -> Result<FileFormat, Che
     if bytes.len() >= 4 && u32::from_le_bytes(bytes[..4].try_into().expect("4")) == gguf::MAGIC {
         return Ok(FileFormat::Gguf);
     }
-    if bytes.len() >= 9 && bytes[8] == b'{' {
+    // safetensors: u64 header length, then a JSON object (possibly after whitespace).
+    if bytes.len() >= 9
+        && bytes[8..bytes.len().min(64)]
+            .iter()
+            .find(|b| !b.is_ascii_whitespace())
+            .is_some_and(|&b| b == b'{')
+    {
         return Ok(FileFormat::Safetensors);
     }
     if bytes.len() < 9 {

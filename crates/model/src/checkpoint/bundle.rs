@@ -7,7 +7,8 @@ use crate::config::{BundleConfig, MimiConfig};
 use crate::schema::Schema;
 use crate::weights::{OpenOptions, Weights};
 
-/// LM file names tried, in order, when a bundle has no `config.json` (PyTorch/candle/MLX repos).
+/// LM file names tried, in order, when a bundle has no `config.json` or its `moshi_name` is the
+/// default and absent (PyTorch/candle/MLX repositories).
 pub const LM_CANDIDATES: &[&str] = &[
     "model.safetensors",
     "model.q8.gguf",
@@ -81,12 +82,12 @@ impl Bundle {
             what,
             file,
         };
-        let lm = if has_cfg {
-            let p = resolve(dir, &config.moshi_name);
-            if !p.is_file() {
-                return Err(missing("LM weights", config.moshi_name.clone()));
-            }
-            p
+        let named = resolve(dir, &config.moshi_name);
+        // An explicit `moshi_name` must exist; the default name falls back to the other released names.
+        let lm = if named.is_file() {
+            named
+        } else if has_cfg && config.moshi_name != crate::config::MOSHI_NAME {
+            return Err(missing("LM weights", config.moshi_name.clone()));
         } else {
             LM_CANDIDATES
                 .iter()
