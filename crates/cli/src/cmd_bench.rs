@@ -581,3 +581,48 @@ fn bench_lm(args: &BenchArgs, pools: &[Pool], probe: &Probe) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sum_matches_naive_wrapping_sum_at_every_tail_length() {
+        let v: Vec<u64> = (0..1000u64)
+            .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .collect();
+        for n in [0, 1, 7, 31, 32, 33, 64, 255, 1000] {
+            let naive = v[..n].iter().fold(0u64, |a, &b| a.wrapping_add(b));
+            assert_eq!(sum_u64(&v[..n]), naive, "n = {n}");
+        }
+    }
+
+    #[test]
+    fn stats_are_median_min_max() {
+        assert_eq!(stats(&[3.0, 1.0, 2.0]), (2.0, 1.0, 3.0));
+        assert_eq!(stats(&[4.0, 1.0]), (4.0, 1.0, 4.0));
+        assert!(stats(&[]).0.is_nan());
+    }
+
+    #[test]
+    fn format_and_kv_names_parse() {
+        assert_eq!(parse_format("q8_0").unwrap(), WeightFormat::Q8_0);
+        assert_eq!(parse_format("Q4_0").unwrap(), WeightFormat::Q4_0);
+        assert_eq!(
+            parse_format("mlx-q4").unwrap(),
+            WeightFormat::MlxAffine { bits: 4, group: 32 }
+        );
+        assert!(parse_format("q5_k").is_err());
+        assert_eq!(parse_kv("bf16").unwrap(), KvDtype::Bf16);
+        assert!(parse_kv("f16").is_err());
+    }
+
+    #[test]
+    fn probe_reads_the_whole_buffer_on_any_pool() {
+        let p = Probe::new(16);
+        for t in [1, 2] {
+            let g = p.measure(&Pool::new(t));
+            assert!(g.is_finite() && g > 0.0);
+        }
+    }
+}
