@@ -139,3 +139,30 @@ fn batched_step_allocates_nothing_after_warmup() {
     }
     assert_eq!(allocs() - before, 0);
 }
+
+#[test]
+fn long_context_step_allocates_nothing_after_warmup() {
+    // Context above 16 so the temporal attention runs split over the pool (attend_pool), whose
+    // score scratch grows once per thread count during the warm-up.
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/lm");
+    let cfg =
+        LmConfig::from_json(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let mut spec = model::lm::LmSpec::from_config(&cfg).unwrap();
+    spec.context = 40;
+    let src = model::lm::SyntheticSource {
+        format: kernels::WeightFormat::Q8_0,
+        seed: 3,
+    };
+    let model = LmModel::from_source(&src, spec).unwrap();
+    let pool = Pool::new(2);
+    let mut sampler = Sampler::new(SamplerConfig::seeded(9), 128, 64).unwrap();
+    let mut gen = LmGen::new(&model, KvDtype::Bf16).unwrap();
+    for _ in 0..20 {
+        gen.step(&model, &[1; 8], &mut sampler, &pool).unwrap();
+    }
+    let before = allocs();
+    for t in 0..60u32 {
+        gen.step(&model, &[t % 64; 8], &mut sampler, &pool).unwrap();
+    }
+    assert_eq!(allocs() - before, 0);
+}

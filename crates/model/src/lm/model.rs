@@ -406,7 +406,10 @@ impl LmModel {
                 ops::rope_interleaved(k, s.num_heads, s.head_dim, pos, s.max_period);
                 let ring = &mut st.kv[b * nl + l];
                 ring.push(k, v);
-                ring.attend(q, &mut st.attn[b * d..(b + 1) * d], s.context);
+                // Heads split over the pool (bit-identical to `attend`; single-threaded below 16
+                // entries). Its per-thread score scratch grows once, at the first call with >= 16
+                // entries for a given thread count.
+                ring.attend_pool(q, &mut st.attn[b * d..(b + 1) * d], s.context, pool);
             }
             pool.matmul(&layer.out_proj, &st.attn, n, &mut st.tmp);
             ops::add(&mut st.x, &st.tmp);
