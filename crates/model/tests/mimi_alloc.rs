@@ -40,7 +40,6 @@ fn allocs() -> usize {
 fn frame_path_allocates_nothing() {
     let spec = spec();
     let mimi = load("mimi.safetensors", &spec);
-    let tr = read_tensors("trace.safetensors");
     let input = &input_pcm();
     let fs = mimi.frame_size();
     let mut enc = MimiEncoder::new(mimi.clone());
@@ -80,6 +79,29 @@ fn frame_path_allocates_nothing() {
     let after = allocs();
     assert_eq!(after - before, 0);
     assert_eq!(n, 20001 / fs);
+
+    // with a 2-thread pool (counts this thread's allocations; workers are persistent)
+    let pool = model::mimi::Pool::new(2);
+    let mut enc = MimiEncoder::new(mimi.clone());
+    let mut dec = MimiDecoder::new(mimi.clone());
+    for f in 0..2 {
+        codes.copy_from_slice(
+            enc.encode_frame_with(&input[f * fs..(f + 1) * fs], Some(&pool), None)
+                .unwrap(),
+        );
+        dec.decode_frame_with(&codes, &mut out, Some(&pool), None)
+            .unwrap();
+    }
+    let before = allocs();
+    for f in 2..12 {
+        codes.copy_from_slice(
+            enc.encode_frame_with(&input[f * fs..(f + 1) * fs], Some(&pool), None)
+                .unwrap(),
+        );
+        dec.decode_frame_with(&codes, &mut out, Some(&pool), None)
+            .unwrap();
+    }
+    assert_eq!(allocs() - before, 0, "pooled frame path allocated");
 
     // the counter does count (guards against a vacuous test)
     let before = allocs();

@@ -111,7 +111,6 @@ fn hf_layout_gives_identical_codes() {
 fn reset_reproduces_first_run_exactly() {
     let spec = spec();
     let mimi = load("mimi.safetensors", &spec);
-    let tr = read_tensors("trace.safetensors");
     let input = &input_pcm();
     let fs = mimi.frame_size();
     let nq = mimi.n_codebooks();
@@ -159,7 +158,6 @@ fn stream_equals_batch_when_ring_never_limits() {
     let mut spec = spec();
     spec.context = 1000;
     let mimi = load("mimi.safetensors", &spec);
-    let tr = read_tensors("trace.safetensors");
     let input = &input_pcm();
     let run = run_streaming(&mimi, input);
     let t = run.codes.len() / mimi.n_codebooks();
@@ -173,7 +171,6 @@ fn stream_equals_batch_when_ring_never_limits() {
 fn stream_front_accepts_any_chunking() {
     let spec = spec();
     let mimi = load("mimi.safetensors", &spec);
-    let tr = read_tensors("trace.safetensors");
     let input = &input_pcm();
     let run = run_streaming(&mimi, input);
     let nq = mimi.n_codebooks();
@@ -194,8 +191,8 @@ fn stream_front_accepts_any_chunking() {
     front.flush(|c| got.push(c.to_vec())).unwrap();
     assert_eq!(got.len(), t);
     for (f, c) in got.iter().enumerate() {
-        for q in 0..nq {
-            assert_eq!(c[q], run.codes[q * t + f], "frame {f} q {q}");
+        for (q, &cq) in c.iter().enumerate().take(nq) {
+            assert_eq!(cq, run.codes[q * t + f], "frame {f} q {q}");
         }
     }
 }

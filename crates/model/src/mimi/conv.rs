@@ -133,7 +133,7 @@ impl Conv1d {
         out: &mut [f32],
         pool: Option<&Pool>,
     ) {
-        debug_assert!(tin % self.stride == 0 && tin <= st.max_tin);
+        debug_assert!(tin.is_multiple_of(self.stride) && tin <= st.max_tin);
         let p = self.pad();
         let tout = tin / self.stride;
         let w = p + tin;

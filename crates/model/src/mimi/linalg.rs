@@ -20,7 +20,7 @@ macro_rules! dispatch {
         $(#[$meta:meta])*
         $vis:vis fn $name:ident / $portable:ident / $avx:ident ($($arg:ident : $ty:ty),* $(,)?) $body:block
     ) => {
-        #[allow(clippy::too_many_arguments)]
+        #[allow(clippy::too_many_arguments, clippy::assign_op_pattern)]
         #[inline(always)]
         fn $portable($($arg: $ty),*) {
             #[allow(unused_macros)]
@@ -29,7 +29,7 @@ macro_rules! dispatch {
         }
 
         #[cfg(target_arch = "x86_64")]
-        #[allow(clippy::too_many_arguments)]
+        #[allow(clippy::too_many_arguments, clippy::assign_op_pattern)]
         #[target_feature(enable = "avx2,fma")]
         fn $avx($($arg: $ty),*) {
             #[allow(unused_macros)]

@@ -9,22 +9,25 @@ use super::{MimiError, MimiSpec};
 use kernels::Matrix;
 use std::collections::HashMap;
 
+/// A tensor as f32 values plus its shape.
+pub type F32Tensor = (Vec<f32>, Vec<usize>);
+
 /// A source of named f32 tensors (implemented for checkpoints and in-memory maps).
 pub trait MimiTensors {
     /// The tensor as f32 values plus its shape, or `None` if absent.
-    fn get_f32(&self, name: &str) -> Result<Option<(Vec<f32>, Vec<usize>)>, MimiError>;
+    fn get_f32(&self, name: &str) -> Result<Option<F32Tensor>, MimiError>;
 }
 
 /// An in-memory tensor map (tests, synthetic benchmark weights).
-impl MimiTensors for HashMap<String, (Vec<f32>, Vec<usize>)> {
-    fn get_f32(&self, name: &str) -> Result<Option<(Vec<f32>, Vec<usize>)>, MimiError> {
+impl MimiTensors for HashMap<String, F32Tensor> {
+    fn get_f32(&self, name: &str) -> Result<Option<F32Tensor>, MimiError> {
         Ok(self.get(name).cloned())
     }
 }
 
 /// Checkpoints opened by `model::weights` (names already canonical, any stored dtype).
 impl MimiTensors for crate::weights::Weights {
-    fn get_f32(&self, name: &str) -> Result<Option<(Vec<f32>, Vec<usize>)>, MimiError> {
+    fn get_f32(&self, name: &str) -> Result<Option<F32Tensor>, MimiError> {
         if !self.contains(name) {
             return Ok(None);
         }

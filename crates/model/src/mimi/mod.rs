@@ -21,7 +21,7 @@ mod transformer;
 
 pub mod bench;
 
-pub use load::{Layout, MimiTensors};
+pub use load::{F32Tensor, Layout, MimiTensors};
 pub use spec::MimiSpec;
 pub use stream::StreamEncoder;
 

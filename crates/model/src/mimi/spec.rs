@@ -304,18 +304,20 @@ impl MimiSpec {
         }
         let fs = fs.round() as usize;
         let hop = self.hop();
-        if fs % hop != 0 {
+        if !fs.is_multiple_of(hop) {
             return bad(format!(
                 "frame size {fs} is not a multiple of the SEANet hop {hop}"
             ));
         }
-        if self.dimension % self.num_heads != 0 || (self.dimension / self.num_heads) % 2 != 0 {
+        if !self.dimension.is_multiple_of(self.num_heads)
+            || !(self.dimension / self.num_heads).is_multiple_of(2)
+        {
             return bad("d_model must split into heads of even size".into());
         }
         if self.n_q < 1 {
             return bad("n_q must be at least 1".into());
         }
-        if self.n_filters % self.compress != 0 && self.n_residual_layers > 0 {
+        if !self.n_filters.is_multiple_of(self.compress) && self.n_residual_layers > 0 {
             return bad("n_filters must be divisible by compress".into());
         }
         Ok(())
