@@ -9,6 +9,8 @@
 //!
 //! See `docs/CONTRACTS.md` (runtime section) for the contract and `examples/duplex.rs` for a runnable example.
 
+#![warn(missing_docs)]
+
 pub mod audio;
 mod control;
 mod engine;
