@@ -61,12 +61,19 @@ pub fn run(args: &SynthArgs) -> Result<()> {
     };
     let t0 = std::time::Instant::now();
     let rep = write_bundle(&args.out, format, &lm, &mimi, args.seed)?;
+    let size = |b: u64| {
+        if b >= 1_000_000_000 {
+            format!("{:.2} GB", b as f64 / 1e9)
+        } else {
+            format!("{:.1} MB", b as f64 / 1e6)
+        }
+    };
     println!(
-        "wrote {} ({:.2} GB) and {} ({:.1} MB){} in {:.1} s",
+        "wrote {} ({}) and {} ({}){} in {:.1} s",
         rep.lm.0.display(),
-        rep.lm.1 as f64 / 1e9,
+        size(rep.lm.1),
         rep.mimi.0.display(),
-        rep.mimi.1 as f64 / 1e6,
+        size(rep.mimi.1),
         if rep.config { " + config.json" } else { "" },
         t0.elapsed().as_secs_f64()
     );
