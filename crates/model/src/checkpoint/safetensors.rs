@@ -43,8 +43,10 @@ pub fn parse(bytes: &[u8]) -> Result<Header, Malformed> {
     }
     let data_start = 8 + n as usize;
     let header = &bytes[8..data_start];
-    let text = std::str::from_utf8(header)
-        .map_err(|e| Malformed::InvalidHeader(format!("header is not UTF-8: {e}")))?;
+    // JSON text must be UTF-8; an invalid byte is almost always inside a tensor name.
+    let text = std::str::from_utf8(header).map_err(|e| Malformed::NonUtf8Name {
+        at: 8 + e.valid_up_to() as u64,
+    })?;
     let mut de = serde_json::Deserializer::from_str(text);
     let entries = de
         .deserialize_map(EntriesVisitor)
@@ -263,7 +265,7 @@ mod tests {
         let mut nonutf = file("{\"\u{e9}\":1}", 0);
         let pos = nonutf.iter().position(|&c| c == 0xc3).unwrap();
         nonutf[pos] = 0xff;
-        assert!(matches!(parse(&nonutf), Err(Malformed::InvalidHeader(_))));
+        assert!(matches!(parse(&nonutf), Err(Malformed::NonUtf8Name { at }) if at == pos as u64));
         let dup = r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}"#;
         assert!(matches!(parse(&file(dup, 8)), Err(Malformed::DuplicateName(n)) if n == "a"));
         let huge = r#"{"a":{"dtype":"F32","shape":[1073741824,1073741824],"data_offsets":[0,4]}}"#;
