@@ -1,12 +1,16 @@
 //! Mimi frame timing at released dimensions with synthetic weights.
 //!
-//! `cargo run --release -p moshi-model --example mimi_bench -- [frames] [rounds] [stages]`
+//! `cargo run --release -p moshi-model --example mimi_bench -- [frames] [rounds] [stages] [bf16]`
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let frames: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(20);
     let rounds: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(3);
-    if args.get(3).map(|s| s == "stages").unwrap_or(false) {
-        let mimi = model::mimi::bench::synthetic_mimi(8, 42)?;
+    let opts = model::mimi::MimiOptions {
+        bf16_transformers: args.iter().any(|a| a == "bf16"),
+    };
+    if args.iter().any(|a| a == "stages") {
+        let mimi = model::mimi::bench::synthetic_mimi_with(8, 42, &opts)?;
+        println!("options: {opts:?}");
         for threads in [1usize, 2] {
             let pool = (threads > 1).then(|| model::mimi::Pool::new(threads));
             let _ = model::mimi::bench::stage_breakdown(&mimi, 2, pool.as_ref())?;

@@ -214,3 +214,35 @@ fn bad_inputs_are_errors() {
     let w = read_tensors("mimi.safetensors");
     assert!(model::mimi::Mimi::from_tensors(&w, &spec, 11).is_err());
 }
+
+#[test]
+fn bf16_transformers_option_stays_close() {
+    // Opt-in speed mode: transformer weights rounded to bf16. Not exact; on the tiny fixture the
+    // streaming codes still match the oracle and the PCM stays close.
+    let spec = spec();
+    let w = read_tensors("mimi.safetensors");
+    let opts = model::mimi::MimiOptions {
+        bf16_transformers: true,
+    };
+    let mimi =
+        std::sync::Arc::new(model::mimi::Mimi::from_tensors_with(&w, &spec, 8, &opts).unwrap());
+    let tr = read_tensors("trace.safetensors");
+    let run = run_streaming(&mimi, &input_pcm());
+    let (want, _) = codes_of(&tr, "codes");
+    let same = run.codes.iter().zip(&want).filter(|(a, b)| a == b).count();
+    let err = max_abs_diff(&run.pcm, &tr["pcm"].0);
+    eprintln!(
+        "bf16 transformers: {same}/{} codes equal, pcm max abs diff {err:e}",
+        want.len()
+    );
+    assert!(
+        same * 10 >= want.len() * 9,
+        "too many code changes: {same}/{}",
+        want.len()
+    );
+    let exact = max_abs_diff(
+        &run_streaming(&load("mimi.safetensors", &spec), &input_pcm()).pcm,
+        &tr["pcm"].0,
+    );
+    assert!(err > exact, "bf16 path should not be bit-identical to f32");
+}

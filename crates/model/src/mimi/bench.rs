@@ -229,9 +229,23 @@ pub fn synthetic_tensors(spec: &MimiSpec, seed: u64) -> TensorMap {
 
 /// A released-size Mimi with synthetic weights.
 pub fn synthetic_mimi(n_codebooks: usize, seed: u64) -> Result<Arc<Mimi>, MimiError> {
+    synthetic_mimi_with(n_codebooks, seed, &super::MimiOptions::default())
+}
+
+/// [`synthetic_mimi`] with explicit load options.
+pub fn synthetic_mimi_with(
+    n_codebooks: usize,
+    seed: u64,
+    opts: &super::MimiOptions,
+) -> Result<Arc<Mimi>, MimiError> {
     let spec = MimiSpec::v0_1();
     let t = synthetic_tensors(&spec, seed);
-    Ok(Arc::new(Mimi::from_tensors(&t, &spec, n_codebooks)?))
+    Ok(Arc::new(Mimi::from_tensors_with(
+        &t,
+        &spec,
+        n_codebooks,
+        opts,
+    )?))
 }
 
 /// A deterministic test signal: a chirp 100 Hz → 4 kHz at amplitude 0.5 plus a little noise.

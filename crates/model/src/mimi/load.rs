@@ -249,7 +249,35 @@ fn resblocks(
         .collect()
 }
 
-fn transformer(l: &Loader, spec: &MimiSpec, prefix: &str) -> Result<Transformer, MimiError> {
+/// Builds a transformer weight matrix: f32, or rounded to bf16 (round-to-nearest-even) when
+/// `bf16` is set.
+fn weight_matrix(
+    rows: usize,
+    cols: usize,
+    w: Vec<f32>,
+    bf16: bool,
+) -> Result<Matrix, kernels::KernelError> {
+    if !bf16 {
+        return Matrix::from_f32(rows, cols, w);
+    }
+    let bytes: Vec<u8> = w
+        .iter()
+        .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+        .collect();
+    Matrix::from_bytes(
+        kernels::WeightFormat::Bf16,
+        rows,
+        cols,
+        kernels::Storage::from_vec(bytes),
+    )
+}
+
+fn transformer(
+    l: &Loader,
+    spec: &MimiSpec,
+    prefix: &str,
+    bf16: bool,
+) -> Result<Transformer, MimiError> {
     let d = spec.dimension;
     let ff = spec.dim_feedforward;
     let layers = (0..spec.num_layers)
@@ -257,7 +285,7 @@ fn transformer(l: &Loader, spec: &MimiSpec, prefix: &str) -> Result<Transformer,
             let p = format!("{prefix}.transformer.layers.{i}.");
             let t = |n: &str, s: &[usize]| l.tensor(&format!("{p}{n}"), s);
             let mat = |n: &str, r: usize, c: usize| -> Result<Matrix, MimiError> {
-                Matrix::from_f32(r, c, t(n, &[r, c])?)
+                weight_matrix(r, c, t(n, &[r, c])?, bf16)
                     .map_err(|e| MimiError::Config(format!("{p}{n}: {e}")))
             };
             Ok(Layer {
@@ -318,6 +346,7 @@ pub(crate) fn load_parts(
     src: &dyn MimiTensors,
     spec: &MimiSpec,
     n_codebooks: usize,
+    opts: &super::MimiOptions,
 ) -> Result<Parts, MimiError> {
     spec.validate()?;
     if n_codebooks < 1 || n_codebooks > spec.n_q {
@@ -416,8 +445,8 @@ pub(crate) fn load_parts(
         last,
     };
     // transformers
-    let enc_tr = transformer(&l, spec, "encoder_transformer")?;
-    let dec_tr = transformer(&l, spec, "decoder_transformer")?;
+    let enc_tr = transformer(&l, spec, "encoder_transformer", opts.bf16_transformers)?;
+    let dec_tr = transformer(&l, spec, "decoder_transformer", opts.bf16_transformers)?;
     // resampling
     let d = spec.dimension;
     let s = spec.downsample_stride();

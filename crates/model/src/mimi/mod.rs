@@ -80,6 +80,15 @@ pub enum Stage {
 /// Optional trace callback (costs nothing when `None`).
 pub type Trace<'a> = Option<&'a mut dyn FnMut(Stage, &[f32])>;
 
+/// Load-time choices that trade exactness for speed (defaults: exact f32 everywhere).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MimiOptions {
+    /// Store the encoder/decoder transformer linears in bf16 (halves the ~200 MB of weights
+    /// streamed per frame at released size). Not bit-parity with PyTorch: outputs move by
+    /// ~1e-3; the parity tests run with the default (f32).
+    pub bf16_transformers: bool,
+}
+
 /// The Mimi codec weights.
 #[derive(Debug)]
 pub struct Mimi {
@@ -102,7 +111,17 @@ impl Mimi {
         spec: &MimiSpec,
         n_codebooks: usize,
     ) -> Result<Self, MimiError> {
-        let p = load::load_parts(src, spec, n_codebooks)?;
+        Self::from_tensors_with(src, spec, n_codebooks, &MimiOptions::default())
+    }
+
+    /// [`Mimi::from_tensors`] with explicit [`MimiOptions`].
+    pub fn from_tensors_with(
+        src: &dyn MimiTensors,
+        spec: &MimiSpec,
+        n_codebooks: usize,
+        opts: &MimiOptions,
+    ) -> Result<Self, MimiError> {
+        let p = load::load_parts(src, spec, n_codebooks, opts)?;
         Ok(Mimi {
             spec: spec.clone(),
             encoder: p.encoder,
