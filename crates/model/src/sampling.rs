@@ -52,6 +52,17 @@ pub enum SamplingError {
     /// A vocabulary size of zero was given.
     #[error("vocabulary size must be > 0")]
     EmptyVocab,
+    /// A logit was NaN or infinite (corrupt weights or a numerical blow-up upstream). Sampling refuses
+    /// instead of picking a token from garbage; the LM step and the runtime report it as an error.
+    #[error("{stream} logits are not finite: logit {index} is {value}")]
+    NonFiniteLogits {
+        /// `"text"` or `"audio"`.
+        stream: &'static str,
+        /// Index of the first non-finite logit.
+        index: usize,
+        /// Its value (NaN, inf or -inf).
+        value: f32,
+    },
     /// The logits row does not have the vocabulary size the sampler was built for.
     #[error("logits of length {got} given to a sampler built for {expected}")]
     LogitsLength {
@@ -303,6 +314,7 @@ impl Sampler {
                 got: logits.len(),
             });
         }
+        check_finite("text", logits)?;
         let n = logits.len();
         self.buf[..n].copy_from_slice(logits);
         if let Some(rp) = self.config.repetition_penalty {
@@ -330,6 +342,7 @@ impl Sampler {
                 got: logits.len(),
             });
         }
+        check_finite("audio", logits)?;
         let n = logits.len();
         self.buf[..n].copy_from_slice(logits);
         let settings = self.config.audio;
@@ -367,7 +380,24 @@ impl Sampler {
     }
 }
 
-/// Index of the largest value (first on ties; NaN never wins; 0 if all NaN).
+/// Refuses a logits row holding NaN or ±inf (one linear pass, no allocation).
+fn check_finite(stream: &'static str, logits: &[f32]) -> Result<(), SamplingError> {
+    // Branch-free fold (vectorizes); the position is only searched for on the error path.
+    if !logits.iter().fold(false, |bad, v| bad | !v.is_finite()) {
+        return Ok(());
+    }
+    match logits.iter().position(|v| !v.is_finite()) {
+        Some(index) => Err(SamplingError::NonFiniteLogits {
+            stream,
+            index,
+            value: logits[index],
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Index of the largest value (first on ties; NaN never wins; 0 if all NaN). The sampler never
+/// reaches it with NaN: [`Sampler::sample_text`] and [`Sampler::sample_audio`] refuse non-finite logits.
 pub fn argmax(x: &[f32]) -> u32 {
     let mut best = 0usize;
     let mut best_v = f32::NEG_INFINITY;
@@ -460,6 +490,35 @@ fn draw(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn non_finite_logits_are_refused_in_both_streams_and_modes() {
+        for cfg in [SamplerConfig::default(), SamplerConfig::greedy()] {
+            let mut s = Sampler::new(cfg, 8, 4).unwrap();
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                let mut t = [0.5f32; 8];
+                t[5] = bad;
+                match s.sample_text(&t) {
+                    Err(SamplingError::NonFiniteLogits { stream, index, .. }) => {
+                        assert_eq!((stream, index), ("text", 5));
+                    }
+                    other => panic!("text {bad}: {other:?}"),
+                }
+                let mut a = [0.5f32; 4];
+                a[0] = bad;
+                match s.sample_audio(&a) {
+                    Err(SamplingError::NonFiniteLogits { stream, index, .. }) => {
+                        assert_eq!((stream, index), ("audio", 0));
+                    }
+                    other => panic!("audio {bad}: {other:?}"),
+                }
+            }
+            // Large but finite logits still sample.
+            assert!(s
+                .sample_text(&[3e38, -3e38, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0])
+                .is_ok());
+        }
+    }
 
     #[test]
     fn splitmix_and_xoshiro_reference_values() {
