@@ -17,6 +17,19 @@ pub enum RuntimeError {
     /// The worker thread could not be spawned.
     #[error("could not spawn the session worker: {0}")]
     Spawn(#[source] std::io::Error),
+    /// The LM produced NaN or infinite logits (corrupt weights or a numerical blow-up). The frame is
+    /// refused rather than sampled; the session cannot continue meaningfully and should be ended.
+    #[error("frame {frame}: {stream} logits are not finite (logit {index} is {value}); the model weights may be corrupt")]
+    NonFiniteLogits {
+        /// LM call index of the frame.
+        frame: u64,
+        /// `"text"` or `"audio"`.
+        stream: &'static str,
+        /// Index of the first non-finite logit.
+        index: usize,
+        /// Its value.
+        value: f32,
+    },
     /// The worker thread panicked.
     #[error("the session worker panicked")]
     WorkerPanicked,

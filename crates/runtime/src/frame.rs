@@ -8,14 +8,31 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kernels::Pool;
-use model::lm::{LmGen, LmObserver, StepOptions};
+use model::lm::{LmError, LmGen, LmObserver, StepOptions};
 use model::mimi::{MimiDecoder, MimiEncoder};
-use model::sampling::{Sampler, SamplerConfig};
+use model::sampling::{Sampler, SamplerConfig, SamplingError};
 use model::text::Detokenizer;
 
 use crate::events::FrameTimings;
 use crate::resample::OutputResampler;
 use crate::{Engine, RuntimeError, FRAME_SIZE, N_AUDIO};
+
+/// Maps an LM step error; non-finite logits keep their own typed variant.
+fn lm_error(e: LmError, frame: u64) -> RuntimeError {
+    match e {
+        LmError::Sampling(SamplingError::NonFiniteLogits {
+            stream,
+            index,
+            value,
+        }) => RuntimeError::NonFiniteLogits {
+            frame,
+            stream,
+            index,
+            value,
+        },
+        e => RuntimeError::Model(e.to_string()),
+    }
+}
 
 /// A phase of the frame pass (for the test hook).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -179,7 +196,7 @@ impl Pipeline {
                 &step_opts,
                 &mut HookObserver(self.hook.as_ref()),
             )
-            .map_err(|e| RuntimeError::Model(e.to_string()))?;
+            .map_err(|e| lm_error(e, frame_index))?;
         let t_lm = Instant::now();
 
         // 3. If LMGen returned a frame: decode its audio, detokenize its text, resample to the output rate.

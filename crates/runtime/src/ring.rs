@@ -208,7 +208,10 @@ impl PcmProducer {
     }
 
     /// Append samples of any length. Each completed 1920-sample frame is queued; if the queue already holds
-    /// `max_queued_frames` frames, the oldest one is dropped and counted. Non-finite samples are replaced by 0.
+    /// `max_queued_frames` frames, the oldest one is dropped and counted.
+    ///
+    /// Input sanitisation (so that no NaN or overflow can reach Mimi and the LM): NaN and ±inf become 0,
+    /// finite samples are clamped to full scale `[-1, 1]`, and subnormal values are flushed to 0.
     pub fn push(&mut self, mut pcm: &[f32]) -> PushReport {
         if self.ring.clear_partial.swap(false, Ordering::AcqRel) {
             self.filled = 0;
@@ -220,7 +223,7 @@ impl PcmProducer {
                 .iter_mut()
                 .zip(&pcm[..n])
             {
-                *d = if s.is_finite() { s } else { 0.0 };
+                *d = sanitize(s);
             }
             self.filled += n;
             pcm = &pcm[n..];
@@ -247,6 +250,16 @@ impl PcmProducer {
     }
 }
 
+/// One input sample made safe: non-finite → 0, clamp to `[-1, 1]`, subnormal → 0.
+#[inline]
+fn sanitize(s: f32) -> f32 {
+    if !s.is_finite() || s.abs() < f32::MIN_POSITIVE {
+        0.0
+    } else {
+        s.clamp(-1.0, 1.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -259,7 +272,10 @@ mod tests {
     fn arbitrary_chunks_make_whole_frames() {
         let ring = FrameRing::new(8);
         let mut p = PcmProducer::new(ring.clone());
-        let signal: Vec<f32> = (0..FRAME_SIZE * 3 + 7).map(|i| i as f32).collect();
+        // Distinct, exactly representable values inside [-1, 1] (the producer clamps to full scale).
+        let signal: Vec<f32> = (0..FRAME_SIZE * 3 + 7)
+            .map(|i| i as f32 / 16384.0)
+            .collect();
         let mut off = 0;
         for chunk in [1usize, 333, 960, 1919, 2, 3000, 548] {
             let end = (off + chunk).min(signal.len());
@@ -275,7 +291,7 @@ mod tests {
             assert!(out
                 .iter()
                 .enumerate()
-                .all(|(i, &x)| x == (f * FRAME_SIZE + i) as f32));
+                .all(|(i, &x)| x == (f * FRAME_SIZE + i) as f32 / 16384.0));
         }
         assert!(ring.pop(&mut out).is_none());
     }
@@ -286,7 +302,7 @@ mod tests {
         let mut p = PcmProducer::new(ring.clone());
         let mut dropped = 0;
         for v in 0..5 {
-            dropped += p.push(&frame(v as f32)).frames_dropped;
+            dropped += p.push(&frame(v as f32 / 8.0)).frames_dropped;
         }
         assert_eq!(dropped, 2);
         assert_eq!(ring.dropped(), 2);
@@ -294,8 +310,8 @@ mod tests {
         let mut out = [0f32; FRAME_SIZE];
         for v in 2..5 {
             assert_eq!(ring.pop(&mut out), Some(v));
-            assert_eq!(out[0], v as f32);
-            assert_eq!(out[FRAME_SIZE - 1], v as f32);
+            assert_eq!(out[0], v as f32 / 8.0);
+            assert_eq!(out[FRAME_SIZE - 1], v as f32 / 8.0);
         }
         assert!(ring.pop(&mut out).is_none());
     }
@@ -304,22 +320,34 @@ mod tests {
     fn clear_empties_queue_and_partial() {
         let ring = FrameRing::new(4);
         let mut p = PcmProducer::new(ring.clone());
-        p.push(&frame(1.0));
-        p.push(&[2.0; 100]);
+        p.push(&frame(0.1));
+        p.push(&[0.2; 100]);
         ring.forget_partial();
         ring.discard_before(ring.published());
         assert_eq!(ring.len(), 0);
         assert_eq!(ring.discarded(), 1);
-        p.push(&[3.0; FRAME_SIZE - 100]);
+        p.push(&[0.3; FRAME_SIZE - 100]);
         assert_eq!(
             ring.len(),
             0,
             "partial frame from before the clear must be forgotten"
         );
-        p.push(&[3.0; 100]);
+        p.push(&[0.3; 100]);
         let mut out = [0f32; FRAME_SIZE];
         assert_eq!(ring.pop(&mut out), Some(1));
-        assert!(out.iter().all(|&x| x == 3.0));
+        assert!(out.iter().all(|&x| x == 0.3));
+    }
+
+    #[test]
+    fn input_is_sanitized() {
+        let ring = FrameRing::new(1);
+        let mut p = PcmProducer::new(ring.clone());
+        let mut x = vec![0.25f32; FRAME_SIZE];
+        x[..5].copy_from_slice(&[f32::NAN, f32::INFINITY, -3.0, 1e-40, 2.0]);
+        p.push(&x);
+        let mut out = [0f32; FRAME_SIZE];
+        assert_eq!(ring.pop(&mut out), Some(0));
+        assert_eq!(&out[..6], &[0.0, 0.0, -1.0, 0.0, 1.0, 0.25]);
     }
 
     #[test]
@@ -331,7 +359,7 @@ mod tests {
         let prod = std::thread::spawn(move || {
             let mut buf = vec![0f32; FRAME_SIZE];
             for v in 0..n {
-                buf.iter_mut().for_each(|x| *x = v as f32);
+                buf.iter_mut().for_each(|x| *x = v as f32 / 32768.0);
                 p.push(&buf);
             }
         });
@@ -350,6 +378,6 @@ mod tests {
         }
         prod.join().unwrap();
         assert_eq!(got + ring.dropped(), n as u64);
-        assert_eq!(last, (n - 1) as f32);
+        assert_eq!(last, (n - 1) as f32 / 32768.0);
     }
 }
