@@ -63,6 +63,20 @@ pub struct FrameOutput<'a> {
 }
 
 impl FrameOutput<'_> {
+    /// Copy into `ev`, reusing its buffers (no allocation when they are large enough).
+    pub fn copy_into(&self, ev: &mut FrameEvent) {
+        ev.epoch = self.epoch;
+        ev.frame_index = self.frame_index;
+        ev.text_token = self.text_token;
+        ev.audio_tokens = self.audio_tokens;
+        ev.text.clear();
+        ev.text.push_str(self.text);
+        ev.pcm.clear();
+        ev.pcm.extend_from_slice(self.pcm);
+        ev.timings = self.timings;
+        ev.counters = self.counters;
+    }
+
     /// An owned copy (allocates).
     pub fn to_event(&self) -> FrameEvent {
         FrameEvent {
@@ -70,8 +84,17 @@ impl FrameOutput<'_> {
             frame_index: self.frame_index,
             text_token: self.text_token,
             audio_tokens: self.audio_tokens,
-            text: self.text.to_owned(),
-            pcm: self.pcm.to_vec(),
+            text: {
+                let mut t = String::with_capacity(self.text.len().max(64));
+                t.push_str(self.text);
+                t
+            },
+            // Headroom so that a recycled buffer rarely has to grow (output lengths vary when resampling).
+            pcm: {
+                let mut v = Vec::with_capacity(self.pcm.len() * 2 + 64);
+                v.extend_from_slice(self.pcm);
+                v
+            },
             timings: self.timings,
             counters: self.counters,
         }

@@ -26,7 +26,8 @@ pub(crate) enum Driven {
 
 /// Something the worker can drive frame by frame (the real [`crate::Session`], or a fake in tests).
 pub(crate) trait Drive: Send + 'static {
-    fn drive(&mut self) -> Result<Driven, RuntimeError>;
+    /// One step. A produced frame should reuse `spare`'s buffers (taking it) when it is `Some`.
+    fn drive(&mut self, spare: &mut Option<FrameEvent>) -> Result<Driven, RuntimeError>;
     fn control(&self) -> SessionControl;
     fn ring(&self) -> Arc<FrameRing>;
     fn take_producer(&mut self) -> Option<PcmProducer>;
@@ -62,6 +63,7 @@ impl std::fmt::Debug for SessionRunner {
 /// The receiving end of a runner's events. `Send`; may be moved to another thread.
 pub struct EventReceiver {
     rx: Receiver<Event>,
+    recycle: SyncSender<FrameEvent>,
     worker: Thread,
     control: SessionControl,
 }
@@ -105,6 +107,12 @@ impl EventReceiver {
         }
     }
 
+    /// Give a frame's buffers back to the worker, which reuses them for a later frame instead of allocating.
+    /// Optional; a consumer that recycles every frame makes the whole threaded path allocation-free.
+    pub fn recycle(&self, frame: FrameEvent) {
+        let _ = self.recycle.try_send(frame);
+    }
+
     /// The next event if one is ready.
     pub fn try_recv(&self) -> Result<Event, TryRecvError> {
         loop {
@@ -132,13 +140,14 @@ impl SessionRunner {
         event_capacity: usize,
     ) -> Result<SessionRunner, RuntimeError> {
         let (tx, rx) = mpsc::sync_channel(event_capacity.max(1));
+        let (recycle, recycled) = mpsc::sync_channel(event_capacity.max(1) + 2);
         let control = driver.control();
         let ring = driver.ring();
         let producer = driver.take_producer();
         let wctl = control.clone();
         let join = thread::Builder::new()
             .name("moshi-session".into())
-            .spawn(move || worker(driver, tx, wctl))
+            .spawn(move || worker(driver, tx, recycled, wctl))
             .map_err(RuntimeError::Spawn)?;
         let t = join.thread().clone();
         let t2 = t.clone();
@@ -148,6 +157,7 @@ impl SessionRunner {
         join.thread().unpark();
         let events = EventReceiver {
             rx,
+            recycle,
             worker: join.thread().clone(),
             control: control.clone(),
         };
@@ -218,13 +228,23 @@ fn send<D: Drive>(tx: &SyncSender<Event>, mut ev: Event, control: &SessionContro
     }
 }
 
-fn worker<D: Drive>(mut d: D, tx: SyncSender<Event>, control: SessionControl) -> Counters {
+fn worker<D: Drive>(
+    mut d: D,
+    tx: SyncSender<Event>,
+    recycled: Receiver<FrameEvent>,
+    control: SessionControl,
+) -> Counters {
+    let mut spare: Option<FrameEvent> = None;
     loop {
-        match d.drive() {
+        if spare.is_none() {
+            spare = recycled.try_recv().ok();
+        }
+        match d.drive(&mut spare) {
             Ok(Driven::Idle) | Ok(Driven::Paused) => thread::park(),
             Ok(Driven::Frame(f)) => {
                 if f.epoch < control.epoch() {
-                    continue; // interrupted after this frame was produced: discard
+                    spare = Some(f); // interrupted after this frame was produced: discard, keep the buffers
+                    continue;
                 }
                 if !send(&tx, Event::Frame(f), &control, &d) {
                     break;
@@ -277,7 +297,7 @@ pub(crate) mod tests {
     }
 
     impl Drive for Fake {
-        fn drive(&mut self) -> Result<Driven, RuntimeError> {
+        fn drive(&mut self, _spare: &mut Option<FrameEvent>) -> Result<Driven, RuntimeError> {
             if self.control.is_stop_requested() {
                 return Ok(Driven::Stopped(StopReason::Requested));
             }

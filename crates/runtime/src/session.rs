@@ -5,7 +5,7 @@ use std::sync::Arc;
 use model::sampling::SamplerConfig;
 
 use crate::control::SessionControl;
-use crate::events::{Counters, FrameOutput, Step, StopReason};
+use crate::events::{Counters, FrameEvent, FrameOutput, Step, StopReason};
 use crate::frame::{PhaseHook, Pipeline};
 use crate::ring::{FrameRing, PcmProducer, PushReport};
 use crate::runner::{Drive, Driven, SessionRunner};
@@ -257,12 +257,18 @@ impl Session {
 }
 
 impl Drive for Session {
-    fn drive(&mut self) -> Result<Driven, RuntimeError> {
+    fn drive(&mut self, spare: &mut Option<FrameEvent>) -> Result<Driven, RuntimeError> {
         Ok(match self.step()? {
             Step::Idle => Driven::Idle,
             Step::Paused => Driven::Paused,
             Step::Stopped(r) => Driven::Stopped(r),
-            Step::Frame(f) => Driven::Frame(f.to_event()),
+            Step::Frame(f) => match spare.take() {
+                Some(mut ev) => {
+                    f.copy_into(&mut ev);
+                    Driven::Frame(ev)
+                }
+                None => Driven::Frame(f.to_event()),
+            },
         })
     }
     fn control(&self) -> SessionControl {

@@ -9,7 +9,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use common::*;
-use runtime::{EngineOptions, Session, SessionOptions, Step, FRAME_SIZE};
+use runtime::{EngineOptions, Event, Session, SessionOptions, SessionRunner, Step, FRAME_SIZE};
 
 struct Counting;
 
@@ -105,4 +105,41 @@ fn steady_state_frames_do_not_allocate() {
             "after commands ({threads} threads)"
         );
     }
+
+    // The threaded driver: producer → worker → events, with every frame's buffers recycled.
+    let session = Session::new(
+        engine(),
+        SessionOptions {
+            max_queued_frames: 4,
+            ..sampled(5)
+        },
+    )
+    .unwrap();
+    let mut r = SessionRunner::spawn(session, 4).unwrap();
+    let mut mic = r.producer().unwrap();
+    let ev = r.events().unwrap();
+    let pcm = signal(240, 32);
+    let mut run_frames = |frames: std::ops::Range<usize>| {
+        let mut n = 0;
+        for f in frames {
+            mic.push(&pcm[f * FRAME_SIZE..(f + 1) * FRAME_SIZE]);
+            match ev.recv() {
+                Some(Event::Frame(e)) => {
+                    std::hint::black_box(e.pcm.len());
+                    ev.recycle(e);
+                    n += 1;
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        n
+    };
+    assert_eq!(run_frames(0..40), 40);
+    ALLOCS.store(0, Ordering::SeqCst);
+    COUNTING.store(true, Ordering::SeqCst);
+    let n = run_frames(40..240);
+    COUNTING.store(false, Ordering::SeqCst);
+    let allocs = ALLOCS.load(Ordering::SeqCst);
+    assert_eq!((allocs, n), (0, 200), "threaded path with recycled events");
+    r.stop().unwrap();
 }
