@@ -234,3 +234,52 @@ fn inspect_bundle(dir: &Path, list: bool) -> Result<()> {
     println!("  schema:    complete ({} tensors)", mimi.len());
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixtures() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
+    }
+
+    fn inspect(p: PathBuf) -> Result<()> {
+        run(&InspectArgs {
+            path: p,
+            tensors: true,
+        })
+    }
+
+    #[test]
+    fn inspects_bundles_and_files() {
+        for d in ["lm", "lm_gguf_q8", "lm_mlx_q4", "lm_candle_bf16"] {
+            inspect(fixtures().join(d)).unwrap();
+        }
+        inspect(fixtures().join("mimi/mimi_hf.safetensors")).unwrap();
+        inspect(fixtures().join("lm_mlx_q8/model.q8.safetensors")).unwrap();
+    }
+
+    #[test]
+    fn refusals_exit_with_errors() {
+        let dir = std::env::temp_dir().join(format!("moshi-inspect-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let lora = dir.join("lora.safetensors");
+        let t = vec![
+            ("text_emb.weight".to_string(), "F32", vec![1], vec![0u8; 4]),
+            ("a.lora_B.weight".to_string(), "F32", vec![1], vec![0u8; 4]),
+        ];
+        std::fs::write(&lora, model::checkpoint::safetensors::to_bytes(&t)).unwrap();
+        let e = inspect(lora).unwrap_err();
+        assert!(format!("{e:#}").contains("LoRA"), "{e:#}");
+        let trunc = dir.join("trunc.gguf");
+        std::fs::write(&trunc, b"GGUF\x03\x00\x00\x00\x01").unwrap();
+        let e = inspect(trunc).unwrap_err();
+        assert!(format!("{e:#}").contains("truncated"), "{e:#}");
+        assert!(inspect(dir.join("missing")).is_err());
+        // A bundle whose config.json asks for an unsupported model type.
+        std::fs::write(dir.join("config.json"), r#"{"model_type": "hibiki"}"#).unwrap();
+        let e = inspect(dir.clone()).unwrap_err();
+        assert!(format!("{e:#}").contains("hibiki"), "{e:#}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}

@@ -79,3 +79,39 @@ pub fn run(args: &SynthArgs) -> Result<()> {
     );
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiny_synth_bundle_inspects_clean() {
+        let out = std::env::temp_dir().join(format!("moshi-cli-synth-{}", std::process::id()));
+        let cfg = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/lm/config.json");
+        for format in ["bf16", "q8-gguf", "mlx-q4"] {
+            let dir = out.join(format);
+            run(&SynthArgs {
+                variant: "moshiko".into(),
+                format: format.into(),
+                config: Some(cfg.clone()),
+                out: dir.clone(),
+                seed: 1,
+            })
+            .unwrap();
+            crate::cmd_inspect::run(&crate::cmd_inspect::InspectArgs {
+                path: dir,
+                tensors: false,
+            })
+            .unwrap();
+        }
+        assert!(run(&SynthArgs {
+            variant: "moshiko".into(),
+            format: "q3".into(),
+            config: None,
+            out: out.join("x"),
+            seed: 1,
+        })
+        .is_err());
+        std::fs::remove_dir_all(&out).ok();
+    }
+}
