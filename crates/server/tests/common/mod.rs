@@ -208,17 +208,45 @@ pub async fn send_bin(ws: &mut Ws, kind: u8, payload: &[u8]) -> bool {
     ws.send(Message::Binary(m.into())).await.is_ok()
 }
 
-/// Plain HTTP GET on loopback; returns (status, body).
+/// Plain HTTP GET on loopback; returns (status, body). Reads by Content-Length (some servers keep
+/// the connection open despite `Connection: close`), with a 10 s limit.
 pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+    let fut = async {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
         .await
         .unwrap();
-    let mut v = Vec::new();
-    s.read_to_end(&mut v).await.unwrap();
+        let mut v = Vec::new();
+        let mut buf = [0u8; 8192];
+        loop {
+            let n = s.read(&mut buf).await.unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            v.extend_from_slice(&buf[..n]);
+            if let Some(h) = v.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&v[..h]).to_ascii_lowercase();
+                if let Some(len) = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|x| x.trim().parse::<usize>().ok())
+                {
+                    if v.len() >= h + 4 + len {
+                        break;
+                    }
+                }
+            }
+        }
+        v
+    };
+    let v = tokio::time::timeout(Duration::from_secs(10), fut)
+        .await
+        .expect("http timeout");
     let text = String::from_utf8_lossy(&v).into_owned();
-    let status = text[9..12].parse().unwrap();
+    let status = text.get(9..12).and_then(|x| x.parse().ok()).unwrap_or(0);
     let body = text
         .split_once("\r\n\r\n")
         .map(|x| x.1.to_string())
