@@ -189,6 +189,10 @@ impl Session {
             self.ring.discard_before(self.stream_start);
             self.pipeline.reset();
             self.frame_index = 0;
+            // A new stream gets a new step budget; an explicit stop stays.
+            if self.stopped == Some(StopReason::MaxSteps) {
+                self.stopped = None;
+            }
         }
     }
 

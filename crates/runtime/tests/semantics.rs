@@ -180,6 +180,11 @@ fn stop_and_max_steps() {
         s.step().unwrap(),
         Step::Stopped(StopReason::MaxSteps)
     ));
+    // A new stream gets a new step budget.
+    s.reset();
+    let mut again = Collected::default();
+    feed(&mut s, &pcm, &mut again);
+    assert_eq!(again.frame_index, [0, 1, 2, 3]);
     let mut s = Session::new(engine(), greedy()).unwrap();
     s.push_pcm(&pcm[..FRAME_SIZE]).unwrap();
     s.stop();
