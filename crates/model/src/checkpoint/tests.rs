@@ -561,3 +561,11 @@ fn legacy_and_new_attention_in_one_file_conflict() {
         "{e:?}"
     );
 }
+
+#[test]
+fn weights_and_bundle_are_shareable_across_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Weights>();
+    assert_send_sync::<Bundle>();
+    assert_send_sync::<CheckpointError>();
+}
