@@ -82,7 +82,7 @@ fn main() {
     let spec = LmSpec::moshiko();
     let pools: Vec<Pool> = threads.iter().map(|&t| Pool::new(t)).collect();
     let probe_buf = vec![1.0f32; 512 << 18]; // 512 MiB
-    println!("| format | KV position | threads | ms/frame median | ms/frame min–max | read probe GB/s (median) | weight GB/frame | weight floor ms (bytes ÷ probe) | floor ÷ measured |");
+    println!("| format | KV position | threads | ms/frame median | ms/frame min–max | read probe GB/s (median) | weight + bf16 KV GB/frame | roofline ms ((weights + KV) ÷ probe) | roofline ÷ measured |");
     println!("|---|---|---|---|---|---|---|---|---|");
     for &format in &formats {
         let t0 = Instant::now();
@@ -117,11 +117,14 @@ fn main() {
                 let hi = times[i].iter().copied().fold(0.0, f64::max);
                 let ms = median(&mut times[i]);
                 let gbps = median(&mut probes[i]);
-                let floor = wbytes / (gbps * 1e9) * 1e3;
+                // bf16 K and V of every layer over the attended window.
+                let kv_bytes = (spec.num_layers * 2 * pos.min(spec.context) * spec.dim * 2) as f64;
+                let bytes = wbytes + kv_bytes;
+                let floor = bytes / (gbps * 1e9) * 1e3;
                 println!(
                     "| {format:?} | {pos} | {} | {ms:.0} | {lo:.0}–{hi:.0} | {gbps:.1} | {:.2} | {floor:.0} | {:.2} |",
                     pool.n_threads(),
-                    wbytes / 1e9,
+                    bytes / 1e9,
                     floor / ms
                 );
             }
