@@ -21,12 +21,18 @@ seed ogg_opus_input $fx/ogg/*.ogg ../crates/server/tests/data/*.ogg
 seed ws_message
 printf '\x00\x00\x00\x00\x00' > corpus/ws_message/handshake
 printf 'text_temperature=0.7&text_topk=25&audio_temperature=0.8&audio_topk=250&pad_mult=0&repetition_penalty=1.0&repetition_penalty_context=64&text_seed=1&audio_seed=2&max_steps=100' > corpus/ws_message/query
+# Build every target once (release + ASan + coverage), then run the binaries directly, so that a
+# source change in the middle of a long campaign cannot trigger rebuilds between targets.
+cargo fuzz build -O >/dev/null 2>&1 || { cargo fuzz build -O; exit 2; }
+bindir=target/x86_64-unknown-linux-gnu/release
 status=0
 printf '%-20s %12s %8s %s\n' target execs crashes seconds
 for t in $(cargo fuzz list); do
   start=$(date +%s)
   log=$(mktemp)
-  cargo fuzz run "$t" "corpus/$t" -- -runs="$RUNS" -max_len=1048576 -rss_limit_mb=2048 -timeout=10 >"$log" 2>&1
+  mkdir -p "artifacts/$t"
+  "$bindir/$t" "corpus/$t" -artifact_prefix="artifacts/$t/" -runs="$RUNS" -max_len="${MAX_LEN:-65536}" \
+    -rss_limit_mb=2048 -timeout=10 >"$log" 2>&1
   rc=$?
   execs=$(grep -o 'Done [0-9]* runs' "$log" | grep -o '[0-9]*' | tail -1)
   crashes=$(ls artifacts/"$t" 2>/dev/null | grep -c -E '^(crash|oom|timeout|leak)-' || true)
