@@ -1,4 +1,4 @@
-//! Small f32 helpers of the Mimi codec (attention dot/axpy, pointwise ops); the matrix
+//! Small f32 helpers of the Mimi codec (attention over the KV ring, pointwise ops); the matrix
 //! products themselves run in the `kernels` crate.
 //!
 //! Every routine has a portable body; on x86_64 the same body is also compiled with
@@ -52,54 +52,72 @@ macro_rules! dispatch {
     };
 }
 
-/// Dot product (used by attention and the codebook search).
-#[inline]
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    dot_dispatch(a, b)
-}
-
-fn dot_dispatch(a: &[f32], b: &[f32]) -> f32 {
-    let mut out = 0f32;
-    dot_into(a, b, &mut out);
-    out
+/// Sizes of one [`attend`] call.
+#[derive(Debug, Clone, Copy)]
+pub struct AttendShape {
+    /// Model dimension (row length of the KV rings).
+    pub d: usize,
+    /// Heads (head dim = d / heads).
+    pub heads: usize,
+    /// First and last (inclusive) absolute key positions attended.
+    pub lo: usize,
+    /// Last key position (the query's own).
+    pub hi: usize,
+    /// Ring capacity (slot = position mod cap).
+    pub cap: usize,
+    /// Score scale (1/√head_dim).
+    pub scale: f32,
 }
 
 dispatch! {
-    fn dot_into / dot_portable / dot_avx2(a: &[f32], b: &[f32], out: &mut f32) {
-        let n = a.len().min(b.len());
-        let mut acc = [0f32; 16];
-        let chunks = n / 16;
-        for ch in 0..chunks {
-            let av: &[f32; 16] = a[ch * 16..ch * 16 + 16].try_into().unwrap();
-            let bv: &[f32; 16] = b[ch * 16..ch * 16 + 16].try_into().unwrap();
-            for q in 0..16 {
-                acc[q] = fma!(av[q], bv[q], acc[q]);
+    /// Multi-head attention of one query row `q [d]` over ring slots of keys/values `[cap, d]`
+    /// for positions `lo..=hi`: per head softmax(q·k·scale) v into `out [d]`.
+    pub fn attend / attend_portable / attend_avx2(
+        q: &[f32], keys: &[f32], values: &[f32], sh: AttendShape, scores: &mut [f32], out: &mut [f32],
+    ) {
+        let hd = sh.d / sh.heads;
+        let n = sh.hi + 1 - sh.lo;
+        for h in 0..sh.heads {
+            let qh = &q[h * hd..(h + 1) * hd];
+            let sc = &mut scores[..n];
+            let mut mx = f32::NEG_INFINITY;
+            for (i, kp) in (sh.lo..=sh.hi).enumerate() {
+                let slot = kp % sh.cap;
+                let k = &keys[slot * sh.d + h * hd..slot * sh.d + (h + 1) * hd];
+                let mut acc = [0f32; 16];
+                let chunks = hd / 16;
+                for ch in 0..chunks {
+                    let av: &[f32; 16] = qh[ch * 16..ch * 16 + 16].try_into().unwrap();
+                    let bv: &[f32; 16] = k[ch * 16..ch * 16 + 16].try_into().unwrap();
+                    for j in 0..16 {
+                        acc[j] = fma!(av[j], bv[j], acc[j]);
+                    }
+                }
+                let mut v = acc.iter().sum::<f32>();
+                for j in chunks * 16..hd {
+                    v = fma!(qh[j], k[j], v);
+                }
+                let v = v * sh.scale;
+                sc[i] = v;
+                mx = mx.max(v);
+            }
+            let mut sum = 0.0;
+            for v in sc.iter_mut() {
+                *v = (*v - mx).exp();
+                sum += *v;
+            }
+            let inv = 1.0 / sum;
+            let o = &mut out[h * hd..(h + 1) * hd];
+            o.fill(0.0);
+            for (i, kp) in (sh.lo..=sh.hi).enumerate() {
+                let slot = kp % sh.cap;
+                let vv = &values[slot * sh.d + h * hd..slot * sh.d + (h + 1) * hd];
+                let w = sc[i] * inv;
+                for (oj, &vj) in o.iter_mut().zip(vv) {
+                    *oj = fma!(w, vj, *oj);
+                }
             }
         }
-        let mut s = acc.iter().sum::<f32>();
-        for i in chunks * 16..n {
-            s = fma!(a[i], b[i], s);
-        }
-        *out = s;
-    }
-}
-
-dispatch! {
-    /// `y += alpha · x`.
-    pub fn axpy / axpy_portable / axpy_avx2(alpha: f32, x: &[f32], y: &mut [f32]) {
-        for (yi, &xi) in y.iter_mut().zip(x) {
-            *yi = fma!(alpha, xi, *yi);
-        }
-    }
-}
-
-/// ELU with alpha = 1 (PyTorch `nn.ELU()`): x if x > 0 else exp(x) − 1 (reference).
-#[cfg(test)]
-pub fn elu(x: f32) -> f32 {
-    if x > 0.0 {
-        x
-    } else {
-        x.exp_m1()
     }
 }
 

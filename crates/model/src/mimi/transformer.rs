@@ -174,33 +174,23 @@ impl Transformer {
                 let lo = (p + 1)
                     .saturating_sub(self.context)
                     .max((last + 1).saturating_sub(cap));
-                let n = p + 1 - lo;
                 let q_row = &st.qkv[s * 3 * d..s * 3 * d + d];
-                for hh in 0..self.heads {
-                    let q = &q_row[hh * hd..(hh + 1) * hd];
-                    let sc = &mut st.scores[..n];
-                    let mut mx = f32::NEG_INFINITY;
-                    for (i, kp) in (lo..=p).enumerate() {
-                        let slot = kp % cap;
-                        let kv = &kc[slot * d + hh * hd..slot * d + (hh + 1) * hd];
-                        let v = linalg::dot(q, kv) * inv_sqrt;
-                        sc[i] = v;
-                        mx = mx.max(v);
-                    }
-                    let mut sum = 0.0;
-                    for v in sc.iter_mut() {
-                        *v = (*v - mx).exp();
-                        sum += *v;
-                    }
-                    let inv = 1.0 / sum;
-                    let out = &mut st.att[s * d + hh * hd..s * d + (hh + 1) * hd];
-                    out.fill(0.0);
-                    for (i, kp) in (lo..=p).enumerate() {
-                        let slot = kp % cap;
-                        let vv = &vc[slot * d + hh * hd..slot * d + (hh + 1) * hd];
-                        linalg::axpy(sc[i] * inv, vv, out);
-                    }
-                }
+                let out = &mut st.att[s * d..(s + 1) * d];
+                linalg::attend(
+                    q_row,
+                    kc,
+                    vc,
+                    linalg::AttendShape {
+                        d,
+                        heads: self.heads,
+                        lo,
+                        hi: p,
+                        cap,
+                        scale: inv_sqrt,
+                    },
+                    &mut st.scores,
+                    out,
+                );
             }
             matmul(
                 &layer.out_proj,
