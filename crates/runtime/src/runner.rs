@@ -76,10 +76,14 @@ impl std::fmt::Debug for EventReceiver {
 
 impl EventReceiver {
     /// Whether to hand this event to the consumer (frames of an older epoch are dropped).
-    fn keep(&self, ev: &Event) -> bool {
+    /// Returns the event if it is to be delivered; a frame of an older epoch is dropped (its buffers recycled).
+    fn keep(&self, ev: Event) -> Option<Event> {
         match ev {
-            Event::Frame(f) => f.epoch >= self.control.epoch(),
-            _ => true,
+            Event::Frame(f) if f.epoch < self.control.epoch() => {
+                self.recycle(f);
+                None
+            }
+            ev => Some(ev),
         }
     }
 
@@ -88,7 +92,7 @@ impl EventReceiver {
         loop {
             let ev = self.rx.recv().ok()?;
             self.worker.unpark();
-            if self.keep(&ev) {
+            if let Some(ev) = self.keep(ev) {
                 return Some(ev);
             }
         }
@@ -101,7 +105,7 @@ impl EventReceiver {
             let left = deadline.saturating_duration_since(Instant::now());
             let ev = self.rx.recv_timeout(left)?;
             self.worker.unpark();
-            if self.keep(&ev) {
+            if let Some(ev) = self.keep(ev) {
                 return Ok(ev);
             }
         }
@@ -118,7 +122,7 @@ impl EventReceiver {
         loop {
             let ev = self.rx.try_recv()?;
             self.worker.unpark();
-            if self.keep(&ev) {
+            if let Some(ev) = self.keep(ev) {
                 return Ok(ev);
             }
         }
