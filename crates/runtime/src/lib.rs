@@ -8,6 +8,24 @@
 //! * [`SessionRunner`]: a worker thread per session with an event queue; stop joins exactly once.
 //!
 //! See `docs/CONTRACTS.md` (runtime section) for the contract and `examples/duplex.rs` for a runnable example.
+//!
+//! ```no_run
+//! use runtime::{Engine, EngineOptions, Event, Session, SessionOptions};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let engine = Engine::open("fixtures/lm".as_ref(), EngineOptions::default())?;
+//! let session = Session::new(engine.clone(), SessionOptions { output_rate: 48_000, ..Default::default() })?;
+//! let mut runner = session.spawn(16)?;
+//! let mut mic = runner.producer().unwrap(); // push 24 kHz mono PCM from anywhere, never blocks
+//! let events = runner.events().unwrap();
+//! mic.push(&vec![0.0; 4 * runtime::FRAME_SIZE]);
+//! runner.control().interrupt(); // output of the old epoch is dropped; the model state continues
+//! if let Some(Event::Frame(f)) = events.recv() {
+//!     println!("frame {} epoch {}: {} samples, text {:?}", f.frame_index, f.epoch, f.pcm.len(), f.text);
+//!     events.recycle(f); // optional: reuse the buffers
+//! }
+//! runner.stop()?; // joins the worker exactly once
+//! # Ok(()) }
+//! ```
 
 #![warn(missing_docs)]
 
