@@ -375,3 +375,21 @@ mod tests {
         assert_eq!(safe_join(root, "/a/%2e%2e/%2e%2e/x"), None);
     }
 }
+
+#[cfg(all(test, unix))]
+mod signal_tests {
+    #[tokio::test]
+    async fn sigterm_is_caught() {
+        let h = tokio::spawn(super::shutdown_signal());
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let st = std::process::Command::new("kill")
+            .args(["-TERM", &std::process::id().to_string()])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        tokio::time::timeout(std::time::Duration::from_secs(5), h)
+            .await
+            .expect("SIGTERM completes shutdown_signal")
+            .unwrap();
+    }
+}

@@ -56,7 +56,7 @@ async fn conversation_roundtrip_both_framings() {
         // except frames dropped because the (loaded) machine fell behind, which are counted.
         let dropped = (srv.metrics.frames_dropped.load(Relaxed) - dropped_before) as usize;
         assert!(
-            packets >= 2 * 100,
+            packets >= 2 * 60,
             "browser={browser}: {packets} packets, {dropped} dropped"
         );
         assert_eq!(
@@ -123,7 +123,7 @@ async fn malformed_traffic_is_ignored_or_refused_while_others_run() {
     let good_task = tokio::spawn(converse(
         good,
         60,
-        Duration::from_millis(20),
+        Duration::from_millis(80),
         true,
         Duration::from_millis(300),
     ));
@@ -192,7 +192,7 @@ async fn malformed_traffic_is_ignored_or_refused_while_others_run() {
 
     let r = good_task.await.unwrap();
     let (pcm, packets) = decode_all(&r.audio_bytes);
-    assert!(packets >= 100, "good session kept running: {packets}");
+    assert!(packets >= 60, "good session kept running: {packets}");
     assert!(!pcm.is_empty());
     assert!(r.errors.is_empty());
     drop(bad);
