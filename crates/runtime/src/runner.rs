@@ -195,7 +195,8 @@ impl SessionRunner {
     }
 
     /// Request stop and join the worker (exactly once; later calls return the same counters). Never
-    /// deadlocks: the worker never blocks on the event queue, and a frame pass in progress simply completes.
+    /// deadlocks: the worker never blocks on the event queue, and a frame pass in progress simply completes,
+    /// so this blocks at most for the rest of one frame pass (call it off an async executor's worker threads).
     pub fn stop(&mut self) -> Result<Counters, RuntimeError> {
         self.control.stop();
         if let Some(j) = self.join.take() {
