@@ -314,6 +314,7 @@ mod tests {
             std::fs::read(&c).unwrap(),
         );
         assert_eq!(ra, rb, "same seed, same bytes");
+        assert_ne!(ra, rc, "different seed, different run");
         let (ta, tc) = (read_safetensors(&a).unwrap(), read_safetensors(&c).unwrap());
         assert_ne!(ta["out_audio"].data, tc["out_audio"].data, "seed matters");
         for p in [a, b, c] {
