@@ -42,3 +42,46 @@ fn detect() -> SimdLevel {
     }
     SimdLevel::Scalar
 }
+
+static VNNI: AtomicU8 = AtomicU8::new(0);
+static VNNI_ALLOWED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// True when the quantized kernels use AVX-VNNI (`vpdpbusd`): the CPU has it, the SIMD
+/// level is AVX2, `MOSHI_KERNELS_NO_VNNI` is unset and [`set_vnni_allowed`] did not turn
+/// it off.
+pub fn vnni() -> bool {
+    if !VNNI_ALLOWED.load(Ordering::Relaxed) {
+        return false;
+    }
+    match VNNI.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            let v = detect_vnni();
+            VNNI.store(if v { 2 } else { 1 }, Ordering::Relaxed);
+            v
+        }
+    }
+}
+
+fn detect_vnni() -> bool {
+    if simd_level() != SimdLevel::Avx2
+        || std::env::var_os("MOSHI_KERNELS_NO_VNNI").is_some_and(|v| v != "0" && !v.is_empty())
+    {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avxvnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Allows or forbids the AVX-VNNI kernels at run time (both paths compute the same
+/// integer sums; tests and benchmarks use this to compare them).
+pub fn set_vnni_allowed(allowed: bool) {
+    VNNI_ALLOWED.store(allowed, Ordering::Relaxed);
+}

@@ -11,6 +11,8 @@
 //! NEON kernels are not written yet because the aarch64 target cannot be type-checked
 //! on the development machines — and by the property tests). Setting the environment
 //! variable `MOSHI_KERNELS_SCALAR=1` before the first kernel call forces the scalar path.
+//! On CPUs with AVX-VNNI the quantized kernels use `vpdpbusd` ([`vnni`]);
+//! `MOSHI_KERNELS_NO_VNNI=1` keeps them on the plain AVX2 `vpmaddubsw` path.
 //!
 //! # Quantized formats and activations
 //! Quantized weights (GGUF Q8_0 / Q4_0, MLX affine 4/8-bit) are multiplied against
@@ -45,7 +47,7 @@ mod storage;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-pub use cpu::{simd_level, SimdLevel};
+pub use cpu::{set_vnni_allowed, simd_level, vnni, SimdLevel};
 pub use matrix::{Matrix, Scratch, WeightFormat};
 pub use pool::Pool;
 pub use storage::Storage;

@@ -26,12 +26,14 @@ pub const SPIN: Duration = Duration::from_micros(80);
 /// Shares per thread a matrix product is cut into (dynamic load balancing).
 const SHARES_PER_THREAD: usize = 4;
 
+/// Most shares one dispatch can have (16-bit field of the state word).
+const MAX_SHARES: usize = 0xffff;
+
 type Job = *const (dyn Fn(usize) + Sync);
 
 struct Shared {
-    /// Epoch (high 32 bits) | next unclaimed share (low 32 bits).
+    /// Epoch (bits 32..64) | number of shares (bits 16..32) | next unclaimed share (bits 0..16).
     state: AtomicU64,
-    n_shares: AtomicUsize,
     completed: AtomicUsize,
     panicked: AtomicBool,
     stop: AtomicBool,
@@ -52,8 +54,11 @@ impl Shared {
             if (s >> 32) as u32 != epoch {
                 return ran;
             }
-            let i = (s & 0xffff_ffff) as usize;
-            if i >= self.n_shares.load(Ordering::Acquire) {
+            // The share count lives in the same word as the epoch and the claim index, so
+            // a claim can only succeed against the dispatch that published it.
+            let n = ((s >> 16) & 0xffff) as usize;
+            let i = (s & 0xffff) as usize;
+            if i >= n {
                 return ran;
             }
             if self
@@ -63,8 +68,8 @@ impl Shared {
             {
                 continue;
             }
-            // SAFETY: a claimed share of the current epoch keeps the caller waiting, so the
-            // job published (release) before this epoch is alive.
+            // SAFETY: a claimed, uncompleted share of the current epoch keeps the caller
+            // waiting, so the job published (release) with this epoch is alive.
             if let Some(job) = unsafe { *self.job.get() } {
                 let r = catch_unwind(AssertUnwindSafe(|| unsafe { (*job)(i) }));
                 if r.is_err() {
@@ -103,7 +108,6 @@ impl Pool {
     pub fn new(n_threads: usize) -> Pool {
         let shared = Arc::new(Shared {
             state: AtomicU64::new(0),
-            n_shares: AtomicUsize::new(0),
             completed: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             stop: AtomicBool::new(false),
@@ -152,7 +156,9 @@ impl Pool {
         let act = m.prepare(x, n, scratch);
         let level = simd_level();
         let tiles = m.tiles();
-        let shares = (self.n_threads() * SHARES_PER_THREAD).min(tiles);
+        let shares = (self.n_threads() * SHARES_PER_THREAD)
+            .min(tiles)
+            .min(MAX_SHARES);
         let yp = SendPtr(y.as_mut_ptr());
         let rows = m.rows();
         let f = |i: usize| {
@@ -182,7 +188,9 @@ impl Pool {
             return;
         }
         let _guard = self.lock();
-        let shares = n_tasks.min(self.n_threads() * SHARES_PER_THREAD);
+        let shares = n_tasks
+            .min(self.n_threads() * SHARES_PER_THREAD)
+            .min(MAX_SHARES);
         let g = |i: usize| {
             let (a, b) = split(n_tasks, shares, i);
             (a..b).for_each(f)
@@ -216,11 +224,14 @@ impl Pool {
             std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), Job>(f as *const _)
         };
         unsafe { *sh.job.get() = Some(job) };
-        sh.n_shares.store(shares, Ordering::Relaxed);
+        debug_assert!(shares <= MAX_SHARES);
         sh.completed.store(0, Ordering::Relaxed);
         let epoch = self.epoch.get().wrapping_add(1);
         self.epoch.set(epoch);
-        sh.state.store((epoch as u64) << 32, Ordering::Release);
+        sh.state.store(
+            ((epoch as u64) << 32) | ((shares as u64) << 16),
+            Ordering::Release,
+        );
         for (t, _) in &self.workers {
             t.unpark();
         }
@@ -293,7 +304,6 @@ fn worker(sh: Arc<Shared>) {
 impl Drop for Pool {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
-        self.shared.n_shares.store(0, Ordering::Relaxed);
         let epoch = self.epoch.get().wrapping_add(1);
         self.shared
             .state
@@ -336,15 +346,15 @@ mod tests {
 
     #[test]
     fn many_dispatches_and_panics_propagate() {
-        let pool = Pool::new(2);
+        let pool = Pool::new(3);
         let total = AtomicUsize::new(0);
-        for round in 0..5000 {
+        for round in 0..30000 {
             let n = 1 + round % 9;
             pool.run(n, &|i| {
                 total.fetch_add(i + 1, Ordering::Relaxed);
             });
         }
-        let want: usize = (0..5000)
+        let want: usize = (0..30000)
             .map(|r| {
                 let n = 1 + r % 9;
                 n * (n + 1) / 2

@@ -173,141 +173,216 @@ unsafe fn bcast4(p: *const i8) -> __m256i {
     _mm256_set1_epi32((p as *const i32).read_unaligned())
 }
 
-/// One tile of 8 rows against `N` activation rows (`i0..i0+N`), q8 codes.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn q8_tile<const N: usize>(
-    q: &QPacked,
-    t: usize,
-    act: &Act<'_>,
-    cols: usize,
-    i0: usize,
-    out: &mut [[f32; 8]; N],
-) {
-    let nb = q.blocks;
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = [_mm256_setzero_ps(); N];
-    let mut corr = [_mm256_setzero_ps(); N];
-    let affine = q.kind == QKind::Affine8;
-    let mut wp = q.codes.as_ptr().add(t * nb * TILE * QK);
-    for b in 0..nb {
-        let mut isum = [_mm256_setzero_si256(); N];
-        for j in 0..8 {
-            let w = _mm256_loadu_si256(wp.add(32 * j) as *const __m256i);
-            let aw = _mm256_sign_epi8(w, w);
-            for i in 0..N {
-                let xb = bcast4(act.q.as_ptr().add((i0 + i) * cols + b * QK + 4 * j));
-                let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xb, w));
-                isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(p, ones));
+/// Instantiates the quantized tile kernels for one feature set: `$vnni` selects AVX-VNNI
+/// `vpdpbusd` (u8 × i8 → i32) instead of `vpmaddubsw` + `vpmaddwd`.
+macro_rules! quant_kernels {
+    ($module:ident, $feat:literal, $vnni:literal) => {
+        mod $module {
+            #![allow(clippy::needless_range_loop, unused_unsafe)]
+            use super::*;
+
+            /// One tile of 8 rows against `N` activation rows (`i0..i0+N`), q8 codes.
+            #[inline]
+            #[target_feature(enable = $feat)]
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn q8_tile<const N: usize>(
+                q: &QPacked,
+                t: usize,
+                act: &Act<'_>,
+                cols: usize,
+                i0: usize,
+                out: &mut [[f32; 8]; N],
+            ) {
+                let nb = q.blocks;
+                let ones = _mm256_set1_epi16(1);
+                let mut acc = [_mm256_setzero_ps(); N];
+                let mut corr = [_mm256_setzero_ps(); N];
+                let affine = q.kind == QKind::Affine8;
+                let mut wp = q.codes.as_ptr().add(t * nb * TILE * QK);
+                for b in 0..nb {
+                    let mut isum = [_mm256_setzero_si256(); N];
+                    for j in 0..8 {
+                        let w = _mm256_loadu_si256(wp.add(32 * j) as *const __m256i);
+                        let aw = _mm256_sign_epi8(w, w);
+                        for i in 0..N {
+                            let xb = bcast4(act.q.as_ptr().add((i0 + i) * cols + b * QK + 4 * j));
+                            if $vnni {
+                                isum[i] =
+                                    _mm256_dpbusd_avx_epi32(isum[i], aw, _mm256_sign_epi8(xb, w));
+                            } else {
+                                let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xb, w));
+                                isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(p, ones));
+                            }
+                        }
+                    }
+                    wp = wp.add(TILE * QK);
+                    let g = b / q.group_blocks;
+                    let sc = load_scales(q, &q.scales, t, g);
+                    for i in 0..N {
+                        let ab = (i0 + i) * nb + b;
+                        let mut is = isum[i];
+                        if affine {
+                            is = _mm256_add_epi32(
+                                is,
+                                _mm256_set1_epi32(128 * *act.qs.get_unchecked(ab)),
+                            );
+                        }
+                        let sd = _mm256_mul_ps(sc, _mm256_set1_ps(*act.d.get_unchecked(ab)));
+                        acc[i] = _mm256_fmadd_ps(sd, _mm256_cvtepi32_ps(is), acc[i]);
+                        if affine {
+                            let bias = load_scales(q, &q.biases, t, g);
+                            corr[i] = _mm256_fmadd_ps(
+                                bias,
+                                _mm256_set1_ps(*act.s.get_unchecked(ab)),
+                                corr[i],
+                            );
+                        }
+                    }
+                }
+                for i in 0..N {
+                    _mm256_storeu_ps(out[i].as_mut_ptr(), _mm256_add_ps(acc[i], corr[i]));
+                }
+            }
+
+            /// One tile of 8 rows against `N` activation rows, q4 codes (unsigned 0..15).
+            #[inline]
+            #[target_feature(enable = $feat)]
+            unsafe fn q4_tile<const N: usize>(
+                q: &QPacked,
+                t: usize,
+                act: &Act<'_>,
+                cols: usize,
+                i0: usize,
+                out: &mut [[f32; 8]; N],
+            ) {
+                let nb = q.blocks;
+                let ones = _mm256_set1_epi16(1);
+                let m4 = _mm256_set1_epi8(15);
+                let mut acc = [_mm256_setzero_ps(); N];
+                let mut corr = [_mm256_setzero_ps(); N];
+                let sym = q.kind == QKind::Q4Sym;
+                let minus8 = _mm256_set1_ps(-8.0);
+                let mut wp = q.codes.as_ptr().add(t * nb * TILE * QK / 2);
+                for b in 0..nb {
+                    // Each i16 lane sums 8 products of at most 15·127·2: no saturation.
+                    let mut s16 = [_mm256_setzero_si256(); N];
+                    for k in 0..4 {
+                        let p = _mm256_loadu_si256(wp.add(32 * k) as *const __m256i);
+                        let lo = _mm256_and_si256(p, m4);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(p), m4);
+                        for i in 0..N {
+                            let xq = act.q.as_ptr().add((i0 + i) * cols + b * QK + 4 * k);
+                            let xl = bcast4(xq);
+                            let xh = bcast4(xq.add(16));
+                            if $vnni {
+                                // i32 lanes: u8 × i8 products accumulated without saturation.
+                                s16[i] = _mm256_dpbusd_avx_epi32(s16[i], lo, xl);
+                                s16[i] = _mm256_dpbusd_avx_epi32(s16[i], hi, xh);
+                            } else {
+                                s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(lo, xl));
+                                s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(hi, xh));
+                            }
+                        }
+                    }
+                    wp = wp.add(TILE * QK / 2);
+                    let g = b / q.group_blocks;
+                    let sc = load_scales(q, &q.scales, t, g);
+                    let bias = if sym {
+                        _mm256_mul_ps(sc, minus8)
+                    } else {
+                        load_scales(q, &q.biases, t, g)
+                    };
+                    for i in 0..N {
+                        let ab = (i0 + i) * nb + b;
+                        let is = if $vnni {
+                            s16[i]
+                        } else {
+                            _mm256_madd_epi16(s16[i], ones)
+                        };
+                        let sd = _mm256_mul_ps(sc, _mm256_set1_ps(*act.d.get_unchecked(ab)));
+                        acc[i] = _mm256_fmadd_ps(sd, _mm256_cvtepi32_ps(is), acc[i]);
+                        corr[i] = _mm256_fmadd_ps(
+                            bias,
+                            _mm256_set1_ps(*act.s.get_unchecked(ab)),
+                            corr[i],
+                        );
+                    }
+                }
+                for i in 0..N {
+                    _mm256_storeu_ps(out[i].as_mut_ptr(), _mm256_add_ps(acc[i], corr[i]));
+                }
+            }
+
+            #[inline]
+            #[target_feature(enable = $feat)]
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn tile_n<const N: usize>(
+                q: &QPacked,
+                rows: usize,
+                cols: usize,
+                act: &Act<'_>,
+                t: usize,
+                i0: usize,
+                y: *mut f32,
+            ) {
+                let mut out = [[0f32; 8]; N];
+                if q.kind.is_q4() {
+                    q4_tile::<N>(q, t, act, cols, i0, &mut out);
+                } else {
+                    q8_tile::<N>(q, t, act, cols, i0, &mut out);
+                }
+                let valid = (rows - t * TILE).min(TILE);
+                for (i, o) in out.iter().enumerate() {
+                    std::ptr::copy_nonoverlapping(
+                        o.as_ptr(),
+                        y.add((i0 + i) * rows + t * TILE),
+                        valid,
+                    );
+                }
+            }
+
+            /// Quantized matmul over rows `r0..r1` (`r0` a multiple of 8), activations in `act`.
+            ///
+            /// # Safety
+            /// AVX2/FMA/F16C available; `act` prepared for `n` rows of `cols`; `y` holds `n·rows`.
+            #[target_feature(enable = $feat)]
+            #[allow(clippy::too_many_arguments)]
+            pub(super) unsafe fn quant(
+                q: &QPacked,
+                rows: usize,
+                cols: usize,
+                act: &Act<'_>,
+                n: usize,
+                r0: usize,
+                r1: usize,
+                y: *mut f32,
+            ) {
+                debug_assert_eq!(r0 % TILE, 0);
+                for t in r0 / TILE..r1.div_ceil(TILE) {
+                    let mut i0 = 0;
+                    while i0 < n {
+                        match n - i0 {
+                            1 => tile_n::<1>(q, rows, cols, act, t, i0, y),
+                            2 => tile_n::<2>(q, rows, cols, act, t, i0, y),
+                            3 => tile_n::<3>(q, rows, cols, act, t, i0, y),
+                            _ => tile_n::<4>(q, rows, cols, act, t, i0, y),
+                        }
+                        i0 += 4;
+                    }
+                }
             }
         }
-        wp = wp.add(TILE * QK);
-        let g = b / q.group_blocks;
-        let sc = load_scales(q, &q.scales, t, g);
-        for i in 0..N {
-            let ab = (i0 + i) * nb + b;
-            let mut is = isum[i];
-            if affine {
-                is = _mm256_add_epi32(is, _mm256_set1_epi32(128 * *act.qs.get_unchecked(ab)));
-            }
-            let sd = _mm256_mul_ps(sc, _mm256_set1_ps(*act.d.get_unchecked(ab)));
-            acc[i] = _mm256_fmadd_ps(sd, _mm256_cvtepi32_ps(is), acc[i]);
-            if affine {
-                let bias = load_scales(q, &q.biases, t, g);
-                corr[i] = _mm256_fmadd_ps(bias, _mm256_set1_ps(*act.s.get_unchecked(ab)), corr[i]);
-            }
-        }
-    }
-    for i in 0..N {
-        _mm256_storeu_ps(out[i].as_mut_ptr(), _mm256_add_ps(acc[i], corr[i]));
-    }
+    };
 }
 
-/// One tile of 8 rows against `N` activation rows, q4 codes (unsigned 0..15).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_tile<const N: usize>(
-    q: &QPacked,
-    t: usize,
-    act: &Act<'_>,
-    cols: usize,
-    i0: usize,
-    out: &mut [[f32; 8]; N],
-) {
-    let nb = q.blocks;
-    let ones = _mm256_set1_epi16(1);
-    let m4 = _mm256_set1_epi8(15);
-    let mut acc = [_mm256_setzero_ps(); N];
-    let mut corr = [_mm256_setzero_ps(); N];
-    let sym = q.kind == QKind::Q4Sym;
-    let minus8 = _mm256_set1_ps(-8.0);
-    let mut wp = q.codes.as_ptr().add(t * nb * TILE * QK / 2);
-    for b in 0..nb {
-        // Each i16 lane sums 8 products of at most 15·127·2: no saturation.
-        let mut s16 = [_mm256_setzero_si256(); N];
-        for k in 0..4 {
-            let p = _mm256_loadu_si256(wp.add(32 * k) as *const __m256i);
-            let lo = _mm256_and_si256(p, m4);
-            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(p), m4);
-            for i in 0..N {
-                let xq = act.q.as_ptr().add((i0 + i) * cols + b * QK + 4 * k);
-                let xl = bcast4(xq);
-                let xh = bcast4(xq.add(16));
-                s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(lo, xl));
-                s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(hi, xh));
-            }
-        }
-        wp = wp.add(TILE * QK / 2);
-        let g = b / q.group_blocks;
-        let sc = load_scales(q, &q.scales, t, g);
-        let bias = if sym {
-            _mm256_mul_ps(sc, minus8)
-        } else {
-            load_scales(q, &q.biases, t, g)
-        };
-        for i in 0..N {
-            let ab = (i0 + i) * nb + b;
-            let is = _mm256_madd_epi16(s16[i], ones);
-            let sd = _mm256_mul_ps(sc, _mm256_set1_ps(*act.d.get_unchecked(ab)));
-            acc[i] = _mm256_fmadd_ps(sd, _mm256_cvtepi32_ps(is), acc[i]);
-            corr[i] = _mm256_fmadd_ps(bias, _mm256_set1_ps(*act.s.get_unchecked(ab)), corr[i]);
-        }
-    }
-    for i in 0..N {
-        _mm256_storeu_ps(out[i].as_mut_ptr(), _mm256_add_ps(acc[i], corr[i]));
-    }
-}
+quant_kernels!(plain, "avx2,fma,f16c", false);
+quant_kernels!(vnni, "avx2,fma,f16c,avxvnni", true);
 
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn tile_n<const N: usize>(
-    q: &QPacked,
-    rows: usize,
-    cols: usize,
-    act: &Act<'_>,
-    t: usize,
-    i0: usize,
-    y: *mut f32,
-) {
-    let mut out = [[0f32; 8]; N];
-    if q.kind.is_q4() {
-        q4_tile::<N>(q, t, act, cols, i0, &mut out);
-    } else {
-        q8_tile::<N>(q, t, act, cols, i0, &mut out);
-    }
-    let valid = (rows - t * TILE).min(TILE);
-    for (i, o) in out.iter().enumerate() {
-        std::ptr::copy_nonoverlapping(o.as_ptr(), y.add((i0 + i) * rows + t * TILE), valid);
-    }
-}
-
-/// Quantized matmul over rows `r0..r1` (`r0` a multiple of 8), activations in `act`.
+/// Quantized matmul over rows `r0..r1` (`r0` a multiple of 8), activations in `act`;
+/// uses AVX-VNNI when the CPU has it (and it is not disabled).
 ///
 /// # Safety
 /// AVX2/FMA/F16C available; `act` prepared for `n` rows of `cols`; `y` holds `n·rows`.
-#[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn quant(
     q: &QPacked,
@@ -319,17 +394,9 @@ pub(crate) unsafe fn quant(
     r1: usize,
     y: *mut f32,
 ) {
-    debug_assert_eq!(r0 % TILE, 0);
-    for t in r0 / TILE..r1.div_ceil(TILE) {
-        let mut i0 = 0;
-        while i0 < n {
-            match n - i0 {
-                1 => tile_n::<1>(q, rows, cols, act, t, i0, y),
-                2 => tile_n::<2>(q, rows, cols, act, t, i0, y),
-                3 => tile_n::<3>(q, rows, cols, act, t, i0, y),
-                _ => tile_n::<4>(q, rows, cols, act, t, i0, y),
-            }
-            i0 += 4;
-        }
+    if crate::cpu::vnni() {
+        vnni::quant(q, rows, cols, act, n, r0, r1, y)
+    } else {
+        plain::quant(q, rows, cols, act, n, r0, r1, y)
     }
 }

@@ -86,6 +86,14 @@ fn check(fmt: WeightFormat, rows: usize, cols: usize, n: usize, seed: u64) {
     let mut yr = vec![0f32; n * rows];
     m.matmul(&x, n, &mut y, &mut sc);
     m.matmul_reference(&x, n, &mut yr, &mut sc);
+    if kernels::vnni() {
+        // The plain AVX2 path computes the same integer sums in the same f32 order.
+        let mut y2 = vec![0f32; n * rows];
+        kernels::set_vnni_allowed(false);
+        m.matmul(&x, n, &mut y2, &mut sc);
+        kernels::set_vnni_allowed(true);
+        assert_eq!(y2, y, "AVX-VNNI and AVX2 paths differ");
+    }
     let mut row = vec![0f32; cols];
     for r in 0..rows {
         m.row_f32(r, &mut row);
