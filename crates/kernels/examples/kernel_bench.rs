@@ -29,8 +29,24 @@ fn main() {
         println!("| back to back (worker spinning) | {wm:.2} | {w9:.2} |\n| after 2 ms idle (worker parked) | {im:.2} | {i9:.2} |\n");
     }
     if what == "all" || what == "hot" {
+        let vnni = kernels::vnni();
+        println!(
+            "hot kernels, AVX-VNNI {}:",
+            if vnni {
+                "on"
+            } else {
+                "off (not available or disabled)"
+            }
+        );
         let rows = kernels::bench::run_hot(&opts.formats, &[1, 4], opts.rounds);
         println!("{}", kernels::bench::markdown_hot(&rows));
+        if vnni {
+            kernels::set_vnni_allowed(false);
+            println!("hot kernels, AVX-VNNI off (plain AVX2 vpmaddubsw):");
+            let rows = kernels::bench::run_hot(&opts.formats, &[1, 4], opts.rounds);
+            println!("{}", kernels::bench::markdown_hot(&rows));
+            kernels::set_vnni_allowed(true);
+        }
     }
     if what == "all" || what == "matvec" {
         let rows = kernels::bench::run(&opts, &|s| eprintln!("{s}"));

@@ -24,6 +24,21 @@
 //! therefore about `0.5/127` of `Σ|w·x|` in the worst case (typically far less); dense
 //! formats (f32, bf16, f16) are computed exactly in f32 (FMA, different summation order).
 //!
+//! # Tolerances (property tests, `tests/*_props.rs`)
+//! * f32 / bf16 / f16 weights, SIMD vs scalar reference: `1e-5 · Σ|w·x|` (summation
+//!   order only; bf16/f16 are widened exactly to f32).
+//! * Quantized weights, SIMD (AVX2 and AVX-VNNI) vs scalar reference: `1e-5 · Σ|w·x|`
+//!   (same integer block sums, same f32 accumulation order; AVX2 and VNNI are bitwise equal).
+//! * Quantized weights vs the exact f32 product with the dequantized weights: the
+//!   activation-quantization bound `Σ_blocks Σ|w| · max|x_block| / 254` plus `1e-5 · Σ|w·x|`.
+//! * Convolutions (GEMM paths, threaded or not) vs direct loops: `1e-5 · in·k + 1e-6`.
+//! * `dot`/`dot_bf16`: `1e-5 · Σ|a·b|`; `axpy`/`axpy_bf16`: bitwise equal.
+//!
+//! # Threads
+//! [`Pool`] splits products by 8-row tiles, attention by heads
+//! ([`attention::KvRing::attend_pool`]) and convolutions by panels; everything else runs
+//! on the calling thread. Nothing allocates after warm-up (`tests/no_alloc.rs`).
+//!
 //! # Weight layout
 //! Weights are row-major `[rows = out, cols = in]` like a PyTorch `Linear.weight`.
 //! Quantized formats are repacked at construction into tiles of 8 interleaved rows so
