@@ -15,9 +15,8 @@ use runtime::{Event, Session, SessionOptions, Step, FRAME_SIZE};
 
 /// The documented input rule, written independently of the runtime's code.
 fn sanitised(x: f32) -> f32 {
-    if x.is_nan() || x.is_infinite() {
-        0.0
-    } else if x != 0.0 && x.abs() < f32::MIN_POSITIVE {
+    let subnormal = x != 0.0 && x.abs() < f32::MIN_POSITIVE;
+    if x.is_nan() || x.is_infinite() || subnormal {
         0.0
     } else {
         x.clamp(-1.0, 1.0)
@@ -163,7 +162,7 @@ fn producer_at_ten_times_real_time_is_bounded_and_counted() {
                     last_index = Some(f.frame_index);
                     frames += 1;
                     // A slow consumer, too.
-                    if frames % 16 == 0 {
+                    if frames.is_multiple_of(16) {
                         std::thread::sleep(Duration::from_millis(5));
                     }
                 }
