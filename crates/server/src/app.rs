@@ -170,13 +170,16 @@ impl Server {
         let scheme = if tls.is_some() { "https" } else { "http" };
         tracing::info!("listening on {scheme}://{addr}");
         let served = match tls {
-            None => axum::serve(listener, app)
-                .with_graceful_shutdown(graceful)
-                .await
-                .map_err(|source| ServerError::Io {
-                    context: "serving".into(),
-                    source,
-                }),
+            None => axum::serve(
+                axum::serve::ListenerExt::tap_io(listener, |tcp| tune_socket(tcp)),
+                app,
+            )
+            .with_graceful_shutdown(graceful)
+            .await
+            .map_err(|source| ServerError::Io {
+                context: "serving".into(),
+                source,
+            }),
             Some(files) => {
                 let tls_listener = crate::tls::TlsListener::new(listener, &files)?;
                 axum::serve(tls_listener, app)
@@ -200,6 +203,17 @@ impl Server {
         }
         served
     }
+}
+
+/// Kernel send buffer of each client socket. Small on purpose: audio that a slow client cannot
+/// take should be dropped by the server's bounded queue (and counted), not pile up for seconds in
+/// the kernel. 64 KiB (the kernel doubles it) is still ~30 s of the server's Opus output.
+pub const SOCKET_SEND_BUFFER: usize = 64 << 10;
+
+/// Per-connection socket options: no Nagle delay, bounded send buffer.
+pub(crate) fn tune_socket(tcp: &tokio::net::TcpStream) {
+    let _ = tcp.set_nodelay(true);
+    let _ = socket2::SockRef::from(tcp).set_send_buffer_size(SOCKET_SEND_BUFFER);
 }
 
 /// Completes on ctrl-c or SIGTERM.

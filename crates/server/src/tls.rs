@@ -119,6 +119,7 @@ impl TlsListener {
                 if tx.is_closed() {
                     return;
                 }
+                crate::app::tune_socket(&stream);
                 let acceptor = acceptor.clone();
                 let tx = tx.clone();
                 tokio::spawn(async move {

@@ -86,7 +86,7 @@ pub(crate) async fn handle_socket(socket: WebSocket, query: Option<String>, stat
 
     let end = run_connection(&mut stream, &out_tx, query, &state).await;
     if let Some((code, reason)) = end {
-        let _ = out_tx.send(Out::Close(code, reason)).await;
+        send_ctrl(&out_tx, Out::Close(code, reason)).await;
     }
     drop(out_tx);
     // Let the writer flush (bounded: a client that never reads cannot hold us forever).
@@ -99,13 +99,15 @@ pub(crate) async fn handle_socket(socket: WebSocket, query: Option<String>, stat
     }
 }
 
+/// Queues a message that must not be dropped (metadata, handshake, error, close), waiting a
+/// bounded time for room: a client that stopped reading cannot hold its connection task.
+async fn send_ctrl(out: &mpsc::Sender<Out>, m: Out) {
+    let _ = tokio::time::timeout(Duration::from_secs(1), out.send(m)).await;
+}
+
 async fn send_error(out: &mpsc::Sender<Out>, text: &str) {
-    let _ = out
-        .send(Out::Bin(protocol::message(
-            protocol::KIND_ERROR,
-            text.as_bytes(),
-        )))
-        .await;
+    let m = protocol::message(protocol::KIND_ERROR, text.as_bytes());
+    send_ctrl(out, Out::Bin(m)).await;
 }
 
 type Stream = futures_util::stream::SplitStream<WebSocket>;
@@ -129,9 +131,7 @@ async fn run_connection(
         }
     };
     let info = state.backend.info();
-    let _ = out
-        .send(Out::Bin(Metadata::new(&params, &info).to_message()))
-        .await;
+    send_ctrl(out, Out::Bin(Metadata::new(&params, &info).to_message())).await;
 
     // ---- admission
     let permit: OwnedSemaphorePermit = match state.slots.clone().try_acquire_owned() {
@@ -210,7 +210,7 @@ async fn run_connection(
             return Some((CLOSE_ERROR, "session error".into()));
         }
     };
-    let _ = out.send(Out::Bin(protocol::handshake())).await;
+    send_ctrl(out, Out::Bin(protocol::handshake())).await;
     tracing::debug!("session started");
 
     // ---- input loop
