@@ -603,6 +603,25 @@ fn truthy(v: &Value) -> bool {
 
 /// Typed refusals on config keys (LoRA, conditioning, cross-attention, int8, demux, extra heads, ...).
 fn refuse_unsupported_keys(obj: &Map<String, Value>) -> Result<(), CheckpointError> {
+    // Hugging Face `transformers` configs (`MoshiConfig`: `architectures`, `hidden_size`, ...) are a
+    // different format from Kyutai's config.json.
+    let hf: Vec<String> = [
+        "architectures",
+        "transformers_version",
+        "hidden_size",
+        "audio_encoder_config",
+    ]
+    .iter()
+    .filter(|k| obj.contains_key(**k))
+    .map(|k| k.to_string())
+    .collect();
+    if !hf.is_empty() {
+        return Err(CheckpointError::UnsupportedLayout {
+            what: "Hugging Face transformers config (use the Kyutai repositories' config.json)"
+                .into(),
+            keys: hf,
+        });
+    }
     let present = |keys: &[&str]| -> Vec<String> {
         keys.iter()
             .filter(|k| obj.get(**k).is_some_and(truthy))

@@ -272,6 +272,22 @@ impl Weights {
                 t.dtype == DType::I8 && t.name.ends_with(".weight"),
             )
         }))?;
+        if opts.component == Component::Lm {
+            let hf: Vec<String> = raw
+                .iter()
+                .filter(|t| {
+                    t.name.starts_with("decoder.model.") || t.name.starts_with("depth_decoder.")
+                })
+                .take(8)
+                .map(|t| t.name.clone())
+                .collect();
+            if !hf.is_empty() {
+                return Err(CheckpointError::UnsupportedLayout {
+                    what: "Hugging Face transformers MoshiForConditionalGeneration weights (use a Kyutai repository)".into(),
+                    keys: hf,
+                });
+            }
+        }
         let entries_in = group_mlx(&raw, opts)?;
         let base_names: Vec<&str> = entries_in.iter().map(|s| s.name.as_str()).collect();
         let layout = match opts.component {

@@ -242,6 +242,14 @@ pub enum CheckpointError {
         /// Offending keys.
         keys: Vec<String>,
     },
+    /// A known layout this engine does not read (Hugging Face `transformers` Moshi LM weights or config).
+    #[error("unsupported layout: {what} (found: {})", list(keys))]
+    UnsupportedLayout {
+        /// Which layout.
+        what: String,
+        /// Keys or tensor names that identify it.
+        keys: Vec<String>,
+    },
     /// Tensors the architecture needs but the file lacks.
     #[error("missing tensors: {}", list(names))]
     MissingTensor {

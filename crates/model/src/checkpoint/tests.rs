@@ -322,6 +322,16 @@ fn tensor_level_refusals() {
         f(&[("extra_heads.0.weight", "F32")]),
         Err(CheckpointError::ExtraHeads { .. })
     ));
+    assert!(matches!(
+        f(&[("decoder.model.layers.0.self_attn.q_proj.weight", "F32")]),
+        Err(CheckpointError::UnsupportedLayout { .. })
+    ));
+    assert!(matches!(
+        crate::config::BundleConfig::from_json(
+            r#"{"architectures": ["MoshiForConditionalGeneration"], "model_type": "moshi"}"#
+        ),
+        Err(CheckpointError::UnsupportedLayout { .. })
+    ));
     // Missing / unexpected / shape / dtype against the schema.
     let legacy = Weights::open(&fixtures().join("lm/model.safetensors"), Component::Lm).unwrap();
     let mut cfg = tiny_lm_config();
