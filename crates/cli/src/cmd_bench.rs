@@ -5,9 +5,10 @@
 //! * `probe`: plain streaming-read bandwidth (sum of a large buffer split over the pool).
 //! * `kernels`: matvec GB/s per weight format and the Mimi conv stack ([`kernels::bench`]).
 //! * `lm`: one LM frame (temporal step + text sampling + 8 Depformer steps + their sampling,
-//!   i.e. one [`LmGen::step`]) per weight format and thread count, plus the extra cost of the
-//!   temporal KV cache at positions P (see [`KvExtra`]). Roofline = (streamed weight bytes +
-//!   KV bytes read at P) ÷ read-probe bandwidth measured in the same round and thread count.
+//!   i.e. one [`LmGen::step`]) per weight format, thread count and temporal KV position P (reached
+//!   with `LmGen::seek_for_bench`), and the batched step of several sessions ([`LmBatchGen`]).
+//!   Roofline = (streamed weight bytes + KV bytes read at P) ÷ read-probe bandwidth measured in
+//!   the same round and thread count.
 //! * `mimi`: streaming encode and decode, ms per 80 ms frame.
 //!
 //! Noise handling (2 shared vCPUs): every round runs each thread count once, interleaved, with the
@@ -23,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use kernels::attention::{KvDtype, KvRing};
+use kernels::attention::KvDtype;
 use kernels::{Pool, WeightFormat};
 use model::lm::{LmBatchGen, LmFrame, LmGen, LmModel, LmSpec, SyntheticSource};
 use model::mimi::Mimi;
@@ -57,11 +58,14 @@ pub struct BenchArgs {
     /// Ignored with `--bundle`.
     #[arg(long, value_delimiter = ',', default_value = "q8_0,q4_0,bf16")]
     pub formats: Vec<String>,
-    /// Temporal KV positions to report the LM frame at.
+    /// Temporal KV positions to time the LM frame at (the generator jumps there with
+    /// `LmGen::seek_for_bench`: the KV rings hold that many entries, so attention reads the real
+    /// window).
     #[arg(long, value_delimiter = ',', default_value = "0,375,3000")]
     pub positions: Vec<usize>,
-    /// Temporal KV cache element types to report the positions with: f32 (the runtime default), bf16.
-    #[arg(long, value_delimiter = ',', default_value = "f32,bf16")]
+    /// Temporal KV cache element types, each timed with its own generator: bf16, f32 (the runtime
+    /// default; a 3000-entry cache is 3.1 GB).
+    #[arg(long, value_delimiter = ',', default_value = "bf16")]
     pub kv: Vec<String>,
     /// Rounds (each round runs every thread count once).
     #[arg(long, default_value_t = 3)]
@@ -367,81 +371,16 @@ fn bench_mimi(args: &BenchArgs, pools: &[Pool]) -> Result<()> {
     Ok(())
 }
 
-/// Extra time per frame that a temporal KV cache of `pos` entries costs over an empty one:
-/// for each of the 32 layers, `KvRing::push` + `KvRing::attend` (exactly what
-/// `LmModel::forward_temporal` runs per layer) at length `pos` minus the same at length 1.
-/// Measured on its own rings because the LM state cannot be fast-forwarded without running
-/// `pos` full frames (minutes each); the LM frame at `pos` is reported as the measured frame
-/// near position 0 plus this extra.
-struct KvExtra {
-    /// `(kv dtype, pos, threads index) -> ms samples`.
-    ms: Vec<(KvDtype, usize, usize, Vec<f64>)>,
-}
-
-fn measure_kv(args: &BenchArgs, spec: &LmSpec, pools: &[Pool]) -> Result<KvExtra> {
-    let d = spec.num_heads * spec.head_dim;
-    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        ((rng >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0
-    };
-    let q: Vec<f32> = (0..d).map(|_| next()).collect();
-    let k: Vec<f32> = (0..d).map(|_| next()).collect();
-    let mut out = vec![0f32; d];
-    let mut res = KvExtra { ms: Vec::new() };
-    let positions: Vec<usize> = args.positions.iter().copied().filter(|&p| p > 0).collect();
-    if positions.is_empty() {
-        return Ok(res);
-    }
-    for kvs in &args.kv {
-        let dt = parse_kv(kvs)?;
-        let mut rings: Vec<KvRing> = (0..spec.num_layers)
-            .map(|_| KvRing::new(spec.context, spec.num_heads, spec.head_dim, dt))
-            .collect::<Result<_, _>>()?;
-        // The time of one "frame" of KV work: push + attend on every layer, with the rings
-        // holding `len` entries before the push; the rings are rewound after.
-        let mut frame_ms = |rings: &mut Vec<KvRing>, len: usize| -> f64 {
-            for r in rings.iter_mut() {
-                r.reset();
-                for _ in 0..len {
-                    r.push(&k, &k);
-                }
-            }
-            let t0 = Instant::now();
-            for r in rings.iter_mut() {
-                r.push(&k, &k);
-                r.attend(&q, &mut out, spec.context);
-            }
-            t0.elapsed().as_secs_f64() * 1e3
-        };
-        for &p in &positions {
-            let mut samples = vec![Vec::new(); pools.len()];
-            for _ in 0..args.rounds.max(3) {
-                for (pi, s) in samples.iter_mut().enumerate() {
-                    // `attend` runs on the calling thread (the LM does not split attention
-                    // over the pool today), so the thread count only changes the noise.
-                    let _ = pi;
-                    settle();
-                    let base = frame_ms(&mut rings, 0);
-                    let at = frame_ms(&mut rings, p.min(spec.context) - 1);
-                    s.push((at - base).max(0.0));
-                }
-            }
-            for (pi, s) in samples.into_iter().enumerate() {
-                res.ms.push((dt, p, pi, s));
-            }
-        }
-    }
-    std::hint::black_box(&out);
-    Ok(res)
+/// Samples of one (position, thread count) cell.
+#[derive(Default, Clone)]
+struct Cell {
+    ms: Vec<f64>,
+    ratio: Vec<f64>,
+    probe: Vec<f64>,
 }
 
 fn bench_lm(args: &BenchArgs, pools: &[Pool], probe: &Probe) -> Result<()> {
     let spec = LmSpec::moshiko();
-    // KV extras first, while no model occupies memory (rings at 3000 positions: 1.6–3.1 GB).
-    let kv = measure_kv(args, &spec, pools)?;
     let sources: Vec<(String, Option<WeightFormat>)> = match &args.bundle {
         Some(dir) => {
             let lm = model::checkpoint::Bundle::open(dir)?.files.lm;
@@ -454,6 +393,11 @@ fn bench_lm(args: &BenchArgs, pools: &[Pool], probe: &Probe) -> Result<()> {
             .map(|f| Ok((f.clone(), Some(parse_format(f)?))))
             .collect::<Result<_>>()?,
     };
+    let kvs: Vec<KvDtype> = args.kv.iter().map(|k| parse_kv(k)).collect::<Result<_>>()?;
+    let mut positions = args.positions.clone();
+    if positions.is_empty() {
+        positions.push(0);
+    }
     println!(
         "\n## lm: one frame = temporal step + text sampling + 8 Depformer steps (LmGen::step), ms"
     );
@@ -477,106 +421,106 @@ fn bench_lm(args: &BenchArgs, pools: &[Pool], probe: &Probe) -> Result<()> {
             t0.elapsed().as_secs_f64(),
             wbytes as f64 / 1e9
         );
-        // bf16 KV for the timed state (same cost near position 0, half the memory of f32).
-        let mut gen = LmGen::new(&model, KvDtype::Bf16)?;
-        let mut sampler = Sampler::new(SamplerConfig::default(), spec.text_card, spec.card)?;
         let user: Vec<u32> = (0..spec.n_user() as u32).map(|i| 100 + 37 * i).collect();
-        // Batched step: only where the weights are small enough for the extra KV caches.
-        let nb = args.batch;
-        let small = wbytes < 9_000_000_000;
-        let mut batch = if nb > 1 && small {
-            Some((
-                LmBatchGen::new(&model, nb, KvDtype::Bf16)?,
-                (0..nb)
-                    .map(|_| Sampler::new(SamplerConfig::default(), spec.text_card, spec.card))
-                    .collect::<Result<Vec<_>, _>>()?,
-                user.repeat(nb),
-                vec![None::<LmFrame>; nb],
-            ))
-        } else {
-            None
-        };
-        // Warm-up: one frame per pool.
-        for pool in pools {
-            gen.step(&model, &user, &mut sampler, pool)?;
-            if let Some((bg, samplers, codes, out)) = batch.as_mut() {
-                bg.step(&model, codes, samplers, pool, out)?;
-            }
-        }
         let n = pools.len();
-        let mut frames = vec![Vec::new(); n];
-        let mut ratios = vec![Vec::new(); n];
-        let mut probes = vec![Vec::new(); n];
-        let mut max_pos = 0;
-        let mut batch_ms = vec![Vec::new(); n];
-        for _ in 0..args.rounds {
-            for (pi, pool) in pools.iter().enumerate() {
-                settle();
-                let bw = probe.measure(pool);
-                probes[pi].push(bw);
-                settle();
-                for _ in 0..args.lm_frames {
-                    let t = Instant::now();
-                    gen.step(&model, &user, &mut sampler, pool)?;
-                    let ms = t.elapsed().as_secs_f64() * 1e3;
-                    max_pos = max_pos.max(gen.state().position());
-                    frames[pi].push(ms);
-                    // Per-round ratio to the roofline of this round's probe.
-                    ratios[pi].push(ms / (wbytes as f64 / bw / 1e6));
-                    if let Some((bg, samplers, codes, out)) = batch.as_mut() {
-                        let t = Instant::now();
-                        bg.step(&model, codes, samplers, pool, out)?;
-                        batch_ms[pi].push(t.elapsed().as_secs_f64() * 1e3);
+        // One generator per KV type in turn (a 3000-entry temporal cache is 1.6 GB in bf16,
+        // 3.1 GB in f32), so only one is resident next to the weights.
+        for (ki, &kv) in kvs.iter().enumerate() {
+            let mut gen = LmGen::new(&model, kv)?;
+            let mut sampler = Sampler::new(SamplerConfig::default(), spec.text_card, spec.card)?;
+            // Batched step (position 0, first KV type only): only where the weights are small
+            // enough for the extra KV caches.
+            let nb = args.batch;
+            let mut batch = if ki == 0 && nb > 1 && wbytes < 9_000_000_000 {
+                Some((
+                    LmBatchGen::new(&model, nb, KvDtype::Bf16)?,
+                    (0..nb)
+                        .map(|_| Sampler::new(SamplerConfig::default(), spec.text_card, spec.card))
+                        .collect::<Result<Vec<_>, _>>()?,
+                    user.repeat(nb),
+                    vec![None::<LmFrame>; nb],
+                ))
+            } else {
+                None
+            };
+            // Warm-up: one frame per pool.
+            for pool in pools {
+                gen.step(&model, &user, &mut sampler, pool)?;
+                if let Some((bg, samplers, codes, out)) = batch.as_mut() {
+                    bg.step(&model, codes, samplers, pool, out)?;
+                }
+            }
+            let mut cells = vec![vec![Cell::default(); n]; positions.len()];
+            let mut batch_ms = vec![Vec::new(); n];
+            let mut batch_pair = vec![Vec::new(); n];
+            for _ in 0..args.rounds {
+                for (pi, pool) in pools.iter().enumerate() {
+                    settle();
+                    let bw = probe.measure(pool);
+                    settle();
+                    for (qi, &pos) in positions.iter().enumerate() {
+                        // Real position: the KV rings hold min(pos, context) entries (LM owner's
+                        // benchmark helper), so attention reads the real window.
+                        gen.seek_for_bench(pos);
+                        for _ in 0..args.lm_frames {
+                            let window = (gen.state().position() + 1).min(spec.context);
+                            let kv_bytes =
+                                2 * spec.num_layers * window * spec.dim * kv_elt_bytes(kv);
+                            let t = Instant::now();
+                            gen.step(&model, &user, &mut sampler, pool)?;
+                            let ms = t.elapsed().as_secs_f64() * 1e3;
+                            let c = &mut cells[qi][pi];
+                            c.ms.push(ms);
+                            c.probe.push(bw);
+                            c.ratio.push(ms / ((wbytes + kv_bytes) as f64 / bw / 1e6));
+                            if pos == 0 {
+                                if let Some((bg, samplers, codes, out)) = batch.as_mut() {
+                                    let t = Instant::now();
+                                    bg.step(&model, codes, samplers, pool, out)?;
+                                    let b = t.elapsed().as_secs_f64() * 1e3;
+                                    batch_ms[pi].push(b);
+                                    batch_pair[pi].push(b / ms);
+                                }
+                            }
+                        }
                     }
                 }
             }
-        }
-        for pi in 0..n {
-            let th = args.threads[pi];
-            let (m, lo, hi) = stats(&frames[pi]);
-            let (bw, bwlo, bwhi) = stats(&probes[pi]);
-            let (r, rlo, rhi) = stats(&ratios[pi]);
-            let roof = wbytes as f64 / bw / 1e6;
-            println!(
-                "result impl=ours what=lm_frame format={label} threads={th} pos=0 ms={m:.1} min={lo:.1} max={hi:.1} n={} \
-                 weight_gb={:.3} probe_gbps={bw:.2} probe_min={bwlo:.2} probe_max={bwhi:.2} roofline_ms={roof:.1} \
-                 ratio={r:.2} ratio_min={rlo:.2} ratio_max={rhi:.2} max_pos_timed={max_pos}",
-                frames[pi].len(),
-                wbytes as f64 / 1e9
-            );
-            if !batch_ms[pi].is_empty() {
+            for (qi, &pos) in positions.iter().enumerate() {
+                for (pi, c) in cells[qi].iter().enumerate() {
+                    let th = args.threads[pi];
+                    let (m, lo, hi) = stats(&c.ms);
+                    let (bw, bwlo, bwhi) = stats(&c.probe);
+                    let (r, rlo, rhi) = stats(&c.ratio);
+                    let window = (pos + 1).min(spec.context);
+                    let kv_bytes = 2 * spec.num_layers * window * spec.dim * kv_elt_bytes(kv);
+                    let roof = (wbytes + kv_bytes) as f64 / bw / 1e6;
+                    println!(
+                        "result impl=ours what=lm_frame format={label} threads={th} pos={pos} kv={} ms={m:.1} min={lo:.1} \
+                         max={hi:.1} n={} weight_gb={:.3} kv_gb={:.3} probe_gbps={bw:.2} probe_min={bwlo:.2} \
+                         probe_max={bwhi:.2} roofline_ms={roof:.1} ratio={r:.2} ratio_min={rlo:.2} ratio_max={rhi:.2}",
+                        kv_name(kv),
+                        c.ms.len(),
+                        wbytes as f64 / 1e9,
+                        kv_bytes as f64 / 1e9,
+                    );
+                }
+            }
+            for pi in 0..n {
+                if batch_ms[pi].is_empty() {
+                    continue;
+                }
                 let (bm, blo, bhi) = stats(&batch_ms[pi]);
-                // Paired ratios: each batched step against the single-session frame just before it.
-                let pr: Vec<f64> = batch_ms[pi]
-                    .iter()
-                    .zip(&frames[pi])
-                    .map(|(b, a)| b / a)
-                    .collect();
-                let (r, rlo, rhi) = stats(&pr);
+                // Paired: each batched step against the single-session frame just before it.
+                let (r, rlo, rhi) = stats(&batch_pair[pi]);
                 println!(
-                    "result impl=ours what=lm_batch format={label} threads={th} pos=0 sessions={nb} ms={bm:.1} min={blo:.1} max={bhi:.1} \
-                     ratio_to_single={r:.2} ratio_min={rlo:.2} ratio_max={rhi:.2} n={}",
-                    pr.len()
-                );
-            }
-            for (dt, p, kpi, s) in kv.ms.iter().filter(|e| e.2 == pi) {
-                debug_assert_eq!(*kpi, pi);
-                let (em, elo, ehi) = stats(s);
-                let kv_bytes = 2 * spec.num_layers * p * spec.dim * kv_elt_bytes(*dt);
-                let roof_p = (wbytes + kv_bytes) as f64 / bw / 1e6;
-                let total = m + em;
-                println!(
-                    "result impl=ours what=lm_frame format={label} threads={th} pos={p} kv={} ms={total:.1} \
-                     kv_extra_ms={em:.1} kv_extra_min={elo:.1} kv_extra_max={ehi:.1} kv_gb={:.3} roofline_ms={roof_p:.1} \
-                     ratio={:.2} method=frame_pos0+kv_extra",
-                    kv_name(*dt),
-                    kv_bytes as f64 / 1e9,
-                    total / roof_p
+                    "result impl=ours what=lm_batch format={label} threads={} pos=0 sessions={nb} ms={bm:.1} \
+                     min={blo:.1} max={bhi:.1} ratio_to_single={r:.2} ratio_min={rlo:.2} ratio_max={rhi:.2} n={}",
+                    args.threads[pi],
+                    batch_pair[pi].len()
                 );
             }
         }
-        drop(batch);
-        drop(gen);
         drop(model);
     }
     Ok(())
