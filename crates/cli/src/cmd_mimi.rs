@@ -367,3 +367,60 @@ fn decode(input: &Path, output: &Path, m: &MimiModelArgs) -> Result<()> {
     );
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encode_decode_round_trip_matches_oracle_trace() {
+        let fx = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/mimi");
+        let dir = std::env::temp_dir().join(format!("mimi-codes-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = format!(
+            r#"{{"mimi_name": "{}", "mimi_config_name": "file://{}"}}"#,
+            fx.join("mimi_hf.safetensors").display(),
+            fx.join("mimi_hf_config.json").display()
+        );
+        std::fs::write(dir.join("config.json"), cfg).unwrap();
+        let model = MimiModelArgs {
+            model_dir: dir.clone(),
+            codebooks: 8,
+            threads: 1,
+        };
+        let codes_path = dir.join("x.codes");
+        let wav_path = dir.join("x.wav");
+        encode(&fx.join("input.wav"), &codes_path, &model).unwrap();
+        decode(&codes_path, &wav_path, &model).unwrap();
+        let (codes, nq, t, ns) = read_codes(&codes_path).unwrap();
+        let input = read_wav_24k_mono(&fx.join("input.wav")).unwrap();
+        assert_eq!(
+            (nq, t, ns),
+            (8, input.len().div_ceil(1920), Some(input.len()))
+        );
+        // oracle streaming codes and PCM
+        let bytes = std::fs::read(fx.join("trace.safetensors")).unwrap();
+        let hdr = model::checkpoint::safetensors::parse(&bytes).unwrap();
+        let get = |n: &str| hdr.tensors.iter().find(|x| x.name == n).unwrap().clone();
+        let ct = get("codes");
+        let want: Vec<u32> = bytes[ct.offset..ct.offset + ct.len]
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
+            .collect();
+        assert_eq!(codes, want);
+        let pt = get("pcm");
+        let want_pcm: Vec<f32> = bytes[pt.offset..pt.offset + pt.len]
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        let got = read_wav_24k_mono(&wav_path).unwrap();
+        assert_eq!(got.len(), input.len());
+        let err = got
+            .iter()
+            .zip(&want_pcm)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(err < 1e-4, "round-trip pcm {err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
