@@ -171,12 +171,19 @@ impl QPacked {
             let (t, ri) = (r / TILE, r % TILE);
             for b in 0..blocks {
                 fill(r, b, &mut buf);
-                for (e, &c) in buf.iter().enumerate() {
-                    let (o, sh) = p.code_offset(t, b, ri, e);
-                    if kind.is_q4() {
-                        p.codes[o] |= (c & 15) << sh;
-                    } else {
-                        p.codes[o] = c;
+                // Same placement as `code_offset`, written out per 4-byte group.
+                let base = (t * blocks + b) * kind.block_bytes() + ri * 4;
+                if kind.is_q4() {
+                    for k in 0..4 {
+                        let dst = &mut p.codes[base + k * 32..base + k * 32 + 4];
+                        for i in 0..4 {
+                            dst[i] = (buf[4 * k + i] & 15) | ((buf[16 + 4 * k + i] & 15) << 4);
+                        }
+                    }
+                } else {
+                    for j in 0..8 {
+                        p.codes[base + j * 32..base + j * 32 + 4]
+                            .copy_from_slice(&buf[4 * j..4 * j + 4]);
                     }
                 }
             }
