@@ -66,7 +66,14 @@ fn parse_args() -> Result<Opts> {
 
 fn stats(v: &mut [f64]) -> (f64, f64, f64) {
     v.sort_by(|a, b| a.total_cmp(b));
-    (v[v.len() / 2], v[0], v[v.len() - 1])
+    let n = v.len();
+    // Median: the mean of the two middle values for an even count.
+    let med = if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        0.5 * (v[n / 2 - 1] + v[n / 2])
+    };
+    (med, v[0], v[n - 1])
 }
 
 fn report(what: &str, threads: &[usize], samples: &mut [Vec<f64>]) {

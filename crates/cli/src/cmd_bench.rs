@@ -90,14 +90,20 @@ pub struct BenchArgs {
     pub probe_mb: usize,
 }
 
-/// Median, min and max.
+/// Median (mean of the two middle values for an even count), min and max.
 fn stats(v: &[f64]) -> (f64, f64, f64) {
     let mut s = v.to_vec();
     s.sort_by(|a, b| a.total_cmp(b));
     if s.is_empty() {
         return (f64::NAN, f64::NAN, f64::NAN);
     }
-    (s[s.len() / 2], s[0], s[s.len() - 1])
+    let n = s.len();
+    let med = if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        0.5 * (s[n / 2 - 1] + s[n / 2])
+    };
+    (med, s[0], s[n - 1])
 }
 
 /// A buffer for the streaming-read probe.
@@ -544,7 +550,7 @@ mod tests {
     #[test]
     fn stats_are_median_min_max() {
         assert_eq!(stats(&[3.0, 1.0, 2.0]), (2.0, 1.0, 3.0));
-        assert_eq!(stats(&[4.0, 1.0]), (4.0, 1.0, 4.0));
+        assert_eq!(stats(&[4.0, 1.0]), (2.5, 1.0, 4.0));
         assert!(stats(&[]).0.is_nan());
     }
 
