@@ -126,6 +126,9 @@ fn assert_bounded(case: &str, peak: usize) {
 
 // ---------------------------------------------------------------- safetensors
 
+/// (description, file bytes, accepted error kinds)
+type Case = (&'static str, Vec<u8>, fn(&Malformed) -> bool);
+
 #[test]
 fn safetensors_hostile_headers_are_typed_and_bounded() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -133,7 +136,7 @@ fn safetensors_hostile_headers_are_typed_and_bounded() {
     let ((), probe) = peak_during(|| drop(std::hint::black_box(vec![1u8; 1 << 20])));
     assert!(probe >= 1 << 20, "allocator meter broken: {probe}");
     let huge = 1u64 << 30; // 2^30 x 2^30 = 2^60 elements
-    let cases: Vec<(&str, Vec<u8>, fn(&Malformed) -> bool)> = vec![
+    let cases: Vec<Case> = vec![
         (
             "2^60 elements, 16 bytes of data",
             st_file(
@@ -324,7 +327,7 @@ fn pad_to(v: &mut Vec<u8>, align: usize, extra: usize) {
 fn gguf_hostile_headers_are_typed_and_bounded() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     const F32: u32 = 0;
-    let mut cases: Vec<(&str, Vec<u8>, fn(&Malformed) -> bool)> = Vec::new();
+    let mut cases: Vec<Case> = Vec::new();
 
     let mut b = gguf_prefix(1, 0);
     gguf_tensor_info(&mut b, "text_linear.weight", &[1 << 30, 1 << 30], F32, 0);
