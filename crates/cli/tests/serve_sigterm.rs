@@ -2,6 +2,7 @@
 //! client waiting for a slot: the process exits with code 0 within a few seconds, without a panic,
 //! and every client sees its connection closed. A minimal blocking WebSocket client (RFC 6455
 //! framing by hand) keeps the test free of extra dependencies; the audio is real Ogg/Opus.
+#![cfg(unix)]
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
