@@ -23,11 +23,11 @@ printf '\x00\x00\x00\x00\x00' > corpus/ws_message/handshake
 printf 'text_temperature=0.7&text_topk=25&audio_temperature=0.8&audio_topk=250&pad_mult=0&repetition_penalty=1.0&repetition_penalty_context=64&text_seed=1&audio_seed=2&max_steps=100' > corpus/ws_message/query
 # Build every target once (release + ASan + coverage), then run the binaries directly, so that a
 # source change in the middle of a long campaign cannot trigger rebuilds between targets.
-cargo fuzz build -O >/dev/null 2>&1 || { cargo fuzz build -O; exit 2; }
+[ -n "${NO_BUILD:-}" ] || cargo fuzz build -O >/dev/null 2>&1 || { cargo fuzz build -O; exit 2; }
 bindir=target/x86_64-unknown-linux-gnu/release
 status=0
 printf '%-20s %12s %8s %s\n' target execs crashes seconds
-for t in $(cargo fuzz list); do
+for t in ${TARGETS:-$(cargo fuzz list)}; do
   start=$(date +%s)
   log=$(mktemp)
   mkdir -p "artifacts/$t"
