@@ -1,11 +1,11 @@
 //! Checkpoint formats, the Mimi codec, the Moshi LM and the tokenizer.
 //!
 //! This crate knows no threads or sockets.
-pub mod sampling;
-pub mod text;
-pub mod mimi;
 pub mod checkpoint;
 pub mod config;
-pub mod schema;
-pub mod weights;
 pub mod lm;
+pub mod mimi;
+pub mod sampling;
+pub mod schema;
+pub mod text;
+pub mod weights;
