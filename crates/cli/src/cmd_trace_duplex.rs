@@ -126,43 +126,26 @@ enum Data<'a> {
     F32(&'a [f32]),
 }
 
-/// Write a safetensors file (8-byte LE header length, JSON header, little-endian data).
+/// Writes the trace through the CLI's one safetensors writer.
 fn write_safetensors(
     path: &Path,
     tensors: &[(&str, Vec<usize>, Data<'_>)],
     meta: &BTreeMap<String, String>,
 ) -> Result<()> {
-    let mut header = serde_json::Map::new();
-    header.insert("__metadata__".into(), serde_json::to_value(meta)?);
-    let mut data = Vec::new();
-    for (name, shape, d) in tensors {
-        let start = data.len();
-        let dtype = match d {
-            Data::I64(v) => {
-                v.iter()
-                    .for_each(|x| data.extend_from_slice(&x.to_le_bytes()));
-                "I64"
-            }
-            Data::F32(v) => {
-                v.iter()
-                    .for_each(|x| data.extend_from_slice(&x.to_le_bytes()));
-                "F32"
-            }
-        };
-        header.insert(
-            (*name).into(),
-            serde_json::json!({ "dtype": dtype, "shape": shape, "data_offsets": [start, data.len()] }),
-        );
-    }
-    let mut h = serde_json::to_vec(&serde_json::Value::Object(header))?;
-    while h.len() % 8 != 0 {
-        h.push(b' ');
-    }
-    let mut out = Vec::with_capacity(8 + h.len() + data.len());
-    out.extend_from_slice(&(h.len() as u64).to_le_bytes());
-    out.extend_from_slice(&h);
-    out.extend_from_slice(&data);
-    std::fs::write(path, out).with_context(|| format!("cannot write {}", path.display()))
+    use crate::cmd_mimi::{f32_bytes, i64_bytes};
+    let out: Vec<crate::cmd_mimi::OutTensor> = tensors
+        .iter()
+        .map(|(name, shape, d)| match d {
+            Data::I64(v) => (
+                name.to_string(),
+                "I64",
+                shape.clone(),
+                i64_bytes(v.iter().copied()),
+            ),
+            Data::F32(v) => (name.to_string(), "F32", shape.clone(), f32_bytes(v)),
+        })
+        .collect();
+    crate::cmd_mimi::write_safetensors(path, &out, Some(meta))
 }
 
 /// `moshi-native trace duplex`.

@@ -103,36 +103,30 @@ enum OutTensor {
     I64(Vec<usize>, Vec<i64>),
 }
 
-/// Minimal safetensors writer (tensors in name order, 8-byte aligned header).
+/// Writes the trace through the CLI's one safetensors writer (tensors in name order).
 fn write_safetensors(
     path: &Path,
     tensors: &BTreeMap<&str, OutTensor>,
     meta: &BTreeMap<&str, String>,
 ) -> Result<()> {
-    let mut header = serde_json::Map::new();
-    header.insert("__metadata__".into(), serde_json::to_value(meta)?);
-    let mut data = Vec::new();
-    for (name, t) in tensors {
-        let (dtype, shape, bytes): (&str, &Vec<usize>, Vec<u8>) = match t {
-            OutTensor::F32(s, v) => ("F32", s, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
-            OutTensor::I64(s, v) => ("I64", s, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
-        };
-        let start = data.len();
-        data.extend_from_slice(&bytes);
-        header.insert(
-            (*name).to_string(),
-            serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [start, data.len()]}),
-        );
-    }
-    let mut h = serde_json::to_vec(&serde_json::Value::Object(header))?;
-    while h.len() % 8 != 0 {
-        h.push(b' ');
-    }
-    let mut out = Vec::with_capacity(8 + h.len() + data.len());
-    out.extend_from_slice(&(h.len() as u64).to_le_bytes());
-    out.extend_from_slice(&h);
-    out.extend_from_slice(&data);
-    std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
+    use crate::cmd_mimi::{f32_bytes, i64_bytes};
+    let out: Vec<crate::cmd_mimi::OutTensor> = tensors
+        .iter()
+        .map(|(name, t)| match t {
+            OutTensor::F32(s, v) => (name.to_string(), "F32", s.clone(), f32_bytes(v)),
+            OutTensor::I64(s, v) => (
+                name.to_string(),
+                "I64",
+                s.clone(),
+                i64_bytes(v.iter().copied()),
+            ),
+        })
+        .collect();
+    let meta: BTreeMap<String, String> = meta
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect();
+    crate::cmd_mimi::write_safetensors(path, &out, Some(&meta))
 }
 
 /// Runs `trace lm`.
