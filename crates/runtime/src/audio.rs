@@ -491,7 +491,8 @@ impl StreamResampler {
         Ok(n as u64)
     }
 
-    /// Feeds `input` and appends every output sample that is ready to `output`.
+    /// Feeds `input` and appends every output sample that is ready to `output`. Non-finite input
+    /// samples are resampled as silence (0.0).
     pub fn process(&mut self, mut input: &[f32], output: &mut Vec<f32>) -> Result<(), AudioError> {
         self.consumed += input.len() as u64;
         let Some(s) = &mut self.state else {
@@ -501,7 +502,13 @@ impl StreamResampler {
         };
         while !input.is_empty() {
             let take = (s.chunk_in - s.pending.len()).min(input.len());
-            s.pending.extend_from_slice(&input[..take]);
+            // rubato's inverse FFT fails (and its caller unwraps) on non-finite input: feed
+            // NaN/Inf as silence. Found by the `wav_read` fuzz target (fuzz/regressions/wav_read).
+            s.pending.extend(
+                input[..take]
+                    .iter()
+                    .map(|&x| if x.is_finite() { x } else { 0.0 }),
+            );
             input = &input[take..];
             if s.pending.len() == s.chunk_in {
                 self.produced += Self::run_chunk(s, output, u64::MAX)?;

@@ -433,3 +433,26 @@ proptest! {
         let _ = read_wav_strict_from(Cursor::new(&bytes));
     }
 }
+
+/// Regression (fuzz target `wav_read`): a float WAV at 155,072 Hz holding a NaN sample made rubato's
+/// inverse FFT fail inside an `unwrap` (abort). Non-finite input is now resampled as silence.
+#[test]
+fn non_finite_samples_do_not_crash_the_resampler() {
+    let crash = std::fs::read(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../fuzz/regressions/wav_read/nan-sample-155khz-float.wav"),
+    )
+    .unwrap();
+    let _ = read_wav_from(std::io::Cursor::new(&crash[..]));
+    for (from, to) in [(155_072, 24_000), (24_000, 48_000), (44_100, 24_000)] {
+        let mut x = vec![0.25f32; 5000];
+        x[10] = f32::NAN;
+        x[20] = f32::INFINITY;
+        x[30] = f32::NEG_INFINITY;
+        let y = StreamResampler::new(from, to)
+            .unwrap()
+            .process_all(&x)
+            .unwrap();
+        assert!(y.iter().all(|v| v.is_finite()), "{from} -> {to}");
+    }
+}
