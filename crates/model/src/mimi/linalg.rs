@@ -160,90 +160,6 @@ dispatch! {
     }
 }
 
-/// Exact (erf) GELU, as PyTorch `F.gelu` with the default `approximate="none"`.
-#[inline]
-pub fn gelu_erf(x: f32) -> f32 {
-    0.5 * x * (1.0 + erf(x / std::f32::consts::SQRT_2))
-}
-
-/// erf in f32: Abramowitz–Stegun 7.1.26 evaluated in f64 (absolute error < 1.5e-7; the
-/// series reference `erf_f64` is used by the tests).
-#[inline]
-fn erf(x: f32) -> f32 {
-    let ax = (x as f64).abs();
-    let t = 1.0 / (1.0 + 0.327_591_1 * ax);
-    let y = 1.0
-        - (((((1.061_405_429 * t - 1.453_152_027) * t) + 1.421_413_741) * t - 0.284_496_736) * t
-            + 0.254_829_592)
-            * t
-            * (-ax * ax).exp();
-    (if x < 0.0 { -y } else { y }) as f32
-}
-
-/// Reference erf (tests): series for small |x|, continued fraction for large |x|.
-#[cfg(test)]
-/// erf via the Abramowitz–Stegun 7.1.26-free approach: series for small |x|, continued
-/// fraction (erfc) for large |x|; relative error < 1e-13 on the f32 range.
-fn erf_f64(x: f64) -> f64 {
-    let ax = x.abs();
-    let r = if ax < 2.5 {
-        // Maclaurin series: erf(x) = 2/√π Σ (−1)^n x^(2n+1) / (n! (2n+1))
-        let x2 = ax * ax;
-        let mut term = ax;
-        let mut sum = ax;
-        let mut n = 0.0f64;
-        loop {
-            n += 1.0;
-            term *= -x2 / n;
-            let add = term / (2.0 * n + 1.0);
-            sum += add;
-            if add.abs() <= 1e-17 * sum.abs() || n > 200.0 {
-                break;
-            }
-        }
-        sum * std::f64::consts::FRAC_2_SQRT_PI
-    } else if ax > 6.0 {
-        1.0
-    } else {
-        // Continued fraction for erfc (Lentz), converges fast for x ≥ 2.5.
-        let x2 = ax * ax;
-        let tiny = 1e-300;
-        let mut f = ax;
-        let mut c = ax;
-        let mut d = 0.0;
-        for i in 1..200 {
-            let an = i as f64 / 2.0;
-            d = ax + an * d;
-            d = if d.abs() < tiny { tiny } else { d };
-            c = ax + an / c;
-            c = if c.abs() < tiny { tiny } else { c };
-            d = 1.0 / d;
-            let delta = c * d;
-            f *= delta;
-            if (delta - 1.0).abs() < 1e-16 {
-                break;
-            }
-        }
-        1.0 - (-x2).exp() / (f * std::f64::consts::PI.sqrt())
-    };
-    if x < 0.0 {
-        -r
-    } else {
-        r
-    }
-}
-
-/// LayerNorm over one row (biased variance, like PyTorch), `out = (x − μ)/√(σ² + eps) · w + b`.
-pub fn layer_norm(x: &[f32], w: &[f32], b: &[f32], eps: f32, out: &mut [f32]) {
-    let n = x.len() as f32;
-    let mean = x.iter().sum::<f32>() / n;
-    let var = x.iter().map(|&v| (v - mean) * (v - mean)).sum::<f32>() / n;
-    let inv = 1.0 / (var + eps).sqrt();
-    for i in 0..x.len() {
-        out[i] = (x[i] - mean) * inv * w[i] + b[i];
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -259,27 +175,5 @@ mod tests {
         let mut d2 = vec![0.0; src.len()];
         elu_into_portable(&src, &mut d2);
         assert!(dst.iter().zip(&d2).all(|(a, b)| (a - b).abs() < 3e-7));
-    }
-
-    #[test]
-    fn fast_erf_close_to_reference() {
-        for i in -6000..6000 {
-            let x = i as f32 / 1000.0;
-            assert!((erf(x) as f64 - erf_f64(x as f64)).abs() < 2e-7, "{x}");
-        }
-    }
-
-    #[test]
-    fn erf_known_values() {
-        // Values from the defining series evaluated independently (Wolfram tables).
-        let cases = [
-            (0.5, 0.520_499_877_813_046_5),
-            (1.0, 0.842_700_792_949_714_9),
-            (3.0, 0.999_977_909_503_001_4),
-        ];
-        for (x, e) in cases {
-            assert!((erf_f64(x) - e).abs() < 1e-12, "{x}");
-            assert!((erf_f64(-x) + e).abs() < 1e-12);
-        }
     }
 }

@@ -131,7 +131,7 @@ impl Transformer {
         let last = st.pos + t - 1;
         for (layer, (kc, vc)) in self.layers.iter().zip(st.kv.iter_mut()) {
             for s in 0..t {
-                linalg::layer_norm(
+                kernels::ops::layer_norm(
                     &st.x[s * d..(s + 1) * d],
                     &layer.norm1_w,
                     &layer.norm1_b,
@@ -206,7 +206,7 @@ impl Transformer {
                 }
             }
             for s in 0..t {
-                linalg::layer_norm(
+                kernels::ops::layer_norm(
                     &st.x[s * d..(s + 1) * d],
                     &layer.norm2_w,
                     &layer.norm2_b,
@@ -222,9 +222,7 @@ impl Transformer {
                 pool,
                 &mut st.scratch,
             );
-            for v in st.f[..t * self.ff].iter_mut() {
-                *v = linalg::gelu_erf(*v);
-            }
+            kernels::ops::gelu_erf(&mut st.f[..t * self.ff]);
             matmul(
                 &layer.linear2,
                 &st.f[..t * self.ff],
