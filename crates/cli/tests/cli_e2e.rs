@@ -193,5 +193,41 @@ fn bad_inputs_fail_with_one_clear_line_and_nonzero_exit() {
 fn inspect_reports_the_fixture_bundle() {
     let o = run(bin().arg("inspect").arg(root().join("fixtures/lm")));
     let s = String::from_utf8_lossy(&o.stdout);
-    assert!(!s.trim().is_empty());
+    // Dimensions as written in the oracle's fixtures/lm/config.json.
+    let cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root().join("fixtures/lm/config.json")).unwrap())
+            .unwrap();
+    for (key, label) in [
+        ("dim", "dim"),
+        ("num_layers", "x"),
+        ("card", "card"),
+        ("text_card", "text_card"),
+    ] {
+        let v = cfg[key].as_u64().unwrap();
+        let needle = match label {
+            "x" => format!("x {v} layers"),
+            l => format!("{l} {v}"),
+        };
+        assert!(s.contains(&needle), "inspect output lacks `{needle}`:\n{s}");
+    }
+
+    // A refusal: a LoRA config is a clear error with a non-zero exit.
+    let dir = tmp("lora");
+    for f in std::fs::read_dir(root().join("fixtures/lm"))
+        .unwrap()
+        .flatten()
+    {
+        std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
+    }
+    let mut cfg = cfg;
+    cfg["lora"] = serde_json::Value::Bool(true);
+    std::fs::write(dir.join("config.json"), serde_json::to_vec(&cfg).unwrap()).unwrap();
+    let o = bin().arg("inspect").arg(&dir).output().unwrap();
+    assert!(!o.status.success(), "a LoRA bundle must be refused");
+    let e = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(e.to_lowercase().contains("lora"), "{e}");
 }
