@@ -85,3 +85,51 @@ fn detect_vnni() -> bool {
 pub fn set_vnni_allowed(allowed: bool) {
     VNNI_ALLOWED.store(allowed, Ordering::Relaxed);
 }
+
+static AVX512: AtomicU8 = AtomicU8::new(0);
+static AVX512_ALLOWED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// True when kernels may use AVX-512 (F, BW, DQ, VL and VNNI, i.e. `vpdpbusd` on `zmm`): the CPU
+/// has them, the SIMD level is AVX2, `MOSHI_KERNELS_NO_AVX512` is unset and
+/// [`set_avx512_allowed`] did not turn it off. Kernels with an AVX-512 path must compute the same
+/// result as their AVX2 path up to float summation order (integer sums exactly).
+pub fn avx512() -> bool {
+    if !AVX512_ALLOWED.load(Ordering::Relaxed) {
+        return false;
+    }
+    match AVX512.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            let v = detect_avx512();
+            AVX512.store(if v { 2 } else { 1 }, Ordering::Relaxed);
+            v
+        }
+    }
+}
+
+fn detect_avx512() -> bool {
+    if simd_level() != SimdLevel::Avx2
+        || std::env::var_os("MOSHI_KERNELS_NO_AVX512").is_some_and(|v| v != "0" && !v.is_empty())
+    {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512dq")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Allows or forbids the AVX-512 kernels at run time (tests and benchmarks use this to compare
+/// the AVX-512 and AVX2 paths in one process).
+pub fn set_avx512_allowed(allowed: bool) {
+    AVX512_ALLOWED.store(allowed, Ordering::Relaxed);
+}

@@ -62,7 +62,7 @@ mod storage;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-pub use cpu::{set_vnni_allowed, simd_level, vnni, SimdLevel};
+pub use cpu::{avx512, set_avx512_allowed, set_vnni_allowed, simd_level, vnni, SimdLevel};
 pub use matrix::{Matrix, Scratch, WeightFormat};
 pub use pool::Pool;
 pub use storage::Storage;
