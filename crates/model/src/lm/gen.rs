@@ -379,15 +379,25 @@ impl LmGen {
 /// Several sessions stepped together: every weight matrix is read once per step for all of them
 /// ([`Pool::matmul`]). Each session keeps its own token cache, KV caches, position and sampler;
 /// results equal those of separate [`LmGen`]s up to float summation order.
+///
+/// [`LmBatchGen::step`] advances every session; [`LmBatchGen::step_active`] advances only a subset
+/// (e.g. the conversations that have an input frame ready), reading the weights once for those
+/// rows and leaving the other sessions' caches, positions and samplers untouched.
 #[derive(Debug)]
 pub struct LmBatchGen {
     spec: LmSpec,
     state: LmState,
     tcs: Vec<TokenCache>,
+    /// `0..n` (the row list of [`LmBatchGen::step`]).
+    all_rows: Vec<usize>,
     input: Vec<i64>,
     prev: Vec<i64>,
     text: Vec<u32>,
     audio: Vec<u32>,
+    /// Per active row: the frame of this step.
+    frames: Vec<Option<LmFrame>>,
+    /// Per active row: the sampling error of this step, if any.
+    errors: Vec<Option<LmError>>,
 }
 
 impl LmBatchGen {
@@ -398,10 +408,13 @@ impl LmBatchGen {
         let state = model.new_batch_state(n, kv_dtype)?;
         Ok(LmBatchGen {
             tcs: vec![TokenCache::new(&spec); n],
+            all_rows: (0..n).collect(),
             input: vec![0; n * spec.num_streams()],
             prev: vec![0; n],
             text: vec![0; n],
             audio: vec![0; n * spec.dep_q],
+            frames: vec![None; n],
+            errors: (0..n).map(|_| None).collect(),
             state,
             spec,
         })
@@ -412,25 +425,29 @@ impl LmBatchGen {
         self.tcs.len()
     }
 
-    /// Resets session `b` to its fresh state (the others continue).
+    /// Resets session `b` to its fresh state (the others continue). Allocates nothing; an index out
+    /// of range is ignored. (Reset its sampler too for a reproducible restart.)
     pub fn reset_session(&mut self, b: usize) {
-        self.tcs[b].reset();
-        self.state.reset_session(b);
+        if b < self.tcs.len() {
+            self.tcs[b].reset();
+            self.state.reset_session(b);
+        }
     }
 
-    /// Calls made by session `b` since creation or its last reset.
+    /// Calls made by session `b` since creation or its last reset (0 when out of range).
     pub fn offset(&self, b: usize) -> usize {
-        self.tcs[b].offset
+        self.tcs.get(b).map_or(0, |t| t.offset)
     }
 
-    /// The shared model state (`[n, ...]` logits and outputs of the last step).
+    /// The shared model state (logits and outputs of the last step, one row per stepped session
+    /// in the order they were given).
     pub fn state(&self) -> &LmState {
         &self.state
     }
 
     /// One call for every session: `user_codes` is `[n, n_q - dep_q]` row-major, `samplers[b]`
     /// samples session `b`, `out[b]` receives its frame (or `None` during its first `max_delay`
-    /// calls).
+    /// calls). A sampling failure of any session is returned (after every session was stepped).
     pub fn step(
         &mut self,
         model: &LmModel,
@@ -439,15 +456,103 @@ impl LmBatchGen {
         pool: &Pool,
         out: &mut [Option<LmFrame>],
     ) -> Result<(), LmError> {
+        let n = self.tcs.len();
+        if out.len() != n {
+            return Err(LmError::Length {
+                what: "outputs",
+                expected: n,
+                got: out.len(),
+            });
+        }
+        let rows = std::mem::take(&mut self.all_rows);
+        let r = self.run(model, &rows, user_codes, samplers, pool, None);
+        self.all_rows = rows;
+        r?;
+        let mut first_err = None;
+        for (b, o) in out.iter_mut().enumerate() {
+            *o = self.frames[b];
+            if let Some(e) = self.errors[b].take() {
+                first_err.get_or_insert(e);
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// One call for the sessions `active` only (distinct indices `< n`, any order; at least one).
+    /// `user_codes` is `[active.len(), n_q - dep_q]` row-major (row `i` belongs to session
+    /// `active[i]`), `samplers[b]` samples session `b` (all `n` are passed; only the active ones
+    /// are used), and `out[i]` receives session `active[i]`'s result: its frame (`None` during its
+    /// first `max_delay` calls) or its own sampling error (that session should be reset; the others
+    /// are unaffected). `force_text`, when given, holds one optional forced text token per active
+    /// row. Weights are read once for all active rows; inactive sessions are untouched.
+    ///
+    /// An argument error is returned before anything is mutated.
+    #[allow(clippy::too_many_arguments)]
+    pub fn step_active(
+        &mut self,
+        model: &LmModel,
+        active: &[usize],
+        user_codes: &[u32],
+        samplers: &mut [Sampler],
+        pool: &Pool,
+        force_text: Option<&[Option<u32>]>,
+        out: &mut [Result<Option<LmFrame>, LmError>],
+    ) -> Result<(), LmError> {
+        if out.len() != active.len() {
+            return Err(LmError::Length {
+                what: "outputs",
+                expected: active.len(),
+                got: out.len(),
+            });
+        }
+        self.run(model, active, user_codes, samplers, pool, force_text)?;
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = match self.errors[i].take() {
+                Some(e) => Err(e),
+                None => Ok(self.frames[i]),
+            };
+        }
+        Ok(())
+    }
+
+    /// The shared body of both steps: validates everything, then steps the sessions `rows` and
+    /// leaves row `i`'s frame in `self.frames[i]` and its sampling error in `self.errors[i]`.
+    fn run(
+        &mut self,
+        model: &LmModel,
+        rows: &[usize],
+        user_codes: &[u32],
+        samplers: &mut [Sampler],
+        pool: &Pool,
+        force_text: Option<&[Option<u32>]>,
+    ) -> Result<(), LmError> {
         let s = &self.spec;
-        let (n, nu, ks, dq) = (self.tcs.len(), s.n_user(), s.num_streams(), s.dep_q);
+        let (n, m) = (self.tcs.len(), rows.len());
+        let (nu, ks, dq) = (s.n_user(), s.num_streams(), s.dep_q);
         if model.spec() != s {
             return Err(LmError::Config("model and generator sizes differ".into()));
         }
+        if m == 0 || m > n {
+            return Err(LmError::Length {
+                what: "active sessions",
+                expected: n,
+                got: m,
+            });
+        }
+        for (i, &b) in rows.iter().enumerate() {
+            if b >= n || rows[..i].contains(&b) {
+                return Err(LmError::Config(format!(
+                    "session {b} is out of range or repeated (batch of {n})"
+                )));
+            }
+        }
         for (what, expected, got) in [
-            ("user codes", n * nu, user_codes.len()),
+            ("user codes", m * nu, user_codes.len()),
             ("samplers", n, samplers.len()),
-            ("outputs", n, out.len()),
+            ("forced text tokens", m, force_text.map_or(m, <[_]>::len)),
         ] {
             if expected != got {
                 return Err(LmError::Length {
@@ -458,37 +563,68 @@ impl LmBatchGen {
             }
         }
         let mut codes = [0i64; MAX_AUDIO_CODEBOOKS];
-        for b in 0..n {
-            for (c, &u) in codes.iter_mut().zip(&user_codes[b * nu..(b + 1) * nu]) {
+        for i in 0..m {
+            for (c, &u) in codes.iter_mut().zip(&user_codes[i * nu..(i + 1) * nu]) {
                 *c = u as i64;
             }
-            TokenCache::validate(s, &codes[..nu], &StepOptions::default())?;
+            let opts = StepOptions {
+                force_text: force_text.and_then(|f| f[i]),
+                force_audio: None,
+            };
+            TokenCache::validate(s, &codes[..nu], &opts)?;
         }
-        for (b, tc) in self.tcs.iter_mut().enumerate() {
-            for (c, &u) in codes.iter_mut().zip(&user_codes[b * nu..(b + 1) * nu]) {
+        for (i, &b) in rows.iter().enumerate() {
+            for (c, &u) in codes.iter_mut().zip(&user_codes[i * nu..(i + 1) * nu]) {
                 *c = u as i64;
             }
+            let tc = &mut self.tcs[b];
             tc.gather(s, &codes[..nu]);
-            self.input[b * ks..(b + 1) * ks].copy_from_slice(&tc.input);
+            self.input[i * ks..(i + 1) * ks].copy_from_slice(&tc.input);
         }
-        model.forward_temporal(&mut self.state, &self.input, pool)?;
-        let tc_len = s.text_card;
-        for (b, sampler) in samplers.iter_mut().enumerate() {
-            let t = sampler.sample_text(&self.state.text_logits()[b * tc_len..(b + 1) * tc_len])?;
+        model.forward_temporal_rows(&mut self.state, rows, &self.input[..m * ks], pool)?;
+        let tcard = s.text_card;
+        for (i, &b) in rows.iter().enumerate() {
+            self.errors[i] = None;
+            let sampler = &mut samplers[b];
+            let forced = force_text.and_then(|f| f[i]);
+            let t = match forced {
+                Some(t) => t,
+                None => {
+                    let logits = &self.state.text_logits()[i * tcard..(i + 1) * tcard];
+                    match sampler.sample_text(logits) {
+                        Ok(t) => t,
+                        Err(e) => {
+                            // This session is broken; the others go on (token 0 keeps the
+                            // shared Depformer pass well-defined).
+                            self.errors[i] = Some(e.into());
+                            0
+                        }
+                    }
+                }
+            };
             sampler.record_text(t);
-            self.text[b] = t;
-            self.prev[b] = t as i64;
+            self.text[i] = t;
+            self.prev[i] = t as i64;
         }
         for k in 0..dq {
-            let logits = model.depformer_step(&mut self.state, k, &self.prev, pool)?;
-            for (b, sampler) in samplers.iter_mut().enumerate() {
-                let t = sampler.sample_audio(&logits[b * s.card..(b + 1) * s.card])?;
-                self.audio[b * dq + k] = t;
-                self.prev[b] = t as i64;
+            let logits =
+                model.depformer_step_rows(&mut self.state, rows, k, &self.prev[..m], pool)?;
+            for (i, &b) in rows.iter().enumerate() {
+                let t = match samplers[b].sample_audio(&logits[i * s.card..(i + 1) * s.card]) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        if self.errors[i].is_none() {
+                            self.errors[i] = Some(e.into());
+                        }
+                        0
+                    }
+                };
+                self.audio[i * dq + k] = t;
+                self.prev[i] = t as i64;
             }
         }
-        for (b, tc) in self.tcs.iter_mut().enumerate() {
-            out[b] = tc.commit(s, self.text[b], &self.audio[b * dq..(b + 1) * dq]);
+        for (i, &b) in rows.iter().enumerate() {
+            self.frames[i] = self.tcs[b].commit(s, self.text[i], &self.audio[i * dq..(i + 1) * dq]);
         }
         Ok(())
     }

@@ -66,6 +66,8 @@ pub struct LmState {
     /// `[n][dep_layers]` Depformer caches.
     dep_kv: Vec<KvRing>,
     pos: Vec<usize>,
+    /// `0..n` (the row map of a whole-batch step).
+    all_rows: Vec<usize>,
     dep_next: usize,
     x: Vec<f32>,
     h: Vec<f32>,
@@ -181,6 +183,25 @@ fn gate(g: &[f32], u: &mut [f32]) {
     for ((o, &a), &b) in u.iter_mut().zip(a).zip(b) {
         *o = a / (1.0 + (-a).exp()) * b;
     }
+}
+
+/// `rows` must be distinct session indices below `n` (at least one).
+fn check_rows(rows: &[usize], n: usize) -> Result<(), LmError> {
+    if rows.is_empty() || rows.len() > n {
+        return Err(LmError::Length {
+            what: "active sessions",
+            expected: n,
+            got: rows.len(),
+        });
+    }
+    for (i, &b) in rows.iter().enumerate() {
+        if b >= n || rows[..i].contains(&b) {
+            return Err(LmError::Config(format!(
+                "session {b} is out of range or repeated (batch of {n})"
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn ensure_len(what: &'static str, expected: usize, got: usize) -> Result<(), LmError> {
@@ -331,6 +352,7 @@ impl LmModel {
             kv,
             dep_kv,
             pos: vec![0; n],
+            all_rows: (0..n).collect(),
             dep_next: 0,
             x: vec![0.0; n * d],
             h: vec![0.0; n * d],
@@ -364,8 +386,26 @@ impl LmModel {
         tokens: &[i64],
         pool: &Pool,
     ) -> Result<(), LmError> {
+        let rows = std::mem::take(&mut st.all_rows);
+        let r = self.forward_temporal_rows(st, &rows, tokens, pool);
+        st.all_rows = rows;
+        r
+    }
+
+    /// [`LmModel::forward_temporal`] for the sessions `rows` only (distinct, each `< n`): `tokens`
+    /// holds `rows.len()` columns; output row `i` of [`LmState::transformer_out`] and
+    /// [`LmState::text_logits`] belongs to session `rows[i]`. The caches and positions of the
+    /// other sessions are untouched.
+    pub fn forward_temporal_rows(
+        &self,
+        st: &mut LmState,
+        rows: &[usize],
+        tokens: &[i64],
+        pool: &Pool,
+    ) -> Result<(), LmError> {
         let s = &self.spec;
-        let (n, k_streams) = (st.n, s.num_streams());
+        let (n, k_streams) = (rows.len(), s.num_streams());
+        check_rows(rows, st.n)?;
         ensure_len("input tokens", n * k_streams, tokens.len())?;
         // Validate everything before touching the state.
         for (i, &t) in tokens.iter().enumerate() {
@@ -381,7 +421,7 @@ impl LmModel {
         }
         let d = s.dim;
         // Embedding sum in Python order: audio tables 0..n_q, then text.
-        st.x.fill(0.0);
+        st.x[..n * d].fill(0.0);
         for (b, col) in tokens.chunks_exact(k_streams).enumerate() {
             let x = &mut st.x[b * d..(b + 1) * d];
             for (i, table) in self.emb.iter().enumerate() {
@@ -397,14 +437,14 @@ impl LmModel {
                 ops::rms_norm(&st.x[r.clone()], &layer.norm1, s.eps, &mut st.h[r]);
             }
             pool.matmul(&layer.in_proj, &st.h, n, &mut st.qkv);
-            for b in 0..n {
+            for (b, &row) in rows.iter().enumerate() {
                 let qkv = &mut st.qkv[b * 3 * d..(b + 1) * 3 * d];
                 let (q, kvp) = qkv.split_at_mut(d);
                 let (k, v) = kvp.split_at_mut(d);
-                let pos = st.pos[b];
+                let pos = st.pos[row];
                 ops::rope_interleaved(q, s.num_heads, s.head_dim, pos, s.max_period);
                 ops::rope_interleaved(k, s.num_heads, s.head_dim, pos, s.max_period);
-                let ring = &mut st.kv[b * nl + l];
+                let ring = &mut st.kv[row * nl + l];
                 ring.push(k, v);
                 // Heads split over the pool (bit-identical to `attend`; single-threaded below 16
                 // entries). Its per-thread score scratch grows once, at the first call with >= 16
@@ -412,7 +452,7 @@ impl LmModel {
                 ring.attend_pool(q, &mut st.attn[b * d..(b + 1) * d], s.context, pool);
             }
             pool.matmul(&layer.out_proj, &st.attn, n, &mut st.tmp);
-            ops::add(&mut st.x, &st.tmp);
+            ops::add(&mut st.x[..n * d], &st.tmp[..n * d]);
 
             for b in 0..n {
                 let r = b * d..(b + 1) * d;
@@ -422,19 +462,20 @@ impl LmModel {
             for (g, u) in
                 st.g.chunks_exact(2 * s.hidden)
                     .zip(st.u.chunks_exact_mut(s.hidden))
+                    .take(n)
             {
                 gate(g, u);
             }
             pool.matmul(&layer.lin_out, &st.u, n, &mut st.tmp);
-            ops::add(&mut st.x, &st.tmp);
+            ops::add(&mut st.x[..n * d], &st.tmp[..n * d]);
         }
         for b in 0..n {
             let r = b * d..(b + 1) * d;
             ops::rms_norm(&st.x[r.clone()], &self.out_norm, s.eps, &mut st.tout[r]);
         }
         pool.matmul(&self.text_linear, &st.tout, n, &mut st.text_logits);
-        for p in &mut st.pos {
-            *p += 1;
+        for &b in rows {
+            st.pos[b] += 1;
         }
         st.dep_next = 0;
         Ok(())
@@ -451,8 +492,31 @@ impl LmModel {
         prev_tokens: &[i64],
         pool: &Pool,
     ) -> Result<&'s [f32], LmError> {
+        let rows = std::mem::take(&mut st.all_rows);
+        let r = self
+            .depformer_step_rows(st, &rows, k, prev_tokens, pool)
+            .err();
+        st.all_rows = rows;
+        match r {
+            Some(e) => Err(e),
+            None => Ok(&st.dep_logits),
+        }
+    }
+
+    /// [`LmModel::depformer_step`] for the sessions `rows` only (the rows of the preceding
+    /// [`LmModel::forward_temporal_rows`]): `prev_tokens[i]` and logits row `i` belong to session
+    /// `rows[i]`.
+    pub fn depformer_step_rows<'s>(
+        &self,
+        st: &'s mut LmState,
+        rows: &[usize],
+        k: usize,
+        prev_tokens: &[i64],
+        pool: &Pool,
+    ) -> Result<&'s [f32], LmError> {
         let s = &self.spec;
-        let n = st.n;
+        let n = rows.len();
+        check_rows(rows, st.n)?;
         ensure_len("previous tokens", n, prev_tokens.len())?;
         if k >= s.dep_q || (k != 0 && k != st.dep_next) {
             return Err(LmError::Config(format!(
@@ -460,9 +524,12 @@ impl LmModel {
                 st.dep_next
             )));
         }
+        let ndl = s.dep_layers;
         if k == 0 {
-            for r in &mut st.dep_kv {
-                r.reset();
+            for &b in rows {
+                for r in &mut st.dep_kv[b * ndl..(b + 1) * ndl] {
+                    r.reset();
+                }
             }
         }
         let table = if k == 0 {
@@ -481,7 +548,6 @@ impl LmModel {
                 &mut st.drow,
             )?;
         }
-        let ndl = s.dep_layers;
         for (j, layer) in self.dep_layers.iter().enumerate() {
             let w = &layer.steps[k];
             for b in 0..n {
@@ -489,16 +555,16 @@ impl LmModel {
                 ops::rms_norm(&st.dx[r.clone()], &layer.norm1, s.eps, &mut st.dh[r]);
             }
             pool.matmul(&w.in_proj, &st.dh, n, &mut st.dqkv);
-            for b in 0..n {
+            for (b, &row) in rows.iter().enumerate() {
                 let qkv = &mut st.dqkv[b * 3 * dd..(b + 1) * 3 * dd];
                 let (q, kvp) = qkv.split_at_mut(dd);
                 let (kk, v) = kvp.split_at_mut(dd);
-                let ring = &mut st.dep_kv[b * ndl + j];
+                let ring = &mut st.dep_kv[row * ndl + j];
                 ring.push(kk, v);
                 ring.attend(q, &mut st.dattn[b * dd..(b + 1) * dd], s.dep_q);
             }
             pool.matmul(&w.out_proj, &st.dattn, n, &mut st.dtmp);
-            ops::add(&mut st.dx, &st.dtmp);
+            ops::add(&mut st.dx[..n * dd], &st.dtmp[..n * dd]);
 
             for b in 0..n {
                 let r = b * dd..(b + 1) * dd;
@@ -509,11 +575,12 @@ impl LmModel {
                 .dg
                 .chunks_exact(2 * s.dep_hidden)
                 .zip(st.du.chunks_exact_mut(s.dep_hidden))
+                .take(n)
             {
                 gate(g, u);
             }
             pool.matmul(&w.lin_out, &st.du, n, &mut st.dtmp);
-            ops::add(&mut st.dx, &st.dtmp);
+            ops::add(&mut st.dx[..n * dd], &st.dtmp[..n * dd]);
         }
         pool.matmul(&self.linears[k], &st.dx, n, &mut st.dep_logits);
         st.dep_next = k + 1;

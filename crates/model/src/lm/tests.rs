@@ -561,3 +561,164 @@ fn batched_sessions_match_separate_generators() {
     let trace = Tensors::open("trace.safetensors");
     assert_eq!(texts0, trace.i64("out_text").0);
 }
+
+#[test]
+fn active_subsets_match_separate_generators() {
+    // Sessions stepped in an irregular interleaving inside one batch (some idle for a while, one
+    // reset midway) give exactly the tokens of separate generators, logits within 1e-4.
+    let model = tiny_model("model.safetensors");
+    let c = codes();
+    let t_total = c.len() / 8;
+    let pool = Pool::new(2);
+    let n = 4;
+    let mut batch = LmBatchGen::new(&model, n, KvDtype::F32).unwrap();
+    let cfg = |b: usize| {
+        if b.is_multiple_of(2) {
+            SamplerConfig::greedy()
+        } else {
+            SamplerConfig::seeded(10 + b as u64)
+        }
+    };
+    let mut samplers: Vec<Sampler> = (0..n)
+        .map(|b| Sampler::new(cfg(b), 128, 64).unwrap())
+        .collect();
+    let mut singles: Vec<(LmGen, Sampler)> = (0..n)
+        .map(|b| {
+            (
+                LmGen::new(&model, KvDtype::F32).unwrap(),
+                Sampler::new(cfg(b), 128, 64).unwrap(),
+            )
+        })
+        .collect();
+    // Per session: how many calls it made so far (its own time axis).
+    let mut calls = [0usize; 4];
+    let user = |b: usize, t: usize| -> Vec<u32> {
+        column(&c, 8, t_total, t % t_total)
+            .iter()
+            .map(|&x| ((x as usize + 5 * b) % 64) as u32)
+            .collect()
+    };
+    let mut texts0 = Vec::new();
+    let mut stepped = [0usize; 4];
+    for tick in 0..3 * t_total {
+        // Irregular pattern: session 0 every tick (until its trace is complete), 1 on odd ticks,
+        // 2 in bursts, 3 rarely; nobody at tick 7.
+        let mut active: Vec<usize> = Vec::new();
+        if calls[0] < t_total && tick != 7 {
+            active.push(0);
+        }
+        if tick % 2 == 1 {
+            active.push(1);
+        }
+        if (tick / 3) % 2 == 0 && tick != 7 {
+            active.push(2);
+        }
+        if tick % 5 == 4 {
+            active.push(3);
+        }
+        // Any order is allowed.
+        if tick % 4 == 0 {
+            active.reverse();
+        }
+        if tick == 11 {
+            batch.reset_session(2);
+            samplers[2].reset();
+            singles[2].0.reset();
+            singles[2].1.reset();
+            calls[2] = 0;
+        }
+        if active.is_empty() {
+            assert!(batch
+                .step_active(&model, &[], &[], &mut samplers, &pool, None, &mut [])
+                .is_err());
+            continue;
+        }
+        let flat: Vec<u32> = active.iter().flat_map(|&b| user(b, calls[b])).collect();
+        let offsets: Vec<usize> = (0..n).map(|b| batch.offset(b)).collect();
+        let positions: Vec<usize> = (0..n).map(|b| batch.state().position_of(b)).collect();
+        let mut out: Vec<Result<Option<LmFrame>, LmError>> =
+            (0..active.len()).map(|_| Ok(None)).collect();
+        batch
+            .step_active(&model, &active, &flat, &mut samplers, &pool, None, &mut out)
+            .unwrap();
+        for b in 0..n {
+            if !active.contains(&b) {
+                assert_eq!(batch.offset(b), offsets[b], "idle session {b} moved");
+                assert_eq!(batch.state().position_of(b), positions[b]);
+            }
+        }
+        for (i, &b) in active.iter().enumerate() {
+            let (g, s) = &mut singles[b];
+            let o = g.step(&model, &user(b, calls[b]), s, &pool).unwrap();
+            let got = out[i].as_ref().unwrap();
+            assert_eq!(&o, got, "session {b} call {} tick {tick}", calls[b]);
+            let d = max_abs_diff(
+                &batch.state().text_logits()[i * 128..(i + 1) * 128],
+                g.state().text_logits(),
+            );
+            assert!(d < 1e-4, "session {b} tick {tick}: {d}");
+            let d = max_abs_diff(
+                &batch.state().depformer_logits()[i * 64..(i + 1) * 64],
+                g.state().depformer_logits(),
+            );
+            assert!(d < 1e-4, "session {b} tick {tick} depformer: {d}");
+            if b == 0 {
+                if let Some(f) = got {
+                    texts0.push(f.text as i64);
+                }
+            }
+            calls[b] += 1;
+            stepped[b] += 1;
+        }
+    }
+    assert!(stepped.iter().all(|&s| s >= 8), "{stepped:?}");
+    assert_eq!(batch.offset(2), calls[2]);
+    // Session 0 (greedy, the oracle's codes at offset 0) reproduces the oracle trace.
+    let trace = Tensors::open("trace.safetensors");
+    assert_eq!(texts0, trace.i64("out_text").0);
+}
+
+#[test]
+fn active_step_argument_errors_mutate_nothing() {
+    let model = tiny_model("model.safetensors");
+    let pool = Pool::new(1);
+    let mut batch = LmBatchGen::new(&model, 2, KvDtype::F32).unwrap();
+    let mut samplers: Vec<Sampler> = (0..2)
+        .map(|_| Sampler::new(SamplerConfig::greedy(), 128, 64).unwrap())
+        .collect();
+    let mut out: Vec<Result<Option<LmFrame>, LmError>> = vec![Ok(None), Ok(None)];
+    let codes = [1u32; 16];
+    for (active, codes, n_out) in [
+        (&[0usize, 0][..], &codes[..], 2), // repeated
+        (&[2][..], &codes[..8], 1),        // out of range
+        (&[0, 1][..], &codes[..8], 2),     // too few codes
+        (&[1][..], &codes[..8], 2),        // wrong out length
+        (&[0, 1, 1][..], &codes[..], 2),   // more than n
+    ] {
+        let r = batch.step_active(
+            &model,
+            active,
+            codes,
+            &mut samplers,
+            &pool,
+            None,
+            &mut out[..n_out],
+        );
+        assert!(r.is_err(), "{active:?}");
+    }
+    let bad = vec![99u32; 8];
+    assert!(matches!(
+        batch.step_active(
+            &model,
+            &[1],
+            &bad,
+            &mut samplers,
+            &pool,
+            None,
+            &mut out[..1]
+        ),
+        Err(LmError::Token { .. })
+    ));
+    assert_eq!((batch.offset(0), batch.offset(1)), (0, 0));
+    assert_eq!(batch.state().position_of(1), 0);
+}
