@@ -82,20 +82,26 @@ impl KvRing {
     /// Appends one entry (`k`, `v` of `n_heads · head_dim` values), overwriting the oldest
     /// once full.
     pub fn push(&mut self, k: &[f32], v: &[f32]) {
-        let d = self.n_heads * self.head_dim;
+        let (hd, nh, cap) = (self.head_dim, self.n_heads, self.capacity);
+        let d = nh * hd;
         assert!(k.len() == d && v.len() == d, "KvRing::push: wrong length");
-        let slot = (self.pushed % self.capacity as u64) as usize;
-        match &mut self.store {
-            Store::F32 { k: ks, v: vs } => {
-                ks[slot * d..(slot + 1) * d].copy_from_slice(k);
-                vs[slot * d..(slot + 1) * d].copy_from_slice(v);
-            }
-            Store::Bf16 { k: ks, v: vs } => {
-                for (o, x) in ks[slot * d..(slot + 1) * d].iter_mut().zip(k) {
-                    *o = half::bf16::from_f32(*x).to_bits();
+        let slot = (self.pushed % cap as u64) as usize;
+        // Layout [head][slot][head_dim]: each head's entries are contiguous, so attention
+        // streams them sequentially.
+        for h in 0..nh {
+            let (src, dst) = (h * hd..(h + 1) * hd, (h * cap + slot) * hd);
+            match &mut self.store {
+                Store::F32 { k: ks, v: vs } => {
+                    ks[dst..dst + hd].copy_from_slice(&k[src.clone()]);
+                    vs[dst..dst + hd].copy_from_slice(&v[src]);
                 }
-                for (o, x) in vs[slot * d..(slot + 1) * d].iter_mut().zip(v) {
-                    *o = half::bf16::from_f32(*x).to_bits();
+                Store::Bf16 { k: ks, v: vs } => {
+                    for (o, x) in ks[dst..dst + hd].iter_mut().zip(&k[src.clone()]) {
+                        *o = half::bf16::from_f32(*x).to_bits();
+                    }
+                    for (o, x) in vs[dst..dst + hd].iter_mut().zip(&v[src]) {
+                        *o = half::bf16::from_f32(*x).to_bits();
+                    }
                 }
             }
         }
@@ -155,6 +161,24 @@ impl KvRing {
         self.scores = scores;
     }
 
+    /// Scalar reference of [`KvRing::attend`]: per entry a scalar dot product, a scalar
+    /// softmax and scalar `out += p·v` (property tests compare the SIMD paths with it).
+    pub fn attend_reference(&mut self, q: &[f32], out: &mut [f32], window: usize) {
+        let hd = self.head_dim;
+        let mut scores = std::mem::take(&mut self.scores);
+        for h in 0..self.n_heads {
+            self.attend_head_level(
+                Level::Scalar,
+                h,
+                &q[h * hd..(h + 1) * hd],
+                &mut out[h * hd..(h + 1) * hd],
+                window,
+                &mut scores,
+            );
+        }
+        self.scores = scores;
+    }
+
     /// [`KvRing::attend`] with the heads split over the pool's threads (each head's
     /// arithmetic is identical to `attend`, so results match bit for bit).
     pub fn attend_pool(&mut self, q: &[f32], out: &mut [f32], window: usize, pool: &crate::Pool) {
@@ -201,7 +225,19 @@ impl KvRing {
         window: usize,
         scores: &mut [f32],
     ) {
-        let (hd, d) = (self.head_dim, self.n_heads * self.head_dim);
+        self.attend_head_level(Level::detect(self.head_dim), h, q, out, window, scores)
+    }
+
+    fn attend_head_level(
+        &self,
+        level: Level,
+        h: usize,
+        q: &[f32],
+        out: &mut [f32],
+        window: usize,
+        scores: &mut [f32],
+    ) {
+        let (hd, cap) = (self.head_dim, self.capacity);
         assert!(
             h < self.n_heads && q.len() == hd && out.len() == hd,
             "attend_head: bad head or length"
@@ -212,34 +248,95 @@ impl KvRing {
             return;
         }
         let scores = &mut scores[..n];
-        let first = self.pushed - n as u64;
-        let slot = |j: usize| ((first + j as u64) % self.capacity as u64) as usize * d + h * hd;
+        // The window is at most two runs of consecutive slots: s0.. (up to the end of the
+        // ring) and 0.. (after wrapping).
+        let s0 = ((self.pushed - n as u64) % cap as u64) as usize;
+        let n1 = n.min(cap - s0);
+        let runs = [(s0, n1), (0, n - n1)];
+        let base = h * cap * hd;
         let inv = 1.0 / (hd as f32).sqrt();
+        #[cfg(target_arch = "x86_64")]
+        if level != Level::Scalar {
+            use crate::x86_attn::{head_avx2, head_avx512, Seg};
+            let (bf16, kp, vp, es) = match &self.store {
+                Store::F32 { k, v } => (false, k.as_ptr() as *const u8, v.as_ptr() as *const u8, 4),
+                Store::Bf16 { k, v } => (true, k.as_ptr() as *const u8, v.as_ptr() as *const u8, 2),
+            };
+            // SAFETY: the runs lie inside head h's region (s0 + n1 <= cap, n - n1 <= cap);
+            // the level was detected for this CPU and head_dim.
+            unsafe {
+                let seg = |(s, c): (usize, usize)| Seg {
+                    k: kp.add((base + s * hd) * es),
+                    v: vp.add((base + s * hd) * es),
+                    n: c,
+                };
+                let segs = [seg(runs[0]), seg(runs[1])];
+                match level {
+                    Level::Avx512 => head_avx512(bf16, hd, q, &segs, inv, scores, out),
+                    _ => head_avx2(bf16, hd, q, &segs, inv, scores, out),
+                }
+            }
+            return;
+        }
+        let _ = level;
+        let rows = || {
+            runs.into_iter()
+                .flat_map(|(s, c)| (s..s + c).map(|slot| base + slot * hd))
+        };
         match &self.store {
             Store::F32 { k, .. } => {
-                for (j, s) in scores.iter_mut().enumerate() {
-                    *s = ops::dot(q, &k[slot(j)..slot(j) + hd]) * inv;
+                for (s, o) in scores.iter_mut().zip(rows()) {
+                    *s = ops::dot_reference(q, &k[o..o + hd]) * inv;
                 }
             }
             Store::Bf16 { k, .. } => {
-                for (j, s) in scores.iter_mut().enumerate() {
-                    *s = ops::dot_bf16(q, &k[slot(j)..slot(j) + hd]) * inv;
+                for (s, o) in scores.iter_mut().zip(rows()) {
+                    *s = ops::dot_bf16_reference(q, &k[o..o + hd]) * inv;
                 }
             }
         }
         ops::softmax(scores);
         match &self.store {
             Store::F32 { v, .. } => {
-                for (j, &p) in scores.iter().enumerate() {
-                    ops::axpy(out, p, &v[slot(j)..slot(j) + hd]);
+                for (&p, o) in scores.iter().zip(rows()) {
+                    ops::axpy_reference(out, p, &v[o..o + hd]);
                 }
             }
             Store::Bf16 { v, .. } => {
-                for (j, &p) in scores.iter().enumerate() {
-                    ops::axpy_bf16(out, p, &v[slot(j)..slot(j) + hd]);
+                for (&p, o) in scores.iter().zip(rows()) {
+                    ops::axpy_bf16_reference(out, p, &v[o..o + hd]);
                 }
             }
         }
+    }
+}
+
+/// Which attention kernel runs (detected per call from the CPU flags and `head_dim`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Level {
+    Scalar,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Avx2,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Avx512,
+}
+
+impl Level {
+    fn detect(hd: usize) -> Level {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use crate::x86_attn::MAX_HD;
+            if crate::simd_level() == crate::SimdLevel::Avx2 && hd <= MAX_HD {
+                if crate::avx512() && hd.is_multiple_of(32) {
+                    return Level::Avx512;
+                }
+                if hd.is_multiple_of(16) {
+                    return Level::Avx2;
+                }
+            }
+        }
+        let _ = hd;
+        Level::Scalar
     }
 }
 

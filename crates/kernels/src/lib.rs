@@ -11,6 +11,8 @@
 //! NEON kernels are not written yet because the aarch64 target cannot be type-checked
 //! on the development machines — and by the property tests). Setting the environment
 //! variable `MOSHI_KERNELS_SCALAR=1` before the first kernel call forces the scalar path.
+//! Attention over the KV ring has AVX-512 and AVX2 kernels; with AVX-512 ([`avx512`]) the
+//! zmm paths are used (`MOSHI_KERNELS_NO_AVX512=1` or [`set_avx512_allowed`] turn them off).
 //! On CPUs with AVX-VNNI the quantized kernels use `vpdpbusd` ([`vnni`]);
 //! `MOSHI_KERNELS_NO_VNNI=1` keeps them on the plain AVX2 `vpmaddubsw` path.
 //!
@@ -33,6 +35,9 @@
 //!   activation-quantization bound `Σ_blocks Σ|w| · max|x_block| / 254` plus `1e-5 · Σ|w·x|`.
 //! * Convolutions (GEMM paths, threaded or not) vs direct loops: `1e-5 · in·k + 1e-6`.
 //! * `dot`/`dot_bf16`: `1e-5 · Σ|a·b|`; `axpy`/`axpy_bf16`: bitwise equal.
+//! * Attention (`KvRing::attend`, AVX-512 / AVX2 fused kernels) vs `attend_reference`:
+//!   `2e-6 · (1 + S) · max|v| + 1e-6` per output, `S` the largest `Σ|q·k|/√d` in the window
+//!   (score summation order and a polynomial `exp`).
 //!
 //! # Threads
 //! [`Pool`] splits products by 8-row tiles, attention by heads
@@ -61,6 +66,8 @@ pub mod quant;
 mod storage;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_attn;
 
 pub use cpu::{avx512, set_avx512_allowed, set_vnni_allowed, simd_level, vnni, SimdLevel};
 pub use matrix::{Matrix, Scratch, WeightFormat};
