@@ -7,6 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use half::{bf16, f16};
@@ -18,7 +19,100 @@ use crate::checkpoint::{
 };
 use crate::schema::{Allowed, Schema};
 
-type Owner = Arc<dyn AsRef<[u8]> + Send + Sync>;
+/// Granularity of [`Backing::release`]: ranges are shrunk to whole 4 KiB pages inside them. On a system
+/// with larger pages the kernel widens the range to its pages, which can only drop a neighbouring
+/// tensor's clean, file-backed page from this process (it is read again from the file when touched).
+const RELEASE_PAGE: usize = 4096;
+
+/// Where a weights file's bytes live.
+enum BackingKind {
+    /// A read-only file mapping (`Weights::open`).
+    Map(memmap2::Mmap),
+    /// Bytes in memory (`Weights::from_bytes`, tensors assembled or reordered at open).
+    Owned(Vec<u8>),
+}
+
+/// The bytes every tensor of a [`Weights`] is borrowed from, and the bookkeeping of mapped pages
+/// given back to the OS once no matrix reads them any more (see [`View`]).
+pub(crate) struct Backing {
+    kind: BackingKind,
+    /// Bytes of the mapping released with `MADV_DONTNEED` so far (a range released twice counts twice).
+    released: AtomicUsize,
+}
+
+impl AsRef<[u8]> for Backing {
+    fn as_ref(&self) -> &[u8] {
+        match &self.kind {
+            BackingKind::Map(m) => m,
+            BackingKind::Owned(v) => v,
+        }
+    }
+}
+
+impl Backing {
+    fn owned(v: Vec<u8>) -> Arc<Backing> {
+        Arc::new(Backing {
+            kind: BackingKind::Owned(v),
+            released: AtomicUsize::new(0),
+        })
+    }
+
+    /// Drops this process's resident pages that lie wholly inside `[offset, offset + len)` of a file
+    /// mapping (no-op for bytes in memory and off Unix). The mapping is read-only and never written,
+    /// so this changes no byte: a later read faults the page in again from the file (page cache).
+    /// It only stops those pages from counting in this process's resident set next to the
+    /// repacked copy a quantized [`Matrix`] keeps.
+    fn release(&self, offset: usize, len: usize) {
+        let BackingKind::Map(map) = &self.kind else {
+            return;
+        };
+        // The mapping starts on a page boundary, so file offsets and page offsets agree.
+        let start = offset.next_multiple_of(RELEASE_PAGE);
+        let end = (offset + len) / RELEASE_PAGE * RELEASE_PAGE;
+        if end <= start || end > map.len() {
+            return;
+        }
+        #[cfg(unix)]
+        {
+            // SAFETY: `map` is a read-only shared file mapping that this process never writes, so
+            // MADV_DONTNEED discards no data: every later access reads the same file bytes back
+            // (the checkpoint must not change while mapped, as `map_file` already requires).
+            let advised = unsafe {
+                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+            };
+            match advised {
+                Ok(()) => {
+                    self.released.fetch_add(end - start, Ordering::Relaxed);
+                }
+                Err(e) => tracing::debug!("madvise(DONTNEED) on weights pages failed: {e}"),
+            }
+        }
+    }
+}
+
+type Owner = Arc<Backing>;
+
+/// One tensor's bytes as handed to [`kernels::Storage`]. When the last reference goes (at once when
+/// the matrix repacked or copied them, later when a matrix that borrows them in place is dropped),
+/// the tensor's whole pages of the file mapping are released ([`Backing::release`]). Formats used in
+/// place (f32/bf16/f16 rows borrowed from the mapping) keep their view, so their pages stay.
+struct View {
+    backing: Owner,
+    offset: usize,
+    len: usize,
+}
+
+impl AsRef<[u8]> for View {
+    fn as_ref(&self) -> &[u8] {
+        &(*self.backing).as_ref()[self.offset..self.offset + self.len]
+    }
+}
+
+impl Drop for View {
+    fn drop(&mut self) {
+        self.backing.release(self.offset, self.len);
+    }
+}
 
 /// A byte range of a shared owner (mmap or owned buffer).
 #[derive(Clone)]
@@ -40,14 +134,24 @@ impl Bytes {
             len,
         }
     }
+    /// The bytes as kernel storage, through a [`View`] that releases the mapped pages when the
+    /// storage is dropped.
     fn storage(&self) -> Storage {
-        Storage::from_shared(self.owner.clone(), self.offset, self.len)
-            .expect("range validated when the file was opened")
+        let view: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(View {
+            backing: self.owner.clone(),
+            offset: self.offset,
+            len: self.len,
+        });
+        Storage::from_shared(view, 0, self.len).expect("a view covers its own range")
+    }
+    /// Give this range's mapped pages back (after the bytes were copied out).
+    fn release(&self) {
+        self.owner.release(self.offset, self.len);
     }
     fn owned(v: Vec<u8>) -> Bytes {
         let len = v.len();
         Bytes {
-            owner: Arc::new(v),
+            owner: Backing::owned(v),
             offset: 0,
             len,
         }
@@ -151,6 +255,7 @@ pub struct Weights {
     file_len: usize,
     metadata: BTreeMap<String, String>,
     entries: BTreeMap<String, Entry>,
+    backing: Owner,
 }
 
 impl std::fmt::Debug for Weights {
@@ -185,7 +290,10 @@ pub(crate) fn map_file(path: &Path) -> Result<Owner, CheckpointError> {
     // SAFETY: the file is opened read-only; like every mmap-based loader we rely on the checkpoint
     // not being truncated or rewritten by another process while it is mapped.
     let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-    Ok(Arc::new(mmap))
+    Ok(Arc::new(Backing {
+        kind: BackingKind::Map(mmap),
+        released: AtomicUsize::new(0),
+    }))
 }
 
 /// Detect the container format from the first bytes.
@@ -236,7 +344,7 @@ impl Weights {
         bytes: Vec<u8>,
         opts: &OpenOptions,
     ) -> Result<Weights, CheckpointError> {
-        Self::from_owner(Path::new(label), Arc::new(bytes), opts)
+        Self::from_owner(Path::new(label), Backing::owned(bytes), opts)
     }
 
     fn from_owner(
@@ -332,6 +440,7 @@ impl Weights {
             file_len,
             metadata,
             entries,
+            backing: owner,
         })
     }
 
@@ -395,6 +504,15 @@ impl Weights {
     /// Size of the file in bytes.
     pub fn file_len(&self) -> usize {
         self.file_len
+    }
+    /// Bytes of the file mapping given back to the OS so far (`MADV_DONTNEED`; a range released
+    /// twice counts twice). Pages of a tensor are released once no matrix reads them in place: right
+    /// after a quantized tensor is repacked (or an unaligned one copied) by [`Weights::matrix`], after
+    /// [`Weights::f32`] copied it out, or when a matrix that borrows it is dropped. Loading a
+    /// quantized checkpoint therefore peaks near the repacked model's size instead of file + model.
+    /// Always 0 for weights in memory ([`Weights::from_bytes`]) and off Unix.
+    pub fn released_bytes(&self) -> usize {
+        self.backing.released.load(Ordering::Relaxed)
     }
     /// Container metadata (safetensors `__metadata__`, GGUF key/values rendered as text).
     pub fn metadata(&self) -> &BTreeMap<String, String> {
@@ -542,6 +660,11 @@ impl Weights {
             }
         }
         debug_assert_eq!(out.len(), total);
+        // The values now live in `out`: the mapped pages are not needed for them any more.
+        for p in &e.parts {
+            p.data.release();
+            p.scales.iter().chain(&p.biases).for_each(Bytes::release);
+        }
         Ok((out, e.shape.clone()))
     }
 
@@ -850,6 +973,7 @@ fn assemble(
             for r in rows_src {
                 v.extend_from_slice(&s[r * rb..(r + 1) * rb]);
             }
+            data.release();
             data = Bytes::owned(v);
         }
         out_parts.push(Part {
@@ -902,7 +1026,9 @@ fn gather(
         let hi = (start + n).min(base + p.rows);
         if lo < hi {
             let b = pick(p).expect("buffer present");
-            v.extend_from_slice(&b.as_slice()[(lo - base) * row_bytes..(hi - base) * row_bytes]);
+            let rows = b.sub((lo - base) * row_bytes, (hi - lo) * row_bytes);
+            v.extend_from_slice(rows.as_slice());
+            rows.release();
         }
         base += p.rows;
     }
@@ -994,6 +1120,145 @@ mod tests {
 
     fn f32_bytes(v: &[f32]) -> Vec<u8> {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    /// Writes a GGUF file with a q8_0 tensor `q` of `[q_rows, q_cols]` (repacked by kernels) and an f32
+    /// tensor `f` of `[64, 256]` (64 KiB, borrowed in place); returns the path and both tensors' values.
+    fn release_fixture(tag: &str, q_rows: usize, q_cols: usize) -> (PathBuf, Vec<f32>, Vec<f32>) {
+        let blocks = q_rows * q_cols / 32;
+        let mut q = Vec::with_capacity(blocks * 34);
+        for b in 0..blocks {
+            q.extend_from_slice(&f16::from_f32(0.25 + (b % 5) as f32 * 0.125).to_le_bytes());
+            q.extend((0..32).map(|i| ((b * 7 + i * 13) % 251) as u8));
+        }
+        let f: Vec<f32> = (0..64 * 256).map(|i| i as f32 * 0.5 - 100.0).collect();
+        let fb = f32_bytes(&f);
+        let bytes = gguf::write(&[
+            gguf::WriteTensor {
+                name: "q",
+                ggml_type: gguf::ggml::Q8_0,
+                shape: &[q_rows, q_cols],
+                data: &q,
+            },
+            gguf::WriteTensor {
+                name: "f",
+                ggml_type: gguf::ggml::F32,
+                shape: &[64, 256],
+                data: &fb,
+            },
+        ]);
+        let mut qv = Vec::new();
+        dequant_plain(DType::Q8_0, &q, &mut qv).unwrap();
+        let path = std::env::temp_dir().join(format!(
+            "moshi-weights-release-{tag}-{}.gguf",
+            std::process::id()
+        ));
+        std::fs::write(&path, bytes).unwrap();
+        (path, qv, f)
+    }
+
+    fn rows_equal(m: &Matrix, expect: &[f32]) -> bool {
+        let mut row = vec![0.0; m.cols()];
+        (0..m.rows()).all(|r| {
+            m.row_f32(r, &mut row);
+            row == expect[r * m.cols()..(r + 1) * m.cols()]
+        })
+    }
+
+    // The pages of a repacked tensor are given back as soon as the matrix is built (the raw bytes are
+    // no longer referenced), those of a tensor borrowed in place only when its matrix is dropped, and
+    // every tensor still reads correctly afterwards (released pages fault back in from the file).
+    #[cfg(unix)]
+    #[test]
+    fn repacked_tensor_pages_are_released_borrowed_ones_kept() {
+        let (path, qv, fv) = release_fixture("unit", 64, 1024);
+        let w = Weights::open(&path, Component::Mimi).unwrap();
+        assert_eq!(w.released_bytes(), 0);
+        let q_len = w.info("q").unwrap().bytes;
+        let mq = w.matrix("q").unwrap();
+        let after_q = w.released_bytes();
+        // Only whole pages inside the tensor are released.
+        assert!(
+            after_q <= q_len && after_q + 2 * RELEASE_PAGE >= q_len,
+            "released {after_q} of {q_len} bytes"
+        );
+        assert!(rows_equal(&mq, &qv));
+
+        let mf = w.matrix("f").unwrap();
+        assert_eq!(
+            w.released_bytes(),
+            after_q,
+            "a borrowed tensor must keep its pages"
+        );
+        assert!(rows_equal(&mf, &fv));
+        drop(mf);
+        assert!(w.released_bytes() > after_q, "the last borrower releases");
+
+        // Everything reads the same after its pages were released.
+        assert!(rows_equal(&w.matrix("q").unwrap(), &qv));
+        assert_eq!(w.f32("f").unwrap().0, fv);
+        assert!(rows_equal(&mq, &qv));
+        drop(w);
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// Resident kB of the mapping that contains `addr`, from /proc/self/smaps.
+    #[cfg(target_os = "linux")]
+    fn mapping_rss_kb(addr: usize) -> usize {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        for line in smaps.lines() {
+            let head = line.split_whitespace().next().unwrap_or("");
+            if let Some((a, b)) = head.split_once('-') {
+                if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+                {
+                    inside = a <= addr && addr < b;
+                    continue;
+                }
+            }
+            if inside {
+                if let Some(kb) = line.strip_prefix("Rss:") {
+                    return kb.trim().trim_end_matches("kB").trim().parse().unwrap();
+                }
+            }
+        }
+        panic!("no mapping contains {addr:#x}");
+    }
+
+    // The kernel really drops the released pages from this process's resident set (what
+    // `/usr/bin/time -v` reports as the peak): after repacking, the file mapping holds next to nothing.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn repacked_tensor_leaves_the_resident_set() {
+        let (path, qv, _) = release_fixture("rss", 1024, 4096);
+        let w = Weights::open(&path, Component::Mimi).unwrap();
+        let BackingKind::Map(map) = &w.backing.kind else {
+            panic!("Weights::open maps the file")
+        };
+        let addr = map.as_ptr() as usize;
+        // Touch every page, as a load that reads the whole file does.
+        let sum = map
+            .iter()
+            .step_by(RELEASE_PAGE)
+            .map(|&b| b as u64)
+            .sum::<u64>();
+        std::hint::black_box(sum);
+        let before = mapping_rss_kb(addr);
+        let file_kb = w.file_len() / 1024;
+        assert!(
+            before * 2 >= file_kb,
+            "touched {before} kB of a {file_kb} kB file"
+        );
+        let mq = w.matrix("q").unwrap();
+        let after = mapping_rss_kb(addr);
+        // Left: the header page, the partial pages at the tensor's ends and the f32 tensor (64 KiB).
+        assert!(
+            after <= 256,
+            "{after} kB of the mapping still resident (file {file_kb} kB)"
+        );
+        assert!(rows_equal(&mq, &qv));
+        drop(w);
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]
