@@ -1,5 +1,5 @@
 //! Kernel microbenchmark:
-//! `cargo run --release -p moshi-kernels --example kernel_bench [rounds] [working_set_mb] [matvec|conv|hot|pool|all]`.
+//! `cargo run --release -p moshi-kernels --example kernel_bench [rounds] [working_set_mb] [matvec|conv|hot|pool|attn|all]`.
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -28,7 +28,24 @@ fn main() {
         println!("| pool hand-off, 2 threads | median µs | p90 µs |\n|---|---|---|");
         println!("| back to back (worker spinning) | {wm:.2} | {w9:.2} |\n| after 2 ms idle (worker parked) | {im:.2} | {i9:.2} |\n");
     }
+    if what == "all" || what == "attn" {
+        let rows = kernels::bench::run_attention(3000, 8, opts.rounds);
+        println!("| attention, 32 layers × 32 heads × 128, window 3000, 1 thread | path | ms median | ms min–max | KV GB/s |\n|---|---|---|---|---|");
+        for r in rows {
+            println!(
+                "| {:?} | {} | {:.1} | {:.1}–{:.1} | {:.1} |",
+                r.dtype, r.path, r.ms_per_frame, r.range.0, r.range.1, r.gbps
+            );
+        }
+        println!();
+    }
     if what == "all" || what == "hot" {
+        if kernels::avx512() {
+            println!("hot kernels, AVX-512 (zmm VNNI pair kernels):");
+            let rows = kernels::bench::run_hot(&opts.formats, &[1, 2, 4, 8], opts.rounds);
+            println!("{}", kernels::bench::markdown_hot(&rows));
+            kernels::set_avx512_allowed(false);
+        }
         let vnni = kernels::vnni();
         println!(
             "hot kernels, AVX-VNNI {}:",
@@ -38,15 +55,16 @@ fn main() {
                 "off (not available or disabled)"
             }
         );
-        let rows = kernels::bench::run_hot(&opts.formats, &[1, 4], opts.rounds);
+        let rows = kernels::bench::run_hot(&opts.formats, &[1, 2, 4, 8], opts.rounds);
         println!("{}", kernels::bench::markdown_hot(&rows));
         if vnni {
             kernels::set_vnni_allowed(false);
             println!("hot kernels, AVX-VNNI off (plain AVX2 vpmaddubsw):");
-            let rows = kernels::bench::run_hot(&opts.formats, &[1, 4], opts.rounds);
+            let rows = kernels::bench::run_hot(&opts.formats, &[1, 2, 4, 8], opts.rounds);
             println!("{}", kernels::bench::markdown_hot(&rows));
             kernels::set_vnni_allowed(true);
         }
+        kernels::set_avx512_allowed(true);
     }
     if what == "all" || what == "matvec" {
         let rows = kernels::bench::run(&opts, &|s| eprintln!("{s}"));

@@ -491,12 +491,19 @@ pub fn run_hot(formats: &[WeightFormat], ns: &[usize], rounds: usize) -> Vec<Hot
     for round in 0..rounds + 1 {
         for (ni, &n) in ns.iter().enumerate() {
             for (mi, m) in ms.iter().enumerate() {
-                let it = 200;
+                // At least 50 ms of CPU time per sample (schedstat advances in scheduler
+                // ticks on some kernels, so short samples would be quantized).
                 let t0 = clock(thread_cpu_s());
-                for _ in 0..it {
-                    m.matmul(&x[..n * cols], n, &mut y[..n * rows], &mut sc);
+                let mut it = 0usize;
+                let mut el = 0.0;
+                while it < 200 || el < 0.05 {
+                    for _ in 0..50 {
+                        m.matmul(&x[..n * cols], n, &mut y[..n * rows], &mut sc);
+                    }
+                    it += 50;
+                    el = clock(thread_cpu_s()) - t0;
                 }
-                let dt = (clock(thread_cpu_s()) - t0) / it as f64;
+                let dt = el / it as f64;
                 if round > 0 && dt > 0.0 {
                     samples[ni * ms.len() + mi].push((
                         (rows * cols * n) as f64 / dt / 1e9,
@@ -572,4 +579,91 @@ pub fn run_pool_latency(threads: usize, calls: usize) -> (f64, f64, f64, f64) {
         pct(&mut idle, 0.5),
         pct(&mut idle, 0.9),
     )
+}
+
+/// Result of [`run_attention`]: one head-split attention call over a full KV window.
+#[derive(Debug, Clone)]
+pub struct AttnRow {
+    /// KV element type.
+    pub dtype: crate::attention::KvDtype,
+    /// Kernel path: "avx512", "avx2" or "scalar".
+    pub path: &'static str,
+    /// Median ms per 32 layers (one temporal-transformer frame's attention).
+    pub ms_per_frame: f64,
+    /// Lowest and highest over the rounds.
+    pub range: (f64, f64),
+    /// KV GB/s read (keys and values of the window).
+    pub gbps: f64,
+}
+
+/// Attention over full KV rings at moshiko's temporal shapes (32 heads × 128, window
+/// `window`), `layers` distinct rings (more than the last-level cache), one thread,
+/// interleaved rounds per (dtype, path). Reported per 32 layers.
+pub fn run_attention(window: usize, layers: usize, rounds: usize) -> Vec<AttnRow> {
+    use crate::attention::{KvDtype, KvRing};
+    let (nh, hd) = (32usize, 128usize);
+    let d = nh * hd;
+    let kv: Vec<f32> = synth(1, d * 16, 11).iter().map(|v| v * 20.0).collect();
+    let q: Vec<f32> = synth(1, d, 12).iter().map(|v| v * 20.0).collect();
+    let mut out = vec![0f32; d];
+    let mut cfgs: Vec<(KvDtype, &'static str, Vec<KvRing>)> = Vec::new();
+    for dtype in [KvDtype::Bf16, KvDtype::F32] {
+        let rings: Vec<KvRing> = (0..layers)
+            .map(|l| {
+                let mut r = KvRing::new(window, nh, hd, dtype).expect("ring");
+                for t in 0..window {
+                    let o = ((t * 7 + l) % 16) * d;
+                    r.push(&kv[o..o + d], &kv[(o + d) % (16 * d)..][..d]);
+                }
+                r
+            })
+            .collect();
+        cfgs.push((dtype, "", rings));
+    }
+    let paths: &[&'static str] = if crate::avx512() {
+        &["avx512", "avx2", "scalar"]
+    } else {
+        &["avx2", "scalar"]
+    };
+    let mut samples = vec![Vec::new(); cfgs.len() * paths.len()];
+    for round in 0..rounds + 1 {
+        for (ci, (_, _, rings)) in cfgs.iter_mut().enumerate() {
+            for (pi, &path) in paths.iter().enumerate() {
+                crate::set_avx512_allowed(path == "avx512");
+                let t0 = Instant::now();
+                for r in rings.iter_mut() {
+                    if path == "scalar" {
+                        r.attend_reference(&q, &mut out, window);
+                    } else {
+                        r.attend(&q, &mut out, window);
+                    }
+                }
+                let dt = t0.elapsed().as_secs_f64() / rings.len() as f64 * 32.0;
+                if round > 0 {
+                    samples[ci * paths.len() + pi].push(dt * 1e3);
+                }
+            }
+        }
+    }
+    crate::set_avx512_allowed(true);
+    std::hint::black_box(&out);
+    let mut rows = Vec::new();
+    for (ci, (dtype, _, _)) in cfgs.iter().enumerate() {
+        for (pi, &path) in paths.iter().enumerate() {
+            let s = &mut samples[ci * paths.len() + pi];
+            let lo = s.iter().cloned().fold(f64::INFINITY, f64::min);
+            let hi = s.iter().cloned().fold(0.0, f64::max);
+            let med = median(s);
+            let es = if *dtype == KvDtype::Bf16 { 2.0 } else { 4.0 };
+            let bytes = 32.0 * window as f64 * d as f64 * 2.0 * es;
+            rows.push(AttnRow {
+                dtype: *dtype,
+                path,
+                ms_per_frame: med,
+                range: (lo, hi),
+                gbps: bytes / (med * 1e-3) / 1e9,
+            });
+        }
+    }
+    rows
 }

@@ -61,9 +61,12 @@ impl QKind {
     }
 }
 
-/// Repacked quantized weights: tiles of 8 rows; per tile and 32-column block, the codes
-/// of the 8 rows interleaved in 4-byte groups (see `code_offset`), then per tile and group
-/// the 8 scales (and biases) side by side. Rows past `rows` are zero padding.
+/// Repacked quantized weights in tiles of 8 rows, stored in pairs of tiles (16 rows, the
+/// unit of the AVX-512 kernels). Per pair and 32-column block: for each 4-byte group of
+/// columns (`k`), 64 bytes = 32 bytes of tile `2p` (its 8 rows × 4 bytes) then 32 bytes of
+/// tile `2p+1` (see `code_offset`). Per pair and scale group: the 16 scales (and biases)
+/// of tile `2p` then `2p+1`. A tile on its own (AVX2) is read with a 64-byte stride between
+/// its 4-byte groups. Rows past `rows` (up to an even number of tiles) are zero padding.
 pub(crate) struct QPacked {
     pub(crate) kind: QKind,
     pub(crate) blocks: usize,
@@ -75,15 +78,27 @@ pub(crate) struct QPacked {
 }
 
 impl QPacked {
+    /// Byte offset of tile `t`'s first 4-byte group in block `b` (groups follow every 64 bytes).
+    #[inline]
+    pub(crate) fn tile_block_base(&self, t: usize, b: usize) -> usize {
+        ((t / 2) * self.blocks + b) * 2 * self.kind.block_bytes() + (t % 2) * 32
+    }
+
+    /// Index in `scales`/`biases` of row 0 of tile `t` in group `g` (8 consecutive rows).
+    #[inline]
+    pub(crate) fn scale_index(&self, t: usize, g: usize) -> usize {
+        ((t / 2) * self.groups + g) * 2 * TILE + (t % 2) * TILE
+    }
+
     /// Byte offset and nibble shift of element `e` (0..32) of row `ri` (0..8) in block `b` of tile `t`.
     #[inline]
     pub(crate) fn code_offset(&self, t: usize, b: usize, ri: usize, e: usize) -> (usize, u32) {
-        let base = (t * self.blocks + b) * self.kind.block_bytes();
+        let base = self.tile_block_base(t, b) + ri * 4;
         if self.kind.is_q4() {
             let (e, shift) = if e < 16 { (e, 0) } else { (e - 16, 4) };
-            (base + (e / 4) * 32 + ri * 4 + e % 4, shift)
+            (base + (e / 4) * 64 + e % 4, shift)
         } else {
-            (base + (e / 4) * 32 + ri * 4 + e % 4, 0)
+            (base + (e / 4) * 64 + e % 4, 0)
         }
     }
 
@@ -102,10 +117,10 @@ impl QPacked {
     /// (q4: 0..15; q8: signed).
     #[inline]
     pub(crate) fn decode_block(&self, t: usize, b: usize, ri: usize, out: &mut [i8; QK]) {
-        let base = (t * self.blocks + b) * self.kind.block_bytes() + ri * 4;
+        let base = self.tile_block_base(t, b) + ri * 4;
         if self.kind.is_q4() {
             for k in 0..4 {
-                let src = &self.codes[base + k * 32..base + k * 32 + 4];
+                let src = &self.codes[base + k * 64..base + k * 64 + 4];
                 for i in 0..4 {
                     out[4 * k + i] = (src[i] & 15) as i8;
                     out[16 + 4 * k + i] = (src[i] >> 4) as i8;
@@ -113,7 +128,7 @@ impl QPacked {
             }
         } else {
             for j in 0..8 {
-                let src = &self.codes[base + j * 32..base + j * 32 + 4];
+                let src = &self.codes[base + j * 64..base + j * 64 + 4];
                 for i in 0..4 {
                     out[4 * j + i] = src[i] as i8;
                 }
@@ -124,7 +139,7 @@ impl QPacked {
     /// (scale, bias) of row `ri` of tile `t` in group `g`, as f32.
     #[inline]
     pub(crate) fn scale_bias(&self, t: usize, g: usize, ri: usize) -> (f32, f32) {
-        let i = (t * self.groups + g) * TILE + ri;
+        let i = self.scale_index(t, g) + ri;
         match self.kind {
             QKind::Q8Sym => (f16::from_bits(self.scales[i]).to_f32(), 0.0),
             QKind::Q4Sym => {
@@ -152,7 +167,8 @@ impl QPacked {
     ) -> QPacked {
         let blocks = cols / QK;
         let groups = cols / group;
-        let tiles = rows.div_ceil(TILE);
+        // Even number of tiles: the last pair is complete (zero rows as padding).
+        let tiles = rows.div_ceil(2 * TILE) * 2;
         let mut p = QPacked {
             kind,
             blocks,
@@ -172,23 +188,23 @@ impl QPacked {
             for b in 0..blocks {
                 fill(r, b, &mut buf);
                 // Same placement as `code_offset`, written out per 4-byte group.
-                let base = (t * blocks + b) * kind.block_bytes() + ri * 4;
+                let base = p.tile_block_base(t, b) + ri * 4;
                 if kind.is_q4() {
                     for k in 0..4 {
-                        let dst = &mut p.codes[base + k * 32..base + k * 32 + 4];
+                        let dst = &mut p.codes[base + k * 64..base + k * 64 + 4];
                         for i in 0..4 {
                             dst[i] = (buf[4 * k + i] & 15) | ((buf[16 + 4 * k + i] & 15) << 4);
                         }
                     }
                 } else {
                     for j in 0..8 {
-                        p.codes[base + j * 32..base + j * 32 + 4]
+                        p.codes[base + j * 64..base + j * 64 + 4]
                             .copy_from_slice(&buf[4 * j..4 * j + 4]);
                     }
                 }
             }
             for g in 0..groups {
-                let i = (t * groups + g) * TILE + ri;
+                let i = p.scale_index(t, g) + ri;
                 p.scales[i] = scale(r, g);
                 if let Some(bias) = bias {
                     p.biases[i] = bias(r, g);
@@ -264,6 +280,7 @@ pub struct Scratch {
     pub(crate) d: Vec<f32>,
     pub(crate) s: Vec<f32>,
     pub(crate) qs: Vec<i32>,
+    pub(crate) qu: Vec<u8>,
 }
 
 impl Scratch {
@@ -279,6 +296,8 @@ pub(crate) struct Act<'a> {
     pub(crate) d: &'a [f32],
     pub(crate) s: &'a [f32],
     pub(crate) qs: &'a [i32],
+    /// The codes `q` as unsigned bytes `q + 128` (AVX-512 q8 kernels).
+    pub(crate) qu: &'a [u8],
 }
 
 fn grow<T: Default + Clone>(v: &mut Vec<T>, n: usize) {
@@ -514,7 +533,12 @@ impl Matrix {
         match &self.data {
             Data::Dense(Dense::F32(_) | Dense::F32Owned(_)) => self.rows * self.cols * 4,
             Data::Dense(_) => self.rows * self.cols * 2,
-            Data::Quant(q) => q.codes.len() + 2 * q.scales.len() + 2 * q.biases.len(),
+            // The real tiles only (the padding tile of an odd count is never read).
+            Data::Quant(q) => {
+                let t = self.tiles();
+                let sb = if q.biases.is_empty() { 2 } else { 4 };
+                t * q.blocks * q.kind.block_bytes() + t * q.groups * TILE * sb
+            }
         }
     }
 
@@ -564,6 +588,7 @@ impl Matrix {
             grow(&mut scratch.d, n * nb);
             grow(&mut scratch.s, n * nb);
             grow(&mut scratch.qs, n * nb);
+            grow(&mut scratch.qu, n * self.cols);
             for i in 0..n {
                 quantize_act_row(
                     &x[i * self.cols..(i + 1) * self.cols],
@@ -573,11 +598,18 @@ impl Matrix {
                     &mut scratch.qs[i * nb..(i + 1) * nb],
                 );
             }
+            for (u, &c) in scratch.qu[..n * self.cols]
+                .iter_mut()
+                .zip(&scratch.q[..n * self.cols])
+            {
+                *u = (c as u8) ^ 0x80;
+            }
             Act {
                 q: &scratch.q,
                 d: &scratch.d,
                 s: &scratch.s,
                 qs: &scratch.qs,
+                qu: &scratch.qu,
             }
         } else {
             Act {
@@ -585,6 +617,7 @@ impl Matrix {
                 d: &[],
                 s: &[],
                 qs: &[],
+                qu: &[],
             }
         }
     }

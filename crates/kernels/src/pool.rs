@@ -82,7 +82,7 @@ impl Shared {
     }
 }
 
-/// Persistent worker pool; splits a matvec/matmul by output rows (8-row tiles).
+/// Persistent worker pool; splits a matvec/matmul by output rows (pairs of 8-row tiles).
 /// No allocation or spawn per call. `Pool` is `Sync`: concurrent calls from several
 /// threads are serialized (the second caller spins until the first one finishes).
 pub struct Pool {
@@ -155,18 +155,20 @@ impl Pool {
         let scratch = unsafe { &mut *self.scratch.get() };
         let act = m.prepare(x, n, scratch);
         let level = simd_level();
-        let tiles = m.tiles();
+        // Split by pairs of tiles (16 rows), the unit of the AVX-512 kernels.
+        let pairs = m.tiles().div_ceil(2);
+        let unit = 2 * TILE;
         let shares = (self.n_threads() * SHARES_PER_THREAD)
-            .min(tiles)
+            .min(pairs)
             .min(MAX_SHARES);
         let yp = SendPtr(y.as_mut_ptr());
         let rows = m.rows();
         let f = |i: usize| {
-            let (a, b) = split(tiles, shares, i);
+            let (a, b) = split(pairs, shares, i);
             if a < b {
                 let yp = &yp;
                 // SAFETY: each share writes its own rows; y was checked above.
-                unsafe { m.compute_rows(level, &act, x, n, a * TILE, (b * TILE).min(rows), yp.0) }
+                unsafe { m.compute_rows(level, &act, x, n, a * unit, (b * unit).min(rows), yp.0) }
             }
         };
         if self.n_threads() <= 1 || shares <= 1 {

@@ -160,7 +160,7 @@ dense_kernel!(dense_f16, block_f16, u16, load_f16x8, |b: u16| {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn load_scales(q: &QPacked, v: &[u16], t: usize, g: usize) -> __m256 {
-    let p = v.as_ptr().add((t * q.groups + g) * TILE);
+    let p = v.as_ptr().add(q.scale_index(t, g));
     match q.kind {
         QKind::Q8Sym | QKind::Q4Sym => load_f16x8(p),
         QKind::Affine8 | QKind::Affine4 => load_bf16x8(p),
@@ -198,29 +198,41 @@ macro_rules! quant_kernels {
                 let mut acc = [_mm256_setzero_ps(); N];
                 let mut corr = [_mm256_setzero_ps(); N];
                 let affine = q.kind == QKind::Affine8;
-                let mut wp = q.codes.as_ptr().add(t * nb * TILE * QK);
+                // Independent integer accumulators per activation row (ILP: one chain of 8
+                // dependent adds per block would bound a single row to ~5 cycles per load).
+                let split = if N == 1 {
+                    4
+                } else if N == 2 {
+                    2
+                } else {
+                    1
+                };
+                let mut wp = q.codes.as_ptr().add(q.tile_block_base(t, 0));
                 for b in 0..nb {
-                    let mut isum = [_mm256_setzero_si256(); N];
+                    let mut isum = [[_mm256_setzero_si256(); 4]; N];
                     for j in 0..8 {
-                        let w = _mm256_loadu_si256(wp.add(32 * j) as *const __m256i);
+                        let w = _mm256_loadu_si256(wp.add(64 * j) as *const __m256i);
                         let aw = _mm256_sign_epi8(w, w);
                         for i in 0..N {
                             let xb = bcast4(act.q.as_ptr().add((i0 + i) * cols + b * QK + 4 * j));
+                            let a = &mut isum[i][j % split];
                             if $vnni {
-                                isum[i] =
-                                    _mm256_dpbusd_avx_epi32(isum[i], aw, _mm256_sign_epi8(xb, w));
+                                *a = _mm256_dpbusd_avx_epi32(*a, aw, _mm256_sign_epi8(xb, w));
                             } else {
                                 let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xb, w));
-                                isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(p, ones));
+                                *a = _mm256_add_epi32(*a, _mm256_madd_epi16(p, ones));
                             }
                         }
                     }
-                    wp = wp.add(TILE * QK);
+                    wp = wp.add(2 * TILE * QK);
                     let g = b / q.group_blocks;
                     let sc = load_scales(q, &q.scales, t, g);
                     for i in 0..N {
                         let ab = (i0 + i) * nb + b;
-                        let mut is = isum[i];
+                        let mut is = isum[i][0];
+                        for k in 1..split {
+                            is = _mm256_add_epi32(is, isum[i][k]);
+                        }
                         if affine {
                             is = _mm256_add_epi32(
                                 is,
@@ -262,29 +274,39 @@ macro_rules! quant_kernels {
                 let mut corr = [_mm256_setzero_ps(); N];
                 let sym = q.kind == QKind::Q4Sym;
                 let minus8 = _mm256_set1_ps(-8.0);
-                let mut wp = q.codes.as_ptr().add(t * nb * TILE * QK / 2);
+                let split = if N == 1 {
+                    4
+                } else if N == 2 {
+                    2
+                } else {
+                    1
+                };
+                let mut wp = q.codes.as_ptr().add(q.tile_block_base(t, 0));
                 for b in 0..nb {
-                    // Each i16 lane sums 8 products of at most 15·127·2: no saturation.
-                    let mut s16 = [_mm256_setzero_si256(); N];
+                    // Each i16 lane sums at most 8 products of at most 15·127·2: no saturation.
+                    let mut s16 = [[_mm256_setzero_si256(); 4]; N];
                     for k in 0..4 {
-                        let p = _mm256_loadu_si256(wp.add(32 * k) as *const __m256i);
+                        let p = _mm256_loadu_si256(wp.add(64 * k) as *const __m256i);
                         let lo = _mm256_and_si256(p, m4);
                         let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(p), m4);
                         for i in 0..N {
                             let xq = act.q.as_ptr().add((i0 + i) * cols + b * QK + 4 * k);
                             let xl = bcast4(xq);
                             let xh = bcast4(xq.add(16));
+                            let (ia, ib) = ((2 * k) % split, (2 * k + 1) % split);
                             if $vnni {
                                 // i32 lanes: u8 × i8 products accumulated without saturation.
-                                s16[i] = _mm256_dpbusd_avx_epi32(s16[i], lo, xl);
-                                s16[i] = _mm256_dpbusd_avx_epi32(s16[i], hi, xh);
+                                s16[i][ia] = _mm256_dpbusd_avx_epi32(s16[i][ia], lo, xl);
+                                s16[i][ib] = _mm256_dpbusd_avx_epi32(s16[i][ib], hi, xh);
                             } else {
-                                s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(lo, xl));
-                                s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(hi, xh));
+                                s16[i][ia] =
+                                    _mm256_add_epi16(s16[i][ia], _mm256_maddubs_epi16(lo, xl));
+                                s16[i][ib] =
+                                    _mm256_add_epi16(s16[i][ib], _mm256_maddubs_epi16(hi, xh));
                             }
                         }
                     }
-                    wp = wp.add(TILE * QK / 2);
+                    wp = wp.add(TILE * QK);
                     let g = b / q.group_blocks;
                     let sc = load_scales(q, &q.scales, t, g);
                     let bias = if sym {
@@ -294,11 +316,21 @@ macro_rules! quant_kernels {
                     };
                     for i in 0..N {
                         let ab = (i0 + i) * nb + b;
-                        let is = if $vnni {
-                            s16[i]
+                        let mut is = if $vnni {
+                            s16[i][0]
                         } else {
-                            _mm256_madd_epi16(s16[i], ones)
+                            _mm256_madd_epi16(s16[i][0], ones)
                         };
+                        for k in 1..split {
+                            is = _mm256_add_epi32(
+                                is,
+                                if $vnni {
+                                    s16[i][k]
+                                } else {
+                                    _mm256_madd_epi16(s16[i][k], ones)
+                                },
+                            );
+                        }
                         let sd = _mm256_mul_ps(sc, _mm256_set1_ps(*act.d.get_unchecked(ab)));
                         acc[i] = _mm256_fmadd_ps(sd, _mm256_cvtepi32_ps(is), acc[i]);
                         corr[i] = _mm256_fmadd_ps(
@@ -379,7 +411,8 @@ quant_kernels!(plain, "avx2,fma,f16c", false);
 quant_kernels!(vnni, "avx2,fma,f16c,avxvnni", true);
 
 /// Quantized matmul over rows `r0..r1` (`r0` a multiple of 8), activations in `act`;
-/// uses AVX-VNNI when the CPU has it (and it is not disabled).
+/// uses AVX-512 VNNI on pairs of tiles when [`crate::avx512`] allows it, else AVX-VNNI when
+/// the CPU has it (and it is not disabled), else plain AVX2.
 ///
 /// # Safety
 /// AVX2/FMA/F16C available; `act` prepared for `n` rows of `cols`; `y` holds `n·rows`.
@@ -394,9 +427,250 @@ pub(crate) unsafe fn quant(
     r1: usize,
     y: *mut f32,
 ) {
+    if crate::cpu::avx512() {
+        return avx512q::quant(q, rows, cols, act, n, r0, r1, y);
+    }
+    quant_ymm(q, rows, cols, act, n, r0, r1, y)
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn quant_ymm(
+    q: &QPacked,
+    rows: usize,
+    cols: usize,
+    act: &Act<'_>,
+    n: usize,
+    r0: usize,
+    r1: usize,
+    y: *mut f32,
+) {
     if crate::cpu::vnni() {
         vnni::quant(q, rows, cols, act, n, r0, r1, y)
     } else {
         plain::quant(q, rows, cols, act, n, r0, r1, y)
+    }
+}
+
+/// AVX-512 VNNI kernels over pairs of tiles (16 rows per zmm, one dword lane per row).
+mod avx512q {
+    #![allow(clippy::needless_range_loop)]
+    use super::*;
+
+    /// The 16 per-row scales (or biases) of pair `p`, group `g`, as f32.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn scales16(q: &QPacked, v: &[u16], p: usize, g: usize) -> __m512 {
+        let ptr = v.as_ptr().add((p * q.groups + g) * 2 * TILE) as *const __m256i;
+        let h = _mm256_loadu_si256(ptr);
+        match q.kind {
+            QKind::Q8Sym | QKind::Q4Sym => _mm512_cvtph_ps(h),
+            QKind::Affine8 | QKind::Affine4 => {
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+            }
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn bc(p: *const u8) -> __m512i {
+        _mm512_set1_epi32((p as *const i32).read_unaligned())
+    }
+
+    /// Pair `p` (16 rows) against activation rows `i0..i0+N`, q8 codes (signed). The
+    /// activations enter `vpdpbusd` as unsigned bytes `x + 128` (`act.qu`), corrected by
+    /// `128·Σw` (one extra `vpdpbusd` per weight vector, shared by the N rows).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn q8_pair<const N: usize>(
+        q: &QPacked,
+        p: usize,
+        act: &Act<'_>,
+        cols: usize,
+        i0: usize,
+        out: &mut [[f32; 16]; N],
+    ) {
+        let nb = q.blocks;
+        let ones = _mm512_set1_epi8(1);
+        let mut acc = [_mm512_setzero_ps(); N];
+        let mut corr = [_mm512_setzero_ps(); N];
+        let affine = q.kind == QKind::Affine8;
+        let split = if N == 1 {
+            4
+        } else if N == 2 {
+            2
+        } else {
+            1
+        };
+        let mut wp = q.codes.as_ptr().add(p * nb * 2 * TILE * QK);
+        let xu = act.qu.as_ptr();
+        for b in 0..nb {
+            let mut isum = [[_mm512_setzero_si512(); 4]; N];
+            let mut ws0 = _mm512_setzero_si512();
+            let mut ws1 = _mm512_setzero_si512();
+            for j in 0..8 {
+                let w = _mm512_loadu_si512(wp.add(64 * j) as *const _);
+                if j % 2 == 0 {
+                    ws0 = _mm512_dpbusd_epi32(ws0, ones, w);
+                } else {
+                    ws1 = _mm512_dpbusd_epi32(ws1, ones, w);
+                }
+                for i in 0..N {
+                    let xb = bc(xu.add((i0 + i) * cols + b * QK + 4 * j));
+                    let a = &mut isum[i][j % split];
+                    *a = _mm512_dpbusd_epi32(*a, xb, w);
+                }
+            }
+            wp = wp.add(2 * TILE * QK);
+            let g = b / q.group_blocks;
+            let sc = scales16(q, &q.scales, p, g);
+            let wsum128 = _mm512_slli_epi32::<7>(_mm512_add_epi32(ws0, ws1));
+            for i in 0..N {
+                let ab = (i0 + i) * nb + b;
+                let mut is = isum[i][0];
+                for k in 1..split {
+                    is = _mm512_add_epi32(is, isum[i][k]);
+                }
+                is = _mm512_sub_epi32(is, wsum128);
+                if affine {
+                    is = _mm512_add_epi32(is, _mm512_set1_epi32(128 * *act.qs.get_unchecked(ab)));
+                }
+                let sd = _mm512_mul_ps(sc, _mm512_set1_ps(*act.d.get_unchecked(ab)));
+                acc[i] = _mm512_fmadd_ps(sd, _mm512_cvtepi32_ps(is), acc[i]);
+                if affine {
+                    let bias = scales16(q, &q.biases, p, g);
+                    corr[i] =
+                        _mm512_fmadd_ps(bias, _mm512_set1_ps(*act.s.get_unchecked(ab)), corr[i]);
+                }
+            }
+        }
+        for i in 0..N {
+            _mm512_storeu_ps(out[i].as_mut_ptr(), _mm512_add_ps(acc[i], corr[i]));
+        }
+    }
+
+    /// Pair `p` against activation rows `i0..i0+N`, q4 codes (unsigned 0..15).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn q4_pair<const N: usize>(
+        q: &QPacked,
+        p: usize,
+        act: &Act<'_>,
+        cols: usize,
+        i0: usize,
+        out: &mut [[f32; 16]; N],
+    ) {
+        let nb = q.blocks;
+        let m4 = _mm512_set1_epi8(15);
+        let mut acc = [_mm512_setzero_ps(); N];
+        let mut corr = [_mm512_setzero_ps(); N];
+        let sym = q.kind == QKind::Q4Sym;
+        let minus8 = _mm512_set1_ps(-8.0);
+        let split = if N == 1 {
+            4
+        } else if N == 2 {
+            2
+        } else {
+            1
+        };
+        let mut wp = q.codes.as_ptr().add(p * nb * TILE * QK);
+        let xq = act.q.as_ptr() as *const u8;
+        for b in 0..nb {
+            let mut isum = [[_mm512_setzero_si512(); 4]; N];
+            for k in 0..4 {
+                let w = _mm512_loadu_si512(wp.add(64 * k) as *const _);
+                let lo = _mm512_and_si512(w, m4);
+                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), m4);
+                for i in 0..N {
+                    let xp = xq.add((i0 + i) * cols + b * QK + 4 * k);
+                    let (ia, ib) = ((2 * k) % split, (2 * k + 1) % split);
+                    isum[i][ia] = _mm512_dpbusd_epi32(isum[i][ia], lo, bc(xp));
+                    isum[i][ib] = _mm512_dpbusd_epi32(isum[i][ib], hi, bc(xp.add(16)));
+                }
+            }
+            wp = wp.add(TILE * QK);
+            let g = b / q.group_blocks;
+            let sc = scales16(q, &q.scales, p, g);
+            let bias = if sym {
+                _mm512_mul_ps(sc, minus8)
+            } else {
+                scales16(q, &q.biases, p, g)
+            };
+            for i in 0..N {
+                let ab = (i0 + i) * nb + b;
+                let mut is = isum[i][0];
+                for k in 1..split {
+                    is = _mm512_add_epi32(is, isum[i][k]);
+                }
+                let sd = _mm512_mul_ps(sc, _mm512_set1_ps(*act.d.get_unchecked(ab)));
+                acc[i] = _mm512_fmadd_ps(sd, _mm512_cvtepi32_ps(is), acc[i]);
+                corr[i] = _mm512_fmadd_ps(bias, _mm512_set1_ps(*act.s.get_unchecked(ab)), corr[i]);
+            }
+        }
+        for i in 0..N {
+            _mm512_storeu_ps(out[i].as_mut_ptr(), _mm512_add_ps(acc[i], corr[i]));
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn pair_n<const N: usize>(
+        q: &QPacked,
+        rows: usize,
+        cols: usize,
+        act: &Act<'_>,
+        p: usize,
+        i0: usize,
+        y: *mut f32,
+    ) {
+        let mut out = [[0f32; 16]; N];
+        if q.kind.is_q4() {
+            q4_pair::<N>(q, p, act, cols, i0, &mut out);
+        } else {
+            q8_pair::<N>(q, p, act, cols, i0, &mut out);
+        }
+        let r = p * 2 * TILE;
+        let valid = (rows - r).min(2 * TILE);
+        for (i, o) in out.iter().enumerate() {
+            std::ptr::copy_nonoverlapping(o.as_ptr(), y.add((i0 + i) * rows + r), valid);
+        }
+    }
+
+    /// Rows `r0..r1` (`r0` a multiple of 8): whole pairs of tiles with zmm, a lone tile at
+    /// either end with the ymm kernels.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn quant(
+        q: &QPacked,
+        rows: usize,
+        cols: usize,
+        act: &Act<'_>,
+        n: usize,
+        r0: usize,
+        r1: usize,
+        y: *mut f32,
+    ) {
+        debug_assert_eq!(r0 % TILE, 0);
+        let (mut t, t1) = (r0 / TILE, r1.div_ceil(TILE));
+        while t < t1 {
+            if t % 2 == 1 || t + 1 >= t1 {
+                let (a, b) = (t * TILE, ((t + 1) * TILE).min(rows));
+                super::quant_ymm(q, rows, cols, act, n, a, b, y);
+                t += 1;
+                continue;
+            }
+            let p = t / 2;
+            let mut i0 = 0;
+            while i0 < n {
+                match n - i0 {
+                    1 => pair_n::<1>(q, rows, cols, act, p, i0, y),
+                    2 => pair_n::<2>(q, rows, cols, act, p, i0, y),
+                    3 => pair_n::<3>(q, rows, cols, act, p, i0, y),
+                    _ => pair_n::<4>(q, rows, cols, act, p, i0, y),
+                }
+                i0 += 4;
+            }
+            t += 2;
+        }
     }
 }

@@ -94,6 +94,18 @@ fn check(fmt: WeightFormat, rows: usize, cols: usize, n: usize, seed: u64) {
         kernels::set_vnni_allowed(true);
         assert_eq!(y2, y, "AVX-VNNI and AVX2 paths differ");
     }
+    if kernels::avx512() {
+        // The AVX-512 pair kernels compute the same integer sums and the same per-lane f32
+        // operations as the ymm kernels: bitwise equal.
+        let mut y2 = vec![0f32; n * rows];
+        kernels::set_avx512_allowed(false);
+        m.matmul(&x, n, &mut y2, &mut sc);
+        kernels::set_avx512_allowed(true);
+        assert_eq!(
+            y2, y,
+            "AVX-512 and AVX2 paths differ ({fmt:?} {rows}x{cols} n{n})"
+        );
+    }
     let mut row = vec![0f32; cols];
     for r in 0..rows {
         m.row_f32(r, &mut row);
@@ -143,14 +155,14 @@ proptest! {
     }
 
     #[test]
-    fn gguf_formats(rows in 1usize..20, blocks in 1usize..6, n in 1usize..10, seed in any::<u64>()) {
+    fn gguf_formats(rows in 1usize..40, blocks in 1usize..6, n in 1usize..10, seed in any::<u64>()) {
         for fmt in [WeightFormat::Q8_0, WeightFormat::Q4_0] {
             check(fmt, rows, blocks * 32, n, seed);
         }
     }
 
     #[test]
-    fn mlx_formats(rows in 1usize..20, groups in 1usize..4, n in 1usize..6, seed in any::<u64>()) {
+    fn mlx_formats(rows in 1usize..40, groups in 1usize..4, n in 1usize..6, seed in any::<u64>()) {
         for bits in [4u8, 8] {
             for group in [32usize, 64] {
                 check(WeightFormat::MlxAffine { bits, group }, rows, groups * 64, n, seed);
@@ -282,4 +294,37 @@ fn unaligned_shared_storage_is_accepted() {
     let mut y = [0f32; 3];
     m.matvec(&[1.0, 0.0, 0.0, 1.0], &mut y, &mut Scratch::new());
     assert_eq!(y, [3.0, 11.0, 19.0]);
+}
+
+proptest! {
+    /// Activation quantization (AVX-512 when available) against the scalar reference: all
+    /// outputs bit for bit (the block sums use the same pairwise order).
+    #[test]
+    fn activation_quantization_matches_reference(
+        blocks in 1usize..12,
+        seed in any::<u64>(),
+        scale in prop_oneof![Just(0.0f32), Just(1e-3f32), Just(1.0f32), Just(300.0f32)],
+    ) {
+        let mut rng = Rng(seed | 1);
+        let mut x = rng.vec(blocks * 32, scale);
+        let halves = scale <= 1.0;
+        if halves {
+            // Exact halves after scaling: element 0 is the max (127), element 1 maps to 63.5.
+            x[0] = 127.0;
+            x[1] = 63.5;
+            x[2] = -0.5;
+        }
+        let (q, d, s, qs) = kernels::quant::quantize_activations(&x);
+        let nb = blocks;
+        let (mut q2, mut d2, mut s2, mut qs2) = (vec![0i8; nb * 32], vec![0f32; nb], vec![0f32; nb], vec![0i32; nb]);
+        kernels::quant::quantize_act_row_reference(&x, &mut q2, &mut d2, &mut s2, &mut qs2);
+        prop_assert_eq!(&q, &q2);
+        prop_assert_eq!(&d, &d2);
+        prop_assert_eq!(&qs, &qs2);
+        prop_assert_eq!(&s, &s2);
+        if halves {
+            prop_assert_eq!(q[1], 64);
+            prop_assert_eq!(q[2], -1);
+        }
+    }
 }
