@@ -3,8 +3,7 @@
 //! panel, no im2col buffer). Grouped transposed convolutions (Mimi's depthwise
 //! upsampler) use a direct loop. `forward_reference` is the plain scalar definition.
 
-use crate::cpu::{simd_level, SimdLevel};
-use crate::gemm::{gemm, BView, PackedA, NR};
+use crate::gemm::{gemm, BView, Kern, PackedA, NR};
 use crate::{KernelError, Pool};
 
 struct SendPtr(*mut f32);
@@ -134,7 +133,7 @@ impl Conv1d {
     /// `output [out, t_out] = conv(input [in, t_in])` on the calling thread. Returns `t_out`.
     pub fn forward(&self, input: &[f32], output: &mut [f32]) -> Result<usize, KernelError> {
         let (t_in, t_out) = self.dims(input, output)?;
-        self.run(simd_level(), input, t_in, t_out, output, None);
+        self.run(Kern::auto(), input, t_in, t_out, output, None);
         Ok(t_out)
     }
 
@@ -146,7 +145,7 @@ impl Conv1d {
         pool: &Pool,
     ) -> Result<usize, KernelError> {
         let (t_in, t_out) = self.dims(input, output)?;
-        self.run(simd_level(), input, t_in, t_out, output, Some(pool));
+        self.run(Kern::auto(), input, t_in, t_out, output, Some(pool));
         Ok(t_out)
     }
 
@@ -157,13 +156,28 @@ impl Conv1d {
         output: &mut [f32],
     ) -> Result<usize, KernelError> {
         let (t_in, t_out) = self.dims(input, output)?;
-        self.run(SimdLevel::Scalar, input, t_in, t_out, output, None);
+        self.run(Kern::Scalar, input, t_in, t_out, output, None);
+        Ok(t_out)
+    }
+
+    /// [`Self::forward`] with an explicit micro-kernel, on `pool` when given. Refuses a
+    /// kernel this CPU cannot run ([`KernelError::Unsupported`]).
+    pub fn forward_kernel(
+        &self,
+        kernel: ConvKernel,
+        input: &[f32],
+        output: &mut [f32],
+        pool: Option<&Pool>,
+    ) -> Result<usize, KernelError> {
+        let kern = kernel.kern()?;
+        let (t_in, t_out) = self.dims(input, output)?;
+        self.run(kern, input, t_in, t_out, output, pool);
         Ok(t_out)
     }
 
     fn run(
         &self,
-        level: SimdLevel,
+        level: Kern,
         input: &[f32],
         t_in: usize,
         t_out: usize,
@@ -209,14 +223,25 @@ impl Conv1d {
         let pool = pool.expect("nt > 1 implies a pool");
         // Chunks of panels (a few per thread), claimed dynamically by the pool's threads;
         // each chunk gathers its own B panels, so chunks are kept coarse.
+        // Shares are cut at multiples of the kernel's block (AVX-512: 2 column panels, or
+        // 4 row panels when there is a single column panel) so no block is split.
+        let (qu, pu) = match level {
+            Kern::Avx512 if npanels_n >= 2 => (2, 2),
+            Kern::Avx512 => (1, 4),
+            _ => (1, 1),
+        };
         for g in 0..self.groups {
             let mp = self.packed[g].panels();
-            if npanels_n >= 2 * nt {
-                let chunks = npanels_n.min(nt * CHUNKS_PER_THREAD);
-                pool.run(chunks, &|c| work(g, (0, mp), share(npanels_n, chunks, c)));
+            if npanels_n >= 2 * nt * qu {
+                let chunks = npanels_n.div_ceil(qu).min(nt * CHUNKS_PER_THREAD);
+                pool.run(chunks, &|c| {
+                    work(g, (0, mp), share_units(npanels_n, qu, chunks, c))
+                });
             } else {
-                let chunks = mp.min(nt * CHUNKS_PER_THREAD);
-                pool.run(chunks, &|c| work(g, share(mp, chunks, c), (0, npanels_n)));
+                let chunks = mp.div_ceil(pu).min(nt * CHUNKS_PER_THREAD);
+                pool.run(chunks, &|c| {
+                    work(g, share_units(mp, pu, chunks, c), (0, npanels_n))
+                });
             }
         }
     }
@@ -249,11 +274,51 @@ impl Conv1d {
 /// Work chunks per pool thread for the threaded convolutions.
 const CHUNKS_PER_THREAD: usize = 3;
 
+/// [`share`] of `n` items in whole units of `unit` items (the last unit may be short).
+fn share_units(n: usize, unit: usize, parts: usize, i: usize) -> (usize, usize) {
+    let (a, b) = share(n.div_ceil(unit), parts, i);
+    ((a * unit).min(n), (b * unit).min(n))
+}
+
 fn share(n: usize, parts: usize, i: usize) -> (usize, usize) {
     let base = n / parts;
     let rem = n % parts;
     let a = i * base + i.min(rem);
     (a.min(n), (a + base + usize::from(i < rem)).min(n))
+}
+
+/// Which GEMM micro-kernel a convolution uses ([`Conv1d::forward_kernel`],
+/// [`ConvTranspose1d::forward_kernel`]): for tests and A/B benchmarks of one process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConvKernel {
+    /// What [`Conv1d::forward`] uses (the fastest one allowed on this CPU).
+    Auto,
+    /// The portable scalar micro-kernel (reference).
+    Scalar,
+    /// AVX2+FMA.
+    Avx2,
+    /// AVX-512F (needs [`crate::avx512`]).
+    Avx512,
+}
+
+impl ConvKernel {
+    fn kern(self) -> Result<Kern, KernelError> {
+        let level = crate::cpu::simd_level();
+        match self {
+            ConvKernel::Auto => Ok(Kern::auto()),
+            ConvKernel::Scalar => Ok(Kern::Scalar),
+            ConvKernel::Avx2 if level == crate::SimdLevel::Avx2 => Ok(Kern::Avx2),
+            ConvKernel::Avx512 if crate::cpu::avx512() => Ok(Kern::Avx512),
+            k => Err(KernelError::Unsupported(format!(
+                "{k:?} convolution kernel on this CPU"
+            ))),
+        }
+    }
+
+    /// Whether this kernel can run here.
+    pub fn available(self) -> bool {
+        self.kern().is_ok()
+    }
 }
 
 /// A 1-D transposed convolution, PyTorch `nn.ConvTranspose1d` without padding:
@@ -369,7 +434,7 @@ impl ConvTranspose1d {
     /// `output [out, (t−1)·stride + k] = conv_transpose(input [in, t])` (bias included).
     pub fn forward(&self, input: &[f32], output: &mut [f32]) -> Result<usize, KernelError> {
         let (t_in, t_out) = self.dims(input, output)?;
-        self.run(simd_level(), input, t_in, t_out, output, None);
+        self.run(Kern::auto(), input, t_in, t_out, output, None);
         Ok(t_out)
     }
 
@@ -381,7 +446,7 @@ impl ConvTranspose1d {
         pool: &Pool,
     ) -> Result<usize, KernelError> {
         let (t_in, t_out) = self.dims(input, output)?;
-        self.run(simd_level(), input, t_in, t_out, output, Some(pool));
+        self.run(Kern::auto(), input, t_in, t_out, output, Some(pool));
         Ok(t_out)
     }
 
@@ -392,13 +457,28 @@ impl ConvTranspose1d {
         output: &mut [f32],
     ) -> Result<usize, KernelError> {
         let (t_in, t_out) = self.dims(input, output)?;
-        self.run(SimdLevel::Scalar, input, t_in, t_out, output, None);
+        self.run(Kern::Scalar, input, t_in, t_out, output, None);
+        Ok(t_out)
+    }
+
+    /// [`Self::forward`] with an explicit micro-kernel, on `pool` when given. Refuses a
+    /// kernel this CPU cannot run ([`KernelError::Unsupported`]).
+    pub fn forward_kernel(
+        &self,
+        kernel: ConvKernel,
+        input: &[f32],
+        output: &mut [f32],
+        pool: Option<&Pool>,
+    ) -> Result<usize, KernelError> {
+        let kern = kernel.kern()?;
+        let (t_in, t_out) = self.dims(input, output)?;
+        self.run(kern, input, t_in, t_out, output, pool);
         Ok(t_out)
     }
 
     fn run(
         &self,
-        level: SimdLevel,
+        level: Kern,
         input: &[f32],
         t_in: usize,
         t_out: usize,
@@ -452,8 +532,13 @@ impl ConvTranspose1d {
             };
             match pool {
                 Some(p) if nt > 1 && big => {
-                    let chunks = pa.panels().min(nt * CHUNKS_PER_THREAD);
-                    p.run(chunks, &|c| zw(share(pa.panels(), chunks, c)));
+                    let pu = match level {
+                        Kern::Avx512 if nq >= 2 => 2,
+                        Kern::Avx512 => 4,
+                        _ => 1,
+                    };
+                    let chunks = pa.panels().div_ceil(pu).min(nt * CHUNKS_PER_THREAD);
+                    p.run(chunks, &|c| zw(share_units(pa.panels(), pu, chunks, c)));
                     p.run(nt, &|i| {
                         let (a, b) = share(self.out_ch, nt, i);
                         col2im(a, b)

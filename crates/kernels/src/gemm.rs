@@ -10,6 +10,36 @@ use std::cell::RefCell;
 
 use crate::cpu::SimdLevel;
 
+/// Which micro-kernel a GEMM call uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kern {
+    /// Portable scalar micro-kernels (the reference).
+    Scalar,
+    /// AVX2+FMA (6×16 blocks).
+    Avx2,
+    /// AVX-512F blocks of up to 24×16 / 12×32 (skinny outputs stay on AVX2).
+    Avx512,
+}
+
+impl Kern {
+    /// The fastest kernel this CPU allows (honours `MOSHI_KERNELS_SCALAR`,
+    /// `MOSHI_KERNELS_NO_AVX512` and [`crate::set_avx512_allowed`]).
+    pub(crate) fn auto() -> Kern {
+        match crate::cpu::simd_level() {
+            SimdLevel::Avx2 if crate::cpu::avx512() => Kern::Avx512,
+            SimdLevel::Avx2 => Kern::Avx2,
+            _ => Kern::Scalar,
+        }
+    }
+
+    fn level(self) -> SimdLevel {
+        match self {
+            Kern::Scalar => SimdLevel::Scalar,
+            _ => crate::cpu::simd_level(),
+        }
+    }
+}
+
 /// Rows of A per packed panel (micro-kernel height).
 pub(crate) const MR: usize = 6;
 /// Columns of B per packed panel (micro-kernel width).
@@ -41,6 +71,11 @@ impl PackedA {
     pub(crate) fn panels(&self) -> usize {
         self.m.div_ceil(MR)
     }
+
+    /// Start of the packed data (panel `p` starts `p·k·MR` floats later).
+    pub(crate) fn data_ptr(&self) -> *const f32 {
+        self.data.as_ptr()
+    }
 }
 
 /// A view of B: element `(c, t)` is `src[row_off(c) + t·stride]`.
@@ -62,7 +97,7 @@ thread_local! {
 /// `c` must be valid for the written rows/cols; no other thread writes the same region.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn gemm<F: Fn(usize) -> usize>(
-    level: SimdLevel,
+    kern: Kern,
     a: &PackedA,
     b: &BView<'_, F>,
     c: *mut f32,
@@ -72,11 +107,16 @@ pub(crate) unsafe fn gemm<F: Fn(usize) -> usize>(
     (q0, q1): (usize, usize),
 ) {
     let k = a.k;
+    let level = kern.level();
     if b.n <= SKINNY {
         if q0 < q1 {
             skinny(level, a, b, c, ldc, bias, (p0, p1));
         }
         return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if kern == Kern::Avx512 {
+        return crate::gemm_avx512::gemm(a, b, c, ldc, bias, (p0, p1), (q0, q1));
     }
     BPANEL.with(|buf| {
         let mut buf = buf.borrow_mut();

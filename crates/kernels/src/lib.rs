@@ -59,6 +59,8 @@ pub mod bench;
 pub mod conv;
 mod cpu;
 mod gemm;
+#[cfg(target_arch = "x86_64")]
+mod gemm_avx512;
 mod matrix;
 pub mod ops;
 mod pool;

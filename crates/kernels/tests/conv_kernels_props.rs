@@ -1,0 +1,168 @@
+//! Property tests: every convolution micro-kernel (scalar, AVX2, AVX-512) and the pool
+//! split against each other and against the direct definition. The GEMM micro-kernels run
+//! the same FMA chain per output (k ascending, then the bias), so outputs wider than the
+//! skinny path (> 4 steps) must be bitwise equal; skinny ones within the summation-order
+//! tolerance `1e-5 · in·k + 1e-6` of the reference. Shapes reach every AVX-512 block
+//! (1–4 row panels × 1–2 column panels) and the share boundaries of the threaded split.
+
+use kernels::conv::{Conv1d, ConvKernel, ConvTranspose1d};
+use kernels::Pool;
+use proptest::prelude::*;
+
+fn vals(seed: u64, n: usize) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn close(a: &[f32], b: &[f32], tol: f32, what: &str) {
+    assert_eq!(a.len(), b.len());
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!((x - y).abs() <= tol, "{what}: index {i}: {x} vs {y}");
+    }
+}
+
+fn bitwise(a: &[f32], b: &[f32], what: &str) {
+    assert_eq!(a.len(), b.len());
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert_eq!(x.to_bits(), y.to_bits(), "{what}: index {i}: {x} vs {y}");
+    }
+}
+
+const KERNELS: [ConvKernel; 4] = [
+    ConvKernel::Scalar,
+    ConvKernel::Avx2,
+    ConvKernel::Avx512,
+    ConvKernel::Auto,
+];
+
+/// One convolution call with a chosen kernel and optional pool, writing the output.
+type RunConv<'a> = &'a dyn Fn(ConvKernel, Option<&Pool>, &mut [f32]);
+
+/// Runs `f(kernel, pool)` for every available kernel, with and without a pool, and checks
+/// the outputs against `want` (tolerance) and against the scalar GEMM (bitwise when wide).
+fn check_all(want: &[f32], tol: f32, wide: bool, f: RunConv<'_>) {
+    let pool = Pool::new(2);
+    let mut first = vec![0f32; want.len()];
+    f(ConvKernel::Scalar, None, &mut first);
+    close(&first, want, tol, "scalar gemm vs reference");
+    let mut avx2: Option<Vec<f32>> = None;
+    for kern in KERNELS {
+        if !kern.available() {
+            continue;
+        }
+        for p in [None, Some(&pool)] {
+            let mut got = vec![f32::NAN; want.len()];
+            f(kern, p, &mut got);
+            let what = format!("{kern:?} pool={}", p.is_some());
+            close(&got, want, tol, &what);
+            if wide {
+                bitwise(&got, &first, &what);
+            }
+            match &avx2 {
+                Some(a) if kern != ConvKernel::Scalar => bitwise(&got, a, &what),
+                None if kern == ConvKernel::Avx2 => avx2 = Some(got),
+                _ => {}
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
+
+    #[test]
+    fn conv1d_kernels_agree(ig in 1usize..12, og in 1usize..40, groups in 1usize..3, k in 1usize..6,
+                            stride in 1usize..4, dilation in 1usize..3, t_extra in 0usize..80,
+                            seed in any::<u64>()) {
+        let (inc, outc) = (ig * groups, og * groups);
+        let conv = Conv1d::new(vals(seed, outc * ig * k), Some(vals(seed ^ 7, outc)), inc, outc,
+                               k, stride, dilation, groups).unwrap();
+        let t_in = conv.effective_kernel() + t_extra;
+        let x = vals(seed ^ 99, inc * t_in);
+        let t_out = conv.out_len(t_in);
+        let mut want = vec![0f32; outc * t_out];
+        conv.forward_reference(&x, &mut want).unwrap();
+        let tol = 1e-5 * (ig * k) as f32 + 1e-6;
+        check_all(&want, tol, t_out > 4, &|kern, pool, out| {
+            conv.forward_kernel(kern, &x, out, pool).unwrap();
+        });
+    }
+
+    #[test]
+    fn conv_transpose_kernels_agree(ig in 1usize..12, og in 1usize..12, groups in 1usize..3,
+                                    k in 1usize..9, stride in 1usize..5, t_in in 1usize..70,
+                                    seed in any::<u64>()) {
+        let (inc, outc) = (ig * groups, og * groups);
+        let conv = ConvTranspose1d::new(vals(seed, inc * og * k), Some(vals(seed ^ 3, outc)),
+                                        inc, outc, k, stride, groups).unwrap();
+        let x = vals(seed ^ 5, inc * t_in);
+        let t_out = conv.out_len(t_in);
+        let mut want = vec![0f32; outc * t_out];
+        conv.forward_reference(&x, &mut want).unwrap();
+        let tol = 1e-5 * (ig * k) as f32 + 1e-6;
+        check_all(&want, tol, t_in > 4, &|kern, pool, out| {
+            conv.forward_kernel(kern, &x, out, pool).unwrap();
+        });
+    }
+}
+
+/// Released-Mimi-like shapes, large enough for the threaded splits and every block size.
+#[test]
+fn mimi_sized_convs_agree() {
+    for &(cin, cout, k, s, t_out) in &[
+        (64usize, 32usize, 3usize, 1usize, 200usize),
+        (64, 128, 8, 4, 97),
+        (256, 70, 12, 6, 16),
+        (130, 64, 3, 1, 33),
+    ] {
+        let conv = Conv1d::new(
+            vals(1, cout * cin * k),
+            Some(vals(2, cout)),
+            cin,
+            cout,
+            k,
+            s,
+            1,
+            1,
+        )
+        .unwrap();
+        let t_in = (t_out - 1) * s + k;
+        let x = vals(3, cin * t_in);
+        let mut want = vec![0f32; cout * t_out];
+        conv.forward_reference(&x, &mut want).unwrap();
+        check_all(
+            &want,
+            1e-5 * (cin * k) as f32 + 1e-6,
+            true,
+            &|kern, pool, out| {
+                conv.forward_kernel(kern, &x, out, pool).unwrap();
+            },
+        );
+    }
+    let ct =
+        ConvTranspose1d::new(vals(4, 96 * 40 * 8), Some(vals(5, 40)), 96, 40, 8, 4, 1).unwrap();
+    let x = vals(6, 96 * 100);
+    let mut want = vec![0f32; 40 * ct.out_len(100)];
+    ct.forward_reference(&x, &mut want).unwrap();
+    check_all(&want, 1e-5 * 96.0 * 8.0 + 1e-6, true, &|kern, pool, out| {
+        ct.forward_kernel(kern, &x, out, pool).unwrap();
+    });
+}
+
+#[test]
+fn unavailable_kernel_is_refused_not_run() {
+    let conv = Conv1d::new(vec![1.0; 4], None, 2, 2, 1, 1, 1, 1).unwrap();
+    let mut out = [0f32; 6];
+    for kern in KERNELS {
+        let r = conv.forward_kernel(kern, &[1.0; 6], &mut out, None);
+        assert_eq!(r.is_ok(), kern.available(), "{kern:?}");
+    }
+    assert!(ConvKernel::Scalar.available() && ConvKernel::Auto.available());
+}
