@@ -30,6 +30,15 @@ pub enum RuntimeError {
         /// Its value.
         value: f32,
     },
+    /// Every slot of a [`crate::BatchRunner`] is taken.
+    #[error("all {slots} batch slots are taken")]
+    NoFreeSlot {
+        /// Number of slots of the batch.
+        slots: usize,
+    },
+    /// The [`crate::BatchRunner`] was stopped; it takes no new conversation.
+    #[error("the batch runner was stopped")]
+    RunnerStopped,
     /// The worker thread panicked.
     #[error("the session worker panicked")]
     WorkerPanicked,

@@ -6,6 +6,8 @@
 //! * [`PcmProducer`]: non-blocking input (any chunk size, lock-free ring with drop-oldest).
 //! * [`SessionControl`]: interrupt / pause / resume / reset / stop from any thread, applied between frames.
 //! * [`SessionRunner`]: a worker thread per session with an event queue; stop joins exactly once.
+//! * [`BatchRunner`]: several conversations ([`BatchSession`]s, same producer / control / events as a
+//!   `SessionRunner`) on one worker thread, stepped together by one batched LM step (weights read once).
 //!
 //! See `docs/CONTRACTS.md` (runtime section) for the contract and `examples/duplex.rs` for a runnable example.
 //!
@@ -30,16 +32,19 @@
 #![warn(missing_docs)]
 
 pub mod audio;
+mod batch;
 mod control;
 mod engine;
 mod error;
 mod events;
 mod frame;
+mod inlet;
 mod resample;
 mod ring;
 mod runner;
 mod session;
 
+pub use batch::{BatchOptions, BatchRunner, BatchSession};
 pub use control::SessionControl;
 pub use engine::{Engine, EngineOptions};
 pub use error::RuntimeError;

@@ -75,6 +75,21 @@ impl std::fmt::Debug for EventReceiver {
 }
 
 impl EventReceiver {
+    /// A receiver for events sent by the worker thread `worker` (which is unparked whenever an event is taken).
+    pub(crate) fn new(
+        rx: Receiver<Event>,
+        recycle: SyncSender<FrameEvent>,
+        worker: Thread,
+        control: SessionControl,
+    ) -> EventReceiver {
+        EventReceiver {
+            rx,
+            recycle,
+            worker,
+            control,
+        }
+    }
+
     /// Whether to hand this event to the consumer (frames of an older epoch are dropped).
     /// Returns the event if it is to be delivered; a frame of an older epoch is dropped (its buffers recycled).
     fn keep(&self, ev: Event) -> Option<Event> {

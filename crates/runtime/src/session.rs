@@ -5,11 +5,12 @@ use std::sync::Arc;
 use model::sampling::SamplerConfig;
 
 use crate::control::SessionControl;
-use crate::events::{Counters, FrameEvent, FrameOutput, Step, StopReason};
+use crate::events::{Counters, FrameEvent, FrameOutput, Step};
 use crate::frame::{PhaseHook, Pipeline};
+use crate::inlet::{Begin, Command, Inlet};
 use crate::ring::{FrameRing, PcmProducer, PushReport};
 use crate::runner::{Drive, Driven, SessionRunner};
-use crate::{Engine, RuntimeError, FRAME_SIZE, SAMPLE_RATE};
+use crate::{Engine, RuntimeError, SAMPLE_RATE};
 
 /// Options of [`Session::new`].
 #[derive(Clone, Debug)]
@@ -47,26 +48,17 @@ impl Default for SessionOptions {
 /// or hand it to a [`SessionRunner`].
 pub struct Session {
     pipeline: Pipeline,
-    control: SessionControl,
-    ring: Arc<FrameRing>,
+    inlet: Inlet,
     producer: Option<PcmProducer>,
     opts: SessionOptions,
-    input: Box<[f32; FRAME_SIZE]>,
-    frame_index: u64,
-    epoch: u64,
-    resets_seen: u64,
-    /// Input frames with a sequence number below this belong to a stream that was reset.
-    stream_start: u64,
-    processed: u64,
-    stopped: Option<StopReason>,
 }
 
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Session")
-            .field("frame_index", &self.frame_index)
-            .field("epoch", &self.epoch)
-            .field("stopped", &self.stopped)
+            .field("frame_index", &self.inlet.frame_index)
+            .field("epoch", &self.inlet.epoch)
+            .field("stopped", &self.inlet.stopped())
             .field("counters", &self.counters())
             .finish()
     }
@@ -89,17 +81,9 @@ impl Session {
         let ring = FrameRing::new(opts.max_queued_frames);
         Ok(Session {
             pipeline,
-            control: SessionControl::new(ring.clone()),
             producer: Some(PcmProducer::new(ring.clone())),
-            ring,
+            inlet: Inlet::new(ring, opts.max_steps),
             opts,
-            input: Box::new([0.0; FRAME_SIZE]),
-            frame_index: 0,
-            epoch: 0,
-            resets_seen: 0,
-            stream_start: 0,
-            processed: 0,
-            stopped: None,
         })
     }
 
@@ -129,126 +113,74 @@ impl Session {
 
     /// A command handle (cloneable, usable from any thread).
     pub fn control(&self) -> SessionControl {
-        self.control.clone()
+        self.inlet.control.clone()
     }
 
     /// Soft interrupt (see [`SessionControl::interrupt`]); applied at the next `step`.
     pub fn interrupt(&self) -> u64 {
-        self.control.interrupt()
+        self.inlet.control.interrupt()
     }
 
     /// Mic pause (see [`SessionControl::pause`]).
     pub fn pause(&self) {
-        self.control.pause()
+        self.inlet.control.pause()
     }
 
     /// Resume after pause.
     pub fn resume(&self) {
-        self.control.resume()
+        self.inlet.control.resume()
     }
 
     /// New stream (see [`SessionControl::reset`]); applied at the next `step`.
     pub fn reset(&self) -> u64 {
-        self.control.reset()
+        self.inlet.control.reset()
     }
 
     /// Stop (irreversible).
     pub fn stop(&self) {
-        self.control.stop()
+        self.inlet.control.stop()
     }
 
     /// Counters now.
     pub fn counters(&self) -> Counters {
-        Counters {
-            frames_in: self.ring.published(),
-            frames_dropped: self.ring.dropped(),
-            frames_discarded: self.ring.discarded(),
-            frames_processed: self.processed,
-            queued: self.ring.len(),
-            epoch: self.epoch,
-        }
+        self.inlet.counters()
     }
 
     /// LM call index of the next frame (0 right after creation or reset).
     pub fn frame_index(&self) -> u64 {
-        self.frame_index
+        self.inlet.frame_index
     }
 
     /// Install a hook called at the start of every phase of the frame pass (tests of stop-during-phase).
     #[doc(hidden)]
     pub fn set_phase_hook(&mut self, hook: Option<PhaseHook>) {
-        self.pipeline.hook = hook;
-    }
-
-    /// Apply a pending reset (new stream): discard the old stream's queued input, reset every state.
-    fn apply_reset(&mut self) {
-        let resets = self.control.resets();
-        if resets != self.resets_seen {
-            self.resets_seen = resets;
-            self.stream_start = self.control.reset_mark();
-            self.ring.discard_before(self.stream_start);
-            self.pipeline.reset();
-            self.frame_index = 0;
-            // A new stream gets a new step budget; an explicit stop stays.
-            if self.stopped == Some(StopReason::MaxSteps) {
-                self.stopped = None;
-            }
-        }
-    }
-
-    /// Apply pending commands; they are only ever observed here, between frames.
-    fn apply_commands(&mut self) {
-        if self.stopped.is_none() && self.control.is_stop_requested() {
-            self.stopped = Some(StopReason::Requested);
-        }
-        self.apply_reset();
-        let epoch = self.control.epoch();
-        if epoch != self.epoch {
-            self.epoch = epoch;
-            self.pipeline.interrupt();
-        }
+        self.pipeline.codec.hook = hook;
     }
 
     /// Run one frame pass if a whole input frame is queued; otherwise return at once. Commands are applied
     /// first (between frames). After warm-up this allocates nothing.
     pub fn step(&mut self) -> Result<Step<'_>, RuntimeError> {
-        self.apply_commands();
-        if let Some(r) = self.stopped {
-            return Ok(Step::Stopped(r));
+        let pipeline = &mut self.pipeline;
+        match self.inlet.begin(|c| match c {
+            Command::Reset => pipeline.reset(),
+            Command::Interrupt => pipeline.interrupt(),
+        }) {
+            Begin::Idle => return Ok(Step::Idle),
+            Begin::Paused => return Ok(Step::Paused),
+            Begin::Stopped(r) => return Ok(Step::Stopped(r)),
+            Begin::Ready => {}
         }
-        if self.control.is_paused() {
-            return Ok(Step::Paused);
-        }
-        if let Some(max) = self.opts.max_steps {
-            if self.frame_index >= max {
-                self.stopped = Some(StopReason::MaxSteps);
-                return Ok(Step::Stopped(StopReason::MaxSteps));
-            }
-        }
-        loop {
-            let Some(seq) = self.ring.pop(&mut self.input) else {
-                return Ok(Step::Idle);
-            };
-            // A reset may have been requested while we were popping: re-check so that a frame of the new
-            // stream is never run on the old state, and a frame of the old stream never on the new one.
-            self.apply_commands();
-            if seq >= self.stream_start {
-                break;
-            }
-            self.ring.count_discarded();
-        }
-        let index = self.frame_index;
-        let r = self.pipeline.frame_pass(&self.input, index)?;
-        self.frame_index += 1;
-        self.processed += 1;
+        let index = self.inlet.frame_index;
+        let r = self.pipeline.frame_pass(&self.inlet.input, index)?;
+        self.inlet.advance();
         let counters = self.counters();
         Ok(Step::Frame(FrameOutput {
-            epoch: self.epoch,
+            epoch: self.inlet.epoch,
             frame_index: index,
             text_token: r.text_token,
             audio_tokens: r.audio_tokens,
-            text: &self.pipeline.text,
-            pcm: &self.pipeline.pcm,
+            text: &self.pipeline.codec.text,
+            pcm: &self.pipeline.codec.pcm,
             timings: r.timings,
             counters,
         }))
@@ -276,10 +208,10 @@ impl Drive for Session {
         })
     }
     fn control(&self) -> SessionControl {
-        self.control.clone()
+        self.inlet.control.clone()
     }
     fn ring(&self) -> Arc<FrameRing> {
-        self.ring.clone()
+        self.inlet.ring.clone()
     }
     fn take_producer(&mut self) -> Option<PcmProducer> {
         self.producer.take()

@@ -1,0 +1,633 @@
+//! The batched driver: several conversations share one worker thread, one pool and one batched LM step.
+//!
+//! A [`BatchRunner`] owns `slots` conversation slots and a worker thread with its `kernels::Pool`, a
+//! [`model::lm::LmBatchGen`] of `slots` sessions and, per slot, the Mimi encoder/decoder streams, detokenizer,
+//! resampler, sampler, lock-free input ring, control handle and event queue. A conversation joins with
+//! [`BatchRunner::open`] (a free slot, or [`RuntimeError::NoFreeSlot`]) and gets a [`BatchSession`] with the same
+//! parts as a [`crate::SessionRunner`]: [`PcmProducer`], [`SessionControl`], [`EventReceiver`] (same [`Event`]s),
+//! and `stop`. Commands keep exactly their single-session semantics, per slot (the same code applies them).
+//!
+//! Each tick of the worker: apply every slot's commands, take the slots that have a whole input frame (and room
+//! in their event queue), Mimi-encode them one by one, run ONE LM step for that subset
+//! ([`model::lm::LmBatchGen::step_active`]: each weight matrix is read once for all of them), then decode,
+//! detokenize and emit per slot. Slots without input are not stepped and their LM state does not move. A slot
+//! that stops, fails or whose receiver is gone leaves the batch; its LM rows are reset for reuse. After warm-up a
+//! tick allocates nothing.
+//!
+//! Results of a slot equal those of a [`crate::Session`] with the same options fed the same audio (tokens
+//! exactly in practice, PCM within float summation order), whatever the other slots do.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TryRecvError, TrySendError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::{self, JoinHandle, Thread};
+use std::time::Instant;
+
+use kernels::Pool;
+use model::lm::{LmBatchGen, LmError, LmFrame};
+use model::sampling::{Sampler, SamplerConfig};
+
+use crate::control::SessionControl;
+use crate::events::{Counters, Event, FrameEvent, FrameOutput, FrameTimings, StopReason};
+use crate::frame::{lm_error, new_sampler, us, Codec};
+use crate::inlet::{Begin, Command, Inlet};
+use crate::ring::{FrameRing, PcmProducer};
+use crate::runner::EventReceiver;
+use crate::{Engine, RuntimeError, SessionOptions, N_AUDIO};
+
+/// Options of [`BatchRunner::spawn`].
+#[derive(Clone, Debug)]
+pub struct BatchOptions {
+    /// Conversation slots (>= 1): the most sessions stepped together. Every slot's LM state (KV caches) is
+    /// allocated up front. Default 4.
+    pub slots: usize,
+    /// Bound of each slot's event queue, in frames (>= 1). When a slot's queue is full that slot waits
+    /// (its input stays queued) while the others go on. Default 16.
+    pub event_capacity: usize,
+}
+
+impl Default for BatchOptions {
+    fn default() -> Self {
+        BatchOptions {
+            slots: 4,
+            event_capacity: 16,
+        }
+    }
+}
+
+/// Bookkeeping of one slot, shared between the worker and the handles.
+#[derive(Clone, Copy, Debug, Default)]
+struct SlotInfo {
+    busy: bool,
+    /// Bumped at every join, so that a handle only ever waits for its own conversation.
+    generation: u64,
+    /// Final counters of the last conversation that left the slot.
+    last: Option<Counters>,
+}
+
+struct Shared {
+    stop: AtomicBool,
+    /// Slot table; also serialises joins against the worker's exit (see `Worker::exit`).
+    slots: Mutex<Table>,
+    /// Notified when a slot is released or the worker ended.
+    released: Condvar,
+}
+
+struct Table {
+    info: Vec<SlotInfo>,
+    /// The worker ended (stopped or panicked): no slot will be served any more.
+    done: bool,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        // A poisoned lock only means a panic elsewhere while holding it; the table stays consistent.
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A conversation joining the batch (built by the caller of `open`, installed by the worker).
+struct Join {
+    slot: usize,
+    inlet: Inlet,
+    codec: Codec,
+    sampler: Sampler,
+    tx: SyncSender<Event>,
+    recycled: Receiver<FrameEvent>,
+}
+
+/// A running batch of conversations on one worker thread. `Send + Sync`: share it (e.g. in an `Arc`) between
+/// the threads that open conversations. Dropping it stops the worker (every conversation gets
+/// `Event::Stopped(StopReason::Requested)`).
+pub struct BatchRunner {
+    engine: Arc<Engine>,
+    shared: Arc<Shared>,
+    joins: Mutex<Sender<Join>>,
+    worker: Thread,
+    join: Mutex<Option<JoinHandle<()>>>,
+    event_capacity: usize,
+}
+
+impl std::fmt::Debug for BatchRunner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BatchRunner")
+            .field("slots", &self.slots())
+            .field("active", &self.active())
+            .finish()
+    }
+}
+
+impl BatchRunner {
+    /// Allocate the batch (LM state of every slot) and start its worker thread, with a pool of
+    /// `engine.options().threads` threads.
+    pub fn spawn(engine: Arc<Engine>, opts: BatchOptions) -> Result<BatchRunner, RuntimeError> {
+        if opts.slots == 0 {
+            return Err(RuntimeError::InvalidOption("slots must be >= 1".into()));
+        }
+        let n = opts.slots;
+        let gen = LmBatchGen::new(engine.lm(), n, engine.options().kv_dtype)
+            .map_err(|e| RuntimeError::Model(e.to_string()))?;
+        let samplers = (0..n)
+            .map(|_| new_sampler(&engine, SamplerConfig::greedy()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            slots: Mutex::new(Table {
+                info: vec![SlotInfo::default(); n],
+                done: false,
+            }),
+            released: Condvar::new(),
+        });
+        let (jtx, jrx) = mpsc::channel();
+        let worker = Worker {
+            engine: engine.clone(),
+            shared: shared.clone(),
+            joins: jrx,
+            pool: None,
+            gen,
+            samplers,
+            slots: (0..n).map(|_| None).collect(),
+            active: Vec::with_capacity(n),
+            codes: vec![0; n * N_AUDIO],
+            forced: vec![None; n],
+            out: (0..n).map(|_| Ok(None)).collect(),
+            encode_us: vec![0; n],
+        };
+        let join = thread::Builder::new()
+            .name("moshi-batch".into())
+            .spawn(move || worker.run())
+            .map_err(RuntimeError::Spawn)?;
+        Ok(BatchRunner {
+            engine,
+            shared,
+            joins: Mutex::new(jtx),
+            worker: join.thread().clone(),
+            join: Mutex::new(Some(join)),
+            event_capacity: opts.event_capacity.max(1),
+        })
+    }
+
+    /// Number of slots.
+    pub fn slots(&self) -> usize {
+        self.shared.lock().info.len()
+    }
+
+    /// Slots currently taken by a conversation.
+    pub fn active(&self) -> usize {
+        self.shared.lock().info.iter().filter(|s| s.busy).count()
+    }
+
+    /// Whether the worker has ended (stopped, or panicked).
+    pub fn is_finished(&self) -> bool {
+        self.shared.lock().done
+    }
+
+    /// Join the batch with a new conversation in a free slot (allocates its Mimi streams, sampler, rings; the
+    /// worker only installs them). `opts` has the meaning it has for [`crate::Session::new`]. Errors:
+    /// [`RuntimeError::NoFreeSlot`] when every slot is taken, [`RuntimeError::RunnerStopped`] after stop,
+    /// [`RuntimeError::InvalidOption`] for bad options.
+    pub fn open(&self, opts: SessionOptions) -> Result<BatchSession, RuntimeError> {
+        if opts.max_queued_frames == 0 {
+            return Err(RuntimeError::InvalidOption(
+                "max_queued_frames must be >= 1".into(),
+            ));
+        }
+        let codec = Codec::new(&self.engine, opts.output_rate, opts.first_frame_reset)?;
+        let sampler = new_sampler(&self.engine, opts.sampling.clone())?;
+        let ring = FrameRing::new(opts.max_queued_frames);
+        let inlet = Inlet::new(ring.clone(), opts.max_steps);
+        let control = inlet.control.clone();
+        let producer = PcmProducer::new(ring.clone());
+        let (tx, rx) = mpsc::sync_channel(self.event_capacity);
+        let (recycle, recycled) = mpsc::sync_channel(self.event_capacity + 2);
+        let w1 = self.worker.clone();
+        let w2 = self.worker.clone();
+        ring.set_waker(Arc::new(move || w1.unpark()));
+        control.set_waker(Arc::new(move || w2.unpark()));
+        let events = EventReceiver::new(rx, recycle, self.worker.clone(), control.clone());
+
+        // Reserve a slot and hand the conversation to the worker under the table lock, so that the worker's
+        // exit (which sets `done` and drains the queue under the same lock) never strands a join.
+        let mut table = self.shared.lock();
+        if table.done || self.shared.stop.load(Ordering::Acquire) {
+            return Err(RuntimeError::RunnerStopped);
+        }
+        let Some(slot) = table.info.iter().position(|s| !s.busy) else {
+            return Err(RuntimeError::NoFreeSlot {
+                slots: table.info.len(),
+            });
+        };
+        let joins = self.joins.lock().unwrap_or_else(|e| e.into_inner());
+        let sent = joins.send(Join {
+            slot,
+            inlet,
+            codec,
+            sampler,
+            tx,
+            recycled,
+        });
+        drop(joins);
+        if sent.is_err() {
+            return Err(RuntimeError::RunnerStopped);
+        }
+        let info = &mut table.info[slot];
+        info.busy = true;
+        info.generation += 1;
+        info.last = None;
+        let generation = info.generation;
+        drop(table);
+        self.worker.unpark();
+        Ok(BatchSession {
+            slot,
+            generation,
+            control,
+            producer: Some(producer),
+            events: Some(events),
+            shared: self.shared.clone(),
+            result: None,
+        })
+    }
+
+    /// Stop every conversation and join the worker (exactly once; later calls return at once). Blocks at most
+    /// for the rest of the tick in progress.
+    pub fn stop(&self) -> Result<(), RuntimeError> {
+        self.shared.stop.store(true, Ordering::Release);
+        self.worker.unpark();
+        let handle = self.join.lock().unwrap_or_else(|e| e.into_inner()).take();
+        match handle {
+            Some(h) => h.join().map_err(|_| RuntimeError::WorkerPanicked),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for BatchRunner {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}
+
+/// One conversation in a [`BatchRunner`]: the same parts as a [`crate::SessionRunner`] (producer, control,
+/// events, stop). Dropping it stops the conversation and frees its slot.
+pub struct BatchSession {
+    slot: usize,
+    generation: u64,
+    control: SessionControl,
+    producer: Option<PcmProducer>,
+    events: Option<EventReceiver>,
+    shared: Arc<Shared>,
+    result: Option<Counters>,
+}
+
+impl std::fmt::Debug for BatchSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BatchSession")
+            .field("slot", &self.slot)
+            .field("control", &self.control)
+            .finish()
+    }
+}
+
+impl BatchSession {
+    /// The slot index inside the batch.
+    pub fn slot(&self) -> usize {
+        self.slot
+    }
+
+    /// The producer end of the input queue (once). Each completed frame wakes the worker.
+    pub fn producer(&mut self) -> Option<PcmProducer> {
+        self.producer.take()
+    }
+
+    /// The command handle (interrupt / pause / resume / reset / stop, as for a single session).
+    pub fn control(&self) -> SessionControl {
+        self.control.clone()
+    }
+
+    /// The event receiver (once); same events as [`crate::SessionRunner::events`].
+    pub fn events(&mut self) -> Option<EventReceiver> {
+        self.events.take()
+    }
+
+    /// Whether this conversation has left the batch (stopped, failed, or the runner ended).
+    pub fn is_finished(&self) -> bool {
+        let t = self.shared.lock();
+        t.done || t.info[self.slot].generation != self.generation || !t.info[self.slot].busy
+    }
+
+    /// Request stop and wait until the worker has released the slot (exactly once; later calls return the same
+    /// counters). Blocks at most for the rest of the tick in progress. Returns the final counters.
+    pub fn stop(&mut self) -> Result<Counters, RuntimeError> {
+        if let Some(c) = self.result {
+            return Ok(c);
+        }
+        self.control.stop();
+        let mut t = self.shared.lock();
+        loop {
+            let info = t.info[self.slot];
+            if info.generation != self.generation || !info.busy {
+                // Released (the slot may already serve someone else: then its `last` is not ours).
+                let c = if info.generation == self.generation {
+                    info.last
+                } else {
+                    None
+                };
+                self.result = Some(c.unwrap_or_default());
+                return Ok(self.result.unwrap_or_default());
+            }
+            if t.done {
+                // The worker ended without releasing this slot: it panicked.
+                return Err(RuntimeError::WorkerPanicked);
+            }
+            t = self
+                .shared
+                .released
+                .wait(t)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+impl Drop for BatchSession {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}
+
+/// A conversation installed in a slot.
+struct Slot {
+    inlet: Inlet,
+    codec: Codec,
+    tx: SyncSender<Event>,
+    recycled: Receiver<FrameEvent>,
+    /// An event the full queue did not take yet; the slot is not stepped until it is delivered.
+    pending: Option<Event>,
+    spare: Option<FrameEvent>,
+}
+
+/// What to do with a slot after looking at it.
+enum Verdict {
+    Skip,
+    Step,
+    Leave(Option<Event>),
+}
+
+struct Worker {
+    engine: Arc<Engine>,
+    shared: Arc<Shared>,
+    joins: Receiver<Join>,
+    /// Created on the worker thread.
+    pool: Option<Pool>,
+    gen: LmBatchGen,
+    samplers: Vec<Sampler>,
+    slots: Vec<Option<Slot>>,
+    /// Slots stepped this tick, in order.
+    active: Vec<usize>,
+    /// `[active, 8]` user codes of this tick.
+    codes: Vec<u32>,
+    forced: Vec<Option<u32>>,
+    out: Vec<Result<Option<LmFrame>, LmError>>,
+    encode_us: Vec<u32>,
+}
+
+/// Marks the worker as ended (also when it unwinds) and wakes every waiting handle.
+struct DoneGuard(Arc<Shared>);
+
+impl Drop for DoneGuard {
+    fn drop(&mut self) {
+        self.0.lock().done = true;
+        self.0.released.notify_all();
+    }
+}
+
+impl Worker {
+    fn run(mut self) {
+        let _guard = DoneGuard(self.shared.clone());
+        self.pool = Some(Pool::new(self.engine.options().threads));
+        while !self.shared.stop.load(Ordering::Acquire) {
+            self.install_joins();
+            if !self.tick() {
+                thread::park();
+            }
+        }
+        self.exit();
+    }
+
+    fn install_joins(&mut self) {
+        loop {
+            match self.joins.try_recv() {
+                Ok(j) => {
+                    let b = j.slot;
+                    self.gen.reset_session(b);
+                    self.samplers[b] = j.sampler;
+                    self.slots[b] = Some(Slot {
+                        inlet: j.inlet,
+                        codec: j.codec,
+                        tx: j.tx,
+                        recycled: j.recycled,
+                        pending: None,
+                        spare: None,
+                    });
+                }
+                Err(TryRecvError::Empty) | Err(TryRecvError::Disconnected) => return,
+            }
+        }
+    }
+
+    /// Remove the conversation of slot `b`, sending `last` (best effort) first, reset its LM rows and sampler,
+    /// and publish its final counters.
+    fn release(&mut self, b: usize, last: Option<Event>) {
+        let Some(slot) = self.slots[b].take() else {
+            return;
+        };
+        if let Some(ev) = last {
+            let _ = slot.tx.try_send(ev);
+        }
+        let counters = slot.inlet.counters();
+        drop(slot);
+        self.gen.reset_session(b);
+        self.samplers[b].reset();
+        let mut t = self.shared.lock();
+        t.info[b].busy = false;
+        t.info[b].last = Some(counters);
+        drop(t);
+        self.shared.released.notify_all();
+    }
+
+    /// Look at slot `b`: deliver a pending event, apply commands, pop and encode a frame.
+    fn prepare(&mut self, b: usize) -> Verdict {
+        let gen = &mut self.gen;
+        let sampler = &mut self.samplers[b];
+        let Some(slot) = self.slots[b].as_mut() else {
+            return Verdict::Skip;
+        };
+        if let Some(ev) = slot.pending.take() {
+            match slot.tx.try_send(ev) {
+                Ok(()) => {}
+                Err(TrySendError::Full(ev)) => {
+                    if slot.inlet.control.is_stop_requested() {
+                        return Verdict::Leave(None);
+                    }
+                    slot.pending = Some(ev);
+                    return Verdict::Skip;
+                }
+                Err(TrySendError::Disconnected(_)) => return Verdict::Leave(None),
+            }
+        }
+        if slot.spare.is_none() {
+            slot.spare = slot.recycled.try_recv().ok();
+        }
+        let codec = &mut slot.codec;
+        let begin = slot.inlet.begin(|c| match c {
+            Command::Reset => {
+                codec.reset();
+                gen.reset_session(b);
+                sampler.reset();
+            }
+            Command::Interrupt => codec.interrupt(),
+        });
+        match begin {
+            Begin::Idle | Begin::Paused => Verdict::Skip,
+            Begin::Stopped(r) => Verdict::Leave(Some(Event::Stopped(r))),
+            Begin::Ready => {
+                let t0 = Instant::now();
+                let index = slot.inlet.frame_index;
+                if let Err(e) = slot.codec.encode(&slot.inlet.input, index) {
+                    tracing::error!("batch slot {b}: encode failed: {e}");
+                    return Verdict::Leave(Some(Event::Error(e)));
+                }
+                let i = self.active.len();
+                self.codes[i * N_AUDIO..(i + 1) * N_AUDIO].copy_from_slice(slot.codec.user_codes());
+                self.forced[i] = slot.codec.next_forced();
+                self.encode_us[i] = us(t0.elapsed());
+                Verdict::Step
+            }
+        }
+    }
+
+    /// One tick; returns whether any slot was stepped.
+    fn tick(&mut self) -> bool {
+        self.active.clear();
+        for b in 0..self.slots.len() {
+            match self.prepare(b) {
+                Verdict::Skip => {}
+                Verdict::Step => self.active.push(b),
+                Verdict::Leave(ev) => self.release(b, ev),
+            }
+        }
+        let m = self.active.len();
+        if m == 0 {
+            return false;
+        }
+        let t_lm = Instant::now();
+        let Some(pool) = self.pool.as_ref() else {
+            return false;
+        };
+        let r = self.gen.step_active(
+            self.engine.lm(),
+            &self.active,
+            &self.codes[..m * N_AUDIO],
+            &mut self.samplers,
+            pool,
+            Some(&self.forced[..m]),
+            &mut self.out[..m],
+        );
+        let lm_us = us(t_lm.elapsed());
+        if let Err(e) = r {
+            // An argument error (nothing was stepped): a bug, reported to every slot of this tick.
+            let msg = e.to_string();
+            for i in 0..m {
+                let b = self.active[i];
+                let ev = Event::Error(RuntimeError::Model(msg.clone()));
+                self.release(b, Some(ev));
+            }
+            return true;
+        }
+        for i in 0..m {
+            let b = self.active[i];
+            let out = std::mem::replace(&mut self.out[i], Ok(None));
+            if let Some(ev) = self.emit(b, out, self.encode_us[i], lm_us) {
+                self.release(b, Some(ev));
+            }
+        }
+        true
+    }
+
+    /// Finish slot `b`'s frame and queue its event. Returns the last event to send if the slot must leave.
+    fn emit(
+        &mut self,
+        b: usize,
+        out: Result<Option<LmFrame>, LmError>,
+        encode_us: u32,
+        lm_us: u32,
+    ) -> Option<Event> {
+        let slot = self.slots[b].as_mut()?;
+        let index = slot.inlet.frame_index;
+        let frame = match out {
+            Ok(f) => f,
+            Err(e) => return Some(Event::Error(lm_error(e, index))),
+        };
+        let t0 = Instant::now();
+        let r = match slot.codec.finish(frame) {
+            Ok(r) => r,
+            Err(e) => return Some(Event::Error(e)),
+        };
+        let decode_us = us(t0.elapsed());
+        slot.inlet.advance();
+        let output = FrameOutput {
+            epoch: slot.inlet.epoch,
+            frame_index: index,
+            text_token: r.text_token,
+            audio_tokens: r.audio_tokens,
+            text: &slot.codec.text,
+            pcm: &slot.codec.pcm,
+            timings: FrameTimings {
+                encode_us,
+                lm_us,
+                decode_us,
+                total_us: encode_us.saturating_add(lm_us).saturating_add(decode_us),
+            },
+            counters: slot.inlet.counters(),
+        };
+        let ev = match slot.spare.take() {
+            Some(mut ev) => {
+                output.copy_into(&mut ev);
+                ev
+            }
+            None => output.to_event(),
+        };
+        if ev.epoch < slot.inlet.control.epoch() {
+            // Interrupted after this frame was produced: discard it, keep the buffers.
+            slot.spare = Some(ev);
+            return None;
+        }
+        match slot.tx.try_send(Event::Frame(ev)) {
+            Ok(()) => None,
+            Err(TrySendError::Full(ev)) => {
+                slot.pending = Some(ev);
+                None
+            }
+            // Nobody listens any more: leave.
+            Err(TrySendError::Disconnected(_)) => Some(Event::Stopped(StopReason::Requested)),
+        }
+    }
+
+    /// Worker exit: every conversation gets `Stopped(Requested)` (best effort) and its slot is released.
+    fn exit(&mut self) {
+        for b in 0..self.slots.len() {
+            if self.slots[b].is_some() {
+                self.release(b, Some(Event::Stopped(StopReason::Requested)));
+            }
+        }
+        // Joins still queued: refuse them under the table lock (`open` sends under it), so none is stranded.
+        let mut t = self.shared.lock();
+        t.done = true;
+        while let Ok(j) = self.joins.try_recv() {
+            let _ = j.tx.try_send(Event::Stopped(StopReason::Requested));
+            t.info[j.slot].busy = false;
+            t.info[j.slot].last = Some(j.inlet.counters());
+        }
+        drop(t);
+        self.shared.released.notify_all();
+    }
+}

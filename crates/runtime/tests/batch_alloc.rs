@@ -1,0 +1,133 @@
+//! Zero heap allocations per tick of the batched runner after warm-up (counting global allocator, tiny bundle).
+//! One test in this binary, so no other test thread allocates while counting; the counter covers every thread
+//! (the batch worker and its pool).
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use common::*;
+use runtime::{BatchOptions, BatchRunner, EngineOptions, Event, SessionOptions, FRAME_SIZE};
+
+struct Counting;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+type Conv = (
+    runtime::BatchSession,
+    runtime::PcmProducer,
+    runtime::EventReceiver,
+);
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+#[test]
+fn batched_ticks_do_not_allocate() {
+    for threads in [1, 2] {
+        let engine = runtime::Engine::open(
+            &bundle_dir(),
+            EngineOptions {
+                threads,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let r = BatchRunner::spawn(
+            engine,
+            BatchOptions {
+                slots: 3,
+                event_capacity: 4,
+            },
+        )
+        .unwrap();
+        let mut convs: Vec<Conv> = [24_000, 48_000]
+            .into_iter()
+            .enumerate()
+            .map(|(i, rate)| {
+                let mut s = r
+                    .open(SessionOptions {
+                        output_rate: rate,
+                        ..sampled(i as u64)
+                    })
+                    .unwrap();
+                let mic = s.producer().unwrap();
+                let ev = s.events().unwrap();
+                (s, mic, ev)
+            })
+            .collect();
+        let pcm = signal(240, 40);
+        // Slot 0 every frame, slot 1 every other frame: ticks of one and of two active slots.
+        let run = |convs: &mut Vec<Conv>, frames: std::ops::Range<usize>| {
+            let mut n = 0;
+            for f in frames {
+                let x = &pcm[f * FRAME_SIZE..(f + 1) * FRAME_SIZE];
+                for (k, (_, mic, ev)) in convs.iter_mut().enumerate() {
+                    if k == 1 && f % 2 == 1 {
+                        continue;
+                    }
+                    mic.push(x);
+                    match ev.recv() {
+                        Some(Event::Frame(e)) => {
+                            std::hint::black_box(e.pcm.len());
+                            ev.recycle(e);
+                            n += 1;
+                        }
+                        other => panic!("{other:?}"),
+                    }
+                }
+            }
+            n
+        };
+        // Warm-up past the tiny LM's and Mimi's contexts (the KV rings wrap).
+        assert_eq!(run(&mut convs, 0..40), 60);
+        ALLOCS.store(0, Ordering::SeqCst);
+        COUNTING.store(true, Ordering::SeqCst);
+        let n = run(&mut convs, 40..240);
+        COUNTING.store(false, Ordering::SeqCst);
+        let allocs = ALLOCS.load(Ordering::SeqCst);
+        assert_eq!((allocs, n), (0, 300), "batched path ({threads} threads)");
+        // Commands between frames do not allocate either.
+        for (s, _, _) in &convs {
+            let c = s.control();
+            c.interrupt();
+            c.pause();
+            c.resume();
+            c.reset();
+        }
+        ALLOCS.store(0, Ordering::SeqCst);
+        COUNTING.store(true, Ordering::SeqCst);
+        let n = run(&mut convs, 0..30);
+        COUNTING.store(false, Ordering::SeqCst);
+        let allocs = ALLOCS.load(Ordering::SeqCst);
+        assert_eq!((allocs, n), (0, 45), "after commands ({threads} threads)");
+        drop(convs);
+        r.stop().unwrap();
+    }
+}
