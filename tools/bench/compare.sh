@@ -4,7 +4,15 @@
 # markdown summary (medians over rounds, min–max, ours/theirs ratios) and keeps the raw log.
 #
 #   tools/bench/compare.sh --bundle DIR [--rounds 3] [--threads 1,2] [--what lm,mimi] \
-#                          [--lm-frames 2] [--mimi-frames 20] [--torch] [--ours-formats q4_0,mlx-q4] [--log FILE]
+#                          [--lm-frames 2] [--mimi-frames 20] [--torch] [--ours-formats q4_0,mlx-q4] [--log FILE] \
+#                          [--positions 0,375,3000] [--kv f32] [--probe]
+#
+# --positions: LM KV positions, on both sides (ours: `LmGen::seek_for_bench`; candle: its per-layer
+# `RotatingKvCache`s refilled with that many entries before each frame, see benches/baselines/src/main.rs).
+# Default 0. --kv: our temporal KV element type(s) (default f32, the runtime default and the type
+# candle's cache holds on CPU; `f32,bf16` times both). --probe: run `moshi-native bench probe` right
+# before each candle LM process, so candle's rows also get a ratio to a roofline measured next to them
+# (weight bytes and f32 KV bytes per frame taken from our q8 bundle rows of the same position).
 #
 # --ours-formats also times our LM on synthetic in-memory weights of those formats each round (for
 # "q4 vs candle q8"). DIR must hold model.q8.gguf and the Mimi safetensors (`moshi-native synth --format q8-gguf --out DIR`).
@@ -13,10 +21,12 @@
 #   THEIRS  candle baseline binary (default: benches/baselines/target/release/moshi-native-baselines;
 #           build it with `cd benches/baselines && cargo build --release`, ~12 min cold)
 #   VENV    Python env with moshi 0.2.13 + torch for --torch (default: /work/venv-oracle)
+#   LOCK    if set, every process that holds a full-size LM runs as `flock $LOCK ...` (one process at a
+#           time, so on a shared machine the lock is held for one process, ~1 min, not the whole run)
 # Rounds alternate which side goes first, so slow drift of the machine's load hits both sides.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-ROUNDS=3; THREADS=1,2; WHAT=lm,mimi; LMF=2; MIF=20; TORCH=0; BUNDLE=""; LOG=""; OFMT=""
+ROUNDS=3; THREADS=1,2; WHAT=lm,mimi; LMF=2; MIF=20; TORCH=0; BUNDLE=""; LOG=""; OFMT=""; POS=0; KV=f32; PROBE=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --bundle) BUNDLE=$2; shift 2;;
@@ -28,6 +38,9 @@ while [ $# -gt 0 ]; do
     --torch) TORCH=1; shift;;
     --ours-formats) OFMT=$2; shift 2;;
     --log) LOG=$2; shift 2;;
+    --positions) POS=$2; shift 2;;
+    --kv) KV=$2; shift 2;;
+    --probe) PROBE=1; shift;;
     *) echo "unknown argument $1" >&2; exit 2;;
   esac
 done
@@ -35,6 +48,7 @@ done
 OURS=${OURS:-target/release/moshi-native bench}
 THEIRS=${THEIRS:-benches/baselines/target/release/moshi-native-baselines}
 VENV=${VENV:-/work/venv-oracle}
+L=(); [ -n "${LOCK:-}" ] && L=(flock "$LOCK")
 GGUF="$BUNDLE/model.q8.gguf"
 MIMI=$(ls "$BUNDLE"/tokenizer-*.safetensors | head -1)
 LOG=${LOG:-$(mktemp /tmp/moshi-bench-compare.XXXXXX.log)}
@@ -47,9 +61,13 @@ tag() { local r=$1; shift; "$@" 2>>"$LOG.stderr" | sed -u "s/^\(result\|median\)
 ours_mimi()   { tag "$1" $OURS mimi --bundle "$BUNDLE" --rounds 1 --mimi-frames "$MIF" --threads "$THREADS"; }
 theirs_mimi() { tag "$1" "$THEIRS" mimi --weights "$MIMI" --rounds 1 --frames "$MIF" --threads "$THREADS"; }
 torch_mimi()  { tag "$1" env NO_TORCH_COMPILE=1 "$VENV/bin/python" tools/bench/torch_mimi.py --weights "$MIMI" --rounds 1 --frames "$MIF" --threads "$THREADS"; }
-ours_lm()     { tag "$1" $OURS lm --bundle "$BUNDLE" --rounds 1 --lm-frames "$LMF" --positions 0 --batch 0 --threads "$THREADS"; }
-ours_lm_fmt() { tag "$1" $OURS lm --formats "$OFMT" --rounds 1 --lm-frames "$LMF" --positions 0 --batch 0 --threads "$THREADS"; }
-theirs_lm()   { tag "$1" "$THEIRS" lm --gguf "$GGUF" --rounds 1 --frames "$LMF" --threads "$THREADS"; }
+ours_lm()     { tag "$1" "${L[@]}" $OURS lm --bundle "$BUNDLE" --rounds 1 --lm-frames "$LMF" --positions "$POS" --kv "$KV" --batch 0 --threads "$THREADS"; }
+ours_lm_fmt() { tag "$1" "${L[@]}" $OURS lm --formats "$OFMT" --rounds 1 --lm-frames "$LMF" --positions "$POS" --kv "$KV" --batch 0 --threads "$THREADS"; }
+# The probe lines are re-tagged `impl=candle_probe` so that summarize.py pairs them with candle's rows.
+theirs_probe() { $OURS probe --threads "$THREADS" 2>>"$LOG.stderr" \
+                   | sed -u -n "s/^result impl=ours what=read_probe /result round_tag=$1 impl=candle_probe what=read_probe /p" | tee -a "$LOG" || true; }
+theirs_lm()   { if [ "$PROBE" = 1 ]; then theirs_probe "$1"; fi
+                tag "$1" "${L[@]}" "$THEIRS" lm --gguf "$GGUF" --rounds 1 --frames "$LMF" --positions "$POS" --threads "$THREADS"; }
 
 for r in $(seq 0 $((ROUNDS - 1))); do
   echo "## round $r" | tee -a "$LOG"

@@ -3,15 +3,27 @@
 //! the same synthetic weights `moshi-native synth` writes.
 //!
 //! ```text
-//! moshi-native-baselines lm   --gguf BUNDLE/model.q8.gguf [--threads 1,2] [--frames 4] [--rounds 3]
+//! moshi-native-baselines lm   --gguf BUNDLE/model.q8.gguf [--threads 1,2] [--frames 4] [--rounds 3] [--positions 0,375,3000]
 //! moshi-native-baselines mimi --weights BUNDLE/tokenizer-...safetensors [--threads 1,2] [--frames 20] [--rounds 3]
 //! ```
 //!
 //! Output (stdout), one line per timed frame and one summary line per configuration:
-//! `frame impl=candle what=lm_frame threads=2 round=0 ms=712.345`
-//! `median impl=candle what=lm_frame threads=2 ms=710.0 min=700.1 max=731.9 n=12`
+//! `frame impl=candle what=lm_frame threads=2 pos=375 round=0 ms=712.345`
+//! `median impl=candle what=lm_frame threads=2 pos=375 ms=710.0 min=700.1 max=731.9 n=12`
 //! Thread counts are interleaved inside each round (one rayon pool per count; candle's parallel
 //! loops run in the pool they are called from).
+//!
+//! **KV positions** (`lm --positions`). Before every timed LM frame at position P the temporal
+//! transformer's 32 per-layer KV caches are replaced by candle's own `RotatingKvCache` (context 3000,
+//! as `moshi` builds it) into which one chunk of P zero keys and values (f32 `[1, 32, P, 128]`, the
+//! dtype candle attends in on CPU) was appended: the cache then holds `min(P, 3000)` entries, its
+//! write offset and length are what P single steps would leave, and the next step uses RoPE position
+//! P and attends over all of them, like ours after `LmGen::seek_for_bench(P)` (also zero entries;
+//! the values do not change the cost). The `moshi` crate keeps its caches private, so
+//! `patch-moshi.sh` appends three small accessors to a copy of it (see there). The alternatives
+//! cost far more: P real steps take P × ~1 s, and a P-token prefill is no cheaper because candle's
+//! CPU q8_0 matmul streams the whole weight matrix once per token row
+//! (`candle_core::quantized::k_quants::matmul`), i.e. ~P weight passes (~45 min for P = 3000).
 
 use std::time::Instant;
 
@@ -26,6 +38,7 @@ struct Opts {
     threads: Vec<usize>,
     frames: usize,
     rounds: usize,
+    positions: Vec<usize>,
 }
 
 fn parse_args() -> Result<Opts> {
@@ -39,6 +52,7 @@ fn parse_args() -> Result<Opts> {
         threads: vec![1, 2],
         frames: 0,
         rounds: 3,
+        positions: vec![0],
     };
     while let Some(a) = args.next() {
         let mut val = || args.next().with_context(|| format!("{a} needs a value"));
@@ -46,6 +60,12 @@ fn parse_args() -> Result<Opts> {
             "--gguf" | "--weights" => o.path = val()?,
             "--threads" => {
                 o.threads = val()?
+                    .split(',')
+                    .map(|s| s.trim().parse())
+                    .collect::<Result<_, _>>()?
+            }
+            "--positions" => {
+                o.positions = val()?
                     .split(',')
                     .map(|s| s.trim().parse())
                     .collect::<Result<_, _>>()?
@@ -77,6 +97,12 @@ fn stats(v: &mut [f64]) -> (f64, f64, f64) {
 }
 
 fn report(what: &str, threads: &[usize], samples: &mut [Vec<f64>]) {
+    report_at(what, threads, None, samples)
+}
+
+/// Median lines; `pos` (LM KV position) is printed when given.
+fn report_at(what: &str, threads: &[usize], pos: Option<usize>, samples: &mut [Vec<f64>]) {
+    let pos = pos.map(|p| format!(" pos={p}")).unwrap_or_default();
     for (t, s) in threads.iter().zip(samples.iter_mut()) {
         if s.is_empty() {
             continue;
@@ -84,9 +110,44 @@ fn report(what: &str, threads: &[usize], samples: &mut [Vec<f64>]) {
         let n = s.len();
         let (m, lo, hi) = stats(s);
         println!(
-            "median impl=candle what={what} threads={t} ms={m:.3} min={lo:.3} max={hi:.3} n={n}"
+            "median impl=candle what={what} threads={t}{pos} ms={m:.3} min={lo:.3} max={hi:.3} n={n}"
         );
     }
+}
+
+/// Puts the temporal transformer at KV position `pos`: every layer gets a fresh `RotatingKvCache`
+/// (candle's own type, context as configured) holding `pos` zero entries appended as one chunk
+/// (see the module docs). `pos = 0` is an empty cache, as after `reset_state`. Returns the cache
+/// length the transformer reports afterwards (its next RoPE position).
+fn seek_kv(state: &mut moshi::lm_generate_multistream::State, pos: usize) -> Result<usize> {
+    let tr = state
+        .bench_model_mut()
+        .bench_temporal_mut()
+        .context("the model has no (non-batched) temporal transformer")?;
+    let (layers, heads, context) = tr.bench_dims();
+    // moshiko: d_model 4096 over 32 heads; K/V are f32 on CPU (candle's matmul dtype there).
+    let head_dim = 4096 / heads;
+    let zeros = if pos > 0 {
+        Some(Tensor::zeros(
+            (1, heads, pos, head_dim),
+            DType::F32,
+            &Device::Cpu,
+        )?)
+    } else {
+        None
+    };
+    tr.bench_set_kv_caches(|_layer| {
+        let mut c = candle_nn::kv_cache::RotatingKvCache::new(2, context);
+        if let Some(z) = &zeros {
+            c.append(z, z)?;
+        }
+        Ok(moshi::kv_cache::KvCache::Rotating(c))
+    })?;
+    let len = tr.bench_kv_len();
+    if len != pos {
+        bail!("KV caches hold {len} entries after seeking to {pos} ({layers} layers)");
+    }
+    Ok(len)
 }
 
 fn pools(threads: &[usize]) -> Result<Vec<rayon::ThreadPool>> {
@@ -112,7 +173,7 @@ fn bench_lm(o: &Opts) -> Result<()> {
         o.path,
         t0.elapsed().as_secs_f64()
     );
-    let total = (o.rounds + 1) * o.threads.len() * o.frames + 8;
+    let total = (o.rounds * o.positions.len() + 1) * o.threads.len() * o.frames + 8;
     // Python/server defaults: text top-k 25 at 0.7, audio top-k 250 at 0.8.
     let audio_lp = LogitsProcessor::from_sampling(
         42,
@@ -141,28 +202,40 @@ fn bench_lm(o: &Opts) -> Result<()> {
     let pools = pools(&o.threads)?;
     let user: Vec<u32> = (0..8).map(|i| 100 + 37 * i).collect();
     let mut text = 32000u32;
-    let mut samples = vec![Vec::new(); o.threads.len()];
-    // Round 0 is warm-up (one frame per thread count).
+    // samples[position][thread count]
+    let mut samples = vec![vec![Vec::new(); o.threads.len()]; o.positions.len()];
+    // Round 0 is warm-up (one frame per thread count, at the first position). Every timed frame
+    // starts from caches holding exactly its position's entries (`seek_kv`, not timed).
     for round in 0..=o.rounds {
-        for (pi, pool) in pools.iter().enumerate() {
-            let n = if round == 0 { 1 } else { o.frames };
-            for _ in 0..n {
-                let t = Instant::now();
-                text = pool.install(|| state.step(text, &user, None, None))?;
-                let ms = t.elapsed().as_secs_f64() * 1e3;
-                if round > 0 {
-                    println!(
-                        "frame impl=candle what=lm_frame threads={} round={} pos={} ms={ms:.3}",
-                        o.threads[pi],
-                        round - 1,
-                        state.step_idx() - 1
-                    );
-                    samples[pi].push(ms);
+        for (qi, &pos) in o.positions.iter().enumerate() {
+            if round == 0 && qi > 0 {
+                break;
+            }
+            for (pi, pool) in pools.iter().enumerate() {
+                let n = if round == 0 { 1 } else { o.frames };
+                for _ in 0..n {
+                    let t = Instant::now();
+                    let at = seek_kv(&mut state, pos)?;
+                    let seek_ms = t.elapsed().as_secs_f64() * 1e3;
+                    let t = Instant::now();
+                    text = pool.install(|| state.step(text, &user, None, None))?;
+                    let ms = t.elapsed().as_secs_f64() * 1e3;
+                    if round > 0 {
+                        println!(
+                            "frame impl=candle what=lm_frame threads={} pos={pos} round={} kv_len={at} step_idx={} seek_ms={seek_ms:.1} ms={ms:.3}",
+                            o.threads[pi],
+                            round - 1,
+                            state.step_idx() - 1
+                        );
+                        samples[qi][pi].push(ms);
+                    }
                 }
             }
         }
     }
-    report("lm_frame", &o.threads, &mut samples);
+    for (qi, &pos) in o.positions.iter().enumerate() {
+        report_at("lm_frame", &o.threads, Some(pos), &mut samples[qi]);
+    }
     Ok(())
 }
 
