@@ -96,12 +96,8 @@ impl KvRing {
                     vs[dst..dst + hd].copy_from_slice(&v[src]);
                 }
                 Store::Bf16 { k: ks, v: vs } => {
-                    for (o, x) in ks[dst..dst + hd].iter_mut().zip(&k[src.clone()]) {
-                        *o = half::bf16::from_f32(*x).to_bits();
-                    }
-                    for (o, x) in vs[dst..dst + hd].iter_mut().zip(&v[src]) {
-                        *o = half::bf16::from_f32(*x).to_bits();
-                    }
+                    to_bf16(&k[src.clone()], &mut ks[dst..dst + hd]);
+                    to_bf16(&v[src], &mut vs[dst..dst + hd]);
                 }
             }
         }
@@ -309,6 +305,53 @@ impl KvRing {
             }
         }
     }
+}
+
+/// f32 → bf16 bits, rounded to nearest even (NaN stays NaN), like `half::bf16::from_f32`
+/// (AVX-512 when allowed; the conversion [`KvRing::push`] uses).
+pub fn to_bf16(x: &[f32], out: &mut [u16]) {
+    debug_assert_eq!(x.len(), out.len());
+    #[cfg(target_arch = "x86_64")]
+    if crate::avx512() {
+        // SAFETY: AVX-512 detected; equal lengths.
+        return unsafe { to_bf16_avx512(x, out) };
+    }
+    to_bf16_reference(x, out)
+}
+
+/// Scalar reference of the f32 → bf16 conversion used by [`KvRing::push`].
+pub fn to_bf16_reference(x: &[f32], out: &mut [u16]) {
+    for (o, v) in out.iter_mut().zip(x) {
+        *o = half::bf16::from_f32(*v).to_bits();
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn to_bf16_avx512(x: &[f32], out: &mut [u16]) {
+    use std::arch::x86_64::*;
+    let n = x.len().min(out.len());
+    let mut i = 0;
+    let bias = _mm512_set1_epi32(0x7fff);
+    let one = _mm512_set1_epi32(1);
+    let abs = _mm512_set1_epi32(0x7fff_ffff);
+    let inf = _mm512_set1_epi32(0x7f80_0000);
+    while i + 16 <= n {
+        let b = _mm512_loadu_si512(x.as_ptr().add(i) as *const _);
+        // Round to nearest even: add 0x7fff + the lowest kept bit, keep the high half.
+        let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(b), one);
+        let r = _mm512_srli_epi32::<16>(_mm512_add_epi32(b, _mm512_add_epi32(bias, lsb)));
+        // NaN: truncate and set the quiet bit.
+        let nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(b, abs), inf);
+        let qn = _mm512_or_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(0x40));
+        let r = _mm512_mask_mov_epi32(r, nan, qn);
+        _mm256_storeu_si256(
+            out.as_mut_ptr().add(i) as *mut __m256i,
+            _mm512_cvtepi32_epi16(r),
+        );
+        i += 16;
+    }
+    to_bf16_reference(&x[i..n], &mut out[i..n]);
 }
 
 /// Which attention kernel runs (detected per call from the CPU flags and `head_dim`).

@@ -108,3 +108,22 @@ fn long_window_bf16_and_f32() {
         check(64, 3, 8, 8, 8, dtype, 9, 1.0);
     }
 }
+
+proptest! {
+    /// The ring's f32 → bf16 conversion (AVX-512 when available) equals `half`'s, bit for bit,
+    /// including ties, subnormals, infinities and NaN (quiet).
+    #[test]
+    fn push_rounds_like_half(bits in proptest::collection::vec(any::<u32>(), 16..64)) {
+        let mut x: Vec<f32> = bits.iter().map(|b| f32::from_bits(*b)).collect();
+        x[0] = f32::from_bits(0x3f80_8000); // tie, even below → stays
+        x[1] = f32::from_bits(0x3f81_8000); // tie, odd below → rounds up
+        x[2] = f32::INFINITY;
+        x[3] = f32::NAN;
+        x[4] = f32::from_bits(0x0000_8001); // subnormal
+        let mut got = vec![0u16; x.len()];
+        let mut want = vec![0u16; x.len()];
+        kernels::attention::to_bf16(&x, &mut got);
+        kernels::attention::to_bf16_reference(&x, &mut want);
+        prop_assert_eq!(got, want);
+    }
+}
