@@ -88,6 +88,10 @@ pub struct BenchArgs {
     /// Read-probe buffer size in MiB (well above the last-level cache).
     #[arg(long, default_value_t = 512)]
     pub probe_mb: usize,
+    /// LM: time every cell twice per round, with the AVX-512 kernels allowed and forbidden
+    /// (`kernels::set_avx512_allowed`, interleaved), reported as `simd=avx512` / `simd=avx2`.
+    #[arg(long)]
+    pub ab_avx512: bool,
 }
 
 /// Median (mean of the two middle values for an even count), min and max.
@@ -456,45 +460,64 @@ fn bench_lm(args: &BenchArgs, pools: &[Pool], probe: &Probe) -> Result<()> {
                     bg.step(&model, codes, samplers, pool, out)?;
                 }
             }
-            let mut cells = vec![vec![Cell::default(); n]; positions.len()];
-            let mut batch_ms = vec![Vec::new(); n];
-            let mut batch_pair = vec![Vec::new(); n];
+            // A/B of the AVX-512 kernels (in-process, interleaved per round and pool).
+            let modes: Vec<Option<bool>> = if args.ab_avx512 {
+                vec![Some(true), Some(false)]
+            } else {
+                vec![None]
+            };
+            let nm = modes.len();
+            let mut cells = vec![vec![Cell::default(); n * nm]; positions.len()];
+            let mut batch_ms = vec![Vec::new(); n * nm];
+            let mut batch_pair = vec![Vec::new(); n * nm];
             for _ in 0..args.rounds {
-                for (pi, pool) in pools.iter().enumerate() {
+                for (pi0, pool) in pools.iter().enumerate() {
                     settle();
                     let bw = probe.measure(pool);
                     settle();
-                    for (qi, &pos) in positions.iter().enumerate() {
-                        // Real position: the KV rings hold min(pos, context) entries (LM owner's
-                        // benchmark helper), so attention reads the real window.
-                        gen.seek_for_bench(pos);
-                        for _ in 0..args.lm_frames {
-                            let window = (gen.state().position() + 1).min(spec.context);
-                            let kv_bytes =
-                                2 * spec.num_layers * window * spec.dim * kv_elt_bytes(kv);
-                            let t = Instant::now();
-                            gen.step(&model, &user, &mut sampler, pool)?;
-                            let ms = t.elapsed().as_secs_f64() * 1e3;
-                            let c = &mut cells[qi][pi];
-                            c.ms.push(ms);
-                            c.probe.push(bw);
-                            c.ratio.push(ms / ((wbytes + kv_bytes) as f64 / bw / 1e6));
-                            if pos == 0 {
-                                if let Some((bg, samplers, codes, out)) = batch.as_mut() {
-                                    let t = Instant::now();
-                                    bg.step(&model, codes, samplers, pool, out)?;
-                                    let b = t.elapsed().as_secs_f64() * 1e3;
-                                    batch_ms[pi].push(b);
-                                    batch_pair[pi].push(b / ms);
+                    for (mi, mode) in modes.iter().enumerate() {
+                        let pi = pi0 * nm + mi;
+                        if let Some(on) = mode {
+                            kernels::set_avx512_allowed(*on);
+                        }
+                        for (qi, &pos) in positions.iter().enumerate() {
+                            // Real position: the KV rings hold min(pos, context) entries (LM owner's
+                            // benchmark helper), so attention reads the real window.
+                            gen.seek_for_bench(pos);
+                            for _ in 0..args.lm_frames {
+                                let window = (gen.state().position() + 1).min(spec.context);
+                                let kv_bytes =
+                                    2 * spec.num_layers * window * spec.dim * kv_elt_bytes(kv);
+                                let t = Instant::now();
+                                gen.step(&model, &user, &mut sampler, pool)?;
+                                let ms = t.elapsed().as_secs_f64() * 1e3;
+                                let c = &mut cells[qi][pi];
+                                c.ms.push(ms);
+                                c.probe.push(bw);
+                                c.ratio.push(ms / ((wbytes + kv_bytes) as f64 / bw / 1e6));
+                                if pos == 0 {
+                                    if let Some((bg, samplers, codes, out)) = batch.as_mut() {
+                                        let t = Instant::now();
+                                        bg.step(&model, codes, samplers, pool, out)?;
+                                        let b = t.elapsed().as_secs_f64() * 1e3;
+                                        batch_ms[pi].push(b);
+                                        batch_pair[pi].push(b / ms);
+                                    }
                                 }
                             }
                         }
                     }
                 }
             }
+            kernels::set_avx512_allowed(true);
+            let simd = |pi: usize| match modes[pi % nm] {
+                Some(true) => " simd=avx512",
+                Some(false) => " simd=avx2",
+                None => "",
+            };
             for (qi, &pos) in positions.iter().enumerate() {
                 for (pi, c) in cells[qi].iter().enumerate() {
-                    let th = args.threads[pi];
+                    let th = args.threads[pi / nm];
                     let (m, lo, hi) = stats(&c.ms);
                     let (bw, bwlo, bwhi) = stats(&c.probe);
                     let (r, rlo, rhi) = stats(&c.ratio);
@@ -504,15 +527,16 @@ fn bench_lm(args: &BenchArgs, pools: &[Pool], probe: &Probe) -> Result<()> {
                     println!(
                         "result impl=ours what=lm_frame format={label} threads={th} pos={pos} kv={} ms={m:.1} min={lo:.1} \
                          max={hi:.1} n={} weight_gb={:.3} kv_gb={:.3} probe_gbps={bw:.2} probe_min={bwlo:.2} \
-                         probe_max={bwhi:.2} roofline_ms={roof:.1} ratio={r:.2} ratio_min={rlo:.2} ratio_max={rhi:.2}",
+                         probe_max={bwhi:.2} roofline_ms={roof:.1} ratio={r:.2} ratio_min={rlo:.2} ratio_max={rhi:.2}{}",
                         kv_name(kv),
                         c.ms.len(),
                         wbytes as f64 / 1e9,
                         kv_bytes as f64 / 1e9,
+                        simd(pi),
                     );
                 }
             }
-            for pi in 0..n {
+            for pi in 0..n * nm {
                 if batch_ms[pi].is_empty() {
                     continue;
                 }
@@ -521,9 +545,10 @@ fn bench_lm(args: &BenchArgs, pools: &[Pool], probe: &Probe) -> Result<()> {
                 let (r, rlo, rhi) = stats(&batch_pair[pi]);
                 println!(
                     "result impl=ours what=lm_batch format={label} threads={} pos=0 sessions={nb} ms={bm:.1} \
-                     min={blo:.1} max={bhi:.1} ratio_to_single={r:.2} ratio_min={rlo:.2} ratio_max={rhi:.2} n={}",
-                    args.threads[pi],
-                    batch_pair[pi].len()
+                     min={blo:.1} max={bhi:.1} ratio_to_single={r:.2} ratio_min={rlo:.2} ratio_max={rhi:.2} n={}{}",
+                    args.threads[pi / nm],
+                    batch_pair[pi].len(),
+                    simd(pi)
                 );
             }
         }
