@@ -206,6 +206,10 @@ pub(crate) struct ConvTr1d {
     pub stride: usize,
     pub bias: Option<Vec<f32>>,
     kc: kernels::conv::ConvTranspose1d,
+    /// groups = 1 only: `A [cout·k, cin]` with `A[o·k + j, c] = W[c, o, j]`, for calls of
+    /// fewer than [`SMALL_N`] input steps (the 12.5/25 Hz layers): `Zᵀ = Xᵀ · Aᵀ` as a
+    /// weight-streaming matmul (each weight read once), then overlap-add.
+    mat: Option<Matrix>,
 }
 
 /// Streaming state of a [`ConvTr1d`]: the overlap tail (minus bias) and work buffers.
@@ -214,6 +218,10 @@ pub(crate) struct ConvTrState {
     partial: Vec<f32>,
     xa: Vec<f32>,
     y: Vec<f32>,
+    /// `Xᵀ [tin, cin]` and `Zᵀ [tin, cout·k]` of the matmul path.
+    xt: Vec<f32>,
+    zt: Vec<f32>,
+    scratch: Scratch,
     max_tin: usize,
 }
 
@@ -239,6 +247,19 @@ impl ConvTr1d {
             groups,
         )
         .map_err(kerr)?;
+        let mat = if depthwise {
+            None
+        } else {
+            let mut a = vec![0.0; cout * k * cin];
+            for c in 0..cin {
+                for o in 0..cout {
+                    for j in 0..k {
+                        a[(o * k + j) * cin + c] = w[(c * cout + o) * k + j];
+                    }
+                }
+            }
+            Some(Matrix::from_f32(cout * k, cin, a).map_err(kerr)?)
+        };
         Ok(ConvTr1d {
             cin,
             cout,
@@ -246,6 +267,7 @@ impl ConvTr1d {
             stride,
             bias,
             kc,
+            mat,
         })
     }
 
@@ -256,10 +278,18 @@ impl ConvTr1d {
     /// A fresh streaming state for calls of at most `max_tin` input frames.
     pub fn state(&self, max_tin: usize) -> ConvTrState {
         let full = (max_tin.max(1) - 1) * self.stride + self.k;
+        let small = if self.mat.is_some() {
+            max_tin.min(SMALL_N - 1)
+        } else {
+            0
+        };
         ConvTrState {
             partial: vec![0.0; self.cout * self.overlap()],
             xa: vec![0.0; self.cin * max_tin],
             y: vec![0.0; self.cout * full],
+            xt: vec![0.0; self.cin * small],
+            zt: vec![0.0; self.cout * self.k * small],
+            scratch: Scratch::new(),
             max_tin,
         }
     }
@@ -288,11 +318,37 @@ impl ConvTr1d {
         } else {
             &x[..self.cin * tin]
         };
-        let r = match pool {
-            Some(pl) if pl.n_threads() > 1 => self.kc.forward_pool(input, y, pl),
-            _ => self.kc.forward(input, y),
-        };
-        debug_assert!(r.is_ok());
+        match &self.mat {
+            Some(mat) if tin < SMALL_N => {
+                let (cin, ck) = (self.cin, self.cout * k);
+                let xt = &mut st.xt[..tin * cin];
+                for c in 0..cin {
+                    for t in 0..tin {
+                        xt[t * cin + c] = input[c * tin + t];
+                    }
+                }
+                let zt = &mut st.zt[..tin * ck];
+                matmul(mat, xt, tin, zt, pool, &mut st.scratch);
+                for o in 0..self.cout {
+                    let b = self.bias.as_ref().map_or(0.0, |b| b[o]);
+                    let yr = &mut y[o * full..(o + 1) * full];
+                    yr.fill(b);
+                    for t in 0..tin {
+                        let z = &zt[t * ck + o * k..t * ck + (o + 1) * k];
+                        for (v, zv) in yr[t * s..t * s + k].iter_mut().zip(z) {
+                            *v += *zv;
+                        }
+                    }
+                }
+            }
+            _ => {
+                let r = match pool {
+                    Some(pl) if pl.n_threads() > 1 => self.kc.forward_pool(input, y, pl),
+                    _ => self.kc.forward(input, y),
+                };
+                debug_assert!(r.is_ok());
+            }
+        }
         for o in 0..self.cout {
             let b = self.bias.as_ref().map_or(0.0, |b| b[o]);
             let yr = &mut y[o * full..(o + 1) * full];
