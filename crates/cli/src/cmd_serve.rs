@@ -39,9 +39,15 @@ pub struct ServeArgs {
     /// Serve HTTPS with a self-signed certificate (generated once into the cache folder).
     #[arg(long)]
     pub self_signed: bool,
-    /// Conversations served at once (default: CPU cores / --threads, at least 1).
+    /// Conversations served at once (default: CPU cores / --threads, at least 1, times --batch).
     #[arg(long)]
     pub max_sessions: Option<usize>,
+    /// Conversations stepped together by one worker (one batched LM step reads each weight once
+    /// for all of them). 1 (default) = one worker thread per conversation. With N > 1,
+    /// conversations share batched runners of N slots, each with --threads threads; the LM KV
+    /// caches of all N slots are allocated when a runner starts.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub batch: usize,
     /// Clients allowed to wait for a free slot; later ones get an error.
     #[arg(long, default_value_t = 8)]
     pub max_queue: usize,
@@ -67,12 +73,17 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
+    if a.batch == 0 {
+        bail!("--batch must be at least 1");
+    }
     let max_sessions = a
         .max_sessions
-        .unwrap_or((cores / a.engine.threads.max(1)).max(1));
+        .unwrap_or((cores / a.engine.threads.max(1)).max(1) * a.batch);
     if max_sessions == 0 {
         bail!("--max-sessions must be at least 1");
     }
+    // A runner never needs more slots than conversations admitted at once.
+    let batch = a.batch.min(max_sessions);
     let tls = if a.self_signed {
         let names = if a.host == "0.0.0.0" || a.host == "::" {
             vec![]
@@ -106,9 +117,15 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     };
     let mut backend = RuntimeBackend::new(opened.engine, info);
     backend.max_queued_frames = a.max_queued_frames;
+    backend.batch = batch;
     let scheme = if tls.is_some() { "https" } else { "http" };
+    let batching = if batch > 1 {
+        format!(", batched {batch} per worker")
+    } else {
+        String::new()
+    };
     eprintln!(
-        "moshi-native serve: {scheme}://{}:{}/ ({max_sessions} concurrent sessions, queue {})",
+        "moshi-native serve: {scheme}://{}:{}/ ({max_sessions} concurrent sessions{batching}, queue {})",
         a.host, a.port, a.max_queue
     );
     let config = ServeConfig {

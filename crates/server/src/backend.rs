@@ -70,6 +70,11 @@ pub enum BackendEvent {
 pub trait EventSource: Send {
     /// Blocks until the next event; `None` once the conversation has ended and all events were read.
     fn recv(&mut self) -> Option<BackendEvent>;
+    /// Hands a frame's buffers back for reuse by a later frame (optional; the default drops them). With it the
+    /// runtime backend allocates nothing per frame.
+    fn recycle(&mut self, frame: FrameOut) {
+        drop(frame);
+    }
 }
 
 /// Stops a conversation (idempotent; waits for its worker to end, after which

@@ -349,6 +349,7 @@ fn output_loop(
                         Err(mpsc::error::TrySendError::Closed(_)) => break,
                     }
                 }
+                events.recycle(f);
             }
             BackendEvent::Stopped { max_steps } => {
                 end = Some((

@@ -1,7 +1,7 @@
 //! [`super::Backend`] on top of the `runtime` crate.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use model::sampling::{RepetitionPenalty, SamplerConfig};
 
@@ -14,14 +14,21 @@ use crate::protocol::SessionParams;
 /// Frames buffered between a session's worker and the server's output thread.
 const EVENT_CAPACITY: usize = 16;
 
-/// Serves conversations from one resident [`runtime::Engine`]: one [`runtime::Session`] per
-/// client, driven by its own [`runtime::SessionRunner`] worker thread.
+/// Serves conversations from one resident [`runtime::Engine`]: by default one
+/// [`runtime::Session`] per client, driven by its own [`runtime::SessionRunner`] worker thread;
+/// with [`RuntimeBackend::batch`] `> 1`, conversations share [`runtime::BatchRunner`]s of that
+/// many slots (one worker thread and one batched LM step per runner).
 pub struct RuntimeBackend {
     engine: Arc<runtime::Engine>,
     info: BackendInfo,
     /// Bounded input queue of each session (frames); when the model falls behind, the oldest
     /// queued frame is dropped (the runtime's policy).
     pub max_queued_frames: usize,
+    /// Conversations per batched runner; 1 (default) = one `SessionRunner` per conversation.
+    /// Runners are created when every existing one is full and kept for later conversations
+    /// (admission, `ServeConfig::max_sessions`, bounds how many exist).
+    pub batch: usize,
+    runners: Mutex<Vec<Arc<runtime::BatchRunner>>>,
     seed_counter: AtomicU64,
 }
 
@@ -36,8 +43,45 @@ impl RuntimeBackend {
             engine,
             info,
             max_queued_frames: 4,
+            batch: 1,
+            runners: Mutex::new(Vec::new()),
             seed_counter: AtomicU64::new(t),
         }
+    }
+
+    /// Batched runners created so far (0 unless [`RuntimeBackend::batch`] `> 1`).
+    pub fn batch_runners(&self) -> usize {
+        self.runners.lock().map_or(0, |r| r.len())
+    }
+
+    /// A free slot in an existing batched runner, or a new runner.
+    fn open_batched(
+        &self,
+        opts: runtime::SessionOptions,
+    ) -> Result<runtime::BatchSession, runtime::RuntimeError> {
+        let mut runners = self.runners.lock().unwrap_or_else(|e| e.into_inner());
+        for r in runners.iter() {
+            match r.open(opts.clone()) {
+                Err(runtime::RuntimeError::NoFreeSlot { .. })
+                | Err(runtime::RuntimeError::RunnerStopped) => continue,
+                other => return other,
+            }
+        }
+        let r = Arc::new(runtime::BatchRunner::spawn(
+            self.engine.clone(),
+            runtime::BatchOptions {
+                slots: self.batch,
+                event_capacity: EVENT_CAPACITY,
+            },
+        )?);
+        runners.retain(|r| !r.is_finished());
+        runners.push(r.clone());
+        tracing::info!(
+            "batched runner {} started ({} slots)",
+            runners.len(),
+            self.batch
+        );
+        r.open(opts)
     }
 
     /// The sampler configuration of a session with `params` (seeds drawn by the server when the
@@ -76,6 +120,19 @@ impl Backend for RuntimeBackend {
             max_steps: params.max_steps,
             first_frame_reset: true,
         };
+        if self.batch > 1 {
+            let mut s = self
+                .open_batched(opts)
+                .map_err(|e| BackendError(e.to_string()))?;
+            let (Some(producer), Some(events)) = (s.producer(), s.events()) else {
+                return Err(BackendError("batch slot without producer/events".into()));
+            };
+            return Ok(OpenSession {
+                input: Box::new(producer),
+                events: Box::new(events),
+                stopper: Box::new(s),
+            });
+        }
         let session = runtime::Session::new(self.engine.clone(), opts)
             .map_err(|e| BackendError(e.to_string()))?;
         let mut runner = session
@@ -119,6 +176,31 @@ impl EventSource for runtime::EventReceiver {
             },
             runtime::Event::Error(e) => BackendEvent::Error(e.to_string()),
         })
+    }
+
+    fn recycle(&mut self, frame: FrameOut) {
+        // Every other field is overwritten when the worker reuses the event.
+        runtime::EventReceiver::recycle(
+            self,
+            runtime::FrameEvent {
+                epoch: 0,
+                frame_index: 0,
+                text_token: None,
+                audio_tokens: None,
+                text: frame.text,
+                pcm: frame.pcm,
+                timings: Default::default(),
+                counters: Default::default(),
+            },
+        );
+    }
+}
+
+impl Stopper for runtime::BatchSession {
+    fn stop(&mut self) {
+        if let Err(e) = runtime::BatchSession::stop(self) {
+            tracing::warn!("batch slot ended badly: {e}");
+        }
     }
 }
 
