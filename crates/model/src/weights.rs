@@ -4,6 +4,11 @@
 //! Tensors are borrowed zero-copy from the mmap; a canonical tensor assembled from several source
 //! tensors (e.g. the depformer's per-step `in_projs.{k}` stacked into one `in_proj_weight`) keeps its
 //! parts separate, so [`Weights::matrix_rows`] on one step is still zero-copy.
+//!
+//! Memory: a tensor's pages of the mapping are given back to the OS (`MADV_DONTNEED`) as soon as no
+//! matrix reads them in place any more: quantized tensors once repacked, copied ones once copied,
+//! borrowed ones (aligned f32/bf16/f16) when their matrix is dropped. Loading a q8_0 GGUF therefore
+//! peaks at about the repacked model's size, not file + model (see [`Weights::released_bytes`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};

@@ -356,7 +356,7 @@ pub fn parse(bytes: &[u8]) -> Result<Header, GgufError> {
     })
 }
 
-/// A tensor to write with [`write`]: name, GGML type, row-major shape, raw data bytes.
+/// A tensor to write with [`write()`]: name, GGML type, row-major shape, raw data bytes.
 pub struct WriteTensor<'a> {
     /// Name.
     pub name: &'a str,
