@@ -434,6 +434,15 @@ impl LmBatchGen {
         }
     }
 
+    /// Benchmark helper: every session jumps to call `offset` (see [`LmGen::seek_for_bench`]).
+    pub fn seek_for_bench(&mut self, offset: usize) {
+        for tc in &mut self.tcs {
+            tc.reset();
+            tc.seek(offset);
+        }
+        self.state.seek_for_bench(offset);
+    }
+
     /// Calls made by session `b` since creation or its last reset (0 when out of range).
     pub fn offset(&self, b: usize) -> usize {
         self.tcs.get(b).map_or(0, |t| t.offset)
