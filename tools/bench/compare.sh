@@ -5,7 +5,7 @@
 #
 #   tools/bench/compare.sh --bundle DIR [--rounds 3] [--threads 1,2] [--what lm,mimi] \
 #                          [--lm-frames 2] [--mimi-frames 20] [--torch] [--ours-formats q4_0,mlx-q4] [--log FILE] \
-#                          [--positions 0,375,3000] [--kv f32] [--probe]
+#                          [--positions 0,375,3000] [--kv f32] [--probe] [--ours-lm-args "--ab-avx512"]
 #
 # --positions: LM KV positions, on both sides (ours: `LmGen::seek_for_bench`; candle: its per-layer
 # `RotatingKvCache`s refilled with that many entries before each frame, see benches/baselines/src/main.rs).
@@ -13,6 +13,7 @@
 # candle's cache holds on CPU; `f32,bf16` times both). --probe: run `moshi-native bench probe` right
 # before each candle LM process, so candle's rows also get a ratio to a roofline measured next to them
 # (weight bytes and f32 KV bytes per frame taken from our q8 bundle rows of the same position).
+# --ours-lm-args: extra arguments for our `bench lm` processes (word-split), e.g. "--ab-avx512".
 #
 # --ours-formats also times our LM on synthetic in-memory weights of those formats each round (for
 # "q4 vs candle q8"). DIR must hold model.q8.gguf and the Mimi safetensors (`moshi-native synth --format q8-gguf --out DIR`).
@@ -26,7 +27,7 @@
 # Rounds alternate which side goes first, so slow drift of the machine's load hits both sides.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-ROUNDS=3; THREADS=1,2; WHAT=lm,mimi; LMF=2; MIF=20; TORCH=0; BUNDLE=""; LOG=""; OFMT=""; POS=0; KV=f32; PROBE=0
+ROUNDS=3; THREADS=1,2; WHAT=lm,mimi; LMF=2; MIF=20; TORCH=0; BUNDLE=""; LOG=""; OFMT=""; POS=0; KV=f32; PROBE=0; OLMA=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --bundle) BUNDLE=$2; shift 2;;
@@ -41,6 +42,7 @@ while [ $# -gt 0 ]; do
     --positions) POS=$2; shift 2;;
     --kv) KV=$2; shift 2;;
     --probe) PROBE=1; shift;;
+    --ours-lm-args) OLMA=$2; shift 2;;
     *) echo "unknown argument $1" >&2; exit 2;;
   esac
 done
@@ -61,8 +63,8 @@ tag() { local r=$1; shift; "$@" 2>>"$LOG.stderr" | sed -u "s/^\(result\|median\)
 ours_mimi()   { tag "$1" $OURS mimi --bundle "$BUNDLE" --rounds 1 --mimi-frames "$MIF" --threads "$THREADS"; }
 theirs_mimi() { tag "$1" "$THEIRS" mimi --weights "$MIMI" --rounds 1 --frames "$MIF" --threads "$THREADS"; }
 torch_mimi()  { tag "$1" env NO_TORCH_COMPILE=1 "$VENV/bin/python" tools/bench/torch_mimi.py --weights "$MIMI" --rounds 1 --frames "$MIF" --threads "$THREADS"; }
-ours_lm()     { tag "$1" "${L[@]}" $OURS lm --bundle "$BUNDLE" --rounds 1 --lm-frames "$LMF" --positions "$POS" --kv "$KV" --batch 0 --threads "$THREADS"; }
-ours_lm_fmt() { tag "$1" "${L[@]}" $OURS lm --formats "$OFMT" --rounds 1 --lm-frames "$LMF" --positions "$POS" --kv "$KV" --batch 0 --threads "$THREADS"; }
+ours_lm()     { tag "$1" "${L[@]}" $OURS lm --bundle "$BUNDLE" --rounds 1 --lm-frames "$LMF" --positions "$POS" --kv "$KV" --batch 0 --threads "$THREADS" $OLMA; }
+ours_lm_fmt() { tag "$1" "${L[@]}" $OURS lm --formats "$OFMT" --rounds 1 --lm-frames "$LMF" --positions "$POS" --kv "$KV" --batch 0 --threads "$THREADS" $OLMA; }
 # The probe lines are re-tagged `impl=candle_probe` so that summarize.py pairs them with candle's rows.
 theirs_probe() { $OURS probe --threads "$THREADS" 2>>"$LOG.stderr" \
                    | sed -u -n "s/^result impl=ours what=read_probe /result round_tag=$1 impl=candle_probe what=read_probe /p" | tee -a "$LOG" || true; }

@@ -32,6 +32,7 @@ def main(path):
     probe = {}  # (threads, round) -> GB/s measured right before candle's LM process
     bytes_at = {}  # (pos, kv) -> (weight GB, KV GB) per frame of our q8 bundle rows
     kv_types = set()
+    simd_types = set()
     lines = []
     for line in open(path):
         if not (line.startswith("result ") or line.startswith("median ")):
@@ -45,15 +46,21 @@ def main(path):
         if "ms" not in kv:
             continue
         lines.append(kv)
+        if kv["impl"] == "ours" and "simd" in kv:
+            simd_types.add(kv["simd"])
         if kv["impl"] == "ours" and "kv" in kv:
             kv_types.add(kv["kv"])
             if kv.get("format", "").startswith("bundle:") and "weight_gb" in kv and "kv_gb" in kv:
+                # (Same bytes with --ab-avx512: both simd rows report them.)
                 bytes_at[(kv.get("pos", "-"), kv["kv"])] = (float(kv["weight_gb"]), float(kv["kv_gb"]))
     for kv in lines:
         impl = kv["impl"]
         if impl == "ours" and "format" in kv:
             impl = f"ours[{kv['format'].replace('bundle:', '')}"
-            impl += f", {kv['kv']} KV]" if "kv" in kv and len(kv_types) > 1 else "]"
+            impl += f", {kv['kv']} KV" if "kv" in kv and len(kv_types) > 1 else ""
+            # `moshi-native bench lm --ab-avx512` times each cell with AVX-512 allowed and forbidden.
+            impl += f", {kv['simd']}" if "simd" in kv and len(simd_types) > 1 else ""
+            impl += "]"
         # Older candle logs had no pos on LM lines: their frames ran at positions 0-8.
         pos = kv.get("pos", "0" if kv["what"] == "lm_frame" else "-")
         key = (kv["what"], int(kv["threads"]), pos, impl)
