@@ -88,7 +88,7 @@ pub struct BenchArgs {
     /// Read-probe buffer size in MiB (well above the last-level cache).
     #[arg(long, default_value_t = 512)]
     pub probe_mb: usize,
-    /// LM: time every cell twice per round, with the AVX-512 kernels allowed and forbidden
+    /// LM and Mimi: time every cell twice per round, with the AVX-512 kernels allowed and forbidden
     /// (`kernels::set_avx512_allowed`, interleaved), reported as `simd=avx512` / `simd=avx2`.
     #[arg(long)]
     pub ab_avx512: bool,
@@ -339,30 +339,49 @@ fn bench_mimi(args: &BenchArgs, pools: &[Pool]) -> Result<()> {
     for pi in 0..pools.len() {
         model::mimi::bench::time_frames(&mimi, 2, pool_of(pi))?;
     }
-    let n = pools.len();
+    // Cells: (thread index, AVX-512 allowed) — with --ab-avx512 each thread count is timed
+    // with the AVX-512 kernels allowed and forbidden, interleaved within every round.
+    let modes: Vec<Option<bool>> = if args.ab_avx512 {
+        vec![Some(true), Some(false)]
+    } else {
+        vec![None]
+    };
+    let cells: Vec<(usize, Option<bool>)> = (0..pools.len())
+        .flat_map(|pi| modes.iter().map(move |&m| (pi, m)))
+        .collect();
+    let n = cells.len();
     let (mut enc, mut dec, mut sum) = (
         vec![Vec::new(); n],
         vec![Vec::new(); n],
         vec![Vec::new(); n],
     );
     for _ in 0..args.rounds {
-        for pi in 0..n {
+        for (ci, &(pi, mode)) in cells.iter().enumerate() {
+            if let Some(on) = mode {
+                kernels::set_avx512_allowed(on);
+            }
             settle();
             let (e, d) = model::mimi::bench::time_frames(&mimi, args.mimi_frames, pool_of(pi))?;
-            sum[pi].extend(e.iter().zip(&d).map(|(a, b)| a + b));
-            enc[pi].extend(e);
-            dec[pi].extend(d);
+            sum[ci].extend(e.iter().zip(&d).map(|(a, b)| a + b));
+            enc[ci].extend(e);
+            dec[ci].extend(d);
         }
     }
+    kernels::set_avx512_allowed(true);
     println!(
         "\n## mimi: streaming ms per 80 ms frame ({src}; {} frames x {} rounds)",
         args.mimi_frames, args.rounds
     );
-    for pi in 0..n {
+    for (ci, &(pi, mode)) in cells.iter().enumerate() {
+        let simd = match mode {
+            Some(true) => " simd=avx512",
+            Some(false) => " simd=avx2",
+            None => "",
+        };
         for (what, v) in [
-            ("mimi_encode", &enc[pi]),
-            ("mimi_decode", &dec[pi]),
-            ("mimi_encdec", &sum[pi]),
+            ("mimi_encode", &enc[ci]),
+            ("mimi_decode", &dec[ci]),
+            ("mimi_encdec", &sum[ci]),
         ] {
             let (m, lo, hi) = stats(v);
             let (_, p10, p90) = {
@@ -372,7 +391,7 @@ fn bench_mimi(args: &BenchArgs, pools: &[Pool]) -> Result<()> {
                 (0.0, s[k / 10], s[(k * 9 / 10).min(k - 1)])
             };
             println!(
-                "result impl=ours what={what} threads={} ms={m:.3} min={lo:.3} max={hi:.3} p10={p10:.3} p90={p90:.3} n={}",
+                "result impl=ours what={what} threads={}{simd} ms={m:.3} min={lo:.3} max={hi:.3} p10={p10:.3} p90={p90:.3} n={}",
                 args.threads[pi],
                 v.len()
             );
