@@ -341,12 +341,37 @@ impl OggOpusDecoder {
 /// write 24 kHz sample counts instead. Decoders used by the clients ignore granules, so both work.
 pub struct OggOpusEncoder {
     encoder: opus::Encoder,
-    writer: ogg::PacketWriter<'static, Vec<u8>>,
+    /// Sequence number of the next Ogg page.
+    page_seq: u32,
     pending: Vec<f32>,
     packet: Vec<u8>,
     granule: u64,
     headers_written: bool,
     pre_skip: u16,
+}
+
+/// Ogg page header flag: first page of a logical stream.
+const OGG_BOS: u8 = 0x02;
+
+/// Appends one Ogg page holding exactly `packet` (one packet per page, as Kyutai's servers send)
+/// to `out`; allocation-free when `out` has room. Packets must be shorter than 255 × 255 bytes.
+fn write_page(out: &mut Vec<u8>, header_type: u8, granule: u64, seq: u32, packet: &[u8]) {
+    debug_assert!(packet.len() < 255 * 255);
+    let start = out.len();
+    let full = packet.len() / 255;
+    out.extend_from_slice(b"OggS");
+    out.push(0); // version
+    out.push(header_type);
+    out.extend_from_slice(&granule.to_le_bytes());
+    out.extend_from_slice(&OGG_SERIAL.to_le_bytes());
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(&[0; 4]); // checksum, filled below
+    out.push((full + 1) as u8);
+    out.extend(std::iter::repeat_n(255u8, full));
+    out.push((packet.len() % 255) as u8);
+    out.extend_from_slice(packet);
+    let crc = page_crc(&out[start..]);
+    out[start + 22..start + 26].copy_from_slice(&crc.to_le_bytes());
 }
 
 impl OggOpusEncoder {
@@ -358,13 +383,24 @@ impl OggOpusEncoder {
         let lookahead = encoder.get_lookahead().unwrap_or(156).max(0) as u32;
         Ok(Self {
             encoder,
-            writer: ogg::PacketWriter::new(Vec::new()),
+            page_seq: 0,
             pending: Vec::with_capacity(4 * OPUS_FRAME),
             packet: vec![0u8; 4000],
             granule: 0,
             headers_written: false,
             pre_skip: (lookahead * 2).min(u16::MAX as u32) as u16,
         })
+    }
+
+    fn page(&mut self, out: &mut Vec<u8>, header_type: u8, granule: u64, len: usize) {
+        write_page(
+            out,
+            header_type,
+            granule,
+            self.page_seq,
+            &self.packet[..len],
+        );
+        self.page_seq += 1;
     }
 
     /// Writes the OpusHead and OpusTags pages (once) into `out`.
@@ -386,17 +422,17 @@ impl OggOpusEncoder {
         tags.extend_from_slice(&(vendor.len() as u32).to_le_bytes());
         tags.extend_from_slice(vendor);
         tags.extend_from_slice(&0u32.to_le_bytes());
-        self.writer
-            .write_packet(head, OGG_SERIAL, ogg::PacketWriteEndInfo::EndPage, 0)?;
-        self.writer
-            .write_packet(tags, OGG_SERIAL, ogg::PacketWriteEndInfo::EndPage, 0)?;
+        self.packet[..head.len()].copy_from_slice(&head);
+        self.page(out, OGG_BOS, 0, head.len());
+        self.packet[..tags.len()].copy_from_slice(&tags);
+        self.page(out, 0, 0, tags.len());
         self.headers_written = true;
-        out.append(self.writer.inner_mut());
         Ok(())
     }
 
     /// Queues PCM and appends one Ogg page to `out` for every complete 960-sample frame. The
     /// headers are written before the first page. Returns the number of packets written.
+    /// Allocation-free once `out` and the internal buffers have grown.
     pub fn push(&mut self, pcm: &[f32], out: &mut Vec<u8>) -> Result<usize, CodecError> {
         self.write_headers(out)?;
         self.pending.extend_from_slice(pcm);
@@ -407,16 +443,10 @@ impl OggOpusEncoder {
             let len = self.encoder.encode_float(frame, &mut self.packet)?;
             consumed += OPUS_FRAME;
             self.granule += 2 * OPUS_FRAME as u64;
-            self.writer.write_packet(
-                self.packet[..len].to_vec(),
-                OGG_SERIAL,
-                ogg::PacketWriteEndInfo::EndPage,
-                self.granule,
-            )?;
+            self.page(out, 0, self.granule, len);
             n += 1;
         }
         self.pending.drain(..consumed);
-        out.append(self.writer.inner_mut());
         Ok(n)
     }
 }
@@ -449,6 +479,23 @@ mod tests {
             p += 27 + n + body;
         }
         v
+    }
+
+    #[test]
+    fn pages_are_byte_identical_to_the_ogg_crate_writer() {
+        let pcm = tone(1920 * 5, 330.0);
+        let ours = encode(&pcm);
+        let mut w = ogg::PacketWriter::new(Vec::new());
+        let mut r = ogg::PacketReader::new(std::io::Cursor::new(ours.clone()));
+        let mut granules = pages(&ours)
+            .into_iter()
+            .map(|p| u64::from_le_bytes(p[6..14].try_into().unwrap()));
+        while let Some(p) = r.read_packet().unwrap() {
+            let g = granules.next().unwrap();
+            w.write_packet(p.data, OGG_SERIAL, ogg::PacketWriteEndInfo::EndPage, g)
+                .unwrap();
+        }
+        assert_eq!(w.into_inner(), ours);
     }
 
     #[test]

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
+use bytes::{BufMut, Bytes, BytesMut};
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
@@ -26,7 +27,7 @@ pub const OUT_QUEUE: usize = 64;
 const WAIT_PING: Duration = Duration::from_secs(3);
 
 enum Out {
-    Bin(Vec<u8>),
+    Bin(Bytes),
     Close(u16, String),
 }
 
@@ -61,7 +62,7 @@ pub(crate) async fn handle_socket(socket: WebSocket, query: Option<String>, stat
         while let Some(m) = out_rx.recv().await {
             match m {
                 Out::Bin(b) => {
-                    if sink.send(Message::Binary(b.into())).await.is_err() {
+                    if sink.send(Message::Binary(b)).await.is_err() {
                         return;
                     }
                 }
@@ -107,7 +108,7 @@ async fn send_ctrl(out: &mpsc::Sender<Out>, m: Out) {
 
 async fn send_error(out: &mpsc::Sender<Out>, text: &str) {
     let m = protocol::message(protocol::KIND_ERROR, text.as_bytes());
-    send_ctrl(out, Out::Bin(m)).await;
+    send_ctrl(out, Out::Bin(m.into())).await;
 }
 
 type Stream = futures_util::stream::SplitStream<WebSocket>;
@@ -131,7 +132,11 @@ async fn run_connection(
         }
     };
     let info = state.backend.info();
-    send_ctrl(out, Out::Bin(Metadata::new(&params, &info).to_message())).await;
+    send_ctrl(
+        out,
+        Out::Bin(Metadata::new(&params, &info).to_message().into()),
+    )
+    .await;
 
     // ---- admission
     let permit: OwnedSemaphorePermit = match state.slots.clone().try_acquire_owned() {
@@ -156,7 +161,7 @@ async fn run_connection(
                         Err(_) => return Some((CLOSE_GOING_AWAY, "server shutting down".into())),
                     },
                     _ = tick.tick() => {
-                        let _ = out.try_send(Out::Bin(vec![protocol::KIND_PING]));
+                        let _ = out.try_send(Out::Bin(Bytes::from_static(&[protocol::KIND_PING])));
                     }
                     m = stream.next() => match m {
                         None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return None,
@@ -210,7 +215,7 @@ async fn run_connection(
             return Some((CLOSE_ERROR, "session error".into()));
         }
     };
-    send_ctrl(out, Out::Bin(protocol::handshake())).await;
+    send_ctrl(out, Out::Bin(protocol::handshake().into())).await;
     tracing::debug!("session started");
 
     // ---- input loop
@@ -282,6 +287,22 @@ impl Drop for WaitGuard<'_> {
     }
 }
 
+/// Size of the output thread's message buffer (≈ 250 frames of audio and text messages).
+const WIRE_BUFFER: usize = 64 * 1024;
+
+/// One protocol message (`kind` + the concatenated `parts`) cut from `wire`.
+fn carve(wire: &mut BytesMut, kind: u8, parts: &[&[u8]]) -> Bytes {
+    let len = 1 + parts.iter().map(|p| p.len()).sum::<usize>();
+    if wire.capacity() < len {
+        wire.reserve(len.max(WIRE_BUFFER));
+    }
+    wire.put_u8(kind);
+    for p in parts {
+        wire.put_slice(p);
+    }
+    wire.split().freeze()
+}
+
 /// Output thread: frames → Ogg/Opus + text messages, never blocking on the client.
 fn output_loop(
     mut events: Box<dyn EventSource>,
@@ -292,10 +313,13 @@ fn output_loop(
     let mut encoder = match OggOpusEncoder::new() {
         Ok(e) => e,
         Err(e) => {
-            let _ = out.try_send(Out::Bin(protocol::message(
-                protocol::KIND_ERROR,
-                format!("opus encoder: {e}").as_bytes(),
-            )));
+            let _ = out.try_send(Out::Bin(
+                protocol::message(
+                    protocol::KIND_ERROR,
+                    format!("opus encoder: {e}").as_bytes(),
+                )
+                .into(),
+            ));
             let _ = ended.send(Some((CLOSE_ERROR, "encoder error".into())));
             return;
         }
@@ -306,6 +330,9 @@ fn output_loop(
     }
     let mut headers_sent = false;
     let mut bytes = Vec::with_capacity(1024);
+    // Outgoing messages are carved out of one buffer (`split().freeze()`); once the WebSocket writer
+    // has sent and dropped them, `reserve` reuses the same memory, so a frame allocates nothing.
+    let mut wire = BytesMut::with_capacity(WIRE_BUFFER);
     let mut end = None;
     while let Some(ev) = events.recv() {
         match ev {
@@ -318,12 +345,8 @@ fn output_loop(
                     tracing::warn!("opus encode: {e}");
                 }
                 if !bytes.is_empty() {
-                    let mut msg = Vec::with_capacity(1 + headers.len() + bytes.len());
-                    msg.push(protocol::KIND_AUDIO);
-                    if !headers_sent {
-                        msg.extend_from_slice(&headers);
-                    }
-                    msg.extend_from_slice(&bytes);
+                    let hdr = if headers_sent { &[][..] } else { &headers[..] };
+                    let msg = carve(&mut wire, protocol::KIND_AUDIO, &[hdr, &bytes]);
                     match out.try_send(Out::Bin(msg)) {
                         Ok(()) => {
                             headers_sent = true;
@@ -336,10 +359,8 @@ fn output_loop(
                     }
                 }
                 if !f.text.is_empty() {
-                    match out.try_send(Out::Bin(protocol::message(
-                        protocol::KIND_TEXT,
-                        f.text.as_bytes(),
-                    ))) {
+                    let msg = carve(&mut wire, protocol::KIND_TEXT, &[f.text.as_bytes()]);
+                    match out.try_send(Out::Bin(msg)) {
                         Ok(()) => {
                             metrics.text_messages_out.fetch_add(1, Relaxed);
                         }
@@ -365,10 +386,10 @@ fn output_loop(
             BackendEvent::Error(e) => {
                 tracing::error!("session failed: {e}");
                 // Never block here: a client that stopped reading must not hold this thread.
-                let _ = out.try_send(Out::Bin(protocol::message(
-                    protocol::KIND_ERROR,
-                    format!("model error: {e}").as_bytes(),
-                )));
+                let _ = out.try_send(Out::Bin(
+                    protocol::message(protocol::KIND_ERROR, format!("model error: {e}").as_bytes())
+                        .into(),
+                ));
                 end = Some((CLOSE_ERROR, "model error".into()));
                 break;
             }

@@ -139,10 +139,11 @@ async fn server_threads_allocate_nothing_per_frame() {
             allocs <= 40,
             "batch {batch}: {allocs} model-thread allocations over {frames} frames"
         );
-        // The output thread: the Ogg pages and each outgoing WebSocket message (an owned buffer that the
-        // WebSocket library consumes) still allocate; bound it so that regressions show.
+        // The output thread: Opus packets and Ogg pages go into reused buffers, and the outgoing messages are
+        // carved from one buffer that is reclaimed once the WebSocket writer dropped them. A reclaim can fail if
+        // a message is still in flight at that moment (then one new buffer), about once per 250 frames.
         assert!(
-            out_allocs <= 10 * frames,
+            out_allocs <= 4,
             "batch {batch}: {out_allocs} output-thread allocations over {frames} frames"
         );
         srv.shutdown().await.unwrap();
