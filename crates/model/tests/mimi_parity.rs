@@ -216,6 +216,31 @@ fn bad_inputs_are_errors() {
 }
 
 #[test]
+fn non_finite_weights_are_refused_at_load() {
+    let spec = spec();
+    for (name, bad) in [
+        (
+            "decoder_transformer.transformer.layers.0.linear1.weight",
+            f32::NAN,
+        ),
+        ("encoder.model.0.conv.conv.weight", f32::INFINITY),
+        (
+            "quantizer.rvq_rest.vq.layers.2._codebook.embedding_sum",
+            f32::NEG_INFINITY,
+        ),
+    ] {
+        let mut w = read_tensors("mimi.safetensors");
+        let t = w.get_mut(name).expect("tensor in the fixture");
+        let i = t.0.len() / 2;
+        t.0[i] = bad;
+        match model::mimi::Mimi::from_tensors(&w, &spec, 8) {
+            Err(model::mimi::MimiError::NonFinite { name: n }) => assert_eq!(n, name),
+            other => panic!("{name}: expected NonFinite, got {other:?}"),
+        }
+    }
+}
+
+#[test]
 fn bf16_transformers_option_stays_close() {
     // Opt-in speed mode: transformer weights rounded to bf16. Not exact; on the tiny fixture the
     // streaming codes still match the oracle and the PCM stays close.

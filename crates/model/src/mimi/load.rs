@@ -118,9 +118,16 @@ impl<'a> Loader<'a> {
     }
 
     fn raw(&self, name: &str) -> Result<(Vec<f32>, Vec<usize>), MimiError> {
-        self.src
+        let t = self
+            .src
             .get_f32(name)?
-            .ok_or_else(|| MimiError::Missing(name.to_string()))
+            .ok_or_else(|| MimiError::Missing(name.to_string()))?;
+        if t.0.iter().any(|v| !v.is_finite()) {
+            return Err(MimiError::NonFinite {
+                name: name.to_string(),
+            });
+        }
+        Ok(t)
     }
 
     /// Fetches `name` (canonical) and checks its shape.

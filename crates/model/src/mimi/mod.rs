@@ -57,6 +57,13 @@ pub enum MimiError {
     /// Input of the wrong length or content.
     #[error("mimi input: {0}")]
     Input(String),
+    /// A weight tensor holds NaN or infinite values (refused at load: they would turn every
+    /// frame's output into NaN).
+    #[error("mimi checkpoint: `{name}` holds a non-finite value (NaN or infinity)")]
+    NonFinite {
+        /// Tensor name (as stored) or the derived buffer.
+        name: String,
+    },
 }
 
 /// Intermediate tensors reported to a trace callback, each `[C, T]` channel-major for the

@@ -6,14 +6,32 @@ use super::conv::matmul;
 use kernels::{Matrix, Pool, Scratch};
 
 /// One codebook: centroids `[bins, dim]` (= embedding_sum / max(cluster_usage, 1e-5)) and
-/// half their squared norms for the distance search.
+/// what the nearest-centroid search needs.
+///
+/// The search screens all centroids with a bf16 copy (half the bytes streamed per frame),
+/// then decides among the centroids that the screen cannot rule out with exact f64 dot
+/// products of the f32 centroids. The screen's error bound is rigorous (bf16 rounding
+/// ≤ 2⁻⁸ relative per weight, f32 accumulation ≤ γ_dim, Cauchy–Schwarz), so the result is
+/// the argmin of the f64-evaluated distance, i.e. at least as exact as a full f32 search.
 #[derive(Debug)]
 pub(crate) struct Codebook {
     pub bins: usize,
     pub dim: usize,
     pub centroids: Vec<f32>,
-    mat: Matrix,
+    /// bf16 copy of the centroids `[bins, dim]` for the screen.
+    screen: Matrix,
+    /// ½‖c‖² per centroid, f32 (screen) and f64 (exact decision).
     half_norms: Vec<f32>,
+    half_norms64: Vec<f64>,
+    /// Screen error per unit of ‖x‖: (2⁻⁸ + 2γ_dim)·‖c‖ + margin, per centroid.
+    err_per_x: Vec<f32>,
+}
+
+/// f32 → bf16 bits, round to nearest even (finite inputs).
+fn bf16_bits(v: f32) -> u16 {
+    let b = v.to_bits();
+    let round = 0x7fff + ((b >> 16) & 1);
+    (b.wrapping_add(round) >> 16) as u16
 }
 
 impl Codebook {
@@ -40,27 +58,56 @@ impl Codebook {
         dim: usize,
         centroids: Vec<f32>,
     ) -> Result<Self, super::MimiError> {
-        let half_norms = (0..bins)
+        if let Some(i) = centroids.iter().position(|v| !v.is_finite()) {
+            return Err(super::MimiError::NonFinite {
+                name: format!(
+                    "codebook centroid {} (bins {bins}, dim {dim})",
+                    i / dim.max(1)
+                ),
+            });
+        }
+        let sq64: Vec<f64> = (0..bins)
             .map(|b| {
-                0.5 * centroids[b * dim..(b + 1) * dim]
+                centroids[b * dim..(b + 1) * dim]
                     .iter()
-                    .map(|v| v * v)
-                    .sum::<f32>()
+                    .map(|&v| v as f64 * v as f64)
+                    .sum::<f64>()
             })
             .collect();
-        let mat = Matrix::from_f32(bins, dim, centroids.clone())
-            .map_err(|e| super::MimiError::Config(format!("codebook: {e}")))?;
+        let half_norms64: Vec<f64> = sq64.iter().map(|s| 0.5 * s).collect();
+        let half_norms = half_norms64.iter().map(|&h| h as f32).collect();
+        // |c̃·x − c·x| ≤ 2⁻⁸‖c‖‖x‖ (bf16 rounding) + γ(1+2⁻⁸)‖c‖‖x‖ (f32 accumulation of the
+        // screen), γ = n·u/(1 − n·u); doubled for the f32 arithmetic of the bound itself.
+        let u = f32::EPSILON as f64 / 2.0;
+        let n = dim as f64;
+        let gamma = n * u / (1.0 - n * u).max(0.5);
+        let rel = 2.0 * (2f64.powi(-8) + gamma * (1.0 + 2f64.powi(-8)));
+        let err_per_x = sq64.iter().map(|s| (rel * s.sqrt()) as f32).collect();
+        let bytes: Vec<u8> = centroids
+            .iter()
+            .flat_map(|&v| bf16_bits(v).to_le_bytes())
+            .collect();
+        let screen = Matrix::from_bytes(
+            kernels::WeightFormat::Bf16,
+            bins,
+            dim,
+            kernels::Storage::from_vec(bytes),
+        )
+        .map_err(|e| super::MimiError::Config(format!("codebook: {e}")))?;
         Ok(Codebook {
             bins,
             dim,
             centroids,
-            mat,
+            screen,
             half_norms,
+            half_norms64,
+            err_per_x,
         })
     }
 
     /// Nearest centroid (squared Euclidean distance; first index on ties) via
-    /// argmin(‖e‖²/2 − x·e), `scores` a scratch of `bins` values.
+    /// argmin(‖e‖²/2 − x·e), `scores` a scratch of `bins` values: bf16 screen, then the
+    /// exact f64 decision among the centroids within the screen's error bound of the best.
     fn nearest(
         &self,
         x: &[f32],
@@ -68,17 +115,41 @@ impl Codebook {
         pool: Option<&Pool>,
         scratch: &mut Scratch,
     ) -> usize {
-        matmul(&self.mat, x, 1, scores, pool, scratch);
-        let mut best = 0;
-        let mut bv = f32::INFINITY;
+        matmul(&self.screen, x, 1, scores, pool, scratch);
+        let xn = x.iter().map(|&v| v as f64 * v as f64).sum::<f64>().sqrt() as f32;
+        // Per centroid: screened value v = h − s̃ and its error bound e. Every centroid whose
+        // lower bound v − e reaches the smallest upper bound can be the nearest one.
+        let err = |i: usize, s: f32| {
+            let h = self.half_norms[i];
+            self.err_per_x[i] * xn + 4.0 * f32::EPSILON * (h.abs() + s.abs()) + 1e-30
+        };
+        let mut upper = f32::INFINITY;
         for (i, (&s, &h)) in scores.iter().zip(&self.half_norms).enumerate() {
-            let v = h - s;
-            if v < bv {
-                bv = v;
-                best = i;
+            upper = upper.min(h - s + err(i, s));
+        }
+        let mut best = usize::MAX;
+        let mut bv = f64::INFINITY;
+        for (i, (&s, &h)) in scores.iter().zip(&self.half_norms).enumerate() {
+            if h - s - err(i, s) <= upper {
+                let dot: f64 = self
+                    .row(i)
+                    .iter()
+                    .zip(x)
+                    .map(|(&c, &v)| c as f64 * v as f64)
+                    .sum();
+                let v = self.half_norms64[i] - dot;
+                if v < bv {
+                    bv = v;
+                    best = i;
+                }
             }
         }
-        best
+        // Non-finite input (NaN latent): no candidate compares; keep the old answer, 0.
+        if best == usize::MAX {
+            0
+        } else {
+            best
+        }
     }
 
     fn row(&self, i: usize) -> &[f32] {
@@ -223,5 +294,97 @@ impl SplitRvq {
     /// Codebook size.
     pub fn bins(&self) -> usize {
         self.first.codebooks[0].bins
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> f32 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        }
+    }
+
+    /// argmin over all centroids of ½‖c‖² − c·x in f64 (first index on ties).
+    fn brute(cb: &Codebook, x: &[f32]) -> usize {
+        let mut best = 0;
+        let mut bv = f64::INFINITY;
+        for i in 0..cb.bins {
+            let r = cb.row(i);
+            let h: f64 = 0.5 * r.iter().map(|&v| v as f64 * v as f64).sum::<f64>();
+            let d: f64 = r.iter().zip(x).map(|(&c, &v)| c as f64 * v as f64).sum();
+            if h - d < bv {
+                bv = h - d;
+                best = i;
+            }
+        }
+        best
+    }
+
+    #[test]
+    fn screened_search_equals_exact_search_also_on_near_ties() {
+        let (bins, dim) = (512, 64);
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        // Centroids of very different scales, plus pairs that differ in one low bit only.
+        let mut c: Vec<f32> = (0..bins * dim)
+            .map(|i| rng.next() * if (i / dim) % 3 == 0 { 8.0 } else { 0.5 })
+            .collect();
+        for p in 0..32 {
+            let (a, b) = (2 * p, 2 * p + 1);
+            for j in 0..dim {
+                c[b * dim + j] = c[a * dim + j];
+            }
+            let j = p % dim;
+            c[b * dim + j] = f32::from_bits(c[a * dim + j].to_bits() ^ 1);
+        }
+        let cb = Codebook::from_centroids(bins, dim, c.clone()).unwrap();
+        let mut scores = vec![0.0; bins];
+        let mut scratch = Scratch::new();
+        let pool = Pool::new(2);
+        for trial in 0..600 {
+            let x: Vec<f32> = match trial % 3 {
+                // random points
+                0 => (0..dim).map(|_| rng.next() * 4.0).collect(),
+                // right next to a centroid
+                1 => {
+                    let i = (trial * 7) % bins;
+                    (0..dim)
+                        .map(|j| c[i * dim + j] + rng.next() * 1e-3)
+                        .collect()
+                }
+                // midpoint of two centroids (a near tie) plus a tiny nudge
+                _ => {
+                    let (a, b) = ((trial * 13) % bins, (trial * 31 + 1) % bins);
+                    (0..dim)
+                        .map(|j| 0.5 * (c[a * dim + j] + c[b * dim + j]) + rng.next() * 1e-6)
+                        .collect()
+                }
+            };
+            let want = brute(&cb, &x);
+            let p = (trial % 2 == 0).then_some(&pool);
+            assert_eq!(
+                cb.nearest(&x, &mut scores, p, &mut scratch),
+                want,
+                "trial {trial}"
+            );
+        }
+    }
+
+    #[test]
+    fn non_finite_centroids_are_refused() {
+        let mut c = vec![0.5f32; 4 * 8];
+        c[13] = f32::NAN;
+        assert!(matches!(
+            Codebook::from_centroids(4, 8, c),
+            Err(crate::mimi::MimiError::NonFinite { .. })
+        ));
+        let r = Codebook::from_sums(2, 2, &[1e38, 1.0, 1.0, 1.0], &[1e-9, 1.0]);
+        assert!(matches!(r, Err(crate::mimi::MimiError::NonFinite { .. })));
     }
 }
