@@ -45,3 +45,42 @@ fn released_dims_stream_equals_batch() {
         "stream vs batch {err} (scale {scale})"
     );
 }
+
+/// The pooled paths (convolutions split by panels, per-channel pre-processing, matmuls by
+/// rows, AVX-512 or not) give the codes of the single-thread path and PCM within float
+/// summation-order noise, at released size where every threshold for splitting is crossed.
+#[test]
+fn released_dims_pool_equals_single_thread() {
+    let mimi = bench::synthetic_mimi(8, 11).unwrap();
+    let frames = 3;
+    let pcm = bench::test_signal(frames * 1920, 24000);
+    let pool = model::mimi::Pool::new(2);
+    let run = |pool: Option<&model::mimi::Pool>| {
+        let mut enc = MimiEncoder::new(mimi.clone());
+        let mut dec = MimiDecoder::new(mimi.clone());
+        let (mut codes, mut out) = (Vec::new(), vec![0.0f32; frames * 1920]);
+        for f in 0..frames {
+            let c = enc
+                .encode_frame_with(&pcm[f * 1920..(f + 1) * 1920], pool, None)
+                .unwrap()
+                .to_vec();
+            dec.decode_frame_with(&c, &mut out[f * 1920..(f + 1) * 1920], pool, None)
+                .unwrap();
+            codes.extend(c);
+        }
+        (codes, out)
+    };
+    let (c1, o1) = run(None);
+    let (c2, o2) = run(Some(&pool));
+    assert_eq!(c1, c2);
+    let err = o1
+        .iter()
+        .zip(&o2)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
+    let scale = o1.iter().map(|v| v.abs()).fold(0.0, f32::max);
+    assert!(
+        err <= 1e-4 * scale.max(1.0),
+        "pool vs single {err} (scale {scale})"
+    );
+}

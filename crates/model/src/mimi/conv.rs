@@ -28,6 +28,35 @@ pub(crate) fn matmul(
     }
 }
 
+/// A raw pointer shared by the pool's threads, each writing its own channel rows.
+struct SyncPtr(*mut f32);
+// SAFETY: users write disjoint regions only (per-channel shares).
+unsafe impl Sync for SyncPtr {}
+unsafe impl Send for SyncPtr {}
+
+/// Below this many values, per-channel pre-processing runs on the calling thread.
+const PAR_MIN: usize = 32 * 1024;
+
+/// Runs `f(c0, c1)` over `0..channels` in shares on the pool when there is enough work
+/// (`values` touched in all), else at once on the calling thread.
+fn per_channel(
+    channels: usize,
+    values: usize,
+    pool: Option<&Pool>,
+    f: &(dyn Fn(usize, usize) + Sync),
+) {
+    match pool {
+        Some(p) if p.n_threads() > 1 && values >= PAR_MIN && channels > 1 => {
+            let parts = (2 * p.n_threads()).min(channels);
+            p.run(parts, &|i| {
+                let (a, b) = (i * channels / parts, (i + 1) * channels / parts);
+                f(a, b)
+            });
+        }
+        _ => f(0, channels),
+    }
+}
+
 /// A causal 1-D convolution: weight `[out, in, k]` (groups = 1), optional bias.
 #[derive(Debug)]
 pub(crate) struct Conv1d {
@@ -144,17 +173,26 @@ impl Conv1d {
             }
         }
         st.first = false;
-        for c in 0..self.cin {
-            let row = &mut st.xbuf[c * w..(c + 1) * w];
-            row[..p].copy_from_slice(&st.hist[c * p..(c + 1) * p]);
-            let src = &x[c * tin..(c + 1) * tin];
-            if elu_in {
-                linalg::elu_into(src, &mut row[p..]);
-            } else {
-                row[p..].copy_from_slice(src);
+        let (xb, hs) = (SyncPtr(st.xbuf.as_mut_ptr()), SyncPtr(st.hist.as_mut_ptr()));
+        // Channels c0..c1: history + (ELU of) the new input into xbuf, new history out.
+        let prologue = |c0: usize, c1: usize| {
+            let (xb, hs) = (&xb, &hs);
+            for c in c0..c1 {
+                // SAFETY: xbuf holds cin·w and hist cin·p values; every channel's rows are
+                // written by one share only.
+                let row = unsafe { std::slice::from_raw_parts_mut(xb.0.add(c * w), w) };
+                let hist = unsafe { std::slice::from_raw_parts_mut(hs.0.add(c * p), p) };
+                row[..p].copy_from_slice(hist);
+                let src = &x[c * tin..(c + 1) * tin];
+                if elu_in {
+                    linalg::elu_into(src, &mut row[p..]);
+                } else {
+                    row[p..].copy_from_slice(src);
+                }
+                hist.copy_from_slice(&row[tin..]);
             }
-            st.hist[c * p..(c + 1) * p].copy_from_slice(&row[tin..]);
-        }
+        };
+        per_channel(self.cin, self.cin * w, pool, &prologue);
         if tout >= SMALL_N {
             let (input, output) = (&st.xbuf[..self.cin * w], &mut out[..self.cout * tout]);
             let r = match pool {
@@ -312,9 +350,16 @@ impl ConvTr1d {
         let tout = tin * s;
         let y = &mut st.y[..self.cout * full];
         let input: &[f32] = if elu_in {
-            let xa = &mut st.xa[..self.cin * tin];
-            linalg::elu_into(&x[..self.cin * tin], xa);
-            xa
+            let xa = SyncPtr(st.xa.as_mut_ptr());
+            let elu = |c0: usize, c1: usize| {
+                let xa = &xa;
+                // SAFETY: xa holds cin·max_tin values; shares write disjoint channel rows.
+                let dst =
+                    unsafe { std::slice::from_raw_parts_mut(xa.0.add(c0 * tin), (c1 - c0) * tin) };
+                linalg::elu_into(&x[c0 * tin..c1 * tin], dst);
+            };
+            per_channel(self.cin, self.cin * tin, pool, &elu);
+            &st.xa[..self.cin * tin]
         } else {
             &x[..self.cin * tin]
         };
