@@ -586,7 +586,7 @@ pub fn run_pool_latency(threads: usize, calls: usize) -> (f64, f64, f64, f64) {
 pub struct AttnRow {
     /// KV element type.
     pub dtype: crate::attention::KvDtype,
-    /// Kernel path: "avx512", "avx2" or "scalar".
+    /// Kernel path: "avx512", "avx512-nopf" (software prefetch off), "avx2" or "scalar".
     pub path: &'static str,
     /// Median ms per 32 layers (one temporal-transformer frame's attention).
     pub ms_per_frame: f64,
@@ -621,7 +621,7 @@ pub fn run_attention(window: usize, layers: usize, rounds: usize) -> Vec<AttnRow
         cfgs.push((dtype, "", rings));
     }
     let paths: &[&'static str] = if crate::avx512() {
-        &["avx512", "avx2", "scalar"]
+        &["avx512", "avx512-nopf", "avx2", "scalar"]
     } else {
         &["avx2", "scalar"]
     };
@@ -629,7 +629,8 @@ pub fn run_attention(window: usize, layers: usize, rounds: usize) -> Vec<AttnRow
     for round in 0..rounds + 1 {
         for (ci, (_, _, rings)) in cfgs.iter_mut().enumerate() {
             for (pi, &path) in paths.iter().enumerate() {
-                crate::set_avx512_allowed(path == "avx512");
+                crate::set_avx512_allowed(path.starts_with("avx512"));
+                crate::set_prefetch_distance(if path == "avx512-nopf" { 0 } else { 4096 });
                 let t0 = Instant::now();
                 for r in rings.iter_mut() {
                     if path == "scalar" {
@@ -646,6 +647,7 @@ pub fn run_attention(window: usize, layers: usize, rounds: usize) -> Vec<AttnRow
         }
     }
     crate::set_avx512_allowed(true);
+    crate::set_prefetch_distance(4096);
     std::hint::black_box(&out);
     let mut rows = Vec::new();
     for (ci, (dtype, _, _)) in cfgs.iter().enumerate() {

@@ -74,6 +74,15 @@ mod x86_attn;
 pub use cpu::{avx512, set_avx512_allowed, set_vnni_allowed, simd_level, vnni, SimdLevel};
 pub use matrix::{Matrix, Scratch, WeightFormat};
 pub use pool::Pool;
+
+/// Software-prefetch distance in bytes of the streaming kernels (AVX-512 quantized matmul and
+/// attention; the dense kernels use half of it); default 4096, 0 = off. For benchmarks (A/B).
+#[doc(hidden)]
+pub fn set_prefetch_distance(bytes: usize) {
+    #[cfg(target_arch = "x86_64")]
+    x86::PREFETCH.store(bytes, std::sync::atomic::Ordering::Relaxed);
+    let _ = bytes;
+}
 pub use storage::Storage;
 
 /// Errors reported by constructors and validating calls of this crate.

@@ -53,8 +53,20 @@ macro_rules! dense_kernel {
             let conv = $conv;
             let main = cols / 8 * 8;
             let mut acc = [[_mm256_setzero_ps(); 4]; N];
+            // Four row streams at once: half the distance (measured: 2 KiB gains ~10 % on a
+            // 4096-column bf16 matrix, 4 KiB gains nothing as it runs into the next row).
+            let pf = PREFETCH.load(std::sync::atomic::Ordering::Relaxed) / 2;
+            let lines = 32 * std::mem::size_of::<$t>() / 64;
             let mut c = 0;
             while c < main {
+                if pf > 0 && c % 32 == 0 {
+                    for r in 0..4 {
+                        let p = w0.add(r * cols + c) as *const u8;
+                        for l in 0..lines {
+                            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(pf + 64 * l) as *const i8);
+                        }
+                    }
+                }
                 let wv = [
                     $load(w0.add(c)),
                     $load(w0.add(cols + c)),
@@ -451,6 +463,12 @@ unsafe fn quant_ymm(
     }
 }
 
+/// Software-prefetch distance (bytes ahead in each weight / KV stream) of the AVX-512
+/// kernels; 0 = off. 4 KiB measured best on the development host (one core reaches ~18–27 %
+/// more bandwidth than with the hardware prefetchers alone; `examples/prefetch_ab.rs`).
+pub(crate) static PREFETCH: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(4096);
+
 /// AVX-512 VNNI kernels over pairs of tiles (16 rows per zmm, one dword lane per row).
 mod avx512q {
     #![allow(clippy::needless_range_loop)]
@@ -503,7 +521,13 @@ mod avx512q {
         };
         let mut wp = q.codes.as_ptr().add(p * nb * 2 * TILE * QK);
         let xu = act.qu.as_ptr();
+        let pf = PREFETCH.load(std::sync::atomic::Ordering::Relaxed);
         for b in 0..nb {
+            if pf > 0 {
+                for j in 0..8 {
+                    _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(pf + 64 * j) as *const i8);
+                }
+            }
             let mut isum = [[_mm512_setzero_si512(); 4]; N];
             let mut ws0 = _mm512_setzero_si512();
             let mut ws1 = _mm512_setzero_si512();
@@ -574,7 +598,13 @@ mod avx512q {
         };
         let mut wp = q.codes.as_ptr().add(p * nb * TILE * QK);
         let xq = act.q.as_ptr() as *const u8;
+        let pf = PREFETCH.load(std::sync::atomic::Ordering::Relaxed);
         for b in 0..nb {
+            if pf > 0 {
+                for j in 0..4 {
+                    _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(pf + 64 * j) as *const i8);
+                }
+            }
             let mut isum = [[_mm512_setzero_si512(); 4]; N];
             for k in 0..4 {
                 let w = _mm512_loadu_si512(wp.add(64 * k) as *const _);

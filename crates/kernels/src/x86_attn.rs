@@ -158,10 +158,16 @@ unsafe fn head512_nc<const BF16: bool, const NC: usize>(
         qv[k] = _mm512_loadu_ps(qp[k].as_ptr());
     }
     let sp = scores.as_mut_ptr();
+    let pf = crate::x86::PREFETCH.load(std::sync::atomic::Ordering::Relaxed);
     let mut j = 0usize;
     for seg in segs {
         let mut row = seg.k;
         for _ in 0..seg.n {
+            if pf > 0 {
+                for l in 0..row_bytes / 64 {
+                    _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(pf + 64 * l) as *const i8);
+                }
+            }
             let mut a0 = _mm512_setzero_ps();
             let mut a1 = _mm512_setzero_ps();
             for c in 0..NC {
@@ -180,6 +186,11 @@ unsafe fn head512_nc<const BF16: bool, const NC: usize>(
     for seg in segs {
         let mut row = seg.v;
         for _ in 0..seg.n {
+            if pf > 0 {
+                for l in 0..row_bytes / 64 {
+                    _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(pf + 64 * l) as *const i8);
+                }
+            }
             let p = _mm512_set1_ps(*sp.add(j));
             for c in 0..NC {
                 let (e, o) = load512::<BF16>(row, c);
