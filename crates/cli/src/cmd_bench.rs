@@ -142,8 +142,9 @@ impl Probe {
     }
 }
 
-/// Wrapping sum of `v` (AVX2 with 8 independent 256-bit accumulators when the CPU has it, else a
-/// portable loop); memory-bound on any buffer well above the last-level cache.
+/// Wrapping sum of `v` (AVX2 with 8 independent 256-bit accumulators and software prefetch when
+/// the CPU has it, else a portable loop); memory-bound on any buffer well above the last-level
+/// cache.
 fn sum_u64(v: &[u64]) -> u64 {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
@@ -169,6 +170,12 @@ unsafe fn sum_u64_avx2(v: &[u64]) -> u64 {
     let blocks = v.len() / 32;
     let p = v.as_ptr() as *const __m256i;
     for i in 0..blocks {
+        // Software prefetch 4 KiB ahead, like the streaming kernels (without it one core reads
+        // ~20 % less on the development host, and the roofline would flatter the kernels).
+        let b = p.add(i * 8) as *const i8;
+        for l in 0..4 {
+            _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(4096 + 64 * l));
+        }
         for (k, a) in acc.iter_mut().enumerate() {
             // SAFETY: i * 8 + k < blocks * 8 = the number of whole 32-byte chunks of `v`.
             *a = _mm256_add_epi64(*a, unsafe { _mm256_loadu_si256(p.add(i * 8 + k)) });
