@@ -3,7 +3,7 @@
 //! panel, no im2col buffer). Grouped transposed convolutions (Mimi's depthwise
 //! upsampler) use a direct loop. `forward_reference` is the plain scalar definition.
 
-use crate::gemm::{gemm, BView, Kern, PackedA, NR};
+use crate::gemm::{gemm, BView, Kern, PackedA, NR, SKINNY};
 use crate::{KernelError, Pool};
 
 struct SendPtr(*mut f32);
@@ -237,6 +237,25 @@ impl Conv1d {
                 pool.run(chunks, &|c| {
                     work(g, (0, mp), share_units(npanels_n, qu, chunks, c))
                 });
+            } else if level == Kern::Avx512 && t_out > SKINNY {
+                let b = BView {
+                    src: input,
+                    row_off: |c: usize| (g * ig + c / k) * t_in + (c % k) * d,
+                    stride: self.stride,
+                    n: t_out,
+                };
+                // SAFETY: output holds out_ch·t_out values; shares write disjoint rows.
+                unsafe {
+                    rows_pregathered(
+                        pool,
+                        &self.packed[g],
+                        &b,
+                        out.0.add(g * og * t_out),
+                        t_out,
+                        Some(&self.bias[g * og..]),
+                        pu,
+                    )
+                }
             } else {
                 let chunks = mp.div_ceil(pu).min(nt * CHUNKS_PER_THREAD);
                 pool.run(chunks, &|c| {
@@ -269,6 +288,89 @@ impl Conv1d {
         }
         Ok(t_out)
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    /// B gathered once per row-split GEMM (AVX-512), read by every thread of the pool.
+    static PREGATHERED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `C = A·B` split by row panels over `pool` (shares of `pu` panels), with B gathered once
+/// (split by column groups) instead of by every share: for the few-column layers where the
+/// rows are what can be split.
+///
+/// # Safety
+/// AVX-512F; `c` is valid for `a.m` rows of `ldc` and nobody else writes them.
+#[cfg(target_arch = "x86_64")]
+unsafe fn rows_pregathered<F: Fn(usize) -> usize + Sync>(
+    pool: &Pool,
+    a: &PackedA,
+    b: &BView<'_, F>,
+    c: *mut f32,
+    ldc: usize,
+    bias: Option<&[f32]>,
+    pu: usize,
+) {
+    use crate::gemm_avx512 as g5;
+    let nt = pool.n_threads();
+    PREGATHERED.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        let len = g5::gathered_len(a.k, b.n);
+        if buf.len() < len {
+            buf.resize(len, 0.0);
+        }
+        let pre = SendPtr(buf.as_mut_ptr());
+        let ng = g5::groups(b.n);
+        let parts = ng.min(nt);
+        pool.run(parts, &|i| {
+            let pre = &pre;
+            // SAFETY: each share gathers its own groups into the buffer sized above.
+            unsafe { g5::gather_groups(b, a.k, share(ng, parts, i), pre.0) }
+        });
+        let mp = a.panels();
+        let chunks = mp.div_ceil(pu).min(nt * CHUNKS_PER_THREAD);
+        let out = SendPtr(c);
+        pool.run(chunks, &|i| {
+            let (pre, out) = (&pre, &out);
+            // SAFETY: B is fully gathered (the previous run returned); shares write disjoint
+            // row panels of C.
+            unsafe {
+                g5::gemm_pregathered(
+                    a,
+                    pre.0,
+                    b.n,
+                    out.0,
+                    ldc,
+                    bias,
+                    share_units(mp, pu, chunks, i),
+                )
+            }
+        });
+    })
+}
+
+/// Other targets never select [`Kern::Avx512`]; kept total with the scalar GEMM.
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn rows_pregathered<F: Fn(usize) -> usize + Sync>(
+    _pool: &Pool,
+    a: &PackedA,
+    b: &BView<'_, F>,
+    c: *mut f32,
+    ldc: usize,
+    bias: Option<&[f32]>,
+    _pu: usize,
+) {
+    gemm(
+        Kern::Scalar,
+        a,
+        b,
+        c,
+        ldc,
+        bias,
+        (0, a.panels()),
+        (0, b.n.div_ceil(NR)),
+    )
 }
 
 /// Work chunks per pool thread for the threaded convolutions.
@@ -537,8 +639,13 @@ impl ConvTranspose1d {
                         Kern::Avx512 => 4,
                         _ => 1,
                     };
-                    let chunks = pa.panels().div_ceil(pu).min(nt * CHUNKS_PER_THREAD);
-                    p.run(chunks, &|c| zw(share_units(pa.panels(), pu, chunks, c)));
+                    if level == Kern::Avx512 && t_in > SKINNY {
+                        // SAFETY: z holds m·t_in values, written by row shares only.
+                        unsafe { rows_pregathered(p, pa, &b, zp.0, t_in, None, pu) }
+                    } else {
+                        let chunks = pa.panels().div_ceil(pu).min(nt * CHUNKS_PER_THREAD);
+                        p.run(chunks, &|c| zw(share_units(pa.panels(), pu, chunks, c)));
+                    }
                     p.run(nt, &|i| {
                         let (a, b) = share(self.out_ch, nt, i);
                         col2im(a, b)

@@ -23,7 +23,6 @@ thread_local! {
 /// The CPU must support AVX-512F; `c` must be valid for the written rows/cols and no other
 /// thread may write the same region.
 #[allow(clippy::too_many_arguments)]
-#[cfg(target_arch = "x86_64")]
 pub(crate) unsafe fn gemm<F: Fn(usize) -> usize>(
     a: &PackedA,
     b: &BView<'_, F>,
@@ -34,7 +33,6 @@ pub(crate) unsafe fn gemm<F: Fn(usize) -> usize>(
     (q0, q1): (usize, usize),
 ) {
     let k = a.k;
-    let panel = k * MR;
     BPANEL2.with(|buf| {
         let mut buf = buf.borrow_mut();
         if buf.len() < k * 2 * NR {
@@ -43,43 +41,132 @@ pub(crate) unsafe fn gemm<F: Fn(usize) -> usize>(
         let mut q = q0;
         while q < q1 {
             let w = if q + 1 < q1 { 2 } else { 1 };
-            let ldb = w * NR;
-            let t0 = q * NR;
-            let nv = (b.n - t0).min(ldb);
-            let bp = &mut buf[..k * ldb];
-            for (cc, dst) in bp.chunks_exact_mut(ldb).enumerate() {
-                let base = (b.row_off)(cc) + t0 * b.stride;
-                if b.stride == 1 {
-                    dst[..nv].copy_from_slice(&b.src[base..base + nv]);
-                } else {
-                    for (j, d) in dst[..nv].iter_mut().enumerate() {
-                        *d = b.src[base + j * b.stride];
-                    }
-                }
-                dst[nv..].fill(0.0);
-            }
-            let bptr = bp.as_ptr();
-            let mut p = p0;
-            while p < p1 {
-                let rp = (p1 - p).min(if w == 2 { 2 } else { 4 });
-                let r0 = p * MR;
-                let mv = (a.m - r0).min(rp * MR);
-                let ap = a.data_ptr().add(p * panel);
-                let cp = c.add(r0 * ldc + t0);
-                let bs = bias.map(|bb| &bb[r0..r0 + mv]);
-                match (rp, w) {
-                    (1, 1) => kern::<1, 1>(k, ap, panel, bptr, cp, ldc, bs, mv, nv),
-                    (2, 1) => kern::<2, 1>(k, ap, panel, bptr, cp, ldc, bs, mv, nv),
-                    (3, 1) => kern::<3, 1>(k, ap, panel, bptr, cp, ldc, bs, mv, nv),
-                    (4, 1) => kern::<4, 1>(k, ap, panel, bptr, cp, ldc, bs, mv, nv),
-                    (1, _) => kern::<1, 2>(k, ap, panel, bptr, cp, ldc, bs, mv, nv),
-                    _ => kern::<2, 2>(k, ap, panel, bptr, cp, ldc, bs, mv, nv),
-                }
-                p += rp;
-            }
+            let bp = &mut buf[..k * w * NR];
+            gather(b, k, q, w, bp);
+            blocks(a, bp.as_ptr(), q, w, b.n, c, ldc, bias, (p0, p1));
             q += w;
         }
     })
+}
+
+/// Floats of B gathered once for all column panels ([`gather_groups`]): groups of two
+/// 16-column panels (the last one may be single), `k·32` floats apart.
+pub(crate) fn gathered_len(k: usize, n: usize) -> usize {
+    n.div_ceil(2 * NR) * k * 2 * NR
+}
+
+/// Number of column-panel groups of [`gathered_len`].
+pub(crate) fn groups(n: usize) -> usize {
+    n.div_ceil(2 * NR)
+}
+
+/// Gathers the B groups `g0..g1` (group `g` = column panels `2g`, `2g + 1`) into `dst`, the
+/// start of the whole gathered buffer.
+///
+/// # Safety
+/// `dst` is valid for [`gathered_len`] floats and no other thread writes these groups.
+pub(crate) unsafe fn gather_groups<F: Fn(usize) -> usize>(
+    b: &BView<'_, F>,
+    k: usize,
+    (g0, g1): (usize, usize),
+    dst: *mut f32,
+) {
+    let np = b.n.div_ceil(NR);
+    for g in g0..g1 {
+        let q = 2 * g;
+        let w = (np - q).min(2);
+        let d = std::slice::from_raw_parts_mut(dst.add(g * k * 2 * NR), k * w * NR);
+        gather(b, k, q, w, d);
+    }
+}
+
+/// [`gemm`] over all column panels with B already gathered by [`gather_groups`] (shared by
+/// the threads that split the rows).
+///
+/// # Safety
+/// As [`gemm`]; `pre` holds the whole gathered B of `b_n` columns.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn gemm_pregathered(
+    a: &PackedA,
+    pre: *const f32,
+    b_n: usize,
+    c: *mut f32,
+    ldc: usize,
+    bias: Option<&[f32]>,
+    (p0, p1): (usize, usize),
+) {
+    let k = a.k;
+    let np = b_n.div_ceil(NR);
+    for g in 0..groups(b_n) {
+        let q = 2 * g;
+        let w = (np - q).min(2);
+        blocks(
+            a,
+            pre.add(g * k * 2 * NR),
+            q,
+            w,
+            b_n,
+            c,
+            ldc,
+            bias,
+            (p0, p1),
+        );
+    }
+}
+
+/// Copies column panels `q..q + w` of B into `dst` as `[k][16·w]`, zero padded.
+fn gather<F: Fn(usize) -> usize>(b: &BView<'_, F>, k: usize, q: usize, w: usize, dst: &mut [f32]) {
+    let ldb = w * NR;
+    let t0 = q * NR;
+    let nv = (b.n - t0).min(ldb);
+    for (cc, dst) in dst[..k * ldb].chunks_exact_mut(ldb).enumerate() {
+        let base = (b.row_off)(cc) + t0 * b.stride;
+        if b.stride == 1 {
+            dst[..nv].copy_from_slice(&b.src[base..base + nv]);
+        } else {
+            for (j, d) in dst[..nv].iter_mut().enumerate() {
+                *d = b.src[base + j * b.stride];
+            }
+        }
+        dst[nv..].fill(0.0);
+    }
+}
+
+/// All row blocks `p0..p1` against the gathered column panels `q..q + w` at `bptr`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn blocks(
+    a: &PackedA,
+    bptr: *const f32,
+    q: usize,
+    w: usize,
+    b_n: usize,
+    c: *mut f32,
+    ldc: usize,
+    bias: Option<&[f32]>,
+    (p0, p1): (usize, usize),
+) {
+    let k = a.k;
+    let panel = k * MR;
+    let t0 = q * NR;
+    let nv = (b_n - t0).min(w * NR);
+    let mut p = p0;
+    while p < p1 {
+        let rp = (p1 - p).min(if w == 2 { 2 } else { 4 });
+        let r0 = p * MR;
+        let mv = (a.m - r0).min(rp * MR);
+        let ap = a.data_ptr().add(p * panel);
+        let cp = c.add(r0 * ldc + t0);
+        let bs = bias.map(|bb| &bb[r0..r0 + mv]);
+        match (rp, w) {
+            (1, 1) => kern::<1, 1>(k, ap, panel, bptr, cp, ldc, bs, mv, nv),
+            (2, 1) => kern::<2, 1>(k, ap, panel, bptr, cp, ldc, bs, mv, nv),
+            (3, 1) => kern::<3, 1>(k, ap, panel, bptr, cp, ldc, bs, mv, nv),
+            (4, 1) => kern::<4, 1>(k, ap, panel, bptr, cp, ldc, bs, mv, nv),
+            (1, _) => kern::<1, 2>(k, ap, panel, bptr, cp, ldc, bs, mv, nv),
+            _ => kern::<2, 2>(k, ap, panel, bptr, cp, ldc, bs, mv, nv),
+        }
+        p += rp;
+    }
 }
 
 /// Most accumulator rows of one block (`RP · MR` with `RP ≤ 4`).
