@@ -67,17 +67,22 @@ pub struct AttendShape {
     pub cap: usize,
     /// Score scale (1/√head_dim).
     pub scale: f32,
+    /// Heads `h0..h1` are computed; `out` holds just their `(h1 − h0)·head_dim` values.
+    pub h0: usize,
+    /// End of the head range.
+    pub h1: usize,
 }
 
 dispatch! {
     /// Multi-head attention of one query row `q [d]` over ring slots of keys/values `[cap, d]`
-    /// for positions `lo..=hi`: per head softmax(q·k·scale) v into `out [d]`.
+    /// for positions `lo..=hi`: per head `h0..h1` softmax(q·k·scale) v into `out`
+    /// (`[(h1 − h0)·head_dim]`, head `h0` first).
     pub fn attend / attend_portable / attend_avx2(
         q: &[f32], keys: &[f32], values: &[f32], sh: AttendShape, scores: &mut [f32], out: &mut [f32],
     ) {
         let hd = sh.d / sh.heads;
         let n = sh.hi + 1 - sh.lo;
-        for h in 0..sh.heads {
+        for h in sh.h0..sh.h1 {
             let qh = &q[h * hd..(h + 1) * hd];
             let sc = &mut scores[..n];
             let mut mx = f32::NEG_INFINITY;
@@ -107,7 +112,7 @@ dispatch! {
                 sum += *v;
             }
             let inv = 1.0 / sum;
-            let o = &mut out[h * hd..(h + 1) * hd];
+            let o = &mut out[(h - sh.h0) * hd..(h - sh.h0 + 1) * hd];
             o.fill(0.0);
             for (i, kp) in (sh.lo..=sh.hi).enumerate() {
                 let slot = kp % sh.cap;

@@ -12,6 +12,16 @@ use super::conv::matmul;
 use super::linalg;
 use kernels::{Matrix, Pool, Scratch};
 
+/// A raw pointer shared by the pool's threads (each writes its own heads).
+struct SyncPtr(*mut f32);
+// SAFETY: users write disjoint regions only.
+unsafe impl Sync for SyncPtr {}
+unsafe impl Send for SyncPtr {}
+
+/// Below this many key values read per layer (steps × ring × d), attention stays on the
+/// calling thread.
+const PAR_ATTEND: usize = 64 * 1024;
+
 /// Weights of one layer.
 #[derive(Debug)]
 pub(crate) struct Layer {
@@ -90,7 +100,7 @@ impl Transformer {
             att: vec![0.0; max_t * d],
             o: vec![0.0; max_t * d],
             f: vec![0.0; max_t * self.ff],
-            scores: vec![0.0; cap],
+            scores: vec![0.0; cap * self.heads],
             cos: vec![0.0; max_t * d / self.heads / 2],
             sin: vec![0.0; max_t * d / self.heads / 2],
             scratch: Scratch::new(),
@@ -169,28 +179,54 @@ impl Transformer {
             }
             // Attention: keys in the ring are positions (last − cap, last]; query p sees
             // k ∈ [max(p − context + 1, last − cap + 1, 0), p].
-            for s in 0..t {
-                let p = st.pos + s;
-                let lo = (p + 1)
-                    .saturating_sub(self.context)
-                    .max((last + 1).saturating_sub(cap));
-                let q_row = &st.qkv[s * 3 * d..s * 3 * d + d];
-                let out = &mut st.att[s * d..(s + 1) * d];
-                linalg::attend(
-                    q_row,
-                    kc,
-                    vc,
-                    linalg::AttendShape {
-                        d,
-                        heads: self.heads,
-                        lo,
-                        hi: p,
-                        cap,
-                        scale: inv_sqrt,
-                    },
-                    &mut st.scores,
-                    out,
-                );
+            let (qkv, kc, vc) = (&st.qkv, &*kc, &*vc);
+            let (att, scores) = (
+                SyncPtr(st.att.as_mut_ptr()),
+                SyncPtr(st.scores.as_mut_ptr()),
+            );
+            // Heads h0..h1 of every query of the chunk.
+            let heads = |h0: usize, h1: usize| {
+                let (att, scores) = (&att, &scores);
+                for s in 0..t {
+                    let p = st.pos + s;
+                    let lo = (p + 1)
+                        .saturating_sub(self.context)
+                        .max((last + 1).saturating_sub(cap));
+                    // SAFETY: att holds max_t·d values and scores heads·cap; each share
+                    // writes its own heads' columns of att and its own score rows.
+                    let (out, sc) = unsafe {
+                        (
+                            std::slice::from_raw_parts_mut(
+                                att.0.add(s * d + h0 * hd),
+                                (h1 - h0) * hd,
+                            ),
+                            std::slice::from_raw_parts_mut(scores.0.add(h0 * cap), cap),
+                        )
+                    };
+                    linalg::attend(
+                        &qkv[s * 3 * d..s * 3 * d + d],
+                        kc,
+                        vc,
+                        linalg::AttendShape {
+                            d,
+                            heads: self.heads,
+                            lo,
+                            hi: p,
+                            cap,
+                            scale: inv_sqrt,
+                            h0,
+                            h1,
+                        },
+                        sc,
+                        out,
+                    );
+                }
+            };
+            match pool {
+                Some(pl) if pl.n_threads() > 1 && self.heads > 1 && t * cap * d >= PAR_ATTEND => {
+                    pl.run(self.heads, &|h| heads(h, h + 1))
+                }
+                _ => heads(0, self.heads),
             }
             matmul(
                 &layer.out_proj,
