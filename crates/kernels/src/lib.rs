@@ -13,7 +13,9 @@
 //! variable `MOSHI_KERNELS_SCALAR=1` before the first kernel call forces the scalar path.
 //! Attention over the KV ring has AVX-512 and AVX2 kernels; with AVX-512 ([`avx512`]) the
 //! zmm paths are used (`MOSHI_KERNELS_NO_AVX512=1` or [`set_avx512_allowed`] turn them off).
-//! On CPUs with AVX-VNNI the quantized kernels use `vpdpbusd` ([`vnni`]);
+//! With AVX-512 the quantized kernels run zmm `vpdpbusd` on pairs of tiles and the activation
+//! quantizer and the bf16 KV conversion are vectorized too (bitwise equal to their AVX2 /
+//! scalar counterparts). On CPUs with AVX-VNNI the ymm quantized kernels use `vpdpbusd` ([`vnni`]);
 //! `MOSHI_KERNELS_NO_VNNI=1` keeps them on the plain AVX2 `vpmaddubsw` path.
 //!
 //! # Quantized formats and activations
@@ -40,14 +42,17 @@
 //!   (score summation order and a polynomial `exp`).
 //!
 //! # Threads
-//! [`Pool`] splits products by 8-row tiles, attention by heads
+//! [`Pool`] splits products by pairs of 8-row tiles (16 rows), attention by heads
 //! ([`attention::KvRing::attend_pool`]) and convolutions by panels; everything else runs
 //! on the calling thread. Nothing allocates after warm-up (`tests/no_alloc.rs`).
 //!
 //! # Weight layout
 //! Weights are row-major `[rows = out, cols = in]` like a PyTorch `Linear.weight`.
 //! Quantized formats are repacked at construction into tiles of 8 interleaved rows so
-//! one activation block feeds 8 rows and 8 outputs are produced without horizontal sums.
+//! one activation block feeds 8 rows and 8 outputs are produced without horizontal sums;
+//! tiles are stored in pairs so the AVX-512 kernels read 16 rows per zmm (one dword lane
+//! per row), while the AVX2 kernels read one tile of a pair with a 64-byte stride.
+//! The streaming kernels prefetch 4 KiB ahead in software ([`set_prefetch_distance`]).
 
 #![warn(missing_docs)]
 

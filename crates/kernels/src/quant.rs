@@ -67,7 +67,7 @@ fn tree16(l: &mut [f32; 16]) -> f32 {
     l[0]
 }
 
-/// Scalar reference of [`quantize_act_row`].
+/// Scalar reference of the activation quantizer of the matrix products (see [`quantize_activations`]).
 pub fn quantize_act_row_reference(
     x: &[f32],
     q: &mut [i8],
