@@ -165,9 +165,56 @@ dispatch! {
     }
 }
 
+dispatch! {
+    /// In-place exact (erf-based) GELU `0.5·x·(1 + erf(x/√2))`, vectorized: the same
+    /// Chebyshev-fitted erfc as `kernels::ops::gelu_erf` (relative error < 1.2e-7), evaluated
+    /// in f32 with [`exp_nonpos`] instead of a scalar f64 `exp` (~10× faster); differs from
+    /// `ops::gelu_erf` by ~1e-7·max(1, |x|).
+    pub fn gelu_erf / gelu_erf_portable / gelu_erf_avx2(x: &mut [f32]) {
+        for v in x.iter_mut() {
+            let a = *v;
+            let z = a.abs() * std::f32::consts::FRAC_1_SQRT_2;
+            let t = 1.0 / fma!(0.5, z, 1.0);
+            let mut p = 0.170_872_77f32;
+            p = fma!(p, t, -0.822_152_23);
+            p = fma!(p, t, 1.488_515_87);
+            p = fma!(p, t, -1.135_203_98);
+            p = fma!(p, t, 0.278_868_07);
+            p = fma!(p, t, -0.186_288_06);
+            p = fma!(p, t, 0.096_784_18);
+            p = fma!(p, t, 0.374_091_96);
+            p = fma!(p, t, 1.000_023_68);
+            p = fma!(p, t, -1.265_512_23);
+            // exp argument −z² + p(t) ≤ ~1e-8 (p(1) ≈ 0 at z = 0): clamp to the ≤ 0 domain.
+            let r = t * exp_nonpos(fma!(-z, z, p).min(0.0));
+            let erf = if a >= 0.0 { 1.0 - r } else { r - 1.0 };
+            *v = 0.5 * a * (1.0 + erf);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fast_gelu_close_to_kernels_gelu() {
+        let src: Vec<f32> = (0..40001).map(|i| (i as f32 - 20000.0) / 2000.0).collect();
+        let mut want = src.clone();
+        kernels::ops::gelu_erf(&mut want);
+        let mut got = src.clone();
+        gelu_erf(&mut got);
+        let mut got2 = src.clone();
+        gelu_erf_portable(&mut got2);
+        for ((&x, &w), (&g, &g2)) in src.iter().zip(&want).zip(got.iter().zip(&got2)) {
+            let tol = 4e-7 * x.abs().max(1.0);
+            assert!((g - w).abs() <= tol, "{x}: {g} vs {w}");
+            assert!((g2 - w).abs() <= tol, "portable {x}: {g2} vs {w}");
+        }
+        let mut big = [1e30f32, -1e30, 0.0, -0.0, 200.0, -200.0];
+        gelu_erf(&mut big);
+        assert_eq!(big, [1e30, -0.0, 0.0, -0.0, 200.0, -0.0]);
+    }
 
     #[test]
     fn fast_elu_close_to_expm1() {

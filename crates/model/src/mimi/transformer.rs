@@ -258,7 +258,7 @@ impl Transformer {
                 pool,
                 &mut st.scratch,
             );
-            kernels::ops::gelu_erf(&mut st.f[..t * self.ff]);
+            linalg::gelu_erf(&mut st.f[..t * self.ff]);
             matmul(
                 &layer.linear2,
                 &st.f[..t * self.ff],
