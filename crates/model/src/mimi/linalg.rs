@@ -177,14 +177,14 @@ dispatch! {
             let t = 1.0 / fma!(0.5, z, 1.0);
             let mut p = 0.170_872_77f32;
             p = fma!(p, t, -0.822_152_23);
-            p = fma!(p, t, 1.488_515_87);
-            p = fma!(p, t, -1.135_203_98);
+            p = fma!(p, t, 1.4885159);
+            p = fma!(p, t, -1.135204);
             p = fma!(p, t, 0.278_868_07);
             p = fma!(p, t, -0.186_288_06);
             p = fma!(p, t, 0.096_784_18);
             p = fma!(p, t, 0.374_091_96);
-            p = fma!(p, t, 1.000_023_68);
-            p = fma!(p, t, -1.265_512_23);
+            p = fma!(p, t, 1.0000237);
+            p = fma!(p, t, -1.2655122);
             // exp argument −z² + p(t) ≤ ~1e-8 (p(1) ≈ 0 at z = 0): clamp to the ≤ 0 domain.
             let r = t * exp_nonpos(fma!(-z, z, p).min(0.0));
             let erf = if a >= 0.0 { 1.0 - r } else { r - 1.0 };
