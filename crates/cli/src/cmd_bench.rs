@@ -119,9 +119,13 @@ impl Probe {
     fn new(mb: usize) -> Probe {
         // Distinct values so no page is shared (zero pages would all map to one frame).
         let n = mb.max(16) * (1 << 20) / 8;
-        Probe {
-            buf: (0..n as u64).collect(),
+        // Huge pages like the kernels' weight and KV buffers (else the roofline flatters them).
+        let mut buf = vec![0u64; n];
+        kernels::advise_huge_pages(&buf);
+        for (i, v) in buf.iter_mut().enumerate() {
+            *v = i as u64;
         }
+        Probe { buf }
     }
 
     /// GB/s of one pass summing the buffer, split over the pool's threads.

@@ -60,13 +60,14 @@ impl KvRing {
             .checked_mul(n_heads * head_dim)
             .ok_or_else(|| KernelError::BadShape("KvRing size overflow".into()))?;
         let store = match dtype {
+            // Huge pages where the OS allows them: attention streams these buffers.
             KvDtype::F32 => Store::F32 {
-                k: vec![0.0; n],
-                v: vec![0.0; n],
+                k: crate::mem::zeroed_f32(n),
+                v: crate::mem::zeroed_f32(n),
             },
             KvDtype::Bf16 => Store::Bf16 {
-                k: vec![0; n],
-                v: vec![0; n],
+                k: crate::mem::zeroed_u16(n),
+                v: crate::mem::zeroed_u16(n),
             },
         };
         Ok(KvRing {

@@ -67,6 +67,7 @@ mod gemm;
 #[cfg(target_arch = "x86_64")]
 mod gemm_avx512;
 mod matrix;
+mod mem;
 pub mod ops;
 mod pool;
 pub mod quant;
@@ -78,6 +79,7 @@ mod x86_attn;
 
 pub use cpu::{avx512, set_avx512_allowed, set_vnni_allowed, simd_level, vnni, SimdLevel};
 pub use matrix::{Matrix, Scratch, WeightFormat};
+pub use mem::{advise_huge_pages, set_huge_pages_allowed};
 pub use pool::Pool;
 
 /// Software-prefetch distance in bytes of the streaming kernels (AVX-512 quantized matmul and

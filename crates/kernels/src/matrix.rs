@@ -174,8 +174,8 @@ impl QPacked {
             blocks,
             group_blocks: group / QK,
             groups,
-            codes: vec![0u8; tiles * blocks * kind.block_bytes()],
-            scales: vec![0u16; tiles * groups * TILE],
+            codes: crate::mem::zeroed_bytes(tiles * blocks * kind.block_bytes()),
+            scales: crate::mem::zeroed_u16(tiles * groups * TILE),
             biases: if bias.is_some() {
                 vec![0u16; tiles * groups * TILE]
             } else {

@@ -1,0 +1,72 @@
+//! Memory hints for large weight buffers.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static HUGE: AtomicBool = AtomicBool::new(true);
+
+/// Allows or forbids asking the OS for transparent huge pages on large weight buffers
+/// (benchmarks compare both). Takes effect for buffers allocated afterwards.
+pub fn set_huge_pages_allowed(allowed: bool) {
+    HUGE.store(allowed, Ordering::Relaxed);
+}
+
+/// Allocates a zeroed byte buffer and, on Linux x86_64, asks for transparent huge pages
+/// (`madvise(MADV_HUGEPAGE)`) on its 2 MiB-aligned interior before it is first written, so
+/// streaming it needs far fewer TLB entries. A refusal by the OS is ignored (it is a hint).
+pub(crate) fn zeroed_bytes(n: usize) -> Vec<u8> {
+    let v = vec![0u8; n];
+    advise_huge(v.as_ptr(), v.len());
+    v
+}
+
+/// [`zeroed_bytes`] for 16-bit values.
+pub(crate) fn zeroed_u16(n: usize) -> Vec<u16> {
+    let v = vec![0u16; n];
+    advise_huge(v.as_ptr() as *const u8, v.len() * 2);
+    v
+}
+
+/// [`zeroed_bytes`] for f32 values.
+pub(crate) fn zeroed_f32(n: usize) -> Vec<f32> {
+    let v = vec![0f32; n];
+    advise_huge(v.as_ptr() as *const u8, v.len() * 4);
+    v
+}
+
+/// Asks the OS (Linux x86_64) to back the 2 MiB-aligned interior of `buf` with transparent
+/// huge pages; best called before the buffer is first written (e.g. right after
+/// `vec![0; n]`, which leaves fresh pages untouched). Buffers under 8 MiB are left alone; the
+/// contents never change. Measured on the development host: one core streams q8_0 weights
+/// ~13 % and q4_0 ~33 % faster from huge pages (`examples/prefetch_ab.rs`).
+pub fn advise_huge_pages<T>(buf: &[T]) {
+    advise_huge(buf.as_ptr() as *const u8, std::mem::size_of_val(buf))
+}
+
+fn advise_huge(p: *const u8, len: usize) {
+    const HUGE_PAGE: usize = 2 << 20;
+    if len < 4 * HUGE_PAGE || !HUGE.load(Ordering::Relaxed) {
+        return;
+    }
+    let start = (p as usize).div_ceil(HUGE_PAGE) * HUGE_PAGE;
+    let end = (p as usize + len) / HUGE_PAGE * HUGE_PAGE;
+    if end <= start {
+        return;
+    }
+    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    // SAFETY: madvise(2) with MADV_HUGEPAGE (14) on a range inside our own allocation only
+    // changes how the kernel backs those pages; it never changes their contents.
+    unsafe {
+        let _ret: isize;
+        std::arch::asm!(
+            "syscall",
+            inlateout("rax") 28isize => _ret, // SYS_madvise
+            in("rdi") start,
+            in("rsi") end - start,
+            in("rdx") 14usize, // MADV_HUGEPAGE
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    let _ = (start, end);
+}
