@@ -75,16 +75,51 @@ pub(crate) struct Conv1d {
 }
 
 /// Streaming state of one [`Conv1d`]: the last `pad()` input samples per channel, plus
-/// work buffers sized for `max_tin` input samples per call.
+/// the small-chunk work buffers sized for `max_tin` input samples per call.
 #[derive(Debug)]
 pub(crate) struct ConvState {
     hist: Vec<f32>,
-    xbuf: Vec<f32>,
     col: Vec<f32>,
     yt: Vec<f32>,
     scratch: Scratch,
     first: bool,
     max_tin: usize,
+}
+
+/// Work buffers shared by all the convolutions of a stack (one call at a time), so the
+/// padded-input and ELU buffers stay in cache from layer to layer instead of each layer
+/// touching its own cold copy every frame. Sized with [`ConvWork::fit_conv`] /
+/// [`ConvWork::fit_tr`] when the states are built; never grows during a frame.
+#[derive(Debug, Default)]
+pub(crate) struct ConvWork {
+    /// Conv1d: history + new input `[cin, pad + tin]`.
+    xbuf: Vec<f32>,
+    /// ConvTr1d: ELU of the input `[cin, tin]`.
+    xa: Vec<f32>,
+    /// ConvTr1d: full transposed-conv output `[cout, (tin − 1)·stride + k]`.
+    y: Vec<f32>,
+}
+
+impl ConvWork {
+    /// Grows the buffers for calls of `conv` with at most `max_tin` input samples.
+    pub fn fit_conv(&mut self, conv: &Conv1d, max_tin: usize) {
+        grow(&mut self.xbuf, conv.cin * (conv.pad() + max_tin));
+    }
+
+    /// Grows the buffers for calls of `conv` with at most `max_tin` input frames.
+    pub fn fit_tr(&mut self, conv: &ConvTr1d, max_tin: usize) {
+        grow(&mut self.xa, conv.cin * max_tin);
+        grow(
+            &mut self.y,
+            conv.cout * ((max_tin.max(1) - 1) * conv.stride + conv.k),
+        );
+    }
+}
+
+fn grow(v: &mut Vec<f32>, n: usize) {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
 }
 
 fn kerr(e: kernels::KernelError) -> super::MimiError {
@@ -141,7 +176,6 @@ impl Conv1d {
         let small = tout.min(SMALL_N - 1);
         ConvState {
             hist: vec![0.0; self.cin * p],
-            xbuf: vec![0.0; self.cin * (p + max_tin)],
             col: vec![0.0; self.cin * self.k * small],
             yt: vec![0.0; self.cout * small],
             scratch: Scratch::new(),
@@ -152,10 +186,13 @@ impl Conv1d {
 
     /// One streaming call: `x` is `[cin, tin]` (tin a multiple of the stride, ≤ max_tin),
     /// `out` receives `[cout, tin / stride]`. With `elu_in`, ELU is applied to the input
-    /// first (the activation module preceding the conv in SEANet).
+    /// first (the activation module preceding the conv in SEANet). `work` must have been
+    /// fitted to this convolution ([`ConvWork::fit_conv`]).
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         st: &mut ConvState,
+        work: &mut ConvWork,
         x: &[f32],
         tin: usize,
         elu_in: bool,
@@ -173,7 +210,8 @@ impl Conv1d {
             }
         }
         st.first = false;
-        let (xb, hs) = (SyncPtr(st.xbuf.as_mut_ptr()), SyncPtr(st.hist.as_mut_ptr()));
+        let xbuf = &mut work.xbuf[..self.cin * w];
+        let (xb, hs) = (SyncPtr(xbuf.as_mut_ptr()), SyncPtr(st.hist.as_mut_ptr()));
         // Channels c0..c1: history + (ELU of) the new input into xbuf, new history out.
         let prologue = |c0: usize, c1: usize| {
             let (xb, hs) = (&xb, &hs);
@@ -194,7 +232,7 @@ impl Conv1d {
         };
         per_channel(self.cin, self.cin * w, pool, &prologue);
         if tout >= SMALL_N {
-            let (input, output) = (&st.xbuf[..self.cin * w], &mut out[..self.cout * tout]);
+            let (input, output) = (&xbuf[..], &mut out[..self.cout * tout]);
             let r = match pool {
                 Some(pl) if pl.n_threads() > 1 => self.packed.forward_pool(input, output, pl),
                 _ => self.packed.forward(input, output),
@@ -207,7 +245,7 @@ impl Conv1d {
         let colt = &mut st.col[..tout * kk];
         for t in 0..tout {
             for c in 0..self.cin {
-                let row = &st.xbuf[c * w..(c + 1) * w];
+                let row = &xbuf[c * w..(c + 1) * w];
                 let dst = &mut colt[t * kk + c * self.k..t * kk + (c + 1) * self.k];
                 for (j, d) in dst.iter_mut().enumerate() {
                     *d = row[t * self.stride + j * self.dilation];
@@ -254,8 +292,6 @@ pub(crate) struct ConvTr1d {
 #[derive(Debug)]
 pub(crate) struct ConvTrState {
     partial: Vec<f32>,
-    xa: Vec<f32>,
-    y: Vec<f32>,
     /// `Xᵀ [tin, cin]` and `Zᵀ [tin, cout·k]` of the matmul path.
     xt: Vec<f32>,
     zt: Vec<f32>,
@@ -315,7 +351,6 @@ impl ConvTr1d {
 
     /// A fresh streaming state for calls of at most `max_tin` input frames.
     pub fn state(&self, max_tin: usize) -> ConvTrState {
-        let full = (max_tin.max(1) - 1) * self.stride + self.k;
         let small = if self.mat.is_some() {
             max_tin.min(SMALL_N - 1)
         } else {
@@ -323,8 +358,6 @@ impl ConvTr1d {
         };
         ConvTrState {
             partial: vec![0.0; self.cout * self.overlap()],
-            xa: vec![0.0; self.cin * max_tin],
-            y: vec![0.0; self.cout * full],
             xt: vec![0.0; self.cin * small],
             zt: vec![0.0; self.cout * self.k * small],
             scratch: Scratch::new(),
@@ -333,10 +366,13 @@ impl ConvTr1d {
     }
 
     /// One streaming call: `x` `[cin, tin]` → `out` `[cout, tin * stride]`. With `elu_in`,
-    /// ELU is applied to the input first.
+    /// ELU is applied to the input first. `work` must have been fitted to this convolution
+    /// ([`ConvWork::fit_tr`]).
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         st: &mut ConvTrState,
+        work: &mut ConvWork,
         x: &[f32],
         tin: usize,
         elu_in: bool,
@@ -348,9 +384,11 @@ impl ConvTr1d {
         let full = (tin - 1) * s + k;
         let pt = self.overlap();
         let tout = tin * s;
-        let y = &mut st.y[..self.cout * full];
+        let ConvWork { xa, y, .. } = work;
+        let y = &mut y[..self.cout * full];
         let input: &[f32] = if elu_in {
-            let xa = SyncPtr(st.xa.as_mut_ptr());
+            let xa_all = &mut xa[..self.cin * tin];
+            let xa = SyncPtr(xa_all.as_mut_ptr());
             let elu = |c0: usize, c1: usize| {
                 let xa = &xa;
                 // SAFETY: xa holds cin·max_tin values; shares write disjoint channel rows.
@@ -359,7 +397,7 @@ impl ConvTr1d {
                 linalg::elu_into(&x[c0 * tin..c1 * tin], dst);
             };
             per_channel(self.cin, self.cin * tin, pool, &elu);
-            &st.xa[..self.cin * tin]
+            xa_all
         } else {
             &x[..self.cin * tin]
         };
@@ -485,8 +523,10 @@ mod tests {
                 .collect();
             let want = naive_conv(&conv, &wt, &x, t);
             let mut st = conv.state(t);
+            let mut work = ConvWork::default();
+            work.fit_conv(&conv, t);
             let mut whole = vec![0.0; cout * t / s];
-            conv.forward(&mut st, &x, t, false, &mut whole, None);
+            conv.forward(&mut st, &mut work, &x, t, false, &mut whole, None);
             let err = want
                 .iter()
                 .zip(&whole)
@@ -499,7 +539,7 @@ mod tests {
             for c0 in (0..t).step_by(8) {
                 let xc = split_cols(&x, cin, t, c0, c0 + 8);
                 let mut oc = vec![0.0; cout * 8 / s];
-                conv.forward(&mut st, &xc, 8, false, &mut oc, None);
+                conv.forward(&mut st, &mut work, &xc, 8, false, &mut oc, None);
                 for o in 0..cout {
                     got[o * t / s + c0 / s..o * t / s + (c0 + 8) / s]
                         .copy_from_slice(&oc[o * 8 / s..(o + 1) * 8 / s]);
@@ -553,11 +593,13 @@ mod tests {
                 }
             }
             let mut st = ct.state(ch);
+            let mut work = ConvWork::default();
+            work.fit_tr(&ct, ch);
             for c0 in (0..t).step_by(ch) {
                 let n = ch.min(t - c0);
                 let xc = split_cols(&x, cin, t, c0, c0 + n);
                 let mut oc = vec![0.0; cout * n * s];
-                ct.forward(&mut st, &xc, n, false, &mut oc, None);
+                ct.forward(&mut st, &mut work, &xc, n, false, &mut oc, None);
                 for o in 0..cout {
                     for i in 0..n * s {
                         let e = want[o * full + c0 * s + i];

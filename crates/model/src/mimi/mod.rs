@@ -25,7 +25,7 @@ pub use load::{F32Tensor, Layout, MimiTensors};
 pub use spec::MimiSpec;
 pub use stream::StreamEncoder;
 
-use conv::{Conv1d, ConvState, ConvTr1d, ConvTrState};
+use conv::{Conv1d, ConvState, ConvTr1d, ConvTrState, ConvWork};
 pub use kernels::Pool;
 use quantizer::{QuantScratch, SplitRvq};
 use seanet::{SeanetDecState, SeanetDecoder, SeanetEncState, SeanetEncoder};
@@ -277,6 +277,7 @@ pub struct MimiEncoder {
     seanet: SeanetEncState,
     tr: TransformerState,
     down: ConvState,
+    down_work: ConvWork,
     quant: QuantScratch,
     emb: Vec<f32>,
     lat: Vec<f32>,
@@ -297,6 +298,11 @@ impl MimiEncoder {
             seanet: mimi.encoder.state(chunk * fs),
             tr: mimi.enc_tr.state(chunk * s, exact_window),
             down: mimi.down.state(chunk * s),
+            down_work: {
+                let mut w = ConvWork::default();
+                w.fit_conv(&mimi.down, chunk * s);
+                w
+            },
             quant: mimi.quant.scratch(),
             emb: vec![0.0; d * chunk * s],
             lat: vec![0.0; d * chunk],
@@ -365,7 +371,15 @@ impl MimiEncoder {
             f(Stage::EncTransformer, emb);
         }
         let lat = &mut self.lat[..d * n];
-        m.down.forward(&mut self.down, emb, t2, false, lat, pool);
+        m.down.forward(
+            &mut self.down,
+            &mut self.down_work,
+            emb,
+            t2,
+            false,
+            lat,
+            pool,
+        );
         if let Some(f) = trace.as_mut() {
             f(Stage::Latent, lat);
         }
@@ -388,6 +402,7 @@ pub struct MimiDecoder {
     quant: QuantScratch,
     lat: Vec<f32>,
     up: ConvTrState,
+    up_work: ConvWork,
     emb: Vec<f32>,
     tr: TransformerState,
     seanet: SeanetDecState,
@@ -406,6 +421,11 @@ impl MimiDecoder {
             quant: mimi.quant.scratch(),
             lat: vec![0.0; d * chunk],
             up: mimi.up.state(chunk),
+            up_work: {
+                let mut w = ConvWork::default();
+                w.fit_tr(&mimi.up, chunk);
+                w
+            },
             emb: vec![0.0; d * chunk * s],
             tr: mimi.dec_tr.state(chunk * s, exact_window),
             seanet: mimi.decoder.state(chunk * s),
@@ -477,7 +497,7 @@ impl MimiDecoder {
         }
         let t2 = n * s;
         let emb = &mut self.emb[..d * t2];
-        m.up.forward(&mut self.up, lat, n, false, emb, pool);
+        m.up.forward(&mut self.up, &mut self.up_work, lat, n, false, emb, pool);
         if let Some(f) = trace.as_mut() {
             f(Stage::DecUpsample, emb);
         }

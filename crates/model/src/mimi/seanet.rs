@@ -1,6 +1,6 @@
 //! SEANet encoder and decoder (`moshi/modules/seanet.py`), causal, ELU, identity skips.
 
-use super::conv::{Conv1d, ConvState, ConvTr1d, ConvTrState};
+use super::conv::{Conv1d, ConvState, ConvTr1d, ConvTrState, ConvWork};
 use kernels::Pool;
 
 /// Residual unit: `y = x + conv_1(ELU(conv_k(ELU(x))))`.
@@ -17,7 +17,9 @@ struct ResState {
 }
 
 impl ResBlock {
-    fn state(&self, t: usize) -> ResState {
+    fn state(&self, t: usize, work: &mut ConvWork) -> ResState {
+        work.fit_conv(&self.c1, t);
+        work.fit_conv(&self.c2, t);
         ResState {
             s1: self.c1.state(t),
             s2: self.c2.state(t),
@@ -29,6 +31,7 @@ impl ResBlock {
     fn forward(
         &self,
         st: &mut ResState,
+        work: &mut ConvWork,
         a: &mut [f32],
         t: usize,
         h: &mut [f32],
@@ -37,10 +40,24 @@ impl ResBlock {
     ) {
         let dim = self.c1.cin;
         let hid = self.c1.cout;
-        self.c1
-            .forward(&mut st.s1, &a[..dim * t], t, true, &mut h[..hid * t], pool);
-        self.c2
-            .forward(&mut st.s2, &h[..hid * t], t, true, &mut r[..dim * t], pool);
+        self.c1.forward(
+            &mut st.s1,
+            work,
+            &a[..dim * t],
+            t,
+            true,
+            &mut h[..hid * t],
+            pool,
+        );
+        self.c2.forward(
+            &mut st.s2,
+            work,
+            &h[..hid * t],
+            t,
+            true,
+            &mut r[..dim * t],
+            pool,
+        );
         for (x, y) in a[..dim * t].iter_mut().zip(&r[..dim * t]) {
             *x += *y;
         }
@@ -70,6 +87,7 @@ pub(crate) struct SeanetEncState {
     conv0: ConvState,
     stages: Vec<(Vec<ResState>, ConvState)>,
     last: ConvState,
+    work: ConvWork,
     a: Vec<f32>,
     b: Vec<f32>,
     h: Vec<f32>,
@@ -82,6 +100,7 @@ pub(crate) struct SeanetDecState {
     conv0: ConvState,
     stages: Vec<(ConvTrState, Vec<ResState>)>,
     last: ConvState,
+    work: ConvWork,
     a: Vec<f32>,
     b: Vec<f32>,
     h: Vec<f32>,
@@ -95,20 +114,25 @@ impl SeanetEncoder {
         let mut amax = self.conv0.cout * t;
         let mut hmax = 0;
         let mut stages = Vec::new();
+        let mut work = ConvWork::default();
+        work.fit_conv(&self.conv0, max_t);
         for (res, down) in &self.stages {
-            let rs: Vec<ResState> = res.iter().map(|r| r.state(t)).collect();
+            let rs: Vec<ResState> = res.iter().map(|r| r.state(t, &mut work)).collect();
             for r in res {
                 hmax = hmax.max(r.c1.cout * t);
             }
+            work.fit_conv(down, t);
             let ds = down.state(t);
             t /= down.stride;
             amax = amax.max(down.cout * t);
             stages.push((rs, ds));
         }
+        work.fit_conv(&self.last, t);
         SeanetEncState {
             conv0: self.conv0.state(max_t),
             stages,
             last: self.last.state(t),
+            work,
             a: vec![0.0; amax],
             b: vec![0.0; amax],
             h: vec![0.0; hmax],
@@ -129,24 +153,26 @@ impl SeanetEncoder {
             conv0,
             stages,
             last,
+            work,
             a,
             b,
             h,
             r,
         } = st;
         let mut t = t;
-        self.conv0.forward(conv0, x, t, false, a, pool);
+        self.conv0.forward(conv0, work, x, t, false, a, pool);
         for ((res, down), (rs, ds)) in self.stages.iter().zip(stages.iter_mut()) {
             for (blk, bs) in res.iter().zip(rs.iter_mut()) {
-                blk.forward(bs, a, t, h, r, pool);
+                blk.forward(bs, work, a, t, h, r, pool);
             }
             let cin = down.cin;
-            down.forward(ds, &a[..cin * t], t, true, b, pool);
+            down.forward(ds, work, &a[..cin * t], t, true, b, pool);
             t /= down.stride;
             std::mem::swap(a, b);
         }
         let cin = self.last.cin;
-        self.last.forward(last, &a[..cin * t], t, true, out, pool);
+        self.last
+            .forward(last, work, &a[..cin * t], t, true, out, pool);
     }
 }
 
@@ -172,20 +198,25 @@ impl SeanetDecoder {
         let mut amax = self.conv0.cout * t;
         let mut hmax = 0;
         let mut stages = Vec::new();
+        let mut work = ConvWork::default();
+        work.fit_conv(&self.conv0, max_t);
         for (up, res) in &self.stages {
+            work.fit_tr(up, t);
             let us = up.state(t);
             t *= up.stride;
             amax = amax.max(up.cout * t);
-            let rs: Vec<ResState> = res.iter().map(|r| r.state(t)).collect();
+            let rs: Vec<ResState> = res.iter().map(|r| r.state(t, &mut work)).collect();
             for r in res {
                 hmax = hmax.max(r.c1.cout * t);
             }
             stages.push((us, rs));
         }
+        work.fit_conv(&self.last, t);
         SeanetDecState {
             conv0: self.conv0.state(max_t),
             stages,
             last: self.last.state(t),
+            work,
             a: vec![0.0; amax],
             b: vec![0.0; amax],
             h: vec![0.0; hmax],
@@ -206,24 +237,26 @@ impl SeanetDecoder {
             conv0,
             stages,
             last,
+            work,
             a,
             b,
             h,
             r,
         } = st;
         let mut t = t;
-        self.conv0.forward(conv0, z, t, false, a, pool);
+        self.conv0.forward(conv0, work, z, t, false, a, pool);
         for ((up, res), (us, rs)) in self.stages.iter().zip(stages.iter_mut()) {
             let cin = up.cin;
-            up.forward(us, &a[..cin * t], t, true, b, pool);
+            up.forward(us, work, &a[..cin * t], t, true, b, pool);
             t *= up.stride;
             std::mem::swap(a, b);
             for (blk, bs) in res.iter().zip(rs.iter_mut()) {
-                blk.forward(bs, a, t, h, r, pool);
+                blk.forward(bs, work, a, t, h, r, pool);
             }
         }
         let cin = self.last.cin;
-        self.last.forward(last, &a[..cin * t], t, true, out, pool);
+        self.last
+            .forward(last, work, &a[..cin * t], t, true, out, pool);
     }
 }
 
