@@ -14,7 +14,7 @@ fn main() {
         .map(|i| ((i * 2654435761usize) % 1000) as f32 * 1e-3 - 0.5)
         .collect();
     let pool = Pool::new(threads);
-    let dists = [0usize, 2048, 4096];
+    let dists = [0usize, 2048, 4096, 8192];
     for fmt in [WeightFormat::Q8_0, WeightFormat::Q4_0] {
         let bytes = match fmt {
             WeightFormat::Q8_0 => encode_q8_0(&vals).unwrap(),

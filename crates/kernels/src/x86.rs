@@ -589,13 +589,11 @@ mod avx512q {
         let mut corr = [_mm512_setzero_ps(); N];
         let sym = q.kind == QKind::Q4Sym;
         let minus8 = _mm512_set1_ps(-8.0);
-        let split = if N == 1 {
-            4
-        } else if N == 2 {
-            2
-        } else {
-            1
-        };
+        let mhi = _mm512_set1_epi8(-16); // 0xF0
+                                         // Accumulators per row: [low nibbles a, b][high nibbles a, b] (2 chains each for
+                                         // one or two rows). High nibbles enter unshifted (16·q, one `vpand`), their i32 sum
+                                         // is a multiple of 16 and is shifted back exactly (|sum| < 2^19: no overflow).
+        let split = if N <= 2 { 2 } else { 1 };
         let mut wp = q.codes.as_ptr().add(p * nb * TILE * QK);
         let xq = act.q.as_ptr() as *const u8;
         let pf = PREFETCH.load(std::sync::atomic::Ordering::Relaxed);
@@ -605,17 +603,28 @@ mod avx512q {
                     _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(pf + 64 * j) as *const i8);
                 }
             }
-            let mut isum = [[_mm512_setzero_si512(); 4]; N];
+            let mut lo_s = [[_mm512_setzero_si512(); 2]; N];
+            let mut hi_s = [[_mm512_setzero_si512(); 2]; N];
             for k in 0..4 {
                 let w = _mm512_loadu_si512(wp.add(64 * k) as *const _);
                 let lo = _mm512_and_si512(w, m4);
-                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), m4);
+                let hi = _mm512_and_si512(w, mhi);
                 for i in 0..N {
                     let xp = xq.add((i0 + i) * cols + b * QK + 4 * k);
-                    let (ia, ib) = ((2 * k) % split, (2 * k + 1) % split);
-                    isum[i][ia] = _mm512_dpbusd_epi32(isum[i][ia], lo, bc(xp));
-                    isum[i][ib] = _mm512_dpbusd_epi32(isum[i][ib], hi, bc(xp.add(16)));
+                    let a = k % split;
+                    lo_s[i][a] = _mm512_dpbusd_epi32(lo_s[i][a], lo, bc(xp));
+                    hi_s[i][a] = _mm512_dpbusd_epi32(hi_s[i][a], hi, bc(xp.add(16)));
                 }
+            }
+            let mut isum = [_mm512_setzero_si512(); N];
+            for i in 0..N {
+                let mut l = lo_s[i][0];
+                let mut h = hi_s[i][0];
+                if split == 2 {
+                    l = _mm512_add_epi32(l, lo_s[i][1]);
+                    h = _mm512_add_epi32(h, hi_s[i][1]);
+                }
+                isum[i] = _mm512_add_epi32(l, _mm512_srai_epi32::<4>(h));
             }
             wp = wp.add(TILE * QK);
             let g = b / q.group_blocks;
@@ -627,12 +636,8 @@ mod avx512q {
             };
             for i in 0..N {
                 let ab = (i0 + i) * nb + b;
-                let mut is = isum[i][0];
-                for k in 1..split {
-                    is = _mm512_add_epi32(is, isum[i][k]);
-                }
                 let sd = _mm512_mul_ps(sc, _mm512_set1_ps(*act.d.get_unchecked(ab)));
-                acc[i] = _mm512_fmadd_ps(sd, _mm512_cvtepi32_ps(is), acc[i]);
+                acc[i] = _mm512_fmadd_ps(sd, _mm512_cvtepi32_ps(isum[i]), acc[i]);
                 corr[i] = _mm512_fmadd_ps(bias, _mm512_set1_ps(*act.s.get_unchecked(ab)), corr[i]);
             }
         }
