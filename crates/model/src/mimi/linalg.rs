@@ -143,14 +143,18 @@ fn exp_nonpos(x: f32) -> f32 {
     let x = x.max(-87.0);
     // round to nearest via the 1.5·2^23 trick (vectorizes, unlike `f32::round`)
     const MAGIC: f32 = 12_582_912.0;
-    let n = (x * std::f32::consts::LOG2_E + MAGIC) - MAGIC;
+    let y = x * std::f32::consts::LOG2_E + MAGIC;
+    let n = y - MAGIC;
+    // The integer n read from y's mantissa (y ∈ [2^23, 2^24): ulp 1), not with `n as i32`,
+    // whose saturating conversion kept the loop from vectorizing.
+    let ni = (y.to_bits() as i32).wrapping_sub(MAGIC.to_bits() as i32);
     let r = x - n * 0.693_145_75 - n * 1.428_606_8e-6;
     let p = 1.0
         + r * (1.0
             + r * (0.5
                 + r * (0.166_666_67
                     + r * (0.041_666_66 + r * (0.008_333_452 + r * 0.001_388_89)))));
-    let bits = ((n as i32 + 127) as u32) << 23;
+    let bits = (ni.wrapping_add(127) as u32) << 23;
     p * f32::from_bits(bits)
 }
 
