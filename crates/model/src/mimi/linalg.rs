@@ -13,7 +13,8 @@ fn has_avx2_fma() -> bool {
     *FLAG.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
 }
 
-/// Generates a portable function and, on x86_64, an AVX2+FMA clone plus a dispatcher.
+/// Generates a portable function and, on x86_64, an AVX2+FMA clone, an AVX-512 clone (used
+/// when `kernels::avx512()` allows it) and a dispatcher.
 /// Inside the body, `fma!(a, b, c)` computes `a * b + c` (fused in the AVX2 clone).
 macro_rules! dispatch {
     (
@@ -42,6 +43,19 @@ macro_rules! dispatch {
         $vis fn $name($($arg: $ty),*) {
             #[cfg(target_arch = "x86_64")]
             {
+                /// The same body compiled for AVX-512 (wider vectors, same per-lane FMAs, so
+                /// bitwise equal to the AVX2 clone).
+                #[allow(clippy::too_many_arguments, clippy::assign_op_pattern)]
+                #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+                fn wide($($arg: $ty),*) {
+                    #[allow(unused_macros)]
+                    macro_rules! fma { ($a:expr, $b:expr, $c:expr) => { f32::mul_add($a, $b, $c) }; }
+                    $body
+                }
+                if kernels::avx512() {
+                    // SAFETY: kernels::avx512() checked AVX-512 F/BW/DQ/VL (and AVX2+FMA).
+                    return unsafe { wide($($arg),*) };
+                }
                 if has_avx2_fma() {
                     // SAFETY: the CPU supports AVX2 and FMA (checked above).
                     return unsafe { $avx($($arg),*) };
@@ -200,6 +214,25 @@ dispatch! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The AVX-512 clones compute the same per-lane FMAs as the AVX2 ones: bitwise equal.
+    #[test]
+    fn avx512_clones_equal_avx2_clones() {
+        let src: Vec<f32> = (0..5003).map(|i| (i as f32 - 2500.0) / 300.0).collect();
+        let run = |on: bool| {
+            kernels::set_avx512_allowed(on);
+            let mut e = vec![0.0; src.len()];
+            elu_into(&src, &mut e);
+            let mut g = src.clone();
+            gelu_erf(&mut g);
+            (e, g)
+        };
+        let (a, b) = (run(true), run(false));
+        kernels::set_avx512_allowed(true);
+        for (x, y) in a.0.iter().chain(&a.1).zip(b.0.iter().chain(&b.1)) {
+            assert_eq!(x.to_bits(), y.to_bits());
+        }
+    }
 
     #[test]
     fn fast_gelu_close_to_kernels_gelu() {
