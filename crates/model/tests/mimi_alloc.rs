@@ -109,3 +109,32 @@ fn frame_path_allocates_nothing() {
     drop(v);
     assert!(allocs() > before);
 }
+
+/// At released size every size threshold of the threaded/AVX-512 paths is crossed (pooled
+/// per-channel work, pre-gathered row-split GEMMs, attention by heads, matmul-path transposed
+/// convs): still nothing allocated on the calling thread after two warm-up frames.
+#[test]
+fn released_size_frame_path_allocates_nothing() {
+    let mimi = model::mimi::bench::synthetic_mimi(8, 5).unwrap();
+    let fs = mimi.frame_size();
+    let input = model::mimi::bench::test_signal(6 * fs, 24000);
+    let pool = model::mimi::Pool::new(2);
+    for p in [None, Some(&pool)] {
+        let mut enc = MimiEncoder::new(mimi.clone());
+        let mut dec = MimiDecoder::new(mimi.clone());
+        let mut codes = vec![0u32; mimi.n_codebooks()];
+        let mut out = vec![0.0f32; fs];
+        let mut before = 0;
+        for f in 0..6 {
+            if f == 2 {
+                before = allocs();
+            }
+            codes.copy_from_slice(
+                enc.encode_frame_with(&input[f * fs..(f + 1) * fs], p, None)
+                    .unwrap(),
+            );
+            dec.decode_frame_with(&codes, &mut out, p, None).unwrap();
+        }
+        assert_eq!(allocs() - before, 0, "pool {}: allocated", p.is_some());
+    }
+}
