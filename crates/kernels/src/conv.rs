@@ -2,6 +2,13 @@
 //! computed as a blocked GEMM (weights packed at construction, input gathered per
 //! panel, no im2col buffer). Grouped transposed convolutions (Mimi's depthwise
 //! upsampler) use a direct loop. `forward_reference` is the plain scalar definition.
+//!
+//! Micro-kernels: scalar (reference), AVX2+FMA (6×16 blocks) and, where
+//! [`crate::avx512`] allows, AVX-512F (24×16 / 12×32 blocks, `crate::gemm_avx512`). All
+//! three run the same FMA chain per output, so their results are bitwise equal;
+//! [`ConvKernel`] selects one explicitly for tests and A/B benchmarks. On a pool, wide
+//! outputs are split by column panels (each share gathers its own input panels), narrow
+//! ones by row panels with the input gathered once and shared.
 
 use crate::gemm::{gemm, BView, Kern, PackedA, NR, SKINNY};
 use crate::{KernelError, Pool};
