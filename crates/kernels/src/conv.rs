@@ -232,7 +232,11 @@ impl Conv1d {
         // each chunk gathers its own B panels, so chunks are kept coarse.
         // Shares are cut at multiples of the kernel's block (AVX-512: 2 column panels, or
         // 4 row panels when there is a single column panel) so no block is split.
+        // With AVX-512, 4–7 column panels on 2 threads are split one panel at a time (24×16
+        // blocks) rather than by rows, so every share gathers only its own panel.
         let (qu, pu) = match level {
+            Kern::Avx512 if npanels_n >= 4 * nt => (2, 2),
+            Kern::Avx512 if npanels_n >= 2 * nt => (1, 2),
             Kern::Avx512 if npanels_n >= 2 => (2, 2),
             Kern::Avx512 => (1, 4),
             _ => (1, 1),
