@@ -220,7 +220,18 @@ macro_rules! quant_kernels {
                     1
                 };
                 let mut wp = q.codes.as_ptr().add(q.tile_block_base(t, 0));
+                // The first tile of a pair prefetches the pair's lines; the second finds them in cache.
+                let pf = if t % 2 == 0 {
+                    PREFETCH.load(std::sync::atomic::Ordering::Relaxed)
+                } else {
+                    0
+                };
                 for b in 0..nb {
+                    if pf > 0 {
+                        for j in 0..8 {
+                            _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(pf + 64 * j) as *const i8);
+                        }
+                    }
                     let mut isum = [[_mm256_setzero_si256(); 4]; N];
                     for j in 0..8 {
                         let w = _mm256_loadu_si256(wp.add(64 * j) as *const __m256i);
@@ -294,7 +305,17 @@ macro_rules! quant_kernels {
                     1
                 };
                 let mut wp = q.codes.as_ptr().add(q.tile_block_base(t, 0));
+                let pf = if t % 2 == 0 {
+                    PREFETCH.load(std::sync::atomic::Ordering::Relaxed)
+                } else {
+                    0
+                };
                 for b in 0..nb {
+                    if pf > 0 {
+                        for j in 0..4 {
+                            _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(pf + 64 * j) as *const i8);
+                        }
+                    }
                     // Each i16 lane sums at most 8 products of at most 15·127·2: no saturation.
                     let mut s16 = [[_mm256_setzero_si256(); 4]; N];
                     for k in 0..4 {
