@@ -168,6 +168,34 @@ dense_kernel!(dense_f16, block_f16, u16, load_f16x8, |b: u16| {
     half::f16::from_bits(b).to_f32()
 });
 
+/// Scale group of consecutive blocks without an integer division per block (`b / per`
+/// was a `div` in the kernels' inner loop).
+pub(crate) struct GroupCounter {
+    g: usize,
+    i: usize,
+    per: usize,
+}
+
+impl GroupCounter {
+    #[inline(always)]
+    pub(crate) fn new(per: usize) -> GroupCounter {
+        GroupCounter { g: 0, i: 0, per }
+    }
+
+    /// The group of the current block; advances to the next block.
+    #[inline(always)]
+    #[allow(clippy::should_implement_trait)]
+    pub(crate) fn next(&mut self) -> usize {
+        let g = self.g;
+        self.i += 1;
+        if self.i == self.per {
+            self.i = 0;
+            self.g += 1;
+        }
+        g
+    }
+}
+
 /// Loads the 8 per-row scales (as f32) of tile `t`, group `g`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -226,6 +254,7 @@ macro_rules! quant_kernels {
                 } else {
                     0
                 };
+                let mut gc = GroupCounter::new(q.group_blocks);
                 for b in 0..nb {
                     if pf > 0 {
                         for j in 0..8 {
@@ -248,7 +277,7 @@ macro_rules! quant_kernels {
                         }
                     }
                     wp = wp.add(2 * TILE * QK);
-                    let g = b / q.group_blocks;
+                    let g = gc.next();
                     let sc = load_scales(q, &q.scales, t, g);
                     for i in 0..N {
                         let ab = (i0 + i) * nb + b;
@@ -310,6 +339,7 @@ macro_rules! quant_kernels {
                 } else {
                     0
                 };
+                let mut gc = GroupCounter::new(q.group_blocks);
                 for b in 0..nb {
                     if pf > 0 {
                         for j in 0..4 {
@@ -340,7 +370,7 @@ macro_rules! quant_kernels {
                         }
                     }
                     wp = wp.add(TILE * QK);
-                    let g = b / q.group_blocks;
+                    let g = gc.next();
                     let sc = load_scales(q, &q.scales, t, g);
                     let bias = if sym {
                         _mm256_mul_ps(sc, minus8)
@@ -543,6 +573,7 @@ mod avx512q {
         let mut wp = q.codes.as_ptr().add(p * nb * 2 * TILE * QK);
         let xu = act.qu.as_ptr();
         let pf = PREFETCH.load(std::sync::atomic::Ordering::Relaxed);
+        let mut gc = GroupCounter::new(q.group_blocks);
         for b in 0..nb {
             if pf > 0 {
                 for j in 0..8 {
@@ -566,7 +597,7 @@ mod avx512q {
                 }
             }
             wp = wp.add(2 * TILE * QK);
-            let g = b / q.group_blocks;
+            let g = gc.next();
             let sc = scales16(q, &q.scales, p, g);
             let wsum128 = _mm512_slli_epi32::<7>(_mm512_add_epi32(ws0, ws1));
             for i in 0..N {
@@ -618,6 +649,7 @@ mod avx512q {
         let mut wp = q.codes.as_ptr().add(p * nb * TILE * QK);
         let xq = act.q.as_ptr() as *const u8;
         let pf = PREFETCH.load(std::sync::atomic::Ordering::Relaxed);
+        let mut gc = GroupCounter::new(q.group_blocks);
         for b in 0..nb {
             if pf > 0 {
                 for j in 0..4 {
@@ -648,7 +680,7 @@ mod avx512q {
                 isum[i] = _mm512_add_epi32(l, _mm512_srai_epi32::<4>(h));
             }
             wp = wp.add(TILE * QK);
-            let g = b / q.group_blocks;
+            let g = gc.next();
             let sc = scales16(q, &q.scales, p, g);
             let bias = if sym {
                 _mm512_mul_ps(sc, minus8)
