@@ -491,12 +491,12 @@ pub fn run_hot(formats: &[WeightFormat], ns: &[usize], rounds: usize) -> Vec<Hot
     for round in 0..rounds + 1 {
         for (ni, &n) in ns.iter().enumerate() {
             for (mi, m) in ms.iter().enumerate() {
-                // At least 50 ms of CPU time per sample (schedstat advances in scheduler
+                // At least 200 ms of CPU time per sample (schedstat advances in scheduler
                 // ticks on some kernels, so short samples would be quantized).
                 let t0 = clock(thread_cpu_s());
                 let mut it = 0usize;
                 let mut el = 0.0;
-                while it < 200 || el < 0.05 {
+                while it < 200 || el < 0.2 {
                     for _ in 0..50 {
                         m.matmul(&x[..n * cols], n, &mut y[..n * rows], &mut sc);
                     }
