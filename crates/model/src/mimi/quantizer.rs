@@ -76,12 +76,15 @@ impl Codebook {
             .collect();
         let half_norms64: Vec<f64> = sq64.iter().map(|s| 0.5 * s).collect();
         let half_norms = half_norms64.iter().map(|&h| h as f32).collect();
-        // |c̃·x − c·x| ≤ 2⁻⁸‖c‖‖x‖ (bf16 rounding) + γ(1+2⁻⁸)‖c‖‖x‖ (f32 accumulation of the
-        // screen), γ = n·u/(1 − n·u); doubled for the f32 arithmetic of the bound itself.
+        // |c̃·x − c·x| ≤ 2⁻⁸‖c‖‖x‖ (bf16 rounding of the weights) + γ(1+2⁻⁸)‖c‖‖x‖ (f32
+        // accumulation of the screen), γ = n·u/(1 − n·u). Another 2⁻⁸(1+2⁻⁸)‖c‖‖x‖ covers a bf16
+        // kernel that would also round the activations (`vdpbf16ps`; kernels currently widen
+        // bf16 weights exactly and keep x in f32). Doubled for the f32 arithmetic of the bound.
         let u = f32::EPSILON as f64 / 2.0;
         let n = dim as f64;
         let gamma = n * u / (1.0 - n * u).max(0.5);
-        let rel = 2.0 * (2f64.powi(-8) + gamma * (1.0 + 2f64.powi(-8)));
+        let e8 = 2f64.powi(-8);
+        let rel = 2.0 * (e8 + e8 * (1.0 + e8) + gamma * (1.0 + e8) * (1.0 + e8));
         let err_per_x = sq64.iter().map(|s| (rel * s.sqrt()) as f32).collect();
         let bytes: Vec<u8> = centroids
             .iter()
