@@ -333,6 +333,11 @@ macro_rules! quant_kernels {
                 } else {
                     1
                 };
+                // With VNNI and separate low/high accumulators (split >= 2: odd indices hold the
+                // high nibbles), high nibbles enter unshifted as 16·q (one `vpand`); their i32
+                // sums are multiples of 16 (|sum| < 2^19) and are shifted back exactly.
+                let hi_raw = $vnni && split >= 2;
+                let mhi = _mm256_set1_epi8(-16);
                 let mut wp = q.codes.as_ptr().add(q.tile_block_base(t, 0));
                 let pf = if t % 2 == 0 {
                     PREFETCH.load(std::sync::atomic::Ordering::Relaxed)
@@ -351,7 +356,11 @@ macro_rules! quant_kernels {
                     for k in 0..4 {
                         let p = _mm256_loadu_si256(wp.add(64 * k) as *const __m256i);
                         let lo = _mm256_and_si256(p, m4);
-                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(p), m4);
+                        let hi = if hi_raw {
+                            _mm256_and_si256(p, mhi)
+                        } else {
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(p), m4)
+                        };
                         for i in 0..N {
                             let xq = act.q.as_ptr().add((i0 + i) * cols + b * QK + 4 * k);
                             let xl = bcast4(xq);
@@ -379,12 +388,20 @@ macro_rules! quant_kernels {
                     };
                     for i in 0..N {
                         let ab = (i0 + i) * nb + b;
+                        if hi_raw {
+                            let (mut l, mut h) = (s16[i][0], s16[i][1]);
+                            if split == 4 {
+                                l = _mm256_add_epi32(l, s16[i][2]);
+                                h = _mm256_add_epi32(h, s16[i][3]);
+                            }
+                            s16[i][0] = _mm256_add_epi32(l, _mm256_srai_epi32::<4>(h));
+                        }
                         let mut is = if $vnni {
                             s16[i][0]
                         } else {
                             _mm256_madd_epi16(s16[i][0], ones)
                         };
-                        for k in 1..split {
+                        for k in 1..if hi_raw { 1 } else { split } {
                             is = _mm256_add_epi32(
                                 is,
                                 if $vnni {

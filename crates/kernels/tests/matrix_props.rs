@@ -100,10 +100,19 @@ fn check(fmt: WeightFormat, rows: usize, cols: usize, n: usize, seed: u64) {
         let mut y2 = vec![0f32; n * rows];
         kernels::set_avx512_allowed(false);
         m.matmul(&x, n, &mut y2, &mut sc);
+        // And the plain AVX2 (`vpmaddubsw`) ymm path.
+        let mut y3 = vec![0f32; n * rows];
+        kernels::set_vnni_allowed(false);
+        m.matmul(&x, n, &mut y3, &mut sc);
+        kernels::set_vnni_allowed(true);
         kernels::set_avx512_allowed(true);
         assert_eq!(
             y2, y,
             "AVX-512 and AVX2 paths differ ({fmt:?} {rows}x{cols} n{n})"
+        );
+        assert_eq!(
+            y3, y,
+            "AVX-512 and plain AVX2 paths differ ({fmt:?} {rows}x{cols} n{n})"
         );
     }
     let mut row = vec![0f32; cols];
