@@ -43,6 +43,7 @@ while [ $# -gt 0 ]; do
     --kv) KV=$2; shift 2;;
     --probe) PROBE=1; shift;;
     --ours-lm-args) OLMA=$2; shift 2;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0;;
     *) echo "unknown argument $1" >&2; exit 2;;
   esac
 done
