@@ -1,42 +1,14 @@
 //! After warm-up, the hot calls allocate nothing on the calling thread: matrix products
 //! (single thread and through the pool), attention, convolutions and row ops.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
 use kernels::attention::{KvDtype, KvRing};
 use kernels::conv::{Conv1d, ConvTranspose1d};
 use kernels::quant::{encode_q4_0, encode_q8_0};
 use kernels::{ops, Matrix, Pool, Scratch, Storage, WeightFormat};
-
-struct Counting;
-
-thread_local! {
-    static COUNT: Cell<usize> = const { Cell::new(0) };
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = COUNT.try_with(|c| c.set(c.get() + 1));
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let _ = COUNT.try_with(|c| c.set(c.get() + 1));
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use testkit::thread_allocations_during as allocations;
 
 #[global_allocator]
-static ALLOC: Counting = Counting;
-
-fn allocations(f: impl FnOnce()) -> usize {
-    let before = COUNT.with(|c| c.get());
-    f();
-    COUNT.with(|c| c.get()) - before
-}
+static GLOBAL: testkit::CountingAlloc = testkit::CountingAlloc;
 
 #[test]
 fn hot_calls_do_not_allocate_after_warm_up() {

@@ -8,7 +8,6 @@
 //! A counting global allocator tracks live and peak heap bytes (all threads); tests that measure
 //! take `SERIAL` so they do not see each other's allocations.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Mutex;
@@ -20,62 +19,16 @@ use model::config::LmConfig;
 use model::lm::{KvDtype, LmError, LmGen, LmModel};
 use model::sampling::{Sampler, SamplerConfig, SamplingError};
 use model::weights::Weights;
-
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-fn grow(n: usize) {
-    let now = LIVE.fetch_add(n, SeqCst) + n;
-    PEAK.fetch_max(now, SeqCst);
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            grow(layout.size());
-        }
-        p
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc_zeroed(layout) };
-        if !p.is_null() {
-            grow(layout.size());
-        }
-        p
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            LIVE.fetch_sub(layout.size(), SeqCst);
-            grow(new_size);
-        }
-        p
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size(), SeqCst);
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
+use testkit::peak_growth_during as peak_during;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: testkit::CountingAlloc = testkit::CountingAlloc;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
 /// Largest heap growth tolerated while opening a hostile file (the files are a few KiB; the
 /// claims inside them are up to 2^60 elements / 10 GB).
 const HEAP_BOUND: usize = 4 << 20;
-
-/// Runs `f` and returns its result with the peak heap growth above the level at the start.
-fn peak_during<T>(f: impl FnOnce() -> T) -> (T, usize) {
-    let base = LIVE.load(SeqCst);
-    PEAK.store(base, SeqCst);
-    let r = f();
-    (r, PEAK.load(SeqCst).saturating_sub(base))
-}
 
 fn tmpdir(tag: &str) -> PathBuf {
     static N: AtomicUsize = AtomicUsize::new(0);

@@ -2,8 +2,6 @@
 //!
 //! Counting global allocator with a thread-local counter, so only the stepping thread is counted.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::path::Path;
 
 use kernels::Pool;
@@ -12,41 +10,10 @@ use model::config::LmConfig;
 use model::lm::{KvDtype, LmGen, LmModel, NoObserver, StepOptions};
 use model::sampling::{RepetitionPenalty, Sampler, SamplerConfig};
 use model::weights::Weights;
-
-struct Counting;
-
-thread_local! {
-    static ALLOCS: Cell<usize> = const { Cell::new(0) };
-}
-
-fn bump() {
-    let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        bump();
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        bump();
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        bump();
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
+use testkit::thread_allocations as allocs;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
-
-fn allocs() -> usize {
-    ALLOCS.with(|c| c.get())
-}
+static GLOBAL: testkit::CountingAlloc = testkit::CountingAlloc;
 
 #[test]
 fn lm_step_allocates_nothing_after_warmup() {

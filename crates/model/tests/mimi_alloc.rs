@@ -6,35 +6,10 @@ mod mimi_common;
 
 use mimi_common::*;
 use model::mimi::{MimiDecoder, MimiEncoder, StreamEncoder};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-
-struct Counting;
-
-thread_local! {
-    static ALLOCS: Cell<usize> = const { Cell::new(0) };
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
-        unsafe { System.realloc(p, l, n) }
-    }
-}
+use testkit::thread_allocations as allocs;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
-
-fn allocs() -> usize {
-    ALLOCS.with(|c| c.get())
-}
+static GLOBAL: testkit::CountingAlloc = testkit::CountingAlloc;
 
 #[test]
 fn frame_path_allocates_nothing() {

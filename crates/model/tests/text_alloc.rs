@@ -1,38 +1,13 @@
 //! The streaming detokenizer does not allocate per token (counting global allocator with
 //! thread-local counts, so other test threads do not interfere).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::sync::Arc;
 
 use model::text::{Detokenizer, SentencePiece};
-
-struct Counting;
-
-thread_local! {
-    static ALLOCS: Cell<usize> = const { Cell::new(0) };
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use testkit::thread_allocations as allocs;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
-
-fn allocs() -> usize {
-    ALLOCS.with(|c| c.get())
-}
+static GLOBAL: testkit::CountingAlloc = testkit::CountingAlloc;
 
 #[test]
 fn detokenizer_push_does_not_allocate() {

@@ -5,48 +5,16 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-
 use common::*;
 use runtime::{EngineOptions, Event, Session, SessionOptions, SessionRunner, Step, FRAME_SIZE};
-
-struct Counting;
-
-static COUNTING: AtomicBool = AtomicBool::new(false);
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use testkit::{start_counting, stop_counting};
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: testkit::CountingAlloc = testkit::CountingAlloc;
 
-fn count_frames(session: &mut Session, pcm: &[f32]) -> (u64, usize) {
+fn count_frames(session: &mut Session, pcm: &[f32]) -> (usize, usize) {
     let mut frames = 0;
-    ALLOCS.store(0, Ordering::SeqCst);
-    COUNTING.store(true, Ordering::SeqCst);
+    start_counting();
     for chunk in pcm.chunks(FRAME_SIZE / 2) {
         session.push_pcm(chunk).unwrap();
         while let Step::Frame(f) = session.step().unwrap() {
@@ -54,18 +22,15 @@ fn count_frames(session: &mut Session, pcm: &[f32]) -> (u64, usize) {
             frames += 1;
         }
     }
-    COUNTING.store(false, Ordering::SeqCst);
-    (ALLOCS.load(Ordering::SeqCst), frames)
+    (stop_counting(), frames)
 }
 
 #[test]
 fn steady_state_frames_do_not_allocate() {
     // The counter itself works.
-    ALLOCS.store(0, Ordering::SeqCst);
-    COUNTING.store(true, Ordering::SeqCst);
+    start_counting();
     std::hint::black_box(Box::new(7u64));
-    COUNTING.store(false, Ordering::SeqCst);
-    assert_eq!(ALLOCS.load(Ordering::SeqCst), 1);
+    assert_eq!(stop_counting(), 1);
     // Sampling (not greedy) so the sampler's paths are exercised; a small queue so drops happen too.
     // Two threads and a 48 kHz output exercise the pool workers and the output resampler.
     for (threads, output_rate) in [(1, 24_000), (2, 48_000)] {
@@ -135,11 +100,9 @@ fn steady_state_frames_do_not_allocate() {
         n
     };
     assert_eq!(run_frames(0..40), 40);
-    ALLOCS.store(0, Ordering::SeqCst);
-    COUNTING.store(true, Ordering::SeqCst);
+    start_counting();
     let n = run_frames(40..240);
-    COUNTING.store(false, Ordering::SeqCst);
-    let allocs = ALLOCS.load(Ordering::SeqCst);
+    let allocs = stop_counting();
     assert_eq!((allocs, n), (0, 200), "threaded path with recycled events");
     r.stop().unwrap();
 }

@@ -4,49 +4,18 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-
 use common::*;
 use runtime::{BatchOptions, BatchRunner, EngineOptions, Event, SessionOptions, FRAME_SIZE};
+use testkit::{start_counting, stop_counting};
 
-struct Counting;
-
-static COUNTING: AtomicBool = AtomicBool::new(false);
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+#[global_allocator]
+static GLOBAL: testkit::CountingAlloc = testkit::CountingAlloc;
 
 type Conv = (
     runtime::BatchSession,
     runtime::PcmProducer,
     runtime::EventReceiver,
 );
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
 
 #[test]
 fn batched_ticks_do_not_allocate() {
@@ -107,11 +76,9 @@ fn batched_ticks_do_not_allocate() {
         };
         // Warm-up past the tiny LM's and Mimi's contexts (the KV rings wrap).
         assert_eq!(run(&mut convs, 0..40), 60);
-        ALLOCS.store(0, Ordering::SeqCst);
-        COUNTING.store(true, Ordering::SeqCst);
+        start_counting();
         let n = run(&mut convs, 40..240);
-        COUNTING.store(false, Ordering::SeqCst);
-        let allocs = ALLOCS.load(Ordering::SeqCst);
+        let allocs = stop_counting();
         assert_eq!((allocs, n), (0, 300), "batched path ({threads} threads)");
         // Commands between frames do not allocate either.
         for (s, _, _) in &convs {
@@ -121,11 +88,9 @@ fn batched_ticks_do_not_allocate() {
             c.resume();
             c.reset();
         }
-        ALLOCS.store(0, Ordering::SeqCst);
-        COUNTING.store(true, Ordering::SeqCst);
+        start_counting();
         let n = run(&mut convs, 0..30);
-        COUNTING.store(false, Ordering::SeqCst);
-        let allocs = ALLOCS.load(Ordering::SeqCst);
+        let allocs = stop_counting();
         assert_eq!((allocs, n), (0, 45), "after commands ({threads} threads)");
         drop(convs);
         r.stop().unwrap();

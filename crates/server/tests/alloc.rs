@@ -4,76 +4,32 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
 use server::backend::{BackendInfo, RuntimeBackend};
 use server::ServeConfig;
-
-struct Counting;
-
-static COUNTING: AtomicBool = AtomicBool::new(false);
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-static OUT_ALLOCS: AtomicU64 = AtomicU64::new(0);
-
-thread_local! {
-    /// 0 = not looked at yet, 1 = looking (allocations while looking are not counted), 2 = count, 3 = ignore.
-    static KIND: Cell<u8> = const { Cell::new(0) };
-}
-
-/// 2 = a model thread, 4 = an output thread, else not counted.
-fn thread_kind() -> u8 {
-    KIND.with(|k| match k.get() {
-        0 => {
-            k.set(1);
-            let kind = match std::thread::current().name() {
-                Some("moshi-ws-out") => 4,
-                Some(n) if n.starts_with("moshi-") => 2,
-                _ => 3,
-            };
-            k.set(kind);
-            kind
-        }
-        kind => kind,
-    })
-}
-
-fn count() {
-    if COUNTING.load(Relaxed) {
-        match thread_kind() {
-            2 => ALLOCS.fetch_add(1, Relaxed),
-            4 => OUT_ALLOCS.fetch_add(1, Relaxed),
-            _ => 0,
-        };
-    }
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count();
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count();
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count();
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use testkit::{class_allocations, classify_threads, start_counting, stop_counting};
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: testkit::CountingAlloc = testkit::CountingAlloc;
+
+/// Thread class of the model threads (named `moshi-*`).
+const MODEL: usize = 0;
+/// Thread class of the per-client output thread (`moshi-ws-out`).
+const OUT: usize = 1;
+
+/// Model threads and the output thread are counted; every other thread is not.
+fn thread_kind(name: Option<&str>) -> Option<usize> {
+    match name {
+        Some("moshi-ws-out") => Some(OUT),
+        Some(n) if n.starts_with("moshi-") => Some(MODEL),
+        _ => None,
+    }
+}
 
 fn backend(batch: usize) -> Arc<RuntimeBackend> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/lm");
@@ -86,6 +42,7 @@ fn backend(batch: usize) -> Arc<RuntimeBackend> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_threads_allocate_nothing_per_frame() {
+    classify_threads(thread_kind);
     for batch in [1, 2] {
         let srv = start(
             ServeConfig {
@@ -104,16 +61,14 @@ async fn server_threads_allocate_nothing_per_frame() {
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
             let start = metrics.frames_processed.load(Relaxed);
-            ALLOCS.store(0, Relaxed);
-            OUT_ALLOCS.store(0, Relaxed);
-            COUNTING.store(true, Relaxed);
+            start_counting();
             while metrics.frames_processed.load(Relaxed) < 90 {
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
-            COUNTING.store(false, Relaxed);
+            stop_counting();
             (
-                ALLOCS.load(Relaxed),
-                OUT_ALLOCS.load(Relaxed),
+                class_allocations(MODEL),
+                class_allocations(OUT),
                 metrics.frames_processed.load(Relaxed) - start,
             )
         });

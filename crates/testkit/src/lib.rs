@@ -1,0 +1,219 @@
+//! Test-only helpers for moshi-native (a dev-dependency of the other crates, never a
+//! dependency of a shipped target).
+//!
+//! [`CountingAlloc`] is a global allocator that forwards to [`System`] and keeps three
+//! independent meters, so the tests that prove "no allocation after warm-up" (and the ones that
+//! bound heap growth) share one implementation:
+//!
+//! - **per-thread counts**, always on: [`thread_allocations`] and [`thread_allocations_during`]
+//!   see only the calling thread, so other test threads of the same binary do not interfere;
+//! - **all-thread counts**, only between [`start_counting`] and [`stop_counting`]: they also see
+//!   pool workers (and any other test's threads, so a binary that uses them should hold a single
+//!   test);
+//! - **per-class counts**, counted with the all-thread counter: after [`classify_threads`] sorts
+//!   threads into classes by name, [`class_allocations`] gives the allocations of one class;
+//! - **live and peak heap bytes** over all threads: [`live_bytes`] and [`peak_growth_during`].
+//!
+//! An "allocation" is a call to `alloc`, `alloc_zeroed` or `realloc`; `dealloc` is not counted.
+//!
+//! A test binary installs it with
+//!
+//! ```ignore
+//! #[global_allocator]
+//! static GLOBAL: testkit::CountingAlloc = testkit::CountingAlloc;
+//! ```
+//!
+//! The meters read zero (or stay still) in a binary that did not install it.
+
+#![forbid(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+/// Counting global allocator (forwards every call to [`System`]); see the crate docs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CountingAlloc;
+
+/// How many thread classes [`classify_threads`] can sort threads into (classes `0..THREAD_CLASSES`).
+pub const THREAD_CLASSES: usize = 4;
+
+/// `THREAD_CLASS` value of a thread not classified yet.
+const UNSEEN: u8 = u8::MAX;
+/// `THREAD_CLASS` value while the thread is being classified (its allocations meanwhile are not
+/// counted in a class).
+const LOOKING: u8 = u8::MAX - 1;
+/// `THREAD_CLASS` value of a thread that belongs to no class.
+const UNCLASSED: u8 = u8::MAX - 2;
+
+thread_local! {
+    /// Allocations made by this thread since it started.
+    static THREAD_ALLOCS: Cell<usize> = const { Cell::new(0) };
+    /// This thread's class (`0..THREAD_CLASSES`), or [`UNSEEN`] / [`LOOKING`] / [`UNCLASSED`].
+    static THREAD_CLASS: Cell<u8> = const { Cell::new(UNSEEN) };
+}
+
+/// Thread classifier for [`classify_threads`]: a thread's name to its class.
+pub type Classifier = fn(Option<&str>) -> Option<usize>;
+
+/// The thread classifier set by [`classify_threads`].
+static CLASSIFY: OnceLock<Classifier> = OnceLock::new();
+/// Allocations per thread class while [`COUNTING`] is set.
+static CLASS_ALLOCS: [AtomicUsize; THREAD_CLASSES] =
+    [const { AtomicUsize::new(0) }; THREAD_CLASSES];
+
+/// Whether the all-thread counter is running.
+static COUNTING: AtomicBool = AtomicBool::new(false);
+/// Allocations on all threads while [`COUNTING`] is set.
+static ALL_ALLOCS: AtomicUsize = AtomicUsize::new(0);
+/// Heap bytes currently allocated (all threads).
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+/// Highest value of [`LIVE`] since the last reset by [`peak_growth_during`].
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts one allocation call (before it is forwarded).
+fn count() {
+    // `try_with`: during thread teardown the slot may be gone; such allocations are not counted.
+    let _ = THREAD_ALLOCS.try_with(|c| c.set(c.get() + 1));
+    if COUNTING.load(Ordering::Relaxed) {
+        ALL_ALLOCS.fetch_add(1, Ordering::Relaxed);
+        if let Some(class) = thread_class() {
+            CLASS_ALLOCS[class].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The calling thread's class, classifying it by name on first use (only ever while counting).
+fn thread_class() -> Option<usize> {
+    let classify = CLASSIFY.get()?;
+    let class = THREAD_CLASS
+        .try_with(|k| match k.get() {
+            UNSEEN => {
+                // Looking up the name may allocate: those allocations see `LOOKING`.
+                k.set(LOOKING);
+                let class = classify(std::thread::current().name())
+                    .filter(|&c| c < THREAD_CLASSES)
+                    .map_or(UNCLASSED, |c| c as u8);
+                k.set(class);
+                class
+            }
+            class => class,
+        })
+        .ok()?;
+    (usize::from(class) < THREAD_CLASSES).then_some(usize::from(class))
+}
+
+/// Records `n` more live bytes and raises the peak.
+fn grow(n: usize) {
+    let now = LIVE.fetch_add(n, Ordering::SeqCst) + n;
+    PEAK.fetch_max(now, Ordering::SeqCst);
+}
+
+// SAFETY: every method forwards to `System` with the caller's arguments unchanged; the
+// bookkeeping around it never allocates and never touches the returned memory.
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count();
+        // SAFETY: forwarded with the caller's guarantees for `GlobalAlloc::alloc`.
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            grow(layout.size());
+        }
+        p
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count();
+        // SAFETY: forwarded with the caller's guarantees for `GlobalAlloc::alloc_zeroed`.
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            grow(layout.size());
+        }
+        p
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count();
+        // SAFETY: forwarded with the caller's guarantees for `GlobalAlloc::realloc`.
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            LIVE.fetch_sub(layout.size(), Ordering::SeqCst);
+            grow(new_size);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size(), Ordering::SeqCst);
+        // SAFETY: forwarded with the caller's guarantees for `GlobalAlloc::dealloc`.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+/// Allocations made so far by the calling thread (always counted, whatever other threads do).
+pub fn thread_allocations() -> usize {
+    THREAD_ALLOCS.with(Cell::get)
+}
+
+/// Runs `f` and returns how many allocations the calling thread made meanwhile (allocations
+/// that `f` causes on other threads are not seen).
+pub fn thread_allocations_during(f: impl FnOnce()) -> usize {
+    let before = thread_allocations();
+    f();
+    thread_allocations() - before
+}
+
+/// Resets the all-thread counter and the per-class counters to zero and starts them.
+pub fn start_counting() {
+    ALL_ALLOCS.store(0, Ordering::SeqCst);
+    for c in &CLASS_ALLOCS {
+        c.store(0, Ordering::SeqCst);
+    }
+    COUNTING.store(true, Ordering::SeqCst);
+}
+
+/// Stops the all-thread counter and returns the allocations it saw (all threads) since
+/// [`start_counting`].
+pub fn stop_counting() -> usize {
+    COUNTING.store(false, Ordering::SeqCst);
+    ALL_ALLOCS.load(Ordering::SeqCst)
+}
+
+/// Sorts threads into classes for [`class_allocations`]: `classify` gets a thread's name and
+/// returns its class (`0..THREAD_CLASSES`; `None` or a larger value: not counted in any class).
+/// Each thread is classified once, at its first allocation while counting. Call it once per
+/// process, before counting.
+///
+/// # Panics
+///
+/// If a classifier was already set (threads classified by it would keep their classes).
+pub fn classify_threads(classify: Classifier) {
+    assert!(
+        CLASSIFY.set(classify).is_ok(),
+        "classify_threads: a classifier is already set"
+    );
+}
+
+/// Allocations made by threads of `class` (see [`classify_threads`]) between
+/// [`start_counting`] and [`stop_counting`]; 0 for a class out of range.
+pub fn class_allocations(class: usize) -> usize {
+    CLASS_ALLOCS
+        .get(class)
+        .map_or(0, |c| c.load(Ordering::SeqCst))
+}
+
+/// Heap bytes currently allocated through the allocator, over all threads.
+pub fn live_bytes() -> usize {
+    LIVE.load(Ordering::SeqCst)
+}
+
+/// Runs `f` and returns its result with the peak heap growth (all threads) above the live
+/// bytes at the start. Concurrent measurements disturb each other: serialize them.
+pub fn peak_growth_during<T>(f: impl FnOnce() -> T) -> (T, usize) {
+    let base = live_bytes();
+    PEAK.store(base, Ordering::SeqCst);
+    let r = f();
+    (r, PEAK.load(Ordering::SeqCst).saturating_sub(base))
+}
