@@ -28,7 +28,7 @@ pub fn simd_level() -> SimdLevel {
 }
 
 fn detect() -> SimdLevel {
-    if std::env::var_os("MOSHI_KERNELS_SCALAR").is_some_and(|v| v != "0" && !v.is_empty()) {
+    if env_set("MOSHI_KERNELS_SCALAR") {
         return SimdLevel::Scalar;
     }
     #[cfg(target_arch = "x86_64")]
@@ -43,6 +43,24 @@ fn detect() -> SimdLevel {
     SimdLevel::Scalar
 }
 
+/// Cached tri-state flag: 0 = not yet detected, 1 = false, 2 = true.
+fn cached_flag(cell: &AtomicU8, detect: fn() -> bool) -> bool {
+    match cell.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            let v = detect();
+            cell.store(if v { 2 } else { 1 }, Ordering::Relaxed);
+            v
+        }
+    }
+}
+
+/// True when the environment variable `name` is set, non-empty and not `0`.
+fn env_set(name: &str) -> bool {
+    std::env::var_os(name).is_some_and(|v| v != "0" && !v.is_empty())
+}
+
 static VNNI: AtomicU8 = AtomicU8::new(0);
 static VNNI_ALLOWED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
@@ -53,21 +71,11 @@ pub fn vnni() -> bool {
     if !VNNI_ALLOWED.load(Ordering::Relaxed) {
         return false;
     }
-    match VNNI.load(Ordering::Relaxed) {
-        1 => false,
-        2 => true,
-        _ => {
-            let v = detect_vnni();
-            VNNI.store(if v { 2 } else { 1 }, Ordering::Relaxed);
-            v
-        }
-    }
+    cached_flag(&VNNI, detect_vnni)
 }
 
 fn detect_vnni() -> bool {
-    if simd_level() != SimdLevel::Avx2
-        || std::env::var_os("MOSHI_KERNELS_NO_VNNI").is_some_and(|v| v != "0" && !v.is_empty())
-    {
+    if simd_level() != SimdLevel::Avx2 || env_set("MOSHI_KERNELS_NO_VNNI") {
         return false;
     }
     #[cfg(target_arch = "x86_64")]
@@ -97,21 +105,11 @@ pub fn avx512() -> bool {
     if !AVX512_ALLOWED.load(Ordering::Relaxed) {
         return false;
     }
-    match AVX512.load(Ordering::Relaxed) {
-        1 => false,
-        2 => true,
-        _ => {
-            let v = detect_avx512();
-            AVX512.store(if v { 2 } else { 1 }, Ordering::Relaxed);
-            v
-        }
-    }
+    cached_flag(&AVX512, detect_avx512)
 }
 
 fn detect_avx512() -> bool {
-    if simd_level() != SimdLevel::Avx2
-        || std::env::var_os("MOSHI_KERNELS_NO_AVX512").is_some_and(|v| v != "0" && !v.is_empty())
-    {
+    if simd_level() != SimdLevel::Avx2 || env_set("MOSHI_KERNELS_NO_AVX512") {
         return false;
     }
     #[cfg(target_arch = "x86_64")]
