@@ -90,6 +90,30 @@ thread_local! {
     static BPANEL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Copies column panels `q..q + w` of B into `dst` as `[k][16·w]`, zero padded.
+pub(crate) fn gather<F: Fn(usize) -> usize>(
+    b: &BView<'_, F>,
+    k: usize,
+    q: usize,
+    w: usize,
+    dst: &mut [f32],
+) {
+    let ldb = w * NR;
+    let t0 = q * NR;
+    let nv = (b.n - t0).min(ldb);
+    for (cc, dst) in dst[..k * ldb].chunks_exact_mut(ldb).enumerate() {
+        let base = (b.row_off)(cc) + t0 * b.stride;
+        if b.stride == 1 {
+            dst[..nv].copy_from_slice(&b.src[base..base + nv]);
+        } else {
+            for (j, d) in dst[..nv].iter_mut().enumerate() {
+                *d = b.src[base + j * b.stride];
+            }
+        }
+        dst[nv..].fill(0.0);
+    }
+}
+
 /// Computes `C[rows of panels p0..p1, cols of N-panels q0..q1] = A · B`, writing C row `r`
 /// at `c[r·ldc ..]` and adding `bias[r]` when given.
 ///
@@ -127,18 +151,7 @@ pub(crate) unsafe fn gemm<F: Fn(usize) -> usize>(
         for q in q0..q1 {
             let t0 = q * NR;
             let nv = (b.n - t0).min(NR);
-            // Gather the B panel.
-            for (cc, dst) in bp.chunks_exact_mut(NR).enumerate() {
-                let base = (b.row_off)(cc) + t0 * b.stride;
-                if b.stride == 1 {
-                    dst[..nv].copy_from_slice(&b.src[base..base + nv]);
-                } else {
-                    for (j, d) in dst[..nv].iter_mut().enumerate() {
-                        *d = b.src[base + j * b.stride];
-                    }
-                }
-                dst[nv..].fill(0.0);
-            }
+            gather(b, k, q, 1, bp);
             for p in p0..p1 {
                 let ap = &a.data[p * k * MR..(p + 1) * k * MR];
                 let mut tile = [[0f32; NR]; MR];

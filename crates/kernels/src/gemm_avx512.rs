@@ -11,7 +11,7 @@
 
 use std::cell::RefCell;
 
-use crate::gemm::{BView, PackedA, MR, NR};
+use crate::gemm::{gather, BView, PackedA, MR, NR};
 
 thread_local! {
     static BPANEL2: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
@@ -111,24 +111,6 @@ pub(crate) unsafe fn gemm_pregathered(
             bias,
             (p0, p1),
         );
-    }
-}
-
-/// Copies column panels `q..q + w` of B into `dst` as `[k][16·w]`, zero padded.
-fn gather<F: Fn(usize) -> usize>(b: &BView<'_, F>, k: usize, q: usize, w: usize, dst: &mut [f32]) {
-    let ldb = w * NR;
-    let t0 = q * NR;
-    let nv = (b.n - t0).min(ldb);
-    for (cc, dst) in dst[..k * ldb].chunks_exact_mut(ldb).enumerate() {
-        let base = (b.row_off)(cc) + t0 * b.stride;
-        if b.stride == 1 {
-            dst[..nv].copy_from_slice(&b.src[base..base + nv]);
-        } else {
-            for (j, d) in dst[..nv].iter_mut().enumerate() {
-                *d = b.src[base + j * b.stride];
-            }
-        }
-        dst[nv..].fill(0.0);
     }
 }
 
