@@ -15,13 +15,18 @@ use testkit::thread_allocations as allocs;
 #[global_allocator]
 static GLOBAL: testkit::CountingAlloc = testkit::CountingAlloc;
 
-#[test]
-fn lm_step_allocates_nothing_after_warmup() {
+/// The tiny LM of `fixtures/lm`.
+fn load_fixture_model() -> LmModel {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/lm");
     let cfg =
         LmConfig::from_json(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
     let w = Weights::open(&dir.join("model.safetensors"), Component::Lm).unwrap();
-    let model = LmModel::load(&w, &cfg).unwrap();
+    LmModel::load(&w, &cfg).unwrap()
+}
+
+#[test]
+fn lm_step_allocates_nothing_after_warmup() {
+    let model = load_fixture_model();
     let pool = Pool::new(2);
     // The counter sees allocations of this thread.
     let probe = allocs();
@@ -77,11 +82,7 @@ fn lm_step_allocates_nothing_after_warmup() {
 
 #[test]
 fn batched_step_allocates_nothing_after_warmup() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/lm");
-    let cfg =
-        LmConfig::from_json(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
-    let w = Weights::open(&dir.join("model.safetensors"), Component::Lm).unwrap();
-    let model = LmModel::load(&w, &cfg).unwrap();
+    let model = load_fixture_model();
     let pool = Pool::new(2);
     let n = 3;
     let mut batch = model::lm::LmBatchGen::new(&model, n, KvDtype::Bf16).unwrap();
