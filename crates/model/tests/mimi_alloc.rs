@@ -59,23 +59,17 @@ fn frame_path_allocates_nothing() {
     let pool = model::mimi::Pool::new(2);
     let mut enc = MimiEncoder::new(mimi.clone());
     let mut dec = MimiDecoder::new(mimi.clone());
-    for f in 0..2 {
+    let mut pooled_frame = |f: usize| {
         codes.copy_from_slice(
             enc.encode_frame_with(&input[f * fs..(f + 1) * fs], Some(&pool), None)
                 .unwrap(),
         );
         dec.decode_frame_with(&codes, &mut out, Some(&pool), None)
             .unwrap();
-    }
+    };
+    (0..2).for_each(&mut pooled_frame);
     let before = allocs();
-    for f in 2..12 {
-        codes.copy_from_slice(
-            enc.encode_frame_with(&input[f * fs..(f + 1) * fs], Some(&pool), None)
-                .unwrap(),
-        );
-        dec.decode_frame_with(&codes, &mut out, Some(&pool), None)
-            .unwrap();
-    }
+    (2..12).for_each(&mut pooled_frame);
     assert_eq!(allocs() - before, 0, "pooled frame path allocated");
 
     // the counter does count (guards against a vacuous test)
