@@ -571,11 +571,16 @@ impl LmBatchGen {
                 });
             }
         }
-        let mut codes = [0i64; MAX_AUDIO_CODEBOOKS];
-        for i in 0..m {
+        // Row `i`'s user codes widened to the i64 of the token cache.
+        let row_codes = |i: usize| {
+            let mut codes = [0i64; MAX_AUDIO_CODEBOOKS];
             for (c, &u) in codes.iter_mut().zip(&user_codes[i * nu..(i + 1) * nu]) {
                 *c = u as i64;
             }
+            codes
+        };
+        for i in 0..m {
+            let codes = row_codes(i);
             let opts = StepOptions {
                 force_text: force_text.and_then(|f| f[i]),
                 force_audio: None,
@@ -583,9 +588,7 @@ impl LmBatchGen {
             TokenCache::validate(s, &codes[..nu], &opts)?;
         }
         for (i, &b) in rows.iter().enumerate() {
-            for (c, &u) in codes.iter_mut().zip(&user_codes[i * nu..(i + 1) * nu]) {
-                *c = u as i64;
-            }
+            let codes = row_codes(i);
             let tc = &mut self.tcs[b];
             tc.gather(s, &codes[..nu]);
             self.input[i * ks..(i + 1) * ks].copy_from_slice(&tc.input);
