@@ -174,12 +174,7 @@ impl SessionRunner {
         control.set_waker(Arc::new(move || t2.unpark()));
         // A command or frame that arrived before the wakers were installed must not be missed.
         join.thread().unpark();
-        let events = EventReceiver {
-            rx,
-            recycle,
-            worker: join.thread().clone(),
-            control: control.clone(),
-        };
+        let events = EventReceiver::new(rx, recycle, join.thread().clone(), control.clone());
         Ok(SessionRunner {
             control,
             producer,
