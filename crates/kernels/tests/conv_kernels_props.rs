@@ -9,17 +9,8 @@ use kernels::conv::{Conv1d, ConvKernel, ConvTranspose1d};
 use kernels::Pool;
 use proptest::prelude::*;
 
-fn vals(seed: u64, n: usize) -> Vec<f32> {
-    let mut s = seed | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
+mod common;
+use common::vals;
 
 fn close(a: &[f32], b: &[f32], tol: f32, what: &str) {
     assert_eq!(a.len(), b.len());
