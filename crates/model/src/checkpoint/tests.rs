@@ -513,28 +513,23 @@ fn bundle_refusals() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-#[test]
-fn legacy_and_new_attention_in_one_file_conflict() {
-    let t = vec![
-        (
-            "transformer.layers.0.self_attn.in_proj_weight".to_string(),
-            "F32",
-            vec![3, 1],
-            vec![0u8; 12],
-        ),
-        (
-            "transformer.layers.0.self_attn.in_projs.0.weight".to_string(),
-            "F32",
-            vec![3, 1],
-            vec![0u8; 12],
-        ),
-    ];
-    let e = Weights::from_bytes(
+/// The error of opening, as an LM file, two F32 `[3, 1]` tensors with these names.
+fn lm_error_of_two_tensors(a: &str, b: &str) -> CheckpointError {
+    let t = [a, b].map(|name| (name.to_string(), "F32", vec![3, 1], vec![0u8; 12]));
+    Weights::from_bytes(
         "mem",
         safetensors::to_bytes(&t),
         &OpenOptions::new(Component::Lm),
     )
-    .unwrap_err();
+    .unwrap_err()
+}
+
+#[test]
+fn legacy_and_new_attention_in_one_file_conflict() {
+    let e = lm_error_of_two_tensors(
+        "transformer.layers.0.self_attn.in_proj_weight",
+        "transformer.layers.0.self_attn.in_projs.0.weight",
+    );
     assert!(
         matches!(
             e,
@@ -546,26 +541,10 @@ fn legacy_and_new_attention_in_one_file_conflict() {
         "{e:?}"
     );
     // A gap in the per-step parts is reported as the missing part.
-    let t = vec![
-        (
-            "depformer.layers.0.self_attn.in_projs.0.weight".to_string(),
-            "F32",
-            vec![3, 1],
-            vec![0u8; 12],
-        ),
-        (
-            "depformer.layers.0.self_attn.in_projs.2.weight".to_string(),
-            "F32",
-            vec![3, 1],
-            vec![0u8; 12],
-        ),
-    ];
-    let e = Weights::from_bytes(
-        "mem",
-        safetensors::to_bytes(&t),
-        &OpenOptions::new(Component::Lm),
-    )
-    .unwrap_err();
+    let e = lm_error_of_two_tensors(
+        "depformer.layers.0.self_attn.in_projs.0.weight",
+        "depformer.layers.0.self_attn.in_projs.2.weight",
+    );
     assert!(
         matches!(&e, CheckpointError::MissingTensor { names } if names[0].contains("part 1")),
         "{e:?}"
