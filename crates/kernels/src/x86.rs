@@ -238,15 +238,7 @@ macro_rules! quant_kernels {
                 let mut acc = [_mm256_setzero_ps(); N];
                 let mut corr = [_mm256_setzero_ps(); N];
                 let affine = q.kind == QKind::Affine8;
-                // Independent integer accumulators per activation row (ILP: one chain of 8
-                // dependent adds per block would bound a single row to ~5 cycles per load).
-                let split = if N == 1 {
-                    4
-                } else if N == 2 {
-                    2
-                } else {
-                    1
-                };
+                let split = row_split(N);
                 let mut wp = q.codes.as_ptr().add(q.tile_block_base(t, 0));
                 // The first tile of a pair prefetches the pair's lines; the second finds them in cache.
                 let pf = if t % 2 == 0 {
@@ -326,13 +318,7 @@ macro_rules! quant_kernels {
                 let mut corr = [_mm256_setzero_ps(); N];
                 let sym = q.kind == QKind::Q4Sym;
                 let minus8 = _mm256_set1_ps(-8.0);
-                let split = if N == 1 {
-                    4
-                } else if N == 2 {
-                    2
-                } else {
-                    1
-                };
+                let split = row_split(N);
                 // With VNNI and separate low/high accumulators (split >= 2: odd indices hold the
                 // high nibbles), high nibbles enter unshifted as 16·q (one `vpand`); their i32
                 // sums are multiples of 16 (|sum| < 2^19) and are shifted back exactly.
@@ -531,6 +517,17 @@ unsafe fn quant_ymm(
     }
 }
 
+/// Independent integer accumulators per activation row of the quantized tile kernels for `n`
+/// rows at once (ILP: one chain of 8 dependent adds per block would bound a single row to
+/// ~5 cycles per load).
+const fn row_split(n: usize) -> usize {
+    match n {
+        1 => 4,
+        2 => 2,
+        _ => 1,
+    }
+}
+
 /// Software-prefetch distance (bytes ahead in each weight / KV stream) of the AVX-512
 /// kernels; 0 = off. 4 KiB measured best on the development host (one core reaches ~18–27 %
 /// more bandwidth than with the hardware prefetchers alone; `examples/prefetch_ab.rs`).
@@ -580,13 +577,7 @@ mod avx512q {
         let mut acc = [_mm512_setzero_ps(); N];
         let mut corr = [_mm512_setzero_ps(); N];
         let affine = q.kind == QKind::Affine8;
-        let split = if N == 1 {
-            4
-        } else if N == 2 {
-            2
-        } else {
-            1
-        };
+        let split = row_split(N);
         let mut wp = q.codes.as_ptr().add(p * nb * 2 * TILE * QK);
         let xu = act.qu.as_ptr();
         let pf = PREFETCH.load(std::sync::atomic::Ordering::Relaxed);
