@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,9 +31,7 @@ fn thread_kind(name: Option<&str>) -> Option<usize> {
 }
 
 fn backend(batch: usize) -> Arc<RuntimeBackend> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/lm");
-    let engine =
-        runtime::Engine::open(&dir, runtime::EngineOptions::default()).expect("tiny bundle");
+    let engine = tiny_engine();
     let mut b = RuntimeBackend::new(engine, BackendInfo::default());
     b.batch = batch;
     Arc::new(b)

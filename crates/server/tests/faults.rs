@@ -32,9 +32,7 @@ fn cfg(max_sessions: usize, max_queue: usize) -> ServeConfig {
 }
 
 fn tiny_backend() -> Arc<RuntimeBackend> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/lm");
-    let engine =
-        runtime::Engine::open(&dir, runtime::EngineOptions::default()).expect("tiny bundle");
+    let engine = tiny_engine();
     Arc::new(RuntimeBackend::new(
         engine,
         BackendInfo {

@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,9 +12,7 @@ use server::backend::{BackendInfo, RuntimeBackend};
 use server::ServeConfig;
 
 fn backend() -> Arc<RuntimeBackend> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/lm");
-    let engine =
-        runtime::Engine::open(&dir, runtime::EngineOptions::default()).expect("tiny bundle");
+    let engine = tiny_engine();
     Arc::new(RuntimeBackend::new(
         engine,
         BackendInfo {

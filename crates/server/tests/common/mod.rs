@@ -16,6 +16,13 @@ use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 pub type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
+/// The oracle's tiny Moshi bundle (`fixtures/lm`: exact architecture, random weights), default
+/// engine options.
+pub fn tiny_engine() -> Arc<runtime::Engine> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/lm");
+    runtime::Engine::open(&dir, runtime::EngineOptions::default()).expect("tiny bundle")
+}
+
 pub struct Running {
     pub addr: SocketAddr,
     pub metrics: Arc<server::metrics::Metrics>,
