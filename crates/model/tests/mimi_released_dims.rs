@@ -34,16 +34,7 @@ fn released_dims_stream_equals_batch() {
     );
     assert_eq!(mimi.encode(&pcm), codes);
     let batch = mimi.decode(&codes, frames).unwrap();
-    let err = batch
-        .iter()
-        .zip(&out)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f32::max);
-    let scale = out.iter().map(|v| v.abs()).fold(0.0, f32::max);
-    assert!(
-        err <= 1e-4 * scale.max(1.0),
-        "stream vs batch {err} (scale {scale})"
-    );
+    assert_close_to_scale(&batch, &out, "stream vs batch");
 }
 
 /// The pooled paths (convolutions split by panels, per-channel pre-processing, matmuls by
@@ -73,14 +64,16 @@ fn released_dims_pool_equals_single_thread() {
     let (c1, o1) = run(None);
     let (c2, o2) = run(Some(&pool));
     assert_eq!(c1, c2);
-    let err = o1
+    assert_close_to_scale(&o2, &o1, "pool vs single");
+}
+
+/// Max |a − b| within 1e-4 of max(1, max |reference|).
+fn assert_close_to_scale(got: &[f32], reference: &[f32], what: &str) {
+    let err = got
         .iter()
-        .zip(&o2)
+        .zip(reference)
         .map(|(a, b)| (a - b).abs())
         .fold(0.0, f32::max);
-    let scale = o1.iter().map(|v| v.abs()).fold(0.0, f32::max);
-    assert!(
-        err <= 1e-4 * scale.max(1.0),
-        "pool vs single {err} (scale {scale})"
-    );
+    let scale = reference.iter().map(|v| v.abs()).fold(0.0, f32::max);
+    assert!(err <= 1e-4 * scale.max(1.0), "{what} {err} (scale {scale})");
 }
