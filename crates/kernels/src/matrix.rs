@@ -64,7 +64,7 @@ impl QKind {
 /// Repacked quantized weights in tiles of 8 rows, stored in pairs of tiles (16 rows, the
 /// unit of the AVX-512 kernels). Per pair and 32-column block: for each 4-byte group of
 /// columns (`k`), 64 bytes = 32 bytes of tile `2p` (its 8 rows × 4 bytes) then 32 bytes of
-/// tile `2p+1` (see `code_offset`). Per pair and scale group: the 16 scales (and biases)
+/// tile `2p+1` (see `decode_block`). Per pair and scale group: the 16 scales (and biases)
 /// of tile `2p` then `2p+1`. A tile on its own (AVX2) is read with a 64-byte stride between
 /// its 4-byte groups. Rows past `rows` (up to an even number of tiles) are zero padding.
 pub(crate) struct QPacked {
@@ -88,29 +88,6 @@ impl QPacked {
     #[inline]
     pub(crate) fn scale_index(&self, t: usize, g: usize) -> usize {
         ((t / 2) * self.groups + g) * 2 * TILE + (t % 2) * TILE
-    }
-
-    /// Byte offset and nibble shift of element `e` (0..32) of row `ri` (0..8) in block `b` of tile `t`.
-    #[inline]
-    pub(crate) fn code_offset(&self, t: usize, b: usize, ri: usize, e: usize) -> (usize, u32) {
-        let base = self.tile_block_base(t, b) + ri * 4;
-        if self.kind.is_q4() {
-            let (e, shift) = if e < 16 { (e, 0) } else { (e - 16, 4) };
-            (base + (e / 4) * 64 + e % 4, shift)
-        } else {
-            (base + (e / 4) * 64 + e % 4, 0)
-        }
-    }
-
-    /// The integer code of an element as the kernels see it (signed for q8 kinds).
-    #[inline]
-    pub(crate) fn code(&self, t: usize, b: usize, ri: usize, e: usize) -> i32 {
-        let (o, sh) = self.code_offset(t, b, ri, e);
-        if self.kind.is_q4() {
-            ((self.codes[o] >> sh) & 15) as i32
-        } else {
-            self.codes[o] as i8 as i32
-        }
     }
 
     /// Decodes the 32 codes of row `ri`, block `b` of tile `t` as the kernels see them
@@ -187,7 +164,7 @@ impl QPacked {
             let (t, ri) = (r / TILE, r % TILE);
             for b in 0..blocks {
                 fill(r, b, &mut buf);
-                // Same placement as `code_offset`, written out per 4-byte group.
+                // Same placement as `decode_block`, written out per 4-byte group.
                 let base = p.tile_block_base(t, b) + ri * 4;
                 if kind.is_q4() {
                     for k in 0..4 {
@@ -751,10 +728,12 @@ impl Matrix {
             }
             Data::Quant(q) => {
                 let (t, ri) = (r / TILE, r % TILE);
+                let mut codes = [0i8; QK];
                 for b in 0..q.blocks {
                     let (s, bias) = q.scale_bias(t, b / q.group_blocks, ri);
-                    for e in 0..QK {
-                        let c = q.code(t, b, ri, e);
+                    q.decode_block(t, b, ri, &mut codes);
+                    for (e, &c) in codes.iter().enumerate() {
+                        let c = c as i32;
                         out[b * QK + e] = match q.kind {
                             QKind::Q8Sym => s * c as f32,
                             QKind::Q4Sym => s * (c - 8) as f32,
