@@ -94,6 +94,25 @@ pub struct BenchArgs {
     pub ab_avx512: bool,
 }
 
+/// The AVX-512 settings each cell is timed with: allowed and forbidden with `--ab-avx512`
+/// (interleaved), else one cell with the default.
+fn ab_modes(ab_avx512: bool) -> Vec<Option<bool>> {
+    if ab_avx512 {
+        vec![Some(true), Some(false)]
+    } else {
+        vec![None]
+    }
+}
+
+/// The result-line suffix of an AVX-512 setting from [`ab_modes`].
+fn simd_label(mode: Option<bool>) -> &'static str {
+    match mode {
+        Some(true) => " simd=avx512",
+        Some(false) => " simd=avx2",
+        None => "",
+    }
+}
+
 /// Median (mean of the two middle values for an even count), min and max.
 fn stats(v: &[f64]) -> (f64, f64, f64) {
     let mut s = v.to_vec();
@@ -352,11 +371,7 @@ fn bench_mimi(args: &BenchArgs, pools: &[Pool]) -> Result<()> {
     }
     // Cells: (thread index, AVX-512 allowed) — with --ab-avx512 each thread count is timed
     // with the AVX-512 kernels allowed and forbidden, interleaved within every round.
-    let modes: Vec<Option<bool>> = if args.ab_avx512 {
-        vec![Some(true), Some(false)]
-    } else {
-        vec![None]
-    };
+    let modes = ab_modes(args.ab_avx512);
     let cells: Vec<(usize, Option<bool>)> = (0..pools.len())
         .flat_map(|pi| modes.iter().map(move |&m| (pi, m)))
         .collect();
@@ -384,11 +399,7 @@ fn bench_mimi(args: &BenchArgs, pools: &[Pool]) -> Result<()> {
         args.mimi_frames, args.rounds
     );
     for (ci, &(pi, mode)) in cells.iter().enumerate() {
-        let simd = match mode {
-            Some(true) => " simd=avx512",
-            Some(false) => " simd=avx2",
-            None => "",
-        };
+        let simd = simd_label(mode);
         for (what, v) in [
             ("mimi_encode", &enc[ci]),
             ("mimi_decode", &dec[ci]),
@@ -491,11 +502,7 @@ fn bench_lm(args: &BenchArgs, pools: &[Pool], probe: &Probe) -> Result<()> {
                 }
             }
             // A/B of the AVX-512 kernels (in-process, interleaved per round and pool).
-            let modes: Vec<Option<bool>> = if args.ab_avx512 {
-                vec![Some(true), Some(false)]
-            } else {
-                vec![None]
-            };
+            let modes = ab_modes(args.ab_avx512);
             let nm = modes.len();
             let mut cells = vec![vec![Cell::default(); n * nm]; positions.len()];
             let mut batch_ms = vec![Vec::new(); n * nm];
@@ -540,11 +547,7 @@ fn bench_lm(args: &BenchArgs, pools: &[Pool], probe: &Probe) -> Result<()> {
                 }
             }
             kernels::set_avx512_allowed(true);
-            let simd = |pi: usize| match modes[pi % nm] {
-                Some(true) => " simd=avx512",
-                Some(false) => " simd=avx2",
-                None => "",
-            };
+            let simd = |pi: usize| simd_label(modes[pi % nm]);
             for (qi, &pos) in positions.iter().enumerate() {
                 for (pi, c) in cells[qi].iter().enumerate() {
                     let th = args.threads[pi / nm];
