@@ -177,6 +177,14 @@ fn add_embedding(
     Ok(())
 }
 
+/// RMS norm of the first `n` rows (`d` values each) of `x` into `out`.
+fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, d: usize, n: usize, out: &mut [f32]) {
+    for b in 0..n {
+        let r = b * d..(b + 1) * d;
+        ops::rms_norm(&x[r.clone()], w, eps, &mut out[r]);
+    }
+}
+
 /// `u = silu(g[..h]) * g[h..]`.
 fn gate(g: &[f32], u: &mut [f32]) {
     let (a, b) = g.split_at(u.len());
@@ -432,10 +440,7 @@ impl LmModel {
 
         let nl = s.num_layers;
         for (l, layer) in self.layers.iter().enumerate() {
-            for b in 0..n {
-                let r = b * d..(b + 1) * d;
-                ops::rms_norm(&st.x[r.clone()], &layer.norm1, s.eps, &mut st.h[r]);
-            }
+            rms_norm_rows(&st.x, &layer.norm1, s.eps, d, n, &mut st.h);
             pool.matmul(&layer.in_proj, &st.h, n, &mut st.qkv);
             for (b, &row) in rows.iter().enumerate() {
                 let qkv = &mut st.qkv[b * 3 * d..(b + 1) * 3 * d];
@@ -454,10 +459,7 @@ impl LmModel {
             pool.matmul(&layer.out_proj, &st.attn, n, &mut st.tmp);
             ops::add(&mut st.x[..n * d], &st.tmp[..n * d]);
 
-            for b in 0..n {
-                let r = b * d..(b + 1) * d;
-                ops::rms_norm(&st.x[r.clone()], &layer.norm2, s.eps, &mut st.h[r]);
-            }
+            rms_norm_rows(&st.x, &layer.norm2, s.eps, d, n, &mut st.h);
             pool.matmul(&layer.lin_in, &st.h, n, &mut st.g);
             for (g, u) in
                 st.g.chunks_exact(2 * s.hidden)
@@ -469,10 +471,7 @@ impl LmModel {
             pool.matmul(&layer.lin_out, &st.u, n, &mut st.tmp);
             ops::add(&mut st.x[..n * d], &st.tmp[..n * d]);
         }
-        for b in 0..n {
-            let r = b * d..(b + 1) * d;
-            ops::rms_norm(&st.x[r.clone()], &self.out_norm, s.eps, &mut st.tout[r]);
-        }
+        rms_norm_rows(&st.x, &self.out_norm, s.eps, d, n, &mut st.tout);
         pool.matmul(&self.text_linear, &st.tout, n, &mut st.text_logits);
         for &b in rows {
             st.pos[b] += 1;
@@ -550,10 +549,7 @@ impl LmModel {
         }
         for (j, layer) in self.dep_layers.iter().enumerate() {
             let w = &layer.steps[k];
-            for b in 0..n {
-                let r = b * dd..(b + 1) * dd;
-                ops::rms_norm(&st.dx[r.clone()], &layer.norm1, s.eps, &mut st.dh[r]);
-            }
+            rms_norm_rows(&st.dx, &layer.norm1, s.eps, dd, n, &mut st.dh);
             pool.matmul(&w.in_proj, &st.dh, n, &mut st.dqkv);
             for (b, &row) in rows.iter().enumerate() {
                 let qkv = &mut st.dqkv[b * 3 * dd..(b + 1) * 3 * dd];
@@ -566,10 +562,7 @@ impl LmModel {
             pool.matmul(&w.out_proj, &st.dattn, n, &mut st.dtmp);
             ops::add(&mut st.dx[..n * dd], &st.dtmp[..n * dd]);
 
-            for b in 0..n {
-                let r = b * dd..(b + 1) * dd;
-                ops::rms_norm(&st.dx[r.clone()], &layer.norm2, s.eps, &mut st.dh[r]);
-            }
+            rms_norm_rows(&st.dx, &layer.norm2, s.eps, dd, n, &mut st.dh);
             pool.matmul(&w.lin_in, &st.dh, n, &mut st.dg);
             for (g, u) in st
                 .dg
