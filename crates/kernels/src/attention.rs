@@ -144,10 +144,16 @@ impl KvRing {
     /// `min(window, len)` entries (including the one just pushed), oldest first.
     /// `q` and `out` hold `n_heads · head_dim` values. With no entry, `out` is zero.
     pub fn attend(&mut self, q: &[f32], out: &mut [f32], window: usize) {
+        self.attend_level(Level::detect(self.head_dim), q, out, window)
+    }
+
+    /// All heads, one after the other, on the given kernel path.
+    fn attend_level(&mut self, level: Level, q: &[f32], out: &mut [f32], window: usize) {
         let hd = self.head_dim;
         let mut scores = std::mem::take(&mut self.scores);
         for h in 0..self.n_heads {
-            self.attend_head(
+            self.attend_head_level(
+                level,
                 h,
                 &q[h * hd..(h + 1) * hd],
                 &mut out[h * hd..(h + 1) * hd],
@@ -161,19 +167,7 @@ impl KvRing {
     /// Scalar reference of [`KvRing::attend`]: per entry a scalar dot product, a scalar
     /// softmax and scalar `out += p·v` (property tests compare the SIMD paths with it).
     pub fn attend_reference(&mut self, q: &[f32], out: &mut [f32], window: usize) {
-        let hd = self.head_dim;
-        let mut scores = std::mem::take(&mut self.scores);
-        for h in 0..self.n_heads {
-            self.attend_head_level(
-                Level::Scalar,
-                h,
-                &q[h * hd..(h + 1) * hd],
-                &mut out[h * hd..(h + 1) * hd],
-                window,
-                &mut scores,
-            );
-        }
-        self.scores = scores;
+        self.attend_level(Level::Scalar, q, out, window)
     }
 
     /// [`KvRing::attend`] with the heads split over the pool's threads (each head's
