@@ -7,20 +7,11 @@ use std::time::Duration;
 
 use common::*;
 use runtime::{
-    BatchOptions, BatchRunner, BatchSession, Event, EventReceiver, FrameEvent, PcmProducer,
-    RuntimeError, Session, SessionOptions, StopReason, FRAME_SIZE,
+    BatchOptions, BatchRunner, BatchSession, Event, EventReceiver, PcmProducer, RuntimeError,
+    Session, SessionOptions, StopReason, FRAME_SIZE,
 };
 
 const WAIT: Duration = Duration::from_secs(30);
-
-fn record_event(c: &mut Collected, f: &FrameEvent) {
-    c.frame_index.push(f.frame_index);
-    c.epoch.push(f.epoch);
-    c.text_tokens.push(f.text_token);
-    c.audio.push(f.audio_tokens);
-    c.pcm.extend_from_slice(&f.pcm);
-    c.text.push_str(&f.text);
-}
 
 /// Tokens, indices and epochs exactly; PCM within 1e-4.
 #[track_caller]
@@ -68,7 +59,7 @@ impl Conv {
     fn expect_frame(&mut self) {
         match self.ev.recv_timeout(WAIT).unwrap() {
             Event::Frame(f) => {
-                record_event(&mut self.got, &f);
+                self.got.record_event(&f);
                 self.ev.recycle(f);
             }
             other => panic!("slot {}: {other:?}", self.s.slot()),

@@ -30,14 +30,7 @@ fn runner_output_equals_stepping_by_hand() {
     let mut got = Collected::default();
     while got.frame_index.len() < 8 {
         match ev.recv_timeout(T).unwrap() {
-            Event::Frame(f) => {
-                got.frame_index.push(f.frame_index);
-                got.epoch.push(f.epoch);
-                got.text_tokens.push(f.text_token);
-                got.audio.push(f.audio_tokens);
-                got.pcm.extend_from_slice(&f.pcm);
-                got.text.push_str(&f.text);
-            }
+            Event::Frame(f) => got.record_event(&f),
             other => panic!("{other:?}"),
         }
     }

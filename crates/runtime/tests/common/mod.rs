@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use model::sampling::SamplerConfig;
-use runtime::{Engine, EngineOptions, Session, SessionOptions, Step, FRAME_SIZE};
+use runtime::{Engine, EngineOptions, FrameEvent, Session, SessionOptions, Step, FRAME_SIZE};
 
 /// The tiny Moshi bundle produced by the oracle.
 pub fn bundle_dir() -> PathBuf {
@@ -82,6 +82,16 @@ impl Collected {
             }
             _ => false,
         }
+    }
+
+    /// Record one frame event of a threaded driver (`SessionRunner`, `BatchRunner`).
+    pub fn record_event(&mut self, f: &FrameEvent) {
+        self.frame_index.push(f.frame_index);
+        self.epoch.push(f.epoch);
+        self.text_tokens.push(f.text_token);
+        self.audio.push(f.audio_tokens);
+        self.pcm.extend_from_slice(&f.pcm);
+        self.text.push_str(&f.text);
     }
 }
 
