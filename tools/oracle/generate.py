@@ -1,5 +1,5 @@
 """Regenerate every oracle fixture: `python generate.py [mimi] [lm] [exports] [quant] [duplex] [sampling]` (default all,
-in this order; later groups read the earlier ones). `python gen_lm.py --search` re-runs the LM seed search."""
+in this order; later groups read the earlier ones). `python seed_search.py [--write]` re-runs the LM seed search."""
 import sys
 import time
 
