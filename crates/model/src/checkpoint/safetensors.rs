@@ -61,6 +61,10 @@ pub fn parse(bytes: &[u8]) -> Result<Header, Malformed> {
         if !seen.insert(name.clone()) {
             return Err(Malformed::DuplicateName(name));
         }
+        // MLX 0.32's `save_safetensors` writes `"__metadata__": null` when given no metadata.
+        if name == "__metadata__" && value.is_null() {
+            continue;
+        }
         if name == "__metadata__" {
             let obj = value
                 .as_object()
