@@ -4,7 +4,7 @@
 //! (Both crates name the product libraries `model`, `runtime` and `server`.)
 
 use model::checkpoint::Component;
-use model::weights::{OpenOptions, Weights};
+use model::checkpoint::{OpenOptions, Weights};
 
 /// safetensors: header parsing, then the full open path (layout detection, name mapping).
 pub fn safetensors_header(data: &[u8]) {

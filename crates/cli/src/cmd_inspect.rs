@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use model::checkpoint::Schema;
 use model::checkpoint::{Bundle, Component};
-use model::config::{LmConfig, MimiConfig};
-use model::schema::Schema;
-use model::weights::{OpenOptions, Quant, Weights};
+use model::checkpoint::{LmConfig, MimiConfig};
+use model::checkpoint::{OpenOptions, Quant, Weights};
 
 /// Flags of `moshi-native inspect`.
 #[derive(Args, Debug, Clone)]

@@ -21,8 +21,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
 use kernels::Pool;
 use model::checkpoint::Component;
+use model::checkpoint::{OpenOptions, Weights};
 use model::mimi::{Mimi, MimiDecoder, MimiEncoder, MimiSpec};
-use model::weights::{OpenOptions, Weights};
 
 /// Flags shared by the Mimi commands.
 #[derive(Args, Debug, Clone)]

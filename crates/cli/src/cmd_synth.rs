@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use model::checkpoint::synth::{write_bundle, SynthFormat};
-use model::config::{BundleConfig, LmConfig, MimiConfig};
+use model::checkpoint::{BundleConfig, LmConfig, MimiConfig};
 
 /// Flags of `moshi-native synth`.
 #[derive(Args, Debug, Clone)]

@@ -2,10 +2,7 @@
 //!
 //! This crate knows no threads or sockets.
 pub mod checkpoint;
-pub mod config;
 pub mod lm;
 pub mod mimi;
 pub mod sampling;
-pub mod schema;
 pub mod text;
-pub mod weights;

@@ -14,11 +14,11 @@ use std::sync::Mutex;
 
 use kernels::Pool;
 use model::checkpoint::gguf::{self, WriteTensor};
+use model::checkpoint::LmConfig;
+use model::checkpoint::Weights;
 use model::checkpoint::{safetensors, Bundle, CheckpointError, Component, Malformed};
-use model::config::LmConfig;
 use model::lm::{KvDtype, LmError, LmGen, LmModel};
 use model::sampling::{Sampler, SamplerConfig, SamplingError};
-use model::weights::Weights;
 use testkit::peak_growth_during as peak_during;
 
 #[global_allocator]

@@ -6,10 +6,10 @@ use std::path::Path;
 
 use kernels::Pool;
 use model::checkpoint::Component;
-use model::config::LmConfig;
+use model::checkpoint::LmConfig;
+use model::checkpoint::Weights;
 use model::lm::{KvDtype, LmGen, LmModel, NoObserver, StepOptions};
 use model::sampling::{RepetitionPenalty, Sampler, SamplerConfig};
-use model::weights::Weights;
 use testkit::thread_allocations as allocs;
 
 #[global_allocator]

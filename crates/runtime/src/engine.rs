@@ -4,10 +4,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use model::checkpoint::Bundle;
+use model::checkpoint::Weights;
 use model::lm::{KvDtype, LmModel};
 use model::mimi::{Mimi, MimiError, MimiSpec, MimiTensors};
 use model::text::SentencePiece;
-use model::weights::Weights;
 
 use crate::RuntimeError;
 

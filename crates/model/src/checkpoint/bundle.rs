@@ -3,9 +3,9 @@
 use std::path::{Path, PathBuf};
 
 use super::{CheckpointError, Component};
-use crate::config::{BundleConfig, MimiConfig};
-use crate::schema::Schema;
-use crate::weights::{OpenOptions, Weights};
+use crate::checkpoint::Schema;
+use crate::checkpoint::{BundleConfig, MimiConfig};
+use crate::checkpoint::{OpenOptions, Weights};
 
 /// LM file names tried, in order, when a bundle has no `config.json` or its `moshi_name` is the
 /// default and absent (PyTorch/candle/MLX repositories).
@@ -86,7 +86,7 @@ impl Bundle {
         // An explicit `moshi_name` must exist; the default name falls back to the other released names.
         let lm = if named.is_file() {
             named
-        } else if has_cfg && config.moshi_name != crate::config::MOSHI_NAME {
+        } else if has_cfg && config.moshi_name != crate::checkpoint::MOSHI_NAME {
             return Err(missing("LM weights", config.moshi_name.clone()));
         } else {
             LM_CANDIDATES

@@ -125,7 +125,7 @@ pub enum Malformed {
     Other(String),
 }
 
-/// Errors of `model::checkpoint`, `model::config` and `model::weights`.
+/// Errors of `model::checkpoint` (configs, bundles, weight files).
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
     /// I/O failure on a file.

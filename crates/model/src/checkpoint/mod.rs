@@ -3,19 +3,43 @@
 //!
 //! Canonical names are those of `kyutai/moshiko-pytorch-bf16` `model.safetensors` (legacy
 //! `in_proj_weight` layout) for the LM and of `tokenizer-e351c8d8-checkpoint125.safetensors` for Mimi.
-//! See [`crate::weights::Weights`] for the tensor access API and [`crate::schema`] for the inventory.
+//!
+//! Modules by concern: configs ([`LmConfig`], [`MimiConfig`], [`LmGenConfig`], [`BundleConfig`]; JSON
+//! helpers in `json.rs`), the bundle directory ([`Bundle`]), file bytes and page release (`mapped.rs`),
+//! format detection (`format.rs`), containers ([`safetensors`], [`gguf`]), MLX triplets (`mlx.rs`),
+//! dequantization (`dequant.rs`), name mapping ([`names`]), the tensor access API ([`Weights`]) and the
+//! expected inventory with its checks ([`Schema`]).
 
 mod bundle;
+mod bundle_config;
+mod dequant;
 mod error;
+mod format;
+mod gen_config;
 pub mod gguf;
+mod json;
+mod layers;
+mod lm_config;
+mod mapped;
+mod mimi_config;
+mod mlx;
 pub mod names;
 pub mod safetensors;
+mod schema;
 pub mod synth;
+mod weights;
 
 use std::fmt;
 
 pub use bundle::{Bundle, BundleFiles};
+pub use bundle_config::{BundleConfig, MIMI_NAME, MOSHI_NAME, TOKENIZER_NAME};
 pub use error::{CheckpointError, Malformed};
+pub use gen_config::LmGenConfig;
+pub use layers::{ffn_hidden, Gating, NormKind, PosEmb};
+pub use lm_config::LmConfig;
+pub use mimi_config::{MimiConfig, MimiTransformerConfig, QuantizerConfig, SeanetConfig};
+pub use schema::{Allowed, Schema, TensorSpec};
+pub use weights::{OpenOptions, Quant, TensorInfo, Weights};
 
 /// Which model a weights file belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

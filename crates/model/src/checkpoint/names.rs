@@ -674,8 +674,8 @@ mod tests {
 
     #[test]
     fn hf_mimi_mapping_is_a_bijection_on_the_schema() {
-        let cfg = crate::config::MimiConfig::v0_1();
-        let schema = crate::schema::Schema::mimi(&cfg);
+        let cfg = crate::checkpoint::MimiConfig::v0_1();
+        let schema = crate::checkpoint::Schema::mimi(&cfg);
         let hf: Vec<(String, String, usize)> = schema
             .tensors
             .iter()

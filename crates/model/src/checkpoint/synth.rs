@@ -10,8 +10,8 @@ use half::{bf16, f16};
 
 use super::gguf;
 use super::CheckpointError;
-use crate::config::{LmConfig, MimiConfig, MIMI_NAME, TOKENIZER_NAME};
-use crate::schema::{Schema, TensorSpec};
+use crate::checkpoint::{LmConfig, MimiConfig, MIMI_NAME, TOKENIZER_NAME};
+use crate::checkpoint::{Schema, TensorSpec};
 
 /// Output layout of [`write_bundle`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -679,7 +679,7 @@ mod tests {
     use super::*;
     use crate::checkpoint::names::Layout;
     use crate::checkpoint::Bundle;
-    use crate::weights::Quant;
+    use crate::checkpoint::Quant;
 
     fn tiny() -> (LmConfig, MimiConfig) {
         let mut lm = LmConfig::moshiko_v0_1();
@@ -778,7 +778,7 @@ mod tests {
         ] {
             let p = root.join(format!("{fmt:?}"));
             let len = write_lm_header_only(&p, fmt, &cfg).unwrap();
-            let w = crate::weights::Weights::open(&p, crate::checkpoint::Component::Lm).unwrap();
+            let w = crate::checkpoint::Weights::open(&p, crate::checkpoint::Component::Lm).unwrap();
             assert_eq!(w.file_len() as u64, len);
             assert_eq!(w.layout(), layout, "{fmt:?}");
             w.check(&schema).unwrap_or_else(|e| panic!("{fmt:?}: {e}"));
@@ -808,7 +808,8 @@ mod tests {
         for (hf, layout) in [(false, Layout::PytorchLegacy), (true, Layout::HfMimi)] {
             let p = root.join(format!("mimi-{hf}.safetensors"));
             write_mimi_header_only(&p, &cfg, hf).unwrap();
-            let w = crate::weights::Weights::open(&p, crate::checkpoint::Component::Mimi).unwrap();
+            let w =
+                crate::checkpoint::Weights::open(&p, crate::checkpoint::Component::Mimi).unwrap();
             assert_eq!(w.layout(), layout);
             w.check(&schema).unwrap_or_else(|e| panic!("hf={hf}: {e}"));
             let i = w.info("decoder.model.11.convtr.convtr.weight").unwrap();

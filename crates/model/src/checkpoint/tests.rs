@@ -4,9 +4,9 @@
 use std::path::PathBuf;
 
 use super::*;
-use crate::config::{LmConfig, MimiConfig};
-use crate::schema::Schema;
-use crate::weights::{OpenOptions, Quant, Weights};
+use crate::checkpoint::Schema;
+use crate::checkpoint::{LmConfig, MimiConfig};
+use crate::checkpoint::{OpenOptions, Quant, Weights};
 
 fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
@@ -237,13 +237,19 @@ fn quant_blocks_dequantize_like_the_oracle() {
     let f32s = |n: &str| {
         let t = get(n);
         let mut v = Vec::new();
-        crate::weights::dequant_plain(t.dtype, &bytes[t.offset..t.offset + t.len], &mut v).unwrap();
+        crate::checkpoint::dequant::dequant_plain(
+            t.dtype,
+            &bytes[t.offset..t.offset + t.len],
+            &mut v,
+        )
+        .unwrap();
         v
     };
     for (q, dt) in [("q8_0", DType::Q8_0), ("q4_0", DType::Q4_0)] {
         let t = get(&format!("{q}.bytes"));
         let mut out = Vec::new();
-        crate::weights::dequant_plain(dt, &bytes[t.offset..t.offset + t.len], &mut out).unwrap();
+        crate::checkpoint::dequant::dequant_plain(dt, &bytes[t.offset..t.offset + t.len], &mut out)
+            .unwrap();
         assert_eq!(out, f32s(&format!("{q}.dequant")), "{q}");
     }
     // [8, 128] triplets: q4/g64 and q8/g32 have identical shapes, so (bits, group) is given here;
@@ -327,7 +333,7 @@ fn tensor_level_refusals() {
         Err(CheckpointError::UnsupportedLayout { .. })
     ));
     assert!(matches!(
-        crate::config::BundleConfig::from_json(
+        crate::checkpoint::BundleConfig::from_json(
             r#"{"architectures": ["MoshiForConditionalGeneration"], "model_type": "moshi"}"#
         ),
         Err(CheckpointError::UnsupportedLayout { .. })
@@ -365,10 +371,10 @@ fn tensor_level_refusals() {
     .unwrap();
     let schema = Schema {
         component: Component::Lm,
-        tensors: vec![crate::schema::TensorSpec {
+        tensors: vec![crate::checkpoint::TensorSpec {
             name: "out_norm.alpha".into(),
             shape: vec![1, 1, 4],
-            allowed: crate::schema::Allowed::Float,
+            allowed: crate::checkpoint::Allowed::Float,
         }],
     };
     assert!(

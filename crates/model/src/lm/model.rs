@@ -6,8 +6,8 @@ use kernels::{ops, Matrix, Pool};
 use super::source::TensorSource;
 use super::spec::LmSpec;
 use super::LmError;
-use crate::config::LmConfig;
-use crate::weights::Weights;
+use crate::checkpoint::LmConfig;
+use crate::checkpoint::Weights;
 
 /// One temporal transformer layer.
 #[derive(Debug)]

@@ -4,8 +4,8 @@
 use kernels::{Matrix, Storage, WeightFormat};
 
 use super::LmError;
+use crate::checkpoint::Weights;
 use crate::sampling::Rng;
-use crate::weights::Weights;
 
 /// A provider of named LM tensors (canonical Kyutai PyTorch names). The loader states the shape
 /// it expects; implementations return a typed error on a mismatch.

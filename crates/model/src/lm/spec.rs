@@ -1,7 +1,7 @@
 //! Sizes and constants of one LM, derived from [`LmConfig`].
 
 use super::LmError;
-use crate::config::LmConfig;
+use crate::checkpoint::LmConfig;
 
 /// The sizes and token conventions the LM code needs, derived from an [`LmConfig`] that passed
 /// [`LmConfig::validate`] (Moshi v0.1 architecture at any sizes).

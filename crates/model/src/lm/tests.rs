@@ -7,9 +7,9 @@ use safetensors::SafeTensors;
 
 use super::*;
 use crate::checkpoint::Component;
-use crate::config::LmConfig;
+use crate::checkpoint::LmConfig;
+use crate::checkpoint::Weights;
 use crate::sampling::{Sampler, SamplerConfig};
-use crate::weights::Weights;
 
 pub(crate) fn fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/lm")

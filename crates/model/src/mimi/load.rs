@@ -25,8 +25,8 @@ impl MimiTensors for HashMap<String, F32Tensor> {
     }
 }
 
-/// Checkpoints opened by `model::weights` (names already canonical, any stored dtype).
-impl MimiTensors for crate::weights::Weights {
+/// Checkpoints opened by `model::checkpoint` (names already canonical, any stored dtype).
+impl MimiTensors for crate::checkpoint::Weights {
     fn get_f32(&self, name: &str) -> Result<Option<F32Tensor>, MimiError> {
         if !self.contains(name) {
             return Ok(None);

@@ -145,8 +145,8 @@ impl Mimi {
     /// Builds the model from opened weights and the checkpoint owner's config (the
     /// contract signature of `docs/CONTRACTS.md`).
     pub fn load(
-        weights: &crate::weights::Weights,
-        config: &crate::config::MimiConfig,
+        weights: &crate::checkpoint::Weights,
+        config: &crate::checkpoint::MimiConfig,
         n_codebooks: usize,
     ) -> Result<Self, MimiError> {
         let spec = MimiSpec::try_from(config)?;

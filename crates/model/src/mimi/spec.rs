@@ -364,11 +364,11 @@ fn check_bool(obj: &Value, key: &str, want: bool) -> Result<(), MimiError> {
     }
 }
 
-impl TryFrom<&crate::config::MimiConfig> for MimiSpec {
+impl TryFrom<&crate::checkpoint::MimiConfig> for MimiSpec {
     type Error = MimiError;
 
-    /// Takes the sizes of the checkpoint owner's [`crate::config::MimiConfig`].
-    fn try_from(c: &crate::config::MimiConfig) -> Result<Self, MimiError> {
+    /// Takes the sizes of the checkpoint owner's [`crate::checkpoint::MimiConfig`].
+    fn try_from(c: &crate::checkpoint::MimiConfig) -> Result<Self, MimiError> {
         let t = &c.transformer;
         let s = MimiSpec {
             sample_rate: c.sample_rate,

@@ -10,158 +10,20 @@
 //! borrowed ones (aligned f32/bf16/f16) when their matrix is dropped. Loading a q8_0 GGUF therefore
 //! peaks at about the repacked model's size, not file + model (see [`Weights::released_bytes`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
-use half::{bf16, f16};
-use kernels::{Matrix, Storage, WeightFormat};
+use kernels::{Matrix, WeightFormat};
 
-use crate::checkpoint::names::{self, Layout, Target};
-use crate::checkpoint::{
+use super::dequant::{dequant_mlx, dequant_plain};
+use super::format::detect_format;
+use super::mapped::{map_file, Backing, Bytes, Owner};
+use super::mlx::{group_mlx, SourceTensor};
+use super::names::{self, Layout, Target};
+use super::{
     gguf, safetensors, CheckpointError, Component, DType, FileFormat, Malformed, RawTensor,
 };
-use crate::schema::{Allowed, Schema};
-
-/// Granularity of [`Backing::release`]: ranges are shrunk to whole 4 KiB pages inside them. On a system
-/// with larger pages the kernel widens the range to its pages, which can only drop a neighbouring
-/// tensor's clean, file-backed page from this process (it is read again from the file when touched).
-const RELEASE_PAGE: usize = 4096;
-
-/// Where a weights file's bytes live.
-enum BackingKind {
-    /// A read-only file mapping (`Weights::open`).
-    Map(memmap2::Mmap),
-    /// Bytes in memory (`Weights::from_bytes`, tensors assembled or reordered at open).
-    Owned(Vec<u8>),
-}
-
-/// The bytes every tensor of a [`Weights`] is borrowed from, and the bookkeeping of mapped pages
-/// given back to the OS once no matrix reads them any more (see [`View`]).
-pub(crate) struct Backing {
-    kind: BackingKind,
-    /// Bytes of the mapping released with `MADV_DONTNEED` so far (a range released twice counts twice).
-    released: AtomicUsize,
-}
-
-impl AsRef<[u8]> for Backing {
-    fn as_ref(&self) -> &[u8] {
-        match &self.kind {
-            BackingKind::Map(m) => m,
-            BackingKind::Owned(v) => v,
-        }
-    }
-}
-
-impl Backing {
-    fn owned(v: Vec<u8>) -> Arc<Backing> {
-        Arc::new(Backing {
-            kind: BackingKind::Owned(v),
-            released: AtomicUsize::new(0),
-        })
-    }
-
-    /// Drops this process's resident pages that lie wholly inside `[offset, offset + len)` of a file
-    /// mapping (no-op for bytes in memory and off Unix). The mapping is read-only and never written,
-    /// so this changes no byte: a later read faults the page in again from the file (page cache).
-    /// It only stops those pages from counting in this process's resident set next to the
-    /// repacked copy a quantized [`Matrix`] keeps.
-    fn release(&self, offset: usize, len: usize) {
-        let BackingKind::Map(map) = &self.kind else {
-            return;
-        };
-        // The mapping starts on a page boundary, so file offsets and page offsets agree.
-        let start = offset.next_multiple_of(RELEASE_PAGE);
-        let end = (offset + len) / RELEASE_PAGE * RELEASE_PAGE;
-        if end <= start || end > map.len() {
-            return;
-        }
-        #[cfg(unix)]
-        {
-            // SAFETY: `map` is a read-only shared file mapping that this process never writes, so
-            // MADV_DONTNEED discards no data: every later access reads the same file bytes back
-            // (the checkpoint must not change while mapped, as `map_file` already requires).
-            let advised = unsafe {
-                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
-            };
-            match advised {
-                Ok(()) => {
-                    self.released.fetch_add(end - start, Ordering::Relaxed);
-                }
-                Err(e) => tracing::debug!("madvise(DONTNEED) on weights pages failed: {e}"),
-            }
-        }
-    }
-}
-
-type Owner = Arc<Backing>;
-
-/// One tensor's bytes as handed to [`kernels::Storage`]. When the last reference goes (at once when
-/// the matrix repacked or copied them, later when a matrix that borrows them in place is dropped),
-/// the tensor's whole pages of the file mapping are released ([`Backing::release`]). Formats used in
-/// place (f32/bf16/f16 rows borrowed from the mapping) keep their view, so their pages stay.
-struct View {
-    backing: Owner,
-    offset: usize,
-    len: usize,
-}
-
-impl AsRef<[u8]> for View {
-    fn as_ref(&self) -> &[u8] {
-        &(*self.backing).as_ref()[self.offset..self.offset + self.len]
-    }
-}
-
-impl Drop for View {
-    fn drop(&mut self) {
-        self.backing.release(self.offset, self.len);
-    }
-}
-
-/// A byte range of a shared owner (mmap or owned buffer).
-#[derive(Clone)]
-struct Bytes {
-    owner: Owner,
-    offset: usize,
-    len: usize,
-}
-
-impl Bytes {
-    fn as_slice(&self) -> &[u8] {
-        &(*self.owner).as_ref()[self.offset..self.offset + self.len]
-    }
-    fn sub(&self, off: usize, len: usize) -> Bytes {
-        debug_assert!(off + len <= self.len);
-        Bytes {
-            owner: self.owner.clone(),
-            offset: self.offset + off,
-            len,
-        }
-    }
-    /// The bytes as kernel storage, through a [`View`] that releases the mapped pages when the
-    /// storage is dropped.
-    fn storage(&self) -> Storage {
-        let view: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(View {
-            backing: self.owner.clone(),
-            offset: self.offset,
-            len: self.len,
-        });
-        Storage::from_shared(view, 0, self.len).expect("a view covers its own range")
-    }
-    /// Give this range's mapped pages back (after the bytes were copied out).
-    fn release(&self) {
-        self.owner.release(self.offset, self.len);
-    }
-    fn owned(v: Vec<u8>) -> Bytes {
-        let len = v.len();
-        Bytes {
-            owner: Backing::owned(v),
-            offset: 0,
-            len,
-        }
-    }
-}
 
 /// How a tensor's values are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -191,21 +53,21 @@ impl Quant {
 
 /// One row block of a canonical tensor.
 #[derive(Clone)]
-struct Part {
-    rows: usize,
-    data: Bytes,
-    scales: Option<Bytes>,
-    biases: Option<Bytes>,
+pub(super) struct Part {
+    pub(super) rows: usize,
+    pub(super) data: Bytes,
+    pub(super) scales: Option<Bytes>,
+    pub(super) biases: Option<Bytes>,
 }
 
 /// A canonical tensor.
 #[derive(Clone)]
-struct Entry {
-    shape: Vec<usize>,
-    quant: Quant,
-    parts: Vec<Part>,
+pub(super) struct Entry {
+    pub(super) shape: Vec<usize>,
+    pub(super) quant: Quant,
+    pub(super) parts: Vec<Part>,
     /// Source names (for messages).
-    sources: Vec<String>,
+    pub(super) sources: Vec<String>,
 }
 
 impl Entry {
@@ -253,14 +115,14 @@ impl OpenOptions {
 
 /// A set of named tensors, names mapped to canonical.
 pub struct Weights {
-    path: PathBuf,
-    component: Component,
-    format: FileFormat,
-    layout: Layout,
-    file_len: usize,
-    metadata: BTreeMap<String, String>,
-    entries: BTreeMap<String, Entry>,
-    backing: Owner,
+    pub(super) path: PathBuf,
+    pub(super) component: Component,
+    pub(super) format: FileFormat,
+    pub(super) layout: Layout,
+    pub(super) file_len: usize,
+    pub(super) metadata: BTreeMap<String, String>,
+    pub(super) entries: BTreeMap<String, Entry>,
+    pub(super) backing: Owner,
 }
 
 impl std::fmt::Debug for Weights {
@@ -272,63 +134,6 @@ impl std::fmt::Debug for Weights {
             .field("tensors", &self.entries.len())
             .finish()
     }
-}
-
-/// Open `path` read-only and map it.
-pub(crate) fn map_file(path: &Path) -> Result<Owner, CheckpointError> {
-    let io = |source| CheckpointError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let file = std::fs::File::open(path).map_err(io)?;
-    let len = file.metadata().map_err(io)?.len();
-    if len == 0 {
-        return Err(CheckpointError::Malformed {
-            path: path.to_path_buf(),
-            kind: Malformed::Truncated {
-                at: 0,
-                needed: 8,
-                len: 0,
-            },
-        });
-    }
-    // SAFETY: the file is opened read-only; like every mmap-based loader we rely on the checkpoint
-    // not being truncated or rewritten by another process while it is mapped.
-    let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-    Ok(Arc::new(Backing {
-        kind: BackingKind::Map(mmap),
-        released: AtomicUsize::new(0),
-    }))
-}
-
-/// Detect the container format from the first bytes.
-pub(crate) fn detect_format(path: &Path, bytes: &[u8]) -> Result<FileFormat, CheckpointError> {
-    if bytes.len() >= 4 && u32::from_le_bytes(bytes[..4].try_into().expect("4")) == gguf::MAGIC {
-        return Ok(FileFormat::Gguf);
-    }
-    // safetensors: u64 header length, then a JSON object (possibly after whitespace).
-    if bytes.len() >= 9
-        && bytes[8..bytes.len().min(64)]
-            .iter()
-            .find(|b| !b.is_ascii_whitespace())
-            .is_some_and(|&b| b == b'{')
-    {
-        return Ok(FileFormat::Safetensors);
-    }
-    if bytes.len() < 9 {
-        return Err(CheckpointError::Malformed {
-            path: path.to_path_buf(),
-            kind: Malformed::Truncated {
-                at: 0,
-                needed: 9,
-                len: bytes.len() as u64,
-            },
-        });
-    }
-    Err(CheckpointError::UnknownFormat {
-        path: path.to_path_buf(),
-        reason: "neither GGUF magic nor a safetensors JSON header".into(),
-    })
 }
 
 impl Weights {
@@ -672,228 +477,6 @@ impl Weights {
         }
         Ok((out, e.shape.clone()))
     }
-
-    /// Check the tensors against a schema: every schema tensor present with its shape and an allowed
-    /// storage, and nothing else.
-    pub fn check(&self, schema: &Schema) -> Result<(), CheckpointError> {
-        let missing: Vec<String> = schema
-            .tensors
-            .iter()
-            .filter(|t| !self.entries.contains_key(&t.name))
-            .map(|t| t.name.clone())
-            .collect();
-        if !missing.is_empty() {
-            return Err(CheckpointError::MissingTensor { names: missing });
-        }
-        let by_name: HashMap<&str, _> = schema
-            .tensors
-            .iter()
-            .map(|t| (t.name.as_str(), t))
-            .collect();
-        let unexpected: Vec<String> = self
-            .entries
-            .iter()
-            .filter(|(n, _)| !by_name.contains_key(n.as_str()))
-            .map(|(n, e)| {
-                if e.sources.len() == 1 && e.sources[0] == *n {
-                    n.clone()
-                } else {
-                    format!("{n} (from {})", e.sources.join(", "))
-                }
-            })
-            .collect();
-        if !unexpected.is_empty() {
-            return Err(CheckpointError::UnexpectedTensor { names: unexpected });
-        }
-        for t in &schema.tensors {
-            let e = &self.entries[&t.name];
-            if e.shape != t.shape {
-                return Err(CheckpointError::ShapeMismatch {
-                    name: t.name.clone(),
-                    expected: t.shape.clone(),
-                    found: e.shape.clone(),
-                });
-            }
-            let ok = match (t.allowed, e.quant) {
-                (_, Quant::Plain(DType::F32 | DType::F16 | DType::Bf16)) => true,
-                (Allowed::Matrix, Quant::Plain(DType::Q8_0 | DType::Q4_0)) => true,
-                (Allowed::Matrix, Quant::Mlx { .. }) => true,
-                (Allowed::FloatOrFlag, Quant::Plain(d)) => {
-                    matches!(d, DType::Bool | DType::U8 | DType::F64 | DType::I64)
-                }
-                _ => false,
-            };
-            if !ok {
-                return Err(CheckpointError::DtypeNotAllowed {
-                    name: t.name.clone(),
-                    dtype: e.quant.name(),
-                    allowed: t.allowed.describe().into(),
-                });
-            }
-        }
-        Ok(())
-    }
-}
-
-/// A source tensor after MLX triplet grouping.
-struct SourceTensor {
-    /// Base name (`X.weight` for triplets).
-    name: String,
-    data: RawTensor,
-    quant: Quant,
-    scales: Option<RawTensor>,
-    biases: Option<RawTensor>,
-    /// Logical (dequantized) shape.
-    shape: Vec<usize>,
-}
-
-/// Group MLX `X.weight`(u32) + `X.scales` + `X.biases` triplets and infer (bits, group).
-fn group_mlx(raw: &[RawTensor], opts: &OpenOptions) -> Result<Vec<SourceTensor>, CheckpointError> {
-    let by_name: HashMap<&str, &RawTensor> = raw.iter().map(|t| (t.name.as_str(), t)).collect();
-    let mut out = Vec::with_capacity(raw.len());
-    struct Trip<'a> {
-        base: String,
-        w: &'a RawTensor,
-        s: &'a RawTensor,
-        b: &'a RawTensor,
-    }
-    let mut trips = Vec::new();
-    let mut consumed = std::collections::HashSet::new();
-    for t in raw {
-        if let Some(base) = t.name.strip_suffix(".scales") {
-            let bad = |reason: &str| CheckpointError::BadQuantization {
-                name: base.to_string(),
-                reason: reason.into(),
-            };
-            let w = by_name
-                .get(format!("{base}.weight").as_str())
-                .copied()
-                .ok_or_else(|| bad("`.scales` without `.weight`"))?;
-            let b = by_name
-                .get(format!("{base}.biases").as_str())
-                .copied()
-                .ok_or_else(|| bad("`.scales` without `.biases`"))?;
-            if w.dtype != DType::U32 {
-                return Err(bad(&format!(
-                    "packed weight has dtype {}, expected u32",
-                    w.dtype
-                )));
-            }
-            if w.shape.len() != 2
-                || t.shape.len() != 2
-                || b.shape != t.shape
-                || w.shape[0] != t.shape[0]
-                || b.dtype != t.dtype
-            {
-                return Err(bad(&format!(
-                    "inconsistent shapes: weight {:?}, scales {:?}, biases {:?}",
-                    w.shape, t.shape, b.shape
-                )));
-            }
-            if !t.dtype.is_float() {
-                return Err(bad(&format!("scales have dtype {}", t.dtype)));
-            }
-            consumed.insert(w.name.as_str());
-            consumed.insert(t.name.as_str());
-            consumed.insert(b.name.as_str());
-            trips.push(Trip {
-                base: base.to_string(),
-                w,
-                s: t,
-                b,
-            });
-        } else if let Some(base) = t.name.strip_suffix(".biases") {
-            if !by_name.contains_key(format!("{base}.scales").as_str()) {
-                return Err(CheckpointError::BadQuantization {
-                    name: base.to_string(),
-                    reason: "`.biases` without `.scales`".into(),
-                });
-            }
-        }
-    }
-    // Infer (bits, group): candidates per triplet; resolve ambiguity file-wide with the norm widths.
-    let candidates = |w: &RawTensor, s: &RawTensor| -> Vec<(u8, usize)> {
-        let mut c = Vec::new();
-        for bits in [4u8, 8] {
-            for group in [32usize, 64] {
-                let cols = w.shape[1] * 32 / bits as usize;
-                if s.shape[1] * group == cols {
-                    c.push((bits, group));
-                }
-            }
-        }
-        c
-    };
-    let file_choice = if let Some(bg) = opts.mlx_bits_group {
-        Some(bg)
-    } else {
-        // Known widths: 1-D norm weights of the file (`*norm*.weight` / `alpha`).
-        let widths: Vec<usize> = raw
-            .iter()
-            .filter(|t| t.name.contains("norm") && t.shape.len() == 1)
-            .map(|t| t.shape[0])
-            .collect();
-        let mut choice = None;
-        for tr in &trips {
-            let c = candidates(tr.w, tr.s);
-            if c.len() == 1 {
-                choice = Some(c[0]);
-                break;
-            }
-            let fits: Vec<_> = c
-                .iter()
-                .filter(|(bits, _)| widths.contains(&(tr.w.shape[1] * 32 / *bits as usize)))
-                .collect();
-            if fits.len() == 1 {
-                choice = Some(*fits[0]);
-                break;
-            }
-        }
-        choice
-    };
-    for tr in trips {
-        let c = candidates(tr.w, tr.s);
-        let chosen = match (c.len(), file_choice) {
-            (0, _) => None,
-            (_, Some(fc)) if c.contains(&fc) => Some(fc),
-            (1, _) => Some(c[0]),
-            _ => None,
-        };
-        let (bits, group) = chosen.ok_or_else(|| CheckpointError::BadQuantization {
-            name: tr.base.clone(),
-            reason: format!(
-                "cannot infer bits/group from weight {:?} and scales {:?} (candidates {c:?})",
-                tr.w.shape, tr.s.shape
-            ),
-        })?;
-        let cols = tr.w.shape[1] * 32 / bits as usize;
-        out.push(SourceTensor {
-            name: format!("{}.weight", tr.base),
-            data: tr.w.clone(),
-            quant: Quant::Mlx {
-                bits,
-                group,
-                scale_dtype: tr.s.dtype,
-            },
-            scales: Some(tr.s.clone()),
-            biases: Some(tr.b.clone()),
-            shape: vec![tr.w.shape[0], cols],
-        });
-    }
-    for t in raw {
-        if consumed.contains(t.name.as_str()) {
-            continue;
-        }
-        out.push(SourceTensor {
-            name: t.name.clone(),
-            data: t.clone(),
-            quant: Quant::Plain(t.dtype),
-            scales: None,
-            biases: None,
-            shape: t.shape.clone(),
-        });
-    }
-    Ok(out)
 }
 
 fn raw_bytes(owner: &Owner, t: &RawTensor) -> Bytes {
@@ -1040,88 +623,11 @@ fn gather(
     Bytes::owned(v)
 }
 
-/// Append the f32 values of `bytes` stored as `dt`.
-pub(crate) fn dequant_plain(
-    dt: DType,
-    bytes: &[u8],
-    out: &mut Vec<f32>,
-) -> Result<(), &'static str> {
-    match dt {
-        DType::F32 => out.extend(
-            bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-        ),
-        DType::F16 => out.extend(
-            bytes
-                .chunks_exact(2)
-                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()),
-        ),
-        DType::Bf16 => out.extend(
-            bytes
-                .chunks_exact(2)
-                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()),
-        ),
-        DType::F64 => out.extend(
-            bytes
-                .chunks_exact(8)
-                .map(|c| f64::from_le_bytes(c.try_into().expect("8")) as f32),
-        ),
-        DType::Bool | DType::U8 => out.extend(bytes.iter().map(|&b| b as f32)),
-        DType::I64 => out.extend(
-            bytes
-                .chunks_exact(8)
-                .map(|c| i64::from_le_bytes(c.try_into().expect("8")) as f32),
-        ),
-        DType::Q8_0 => {
-            for blk in bytes.chunks_exact(34) {
-                let d = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
-                out.extend(blk[2..].iter().map(|&q| q as i8 as f32 * d));
-            }
-        }
-        DType::Q4_0 => {
-            for blk in bytes.chunks_exact(18) {
-                let d = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
-                let qs = &blk[2..];
-                out.extend(qs.iter().map(|&q| ((q & 0x0f) as i32 - 8) as f32 * d));
-                out.extend(qs.iter().map(|&q| ((q >> 4) as i32 - 8) as f32 * d));
-            }
-        }
-        _ => return Err("f32, f16, bf16, f64, q8_0, q4_0, bool, u8, i64"),
-    }
-    Ok(())
-}
-
-/// Dequantize MLX affine codes: `w = scale * q + bias` per group, codes little-endian in u32 words.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn dequant_mlx(
-    bits: u8,
-    group: usize,
-    rows: usize,
-    cols: usize,
-    w: &[u8],
-    s: &[f32],
-    b: &[f32],
-    out: &mut Vec<f32>,
-) {
-    let words_per_row = cols * bits as usize / 32;
-    let groups = cols / group;
-    let mask = (1u32 << bits) - 1;
-    let per_word = 32 / bits as usize;
-    for r in 0..rows {
-        for c in 0..cols {
-            let wi = r * words_per_row + c / per_word;
-            let word = u32::from_le_bytes(w[wi * 4..wi * 4 + 4].try_into().expect("4"));
-            let q = (word >> ((c % per_word) * bits as usize)) & mask;
-            let g = r * groups + c / group;
-            out.push(s[g] * q as f32 + b[g]);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::mapped::{BackingKind, RELEASE_PAGE};
+    use half::{bf16, f16};
 
     fn f32_bytes(v: &[f32]) -> Vec<u8> {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()
@@ -1264,37 +770,6 @@ mod tests {
         assert!(rows_equal(&mq, &qv));
         drop(w);
         std::fs::remove_file(&path).unwrap();
-    }
-
-    #[test]
-    fn dequant_blocks() {
-        let mut blk = f16::from_f32(0.5).to_le_bytes().to_vec();
-        blk.extend((0..32).map(|i| (i as i8 - 16) as u8));
-        let mut out = Vec::new();
-        dequant_plain(DType::Q8_0, &blk, &mut out).unwrap();
-        assert_eq!(out[0], -8.0);
-        assert_eq!(out[31], 7.5);
-        let mut blk = f16::from_f32(2.0).to_le_bytes().to_vec();
-        blk.extend((0..16).map(|i| (i as u8) | (((15 - i) as u8) << 4)));
-        let mut out = Vec::new();
-        dequant_plain(DType::Q4_0, &blk, &mut out).unwrap();
-        assert_eq!(out[0], -16.0);
-        assert_eq!(out[15], 14.0);
-        assert_eq!(out[16], 14.0);
-        assert_eq!(out[31], -16.0);
-    }
-
-    #[test]
-    fn dequant_mlx_packing() {
-        // 4-bit: element 8i+j in bits [4j, 4j+4) of word i.
-        let word: u32 = 0x7654_3210;
-        let mut out = Vec::new();
-        dequant_mlx(4, 8, 1, 8, &word.to_le_bytes(), &[2.0], &[1.0], &mut out);
-        assert_eq!(out, vec![1.0, 3.0, 5.0, 7.0, 9.0, 11.0, 13.0, 15.0]);
-        let word: u32 = 0x0403_0201;
-        let mut out = Vec::new();
-        dequant_mlx(8, 4, 1, 4, &word.to_le_bytes(), &[1.0], &[-1.0], &mut out);
-        assert_eq!(out, vec![0.0, 1.0, 2.0, 3.0]);
     }
 
     #[test]

@@ -1,8 +1,12 @@
 //! Schema inventory: the full canonical name → shape → allowed-storage table of the Moshi LM and of
 //! Mimi, generated from [`LmConfig`] / [`MimiConfig`] so tiny configs get their own schema.
 
-use crate::checkpoint::Component;
-use crate::config::{LmConfig, MimiConfig};
+use std::collections::HashMap;
+
+use super::lm_config::LmConfig;
+use super::mimi_config::MimiConfig;
+use super::weights::{Quant, Weights};
+use super::{CheckpointError, Component, DType};
 
 /// Storage a tensor may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -300,6 +304,69 @@ impl Schema {
             }
         }
         s
+    }
+}
+
+impl Weights {
+    /// Check the tensors against a schema: every schema tensor present with its shape and an allowed
+    /// storage, and nothing else.
+    pub fn check(&self, schema: &Schema) -> Result<(), CheckpointError> {
+        let missing: Vec<String> = schema
+            .tensors
+            .iter()
+            .filter(|t| !self.entries.contains_key(&t.name))
+            .map(|t| t.name.clone())
+            .collect();
+        if !missing.is_empty() {
+            return Err(CheckpointError::MissingTensor { names: missing });
+        }
+        let by_name: HashMap<&str, _> = schema
+            .tensors
+            .iter()
+            .map(|t| (t.name.as_str(), t))
+            .collect();
+        let unexpected: Vec<String> = self
+            .entries
+            .iter()
+            .filter(|(n, _)| !by_name.contains_key(n.as_str()))
+            .map(|(n, e)| {
+                if e.sources.len() == 1 && e.sources[0] == *n {
+                    n.clone()
+                } else {
+                    format!("{n} (from {})", e.sources.join(", "))
+                }
+            })
+            .collect();
+        if !unexpected.is_empty() {
+            return Err(CheckpointError::UnexpectedTensor { names: unexpected });
+        }
+        for t in &schema.tensors {
+            let e = &self.entries[&t.name];
+            if e.shape != t.shape {
+                return Err(CheckpointError::ShapeMismatch {
+                    name: t.name.clone(),
+                    expected: t.shape.clone(),
+                    found: e.shape.clone(),
+                });
+            }
+            let ok = match (t.allowed, e.quant) {
+                (_, Quant::Plain(DType::F32 | DType::F16 | DType::Bf16)) => true,
+                (Allowed::Matrix, Quant::Plain(DType::Q8_0 | DType::Q4_0)) => true,
+                (Allowed::Matrix, Quant::Mlx { .. }) => true,
+                (Allowed::FloatOrFlag, Quant::Plain(d)) => {
+                    matches!(d, DType::Bool | DType::U8 | DType::F64 | DType::I64)
+                }
+                _ => false,
+            };
+            if !ok {
+                return Err(CheckpointError::DtypeNotAllowed {
+                    name: t.name.clone(),
+                    dtype: e.quant.name(),
+                    allowed: t.allowed.describe().into(),
+                });
+            }
+        }
+        Ok(())
     }
 }
 

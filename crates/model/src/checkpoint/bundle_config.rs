@@ -1,0 +1,301 @@
+//! The Kyutai `config.json` of a bundle ([`BundleConfig`]): LM configuration, file names and
+//! generation defaults, with typed refusals of unsupported features.
+
+use serde_json::{Map, Value};
+
+use super::gen_config::LmGenConfig;
+use super::json::{bad, truthy};
+use super::lm_config::{lm_from_map, LmConfig};
+use super::CheckpointError;
+
+/// Everything a Kyutai `config.json` holds that this engine uses.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BundleConfig {
+    /// LM architecture.
+    pub lm: LmConfig,
+    /// `moshi_name` (LM weights file; default `model.safetensors`).
+    pub moshi_name: String,
+    /// `mimi_name` (Mimi weights file).
+    pub mimi_name: String,
+    /// `mimi_config_name`: optional Mimi config JSON for a non-default Mimi.
+    pub mimi_config_name: Option<String>,
+    /// `tokenizer_name` (SentencePiece model).
+    pub tokenizer_name: String,
+    /// `model_type` (must be "moshi").
+    pub model_type: String,
+    /// Generation defaults.
+    pub lm_gen: LmGenConfig,
+}
+
+/// Default LM weights file name.
+pub const MOSHI_NAME: &str = "model.safetensors";
+/// Default Mimi weights file name.
+pub const MIMI_NAME: &str = "tokenizer-e351c8d8-checkpoint125.safetensors";
+/// Default SentencePiece model file name.
+pub const TOKENIZER_NAME: &str = "tokenizer_spm_32k_3.model";
+
+impl Default for BundleConfig {
+    fn default() -> Self {
+        BundleConfig {
+            lm: LmConfig::moshiko_v0_1(),
+            moshi_name: MOSHI_NAME.into(),
+            mimi_name: MIMI_NAME.into(),
+            mimi_config_name: None,
+            tokenizer_name: TOKENIZER_NAME.into(),
+            model_type: "moshi".into(),
+            lm_gen: LmGenConfig::default(),
+        }
+    }
+}
+
+impl BundleConfig {
+    /// Parse and validate a Kyutai `config.json`.
+    pub fn from_json(text: &str) -> Result<Self, CheckpointError> {
+        let v: Value = serde_json::from_str(text).map_err(|e| CheckpointError::ConfigJson {
+            source_name: "config.json".into(),
+            message: e.to_string(),
+        })?;
+        let obj = v.as_object().ok_or_else(|| CheckpointError::ConfigJson {
+            source_name: "config.json".into(),
+            message: "top level is not an object".into(),
+        })?;
+        Self::from_map(obj)
+    }
+
+    fn from_map(obj: &Map<String, Value>) -> Result<Self, CheckpointError> {
+        refuse_unsupported_keys(obj)?;
+        let string = |k: &str, d: &str| -> Result<String, CheckpointError> {
+            match obj.get(k) {
+                None | Some(Value::Null) => Ok(d.to_string()),
+                Some(Value::String(s)) => Ok(s.clone()),
+                Some(_) => Err(bad(k, "must be a string".into())),
+            }
+        };
+        let model_type = string("model_type", "moshi")?;
+        if model_type != "moshi" {
+            return Err(CheckpointError::UnsupportedModelType { model_type });
+        }
+        let mimi_config_name = match obj.get("mimi_config_name") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(_) => return Err(bad("mimi_config_name", "must be a string".into())),
+        };
+        let lm_gen = match obj.get("lm_gen_config") {
+            None | Some(Value::Null) => LmGenConfig::default(),
+            Some(v) => LmGenConfig::from_value(v)?,
+        };
+        let lm = lm_from_map(obj)?;
+        lm.validate()?;
+        Ok(BundleConfig {
+            lm,
+            moshi_name: string("moshi_name", MOSHI_NAME)?,
+            mimi_name: string("mimi_name", MIMI_NAME)?,
+            mimi_config_name,
+            tokenizer_name: string("tokenizer_name", TOKENIZER_NAME)?,
+            model_type,
+            lm_gen,
+        })
+    }
+}
+
+/// Typed refusals on config keys (LoRA, conditioning, cross-attention, int8, demux, extra heads, ...).
+fn refuse_unsupported_keys(obj: &Map<String, Value>) -> Result<(), CheckpointError> {
+    // Hugging Face `transformers` configs (`MoshiConfig`: `architectures`, `hidden_size`, ...) are a
+    // different format from Kyutai's config.json.
+    let hf: Vec<String> = [
+        "architectures",
+        "transformers_version",
+        "hidden_size",
+        "audio_encoder_config",
+    ]
+    .iter()
+    .filter(|k| obj.contains_key(**k))
+    .map(|k| k.to_string())
+    .collect();
+    if !hf.is_empty() {
+        return Err(CheckpointError::UnsupportedLayout {
+            what: "Hugging Face transformers config (use the Kyutai repositories' config.json)"
+                .into(),
+            keys: hf,
+        });
+    }
+    let present = |keys: &[&str]| -> Vec<String> {
+        keys.iter()
+            .filter(|k| obj.get(**k).is_some_and(truthy))
+            .map(|k| k.to_string())
+            .collect()
+    };
+    let k = present(&["lora", "lora_name"]);
+    if !k.is_empty() {
+        return Err(CheckpointError::Lora { keys: k });
+    }
+    let mut k = present(&["conditioners", "fuser", "condition_provider"]);
+    if obj.contains_key("conditioners") && !k.contains(&"conditioners".to_string()) {
+        // `conditioners` present at all makes Python build a condition provider.
+        k.push("conditioners".into());
+    }
+    if !k.is_empty() {
+        return Err(CheckpointError::Conditioning { keys: k });
+    }
+    let k = present(&["cross_attention"]);
+    if !k.is_empty() {
+        return Err(CheckpointError::CrossAttention { keys: k });
+    }
+    let k = present(&["quantize"]);
+    if !k.is_empty() {
+        return Err(CheckpointError::BitsAndBytes { keys: k });
+    }
+    let k = present(&["demux_second_stream", "demux_second_text_stream"]);
+    if !k.is_empty() {
+        return Err(CheckpointError::Demux { keys: k });
+    }
+    let k = present(&["extra_heads_num_heads"]);
+    if !k.is_empty() {
+        return Err(CheckpointError::ExtraHeads { keys: k });
+    }
+    let k = present(&["depformer_low_rank_embeddings"]);
+    if !k.is_empty() {
+        return Err(CheckpointError::LowRankEmbeddings { keys: k });
+    }
+    let k = present(&["tts_config", "stt_config"]);
+    if !k.is_empty() {
+        return Err(CheckpointError::TaskConfig { keys: k });
+    }
+    if obj
+        .get("depformer_weights_per_step_schedule")
+        .is_some_and(truthy)
+    {
+        return Err(CheckpointError::UnsupportedArchitecture {
+            key: "depformer_weights_per_step_schedule".into(),
+            value: obj["depformer_weights_per_step_schedule"].to_string(),
+            reason: "only null".into(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::{ffn_hidden, Gating};
+
+    #[test]
+    fn moshiko_derived_sizes() {
+        let c = LmConfig::moshiko_v0_1();
+        c.validate().unwrap();
+        assert_eq!(c.dim_feedforward(), 16896);
+        assert_eq!(c.ffn_hidden(), 11264);
+        assert_eq!(c.depformer_dim_feedforward, 4224);
+        assert_eq!(c.depformer_ffn_hidden(), 2816);
+        assert_eq!(c.head_dim(), 128);
+        assert_eq!(c.depformer_head_dim(), 64);
+        assert_eq!(c.mimi_codebooks(), 8);
+        assert_eq!(c.norm_eps(), 1e-8);
+    }
+
+    #[test]
+    fn gating_rule_four_times_dim() {
+        // Python gating.py: dim_feedforward == 4*dim -> 21*dim//8.
+        assert_eq!(ffn_hidden(Gating::Silu, 4096, 4 * 4096), 10752);
+        assert_eq!(ffn_hidden(Gating::Silu, 64, 264), 176);
+        assert_eq!(ffn_hidden(Gating::None, 512, 2048), 2048);
+    }
+
+    const MOSHIKO_JSON: &str = r#"{"dim": 4096, "text_card": 32000, "existing_text_padding_id": 3,
+      "n_q": 16, "dep_q": 8, "card": 2048, "num_heads": 32, "num_layers": 32, "hidden_scale": 4.125,
+      "causal": true, "layer_scale": null, "context": 3000, "max_period": 10000, "gating": "silu",
+      "norm": "rms_norm_f32", "positional_embedding": "rope", "depformer_dim": 1024,
+      "depformer_dim_feedforward": 4224, "depformer_num_heads": 16, "depformer_num_layers": 6,
+      "depformer_layer_scale": null, "depformer_multi_linear": true, "depformer_context": 8,
+      "depformer_max_period": 10000, "depformer_gating": "silu", "depformer_pos_emb": "none",
+      "depformer_weights_per_step": true, "delays": [0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1],
+      "moshi_name": "model.safetensors", "mimi_name": "tokenizer-e351c8d8-checkpoint125.safetensors",
+      "tokenizer_name": "tokenizer_spm_32k_3.model", "model_type": "moshi",
+      "lm_gen_config": {"temp": 0.6, "top_k_text": 20}}"#;
+
+    #[test]
+    fn parses_released_config() {
+        let b = BundleConfig::from_json(MOSHIKO_JSON).unwrap();
+        assert_eq!(b.lm, LmConfig::moshiko_v0_1());
+        assert_eq!(b.lm_gen.temp, 0.6);
+        assert_eq!(b.lm_gen.top_k_text, 20);
+        assert_eq!(b.lm_gen.top_k, 250);
+    }
+
+    fn with(extra: &str) -> Result<BundleConfig, CheckpointError> {
+        let t = MOSHIKO_JSON.trim_end().strip_suffix('}').unwrap();
+        BundleConfig::from_json(&format!("{t}, {extra}}}"))
+    }
+
+    #[test]
+    fn refusals_are_typed() {
+        assert!(matches!(
+            with(r#""lora": true"#),
+            Err(CheckpointError::Lora { .. })
+        ));
+        assert!(matches!(
+            with(r#""lora_name": "x.safetensors""#),
+            Err(CheckpointError::Lora { .. })
+        ));
+        assert!(matches!(
+            with(r#""conditioners": {}"#),
+            Err(CheckpointError::Conditioning { .. })
+        ));
+        assert!(matches!(
+            with(r#""fuser": {"sum": ["x"]}"#),
+            Err(CheckpointError::Conditioning { .. })
+        ));
+        assert!(matches!(
+            with(r#""cross_attention": true"#),
+            Err(CheckpointError::CrossAttention { .. })
+        ));
+        assert!(matches!(
+            with(r#""quantize": true"#),
+            Err(CheckpointError::BitsAndBytes { .. })
+        ));
+        assert!(matches!(
+            with(r#""demux_second_stream": true"#),
+            Err(CheckpointError::Demux { .. })
+        ));
+        assert!(matches!(
+            with(r#""extra_heads_num_heads": 2"#),
+            Err(CheckpointError::ExtraHeads { .. })
+        ));
+        assert!(matches!(
+            with(r#""depformer_low_rank_embeddings": 64"#),
+            Err(CheckpointError::LowRankEmbeddings { .. })
+        ));
+        assert!(matches!(
+            with(r#""frobnicate": 1"#),
+            Err(CheckpointError::UnknownConfigKeys { .. })
+        ));
+        assert!(matches!(
+            with(r#""kv_repeat": 2"#),
+            Err(CheckpointError::UnsupportedArchitecture { .. })
+        ));
+        assert!(matches!(
+            with(r#""stt_config": {"audio_delay_seconds": 2.5}"#),
+            Err(CheckpointError::TaskConfig { .. })
+        ));
+        // Accepted when explicitly off.
+        assert!(with(r#""lora": false, "cross_attention": false, "quantize": false"#).is_ok());
+        let t = MOSHIKO_JSON.replace(r#""model_type": "moshi""#, r#""model_type": "hibiki""#);
+        assert!(matches!(
+            BundleConfig::from_json(&t),
+            Err(CheckpointError::UnsupportedModelType { .. })
+        ));
+        let t = MOSHIKO_JSON.replace(r#""temp": 0.6"#, r#""cfg_coef": 3.0"#);
+        assert!(matches!(
+            BundleConfig::from_json(&t),
+            Err(CheckpointError::Conditioning { .. })
+        ));
+        assert!(matches!(
+            BundleConfig::from_json("[1, 2]"),
+            Err(CheckpointError::ConfigJson { .. })
+        ));
+        assert!(matches!(
+            BundleConfig::from_json("{\"dim\": -3}"),
+            Err(CheckpointError::ConfigValue { .. })
+        ));
+    }
+}

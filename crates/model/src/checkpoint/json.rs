@@ -1,0 +1,125 @@
+//! Reading typed values out of config JSON objects, with [`CheckpointError::ConfigValue`] on bad ones
+//! and a record of the keys consumed (unknown keys are refused).
+
+use serde_json::{Map, Value};
+
+use super::CheckpointError;
+
+pub(super) fn truthy(v: &Value) -> bool {
+    match v {
+        Value::Null => false,
+        Value::Bool(b) => *b,
+        Value::Number(n) => n.as_f64().is_some_and(|x| x != 0.0),
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+    }
+}
+
+pub(super) fn bad(key: &str, reason: String) -> CheckpointError {
+    CheckpointError::ConfigValue {
+        key: key.to_string(),
+        reason,
+    }
+}
+
+pub(super) fn as_usize(key: &str, v: &Value) -> Result<usize, CheckpointError> {
+    if let Some(u) = v.as_u64() {
+        return usize::try_from(u).map_err(|_| bad(key, "too large".into()));
+    }
+    // Python configs sometimes hold integral floats (e.g. 4224.0).
+    if let Some(f) = v.as_f64() {
+        if f >= 0.0 && f.fract() == 0.0 && f < 1e15 {
+            return Ok(f as usize);
+        }
+    }
+    Err(bad(
+        key,
+        format!("expected a non-negative integer, got {v}"),
+    ))
+}
+
+pub(super) fn as_f64(key: &str, v: &Value) -> Result<f64, CheckpointError> {
+    v.as_f64()
+        .filter(|f| f.is_finite())
+        .ok_or_else(|| bad(key, format!("expected a number, got {v}")))
+}
+
+pub(super) fn as_bool(key: &str, v: &Value) -> Result<bool, CheckpointError> {
+    v.as_bool()
+        .ok_or_else(|| bad(key, format!("expected a boolean, got {v}")))
+}
+
+/// Reads keys of a JSON object, remembering which were consumed.
+pub(super) struct Getter<'a> {
+    pub(super) obj: &'a Map<String, Value>,
+    pub(super) used: Vec<&'a str>,
+}
+
+impl<'a> Getter<'a> {
+    pub(super) fn get(&mut self, key: &'a str) -> Option<&'a Value> {
+        self.used.push(key);
+        match self.obj.get(key) {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(v),
+        }
+    }
+    pub(super) fn usize(&mut self, key: &'a str, d: usize) -> Result<usize, CheckpointError> {
+        self.get(key).map_or(Ok(d), |v| as_usize(key, v))
+    }
+    pub(super) fn opt_usize(
+        &mut self,
+        key: &'a str,
+        d: Option<usize>,
+    ) -> Result<Option<usize>, CheckpointError> {
+        self.get(key).map_or(Ok(d), |v| as_usize(key, v).map(Some))
+    }
+    pub(super) fn f64(&mut self, key: &'a str, d: f64) -> Result<f64, CheckpointError> {
+        self.get(key).map_or(Ok(d), |v| as_f64(key, v))
+    }
+    pub(super) fn opt_f64(
+        &mut self,
+        key: &'a str,
+        d: Option<f64>,
+    ) -> Result<Option<f64>, CheckpointError> {
+        self.get(key).map_or(Ok(d), |v| as_f64(key, v).map(Some))
+    }
+    pub(super) fn bool(&mut self, key: &'a str, d: bool) -> Result<bool, CheckpointError> {
+        self.get(key).map_or(Ok(d), |v| as_bool(key, v))
+    }
+    pub(super) fn opt_string(&mut self, key: &'a str) -> Result<Option<String>, CheckpointError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(v) => Err(bad(key, format!("expected a string, got {v}"))),
+        }
+    }
+    pub(super) fn string(&mut self, key: &'a str, d: &str) -> Result<String, CheckpointError> {
+        Ok(self.opt_string(key)?.unwrap_or_else(|| d.to_string()))
+    }
+    pub(super) fn usize_list(
+        &mut self,
+        key: &'a str,
+        d: &[usize],
+    ) -> Result<Vec<usize>, CheckpointError> {
+        match self.get(key) {
+            None => Ok(d.to_vec()),
+            Some(Value::Array(a)) => a.iter().map(|v| as_usize(key, v)).collect(),
+            Some(v) => Err(bad(key, format!("expected a list of integers, got {v}"))),
+        }
+    }
+}
+
+pub(super) fn check_unknown(g: &Getter<'_>, prefix: &str) -> Result<(), CheckpointError> {
+    let unknown: Vec<String> = g
+        .obj
+        .keys()
+        .filter(|k| !g.used.contains(&k.as_str()))
+        .map(|k| format!("{prefix}{k}"))
+        .collect();
+    if unknown.is_empty() {
+        Ok(())
+    } else {
+        Err(CheckpointError::UnknownConfigKeys { keys: unknown })
+    }
+}
