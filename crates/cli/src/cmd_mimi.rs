@@ -21,8 +21,9 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
 use kernels::Pool;
 use model::checkpoint::Component;
+use model::checkpoint::MimiConfig;
 use model::checkpoint::{OpenOptions, Weights};
-use model::mimi::{Mimi, MimiDecoder, MimiEncoder, MimiSpec};
+use model::mimi::{Mimi, MimiDecoder, MimiEncoder};
 
 /// Flags shared by the Mimi commands.
 #[derive(Args, Debug, Clone)]
@@ -103,17 +104,17 @@ pub fn open_mimi(dir: &Path, n_codebooks: usize) -> Result<Arc<Mimi>> {
             let p = resolve(dir, &c);
             let text = std::fs::read_to_string(&p)
                 .with_context(|| format!("reading Mimi config {}", p.display()))?;
-            MimiSpec::from_any_json(&text)
+            MimiConfig::from_any_json(&text)
                 .with_context(|| format!("Mimi config {}", p.display()))?
         }
-        None => MimiSpec::v0_1(),
+        None => MimiConfig::v0_1(),
     };
     let wpath = resolve(dir, &weights_name);
     if !wpath.is_file() {
         bail!("Mimi weights {} not found", wpath.display());
     }
     let mut opts = OpenOptions::new(Component::Mimi);
-    opts.mimi_num_heads = spec.num_heads;
+    opts.mimi_num_heads = spec.transformer.num_heads;
     let w = Weights::open_with(&wpath, &opts)
         .with_context(|| format!("opening {}", wpath.display()))?;
     let mimi = Mimi::from_tensors(&w, &spec, n_codebooks)
@@ -273,7 +274,7 @@ fn encode(input: &Path, output: &Path, m: &MimiModelArgs) -> Result<()> {
     meta.insert("format".to_string(), "moshi-native-mimi-codes".to_string());
     meta.insert(
         "sample_rate".to_string(),
-        mimi.spec().sample_rate.to_string(),
+        mimi.config().sample_rate.to_string(),
     );
     meta.insert("frame_size".to_string(), fs.to_string());
     write_safetensors(
@@ -358,7 +359,7 @@ fn decode(input: &Path, output: &Path, m: &MimiModelArgs) -> Result<()> {
     if let Some(n) = ns {
         pcm.truncate(n.min(pcm.len()));
     }
-    write_wav_f32(output, &pcm, mimi.spec().sample_rate as u32)?;
+    write_wav_f32(output, &pcm, mimi.config().sample_rate as u32)?;
     eprintln!(
         "{}: {t} frames -> {} ({} samples)",
         input.display(),

@@ -59,7 +59,7 @@ fn streaming_matches_oracle() {
     let (want_codes, t) = codes_of(&tr, "codes");
     assert!(t >= 24);
     assert_eq!(run.codes, want_codes, "codes differ");
-    let d = spec.dimension;
+    let d = spec.seanet.dimension;
     for name in [
         "enc_seanet",
         "enc_transformer",
@@ -156,7 +156,7 @@ fn stream_equals_batch_when_ring_never_limits() {
     // With a context longer than the signal the PyTorch ring limitation vanishes, so the
     // streaming and non-streaming paths must agree (codes exactly, floats to rounding).
     let mut spec = spec();
-    spec.context = 1000;
+    spec.transformer.context = Some(1000);
     let mimi = load("mimi.safetensors", &spec);
     let input = &input_pcm();
     let run = run_streaming(&mimi, input);

@@ -3,11 +3,10 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use model::checkpoint::Bundle;
-use model::checkpoint::Weights;
 use model::lm::{KvDtype, LmModel};
-use model::mimi::{Mimi, MimiError, MimiSpec, MimiTensors};
+use model::mimi::Mimi;
 use model::text::SentencePiece;
+use model::MoshiModel;
 
 use crate::RuntimeError;
 
@@ -51,51 +50,12 @@ impl std::fmt::Debug for Engine {
     }
 }
 
-/// Adapter: Mimi tensors read (dequantized to f32) from a mapped checkpoint.
-struct WeightsTensors<'a>(&'a Weights);
-
-impl MimiTensors for WeightsTensors<'_> {
-    fn get_f32(&self, name: &str) -> Result<Option<(Vec<f32>, Vec<usize>)>, MimiError> {
-        if !self.0.contains(name) {
-            return Ok(None);
-        }
-        self.0
-            .f32(name)
-            .map(Some)
-            .map_err(|e| MimiError::Checkpoint(e.to_string()))
-    }
-}
-
-fn model_err(what: &str, e: impl std::fmt::Display) -> RuntimeError {
-    RuntimeError::Model(format!("{what}: {e}"))
-}
-
 impl Engine {
     /// Open a bundle directory (`config.json` + LM weights + Mimi weights + SentencePiece model; see
     /// `model::checkpoint::Bundle`) and build the three components.
     pub fn open(bundle_dir: &Path, opts: EngineOptions) -> Result<Arc<Engine>, RuntimeError> {
-        let bundle = Bundle::open(bundle_dir).map_err(|e| model_err("bundle", e))?;
-        let lm_w = bundle
-            .lm_weights()
-            .map_err(|e| model_err("LM weights", e))?;
-        let lm = LmModel::load(&lm_w, &bundle.config.lm).map_err(|e| model_err("LM", e))?;
-        drop(lm_w);
-        let spec = match &bundle.files.mimi_config {
-            Some(p) => {
-                let text = std::fs::read_to_string(p).map_err(|e| model_err("Mimi config", e))?;
-                MimiSpec::from_json(&text).map_err(|e| model_err("Mimi config", e))?
-            }
-            None => MimiSpec::v0_1(),
-        };
-        let mimi_w = bundle
-            .mimi_weights()
-            .map_err(|e| model_err("Mimi weights", e))?;
-        let n_q = lm.spec().n_user();
-        let mimi = Mimi::from_tensors(&WeightsTensors(&mimi_w), &spec, n_q)
-            .map_err(|e| model_err("Mimi", e))?;
-        let tokenizer =
-            SentencePiece::load(&bundle.files.tokenizer).map_err(|e| model_err("tokenizer", e))?;
-        Engine::from_parts(lm, Arc::new(mimi), Some(Arc::new(tokenizer)), opts)
+        let m = MoshiModel::open(bundle_dir).map_err(|e| RuntimeError::Model(e.to_string()))?;
+        Engine::from_parts(m.lm, Arc::new(m.mimi), Some(Arc::new(m.tokenizer)), opts)
     }
 
     /// Build an engine from already-loaded components (tests, custom loaders).

@@ -336,6 +336,89 @@ impl MimiConfig {
         Ok(cfg)
     }
 
+    /// Parse either a Kyutai Mimi config ([`MimiConfig::from_json`]) or a Hugging Face `transformers`
+    /// Mimi config (`"model_type": "mimi"`, see [`MimiConfig::from_hf_json`]).
+    pub fn from_any_json(text: &str) -> Result<Self, CheckpointError> {
+        let v: Value = serde_json::from_str(text).map_err(|e| CheckpointError::ConfigJson {
+            source_name: "mimi config".into(),
+            message: e.to_string(),
+        })?;
+        if v.get("model_type").and_then(Value::as_str) == Some("mimi") {
+            Self::from_hf_value(&v)
+        } else {
+            Self::from_json(text)
+        }
+    }
+
+    /// Parse a Hugging Face `transformers` `MimiConfig` JSON (`hidden_size`, `num_filters`,
+    /// `upsampling_ratios`, ...). Keys it does not name take the released values.
+    pub fn from_hf_json(text: &str) -> Result<Self, CheckpointError> {
+        let v: Value = serde_json::from_str(text).map_err(|e| CheckpointError::ConfigJson {
+            source_name: "mimi config".into(),
+            message: e.to_string(),
+        })?;
+        Self::from_hf_value(&v)
+    }
+
+    fn from_hf_value(v: &Value) -> Result<Self, CheckpointError> {
+        let obj = v.as_object().ok_or_else(|| CheckpointError::ConfigJson {
+            source_name: "mimi config".into(),
+            message: "top level is not an object".into(),
+        })?;
+        let mut c = MimiConfig::v0_1();
+        // Read-only: `transformers` configs hold many training-only keys, so unknown keys are not refused.
+        let mut g = Getter { obj, used: vec![] };
+        c.sample_rate = g.usize("sampling_rate", c.sample_rate)?;
+        c.channels = g.usize("audio_channels", c.channels)?;
+        c.seanet.channels = c.channels;
+        let dim = g.usize("hidden_size", c.seanet.dimension)?;
+        c.seanet.dimension = dim;
+        c.transformer.d_model = dim;
+        c.transformer.input_dimension = dim;
+        c.transformer.output_dimensions = vec![dim];
+        c.quantizer.input_dimension = dim;
+        c.quantizer.output_dimension = dim;
+        c.seanet.n_filters = g.usize("num_filters", c.seanet.n_filters)?;
+        c.seanet.kernel_size = g.usize("kernel_size", c.seanet.kernel_size)?;
+        c.seanet.last_kernel_size = g.usize("last_kernel_size", c.seanet.last_kernel_size)?;
+        c.seanet.residual_kernel_size =
+            g.usize("residual_kernel_size", c.seanet.residual_kernel_size)?;
+        c.seanet.n_residual_layers = g.usize("num_residual_layers", c.seanet.n_residual_layers)?;
+        c.seanet.dilation_base = g.usize("dilation_growth_rate", c.seanet.dilation_base)?;
+        c.seanet.compress = g.usize("compress", c.seanet.compress)?;
+        c.seanet.ratios = g.usize_list("upsampling_ratios", &c.seanet.ratios)?;
+        c.seanet.pad_mode = g.string("pad_mode", &c.seanet.pad_mode)?;
+        c.transformer.num_heads = g.usize("num_attention_heads", c.transformer.num_heads)?;
+        c.transformer.num_layers = g.usize("num_hidden_layers", c.transformer.num_layers)?;
+        c.transformer.dim_feedforward =
+            g.usize("intermediate_size", c.transformer.dim_feedforward)?;
+        c.transformer.context =
+            Some(g.usize("sliding_window", c.transformer.context.unwrap_or(250))?);
+        c.transformer.max_period = g.f64("rope_theta", c.transformer.max_period)?;
+        c.frame_rate = g.f64("frame_rate", c.frame_rate)?;
+        c.quantizer.dimension = g.usize("codebook_dim", c.quantizer.dimension)?;
+        c.quantizer.bins = g.usize("codebook_size", c.quantizer.bins)?;
+        c.quantizer.n_q = g.usize("num_quantizers", c.quantizer.n_q)?;
+        c.quantizer.n_q_semantic = g.usize("num_semantic_quantizers", 1)?;
+        if g.bool("use_conv_shortcut", false)? {
+            return Err(CheckpointError::UnsupportedArchitecture {
+                key: "use_conv_shortcut".into(),
+                value: "true".into(),
+                reason: "only false".into(),
+            });
+        }
+        let act = g.string("hidden_act", "gelu")?;
+        if act != "gelu" {
+            return Err(CheckpointError::UnsupportedArchitecture {
+                key: "hidden_act".into(),
+                value: act,
+                reason: "only gelu".into(),
+            });
+        }
+        c.validate()?;
+        Ok(c)
+    }
+
     /// Check that the configuration is the released Mimi architecture (any sizes).
     pub fn validate(&self) -> Result<(), CheckpointError> {
         let arch = |key: &str, value: String, reason: &str| {
@@ -371,11 +454,23 @@ impl MimiConfig {
         if self.frame_rate.is_nan() || self.frame_rate <= 0.0 {
             return Err(bad("frame_rate", "must be positive".into()));
         }
+        if self.channels != 1 || s.channels != 1 {
+            return arch("channels", self.channels.to_string(), "only mono");
+        }
+        if s.n_residual_layers > 0 && !s.n_filters.is_multiple_of(s.compress) {
+            return Err(bad(
+                "seanet.n_filters",
+                "must be divisible by seanet.compress".into(),
+            ));
+        }
         if s.activation != "ELU" {
             return arch("seanet.activation", s.activation.clone(), "only ELU");
         }
         if s.norm != "none" && s.norm != "weight_norm" {
             return arch("seanet.norm", s.norm.clone(), "only none (weights folded)");
+        }
+        if s.pad_mode != "constant" {
+            return arch("seanet.pad_mode", s.pad_mode.clone(), "only constant");
         }
         if s.lstm != 0 {
             return arch("seanet.lstm", s.lstm.to_string(), "only 0");

@@ -3,7 +3,8 @@
 //! Used by `moshi-native bench mimi` and `cargo run --release -p moshi-model --example
 //! mimi_bench`; not part of the inference path.
 
-use super::{Mimi, MimiDecoder, MimiEncoder, MimiError, MimiSpec, Pool};
+use super::{Mimi, MimiDecoder, MimiEncoder, MimiError, Pool};
+use crate::checkpoint::MimiConfig;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -28,10 +29,10 @@ impl Rng {
     }
 }
 
-/// Random weights in Kyutai's names for `spec`, all codebooks included. Conv and linear
+/// Random weights in Kyutai's names for `cfg`, all codebooks included. Conv and linear
 /// weights are uniform with variance 1/fan_in (like trained nets keep activations O(1)),
 /// norms near 1, LayerScale near 0.01, codebook centroids of magnitude ~1.
-pub fn synthetic_tensors(spec: &MimiSpec, seed: u64) -> TensorMap {
+pub fn synthetic_tensors(cfg: &MimiConfig, seed: u64) -> TensorMap {
     let mut rng = Rng(seed.max(1));
     let mut m = TensorMap::new();
     let put = |m: &mut TensorMap, rng: &mut Rng, name: String, shape: Vec<usize>, fan_in: usize| {
@@ -39,7 +40,7 @@ pub fn synthetic_tensors(spec: &MimiSpec, seed: u64) -> TensorMap {
         let scale = (3.0 / fan_in as f32).sqrt();
         m.insert(name, (rng.vec(n, scale), shape));
     };
-    let nf = spec.n_filters;
+    let nf = cfg.seanet.n_filters;
     let conv = |m: &mut TensorMap, rng: &mut Rng, p: String, cin: usize, cout: usize, k: usize| {
         let n = cout * cin * k;
         let scale = (3.0 / (cin * k) as f32).sqrt();
@@ -50,15 +51,15 @@ pub fn synthetic_tensors(spec: &MimiSpec, seed: u64) -> TensorMap {
         m.insert(format!("{p}.bias"), (rng.vec(cout, 0.01), vec![cout]));
     };
     let res = |m: &mut TensorMap, rng: &mut Rng, p: &str, idx: usize, dim: usize| {
-        for j in 0..spec.n_residual_layers {
-            let h = dim / spec.compress;
+        for j in 0..cfg.seanet.n_residual_layers {
+            let h = dim / cfg.seanet.compress;
             conv(
                 m,
                 rng,
                 format!("{p}.{}.block.1.conv.conv", idx + j),
                 dim,
                 h,
-                spec.residual_kernel_size,
+                cfg.seanet.residual_kernel_size,
             );
             conv(
                 m,
@@ -74,14 +75,14 @@ pub fn synthetic_tensors(spec: &MimiSpec, seed: u64) -> TensorMap {
         &mut m,
         &mut rng,
         "encoder.model.0.conv.conv".into(),
-        spec.channels,
+        cfg.channels,
         nf,
-        spec.kernel_size,
+        cfg.seanet.kernel_size,
     );
     let (mut idx, mut mult) = (1, 1);
-    for &r in spec.ratios.iter().rev() {
+    for &r in cfg.seanet.ratios.iter().rev() {
         res(&mut m, &mut rng, "encoder.model", idx, mult * nf);
-        idx += spec.n_residual_layers + 1;
+        idx += cfg.seanet.n_residual_layers + 1;
         conv(
             &mut m,
             &mut rng,
@@ -99,19 +100,19 @@ pub fn synthetic_tensors(spec: &MimiSpec, seed: u64) -> TensorMap {
         &mut rng,
         format!("encoder.model.{idx}.conv.conv"),
         mult * nf,
-        spec.dimension,
-        spec.last_kernel_size,
+        cfg.seanet.dimension,
+        cfg.seanet.last_kernel_size,
     );
     conv(
         &mut m,
         &mut rng,
         "decoder.model.0.conv.conv".into(),
-        spec.dimension,
+        cfg.seanet.dimension,
         mult * nf,
-        spec.kernel_size,
+        cfg.seanet.kernel_size,
     );
     let mut idx = 1;
-    for &r in &spec.ratios {
+    for &r in &cfg.seanet.ratios {
         idx += 1;
         let (cin, cout) = (mult * nf, mult * nf / 2);
         let p = format!("decoder.model.{idx}.convtr.convtr");
@@ -123,7 +124,7 @@ pub fn synthetic_tensors(spec: &MimiSpec, seed: u64) -> TensorMap {
         m.insert(format!("{p}.bias"), (rng.vec(cout, 0.01), vec![cout]));
         idx += 1;
         res(&mut m, &mut rng, "decoder.model", idx, cout);
-        idx += spec.n_residual_layers;
+        idx += cfg.seanet.n_residual_layers;
         mult /= 2;
     }
     idx += 1;
@@ -132,12 +133,12 @@ pub fn synthetic_tensors(spec: &MimiSpec, seed: u64) -> TensorMap {
         &mut rng,
         format!("decoder.model.{idx}.conv.conv"),
         nf,
-        spec.channels,
-        spec.last_kernel_size,
+        cfg.channels,
+        cfg.seanet.last_kernel_size,
     );
-    let (d, ff) = (spec.dimension, spec.dim_feedforward);
+    let (d, ff) = (cfg.seanet.dimension, cfg.transformer.dim_feedforward);
     for tr in ["encoder_transformer", "decoder_transformer"] {
-        for l in 0..spec.num_layers {
+        for l in 0..cfg.transformer.num_layers {
             let p = format!("{tr}.transformer.layers.{l}.");
             for n in ["norm1", "norm2"] {
                 let w: Vec<f32> = rng.vec(d, 0.1).into_iter().map(|v| 1.0 + v).collect();
@@ -178,7 +179,7 @@ pub fn synthetic_tensors(spec: &MimiSpec, seed: u64) -> TensorMap {
             );
         }
     }
-    let s = spec.downsample_stride();
+    let s = cfg.resample_stride();
     put(
         &mut m,
         &mut rng,
@@ -193,8 +194,8 @@ pub fn synthetic_tensors(spec: &MimiSpec, seed: u64) -> TensorMap {
         vec![d, 1, 2 * s],
         2,
     );
-    let (cd, bins) = (spec.codebook_dim, spec.bins);
-    for (name, n) in [("rvq_first", 1), ("rvq_rest", spec.n_q - 1)] {
+    let (cd, bins) = (cfg.quantizer.dimension, cfg.quantizer.bins);
+    for (name, n) in [("rvq_first", 1), ("rvq_rest", cfg.quantizer.n_q - 1)] {
         let p = format!("quantizer.{name}");
         put(
             &mut m,
@@ -238,11 +239,11 @@ pub fn synthetic_mimi_with(
     seed: u64,
     opts: &super::MimiOptions,
 ) -> Result<Arc<Mimi>, MimiError> {
-    let spec = MimiSpec::v0_1();
-    let t = synthetic_tensors(&spec, seed);
+    let cfg = MimiConfig::v0_1();
+    let t = synthetic_tensors(&cfg, seed);
     Ok(Arc::new(Mimi::from_tensors_with(
         &t,
-        &spec,
+        &cfg,
         n_codebooks,
         opts,
     )?))
@@ -268,7 +269,7 @@ pub fn time_frames(
     pool: Option<&Pool>,
 ) -> Result<(Vec<f64>, Vec<f64>), MimiError> {
     let fs = mimi.frame_size();
-    let pcm = test_signal(frames * fs, mimi.spec().sample_rate);
+    let pcm = test_signal(frames * fs, mimi.config().sample_rate);
     let mut enc = MimiEncoder::new(mimi.clone());
     let mut dec = MimiDecoder::new(mimi.clone());
     let mut out = vec![0.0; fs];
@@ -343,7 +344,7 @@ pub fn stage_breakdown(
 ) -> Result<Vec<(&'static str, f64)>, MimiError> {
     use super::Stage;
     let fs = mimi.frame_size();
-    let pcm = test_signal(frames * fs, mimi.spec().sample_rate);
+    let pcm = test_signal(frames * fs, mimi.config().sample_rate);
     let mut enc = MimiEncoder::new(mimi.clone());
     let mut dec = MimiDecoder::new(mimi.clone());
     let mut out = vec![0.0; fs];

@@ -5,7 +5,8 @@ use super::conv::{Conv1d, ConvTr1d};
 use super::quantizer::{Codebook, Rvq, SplitRvq};
 use super::seanet::{ResBlock, SeanetDecoder, SeanetEncoder};
 use super::transformer::{Layer, Transformer};
-use super::{MimiError, MimiSpec};
+use super::MimiError;
+use crate::checkpoint::MimiConfig;
 use kernels::Matrix;
 use std::collections::HashMap;
 
@@ -222,23 +223,23 @@ fn conv(
 
 fn resblocks(
     l: &Loader,
-    spec: &MimiSpec,
+    cfg: &MimiConfig,
     prefix: &str,
     first_idx: usize,
     dim: usize,
 ) -> Result<Vec<ResBlock>, MimiError> {
-    let hidden = dim / spec.compress;
-    (0..spec.n_residual_layers)
+    let hidden = dim / cfg.seanet.compress;
+    (0..cfg.seanet.n_residual_layers)
         .map(|j| {
             let idx = first_idx + j;
-            let dil = spec.dilation_base.pow(j as u32);
+            let dil = cfg.seanet.dilation_base.pow(j as u32);
             Ok(ResBlock {
                 c1: conv(
                     l,
                     &format!("{prefix}.{idx}.block.1.conv.conv"),
                     dim,
                     hidden,
-                    spec.residual_kernel_size,
+                    cfg.seanet.residual_kernel_size,
                     1,
                     dil,
                 )?,
@@ -281,13 +282,13 @@ fn weight_matrix(
 
 fn transformer(
     l: &Loader,
-    spec: &MimiSpec,
+    cfg: &MimiConfig,
     prefix: &str,
     bf16: bool,
 ) -> Result<Transformer, MimiError> {
-    let d = spec.dimension;
-    let ff = spec.dim_feedforward;
-    let layers = (0..spec.num_layers)
+    let d = cfg.seanet.dimension;
+    let ff = cfg.transformer.dim_feedforward;
+    let layers = (0..cfg.transformer.num_layers)
         .map(|i| {
             let p = format!("{prefix}.transformer.layers.{i}.");
             let t = |n: &str, s: &[usize]| l.tensor(&format!("{p}{n}"), s);
@@ -311,16 +312,23 @@ fn transformer(
         .collect::<Result<Vec<_>, MimiError>>()?;
     Ok(Transformer {
         d,
-        heads: spec.num_heads,
+        heads: cfg.transformer.num_heads,
         ff,
-        context: spec.context,
-        max_period: spec.max_period,
+        context: cfg
+            .transformer
+            .context
+            .ok_or_else(|| MimiError::Config("Mimi transformer without context".into()))?,
+        max_period: cfg.transformer.max_period,
         layers,
     })
 }
 
-fn rvq(l: &Loader, spec: &MimiSpec, prefix: &str, n: usize) -> Result<Rvq, MimiError> {
-    let (d, cd, bins) = (spec.dimension, spec.codebook_dim, spec.bins);
+fn rvq(l: &Loader, cfg: &MimiConfig, prefix: &str, n: usize) -> Result<Rvq, MimiError> {
+    let (d, cd, bins) = (
+        cfg.seanet.dimension,
+        cfg.quantizer.dimension,
+        cfg.quantizer.bins,
+    );
     let merr = |e: kernels::KernelError| MimiError::Config(format!("{prefix}: {e}"));
     let input_proj = Matrix::from_f32(
         cd,
@@ -351,36 +359,37 @@ fn rvq(l: &Loader, spec: &MimiSpec, prefix: &str, n: usize) -> Result<Rvq, MimiE
 
 pub(crate) fn load_parts(
     src: &dyn MimiTensors,
-    spec: &MimiSpec,
+    cfg: &MimiConfig,
     n_codebooks: usize,
     opts: &super::MimiOptions,
 ) -> Result<Parts, MimiError> {
-    spec.validate()?;
-    if n_codebooks < 1 || n_codebooks > spec.n_q {
+    cfg.validate()
+        .map_err(|e| MimiError::Config(e.to_string()))?;
+    if n_codebooks < 1 || n_codebooks > cfg.quantizer.n_q {
         return Err(MimiError::Config(format!(
             "n_codebooks {n_codebooks} outside 1..={}",
-            spec.n_q
+            cfg.quantizer.n_q
         )));
     }
-    let l = Loader::new(src)?.with_heads(spec.num_heads);
-    let nf = spec.n_filters;
-    let nres = spec.n_residual_layers;
+    let l = Loader::new(src)?.with_heads(cfg.transformer.num_heads);
+    let nf = cfg.seanet.n_filters;
+    let nres = cfg.seanet.n_residual_layers;
     // encoder
     let conv0 = conv(
         &l,
         "encoder.model.0.conv.conv",
-        spec.channels,
+        cfg.channels,
         nf,
-        spec.kernel_size,
+        cfg.seanet.kernel_size,
         1,
         1,
     )?;
     let mut idx = 1;
     let mut mult = 1;
     let mut stages = Vec::new();
-    for &r in spec.ratios.iter().rev() {
+    for &r in cfg.seanet.ratios.iter().rev() {
         let dim = mult * nf;
-        let res = resblocks(&l, spec, "encoder.model", idx, dim)?;
+        let res = resblocks(&l, cfg, "encoder.model", idx, dim)?;
         idx += nres + 1; // resblocks + ELU
         let down = conv(
             &l,
@@ -400,8 +409,8 @@ pub(crate) fn load_parts(
         &l,
         &format!("encoder.model.{idx}.conv.conv"),
         mult * nf,
-        spec.dimension,
-        spec.last_kernel_size,
+        cfg.seanet.dimension,
+        cfg.seanet.last_kernel_size,
         1,
         1,
     )?;
@@ -411,19 +420,19 @@ pub(crate) fn load_parts(
         last,
     };
     // decoder
-    let mut mult = 1 << spec.ratios.len();
+    let mut mult = 1 << cfg.seanet.ratios.len();
     let conv0 = conv(
         &l,
         "decoder.model.0.conv.conv",
-        spec.dimension,
+        cfg.seanet.dimension,
         mult * nf,
-        spec.kernel_size,
+        cfg.seanet.kernel_size,
         1,
         1,
     )?;
     let mut idx = 1;
     let mut stages = Vec::new();
-    for &r in &spec.ratios {
+    for &r in &cfg.seanet.ratios {
         idx += 1; // ELU
         let (cin, cout) = (mult * nf, mult * nf / 2);
         let p = format!("decoder.model.{idx}.convtr.convtr");
@@ -431,7 +440,7 @@ pub(crate) fn load_parts(
         let b = l.tensor(&format!("{p}.bias"), &[cout])?;
         let up = ConvTr1d::from_torch(cin, cout, 2 * r, r, false, &w, Some(b))?;
         idx += 1;
-        let res = resblocks(&l, spec, "decoder.model", idx, cout)?;
+        let res = resblocks(&l, cfg, "decoder.model", idx, cout)?;
         idx += nres;
         mult /= 2;
         stages.push((up, res));
@@ -441,8 +450,8 @@ pub(crate) fn load_parts(
         &l,
         &format!("decoder.model.{idx}.conv.conv"),
         nf,
-        spec.channels,
-        spec.last_kernel_size,
+        cfg.channels,
+        cfg.seanet.last_kernel_size,
         1,
         1,
     )?;
@@ -452,11 +461,11 @@ pub(crate) fn load_parts(
         last,
     };
     // transformers
-    let enc_tr = transformer(&l, spec, "encoder_transformer", opts.bf16_transformers)?;
-    let dec_tr = transformer(&l, spec, "decoder_transformer", opts.bf16_transformers)?;
+    let enc_tr = transformer(&l, cfg, "encoder_transformer", opts.bf16_transformers)?;
+    let dec_tr = transformer(&l, cfg, "decoder_transformer", opts.bf16_transformers)?;
     // resampling
-    let d = spec.dimension;
-    let s = spec.downsample_stride();
+    let d = cfg.seanet.dimension;
+    let s = cfg.resample_stride();
     let down = if s > 1 {
         let w = l.tensor("downsample.conv.conv.conv.weight", &[d, d, 2 * s])?;
         Conv1d::new(d, d, 2 * s, s, 1, w, None, true)?
@@ -477,9 +486,9 @@ pub(crate) fn load_parts(
     // quantizer
     let quant = SplitRvq {
         d,
-        cb_dim: spec.codebook_dim,
-        first: rvq(&l, spec, "quantizer.rvq_first", 1)?,
-        rest: rvq(&l, spec, "quantizer.rvq_rest", n_codebooks - 1)?,
+        cb_dim: cfg.quantizer.dimension,
+        first: rvq(&l, cfg, "quantizer.rvq_first", 1)?,
+        rest: rvq(&l, cfg, "quantizer.rvq_rest", n_codebooks - 1)?,
     };
     Ok(Parts {
         encoder,

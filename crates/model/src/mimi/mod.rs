@@ -15,16 +15,15 @@ mod linalg;
 mod load;
 mod quantizer;
 mod seanet;
-mod spec;
 mod stream;
 mod transformer;
 
 pub mod bench;
 
 pub use load::{F32Tensor, Layout, MimiTensors};
-pub use spec::MimiSpec;
 pub use stream::StreamEncoder;
 
+use crate::checkpoint::MimiConfig;
 use conv::{Conv1d, ConvState, ConvTr1d, ConvTrState, ConvWork};
 pub use kernels::Pool;
 use quantizer::{QuantScratch, SplitRvq};
@@ -99,7 +98,7 @@ pub struct MimiOptions {
 /// The Mimi codec weights.
 #[derive(Debug)]
 pub struct Mimi {
-    spec: MimiSpec,
+    config: MimiConfig,
     encoder: SeanetEncoder,
     decoder: SeanetDecoder,
     enc_tr: Transformer,
@@ -115,22 +114,22 @@ impl Mimi {
     /// the first `n_codebooks` codebooks (Moshi uses 8).
     pub fn from_tensors(
         src: &dyn MimiTensors,
-        spec: &MimiSpec,
+        config: &MimiConfig,
         n_codebooks: usize,
     ) -> Result<Self, MimiError> {
-        Self::from_tensors_with(src, spec, n_codebooks, &MimiOptions::default())
+        Self::from_tensors_with(src, config, n_codebooks, &MimiOptions::default())
     }
 
     /// [`Mimi::from_tensors`] with explicit [`MimiOptions`].
     pub fn from_tensors_with(
         src: &dyn MimiTensors,
-        spec: &MimiSpec,
+        config: &MimiConfig,
         n_codebooks: usize,
         opts: &MimiOptions,
     ) -> Result<Self, MimiError> {
-        let p = load::load_parts(src, spec, n_codebooks, opts)?;
+        let p = load::load_parts(src, config, n_codebooks, opts)?;
         Ok(Mimi {
-            spec: spec.clone(),
+            config: config.clone(),
             encoder: p.encoder,
             decoder: p.decoder,
             enc_tr: p.enc_tr,
@@ -142,20 +141,18 @@ impl Mimi {
         })
     }
 
-    /// Builds the model from opened weights and the checkpoint owner's config (the
-    /// contract signature of `docs/CONTRACTS.md`).
+    /// Builds the model from opened weights and their config.
     pub fn load(
         weights: &crate::checkpoint::Weights,
-        config: &crate::checkpoint::MimiConfig,
+        config: &MimiConfig,
         n_codebooks: usize,
     ) -> Result<Self, MimiError> {
-        let spec = MimiSpec::try_from(config)?;
-        Self::from_tensors(weights, &spec, n_codebooks)
+        Self::from_tensors(weights, config, n_codebooks)
     }
 
-    /// The dimensions in use.
-    pub fn spec(&self) -> &MimiSpec {
-        &self.spec
+    /// The configuration in use.
+    pub fn config(&self) -> &MimiConfig {
+        &self.config
     }
 
     /// The tensor naming scheme the weights were loaded from.
@@ -175,12 +172,12 @@ impl Mimi {
 
     /// Samples per frame (1920 for the release).
     pub fn frame_size(&self) -> usize {
-        self.spec.frame_size()
+        self.config.frame_size()
     }
 
     /// Latent dimension (512 for the release).
     pub fn dimension(&self) -> usize {
-        self.spec.dimension
+        self.config.seanet.dimension
     }
 
     /// Non-streaming encode of a whole signal (PyTorch `MimiModel.encode` outside
@@ -292,7 +289,7 @@ impl MimiEncoder {
 
     fn with_chunk(mimi: Arc<Mimi>, chunk: usize, exact_window: bool) -> Self {
         let fs = mimi.frame_size();
-        let s = mimi.spec.downsample_stride();
+        let s = mimi.config.resample_stride();
         let d = mimi.dimension();
         MimiEncoder {
             seanet: mimi.encoder.state(chunk * fs),
@@ -357,7 +354,7 @@ impl MimiEncoder {
         debug_assert!(n <= self.chunk);
         let m = &*self.mimi;
         let fs = m.frame_size();
-        let s = m.spec.downsample_stride();
+        let s = m.config.resample_stride();
         let d = m.dimension();
         let t2 = n * s;
         let emb = &mut self.emb[..d * t2];
@@ -415,7 +412,7 @@ impl MimiDecoder {
     }
 
     fn with_chunk(mimi: Arc<Mimi>, chunk: usize, exact_window: bool) -> Self {
-        let s = mimi.spec.downsample_stride();
+        let s = mimi.config.resample_stride();
         let d = mimi.dimension();
         MimiDecoder {
             quant: mimi.quant.scratch(),
@@ -488,7 +485,7 @@ impl MimiDecoder {
                 "code {bad} out of range (codebook size {bins})"
             )));
         }
-        let s = m.spec.downsample_stride();
+        let s = m.config.resample_stride();
         let d = m.dimension();
         let lat = &mut self.lat[..d * n];
         m.quant.decode(&mut self.quant, codes, n, lat, pool);

@@ -1,7 +1,8 @@
 //! Shared helpers for the Mimi integration tests: fixture loading and trace collection.
 #![allow(dead_code)]
 
-use model::mimi::{Mimi, MimiSpec, Stage};
+use model::checkpoint::MimiConfig;
+use model::mimi::{Mimi, Stage};
 use safetensors::{Dtype, SafeTensors};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -71,11 +72,11 @@ pub fn input_pcm() -> Vec<f32> {
     panic!("no data chunk in input.wav");
 }
 
-pub fn spec() -> MimiSpec {
-    MimiSpec::from_json(&std::fs::read_to_string(fixture("mimi_config.json")).unwrap()).unwrap()
+pub fn spec() -> MimiConfig {
+    MimiConfig::from_json(&std::fs::read_to_string(fixture("mimi_config.json")).unwrap()).unwrap()
 }
 
-pub fn load(weights: &str, spec: &MimiSpec) -> Arc<Mimi> {
+pub fn load(weights: &str, spec: &MimiConfig) -> Arc<Mimi> {
     let w = read_tensors(weights);
     Arc::new(Mimi::from_tensors(&w, spec, 8).expect("load tiny mimi"))
 }
