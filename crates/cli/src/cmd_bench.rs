@@ -156,65 +156,13 @@ impl Probe {
         pool.run(nt, &|i| {
             let lo = (i * chunk).min(self.buf.len());
             let hi = ((i + 1) * chunk).min(self.buf.len());
-            let s = sum_u64(&self.buf[lo..hi]);
+            let s = kernels::bench::sum_u64(&self.buf[lo..hi]);
             sink.fetch_add(s, std::sync::atomic::Ordering::Relaxed);
         });
         let dt = t0.elapsed().as_secs_f64();
         std::hint::black_box(sink.load(std::sync::atomic::Ordering::Relaxed));
         (self.buf.len() * 8) as f64 / dt / 1e9
     }
-}
-
-/// Wrapping sum of `v` (AVX2 with 8 independent 256-bit accumulators and software prefetch when
-/// the CPU has it, else a portable loop); memory-bound on any buffer well above the last-level
-/// cache.
-fn sum_u64(v: &[u64]) -> u64 {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: AVX2 is present (checked just above).
-        return unsafe { sum_u64_avx2(v) };
-    }
-    let mut acc = [0u64; 8];
-    let mut chunks = v.chunks_exact(8);
-    for c in &mut chunks {
-        for k in 0..8 {
-            acc[k] = acc[k].wrapping_add(c[k]);
-        }
-    }
-    let tail: u64 = chunks.remainder().iter().fold(0, |a, &b| a.wrapping_add(b));
-    acc.iter().fold(tail, |a, &b| a.wrapping_add(b))
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn sum_u64_avx2(v: &[u64]) -> u64 {
-    use std::arch::x86_64::*;
-    let mut acc = [_mm256_setzero_si256(); 8];
-    let blocks = v.len() / 32;
-    let p = v.as_ptr() as *const __m256i;
-    for i in 0..blocks {
-        // Software prefetch 4 KiB ahead, like the streaming kernels (without it one core reads
-        // ~20 % less on the development host, and the roofline would flatter the kernels).
-        let b = p.add(i * 8) as *const i8;
-        for l in 0..4 {
-            _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(4096 + 64 * l));
-        }
-        for (k, a) in acc.iter_mut().enumerate() {
-            // SAFETY: i * 8 + k < blocks * 8 = the number of whole 32-byte chunks of `v`.
-            *a = _mm256_add_epi64(*a, unsafe { _mm256_loadu_si256(p.add(i * 8 + k)) });
-        }
-    }
-    let mut s = acc[0];
-    for a in &acc[1..] {
-        s = _mm256_add_epi64(s, *a);
-    }
-    let mut lanes = [0u64; 4];
-    // SAFETY: `lanes` holds 32 bytes.
-    unsafe { _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, s) };
-    v[blocks * 32..]
-        .iter()
-        .chain(&lanes)
-        .fold(0, |a, &b| a.wrapping_add(b))
 }
 
 /// Lets a multi-thread pool's worker finish spinning and park before a 1-thread measurement.
@@ -299,7 +247,7 @@ fn print_machine() {
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
         "# machine: {cpu}, {cores} logical CPUs, SIMD {:?}, loadavg {}",
-        kernels::simd_level(),
+        kernels::kernel_set(),
         load.split_whitespace()
             .take(3)
             .collect::<Vec<_>>()
@@ -601,7 +549,7 @@ mod tests {
             .collect();
         for n in [0, 1, 7, 31, 32, 33, 64, 255, 1000] {
             let naive = v[..n].iter().fold(0u64, |a, &b| a.wrapping_add(b));
-            assert_eq!(sum_u64(&v[..n]), naive, "n = {n}");
+            assert_eq!(kernels::bench::sum_u64(&v[..n]), naive, "n = {n}");
         }
     }
 

@@ -11,7 +11,7 @@ fn main() {
         opts.working_set_mb = w;
     }
     let what = args.next().unwrap_or_else(|| "all".into());
-    eprintln!("simd level: {:?}; options: {opts:?}", kernels::simd_level());
+    eprintln!("simd level: {:?}; options: {opts:?}", kernels::kernel_set());
     if what == "all" || what == "conv" {
         let rows = kernels::bench::run_mimi_convs(&opts.threads, opts.rounds * 3);
         println!("| Mimi SEANet convs per frame | threads | ms median | ms min–max | GFLOP/s |\n|---|---|---|---|---|");
@@ -40,13 +40,13 @@ fn main() {
         println!();
     }
     if what == "all" || what == "hot" {
-        if kernels::avx512() {
+        if kernels::KernelSet::Avx512.available() {
             println!("hot kernels, AVX-512 (zmm VNNI pair kernels):");
             let rows = kernels::bench::run_hot(&opts.formats, &[1, 2, 4, 8], opts.rounds);
             println!("{}", kernels::bench::markdown_hot(&rows));
             kernels::set_avx512_allowed(false);
         }
-        let vnni = kernels::vnni();
+        let vnni = kernels::KernelSet::Avx2Vnni.available();
         println!(
             "hot kernels, AVX-VNNI {}:",
             if vnni {

@@ -1,11 +1,17 @@
-//! Attention of one query over a ring-buffer KV cache.
+//! Attention over a ring-buffer KV cache: one query per head ([`KvRing::attend`], the LM) or a
+//! causal chunk of queries ([`KvRing::attend_chunk`], Mimi's transformer).
 
+use crate::arch::{self, KernelSet, Kernels, Seg};
 use crate::{ops, KernelError};
 
 struct SendPtr(*mut f32);
 // SAFETY: used to hand disjoint slices to pool shares.
 unsafe impl Sync for SendPtr {}
 unsafe impl Send for SendPtr {}
+
+/// Below this many key values read per call (queries × capacity × width), a chunk's
+/// attention stays on the calling thread.
+const PAR_CHUNK: usize = 64 * 1024;
 
 /// Element type of the cached keys and values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,11 +150,11 @@ impl KvRing {
     /// `min(window, len)` entries (including the one just pushed), oldest first.
     /// `q` and `out` hold `n_heads · head_dim` values. With no entry, `out` is zero.
     pub fn attend(&mut self, q: &[f32], out: &mut [f32], window: usize) {
-        self.attend_level(Level::detect(self.head_dim), q, out, window)
+        self.attend_level(arch::active(), q, out, window)
     }
 
-    /// All heads, one after the other, on the given kernel path.
-    fn attend_level(&mut self, level: Level, q: &[f32], out: &mut [f32], window: usize) {
+    /// All heads, one after the other, with the given kernel table.
+    fn attend_level(&mut self, level: &Kernels, q: &[f32], out: &mut [f32], window: usize) {
         let hd = self.head_dim;
         let mut scores = std::mem::take(&mut self.scores);
         for h in 0..self.n_heads {
@@ -167,7 +173,7 @@ impl KvRing {
     /// Scalar reference of [`KvRing::attend`]: per entry a scalar dot product, a scalar
     /// softmax and scalar `out += p·v` (property tests compare the SIMD paths with it).
     pub fn attend_reference(&mut self, q: &[f32], out: &mut [f32], window: usize) {
-        self.attend_level(Level::Scalar, q, out, window)
+        self.attend_level(arch::table(KernelSet::Scalar), q, out, window)
     }
 
     /// [`KvRing::attend`] with the heads split over the pool's threads (each head's
@@ -206,6 +212,64 @@ impl KvRing {
         self.scores = scores;
     }
 
+    /// Causal attention for a chunk of `t` queries whose keys and values were the last `t`
+    /// entries pushed (a streaming transformer step of `t` frames). Query `s` belongs to
+    /// entry `p = pushed − t + s` and attends, per head, to the entries
+    /// `max(p + 1 − context, pushed − capacity) ..= p` still in the ring, oldest first.
+    /// `q` holds `t` rows `q_stride` apart (the first `n_heads·head_dim` values of each are
+    /// the query); `out` receives `t` rows of `n_heads·head_dim`. With a pool, large chunks
+    /// are split by heads (each head's arithmetic is the same, so results match bit for bit).
+    pub fn attend_chunk(
+        &mut self,
+        q: &[f32],
+        q_stride: usize,
+        t: usize,
+        context: usize,
+        out: &mut [f32],
+        pool: Option<&crate::Pool>,
+    ) {
+        let (hd, nh, cap) = (self.head_dim, self.n_heads, self.capacity);
+        let d = nh * hd;
+        assert!(
+            t <= self.len()
+                && q_stride >= d
+                && (t == 0 || q.len() >= (t - 1) * q_stride + d)
+                && out.len() >= t * d,
+            "attend_chunk: wrong length"
+        );
+        if self.scores.len() < cap * nh {
+            // Grows once (warm-up), never in steady state.
+            self.scores.resize(cap * nh, 0.0);
+        }
+        let mut scores = std::mem::take(&mut self.scores);
+        {
+            let (this, level) = (&*self, arch::active());
+            let outp = SendPtr(out.as_mut_ptr());
+            let sp = SendPtr(scores.as_mut_ptr());
+            let oldest = self.pushed.saturating_sub(cap as u64);
+            let head = |h: usize| {
+                let (outp, sp) = (&outp, &sp);
+                // SAFETY: head h owns its columns of every output row and scores slice h.
+                let sc = unsafe { std::slice::from_raw_parts_mut(sp.0.add(h * cap), cap) };
+                for s in 0..t {
+                    let p = this.pushed - (t - s) as u64;
+                    let lo = (p + 1).saturating_sub(context as u64).max(oldest);
+                    let o =
+                        unsafe { std::slice::from_raw_parts_mut(outp.0.add(s * d + h * hd), hd) };
+                    let qh = &q[s * q_stride + h * hd..s * q_stride + (h + 1) * hd];
+                    this.attend_span(level, h, qh, o, p + 1, (p + 1 - lo) as usize, sc);
+                }
+            };
+            match pool {
+                Some(pl) if pl.n_threads() > 1 && nh > 1 && t * cap * d >= PAR_CHUNK => {
+                    pl.run(nh, &head)
+                }
+                _ => (0..nh).for_each(head),
+            }
+        }
+        self.scores = scores;
+    }
+
     /// One head of [`KvRing::attend`], usable from several threads at once (e.g. via
     /// [`crate::Pool::run`]); `scores` must hold at least `min(window, len)` values.
     pub fn attend_head(
@@ -216,16 +280,33 @@ impl KvRing {
         window: usize,
         scores: &mut [f32],
     ) {
-        self.attend_head_level(Level::detect(self.head_dim), h, q, out, window, scores)
+        self.attend_head_level(arch::active(), h, q, out, window, scores)
     }
 
     fn attend_head_level(
         &self,
-        level: Level,
+        level: &Kernels,
         h: usize,
         q: &[f32],
         out: &mut [f32],
         window: usize,
+        scores: &mut [f32],
+    ) {
+        let n = window.min(self.len());
+        self.attend_span(level, h, q, out, self.pushed, n, scores)
+    }
+
+    /// Head `h` of query `q` over the `n` entries pushed just before entry number `end`
+    /// (`end − n .. end`, all still in the ring).
+    #[allow(clippy::too_many_arguments)]
+    fn attend_span(
+        &self,
+        level: &Kernels,
+        h: usize,
+        q: &[f32],
+        out: &mut [f32],
+        end: u64,
+        n: usize,
         scores: &mut [f32],
     ) {
         let (hd, cap) = (self.head_dim, self.capacity);
@@ -233,7 +314,7 @@ impl KvRing {
             h < self.n_heads && q.len() == hd && out.len() == hd,
             "attend_head: bad head or length"
         );
-        let n = window.min(self.len());
+        debug_assert!(end <= self.pushed && end - n as u64 + cap as u64 >= self.pushed);
         out.fill(0.0);
         if n == 0 {
             return;
@@ -241,35 +322,29 @@ impl KvRing {
         let scores = &mut scores[..n];
         // The window is at most two runs of consecutive slots: s0.. (up to the end of the
         // ring) and 0.. (after wrapping).
-        let s0 = ((self.pushed - n as u64) % cap as u64) as usize;
+        let s0 = ((end - n as u64) % cap as u64) as usize;
         let n1 = n.min(cap - s0);
         let runs = [(s0, n1), (0, n - n1)];
         let base = h * cap * hd;
         let inv = 1.0 / (hd as f32).sqrt();
-        #[cfg(target_arch = "x86_64")]
-        if level != Level::Scalar {
-            use crate::x86_attn::{head_avx2, head_avx512, Seg};
-            let (bf16, kp, vp, es) = match &self.store {
-                Store::F32 { k, v } => (false, k.as_ptr() as *const u8, v.as_ptr() as *const u8, 4),
-                Store::Bf16 { k, v } => (true, k.as_ptr() as *const u8, v.as_ptr() as *const u8, 2),
+        let (bf16, kp, vp, es) = match &self.store {
+            Store::F32 { k, v } => (false, k.as_ptr() as *const u8, v.as_ptr() as *const u8, 4),
+            Store::Bf16 { k, v } => (true, k.as_ptr() as *const u8, v.as_ptr() as *const u8, 2),
+        };
+        // SAFETY: the runs lie inside head h's region (s0 + n1 <= cap, n - n1 <= cap); the
+        // table was selected for this CPU.
+        let done = unsafe {
+            let seg = |(s, c): (usize, usize)| Seg {
+                k: kp.add((base + s * hd) * es),
+                v: vp.add((base + s * hd) * es),
+                n: c,
             };
-            // SAFETY: the runs lie inside head h's region (s0 + n1 <= cap, n - n1 <= cap);
-            // the level was detected for this CPU and head_dim.
-            unsafe {
-                let seg = |(s, c): (usize, usize)| Seg {
-                    k: kp.add((base + s * hd) * es),
-                    v: vp.add((base + s * hd) * es),
-                    n: c,
-                };
-                let segs = [seg(runs[0]), seg(runs[1])];
-                match level {
-                    Level::Avx512 => head_avx512(bf16, hd, q, &segs, inv, scores, out),
-                    _ => head_avx2(bf16, hd, q, &segs, inv, scores, out),
-                }
-            }
+            let segs = [seg(runs[0]), seg(runs[1])];
+            (level.attend_head)(bf16, hd, q, &segs, inv, scores, out)
+        };
+        if done {
             return;
         }
-        let _ = level;
         let rows = || {
             runs.into_iter()
                 .flat_map(|(s, c)| (s..s + c).map(|slot| base + slot * hd))
@@ -303,80 +378,16 @@ impl KvRing {
 }
 
 /// f32 → bf16 bits, rounded to nearest even (NaN stays NaN), like `half::bf16::from_f32`
-/// (AVX-512 when allowed; the conversion [`KvRing::push`] uses).
+/// (the conversion [`KvRing::push`] uses; SIMD when the active table has it).
 pub fn to_bf16(x: &[f32], out: &mut [u16]) {
     debug_assert_eq!(x.len(), out.len());
-    #[cfg(target_arch = "x86_64")]
-    if crate::avx512() {
-        // SAFETY: AVX-512 detected; equal lengths.
-        return unsafe { to_bf16_avx512(x, out) };
-    }
-    to_bf16_reference(x, out)
+    let n = x.len().min(out.len());
+    // SAFETY: the active table was selected for this CPU; both slices hold n values.
+    unsafe { (arch::active().to_bf16)(&x[..n], &mut out[..n]) }
 }
 
 /// Scalar reference of the f32 → bf16 conversion used by [`KvRing::push`].
-pub fn to_bf16_reference(x: &[f32], out: &mut [u16]) {
-    for (o, v) in out.iter_mut().zip(x) {
-        *o = half::bf16::from_f32(*v).to_bits();
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn to_bf16_avx512(x: &[f32], out: &mut [u16]) {
-    use std::arch::x86_64::*;
-    let n = x.len().min(out.len());
-    let mut i = 0;
-    let bias = _mm512_set1_epi32(0x7fff);
-    let one = _mm512_set1_epi32(1);
-    let abs = _mm512_set1_epi32(0x7fff_ffff);
-    let inf = _mm512_set1_epi32(0x7f80_0000);
-    while i + 16 <= n {
-        let b = _mm512_loadu_si512(x.as_ptr().add(i) as *const _);
-        // Round to nearest even: add 0x7fff + the lowest kept bit, keep the high half.
-        let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(b), one);
-        let r = _mm512_srli_epi32::<16>(_mm512_add_epi32(b, _mm512_add_epi32(bias, lsb)));
-        // NaN: truncate and set the quiet bit.
-        let nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(b, abs), inf);
-        let qn = _mm512_or_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(0x40));
-        let r = _mm512_mask_mov_epi32(r, nan, qn);
-        _mm256_storeu_si256(
-            out.as_mut_ptr().add(i) as *mut __m256i,
-            _mm512_cvtepi32_epi16(r),
-        );
-        i += 16;
-    }
-    to_bf16_reference(&x[i..n], &mut out[i..n]);
-}
-
-/// Which attention kernel runs (detected per call from the CPU flags and `head_dim`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Level {
-    Scalar,
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    Avx2,
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    Avx512,
-}
-
-impl Level {
-    fn detect(hd: usize) -> Level {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use crate::x86_attn::MAX_HD;
-            if crate::simd_level() == crate::SimdLevel::Avx2 && hd <= MAX_HD {
-                if crate::avx512() && hd.is_multiple_of(32) {
-                    return Level::Avx512;
-                }
-                if hd.is_multiple_of(16) {
-                    return Level::Avx2;
-                }
-            }
-        }
-        let _ = hd;
-        Level::Scalar
-    }
-}
+pub use crate::arch::scalar::to_bf16 as to_bf16_reference;
 
 #[cfg(test)]
 mod tests {

@@ -132,48 +132,12 @@ fn read_probe(pool: &Pool, buf: &[f32]) -> f64 {
     let sink = std::sync::atomic::AtomicU32::new(0);
     pool.run(nt, &|i| {
         let part = &buf[(i * chunk).min(buf.len())..((i + 1) * chunk).min(buf.len())];
-        let s = sum_f32(part);
+        let s = crate::arch::sum_f32(part);
         sink.fetch_add(s.to_bits() & 1, std::sync::atomic::Ordering::Relaxed);
     });
     let dt = t0.elapsed().as_secs_f64();
     std::hint::black_box(sink.load(std::sync::atomic::Ordering::Relaxed));
     (buf.len() * 4) as f64 / dt / 1e9
-}
-
-fn sum_f32(v: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if crate::simd_level() == crate::SimdLevel::Avx2 {
-        // SAFETY: AVX2 detected.
-        return unsafe { sum_avx2(v) };
-    }
-    let mut acc = [0f32; 16];
-    for c in v.chunks_exact(16) {
-        for k in 0..16 {
-            acc[k] += c[k];
-        }
-    }
-    acc.iter().sum()
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn sum_avx2(v: &[f32]) -> f32 {
-    use std::arch::x86_64::*;
-    let mut a = [_mm256_setzero_ps(); 8];
-    let n = v.len() / 64 * 64;
-    let p = v.as_ptr();
-    let mut i = 0;
-    while i < n {
-        for (k, ak) in a.iter_mut().enumerate() {
-            *ak = _mm256_add_ps(*ak, _mm256_loadu_ps(p.add(i + 8 * k)));
-        }
-        i += 64;
-    }
-    let mut s = _mm256_setzero_ps();
-    for ak in a {
-        s = _mm256_add_ps(s, ak);
-    }
-    crate::x86::hsum(s)
 }
 
 /// Runs the benchmark; returns one row per (format, shape, threads). Progress goes to
@@ -620,7 +584,7 @@ pub fn run_attention(window: usize, layers: usize, rounds: usize) -> Vec<AttnRow
             .collect();
         cfgs.push((dtype, "", rings));
     }
-    let paths: &[&'static str] = if crate::avx512() {
+    let paths: &[&'static str] = if crate::kernel_set() == crate::KernelSet::Avx512 {
         &["avx512", "avx512-nopf", "avx2", "scalar"]
     } else {
         &["avx2", "scalar"]
@@ -668,4 +632,10 @@ pub fn run_attention(window: usize, layers: usize, rounds: usize) -> Vec<AttnRow
         }
     }
     rows
+}
+
+/// Wrapping sum of `v` (the roofline read probe of `moshi-native bench`): SIMD with software
+/// prefetch where the CPU has it, memory-bound on buffers well above the last-level cache.
+pub fn sum_u64(v: &[u64]) -> u64 {
+    crate::arch::sum_u64(v)
 }

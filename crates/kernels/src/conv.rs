@@ -3,15 +3,17 @@
 //! panel, no im2col buffer). Grouped transposed convolutions (Mimi's depthwise
 //! upsampler) use a direct loop. `forward_reference` is the plain scalar definition.
 //!
-//! Micro-kernels: scalar (reference), AVX2+FMA (6×16 blocks) and, where
-//! [`crate::avx512`] allows, AVX-512F (24×16 / 12×32 blocks, `crate::gemm_avx512`). All
-//! three run the same FMA chain per output, so their results are bitwise equal;
-//! [`ConvKernel`] selects one explicitly for tests and A/B benchmarks. On a pool, wide
+//! Micro-kernels come from the kernel table: scalar (reference), AVX2+FMA (6×16 blocks) and
+//! AVX-512F (24×16 / 12×32 blocks). All run the same FMA chain per output, so their results
+//! are bitwise equal; `forward_kernel` names a [`KernelSet`] explicitly for tests and A/B
+//! benchmarks. On a pool, wide
 //! outputs are split by column panels (each share gathers its own input panels), narrow
 //! ones by row panels with the input gathered once and shared.
 
-use crate::gemm::{gemm, BView, Kern, PackedA, NR, SKINNY};
-use crate::{KernelError, Pool};
+use crate::arch::{self, Kernels, SKINNY};
+use crate::gemm::{gather_groups, gathered_len, gemm, gemm_pregathered, groups};
+use crate::layout::{BView, PackedA, NR};
+use crate::{KernelError, KernelSet, Pool};
 
 struct SendPtr(*mut f32);
 // SAFETY: shares write disjoint regions.
@@ -140,7 +142,7 @@ impl Conv1d {
     /// `output [out, t_out] = conv(input [in, t_in])` on the calling thread. Returns `t_out`.
     pub fn forward(&self, input: &[f32], output: &mut [f32]) -> Result<usize, KernelError> {
         let (t_in, t_out) = self.dims(input, output)?;
-        self.run(Kern::auto(), input, t_in, t_out, output, None);
+        self.run(arch::active(), input, t_in, t_out, output, None);
         Ok(t_out)
     }
 
@@ -152,7 +154,7 @@ impl Conv1d {
         pool: &Pool,
     ) -> Result<usize, KernelError> {
         let (t_in, t_out) = self.dims(input, output)?;
-        self.run(Kern::auto(), input, t_in, t_out, output, Some(pool));
+        self.run(arch::active(), input, t_in, t_out, output, Some(pool));
         Ok(t_out)
     }
 
@@ -163,7 +165,14 @@ impl Conv1d {
         output: &mut [f32],
     ) -> Result<usize, KernelError> {
         let (t_in, t_out) = self.dims(input, output)?;
-        self.run(Kern::Scalar, input, t_in, t_out, output, None);
+        self.run(
+            arch::table(KernelSet::Scalar),
+            input,
+            t_in,
+            t_out,
+            output,
+            None,
+        );
         Ok(t_out)
     }
 
@@ -171,12 +180,12 @@ impl Conv1d {
     /// kernel this CPU cannot run ([`KernelError::Unsupported`]).
     pub fn forward_kernel(
         &self,
-        kernel: ConvKernel,
+        kernel: KernelSet,
         input: &[f32],
         output: &mut [f32],
         pool: Option<&Pool>,
     ) -> Result<usize, KernelError> {
-        let kern = kernel.kern()?;
+        let kern = conv_table(kernel)?;
         let (t_in, t_out) = self.dims(input, output)?;
         self.run(kern, input, t_in, t_out, output, pool);
         Ok(t_out)
@@ -184,7 +193,7 @@ impl Conv1d {
 
     fn run(
         &self,
-        level: Kern,
+        level: &Kernels,
         input: &[f32],
         t_in: usize,
         t_out: usize,
@@ -234,12 +243,13 @@ impl Conv1d {
         // 4 row panels when there is a single column panel) so no block is split.
         // With AVX-512, 4–7 column panels on 2 threads are split one panel at a time (24×16
         // blocks) rather than by rows, so every share gathers only its own panel.
-        let (qu, pu) = match level {
-            Kern::Avx512 if npanels_n >= 4 * nt => (2, 2),
-            Kern::Avx512 if npanels_n >= 2 * nt => (1, 2),
-            Kern::Avx512 if npanels_n >= 2 => (2, 2),
-            Kern::Avx512 => (1, 4),
-            _ => (1, 1),
+        let wide = level.gemm_wide.is_some();
+        let (qu, pu) = match () {
+            _ if !wide => (1, 1),
+            _ if npanels_n >= 4 * nt => (2, 2),
+            _ if npanels_n >= 2 * nt => (1, 2),
+            _ if npanels_n >= 2 => (2, 2),
+            _ => (1, 4),
         };
         for g in 0..self.groups {
             let mp = self.packed[g].panels();
@@ -248,7 +258,7 @@ impl Conv1d {
                 pool.run(chunks, &|c| {
                     work(g, (0, mp), share_units(npanels_n, qu, chunks, c))
                 });
-            } else if level == Kern::Avx512 && t_out > SKINNY {
+            } else if let (Some(wf), true) = (level.gemm_wide, t_out > SKINNY) {
                 let b = BView {
                     src: input,
                     row_off: |c: usize| (g * ig + c / k) * t_in + (c % k) * d,
@@ -258,6 +268,7 @@ impl Conv1d {
                 // SAFETY: output holds out_ch·t_out values; shares write disjoint rows.
                 unsafe {
                     rows_pregathered(
+                        wf,
                         pool,
                         &self.packed[g],
                         &b,
@@ -301,9 +312,8 @@ impl Conv1d {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
 thread_local! {
-    /// B gathered once per row-split GEMM (AVX-512), read by every thread of the pool.
+    /// B gathered once per row-split GEMM (wide blocks), read by every thread of the pool.
     static PREGATHERED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -312,9 +322,10 @@ thread_local! {
 /// rows are what can be split.
 ///
 /// # Safety
-/// AVX-512F; `c` is valid for `a.m` rows of `ldc` and nobody else writes them.
-#[cfg(target_arch = "x86_64")]
+/// `wide` belongs to an available table; `c` is valid for `a.m` rows of `ldc` and nobody else writes them.
+#[allow(clippy::too_many_arguments)]
 unsafe fn rows_pregathered<F: Fn(usize) -> usize + Sync>(
+    wide: arch::WideFn,
     pool: &Pool,
     a: &PackedA,
     b: &BView<'_, F>,
@@ -323,21 +334,20 @@ unsafe fn rows_pregathered<F: Fn(usize) -> usize + Sync>(
     bias: Option<&[f32]>,
     pu: usize,
 ) {
-    use crate::gemm_avx512 as g5;
     let nt = pool.n_threads();
     PREGATHERED.with(|buf| {
         let mut buf = buf.borrow_mut();
-        let len = g5::gathered_len(a.k, b.n);
+        let len = gathered_len(a.k, b.n);
         if buf.len() < len {
             buf.resize(len, 0.0);
         }
         let pre = SendPtr(buf.as_mut_ptr());
-        let ng = g5::groups(b.n);
+        let ng = groups(b.n);
         let parts = ng.min(nt);
         pool.run(parts, &|i| {
             let pre = &pre;
             // SAFETY: each share gathers its own groups into the buffer sized above.
-            unsafe { g5::gather_groups(b, a.k, share(ng, parts, i), pre.0) }
+            unsafe { gather_groups(b, a.k, share(ng, parts, i), pre.0) }
         });
         let mp = a.panels();
         let chunks = mp.div_ceil(pu).min(nt * CHUNKS_PER_THREAD);
@@ -347,7 +357,8 @@ unsafe fn rows_pregathered<F: Fn(usize) -> usize + Sync>(
             // SAFETY: B is fully gathered (the previous run returned); shares write disjoint
             // row panels of C.
             unsafe {
-                g5::gemm_pregathered(
+                gemm_pregathered(
+                    wide,
                     a,
                     pre.0,
                     b.n,
@@ -359,29 +370,6 @@ unsafe fn rows_pregathered<F: Fn(usize) -> usize + Sync>(
             }
         });
     })
-}
-
-/// Other targets never select [`Kern::Avx512`]; kept total with the scalar GEMM.
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn rows_pregathered<F: Fn(usize) -> usize + Sync>(
-    _pool: &Pool,
-    a: &PackedA,
-    b: &BView<'_, F>,
-    c: *mut f32,
-    ldc: usize,
-    bias: Option<&[f32]>,
-    _pu: usize,
-) {
-    gemm(
-        Kern::Scalar,
-        a,
-        b,
-        c,
-        ldc,
-        bias,
-        (0, a.panels()),
-        (0, b.n.div_ceil(NR)),
-    )
 }
 
 /// Work chunks per pool thread for the threaded convolutions.
@@ -400,37 +388,14 @@ fn share(n: usize, parts: usize, i: usize) -> (usize, usize) {
     (a.min(n), (a + base + usize::from(i < rem)).min(n))
 }
 
-/// Which GEMM micro-kernel a convolution uses ([`Conv1d::forward_kernel`],
-/// [`ConvTranspose1d::forward_kernel`]): for tests and A/B benchmarks of one process.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ConvKernel {
-    /// What [`Conv1d::forward`] uses (the fastest one allowed on this CPU).
-    Auto,
-    /// The portable scalar micro-kernel (reference).
-    Scalar,
-    /// AVX2+FMA.
-    Avx2,
-    /// AVX-512F (needs [`crate::avx512`]).
-    Avx512,
-}
-
-impl ConvKernel {
-    fn kern(self) -> Result<Kern, KernelError> {
-        let level = crate::cpu::simd_level();
-        match self {
-            ConvKernel::Auto => Ok(Kern::auto()),
-            ConvKernel::Scalar => Ok(Kern::Scalar),
-            ConvKernel::Avx2 if level == crate::SimdLevel::Avx2 => Ok(Kern::Avx2),
-            ConvKernel::Avx512 if crate::cpu::avx512() => Ok(Kern::Avx512),
-            k => Err(KernelError::Unsupported(format!(
-                "{k:?} convolution kernel on this CPU"
-            ))),
-        }
-    }
-
-    /// Whether this kernel can run here.
-    pub fn available(self) -> bool {
-        self.kern().is_ok()
+/// The table of an explicitly named set, refused when this CPU cannot run it.
+fn conv_table(set: KernelSet) -> Result<&'static Kernels, KernelError> {
+    if set.available() {
+        Ok(arch::table(set))
+    } else {
+        Err(KernelError::Unsupported(format!(
+            "{set:?} convolution kernel on this CPU"
+        )))
     }
 }
 
@@ -547,7 +512,7 @@ impl ConvTranspose1d {
     /// `output [out, (t−1)·stride + k] = conv_transpose(input [in, t])` (bias included).
     pub fn forward(&self, input: &[f32], output: &mut [f32]) -> Result<usize, KernelError> {
         let (t_in, t_out) = self.dims(input, output)?;
-        self.run(Kern::auto(), input, t_in, t_out, output, None);
+        self.run(arch::active(), input, t_in, t_out, output, None);
         Ok(t_out)
     }
 
@@ -559,7 +524,7 @@ impl ConvTranspose1d {
         pool: &Pool,
     ) -> Result<usize, KernelError> {
         let (t_in, t_out) = self.dims(input, output)?;
-        self.run(Kern::auto(), input, t_in, t_out, output, Some(pool));
+        self.run(arch::active(), input, t_in, t_out, output, Some(pool));
         Ok(t_out)
     }
 
@@ -570,7 +535,14 @@ impl ConvTranspose1d {
         output: &mut [f32],
     ) -> Result<usize, KernelError> {
         let (t_in, t_out) = self.dims(input, output)?;
-        self.run(Kern::Scalar, input, t_in, t_out, output, None);
+        self.run(
+            arch::table(KernelSet::Scalar),
+            input,
+            t_in,
+            t_out,
+            output,
+            None,
+        );
         Ok(t_out)
     }
 
@@ -578,12 +550,12 @@ impl ConvTranspose1d {
     /// kernel this CPU cannot run ([`KernelError::Unsupported`]).
     pub fn forward_kernel(
         &self,
-        kernel: ConvKernel,
+        kernel: KernelSet,
         input: &[f32],
         output: &mut [f32],
         pool: Option<&Pool>,
     ) -> Result<usize, KernelError> {
-        let kern = kernel.kern()?;
+        let kern = conv_table(kernel)?;
         let (t_in, t_out) = self.dims(input, output)?;
         self.run(kern, input, t_in, t_out, output, pool);
         Ok(t_out)
@@ -591,7 +563,7 @@ impl ConvTranspose1d {
 
     fn run(
         &self,
-        level: Kern,
+        level: &Kernels,
         input: &[f32],
         t_in: usize,
         t_out: usize,
@@ -645,14 +617,14 @@ impl ConvTranspose1d {
             };
             match pool {
                 Some(p) if nt > 1 && big => {
-                    let pu = match level {
-                        Kern::Avx512 if nq >= 2 => 2,
-                        Kern::Avx512 => 4,
-                        _ => 1,
+                    let pu = match level.gemm_wide {
+                        None => 1,
+                        Some(_) if nq >= 2 => 2,
+                        Some(_) => 4,
                     };
-                    if level == Kern::Avx512 && t_in > SKINNY {
+                    if let (Some(wf), true) = (level.gemm_wide, t_in > SKINNY) {
                         // SAFETY: z holds m·t_in values, written by row shares only.
-                        unsafe { rows_pregathered(p, pa, &b, zp.0, t_in, None, pu) }
+                        unsafe { rows_pregathered(wf, p, pa, &b, zp.0, t_in, None, pu) }
                     } else {
                         let chunks = pa.panels().div_ceil(pu).min(nt * CHUNKS_PER_THREAD);
                         p.run(chunks, &|c| zw(share_units(pa.panels(), pu, chunks, c)));

@@ -5,18 +5,19 @@
 //! ring-buffer KV cache ([`attention`]), causal convolutions ([`conv`]) and a small
 //! persistent worker pool ([`Pool`]).
 //!
-//! # SIMD dispatch
-//! The instruction set is detected once at run time ([`simd_level`]): AVX2+FMA+F16C on
-//! x86_64. Every SIMD kernel has a scalar reference (used on other CPUs, on aarch64 —
-//! NEON kernels are not written yet because the aarch64 target cannot be type-checked
-//! on the development machines — and by the property tests). Setting the environment
-//! variable `MOSHI_KERNELS_SCALAR=1` before the first kernel call forces the scalar path.
-//! Attention over the KV ring has AVX-512 and AVX2 kernels; with AVX-512 ([`avx512`]) the
-//! zmm paths are used (`MOSHI_KERNELS_NO_AVX512=1` or [`set_avx512_allowed`] turn them off).
-//! With AVX-512 the quantized kernels run zmm `vpdpbusd` on pairs of tiles and the activation
-//! quantizer and the bf16 KV conversion are vectorized too (bitwise equal to their AVX2 /
-//! scalar counterparts). On CPUs with AVX-VNNI the ymm quantized kernels use `vpdpbusd` ([`vnni`]);
-//! `MOSHI_KERNELS_NO_VNNI=1` keeps them on the plain AVX2 `vpmaddubsw` path.
+//! # Kernel sets
+//! Every hot kernel (dense and quantized matmul tiles, the activation quantizer, attention of
+//! one head over the KV ring, the GEMM micro-kernels of the convolutions, GELU / ELU, dot /
+//! axpy and the f32 → bf16 conversion) lives under `src/arch/` (`scalar`, `x86`, `aarch64`)
+//! and is reached through one table per [`KernelSet`], chosen from the CPU's features, probed
+//! once: AVX-512 (F/BW/DQ/VL + VNNI), AVX2 with AVX-VNNI, AVX2 + FMA + F16C, or the portable
+//! scalar set (other CPUs, and the reference of every property test). [`kernel_set`] reports
+//! the active one. Environment switches, read before the first kernel call:
+//! `MOSHI_KERNELS_SCALAR=1` (portable kernels only), `MOSHI_KERNELS_NO_AVX512=1`,
+//! `MOSHI_KERNELS_NO_VNNI=1`; [`set_avx512_allowed`] / [`set_vnni_allowed`] switch at run
+//! time for A/B comparisons in one process. The AVX-512 set runs zmm `vpdpbusd` on pairs of
+//! tiles, and its activation quantizer and bf16 KV conversion are bitwise equal to the AVX2 /
+//! scalar ones; AVX-VNNI and plain AVX2 (`vpmaddubsw`) compute the same integer sums.
 //!
 //! # Quantized formats and activations
 //! Quantized weights (GGUF Q8_0 / Q4_0, MLX affine 4/8-bit) are multiplied against
@@ -27,6 +28,14 @@
 //! part sees activation quantization. The relative error of a quantized dot product is
 //! therefore about `0.5/127` of `Σ|w·x|` in the worst case (typically far less); dense
 //! formats (f32, bf16, f16) are computed exactly in f32 (FMA, different summation order).
+//!
+//! # Exact f32 activations (reference mode)
+//! `MOSHI_KERNELS_F32_ACTIVATIONS=1` (or [`set_f32_activations`]) makes the quantized
+//! products skip activation quantization: each block of weights is dequantized and multiplied
+//! by the f32 activations with FMA in column order (portable code, slow). The result then
+//! equals the exact product of the dequantized weights ([`Matrix::row_f32`]) within
+//! `1e-6 · Σ|w·x|` (f32 summation only; `tests/f32_activations.rs`). Parity tests use it to
+//! separate weight quantization from activation quantization.
 //!
 //! # Tolerances (property tests, `tests/*_props.rs`)
 //! * f32 / bf16 / f16 weights, SIMD vs scalar reference: `1e-5 · Σ|w·x|` (summation
@@ -59,25 +68,24 @@
 #[cfg(target_endian = "big")]
 compile_error!("moshi-kernels assumes a little-endian target");
 
+mod arch;
 pub mod attention;
+#[cfg(feature = "bench")]
 pub mod bench;
 pub mod conv;
-mod cpu;
 mod gemm;
-#[cfg(target_arch = "x86_64")]
-mod gemm_avx512;
+mod layout;
 mod matrix;
 mod mem;
 pub mod ops;
 mod pool;
 pub mod quant;
 mod storage;
-#[cfg(target_arch = "x86_64")]
-mod x86;
-#[cfg(target_arch = "x86_64")]
-mod x86_attn;
 
-pub use cpu::{avx512, set_avx512_allowed, set_vnni_allowed, simd_level, vnni, SimdLevel};
+pub use arch::{
+    f32_activations, kernel_set, set_avx512_allowed, set_f32_activations, set_vnni_allowed,
+    KernelSet,
+};
 pub use matrix::{Matrix, Scratch, WeightFormat};
 pub use mem::{advise_huge_pages, set_huge_pages_allowed};
 pub use pool::Pool;
@@ -86,9 +94,7 @@ pub use pool::Pool;
 /// attention; the dense kernels use half of it); default 4096, 0 = off. For benchmarks (A/B).
 #[doc(hidden)]
 pub fn set_prefetch_distance(bytes: usize) {
-    #[cfg(target_arch = "x86_64")]
-    x86::PREFETCH.store(bytes, std::sync::atomic::Ordering::Relaxed);
-    let _ = bytes;
+    arch::PREFETCH.store(bytes, std::sync::atomic::Ordering::Relaxed);
 }
 pub use storage::Storage;
 

@@ -2,13 +2,10 @@
 
 use half::{bf16, f16};
 
-use crate::cpu::{simd_level, SimdLevel};
+use crate::arch::{self, KernelSet, Kernels};
+use crate::layout::{Act, QKind, QPacked, TILE};
 use crate::quant::{quantize_act_row, QK};
 use crate::{check_len, KernelError, Storage};
-
-/// Rows per interleaved tile of the repacked quantized layouts (and the unit of work
-/// the pool splits by).
-pub(crate) const TILE: usize = 8;
 
 /// Storage format of a weight matrix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,164 +29,6 @@ pub enum WeightFormat {
         /// Values per group (a multiple of 32; MLX uses 32 or 64).
         group: usize,
     },
-}
-
-/// Kind of quantized layout after repacking.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum QKind {
-    /// Q8_0: signed codes, f16 scales, no bias.
-    Q8Sym,
-    /// Q4_0: unsigned codes 0..15, f16 scales, bias = −8·scale.
-    Q4Sym,
-    /// MLX 8-bit: codes stored as `q − 128` (signed), bf16 scales and biases.
-    Affine8,
-    /// MLX 4-bit: unsigned codes 0..15, bf16 scales and biases.
-    Affine4,
-}
-
-impl QKind {
-    pub(crate) fn is_q4(self) -> bool {
-        matches!(self, QKind::Q4Sym | QKind::Affine4)
-    }
-    /// Bytes of codes per tile and block.
-    pub(crate) fn block_bytes(self) -> usize {
-        if self.is_q4() {
-            TILE * QK / 2
-        } else {
-            TILE * QK
-        }
-    }
-}
-
-/// Repacked quantized weights in tiles of 8 rows, stored in pairs of tiles (16 rows, the
-/// unit of the AVX-512 kernels). Per pair and 32-column block: for each 4-byte group of
-/// columns (`k`), 64 bytes = 32 bytes of tile `2p` (its 8 rows × 4 bytes) then 32 bytes of
-/// tile `2p+1` (see `decode_block`). Per pair and scale group: the 16 scales (and biases)
-/// of tile `2p` then `2p+1`. A tile on its own (AVX2) is read with a 64-byte stride between
-/// its 4-byte groups. Rows past `rows` (up to an even number of tiles) are zero padding.
-pub(crate) struct QPacked {
-    pub(crate) kind: QKind,
-    pub(crate) blocks: usize,
-    pub(crate) group_blocks: usize,
-    pub(crate) groups: usize,
-    pub(crate) codes: Vec<u8>,
-    pub(crate) scales: Vec<u16>,
-    pub(crate) biases: Vec<u16>,
-}
-
-impl QPacked {
-    /// Byte offset of tile `t`'s first 4-byte group in block `b` (groups follow every 64 bytes).
-    #[inline]
-    pub(crate) fn tile_block_base(&self, t: usize, b: usize) -> usize {
-        ((t / 2) * self.blocks + b) * 2 * self.kind.block_bytes() + (t % 2) * 32
-    }
-
-    /// Index in `scales`/`biases` of row 0 of tile `t` in group `g` (8 consecutive rows).
-    #[inline]
-    pub(crate) fn scale_index(&self, t: usize, g: usize) -> usize {
-        ((t / 2) * self.groups + g) * 2 * TILE + (t % 2) * TILE
-    }
-
-    /// Decodes the 32 codes of row `ri`, block `b` of tile `t` as the kernels see them
-    /// (q4: 0..15; q8: signed).
-    #[inline]
-    pub(crate) fn decode_block(&self, t: usize, b: usize, ri: usize, out: &mut [i8; QK]) {
-        let base = self.tile_block_base(t, b) + ri * 4;
-        if self.kind.is_q4() {
-            for k in 0..4 {
-                let src = &self.codes[base + k * 64..base + k * 64 + 4];
-                for i in 0..4 {
-                    out[4 * k + i] = (src[i] & 15) as i8;
-                    out[16 + 4 * k + i] = (src[i] >> 4) as i8;
-                }
-            }
-        } else {
-            for j in 0..8 {
-                let src = &self.codes[base + j * 64..base + j * 64 + 4];
-                for i in 0..4 {
-                    out[4 * j + i] = src[i] as i8;
-                }
-            }
-        }
-    }
-
-    /// (scale, bias) of row `ri` of tile `t` in group `g`, as f32.
-    #[inline]
-    pub(crate) fn scale_bias(&self, t: usize, g: usize, ri: usize) -> (f32, f32) {
-        let i = self.scale_index(t, g) + ri;
-        match self.kind {
-            QKind::Q8Sym => (f16::from_bits(self.scales[i]).to_f32(), 0.0),
-            QKind::Q4Sym => {
-                let s = f16::from_bits(self.scales[i]).to_f32();
-                (s, -8.0 * s)
-            }
-            QKind::Affine8 | QKind::Affine4 => (
-                bf16::from_bits(self.scales[i]).to_f32(),
-                bf16::from_bits(self.biases[i]).to_f32(),
-            ),
-        }
-    }
-
-    /// Builds the packed layout. `fill(r, b, codes)` writes the 32 stored codes of block `b`
-    /// of row `r` (q4: 0..15; q8: the signed code as u8); `scale(r, g)`/`bias(r, g)` give raw
-    /// 16-bit scale / bias bits.
-    fn build(
-        kind: QKind,
-        rows: usize,
-        cols: usize,
-        group: usize,
-        mut fill: impl FnMut(usize, usize, &mut [u8; QK]),
-        scale: impl Fn(usize, usize) -> u16,
-        bias: Option<&dyn Fn(usize, usize) -> u16>,
-    ) -> QPacked {
-        let blocks = cols / QK;
-        let groups = cols / group;
-        // Even number of tiles: the last pair is complete (zero rows as padding).
-        let tiles = rows.div_ceil(2 * TILE) * 2;
-        let mut p = QPacked {
-            kind,
-            blocks,
-            group_blocks: group / QK,
-            groups,
-            codes: crate::mem::zeroed_bytes(tiles * blocks * kind.block_bytes()),
-            scales: crate::mem::zeroed_u16(tiles * groups * TILE),
-            biases: if bias.is_some() {
-                vec![0u16; tiles * groups * TILE]
-            } else {
-                Vec::new()
-            },
-        };
-        let mut buf = [0u8; QK];
-        for r in 0..rows {
-            let (t, ri) = (r / TILE, r % TILE);
-            for b in 0..blocks {
-                fill(r, b, &mut buf);
-                // Same placement as `decode_block`, written out per 4-byte group.
-                let base = p.tile_block_base(t, b) + ri * 4;
-                if kind.is_q4() {
-                    for k in 0..4 {
-                        let dst = &mut p.codes[base + k * 64..base + k * 64 + 4];
-                        for i in 0..4 {
-                            dst[i] = (buf[4 * k + i] & 15) | ((buf[16 + 4 * k + i] & 15) << 4);
-                        }
-                    }
-                } else {
-                    for j in 0..8 {
-                        p.codes[base + j * 64..base + j * 64 + 4]
-                            .copy_from_slice(&buf[4 * j..4 * j + 4]);
-                    }
-                }
-            }
-            for g in 0..groups {
-                let i = p.scale_index(t, g) + ri;
-                p.scales[i] = scale(r, g);
-                if let Some(bias) = bias {
-                    p.biases[i] = bias(r, g);
-                }
-            }
-        }
-        p
-    }
 }
 
 /// Dense element storage, borrowed when suitably aligned, otherwise copied.
@@ -265,16 +104,6 @@ impl Scratch {
     pub fn new() -> Scratch {
         Scratch::default()
     }
-}
-
-/// Activations prepared for one product (quantized when the weights are quantized).
-pub(crate) struct Act<'a> {
-    pub(crate) q: &'a [i8],
-    pub(crate) d: &'a [f32],
-    pub(crate) s: &'a [f32],
-    pub(crate) qs: &'a [i32],
-    /// The codes `q` as unsigned bytes `q + 128` (AVX-512 q8 kernels).
-    pub(crate) qu: &'a [u8],
 }
 
 fn grow<T: Default + Clone>(v: &mut Vec<T>, n: usize) {
@@ -527,17 +356,17 @@ impl Matrix {
     /// `n` activation rows against the same weights, weights read once: `x [n, cols]`,
     /// `y [n, rows]`. Meant for `n` in 1..=8 (larger `n` works too).
     pub fn matmul(&self, x: &[f32], n: usize, y: &mut [f32], scratch: &mut Scratch) {
-        self.matmul_level(simd_level(), x, n, y, scratch)
+        self.matmul_level(arch::active(), x, n, y, scratch)
     }
 
     /// Scalar reference of [`Matrix::matmul`] (same activation quantization, portable code).
     pub fn matmul_reference(&self, x: &[f32], n: usize, y: &mut [f32], scratch: &mut Scratch) {
-        self.matmul_level(SimdLevel::Scalar, x, n, y, scratch)
+        self.matmul_level(arch::table(KernelSet::Scalar), x, n, y, scratch)
     }
 
     fn matmul_level(
         &self,
-        level: SimdLevel,
+        level: &Kernels,
         x: &[f32],
         n: usize,
         y: &mut [f32],
@@ -559,7 +388,7 @@ impl Matrix {
 
     /// Quantizes the activations when the weights are quantized.
     pub(crate) fn prepare<'a>(&self, x: &[f32], n: usize, scratch: &'a mut Scratch) -> Act<'a> {
-        if let Data::Quant(_) = self.data {
+        if matches!(self.data, Data::Quant(_)) && !arch::f32_activations() {
             let nb = self.cols / QK;
             grow(&mut scratch.q, n * self.cols);
             grow(&mut scratch.d, n * nb);
@@ -599,42 +428,17 @@ impl Matrix {
         }
     }
 
-    /// Computes outputs for rows `r0..r1` (`r0` a multiple of 8) of all `n` activation rows.
+    /// Computes outputs for rows `r0..r1` (`r0` a multiple of 8) of all `n` activation rows
+    /// with the kernels of `level` (quantized weights against exact f32 activations when
+    /// [`crate::f32_activations`] is on; `act` is then empty).
     ///
     /// # Safety
-    /// `y` must point to `n·rows` writable f32 values; no other thread may write rows `r0..r1`.
+    /// `level` is available on this CPU; `y` must point to `n·rows` writable f32 values; no
+    /// other thread may write rows `r0..r1`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn compute_rows(
         &self,
-        level: SimdLevel,
-        act: &Act<'_>,
-        x: &[f32],
-        n: usize,
-        r0: usize,
-        r1: usize,
-        y: *mut f32,
-    ) {
-        #[cfg(target_arch = "x86_64")]
-        if level == SimdLevel::Avx2 {
-            let (rows, cols) = (self.rows, self.cols);
-            match &self.data {
-                Data::Dense(d @ (Dense::F32(_) | Dense::F32Owned(_))) => {
-                    crate::x86::dense_f32(d.f32s(), rows, cols, x, n, r0, r1, y)
-                }
-                Data::Dense(d) if self.format == WeightFormat::Bf16 => {
-                    crate::x86::dense_bf16(d.u16s(), rows, cols, x, n, r0, r1, y)
-                }
-                Data::Dense(d) => crate::x86::dense_f16(d.u16s(), rows, cols, x, n, r0, r1, y),
-                Data::Quant(q) => crate::x86::quant(q, rows, cols, act, n, r0, r1, y),
-            }
-            return;
-        }
-        let _ = level;
-        self.compute_rows_scalar(act, x, n, r0, r1, y)
-    }
-
-    unsafe fn compute_rows_scalar(
-        &self,
+        level: &Kernels,
         act: &Act<'_>,
         x: &[f32],
         n: usize,
@@ -644,64 +448,17 @@ impl Matrix {
     ) {
         let (rows, cols) = (self.rows, self.cols);
         match &self.data {
-            Data::Dense(d) => {
-                for r in r0..r1 {
-                    for i in 0..n {
-                        let xi = &x[i * cols..(i + 1) * cols];
-                        let v = match d {
-                            Dense::F32(_) | Dense::F32Owned(_) => {
-                                dot_f32(&d.f32s()[r * cols..(r + 1) * cols], xi)
-                            }
-                            _ => {
-                                let w = &d.u16s()[r * cols..(r + 1) * cols];
-                                if self.format == WeightFormat::Bf16 {
-                                    dot_conv(w, xi, |b| bf16::from_bits(b).to_f32())
-                                } else {
-                                    dot_conv(w, xi, |b| f16::from_bits(b).to_f32())
-                                }
-                            }
-                        };
-                        *y.add(i * rows + r) = v;
-                    }
-                }
+            Data::Dense(d @ (Dense::F32(_) | Dense::F32Owned(_))) => {
+                (level.dense_f32)(d.f32s(), rows, cols, x, n, r0, r1, y)
             }
-            Data::Quant(q) => {
-                let nb = q.blocks;
-                let mut codes = [0i8; QK];
-                let mut acc = [0f32; 8];
-                let mut corr = [0f32; 8];
-                let n8 = n.min(8);
-                let mut i0 = 0;
-                while i0 < n {
-                    let ni = n8.min(n - i0);
-                    for r in r0..r1 {
-                        let (t, ri) = (r / TILE, r % TILE);
-                        acc[..ni].fill(0.0);
-                        corr[..ni].fill(0.0);
-                        for b in 0..nb {
-                            q.decode_block(t, b, ri, &mut codes);
-                            let (s, bias) = q.scale_bias(t, b / q.group_blocks, ri);
-                            for ii in 0..ni {
-                                let i = i0 + ii;
-                                let xq = &act.q[i * cols + b * QK..i * cols + (b + 1) * QK];
-                                let mut isum = 0i32;
-                                for (&c, &xv) in codes.iter().zip(xq) {
-                                    isum += c as i32 * xv as i32;
-                                }
-                                if q.kind == QKind::Affine8 {
-                                    isum += 128 * act.qs[i * nb + b];
-                                }
-                                acc[ii] = (s * act.d[i * nb + b]).mul_add(isum as f32, acc[ii]);
-                                corr[ii] = bias.mul_add(act.s[i * nb + b], corr[ii]);
-                            }
-                        }
-                        for ii in 0..ni {
-                            *y.add((i0 + ii) * rows + r) = acc[ii] + corr[ii];
-                        }
-                    }
-                    i0 += ni;
-                }
+            Data::Dense(d) if self.format == WeightFormat::Bf16 => {
+                (level.dense_bf16)(d.u16s(), rows, cols, x, n, r0, r1, y)
             }
+            Data::Dense(d) => (level.dense_f16)(d.u16s(), rows, cols, x, n, r0, r1, y),
+            Data::Quant(q) if act.q.is_empty() => {
+                arch::scalar::quant_f32_act(q, rows, cols, x, n, r0, r1, y)
+            }
+            Data::Quant(q) => (level.quant)(q, rows, cols, act, n, r0, r1, y),
         }
     }
 
@@ -728,55 +485,14 @@ impl Matrix {
             }
             Data::Quant(q) => {
                 let (t, ri) = (r / TILE, r % TILE);
-                let mut codes = [0i8; QK];
+                let mut w = [0f32; QK];
                 for b in 0..q.blocks {
-                    let (s, bias) = q.scale_bias(t, b / q.group_blocks, ri);
-                    q.decode_block(t, b, ri, &mut codes);
-                    for (e, &c) in codes.iter().enumerate() {
-                        let c = c as i32;
-                        out[b * QK + e] = match q.kind {
-                            QKind::Q8Sym => s * c as f32,
-                            QKind::Q4Sym => s * (c - 8) as f32,
-                            QKind::Affine4 => s * c as f32 + bias,
-                            QKind::Affine8 => s * (c + 128) as f32 + bias,
-                        };
-                    }
+                    arch::scalar::dequant_block(q, t, b, ri, &mut w);
+                    out[b * QK..(b + 1) * QK].copy_from_slice(&w);
                 }
             }
         }
     }
-}
-
-fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let mut ca = a.chunks_exact(8);
-    let mut cb = b.chunks_exact(8);
-    for (x, y) in (&mut ca).zip(&mut cb) {
-        for k in 0..8 {
-            acc[k] = x[k].mul_add(y[k], acc[k]);
-        }
-    }
-    let mut s: f32 = acc.iter().sum();
-    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
-        s = x.mul_add(*y, s);
-    }
-    s
-}
-
-fn dot_conv(a: &[u16], b: &[f32], conv: impl Fn(u16) -> f32) -> f32 {
-    let mut acc = [0f32; 8];
-    let mut ca = a.chunks_exact(8);
-    let mut cb = b.chunks_exact(8);
-    for (x, y) in (&mut ca).zip(&mut cb) {
-        for k in 0..8 {
-            acc[k] = conv(x[k]).mul_add(y[k], acc[k]);
-        }
-    }
-    let mut s: f32 = acc.iter().sum();
-    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
-        s = conv(*x).mul_add(*y, s);
-    }
-    s
 }
 
 // Keep the tile size and block size in sync with the SIMD kernels.

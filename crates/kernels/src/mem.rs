@@ -52,21 +52,5 @@ fn advise_huge(p: *const u8, len: usize) {
     if end <= start {
         return;
     }
-    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-    // SAFETY: madvise(2) with MADV_HUGEPAGE (14) on a range inside our own allocation only
-    // changes how the kernel backs those pages; it never changes their contents.
-    unsafe {
-        let _ret: isize;
-        std::arch::asm!(
-            "syscall",
-            inlateout("rax") 28isize => _ret, // SYS_madvise
-            in("rdi") start,
-            in("rsi") end - start,
-            in("rdx") 14usize, // MADV_HUGEPAGE
-            lateout("rcx") _,
-            lateout("r11") _,
-            options(nostack),
-        );
-    }
-    let _ = (start, end);
+    crate::arch::sys::advise_huge_pages(start, end - start);
 }

@@ -1,12 +1,12 @@
 //! Row-wise ops on `&[f32]` / `&mut [f32]`.
 //!
-//! These are short, memory-light loops written so the compiler vectorizes them; `dot`
-//! (used by attention) has an explicit AVX2 path with [`dot_reference`] as its scalar
-//! reference. All functions debug-assert matching lengths; in release builds they work
+//! These are short, memory-light loops written so the compiler vectorizes them; `dot`,
+//! `axpy` (used by attention) and the activations `gelu_erf` / `elu` come from the kernel
+//! table, with scalar references ([`dot_reference`], ...). All functions debug-assert matching lengths; in release builds they work
 //! on the common prefix. Plain loops avoid `f32::mul_add`, which is a slow library call on
 //! x86_64 builds without the FMA target feature.
 
-use crate::cpu::{simd_level, SimdLevel};
+use crate::arch::active;
 
 /// RMSNorm: `out = x / sqrt(mean(x²) + eps) · w`, accumulated in f32.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
@@ -123,19 +123,33 @@ fn erf64(x: f64) -> f64 {
     }
 }
 
-/// In-place exact (erf-based) GELU: `0.5 · x · (1 + erf(x/√2))`.
+/// In-place exact (erf-based) GELU `0.5·x·(1 + erf(x/√2))`, vectorized: the erfc of [`erf`]
+/// evaluated in f32 with a polynomial `exp`; within `4e-7 · max(1, |x|)` of the f64 definition.
 pub fn gelu_erf(x: &mut [f32]) {
-    for v in x.iter_mut() {
-        let a = *v as f64;
-        *v = (0.5 * a * (1.0 + erf64(a * std::f64::consts::FRAC_1_SQRT_2))) as f32;
-    }
+    // SAFETY: the active table was selected for this CPU.
+    unsafe { (active().gelu_erf)(x) }
 }
 
-/// In-place ELU: `x` if `x > 0`, else `alpha · (exp(x) − 1)` (via `exp_m1`).
+/// `dst[i] = ELU(src[i])` with alpha 1 (PyTorch `nn.ELU()`), vectorized with a polynomial
+/// `exp`: within 3e-7 of `x.exp_m1()`.
+pub fn elu_into(src: &[f32], dst: &mut [f32]) {
+    debug_assert_eq!(src.len(), dst.len());
+    // SAFETY: the active table was selected for this CPU.
+    unsafe { (active().elu)(src, dst) }
+}
+
+/// In-place ELU: `x` if `x > 0`, else `alpha · (exp(x) − 1)` (as [`elu_into`]).
 pub fn elu(x: &mut [f32], alpha: f32) {
-    for v in x.iter_mut() {
-        if *v <= 0.0 {
-            *v = alpha * v.exp_m1();
+    let mut buf = [0f32; 64];
+    for chunk in x.chunks_mut(64) {
+        let src = &mut buf[..chunk.len()];
+        src.copy_from_slice(chunk);
+        elu_into(src, chunk);
+        if alpha != 1.0 {
+            // Negative outputs come from negative inputs only.
+            for v in chunk.iter_mut().filter(|v| **v < 0.0) {
+                *v *= alpha;
+            }
         }
     }
 }
@@ -163,189 +177,46 @@ pub fn scale(a: &mut [f32], s: f32) {
     }
 }
 
-/// `y += a · x` (AVX2 when available; scalar reference [`axpy_reference`]).
+/// `y += a · x` (SIMD when available; scalar reference [`axpy_reference`]).
 pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     debug_assert_eq!(y.len(), x.len());
     let n = y.len().min(x.len());
-    #[cfg(target_arch = "x86_64")]
-    if simd_level() == SimdLevel::Avx2 {
-        // SAFETY: AVX2 detected; both slices hold at least n values.
-        return unsafe { axpy_avx2(&mut y[..n], a, &x[..n], None) };
-    }
-    axpy_reference(&mut y[..n], a, &x[..n])
+    // SAFETY: the active table was selected for this CPU; both slices hold n values.
+    unsafe { (active().axpy)(&mut y[..n], a, &x[..n]) }
 }
 
-/// Scalar reference of [`axpy`].
-pub fn axpy_reference(y: &mut [f32], a: f32, x: &[f32]) {
-    for (o, v) in y.iter_mut().zip(x) {
-        *o = a.mul_add(*v, *o);
-    }
-}
+pub use crate::arch::scalar::axpy as axpy_reference;
 
-/// AVX2 `y += a·x` with `x` either f32 or bf16 bits.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn axpy_avx2(y: &mut [f32], a: f32, x: &[f32], xb: Option<&[u16]>) {
-    use std::arch::x86_64::*;
-    let n = y.len();
-    let av = _mm256_set1_ps(a);
-    let yp = y.as_mut_ptr();
-    let mut i = 0;
-    match xb {
-        None => {
-            while i + 8 <= n {
-                let v = _mm256_fmadd_ps(
-                    av,
-                    _mm256_loadu_ps(x.as_ptr().add(i)),
-                    _mm256_loadu_ps(yp.add(i)),
-                );
-                _mm256_storeu_ps(yp.add(i), v);
-                i += 8;
-            }
-            while i < n {
-                *yp.add(i) = a.mul_add(x[i], *yp.add(i));
-                i += 1;
-            }
-        }
-        Some(b) => {
-            while i + 8 <= n {
-                let h = _mm_loadu_si128(b.as_ptr().add(i) as *const __m128i);
-                let w = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)));
-                _mm256_storeu_ps(
-                    yp.add(i),
-                    _mm256_fmadd_ps(av, w, _mm256_loadu_ps(yp.add(i))),
-                );
-                i += 8;
-            }
-            while i < n {
-                *yp.add(i) = a.mul_add(half::bf16::from_bits(b[i]).to_f32(), *yp.add(i));
-                i += 1;
-            }
-        }
-    }
-}
-
-/// Dot product (AVX2 when available).
+/// Dot product (SIMD when available; scalar reference [`dot_reference`]).
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
     let n = a.len().min(b.len());
-    #[cfg(target_arch = "x86_64")]
-    if simd_level() == SimdLevel::Avx2 {
-        // SAFETY: AVX2 detected; both slices hold at least n values.
-        return unsafe { dot_avx2(&a[..n], &b[..n]) };
-    }
-    let _ = simd_level;
-    dot_reference(&a[..n], &b[..n])
+    // SAFETY: the active table was selected for this CPU; both slices hold n values.
+    unsafe { (active().dot)(&a[..n], &b[..n]) }
 }
 
-/// Scalar reference of [`dot`] (8 partial sums, then the tail).
-pub fn dot_reference(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let mut ca = a.chunks_exact(8);
-    let mut cb = b.chunks_exact(8);
-    for (x, y) in (&mut ca).zip(&mut cb) {
-        for k in 0..8 {
-            acc[k] = x[k].mul_add(y[k], acc[k]);
-        }
-    }
-    let mut s: f32 = acc.iter().sum();
-    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
-        s = x.mul_add(*y, s);
-    }
-    s
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
-    use std::arch::x86_64::*;
-    let n = a.len();
-    let (pa, pb) = (a.as_ptr(), b.as_ptr());
-    let mut a0 = _mm256_setzero_ps();
-    let mut a1 = _mm256_setzero_ps();
-    let mut i = 0;
-    while i + 16 <= n {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), a0);
-        a1 = _mm256_fmadd_ps(
-            _mm256_loadu_ps(pa.add(i + 8)),
-            _mm256_loadu_ps(pb.add(i + 8)),
-            a1,
-        );
-        i += 16;
-    }
-    if i + 8 <= n {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), a0);
-        i += 8;
-    }
-    let mut s = crate::x86::hsum(_mm256_add_ps(a0, a1));
-    while i < n {
-        s = (*pa.add(i)).mul_add(*pb.add(i), s);
-        i += 1;
-    }
-    s
-}
+pub use crate::arch::scalar::dot as dot_reference;
 
 /// Dot product of f32 `a` with bf16 bits `b` (scalar reference: [`dot_bf16_reference`]).
 pub fn dot_bf16(a: &[f32], b: &[u16]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
     let n = a.len().min(b.len());
-    #[cfg(target_arch = "x86_64")]
-    if simd_level() == SimdLevel::Avx2 {
-        // SAFETY: AVX2 detected; both slices hold at least n values.
-        return unsafe { dot_bf16_avx2(&a[..n], &b[..n]) };
-    }
-    dot_bf16_reference(&a[..n], &b[..n])
+    // SAFETY: the active table was selected for this CPU; both slices hold n values.
+    unsafe { (active().dot_bf16)(&a[..n], &b[..n]) }
 }
 
-/// Scalar reference of [`dot_bf16`].
-pub fn dot_bf16_reference(a: &[f32], b: &[u16]) -> f32 {
-    let mut s = 0f32;
-    for (x, &y) in a.iter().zip(b) {
-        s = x.mul_add(half::bf16::from_bits(y).to_f32(), s);
-    }
-    s
-}
+pub use crate::arch::scalar::dot_bf16 as dot_bf16_reference;
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_bf16_avx2(a: &[f32], b: &[u16]) -> f32 {
-    use std::arch::x86_64::*;
-    let n = a.len();
-    let mut acc = _mm256_setzero_ps();
-    let mut i = 0;
-    while i + 8 <= n {
-        let h = _mm_loadu_si128(b.as_ptr().add(i) as *const __m128i);
-        let w = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)));
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(i)), w, acc);
-        i += 8;
-    }
-    let mut s = crate::x86::hsum(acc);
-    while i < n {
-        s = a[i].mul_add(half::bf16::from_bits(b[i]).to_f32(), s);
-        i += 1;
-    }
-    s
-}
-
-/// `y += a · x` with `x` given as bf16 bits (AVX2 when available; scalar reference
+/// `y += a · x` with `x` given as bf16 bits (SIMD when available; scalar reference
 /// [`axpy_bf16_reference`]).
 pub fn axpy_bf16(y: &mut [f32], a: f32, x: &[u16]) {
     debug_assert_eq!(y.len(), x.len());
     let n = y.len().min(x.len());
-    #[cfg(target_arch = "x86_64")]
-    if simd_level() == SimdLevel::Avx2 {
-        // SAFETY: AVX2 detected; both slices hold at least n values.
-        return unsafe { axpy_avx2(&mut y[..n], a, &[], Some(&x[..n])) };
-    }
-    axpy_bf16_reference(&mut y[..n], a, &x[..n])
+    // SAFETY: the active table was selected for this CPU; both slices hold n values.
+    unsafe { (active().axpy_bf16)(&mut y[..n], a, &x[..n]) }
 }
 
-/// Scalar reference of [`axpy_bf16`].
-pub fn axpy_bf16_reference(y: &mut [f32], a: f32, x: &[u16]) {
-    for (o, &v) in y.iter_mut().zip(x) {
-        *o = a.mul_add(half::bf16::from_bits(v).to_f32(), *o);
-    }
-}
+pub use crate::arch::scalar::axpy_bf16 as axpy_bf16_reference;
 
 #[cfg(test)]
 mod tests {
@@ -399,6 +270,74 @@ mod tests {
         let mut y = vec![0.6f32, 0.8];
         rope_interleaved(&mut y, 1, 2, 1 << 40, 10000.0);
         assert!(((y[0] * y[0] + y[1] * y[1]) - 1.0).abs() < 1e-5);
+    }
+
+    /// ELU with alpha = 1 (PyTorch `nn.ELU()`): x if x > 0 else exp(x) − 1 (reference).
+    fn elu_ref(x: f32) -> f32 {
+        if x > 0.0 {
+            x
+        } else {
+            x.exp_m1()
+        }
+    }
+
+    /// GELU(erf) evaluated in f64 (the definition the vectorized one approximates).
+    fn gelu_ref(x: &mut [f32]) {
+        for v in x.iter_mut() {
+            let a = *v as f64;
+            *v = (0.5 * a * (1.0 + erf64(a * std::f64::consts::FRAC_1_SQRT_2))) as f32;
+        }
+    }
+
+    /// The AVX-512 clones compute the same per-lane FMAs as the AVX2 ones: bitwise equal.
+    #[test]
+    fn avx512_clones_equal_avx2_clones() {
+        let src: Vec<f32> = (0..5003).map(|i| (i as f32 - 2500.0) / 300.0).collect();
+        let run = |on: bool| {
+            crate::set_avx512_allowed(on);
+            let mut e = vec![0.0; src.len()];
+            elu_into(&src, &mut e);
+            let mut g = src.clone();
+            gelu_erf(&mut g);
+            (e, g)
+        };
+        let (a, b) = (run(true), run(false));
+        crate::set_avx512_allowed(true);
+        for (x, y) in a.0.iter().chain(&a.1).zip(b.0.iter().chain(&b.1)) {
+            assert_eq!(x.to_bits(), y.to_bits());
+        }
+    }
+
+    #[test]
+    fn fast_gelu_close_to_kernels_gelu() {
+        let src: Vec<f32> = (0..40001).map(|i| (i as f32 - 20000.0) / 2000.0).collect();
+        let mut want = src.clone();
+        gelu_ref(&mut want);
+        let mut got = src.clone();
+        gelu_erf(&mut got);
+        let mut got2 = src.clone();
+        crate::arch::scalar::gelu_erf(&mut got2);
+        for ((&x, &w), (&g, &g2)) in src.iter().zip(&want).zip(got.iter().zip(&got2)) {
+            let tol = 4e-7 * x.abs().max(1.0);
+            assert!((g - w).abs() <= tol, "{x}: {g} vs {w}");
+            assert!((g2 - w).abs() <= tol, "portable {x}: {g2} vs {w}");
+        }
+        let mut big = [1e30f32, -1e30, 0.0, -0.0, 200.0, -200.0];
+        gelu_erf(&mut big);
+        assert_eq!(big, [1e30, -0.0, 0.0, -0.0, 200.0, -0.0]);
+    }
+
+    #[test]
+    fn fast_elu_close_to_expm1() {
+        let src: Vec<f32> = (0..20001).map(|i| (i as f32 - 15000.0) / 1000.0).collect();
+        let mut dst = vec![0.0; src.len()];
+        elu_into(&src, &mut dst);
+        for (&x, &y) in src.iter().zip(&dst) {
+            assert!((y - elu_ref(x)).abs() < 3e-7, "{x}: {y} vs {}", elu_ref(x));
+        }
+        let mut d2 = vec![0.0; src.len()];
+        crate::arch::scalar::elu(&src, &mut d2);
+        assert!(dst.iter().zip(&d2).all(|(a, b)| (a - b).abs() < 3e-7));
     }
 
     #[test]

@@ -16,8 +16,9 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
-use crate::cpu::simd_level;
-use crate::matrix::{Scratch, TILE};
+use crate::arch;
+use crate::layout::TILE;
+use crate::matrix::Scratch;
 use crate::Matrix;
 
 /// How long an idle worker spins before parking.
@@ -154,7 +155,7 @@ impl Pool {
         // SAFETY: the busy flag is held, so nobody else uses the scratch.
         let scratch = unsafe { &mut *self.scratch.get() };
         let act = m.prepare(x, n, scratch);
-        let level = simd_level();
+        let level = arch::active();
         // Split by pairs of tiles (16 rows), the unit of the AVX-512 kernels.
         let pairs = m.tiles().div_ceil(2);
         let unit = 2 * TILE;

@@ -6,13 +6,12 @@ use half::{bf16, f16};
 
 use crate::KernelError;
 
-/// Number of values in a quantization block (GGUF Q8_0/Q4_0 and activation blocks).
-pub const QK: usize = 32;
+pub use crate::layout::QK;
 
-/// Quantizes one activation row to signed 8-bit blocks of 32 values.
-/// Writes codes `q`, scales `d` (f32, `max|x|/127`), exact f32 block sums `s` and code
-/// sums `qs`. `x.len()` must be a multiple of 32. Uses AVX-512 when allowed (same codes,
-/// results as [`quantize_act_row_reference`], bit for bit).
+/// Quantizes one activation row to signed 8-bit blocks of 32 values with the active table
+/// (every set computes the same codes, scales and sums as [`quantize_act_row_reference`], bit
+/// for bit). Writes codes `q`, scales `d` (f32, `max|x|/127`), exact f32 block sums `s` and
+/// code sums `qs`; `x.len()` must be a multiple of 32.
 pub(crate) fn quantize_act_row(
     x: &[f32],
     q: &mut [i8],
@@ -20,81 +19,15 @@ pub(crate) fn quantize_act_row(
     s: &mut [f32],
     qs: &mut [i32],
 ) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::cpu::avx512() {
-        let nb = x.len() / QK;
-        assert!(q.len() >= nb * QK && d.len() >= nb && s.len() >= nb && qs.len() >= nb);
-        // SAFETY: AVX-512 detected; lengths checked above.
-        return unsafe { quantize_act_row_avx512(x, q, d, s, qs) };
-    }
-    quantize_act_row_reference(x, q, d, s, qs)
+    let nb = x.len() / QK;
+    assert!(q.len() >= nb * QK && d.len() >= nb && s.len() >= nb && qs.len() >= nb);
+    // SAFETY: the active table was selected for this CPU; lengths checked above.
+    unsafe { (crate::arch::active().quantize_act)(x, q, d, s, qs) }
 }
 
-/// Rounds half away from zero without a libm call (`|c| < 2^31`).
-#[inline]
-fn round_away(c: f32) -> i32 {
-    let t = c as i32; // truncation toward zero
-    let f = c - t as f32; // exact
-    if f >= 0.5 {
-        t + 1
-    } else if f <= -0.5 {
-        t - 1
-    } else {
-        t
-    }
-}
-
-/// Sum of 32 values in a fixed pairwise order (lanes `i` and `i + 16`, then halves of 8,
-/// 4, 2, 1), shared by the scalar and SIMD quantizers so their block sums are bitwise equal.
-#[inline]
-fn block_sum(xb: &[f32]) -> f32 {
-    let mut l = [0f32; 16];
-    for i in 0..16 {
-        l[i] = xb[i] + xb[i + 16];
-    }
-    tree16(&mut l)
-}
-
-#[inline]
-fn tree16(l: &mut [f32; 16]) -> f32 {
-    let mut w = 8;
-    while w > 0 {
-        for i in 0..w {
-            l[i] += l[i + w];
-        }
-        w /= 2;
-    }
-    l[0]
-}
-
-/// Scalar reference of the activation quantizer of the matrix products (see [`quantize_activations`]).
-pub fn quantize_act_row_reference(
-    x: &[f32],
-    q: &mut [i8],
-    d: &mut [f32],
-    s: &mut [f32],
-    qs: &mut [i32],
-) {
-    debug_assert_eq!(x.len() % QK, 0);
-    for (b, xb) in x.chunks_exact(QK).enumerate() {
-        let mut amax = 0f32;
-        for &v in xb {
-            amax = amax.max(v.abs());
-        }
-        let sum = block_sum(xb);
-        let db = amax / 127.0;
-        let id = if db > 0.0 { 1.0 / db } else { 0.0 };
-        let mut qsum = 0i32;
-        for (o, &v) in q[b * QK..(b + 1) * QK].iter_mut().zip(xb) {
-            let c = round_away((v * id).clamp(-127.0, 127.0)) as i8;
-            *o = c;
-            qsum += c as i32;
-        }
-        d[b] = db;
-        s[b] = sum;
-        qs[b] = qsum;
-    }
-}
+/// Scalar reference of the activation quantizer of the matrix products (see
+/// [`quantize_activations`]).
+pub use crate::arch::scalar::quantize_act_row as quantize_act_row_reference;
 
 /// Public entry to the activation quantizer (dispatching like the matrix products), for
 /// property tests: returns `(codes, scales, block sums, code sums)`.
@@ -104,61 +37,6 @@ pub fn quantize_activations(x: &[f32]) -> (Vec<i8>, Vec<f32>, Vec<f32>, Vec<i32>
         (vec![0; nb * QK], vec![0.0; nb], vec![0.0; nb], vec![0; nb]);
     quantize_act_row(&x[..nb * QK], &mut q, &mut d, &mut s, &mut qs);
     (q, d, s, qs)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
-unsafe fn quantize_act_row_avx512(
-    x: &[f32],
-    q: &mut [i8],
-    d: &mut [f32],
-    s: &mut [f32],
-    qs: &mut [i32],
-) {
-    use std::arch::x86_64::*;
-    let nb = x.len() / QK;
-    let abs_mask = _mm512_set1_epi32(0x7fff_ffff);
-    let half = _mm512_set1_ps(0.5);
-    let lim = _mm512_set1_ps(127.0);
-    for b in 0..nb {
-        let p = x.as_ptr().add(b * QK);
-        let v0 = _mm512_loadu_ps(p);
-        let v1 = _mm512_loadu_ps(p.add(16));
-        let a0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v0), abs_mask));
-        let a1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v1), abs_mask));
-        let amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
-        let db = amax / 127.0;
-        let id = if db > 0.0 { 1.0 / db } else { 0.0 };
-        let idv = _mm512_set1_ps(id);
-        let mut codes = [_mm_setzero_si128(); 2];
-        let mut csum = _mm512_setzero_si512();
-        for (k, v) in [v0, v1].into_iter().enumerate() {
-            let c = _mm512_min_ps(
-                _mm512_max_ps(
-                    _mm512_mul_ps(v, idv),
-                    _mm512_sub_ps(_mm512_setzero_ps(), lim),
-                ),
-                lim,
-            );
-            let t = _mm512_cvttps_epi32(c);
-            let f = _mm512_sub_ps(c, _mm512_cvtepi32_ps(t));
-            let up = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(f, half);
-            let dn = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(f, _mm512_sub_ps(_mm512_setzero_ps(), half));
-            let one = _mm512_set1_epi32(1);
-            let t = _mm512_mask_add_epi32(t, up, t, one);
-            let t = _mm512_mask_sub_epi32(t, dn, t, one);
-            csum = _mm512_add_epi32(csum, t);
-            codes[k] = _mm512_cvtepi32_epi8(t);
-        }
-        let qp = q.as_mut_ptr().add(b * QK) as *mut __m128i;
-        _mm_storeu_si128(qp, codes[0]);
-        _mm_storeu_si128(qp.add(1), codes[1]);
-        *d.get_unchecked_mut(b) = db;
-        let mut l = [0f32; 16];
-        _mm512_storeu_ps(l.as_mut_ptr(), _mm512_add_ps(v0, v1));
-        *s.get_unchecked_mut(b) = tree16(&mut l);
-        *qs.get_unchecked_mut(b) = _mm512_reduce_add_epi32(csum);
-    }
 }
 
 /// Encodes f32 values (row-major, each row a multiple of 32 long) as GGUF Q8_0 blocks

@@ -5,8 +5,8 @@
 //! tolerance `1e-5 · in·k + 1e-6` of the reference. Shapes reach every AVX-512 block
 //! (1–4 row panels × 1–2 column panels) and the share boundaries of the threaded split.
 
-use kernels::conv::{Conv1d, ConvKernel, ConvTranspose1d};
-use kernels::Pool;
+use kernels::conv::{Conv1d, ConvTranspose1d};
+use kernels::{KernelSet, Pool};
 use proptest::prelude::*;
 
 mod common;
@@ -26,25 +26,25 @@ fn bitwise(a: &[f32], b: &[f32], what: &str) {
     }
 }
 
-const KERNELS: [ConvKernel; 4] = [
-    ConvKernel::Scalar,
-    ConvKernel::Avx2,
-    ConvKernel::Avx512,
-    ConvKernel::Auto,
-];
+/// Every kernel set, then the active one (what `forward` uses).
+fn kernels_to_try() -> Vec<KernelSet> {
+    let mut v = KernelSet::ALL.to_vec();
+    v.push(kernels::kernel_set());
+    v
+}
 
 /// One convolution call with a chosen kernel and optional pool, writing the output.
-type RunConv<'a> = &'a dyn Fn(ConvKernel, Option<&Pool>, &mut [f32]);
+type RunConv<'a> = &'a dyn Fn(KernelSet, Option<&Pool>, &mut [f32]);
 
 /// Runs `f(kernel, pool)` for every available kernel, with and without a pool, and checks
 /// the outputs against `want` (tolerance) and against the scalar GEMM (bitwise when wide).
 fn check_all(want: &[f32], tol: f32, wide: bool, f: RunConv<'_>) {
     let pool = Pool::new(2);
     let mut first = vec![0f32; want.len()];
-    f(ConvKernel::Scalar, None, &mut first);
+    f(KernelSet::Scalar, None, &mut first);
     close(&first, want, tol, "scalar gemm vs reference");
     let mut avx2: Option<Vec<f32>> = None;
-    for kern in KERNELS {
+    for kern in kernels_to_try() {
         if !kern.available() {
             continue;
         }
@@ -57,8 +57,8 @@ fn check_all(want: &[f32], tol: f32, wide: bool, f: RunConv<'_>) {
                 bitwise(&got, &first, &what);
             }
             match &avx2 {
-                Some(a) if kern != ConvKernel::Scalar => bitwise(&got, a, &what),
-                None if kern == ConvKernel::Avx2 => avx2 = Some(got),
+                Some(a) if kern != KernelSet::Scalar => bitwise(&got, a, &what),
+                None if kern == KernelSet::Avx2 => avx2 = Some(got),
                 _ => {}
             }
         }
@@ -151,9 +151,9 @@ fn mimi_sized_convs_agree() {
 fn unavailable_kernel_is_refused_not_run() {
     let conv = Conv1d::new(vec![1.0; 4], None, 2, 2, 1, 1, 1, 1).unwrap();
     let mut out = [0f32; 6];
-    for kern in KERNELS {
+    for kern in kernels_to_try() {
         let r = conv.forward_kernel(kern, &[1.0; 6], &mut out, None);
         assert_eq!(r.is_ok(), kern.available(), "{kern:?}");
     }
-    assert!(ConvKernel::Scalar.available() && ConvKernel::Auto.available());
+    assert!(KernelSet::Scalar.available() && kernels::kernel_set().available());
 }

@@ -86,7 +86,7 @@ fn check(fmt: WeightFormat, rows: usize, cols: usize, n: usize, seed: u64) {
     let mut yr = vec![0f32; n * rows];
     m.matmul(&x, n, &mut y, &mut sc);
     m.matmul_reference(&x, n, &mut yr, &mut sc);
-    if kernels::vnni() {
+    if kernels::KernelSet::Avx2Vnni.available() {
         // The plain AVX2 path computes the same integer sums in the same f32 order.
         let mut y2 = vec![0f32; n * rows];
         kernels::set_vnni_allowed(false);
@@ -94,7 +94,7 @@ fn check(fmt: WeightFormat, rows: usize, cols: usize, n: usize, seed: u64) {
         kernels::set_vnni_allowed(true);
         assert_eq!(y2, y, "AVX-VNNI and AVX2 paths differ");
     }
-    if kernels::avx512() {
+    if kernels::KernelSet::Avx512.available() {
         // The AVX-512 pair kernels compute the same integer sums and the same per-lane f32
         // operations as the ymm kernels: bitwise equal.
         let mut y2 = vec![0f32; n * rows];

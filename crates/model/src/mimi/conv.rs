@@ -6,7 +6,6 @@
 //!
 //! Layout: activations are channel-major `[C, T]` row-major slices.
 
-use super::linalg;
 use kernels::{Matrix, Pool, Scratch};
 
 /// Below this many output steps, a convolution runs as a matmul of the gathered input
@@ -223,7 +222,7 @@ impl Conv1d {
                 row[..p].copy_from_slice(hist);
                 let src = &x[c * tin..(c + 1) * tin];
                 if elu_in {
-                    linalg::elu_into(src, &mut row[p..]);
+                    kernels::ops::elu_into(src, &mut row[p..]);
                 } else {
                     row[p..].copy_from_slice(src);
                 }
@@ -394,7 +393,7 @@ impl ConvTr1d {
                 // SAFETY: xa holds cin·max_tin values; shares write disjoint channel rows.
                 let dst =
                     unsafe { std::slice::from_raw_parts_mut(xa.0.add(c0 * tin), (c1 - c0) * tin) };
-                linalg::elu_into(&x[c0 * tin..c1 * tin], dst);
+                kernels::ops::elu_into(&x[c0 * tin..c1 * tin], dst);
             };
             per_channel(self.cin, self.cin * tin, pool, &elu);
             xa_all

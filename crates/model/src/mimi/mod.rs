@@ -11,7 +11,6 @@
 //! transposed-conv upsample → decoder transformer → SEANet decoder.
 
 mod conv;
-mod linalg;
 mod load;
 mod quantizer;
 mod seanet;

@@ -9,18 +9,8 @@
 //! The non-streaming PyTorch path (mask only) is reproduced with a larger ring.
 
 use super::conv::matmul;
-use super::linalg;
+use kernels::attention::{KvDtype, KvRing};
 use kernels::{Matrix, Pool, Scratch};
-
-/// A raw pointer shared by the pool's threads (each writes its own heads).
-struct SyncPtr(*mut f32);
-// SAFETY: users write disjoint regions only.
-unsafe impl Sync for SyncPtr {}
-unsafe impl Send for SyncPtr {}
-
-/// Below this many key values read per layer (steps × ring × d), attention stays on the
-/// calling thread.
-const PAR_ATTEND: usize = 64 * 1024;
 
 /// Weights of one layer.
 #[derive(Debug)]
@@ -55,11 +45,10 @@ pub(crate) struct Transformer {
 /// Streaming state: one KV ring per layer, the position counter and work buffers.
 #[derive(Debug)]
 pub(crate) struct TransformerState {
-    /// Ring capacity (= context when streaming exactly like PyTorch streaming).
-    cap: usize,
     max_t: usize,
-    /// Per layer: keys then values, `[cap, d]` each (slot = position mod cap).
-    kv: Vec<(Vec<f32>, Vec<f32>)>,
+    /// Per layer: the f32 KV ring (capacity = context when streaming exactly like PyTorch
+    /// streaming); entry number = position.
+    kv: Vec<KvRing>,
     /// Next absolute position.
     pos: usize,
     x: Vec<f32>,
@@ -68,7 +57,6 @@ pub(crate) struct TransformerState {
     att: Vec<f32>,
     o: Vec<f32>,
     f: Vec<f32>,
-    scores: Vec<f32>,
     cos: Vec<f32>,
     sin: Vec<f32>,
     scratch: Scratch,
@@ -86,12 +74,14 @@ impl Transformer {
         };
         let d = self.d;
         TransformerState {
-            cap,
             max_t,
             kv: self
                 .layers
                 .iter()
-                .map(|_| (vec![0.0; cap * d], vec![0.0; cap * d]))
+                .map(|_| {
+                    KvRing::new(cap, self.heads, d / self.heads, KvDtype::F32)
+                        .expect("Mimi transformer sizes are validated at load")
+                })
                 .collect(),
             pos: 0,
             x: vec![0.0; max_t * d],
@@ -100,7 +90,6 @@ impl Transformer {
             att: vec![0.0; max_t * d],
             o: vec![0.0; max_t * d],
             f: vec![0.0; max_t * self.ff],
-            scores: vec![0.0; cap * self.heads],
             cos: vec![0.0; max_t * d / self.heads / 2],
             sin: vec![0.0; max_t * d / self.heads / 2],
             scratch: Scratch::new(),
@@ -136,10 +125,7 @@ impl Transformer {
                 st.sin[s * half + i] = ang.sin();
             }
         }
-        let inv_sqrt = 1.0 / (hd as f32).sqrt();
-        let cap = st.cap;
-        let last = st.pos + t - 1;
-        for (layer, (kc, vc)) in self.layers.iter().zip(st.kv.iter_mut()) {
+        for (layer, ring) in self.layers.iter().zip(st.kv.iter_mut()) {
             for s in 0..t {
                 kernels::ops::layer_norm(
                     &st.x[s * d..(s + 1) * d],
@@ -173,61 +159,10 @@ impl Transformer {
                         }
                     }
                 }
-                let slot = (st.pos + s) % cap;
-                kc[slot * d..(slot + 1) * d].copy_from_slice(&row[d..2 * d]);
-                vc[slot * d..(slot + 1) * d].copy_from_slice(&row[2 * d..3 * d]);
+                ring.push(&row[d..2 * d], &row[2 * d..3 * d]);
             }
-            // Attention: keys in the ring are positions (last − cap, last]; query p sees
-            // k ∈ [max(p − context + 1, last − cap + 1, 0), p].
-            let (qkv, kc, vc) = (&st.qkv, &*kc, &*vc);
-            let (att, scores) = (
-                SyncPtr(st.att.as_mut_ptr()),
-                SyncPtr(st.scores.as_mut_ptr()),
-            );
-            // Heads h0..h1 of every query of the chunk.
-            let heads = |h0: usize, h1: usize| {
-                let (att, scores) = (&att, &scores);
-                for s in 0..t {
-                    let p = st.pos + s;
-                    let lo = (p + 1)
-                        .saturating_sub(self.context)
-                        .max((last + 1).saturating_sub(cap));
-                    // SAFETY: att holds max_t·d values and scores heads·cap; each share
-                    // writes its own heads' columns of att and its own score rows.
-                    let (out, sc) = unsafe {
-                        (
-                            std::slice::from_raw_parts_mut(
-                                att.0.add(s * d + h0 * hd),
-                                (h1 - h0) * hd,
-                            ),
-                            std::slice::from_raw_parts_mut(scores.0.add(h0 * cap), cap),
-                        )
-                    };
-                    linalg::attend(
-                        &qkv[s * 3 * d..s * 3 * d + d],
-                        kc,
-                        vc,
-                        linalg::AttendShape {
-                            d,
-                            heads: self.heads,
-                            lo,
-                            hi: p,
-                            cap,
-                            scale: inv_sqrt,
-                            h0,
-                            h1,
-                        },
-                        sc,
-                        out,
-                    );
-                }
-            };
-            match pool {
-                Some(pl) if pl.n_threads() > 1 && self.heads > 1 && t * cap * d >= PAR_ATTEND => {
-                    pl.run(self.heads, &|h| heads(h, h + 1))
-                }
-                _ => heads(0, self.heads),
-            }
+            // Query p sees the keys still in the ring within its context (see the module doc).
+            ring.attend_chunk(&st.qkv, 3 * d, t, self.context, &mut st.att, pool);
             matmul(
                 &layer.out_proj,
                 &st.att[..t * d],
@@ -258,7 +193,7 @@ impl Transformer {
                 pool,
                 &mut st.scratch,
             );
-            linalg::gelu_erf(&mut st.f[..t * self.ff]);
+            kernels::ops::gelu_erf(&mut st.f[..t * self.ff]);
             matmul(
                 &layer.linear2,
                 &st.f[..t * self.ff],
@@ -286,9 +221,8 @@ impl TransformerState {
     /// Back to the fresh state (position 0; stale ring entries are never read again).
     pub fn reset(&mut self) {
         self.pos = 0;
-        for (k, v) in &mut self.kv {
-            k.fill(0.0);
-            v.fill(0.0);
+        for ring in &mut self.kv {
+            ring.reset();
         }
     }
 }

@@ -1,23 +1,12 @@
+//! Dense and quantized matmul tiles for AVX2 + FMA + F16C, AVX-VNNI and AVX-512 VNNI. The
+//! portable references are in `arch/scalar.rs`.
 #![allow(clippy::needless_range_loop)]
-//! AVX2 + FMA + F16C kernels (x86_64). Only called after run-time detection
-//! ([`crate::simd_level`]). Scalar references live beside the dispatchers in `matrix.rs`,
-//! `ops.rs` and `gemm.rs`.
 
 use std::arch::x86_64::*;
 
-use crate::matrix::{Act, QKind, QPacked, TILE};
-use crate::quant::QK;
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn hsum(v: __m256) -> f32 {
-    let lo = _mm256_castps256_ps128(v);
-    let hi = _mm256_extractf128_ps::<1>(v);
-    let s = _mm_add_ps(lo, hi);
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    _mm_cvtss_f32(s)
-}
+use super::hsum;
+use crate::arch::table::PREFETCH;
+use crate::layout::{Act, QKind, QPacked, QK, TILE};
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -99,7 +88,7 @@ macro_rules! dense_kernel {
         /// AVX2/FMA/F16C available; `w` is `rows·cols`, `x` is `n·cols`, `y` holds `n·rows`.
         #[target_feature(enable = "avx2,fma,f16c")]
         #[allow(clippy::too_many_arguments)]
-        pub(crate) unsafe fn $name(
+        pub(super) unsafe fn $name(
             w: &[$t],
             rows: usize,
             cols: usize,
@@ -217,7 +206,7 @@ unsafe fn bcast4(p: *const i8) -> __m256i {
 /// `vpdpbusd` (u8 × i8 → i32) instead of `vpmaddubsw` + `vpmaddwd`.
 macro_rules! quant_kernels {
     ($module:ident, $feat:literal, $vnni:literal) => {
-        mod $module {
+        pub(super) mod $module {
             #![allow(clippy::needless_range_loop, unused_unsafe)]
             use super::*;
 
@@ -445,7 +434,7 @@ macro_rules! quant_kernels {
             /// AVX2/FMA/F16C available; `act` prepared for `n` rows of `cols`; `y` holds `n·rows`.
             #[target_feature(enable = $feat)]
             #[allow(clippy::too_many_arguments)]
-            pub(super) unsafe fn quant(
+            pub(in crate::arch::x86) unsafe fn quant(
                 q: &QPacked,
                 rows: usize,
                 cols: usize,
@@ -476,47 +465,6 @@ macro_rules! quant_kernels {
 quant_kernels!(plain, "avx2,fma,f16c", false);
 quant_kernels!(vnni, "avx2,fma,f16c,avxvnni", true);
 
-/// Quantized matmul over rows `r0..r1` (`r0` a multiple of 8), activations in `act`;
-/// uses AVX-512 VNNI on pairs of tiles when [`crate::avx512`] allows it, else AVX-VNNI when
-/// the CPU has it (and it is not disabled), else plain AVX2.
-///
-/// # Safety
-/// AVX2/FMA/F16C available; `act` prepared for `n` rows of `cols`; `y` holds `n·rows`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn quant(
-    q: &QPacked,
-    rows: usize,
-    cols: usize,
-    act: &Act<'_>,
-    n: usize,
-    r0: usize,
-    r1: usize,
-    y: *mut f32,
-) {
-    if crate::cpu::avx512() {
-        return avx512q::quant(q, rows, cols, act, n, r0, r1, y);
-    }
-    quant_ymm(q, rows, cols, act, n, r0, r1, y)
-}
-
-#[allow(clippy::too_many_arguments)]
-unsafe fn quant_ymm(
-    q: &QPacked,
-    rows: usize,
-    cols: usize,
-    act: &Act<'_>,
-    n: usize,
-    r0: usize,
-    r1: usize,
-    y: *mut f32,
-) {
-    if crate::cpu::vnni() {
-        vnni::quant(q, rows, cols, act, n, r0, r1, y)
-    } else {
-        plain::quant(q, rows, cols, act, n, r0, r1, y)
-    }
-}
-
 /// Independent integer accumulators per activation row of the quantized tile kernels for `n`
 /// rows at once (ILP: one chain of 8 dependent adds per block would bound a single row to
 /// ~5 cycles per load).
@@ -528,14 +476,8 @@ const fn row_split(n: usize) -> usize {
     }
 }
 
-/// Software-prefetch distance (bytes ahead in each weight / KV stream) of the AVX-512
-/// kernels; 0 = off. 4 KiB measured best on the development host (one core reaches ~18–27 %
-/// more bandwidth than with the hardware prefetchers alone; `examples/prefetch_ab.rs`).
-pub(crate) static PREFETCH: std::sync::atomic::AtomicUsize =
-    std::sync::atomic::AtomicUsize::new(4096);
-
 /// AVX-512 VNNI kernels over pairs of tiles (16 rows per zmm, one dword lane per row).
-mod avx512q {
+pub(super) mod avx512q {
     #![allow(clippy::needless_range_loop)]
     use super::*;
 
@@ -733,10 +675,10 @@ mod avx512q {
     }
 
     /// Rows `r0..r1` (`r0` a multiple of 8): whole pairs of tiles with zmm, a lone tile at
-    /// either end with the ymm kernels.
+    /// either end with the ymm kernels (AVX-VNNI ones when `VNNI`).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn quant(
+    pub(in crate::arch::x86) unsafe fn quant<const VNNI: bool>(
         q: &QPacked,
         rows: usize,
         cols: usize,
@@ -751,7 +693,11 @@ mod avx512q {
         while t < t1 {
             if t % 2 == 1 || t + 1 >= t1 {
                 let (a, b) = (t * TILE, ((t + 1) * TILE).min(rows));
-                super::quant_ymm(q, rows, cols, act, n, a, b, y);
+                if VNNI {
+                    super::vnni::quant(q, rows, cols, act, n, a, b, y)
+                } else {
+                    super::plain::quant(q, rows, cols, act, n, a, b, y)
+                }
                 t += 1;
                 continue;
             }

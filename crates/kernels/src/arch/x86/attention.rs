@@ -1,7 +1,7 @@
 //! Fused one-head attention kernels over a contiguous per-head KV layout (x86_64):
 //! scores `q·kⱼ/√d`, a vectorized softmax and `Σ pⱼ vⱼ` with the output held in registers.
 //! AVX-512 (zmm, 32 values per chunk) and AVX2 (ymm, 16 values per chunk) versions; the
-//! scalar reference is `KvRing::attend_reference` in `attention.rs`.
+//! scalar reference is `KvRing::attend_reference` in `src/attention.rs`.
 //!
 //! bf16 keys/values are widened exactly in registers without shuffles: a vector of 2k bf16
 //! values read as 32-bit lanes gives the even elements by `<< 16` and the odd ones by masking
@@ -13,16 +13,50 @@
 
 use std::arch::x86_64::*;
 
-/// Largest head dimension the SIMD kernels take (registers / stack arrays).
-pub(crate) const MAX_HD: usize = 256;
+use crate::arch::table::Seg;
 
-/// A run of consecutive entries of one head: `n` rows of `hd` elements starting at `p`
-/// (element size 2 for bf16, 4 for f32).
-#[derive(Clone, Copy)]
-pub(crate) struct Seg {
-    pub(crate) k: *const u8,
-    pub(crate) v: *const u8,
-    pub(crate) n: usize,
+/// Largest head dimension the SIMD kernels take (registers / stack arrays).
+const MAX_HD: usize = 256;
+
+/// The AVX2 attention entry of the kernel table: head sizes that are multiples of 16 up to
+/// [`MAX_HD`].
+///
+/// # Safety
+/// AVX2/FMA/F16C available; segments as in [`head_avx512`].
+pub(super) unsafe fn attend_head_avx2(
+    bf16: bool,
+    hd: usize,
+    q: &[f32],
+    segs: &[Seg; 2],
+    inv: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) -> bool {
+    if hd > MAX_HD || !hd.is_multiple_of(16) {
+        return false;
+    }
+    head_avx2(bf16, hd, q, segs, inv, scores, out);
+    true
+}
+
+/// The AVX-512 attention entry: zmm for multiples of 32, else as [`attend_head_avx2`].
+///
+/// # Safety
+/// AVX-512 F/BW/DQ/VL, AVX2 and FMA available; segments as in [`head_avx512`].
+pub(super) unsafe fn attend_head_avx512(
+    bf16: bool,
+    hd: usize,
+    q: &[f32],
+    segs: &[Seg; 2],
+    inv: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) -> bool {
+    if hd <= MAX_HD && hd.is_multiple_of(32) {
+        head_avx512(bf16, hd, q, segs, inv, scores, out);
+        return true;
+    }
+    attend_head_avx2(bf16, hd, q, segs, inv, scores, out)
 }
 
 const LOG2E: f32 = std::f32::consts::LOG2_E;
@@ -158,7 +192,7 @@ unsafe fn head512_nc<const BF16: bool, const NC: usize>(
         qv[k] = _mm512_loadu_ps(qp[k].as_ptr());
     }
     let sp = scores.as_mut_ptr();
-    let pf = crate::x86::PREFETCH.load(std::sync::atomic::Ordering::Relaxed);
+    let pf = crate::arch::table::PREFETCH.load(std::sync::atomic::Ordering::Relaxed);
     let mut j = 0usize;
     for seg in segs {
         let mut row = seg.k;
@@ -218,7 +252,7 @@ unsafe fn head512_nc<const BF16: bool, const NC: usize>(
 /// # Safety
 /// AVX-512 F/BW/DQ/VL and FMA available; each segment's `k`/`v` point to `n` rows of `hd`
 /// elements (bf16 when `bf16`, else f32).
-pub(crate) unsafe fn head_avx512(
+unsafe fn head_avx512(
     bf16: bool,
     hd: usize,
     q: &[f32],
@@ -351,7 +385,7 @@ unsafe fn softmax256(s: *mut f32, n: usize) {
         }
         sum = _mm256_add_ps(sum, e);
     }
-    let inv = 1.0 / crate::x86::hsum(sum);
+    let inv = 1.0 / super::hsum(sum);
     let invv = _mm256_set1_ps(inv);
     i = 0;
     while i < main {
@@ -393,7 +427,7 @@ unsafe fn head256_nc<const BF16: bool, const NC: usize>(
                 a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qp[2 * c].as_ptr()), e, a0);
                 a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qp[2 * c + 1].as_ptr()), o, a1);
             }
-            *sp.add(j) = crate::x86::hsum(_mm256_add_ps(a0, a1)) * inv;
+            *sp.add(j) = super::hsum(_mm256_add_ps(a0, a1)) * inv;
             row = row.add(row_bytes);
             j += 1;
         }
@@ -435,7 +469,7 @@ unsafe fn head256_nc<const BF16: bool, const NC: usize>(
 ///
 /// # Safety
 /// AVX2/FMA/F16C available; segments as in [`head_avx512`].
-pub(crate) unsafe fn head_avx2(
+unsafe fn head_avx2(
     bf16: bool,
     hd: usize,
     q: &[f32],

@@ -1,122 +1,92 @@
-//! AVX-512 micro-kernels for the convolution GEMM of [`crate::gemm`] (runtime-dispatched
-//! through [`crate::avx512`]).
+//! GEMM micro-kernels of the convolutions for x86_64: the AVX2 6×16 tile and skinny kernels,
+//! and AVX-512 blocks.
 //!
-//! The packed-A layout is the same as the AVX2 path (`[panel][k][MR]`, `MR = 6`), so the
-//! weights are packed once whatever the CPU. A block of C is `RP` consecutive A panels
-//! (up to 24 rows) × `W` B panels of 16 columns (one `zmm` each): 12×32 when both fit,
+//! The packed-A layout is the same for every kernel (`[panel][k][MR]`, `MR = 6`), so the
+//! weights are packed once whatever the CPU. An AVX-512 block of C is `RP` consecutive A
+//! panels (up to 24 rows) × `W` B panels of 16 columns (one `zmm` each): 12×32 when both fit,
 //! 24×16 when the output has a single 16-column panel (Mimi's 25/12.5 Hz layers), i.e. up to
 //! 24 accumulators in the 32 vector registers. Every output is one FMA chain over `k` in
 //! increasing order followed by the bias add, exactly like the AVX2 and scalar
 //! micro-kernels, so all three give bitwise-equal results.
+#![allow(clippy::needless_range_loop)]
 
-use std::cell::RefCell;
+use std::arch::x86_64::*;
 
-use crate::gemm::{gather, BView, PackedA, MR, NR};
+use crate::arch::table::SKINNY;
+use crate::layout::{PackedA, MR, NR};
 
-thread_local! {
-    static BPANEL2: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
-
-/// [`crate::gemm::gemm`] with the AVX-512 micro-kernels (same contract).
-///
-/// # Safety
-/// The CPU must support AVX-512F; `c` must be valid for the written rows/cols and no other
-/// thread may write the same region.
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn gemm<F: Fn(usize) -> usize>(
-    a: &PackedA,
-    b: &BView<'_, F>,
-    c: *mut f32,
-    ldc: usize,
-    bias: Option<&[f32]>,
-    (p0, p1): (usize, usize),
-    (q0, q1): (usize, usize),
-) {
-    let k = a.k;
-    BPANEL2.with(|buf| {
-        let mut buf = buf.borrow_mut();
-        if buf.len() < k * 2 * NR {
-            buf.resize(k * 2 * NR, 0.0);
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn kernel_avx2(k: usize, a: &[f32], b: &[f32], tile: &mut [[f32; NR]; MR]) {
+    assert!(a.len() >= k * MR && b.len() >= k * NR);
+    // SAFETY: bounds checked above; unaligned loads only.
+    unsafe {
+        let mut c = [[_mm256_setzero_ps(); 2]; MR];
+        let (mut ap, mut bp) = (a.as_ptr(), b.as_ptr());
+        for _ in 0..k {
+            let b0 = _mm256_loadu_ps(bp);
+            let b1 = _mm256_loadu_ps(bp.add(8));
+            for (r, cr) in c.iter_mut().enumerate() {
+                let av = _mm256_broadcast_ss(&*ap.add(r));
+                cr[0] = _mm256_fmadd_ps(av, b0, cr[0]);
+                cr[1] = _mm256_fmadd_ps(av, b1, cr[1]);
+            }
+            ap = ap.add(MR);
+            bp = bp.add(NR);
         }
-        let mut q = q0;
-        while q < q1 {
-            let w = if q + 1 < q1 { 2 } else { 1 };
-            let bp = &mut buf[..k * w * NR];
-            gather(b, k, q, w, bp);
-            blocks(a, bp.as_ptr(), q, w, b.n, c, ldc, bias, (p0, p1));
-            q += w;
+        for (r, cr) in c.iter().enumerate() {
+            _mm256_storeu_ps(tile[r].as_mut_ptr(), cr[0]);
+            _mm256_storeu_ps(tile[r].as_mut_ptr().add(8), cr[1]);
         }
-    })
-}
-
-/// Floats of B gathered once for all column panels ([`gather_groups`]): groups of two
-/// 16-column panels (the last one may be single), `k·32` floats apart.
-pub(crate) fn gathered_len(k: usize, n: usize) -> usize {
-    n.div_ceil(2 * NR) * k * 2 * NR
-}
-
-/// Number of column-panel groups of [`gathered_len`].
-pub(crate) fn groups(n: usize) -> usize {
-    n.div_ceil(2 * NR)
-}
-
-/// Gathers the B groups `g0..g1` (group `g` = column panels `2g`, `2g + 1`) into `dst`, the
-/// start of the whole gathered buffer.
-///
-/// # Safety
-/// `dst` is valid for [`gathered_len`] floats and no other thread writes these groups.
-pub(crate) unsafe fn gather_groups<F: Fn(usize) -> usize>(
-    b: &BView<'_, F>,
-    k: usize,
-    (g0, g1): (usize, usize),
-    dst: *mut f32,
-) {
-    let np = b.n.div_ceil(NR);
-    for g in g0..g1 {
-        let q = 2 * g;
-        let w = (np - q).min(2);
-        let d = std::slice::from_raw_parts_mut(dst.add(g * k * 2 * NR), k * w * NR);
-        gather(b, k, q, w, d);
     }
 }
 
-/// [`gemm`] over all column panels with B already gathered by [`gather_groups`] (shared by
-/// the threads that split the rows).
-///
-/// # Safety
-/// As [`gemm`]; `pre` holds the whole gathered B of `b_n` columns.
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn gemm_pregathered(
-    a: &PackedA,
-    pre: *const f32,
-    b_n: usize,
-    c: *mut f32,
-    ldc: usize,
-    bias: Option<&[f32]>,
-    (p0, p1): (usize, usize),
-) {
-    let k = a.k;
-    let np = b_n.div_ceil(NR);
-    for g in 0..groups(b_n) {
-        let q = 2 * g;
-        let w = (np - q).min(2);
-        blocks(
-            a,
-            pre.add(g * k * 2 * NR),
-            q,
-            w,
-            b_n,
-            c,
-            ldc,
-            bias,
-            (p0, p1),
-        );
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn skinny_avx2(k: usize, a: &[f32], bt: &[f32], tile: &mut [[f32; SKINNY]; MR]) {
+    assert!(a.len() >= k * MR + 2 && bt.len() >= k * SKINNY);
+    // SAFETY: bounds checked above (8-lane loads of A read at most 2 padding floats).
+    unsafe {
+        let mut acc0 = [_mm256_setzero_ps(); SKINNY];
+        let mut acc1 = [_mm256_setzero_ps(); SKINNY];
+        let (ap, bp) = (a.as_ptr(), bt.as_ptr());
+        let mut p = 0;
+        while p + 2 <= k {
+            let a0 = _mm256_loadu_ps(ap.add(p * MR));
+            let a1 = _mm256_loadu_ps(ap.add((p + 1) * MR));
+            for j in 0..SKINNY {
+                acc0[j] =
+                    _mm256_fmadd_ps(a0, _mm256_broadcast_ss(&*bp.add(p * SKINNY + j)), acc0[j]);
+                acc1[j] = _mm256_fmadd_ps(
+                    a1,
+                    _mm256_broadcast_ss(&*bp.add((p + 1) * SKINNY + j)),
+                    acc1[j],
+                );
+            }
+            p += 2;
+        }
+        if p < k {
+            let a0 = _mm256_loadu_ps(ap.add(p * MR));
+            for j in 0..SKINNY {
+                acc0[j] =
+                    _mm256_fmadd_ps(a0, _mm256_broadcast_ss(&*bp.add(p * SKINNY + j)), acc0[j]);
+            }
+        }
+        for j in 0..SKINNY {
+            let mut lanes = [0f32; 8];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(acc0[j], acc1[j]));
+            for r in 0..MR {
+                tile[r][j] = lanes[r];
+            }
+        }
     }
 }
 
-/// All row blocks `p0..p1` against the gathered column panels `q..q + w` at `bptr`.
+/// All row blocks `p0..p1` against the gathered column panels `q..q + w` at `bptr` (the
+/// wide GEMM entry of the AVX-512 table).
+///
+/// # Safety
+/// AVX-512F; as [`crate::arch::WideFn`].
 #[allow(clippy::too_many_arguments)]
-unsafe fn blocks(
+pub(super) unsafe fn blocks(
     a: &PackedA,
     bptr: *const f32,
     q: usize,
@@ -161,7 +131,6 @@ const ROWS: usize = 4 * MR;
 /// # Safety
 /// AVX-512F; `a` holds `RP` panels of `k·MR` floats, `b` holds `k·16·W` floats, `c` is
 /// writable for `mv` rows × `nv` columns, `bias` (when given) has `mv` values.
-#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn kern<const RP: usize, const W: usize>(
@@ -175,7 +144,6 @@ unsafe fn kern<const RP: usize, const W: usize>(
     mv: usize,
     nv: usize,
 ) {
-    use std::arch::x86_64::*;
     let mut acc = [[_mm512_setzero_ps(); W]; ROWS];
     let mut ap = a;
     let mut bp = b;

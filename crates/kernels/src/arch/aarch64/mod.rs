@@ -1,0 +1,1 @@
+//! aarch64 NEON kernels.

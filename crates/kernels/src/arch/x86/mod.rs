@@ -1,0 +1,104 @@
+//! x86_64 kernels: AVX2 + FMA + F16C, AVX-VNNI and AVX-512 (F, BW, DQ, VL, VNNI), and the
+//! tables that group them. Every function here assumes its table was selected for this CPU.
+
+use std::arch::x86_64::*;
+
+use super::table::{Features, Kernels};
+
+mod attention;
+mod gemm;
+mod matvec;
+pub(crate) mod ops;
+
+/// Fills the x86 flags of [`Features`] from CPUID.
+pub(super) fn probe(f: &mut Features) {
+    f.avx2 = is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c");
+    f.avx512 = is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512dq")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni");
+    f.avxvnni = is_x86_feature_detected!("avxvnni");
+}
+
+/// Horizontal sum of 8 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn hsum(v: __m256) -> f32 {
+    let lo = _mm256_castps256_ps128(v);
+    let hi = _mm256_extractf128_ps::<1>(v);
+    let s = _mm_add_ps(lo, hi);
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// The AVX2 table; `$quant` and `$rest` differ between the sets.
+macro_rules! avx2_table {
+    ($quant:expr, $head:expr, $wide:expr, $quantize:expr, $to_bf16:expr, $gelu:expr, $elu:expr) => {
+        Kernels {
+            dense_f32: matvec::dense_f32,
+            dense_bf16: matvec::dense_bf16,
+            dense_f16: matvec::dense_f16,
+            quant: $quant,
+            quantize_act: $quantize,
+            attend_head: $head,
+            gemm_tile: gemm::kernel_avx2,
+            gemm_skinny: gemm::skinny_avx2,
+            gemm_wide: $wide,
+            dot: ops::dot_avx2,
+            dot_bf16: ops::dot_bf16_avx2,
+            axpy: ops::axpy_avx2,
+            axpy_bf16: ops::axpy_bf16_avx2,
+            to_bf16: $to_bf16,
+            gelu_erf: $gelu,
+            elu: $elu,
+        }
+    };
+}
+
+/// AVX2 + FMA + F16C.
+pub(crate) static AVX2: Kernels = avx2_table!(
+    matvec::plain::quant,
+    attention::attend_head_avx2,
+    None,
+    super::scalar::quantize_act_row,
+    super::scalar::to_bf16,
+    ops::gelu_erf_avx2,
+    ops::elu_avx2
+);
+
+/// AVX2 with AVX-VNNI quantized kernels.
+pub(crate) static AVX2_VNNI: Kernels = avx2_table!(
+    matvec::vnni::quant,
+    attention::attend_head_avx2,
+    None,
+    super::scalar::quantize_act_row,
+    super::scalar::to_bf16,
+    ops::gelu_erf_avx2,
+    ops::elu_avx2
+);
+
+/// AVX-512 with plain AVX2 kernels for a lone tile.
+pub(crate) static AVX512: Kernels = avx2_table!(
+    matvec::avx512q::quant::<false>,
+    attention::attend_head_avx512,
+    Some(gemm::blocks),
+    ops::quantize_act_avx512,
+    ops::to_bf16_avx512,
+    ops::gelu_erf_avx512,
+    ops::elu_avx512
+);
+
+/// AVX-512 with AVX-VNNI kernels for a lone tile.
+pub(crate) static AVX512_VNNI: Kernels = avx2_table!(
+    matvec::avx512q::quant::<true>,
+    attention::attend_head_avx512,
+    Some(gemm::blocks),
+    ops::quantize_act_avx512,
+    ops::to_bf16_avx512,
+    ops::gelu_erf_avx512,
+    ops::elu_avx512
+);

@@ -1,0 +1,84 @@
+//! The exact-reference switch (`MOSHI_KERNELS_F32_ACTIVATIONS`, [`kernels::set_f32_activations`]):
+//! quantized weights (Q8_0, Q4_0, MLX affine 4/8) times f32 activations, checked against an
+//! independent f64 product of the dequantized weights (`Matrix::row_f32`).
+//! Tolerance: `1e-6 · Σ|w·x|` (f32 summation only; no activation rounding). The switch is
+//! process-wide, so this file is its own test binary.
+
+use kernels::quant::{encode_mlx, encode_q4_0, encode_q8_0};
+use kernels::{Matrix, Pool, Scratch, Storage, WeightFormat};
+use proptest::prelude::*;
+
+mod common;
+use common::vals;
+
+fn build(fmt: WeightFormat, rows: usize, cols: usize, w: &[f32]) -> Matrix {
+    match fmt {
+        WeightFormat::Q8_0 => {
+            Matrix::from_bytes(fmt, rows, cols, Storage::from_vec(encode_q8_0(w).unwrap())).unwrap()
+        }
+        WeightFormat::Q4_0 => {
+            Matrix::from_bytes(fmt, rows, cols, Storage::from_vec(encode_q4_0(w).unwrap())).unwrap()
+        }
+        WeightFormat::MlxAffine { bits, group } => {
+            let (c, s, b) = encode_mlx(bits, group, rows, cols, w).unwrap();
+            let st = Storage::from_vec;
+            Matrix::from_mlx(bits, group, rows, cols, st(c), st(s), st(b)).unwrap()
+        }
+        _ => unreachable!("quantized formats only"),
+    }
+}
+
+const FORMATS: [WeightFormat; 4] = [
+    WeightFormat::Q8_0,
+    WeightFormat::Q4_0,
+    WeightFormat::MlxAffine { bits: 4, group: 32 },
+    WeightFormat::MlxAffine { bits: 8, group: 64 },
+];
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
+
+    #[test]
+    fn quantized_times_f32_activations_is_exact(
+        rows in 1usize..40,
+        blocks in 1usize..5,
+        n in 1usize..6,
+        seed in 1u64..1_000_000,
+    ) {
+        kernels::set_f32_activations(true);
+        prop_assert!(kernels::f32_activations());
+        let cols = 64 * blocks;
+        let w = vals(seed, rows * cols);
+        // Activations far from any 8-bit grid: a large dynamic range inside each block.
+        let x: Vec<f32> = vals(seed ^ 0x9e37, n * cols)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v * if i % 7 == 0 { 50.0 } else { 0.01 })
+            .collect();
+        let pool = Pool::new(2);
+        for fmt in FORMATS {
+            let m = build(fmt, rows, cols, &w);
+            let mut deq = vec![0f32; rows * cols];
+            for r in 0..rows {
+                m.row_f32(r, &mut deq[r * cols..(r + 1) * cols]);
+            }
+            let mut y = vec![0f32; n * rows];
+            m.matmul(&x, n, &mut y, &mut Scratch::new());
+            let mut yp = vec![0f32; n * rows];
+            pool.matmul(&m, &x, n, &mut yp);
+            prop_assert_eq!(&y, &yp);
+            for i in 0..n {
+                for r in 0..rows {
+                    let (wr, xi) = (&deq[r * cols..(r + 1) * cols], &x[i * cols..(i + 1) * cols]);
+                    let exact: f64 = wr.iter().zip(xi).map(|(a, b)| *a as f64 * *b as f64).sum();
+                    let mag: f64 = wr.iter().zip(xi).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
+                    let got = y[i * rows + r] as f64;
+                    prop_assert!(
+                        (got - exact).abs() <= 1e-6 * mag + 1e-30,
+                        "{:?} {}x{} row {} act {}: {} vs {}", fmt, rows, cols, r, i, got, exact
+                    );
+                }
+            }
+        }
+    }
+}
