@@ -6,10 +6,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use embed::{guess_component, variant};
 use model::checkpoint::Schema;
 use model::checkpoint::{Bundle, Component};
 use model::checkpoint::{LmConfig, MimiConfig};
-use model::checkpoint::{OpenOptions, Quant, Weights};
+use model::checkpoint::{Quant, Weights};
 
 /// Flags of `moshi-native inspect`.
 #[derive(Args, Debug, Clone)]
@@ -44,35 +45,6 @@ fn human(bytes: usize) -> String {
         format!("{:.1} kB", b / 1e3)
     } else {
         format!("{bytes} B")
-    }
-}
-
-/// Variant name from the layout and the storage of the linear weights.
-fn variant(w: &Weights) -> String {
-    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-    for n in w.names() {
-        if n.ends_with(".weight") || n.ends_with("in_proj_weight") {
-            *counts
-                .entry(w.quant(n).map(|q| q.name()).unwrap_or_default())
-                .or_default() += 1;
-        }
-    }
-    let dominant = counts
-        .iter()
-        .max_by_key(|(_, c)| **c)
-        .map(|(q, _)| q.clone())
-        .unwrap_or_else(|| "empty".into());
-    let family = match w.layout() {
-        model::checkpoint::names::Layout::PytorchLegacy
-        | model::checkpoint::names::Layout::PytorchNew => "pytorch",
-        model::checkpoint::names::Layout::Candle => "candle",
-        model::checkpoint::names::Layout::Mlx => "mlx",
-        model::checkpoint::names::Layout::HfMimi => "hf-transformers",
-    };
-    if dominant.starts_with("mlx-") {
-        dominant
-    } else {
-        format!("{family}-{dominant}")
     }
 }
 
@@ -120,25 +92,6 @@ fn print_weights(w: &Weights, list: bool) {
             };
             println!("    {n} {:?} {}{src}", info.shape, info.quant.name());
         }
-    }
-}
-
-/// Guess the component of a lone file from its canonical names.
-fn guess_component(path: &Path) -> Result<(Weights, Component)> {
-    let lm = Weights::open(path, Component::Lm)?;
-    let is_mimi = lm.names().any(|n| {
-        n.starts_with("encoder.")
-            || n.starts_with("decoder.")
-            || n.starts_with("quantizer.")
-            || n.starts_with("encoder_transformer.")
-    });
-    if is_mimi {
-        Ok((
-            Weights::open_with(path, &OpenOptions::new(Component::Mimi))?,
-            Component::Mimi,
-        ))
-    } else {
-        Ok((lm, Component::Lm))
     }
 }
 

@@ -20,9 +20,6 @@ use std::sync::Arc;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
 use kernels::Pool;
-use model::checkpoint::Component;
-use model::checkpoint::MimiConfig;
-use model::checkpoint::{OpenOptions, Weights};
 use model::mimi::{Mimi, MimiDecoder, MimiEncoder};
 
 /// Flags shared by the Mimi commands.
@@ -63,63 +60,9 @@ pub enum MimiCmd {
     },
 }
 
-/// Released Mimi file name (used when the bundle has no `config.json`).
-const DEFAULT_MIMI: &str = "tokenizer-e351c8d8-checkpoint125.safetensors";
-
-fn resolve(dir: &Path, name: &str) -> PathBuf {
-    let name = name.strip_prefix("file://").unwrap_or(name);
-    let p = Path::new(name);
-    if p.is_absolute() {
-        p.to_path_buf()
-    } else {
-        dir.join(p)
-    }
-}
-
 /// Opens the Mimi of a bundle directory with `n_codebooks` codebooks.
 pub fn open_mimi(dir: &Path, n_codebooks: usize) -> Result<Arc<Mimi>> {
-    let cfg_path = dir.join("config.json");
-    let (weights_name, cfg_name) = if cfg_path.is_file() {
-        let text = std::fs::read_to_string(&cfg_path)
-            .with_context(|| format!("reading {}", cfg_path.display()))?;
-        let v: serde_json::Value = serde_json::from_str(&text)
-            .with_context(|| format!("parsing {}", cfg_path.display()))?;
-        let w = v
-            .get("mimi_name")
-            .and_then(|x| x.as_str())
-            .unwrap_or(DEFAULT_MIMI)
-            .to_string();
-        let c = v
-            .get("mimi_config_name")
-            .and_then(|x| x.as_str())
-            .map(str::to_string);
-        (w, c)
-    } else if dir.is_dir() {
-        (DEFAULT_MIMI.to_string(), None)
-    } else {
-        bail!("model directory {} does not exist", dir.display());
-    };
-    let spec = match cfg_name {
-        Some(c) => {
-            let p = resolve(dir, &c);
-            let text = std::fs::read_to_string(&p)
-                .with_context(|| format!("reading Mimi config {}", p.display()))?;
-            MimiConfig::from_any_json(&text)
-                .with_context(|| format!("Mimi config {}", p.display()))?
-        }
-        None => MimiConfig::v0_1(),
-    };
-    let wpath = resolve(dir, &weights_name);
-    if !wpath.is_file() {
-        bail!("Mimi weights {} not found", wpath.display());
-    }
-    let mut opts = OpenOptions::new(Component::Mimi);
-    opts.mimi_num_heads = spec.transformer.num_heads;
-    let w = Weights::open_with(&wpath, &opts)
-        .with_context(|| format!("opening {}", wpath.display()))?;
-    let mimi = Mimi::from_tensors(&w, &spec, n_codebooks)
-        .with_context(|| format!("loading {}", wpath.display()))?;
-    Ok(Arc::new(mimi))
+    Ok(embed::open_mimi(dir, None, n_codebooks)?)
 }
 
 /// Reads a 24 kHz mono WAV (16-bit PCM or 32-bit float) as f32 samples.

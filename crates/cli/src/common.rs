@@ -120,11 +120,11 @@ impl EngineArgs {
             bail!("--threads must be between 1 and 256 (got {})", self.threads);
         }
         let (dir, demo) = match self.model.resolve()? {
-            ModelSource::Demo => (crate::demo::materialize()?, true),
+            ModelSource::Demo => (embed::demo::materialize()?, true),
             ModelSource::Dir(d) => (d, false),
         };
         if demo {
-            eprintln!("{}", crate::demo::LABEL);
+            eprintln!("{}", embed::demo::LABEL);
         }
         let opts = runtime::EngineOptions {
             threads: self.threads,

@@ -9,7 +9,6 @@ mod cmd_trace_duplex;
 mod cmd_trace_lm;
 mod cmd_trace_mimi;
 mod common;
-mod demo;
 mod duplex;
 mod fetch;
 mod models;

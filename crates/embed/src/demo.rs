@@ -1,14 +1,14 @@
-//! The demo model: a tiny random-weight bundle compiled into the binary.
+//! The demo model: a tiny random-weight bundle compiled into the library.
 //!
 //! It is the oracle's tiny Moshi bundle (`fixtures/lm`, built with Kyutai's own loaders, exact
 //! architecture, random weights). It proves the pipeline end to end on a machine with no network;
-//! it does not speak. Every command that uses it says so.
+//! it does not speak. Every front end that uses it says so.
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use crate::EmbedError;
 
-/// The label printed by every command running on the demo model.
+/// The label front ends print when they run on the demo model.
 pub const LABEL: &str = "DEMO MODEL: random weights (tiny bundled model, not Moshi's voice)";
 
 /// The files of the bundle, by the names its `config.json` refers to.
@@ -35,8 +35,8 @@ const FILES: &[(&str, &[u8])] = &[
     ),
 ];
 
-/// Writes the bundle to a per-user cache folder (once) and returns the folder.
-pub fn materialize() -> Result<PathBuf> {
+/// Writes the bundle to a per-user cache folder (once; later calls only compare) and returns the folder.
+pub fn materialize() -> Result<PathBuf, EmbedError> {
     let total: usize = FILES.iter().map(|(_, b)| b.len()).sum();
     let base = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
@@ -45,8 +45,11 @@ pub fn materialize() -> Result<PathBuf> {
     let dir = base
         .join("moshi-native")
         .join(format!("demo-{}-{total}", env!("CARGO_PKG_VERSION")));
-    std::fs::create_dir_all(&dir)
-        .with_context(|| format!("cannot create the demo model folder {}", dir.display()))?;
+    let io = |source| EmbedError::Io {
+        path: dir.clone(),
+        source,
+    };
+    std::fs::create_dir_all(&dir).map_err(io)?;
     for (name, bytes) in FILES {
         let path = dir.join(name);
         let same = std::fs::read(&path).map(|b| b == *bytes).unwrap_or(false);
@@ -55,7 +58,7 @@ pub fn materialize() -> Result<PathBuf> {
             let tmp = dir.join(format!("{name}.tmp{}", std::process::id()));
             std::fs::write(&tmp, bytes)
                 .and_then(|_| std::fs::rename(&tmp, &path))
-                .with_context(|| format!("cannot write the demo model to {}", dir.display()))?;
+                .map_err(io)?;
         }
     }
     Ok(dir)

@@ -1,0 +1,151 @@
+/*
+ * Full duplex on a WAV file through the moshi-native C ABI.
+ *
+ *   duplex IN.wav OUT.wav [BUNDLE_DIR]
+ *
+ * IN.wav: 24 kHz, mono or stereo (downmixed), 16-bit PCM or 32-bit float. OUT.wav: Moshi's voice,
+ * 24 kHz mono 16-bit PCM, one 80 ms frame per whole input frame. Without BUNDLE_DIR the tiny
+ * random-weight demo model compiled into the library is used (it proves the pipeline; it does not speak).
+ *
+ * Build (Linux):  cc -std=c11 -O2 duplex.c -I ../include -L DIR -lmoshi_native -Wl,-rpath,DIR -o duplex
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moshi_native.h"
+
+static uint32_t rd32(const unsigned char *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+static uint16_t rd16(const unsigned char *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+/* Reads a 24 kHz WAV into mono float samples; returns NULL (and prints why) when it cannot. */
+static float *read_wav(const char *path, size_t *n_out) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { perror(path); return NULL; }
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *buf = malloc((size_t)size);
+    if (!buf || fread(buf, 1, (size_t)size, f) != (size_t)size) { fclose(f); free(buf); return NULL; }
+    fclose(f);
+    if (size < 12 || memcmp(buf, "RIFF", 4) || memcmp(buf + 8, "WAVE", 4)) {
+        fprintf(stderr, "%s: not a WAV file\n", path); free(buf); return NULL;
+    }
+    uint16_t format = 0, channels = 0, bits = 0;
+    uint32_t rate = 0;
+    const unsigned char *data = NULL;
+    uint32_t data_len = 0;
+    for (long pos = 12; pos + 8 <= size;) {
+        uint32_t len = rd32(buf + pos + 4);
+        const unsigned char *body = buf + pos + 8;
+        if (pos + 8 + (long)len > size) len = (uint32_t)(size - pos - 8);
+        if (!memcmp(buf + pos, "fmt ", 4) && len >= 16) {
+            format = rd16(body); channels = rd16(body + 2); rate = rd32(body + 4); bits = rd16(body + 14);
+            if (format == 0xFFFE && len >= 26) format = rd16(body + 24); /* WAVE_FORMAT_EXTENSIBLE */
+        } else if (!memcmp(buf + pos, "data", 4)) {
+            data = body; data_len = len;
+        }
+        pos += 8 + (long)len + (len & 1);
+    }
+    int pcm16 = format == 1 && bits == 16, float32 = format == 3 && bits == 32;
+    if (!data || channels == 0 || rate != MN_SAMPLE_RATE || !(pcm16 || float32)) {
+        fprintf(stderr, "%s: need a 24 kHz WAV of 16-bit PCM or 32-bit float\n", path);
+        free(buf); return NULL;
+    }
+    size_t width = bits / 8, frames = data_len / (width * channels);
+    float *out = malloc((frames ? frames : 1) * sizeof(float));
+    for (size_t i = 0; out && i < frames; i++) {
+        float acc = 0.0f;
+        for (size_t c = 0; c < channels; c++) {
+            const unsigned char *s = data + (i * channels + c) * width;
+            if (pcm16) acc += (float)(int16_t)rd16(s) / 32768.0f;
+            else { uint32_t u = rd32(s); float x; memcpy(&x, &u, 4); acc += x; }
+        }
+        out[i] = acc / (float)channels;
+    }
+    free(buf);
+    *n_out = frames;
+    return out;
+}
+
+static void put32(FILE *f, uint32_t v) { unsigned char b[4] = {v, v >> 8, v >> 16, v >> 24}; fwrite(b, 1, 4, f); }
+static void put16(FILE *f, uint16_t v) { unsigned char b[2] = {v, v >> 8}; fwrite(b, 1, 2, f); }
+
+static int write_wav(const char *path, const float *pcm, size_t n, uint32_t rate) {
+    FILE *f = fopen(path, "wb");
+    if (!f) { perror(path); return -1; }
+    fwrite("RIFF", 1, 4, f); put32(f, (uint32_t)(36 + 2 * n)); fwrite("WAVEfmt ", 1, 8, f);
+    put32(f, 16); put16(f, 1); put16(f, 1); put32(f, rate); put32(f, rate * 2); put16(f, 2); put16(f, 16);
+    fwrite("data", 1, 4, f); put32(f, (uint32_t)(2 * n));
+    for (size_t i = 0; i < n; i++) {
+        float x = pcm[i] > 1.0f ? 1.0f : pcm[i] < -1.0f ? -1.0f : pcm[i];
+        put16(f, (uint16_t)(int16_t)(x * 32767.0f));
+    }
+    return fclose(f);
+}
+
+#define CHECK(call)                                                                      \
+    do {                                                                                 \
+        MnStatus st_ = (call);                                                           \
+        if (st_ < 0) {                                                                   \
+            fprintf(stderr, "%s failed (%d): %s\n", #call, (int)st_, mn_last_error());   \
+            return 1;                                                                    \
+        }                                                                                \
+    } while (0)
+
+int main(int argc, char **argv) {
+    if (argc < 3 || argc > 4) {
+        fprintf(stderr, "usage: %s IN.wav OUT.wav [BUNDLE_DIR]\n", argv[0]);
+        return 2;
+    }
+    size_t n_in = 0;
+    float *input = read_wav(argv[1], &n_in);
+    if (!input) return 1;
+
+    MnEngineOptions eopts;
+    CHECK(mn_engine_options_default(&eopts));
+    MnEngine *engine = NULL;
+    CHECK(mn_engine_open(argc == 4 ? argv[3] : NULL, &eopts, &engine));
+    if (argc == 3) fprintf(stderr, "DEMO MODEL: random weights (tiny bundled model, not Moshi's voice)\n");
+
+    MnSessionOptions sopts;
+    CHECK(mn_session_options_default(&sopts));
+    sopts.max_queued_frames = 8;
+    MnSession *session = NULL;
+    CHECK(mn_session_create(engine, &sopts, &session));
+    /* The session keeps the weights alive; the engine handle is no longer needed. */
+    CHECK(mn_engine_destroy(engine));
+
+    size_t cap = n_in + MN_FRAME_SIZE, n_out = 0, frames = 0;
+    float *output = malloc(cap * sizeof(float));
+    if (!output) return 1;
+    MnFrame frame;
+    frame.struct_size = sizeof(MnFrame);
+    /* A microphone would deliver 80 ms at a time; push that, then pull whatever is ready. */
+    for (size_t pos = 0; pos < n_in; pos += MN_FRAME_SIZE) {
+        size_t n = n_in - pos < MN_FRAME_SIZE ? n_in - pos : MN_FRAME_SIZE;
+        CHECK(mn_session_push(session, input + pos, n, NULL));
+        for (;;) {
+            MnStatus st = mn_session_pull(session, &frame);
+            CHECK(st);
+            if (st != MN_STATUS_OK) break;
+            frames++;
+            if (frame.text_len > 0) printf("%s", frame.text);
+            if (n_out + frame.pcm_len <= cap) {
+                memcpy(output + n_out, frame.pcm, frame.pcm_len * sizeof(float));
+                n_out += frame.pcm_len;
+            }
+        }
+    }
+    printf("\n");
+    CHECK(mn_session_destroy(session));
+    if (write_wav(argv[2], output, n_out, sopts.output_rate) != 0) return 1;
+    fprintf(stderr, "moshi-native %s: %zu frames, %zu output samples -> %s\n", mn_version(), frames, n_out,
+            argv[2]);
+    free(input);
+    free(output);
+    return 0;
+}

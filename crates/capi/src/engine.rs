@@ -1,0 +1,154 @@
+//! `MnEngine`: a loaded model (LM + Mimi + tokenizer), shared by sessions.
+
+use std::ffi::c_char;
+use std::sync::Arc;
+
+use kernels::attention::KvDtype;
+use runtime::{Engine, EngineOptions};
+
+use crate::handle::{Shell, ENGINE};
+use crate::status::{boundary, check_size, non_null, path_arg, Fail, MnStatus};
+
+/// A loaded model: the resident weights of one bundle, shared by any number of sessions.
+///
+/// Created by `mn_engine_open`, released by `mn_engine_destroy`. Sessions keep the weights alive: an
+/// engine may be destroyed while its sessions run.
+pub struct MnEngine {
+    _opaque: [u8; 0],
+}
+
+pub(crate) type EngineShell = Shell<Arc<Engine>>;
+
+/// `MnEngineOptions::kv_dtype`: f32 KV cache (exact; the default).
+pub const MN_KV_DTYPE_F32: u32 = 0;
+/// `MnEngineOptions::kv_dtype`: bfloat16 KV cache (half the memory).
+pub const MN_KV_DTYPE_BF16: u32 = 1;
+
+/// Options of `mn_engine_open`. Initialise with `mn_engine_options_default`, then change fields.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MnEngineOptions {
+    /// `sizeof(MnEngineOptions)`; set by `mn_engine_options_default` (checks the header matches the library).
+    pub struct_size: u32,
+    /// Matrix-product threads per session (the calling thread plus `threads - 1` workers); >= 1. Default 1.
+    pub threads: u32,
+    /// `MN_KV_DTYPE_F32` (default) or `MN_KV_DTYPE_BF16`.
+    pub kv_dtype: u32,
+}
+
+impl MnEngineOptions {
+    fn defaults() -> MnEngineOptions {
+        let d = EngineOptions::default();
+        MnEngineOptions {
+            struct_size: std::mem::size_of::<MnEngineOptions>() as u32,
+            threads: d.threads as u32,
+            kv_dtype: match d.kv_dtype {
+                KvDtype::Bf16 => MN_KV_DTYPE_BF16,
+                KvDtype::F32 => MN_KV_DTYPE_F32,
+            },
+        }
+    }
+
+    fn to_runtime(self) -> Result<EngineOptions, Fail> {
+        check_size(
+            self.struct_size,
+            std::mem::size_of::<MnEngineOptions>(),
+            "MnEngineOptions",
+        )?;
+        let kv_dtype = match self.kv_dtype {
+            MN_KV_DTYPE_F32 => KvDtype::F32,
+            MN_KV_DTYPE_BF16 => KvDtype::Bf16,
+            other => {
+                return Err(Fail::new(
+                    MnStatus::InvalidArgument,
+                    format!("kv_dtype {other} (expected MN_KV_DTYPE_F32 or MN_KV_DTYPE_BF16)"),
+                ))
+            }
+        };
+        Ok(EngineOptions {
+            threads: self.threads as usize,
+            kv_dtype,
+        })
+    }
+}
+
+/// Fills `*options` with the defaults (and its `struct_size`).
+///
+/// # Safety
+/// `options` is NULL or points to writable memory of `sizeof(MnEngineOptions)` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn mn_engine_options_default(options: *mut MnEngineOptions) -> MnStatus {
+    boundary(|| {
+        non_null(options, "options")?;
+        // SAFETY: not NULL, writable by the caller's contract.
+        unsafe { options.write(MnEngineOptions::defaults()) };
+        Ok(MnStatus::Ok)
+    })
+}
+
+/// Opens a model: `bundle_dir` is a bundle directory (Kyutai `config.json` + LM weights + Mimi weights +
+/// SentencePiece model), or NULL for the tiny random-weight demo model compiled into the library (written
+/// once to a per-user cache folder; it does not speak). `options` may be NULL (defaults).
+/// On success `*engine` is a new handle, owned by the caller (release with `mn_engine_destroy`).
+///
+/// # Safety
+/// `bundle_dir` is NULL or a NUL-terminated UTF-8 path; `options` is NULL or valid for reads;
+/// `engine` is NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn mn_engine_open(
+    bundle_dir: *const c_char,
+    options: *const MnEngineOptions,
+    engine: *mut *mut MnEngine,
+) -> MnStatus {
+    boundary(|| {
+        non_null(engine, "engine")?;
+        let opts = if options.is_null() {
+            MnEngineOptions::defaults()
+        } else {
+            // SAFETY: readable by the caller's contract; plain old data.
+            unsafe { options.read() }
+        }
+        .to_runtime()?;
+        let dir = if bundle_dir.is_null() {
+            embed::demo::materialize()?
+        } else {
+            // SAFETY: NUL-terminated by the caller's contract.
+            unsafe { path_arg(bundle_dir, "bundle_dir") }?.to_path_buf()
+        };
+        let e = Engine::open(&dir, opts)?;
+        // SAFETY: not NULL, writable by the caller's contract.
+        unsafe { engine.write(EngineShell::create(ENGINE, (), e).cast()) };
+        Ok(MnStatus::Ok)
+    })
+}
+
+/// The engine behind a handle (an `Arc` clone; the engine's critical section is this clone only).
+///
+/// # Safety
+/// `engine` is NULL or a handle from `mn_engine_open`.
+pub(crate) unsafe fn engine_arc(engine: *const MnEngine) -> Result<Arc<Engine>, Fail> {
+    // Concurrent users of one engine hold its flag for a clone only: wait for it rather than
+    // reporting BUSY, which would make creating sessions from several threads fail at random.
+    loop {
+        // SAFETY: forwarded contract.
+        match unsafe { EngineShell::enter(engine.cast(), ENGINE) } {
+            Ok(mut e) => return Ok(e.state().clone()),
+            Err(Fail(MnStatus::Busy, _)) => std::thread::yield_now(),
+            Err(f) => return Err(f),
+        }
+    }
+}
+
+/// Destroys an engine handle. Sessions created from it keep working; the weights are freed with the last
+/// of them. Afterwards every call with this handle returns `MN_STATUS_DESTROYED`.
+///
+/// # Safety
+/// `engine` is NULL or a handle from `mn_engine_open`.
+#[no_mangle]
+pub unsafe extern "C" fn mn_engine_destroy(engine: *mut MnEngine) -> MnStatus {
+    boundary(|| {
+        // SAFETY: forwarded contract.
+        unsafe { EngineShell::destroy(engine.cast(), ENGINE) }?;
+        Ok(MnStatus::Ok)
+    })
+}

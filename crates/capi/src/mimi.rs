@@ -1,0 +1,216 @@
+//! `MnMimi`: the Mimi codec on its own (streaming encoder and decoder of one audio stream).
+
+use std::ffi::c_char;
+
+use kernels::Pool;
+use model::mimi::{MimiDecoder, MimiEncoder};
+
+use crate::handle::{Shell, MIMI};
+use crate::status::{boundary, non_null, path_arg, Fail, MnStatus};
+
+/// A Mimi codec with one streaming encoder and one streaming decoder (independent states). Created by
+/// `mn_mimi_open`, released by `mn_mimi_destroy`; one thread at a time.
+pub struct MnMimi {
+    _opaque: [u8; 0],
+}
+
+pub(crate) struct MimiState {
+    encoder: MimiEncoder,
+    decoder: MimiDecoder,
+    pool: Option<Pool>,
+}
+
+pub(crate) type MimiShell = Shell<MimiState>;
+
+/// Opens a Mimi codec: `path` is a bundle directory or a Mimi weights file (Kyutai or Hugging Face
+/// `transformers` names); `config` (NULL = the directory's `mimi_config_name`, else released Mimi
+/// dimensions) is a Mimi config JSON; `codebooks` is the number of codes per frame (0 = 8, Moshi's);
+/// `threads` splits matrix products (0 or 1 = the calling thread only). On success `*mimi` is a new handle
+/// owned by the caller (release with `mn_mimi_destroy`).
+///
+/// # Safety
+/// `path` is NULL or a NUL-terminated UTF-8 path, `config` likewise; `mimi` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn mn_mimi_open(
+    path: *const c_char,
+    config: *const c_char,
+    codebooks: u32,
+    threads: u32,
+    mimi: *mut *mut MnMimi,
+) -> MnStatus {
+    boundary(|| {
+        non_null(mimi, "mimi")?;
+        // SAFETY: forwarded contract.
+        let path = unsafe { path_arg(path, "path") }?;
+        let config = if config.is_null() {
+            None
+        } else {
+            // SAFETY: forwarded contract.
+            Some(unsafe { path_arg(config, "config") }?)
+        };
+        let n_q = if codebooks == 0 {
+            8
+        } else {
+            codebooks as usize
+        };
+        let m = embed::open_mimi(path, config, n_q)?;
+        let state = MimiState {
+            encoder: MimiEncoder::new(m.clone()),
+            decoder: MimiDecoder::new(m),
+            pool: (threads > 1).then(|| Pool::new(threads as usize)),
+        };
+        // SAFETY: not NULL, writable by the caller's contract.
+        unsafe { mimi.write(MimiShell::create(MIMI, (), state).cast()) };
+        Ok(MnStatus::Ok)
+    })
+}
+
+/// Writes the frame size in samples (1920 for Mimi: 80 ms at 24 kHz) and the codes per frame.
+/// Either out-pointer may be NULL.
+///
+/// # Safety
+/// `mimi` is NULL or a handle from `mn_mimi_open`; `frame_size` and `codebooks` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn mn_mimi_shape(
+    mimi: *mut MnMimi,
+    frame_size: *mut usize,
+    codebooks: *mut usize,
+) -> MnStatus {
+    boundary(|| {
+        // SAFETY: forwarded contract.
+        let mut m = unsafe { MimiShell::enter(mimi.cast(), MIMI) }?;
+        let codec = m.state().encoder.mimi();
+        let (fs, nq) = (codec.frame_size(), codec.n_codebooks());
+        // SAFETY: each written only when not NULL, writable by the caller's contract.
+        unsafe {
+            if !frame_size.is_null() {
+                frame_size.write(fs);
+            }
+            if !codebooks.is_null() {
+                codebooks.write(nq);
+            }
+        }
+        Ok(MnStatus::Ok)
+    })
+}
+
+/// Encodes one frame: exactly `frame_size` samples of 24 kHz mono PCM in (`n_samples`), `codebooks` codes
+/// out into `codes` (`codes_capacity` >= codebooks). Streaming: frames continue the same stream until
+/// `mn_mimi_reset`. Allocates nothing. Both buffers are the caller's, used during the call only.
+///
+/// # Safety
+/// `mimi` is NULL or a handle; `pcm` NULL or readable for `n_samples`; `codes` NULL or writable for
+/// `codes_capacity` values.
+#[no_mangle]
+pub unsafe extern "C" fn mn_mimi_encode_frame(
+    mimi: *mut MnMimi,
+    pcm: *const f32,
+    n_samples: usize,
+    codes: *mut u32,
+    codes_capacity: usize,
+) -> MnStatus {
+    boundary(|| {
+        // SAFETY: forwarded contract.
+        let mut m = unsafe { MimiShell::enter(mimi.cast(), MIMI) }?;
+        non_null(pcm, "pcm")?;
+        non_null(codes, "codes")?;
+        let MimiState { encoder, pool, .. } = m.state();
+        let (fs, nq) = (encoder.mimi().frame_size(), encoder.mimi().n_codebooks());
+        if n_samples != fs {
+            return Err(Fail::new(
+                MnStatus::InvalidArgument,
+                format!("n_samples is {n_samples}; one frame is {fs} samples"),
+            ));
+        }
+        if codes_capacity < nq {
+            return Err(Fail::new(
+                MnStatus::BufferTooSmall,
+                format!("codes_capacity is {codes_capacity}; a frame has {nq} codes"),
+            ));
+        }
+        // SAFETY: not NULL, sizes checked, readable/writable by the caller's contract.
+        let (input, out) = unsafe {
+            (
+                std::slice::from_raw_parts(pcm, n_samples),
+                std::slice::from_raw_parts_mut(codes, nq),
+            )
+        };
+        let c = encoder.encode_frame_with(input, pool.as_ref(), None)?;
+        out.copy_from_slice(c);
+        Ok(MnStatus::Ok)
+    })
+}
+
+/// Decodes one frame: `codebooks` codes in (`n_codes`), `frame_size` samples out into `pcm`
+/// (`pcm_capacity` >= frame_size). Streaming like `mn_mimi_encode_frame`. Allocates nothing.
+///
+/// # Safety
+/// `mimi` is NULL or a handle; `codes` NULL or readable for `n_codes`; `pcm` NULL or writable for
+/// `pcm_capacity` floats.
+#[no_mangle]
+pub unsafe extern "C" fn mn_mimi_decode_frame(
+    mimi: *mut MnMimi,
+    codes: *const u32,
+    n_codes: usize,
+    pcm: *mut f32,
+    pcm_capacity: usize,
+) -> MnStatus {
+    boundary(|| {
+        // SAFETY: forwarded contract.
+        let mut m = unsafe { MimiShell::enter(mimi.cast(), MIMI) }?;
+        non_null(codes, "codes")?;
+        non_null(pcm, "pcm")?;
+        let MimiState { decoder, pool, .. } = m.state();
+        let (fs, nq) = (decoder.mimi().frame_size(), decoder.mimi().n_codebooks());
+        if n_codes != nq {
+            return Err(Fail::new(
+                MnStatus::InvalidArgument,
+                format!("n_codes is {n_codes}; a frame has {nq} codes"),
+            ));
+        }
+        if pcm_capacity < fs {
+            return Err(Fail::new(
+                MnStatus::BufferTooSmall,
+                format!("pcm_capacity is {pcm_capacity}; a frame is {fs} samples"),
+            ));
+        }
+        // SAFETY: not NULL, sizes checked, readable/writable by the caller's contract.
+        let (input, out) = unsafe {
+            (
+                std::slice::from_raw_parts(codes, n_codes),
+                std::slice::from_raw_parts_mut(pcm, fs),
+            )
+        };
+        decoder.decode_frame_with(input, out, pool.as_ref(), None)?;
+        Ok(MnStatus::Ok)
+    })
+}
+
+/// Starts new streams: the encoder and the decoder forget all past frames.
+///
+/// # Safety
+/// `mimi` is NULL or a handle from `mn_mimi_open`.
+#[no_mangle]
+pub unsafe extern "C" fn mn_mimi_reset(mimi: *mut MnMimi) -> MnStatus {
+    boundary(|| {
+        // SAFETY: forwarded contract.
+        let mut m = unsafe { MimiShell::enter(mimi.cast(), MIMI) }?;
+        let s = m.state();
+        s.encoder.reset();
+        s.decoder.reset();
+        Ok(MnStatus::Ok)
+    })
+}
+
+/// Destroys a Mimi handle. Afterwards every call with it returns `MN_STATUS_DESTROYED`.
+///
+/// # Safety
+/// `mimi` is NULL or a handle from `mn_mimi_open`.
+#[no_mangle]
+pub unsafe extern "C" fn mn_mimi_destroy(mimi: *mut MnMimi) -> MnStatus {
+    boundary(|| {
+        // SAFETY: forwarded contract.
+        unsafe { MimiShell::destroy(mimi.cast(), MIMI) }?;
+        Ok(MnStatus::Ok)
+    })
+}

@@ -1,0 +1,118 @@
+//! Steady-state push / pull and Mimi frames through the C ABI allocate nothing (counting allocator).
+//!
+//! One test in this binary: the counter is global (all threads), which also covers pool workers.
+
+mod common;
+
+use std::ptr::null_mut;
+
+use common::*;
+use moshi_native::*;
+use testkit::{start_counting, stop_counting};
+
+#[global_allocator]
+static GLOBAL: testkit::CountingAlloc = testkit::CountingAlloc;
+
+/// Pushes `pcm` half a frame at a time and pulls every ready frame; returns (allocations, frames).
+///
+/// # Safety
+/// `session` is a live session handle.
+unsafe fn drive(session: *mut MnSession, pcm: &[f32], frame: &mut MnFrame) -> (usize, usize) {
+    let mut frames = 0;
+    start_counting();
+    for chunk in pcm.chunks(MN_FRAME_SIZE / 2) {
+        // SAFETY: live handle, valid buffers.
+        unsafe {
+            expect(
+                mn_session_push(session, chunk.as_ptr(), chunk.len(), null_mut()),
+                MnStatus::Ok,
+            );
+            while mn_session_pull(session, frame) == MnStatus::Ok {
+                std::hint::black_box((frame.pcm_len, frame.text_len));
+                frames += 1;
+            }
+        }
+    }
+    (stop_counting(), frames)
+}
+
+#[test]
+fn steady_state_calls_do_not_allocate() {
+    start_counting();
+    std::hint::black_box(Box::new(1u8));
+    assert_eq!(stop_counting(), 1, "the counting allocator is installed");
+    // SAFETY: valid handles and buffers throughout.
+    unsafe {
+        for (threads, rate) in [(1, 24_000), (2, 48_000)] {
+            let engine = open_engine(threads);
+            let mut opts = session_options();
+            opts.output_rate = rate;
+            opts.max_queued_frames = 2;
+            let mut session = null_mut();
+            expect(mn_session_create(engine, &opts, &mut session), MnStatus::Ok);
+            let pcm = signal(120);
+            let mut frame = new_frame();
+            // Warm-up past the tiny LM's and Mimi's contexts (their KV rings wrap).
+            let (_, warm) = drive(session, &pcm[..40 * MN_FRAME_SIZE], &mut frame);
+            assert_eq!(warm, 40);
+            let (allocs, frames) = drive(session, &pcm[40 * MN_FRAME_SIZE..], &mut frame);
+            assert_eq!(frames, 80);
+            assert_eq!(
+                allocs, 0,
+                "{allocs} allocations over {frames} frames ({threads} threads, {rate} Hz)"
+            );
+            // Controls are atomics only.
+            start_counting();
+            let mut epoch = 0;
+            expect(mn_session_interrupt(session, &mut epoch), MnStatus::Ok);
+            expect(mn_session_pause(session), MnStatus::Ok);
+            expect(mn_session_resume(session), MnStatus::Ok);
+            assert_eq!(stop_counting(), 0);
+            expect(mn_session_destroy(session), MnStatus::Ok);
+            expect(mn_engine_destroy(engine), MnStatus::Ok);
+
+            let mut mimi = null_mut();
+            let dir = c_path(fixtures().join("lm"));
+            expect(
+                mn_mimi_open(dir.as_ptr(), std::ptr::null(), 0, threads, &mut mimi),
+                MnStatus::Ok,
+            );
+            let mut codes = [0u32; 8];
+            let mut out = vec![0f32; MN_FRAME_SIZE];
+            let mut run = |frames: std::ops::Range<usize>| {
+                start_counting();
+                for f in frames {
+                    let s = &pcm[f * MN_FRAME_SIZE..(f + 1) * MN_FRAME_SIZE];
+                    expect(
+                        mn_mimi_encode_frame(
+                            mimi,
+                            s.as_ptr(),
+                            MN_FRAME_SIZE,
+                            codes.as_mut_ptr(),
+                            8,
+                        ),
+                        MnStatus::Ok,
+                    );
+                    expect(
+                        mn_mimi_decode_frame(
+                            mimi,
+                            codes.as_ptr(),
+                            8,
+                            out.as_mut_ptr(),
+                            MN_FRAME_SIZE,
+                        ),
+                        MnStatus::Ok,
+                    );
+                }
+                stop_counting()
+            };
+            run(0..20);
+            let allocs = run(20..60);
+            assert_eq!(
+                allocs, 0,
+                "{allocs} allocations over 40 Mimi frames ({threads} threads)"
+            );
+            expect(mn_mimi_destroy(mimi), MnStatus::Ok);
+        }
+    }
+}

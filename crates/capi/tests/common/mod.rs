@@ -1,0 +1,106 @@
+//! Helpers shared by the ABI tests: fixture paths, status checks, C strings.
+#![allow(dead_code)]
+
+use std::ffi::{CStr, CString};
+use std::path::PathBuf;
+
+use moshi_native::*;
+
+pub fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
+}
+
+pub fn c_path(p: PathBuf) -> CString {
+    CString::new(p.to_str().unwrap()).unwrap()
+}
+
+pub fn last_error() -> String {
+    // SAFETY: mn_last_error never returns NULL and the string lives until the next failing call.
+    unsafe { CStr::from_ptr(mn_last_error()) }
+        .to_str()
+        .unwrap()
+        .to_string()
+}
+
+/// Asserts a call returned `want`; on a mismatch the message shows the last error.
+#[track_caller]
+pub fn expect(got: MnStatus, want: MnStatus) {
+    assert_eq!(got, want, "last error: {}", last_error());
+}
+
+/// Opens the tiny fixture bundle (`fixtures/lm`, the demo model's files).
+pub fn open_engine(threads: u32) -> *mut MnEngine {
+    let mut opts = std::mem::MaybeUninit::<MnEngineOptions>::uninit();
+    // SAFETY: valid pointers; the options are initialised by the default function.
+    unsafe {
+        expect(mn_engine_options_default(opts.as_mut_ptr()), MnStatus::Ok);
+        let mut opts = opts.assume_init();
+        opts.threads = threads;
+        let mut engine = std::ptr::null_mut();
+        let dir = c_path(fixtures().join("lm"));
+        expect(
+            mn_engine_open(dir.as_ptr(), &opts, &mut engine),
+            MnStatus::Ok,
+        );
+        engine
+    }
+}
+
+pub fn session_options() -> MnSessionOptions {
+    let mut opts = std::mem::MaybeUninit::<MnSessionOptions>::uninit();
+    // SAFETY: valid pointer; initialised by the default function.
+    unsafe {
+        expect(mn_session_options_default(opts.as_mut_ptr()), MnStatus::Ok);
+        opts.assume_init()
+    }
+}
+
+pub fn new_frame() -> MnFrame {
+    MnFrame {
+        struct_size: std::mem::size_of::<MnFrame>() as u32,
+        text_token: 0,
+        audio_tokens: [0; 8],
+        pcm: std::ptr::null(),
+        pcm_len: 0,
+        text: std::ptr::null(),
+        text_len: 0,
+        frame_index: 0,
+        epoch: 0,
+        frames_dropped: 0,
+        queued: 0,
+    }
+}
+
+/// A deterministic test signal: a few tones with a slow envelope.
+pub fn signal(frames: usize) -> Vec<f32> {
+    (0..frames * MN_FRAME_SIZE)
+        .map(|i| {
+            let t = i as f32 / 24_000.0;
+            0.3 * (t * 2.0 * std::f32::consts::PI * 220.0).sin() * (t * 1.3).sin()
+                + 0.1 * (t * 2.0 * std::f32::consts::PI * 570.0).sin()
+        })
+        .collect()
+}
+
+pub fn read_f32_tensor(path: PathBuf, name: &str) -> Vec<f32> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.tensor(name)
+        .unwrap()
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+pub fn read_i64_tensor(path: PathBuf, name: &str) -> (Vec<i64>, Vec<usize>) {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let t = st.tensor(name).unwrap();
+    let v = t
+        .data()
+        .chunks_exact(8)
+        .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    (v, t.shape().to_vec())
+}
