@@ -108,7 +108,7 @@ mod tests {
             8,
         )
         .unwrap();
-        assert_eq!(a.spec(), b.spec());
+        assert_eq!(a.config(), b.config());
         assert_eq!(a.n_codebooks(), 8);
         // Without a config, the released dimensions apply and the tiny weights are refused.
         let e = open_mimi(&fixtures().join("mimi/mimi.safetensors"), None, 8).unwrap_err();
