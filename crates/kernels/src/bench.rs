@@ -8,8 +8,7 @@
 
 use std::time::Instant;
 
-use crate::quant::{encode_mlx, encode_q4_0, encode_q8_0};
-use crate::{Matrix, Pool, Storage, WeightFormat};
+use crate::{Matrix, Pool, WeightFormat};
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -80,50 +79,6 @@ fn synth(rows: usize, cols: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-fn make(format: WeightFormat, rows: usize, cols: usize, vals: &[f32]) -> Matrix {
-    let m = match format {
-        WeightFormat::F32 => Matrix::from_f32(rows, cols, vals.to_vec()),
-        WeightFormat::Bf16 | WeightFormat::F16 => {
-            let b: Vec<u8> = vals
-                .iter()
-                .flat_map(|v| {
-                    if format == WeightFormat::Bf16 {
-                        half::bf16::from_f32(*v).to_bits().to_le_bytes()
-                    } else {
-                        half::f16::from_f32(*v).to_bits().to_le_bytes()
-                    }
-                })
-                .collect();
-            Matrix::from_bytes(format, rows, cols, Storage::from_vec(b))
-        }
-        WeightFormat::Q8_0 => Matrix::from_bytes(
-            format,
-            rows,
-            cols,
-            Storage::from_vec(encode_q8_0(vals).unwrap()),
-        ),
-        WeightFormat::Q4_0 => Matrix::from_bytes(
-            format,
-            rows,
-            cols,
-            Storage::from_vec(encode_q4_0(vals).unwrap()),
-        ),
-        WeightFormat::MlxAffine { bits, group } => {
-            let (c, s, b) = encode_mlx(bits, group, rows, cols, vals).unwrap();
-            Matrix::from_mlx(
-                bits,
-                group,
-                rows,
-                cols,
-                Storage::from_vec(c),
-                Storage::from_vec(s),
-                Storage::from_vec(b),
-            )
-        }
-    };
-    m.expect("synthetic matrix")
-}
-
 /// Streaming read probe: sums `buf` split over the pool's threads; returns GB/s.
 fn read_probe(pool: &Pool, buf: &[f32]) -> f64 {
     let t0 = Instant::now();
@@ -153,13 +108,13 @@ pub fn run(opts: &BenchOptions, log: &dyn Fn(&str)) -> Vec<BenchRow> {
             .iter()
             .map(|&(r, c)| {
                 let vals = synth(r, c, 7);
-                let first = make(format, r, c, &vals);
+                let first = Matrix::encode(format, r, c, &vals).expect("synthetic matrix");
                 let per = first.weight_bytes();
                 let copies = (opts.working_set_mb * (1 << 20)).div_ceil(per).max(2);
                 let mut v = vec![first];
                 for k in 1..copies {
                     let vals = synth(r, c, 7 + k as u64);
-                    v.push(make(format, r, c, &vals));
+                    v.push(Matrix::encode(format, r, c, &vals).expect("synthetic matrix"));
                 }
                 (r, c, v)
             })
@@ -443,7 +398,7 @@ pub fn run_hot(formats: &[WeightFormat], ns: &[usize], rounds: usize) -> Vec<Hot
     let vals = synth(rows, cols, 3);
     let ms: Vec<Matrix> = formats
         .iter()
-        .map(|&f| make(f, rows, cols, &vals))
+        .map(|&f| Matrix::encode(f, rows, cols, &vals).expect("synthetic matrix"))
         .collect();
     let nmax = ns.iter().copied().max().unwrap_or(1);
     let x = synth(nmax, cols, 4);

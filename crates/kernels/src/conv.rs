@@ -24,6 +24,97 @@ fn bad(msg: String) -> KernelError {
     KernelError::BadShape(msg)
 }
 
+/// The public entry points shared by [`Conv1d`] and [`ConvTranspose1d`] (both have `in_ch`,
+/// `out_ch`, `out_len` and a private `run(table, input, t_in, t_out, output, pool)`).
+macro_rules! entry_points {
+    ($what:literal, $doc:literal) => {
+        /// Input channels.
+        pub fn in_channels(&self) -> usize {
+            self.in_ch
+        }
+        /// Output channels.
+        pub fn out_channels(&self) -> usize {
+            self.out_ch
+        }
+        /// Kernel size.
+        pub fn kernel_size(&self) -> usize {
+            self.k
+        }
+        /// Stride.
+        pub fn stride(&self) -> usize {
+            self.stride
+        }
+        /// Groups.
+        pub fn groups(&self) -> usize {
+            self.groups
+        }
+
+        fn dims(&self, input: &[f32], output: &[f32]) -> Result<(usize, usize), KernelError> {
+            if !input.len().is_multiple_of(self.in_ch) {
+                return Err(bad(format!(
+                    "{} input of {} values for {} channels",
+                    $what,
+                    input.len(),
+                    self.in_ch
+                )));
+            }
+            let t_in = input.len() / self.in_ch;
+            let t_out = self.out_len(t_in);
+            crate::check_len(concat!($what, " output"), self.out_ch * t_out, output.len())?;
+            Ok((t_in, t_out))
+        }
+
+        #[doc = $doc]
+        /// on the calling thread. Returns `t_out`.
+        pub fn forward(&self, input: &[f32], output: &mut [f32]) -> Result<usize, KernelError> {
+            self.forward_with(arch::active(), input, output, None)
+        }
+
+        /// Like [`Self::forward`], split over the pool's threads.
+        pub fn forward_pool(
+            &self,
+            input: &[f32],
+            output: &mut [f32],
+            pool: &Pool,
+        ) -> Result<usize, KernelError> {
+            self.forward_with(arch::active(), input, output, Some(pool))
+        }
+
+        /// The same GEMM path with the scalar micro-kernel (reference for the SIMD kernel).
+        pub fn forward_scalar_gemm(
+            &self,
+            input: &[f32],
+            output: &mut [f32],
+        ) -> Result<usize, KernelError> {
+            self.forward_with(arch::table(KernelSet::Scalar), input, output, None)
+        }
+
+        /// [`Self::forward`] with the kernels of an explicit set, on `pool` when given. Refuses
+        /// a set this CPU cannot run ([`KernelError::Unsupported`]).
+        pub fn forward_kernel(
+            &self,
+            kernel: KernelSet,
+            input: &[f32],
+            output: &mut [f32],
+            pool: Option<&Pool>,
+        ) -> Result<usize, KernelError> {
+            self.forward_with(conv_table(kernel)?, input, output, pool)
+        }
+
+        fn forward_with(
+            &self,
+            kern: &Kernels,
+            input: &[f32],
+            output: &mut [f32],
+            pool: Option<&Pool>,
+        ) -> Result<usize, KernelError> {
+            let (t_in, t_out) = self.dims(input, output)?;
+            self.run(kern, input, t_in, t_out, output, pool);
+            Ok(t_out)
+        }
+    };
+}
+
 /// A 1-D convolution, PyTorch `nn.Conv1d` semantics without padding: the caller pads
 /// the input on the left (causal streaming), `t_out = (t_in − (k−1)·dilation − 1)/stride + 1`.
 #[derive(Clone, Debug)]
@@ -87,29 +178,9 @@ impl Conv1d {
         })
     }
 
-    /// Input channels.
-    pub fn in_channels(&self) -> usize {
-        self.in_ch
-    }
-    /// Output channels.
-    pub fn out_channels(&self) -> usize {
-        self.out_ch
-    }
-    /// Kernel size.
-    pub fn kernel_size(&self) -> usize {
-        self.k
-    }
-    /// Stride.
-    pub fn stride(&self) -> usize {
-        self.stride
-    }
     /// Dilation.
     pub fn dilation(&self) -> usize {
         self.dilation
-    }
-    /// Groups.
-    pub fn groups(&self) -> usize {
-        self.groups
     }
     /// Effective kernel span `(k−1)·dilation + 1`.
     pub fn effective_kernel(&self) -> usize {
@@ -125,71 +196,7 @@ impl Conv1d {
         }
     }
 
-    fn dims(&self, input: &[f32], output: &[f32]) -> Result<(usize, usize), KernelError> {
-        if !input.len().is_multiple_of(self.in_ch) {
-            return Err(bad(format!(
-                "conv1d input of {} values for {} channels",
-                input.len(),
-                self.in_ch
-            )));
-        }
-        let t_in = input.len() / self.in_ch;
-        let t_out = self.out_len(t_in);
-        crate::check_len("conv1d output", self.out_ch * t_out, output.len())?;
-        Ok((t_in, t_out))
-    }
-
-    /// `output [out, t_out] = conv(input [in, t_in])` on the calling thread. Returns `t_out`.
-    pub fn forward(&self, input: &[f32], output: &mut [f32]) -> Result<usize, KernelError> {
-        let (t_in, t_out) = self.dims(input, output)?;
-        self.run(arch::active(), input, t_in, t_out, output, None);
-        Ok(t_out)
-    }
-
-    /// Like [`Conv1d::forward`], split over the pool's threads.
-    pub fn forward_pool(
-        &self,
-        input: &[f32],
-        output: &mut [f32],
-        pool: &Pool,
-    ) -> Result<usize, KernelError> {
-        let (t_in, t_out) = self.dims(input, output)?;
-        self.run(arch::active(), input, t_in, t_out, output, Some(pool));
-        Ok(t_out)
-    }
-
-    /// The same GEMM path with the scalar micro-kernel (reference for the SIMD kernel).
-    pub fn forward_scalar_gemm(
-        &self,
-        input: &[f32],
-        output: &mut [f32],
-    ) -> Result<usize, KernelError> {
-        let (t_in, t_out) = self.dims(input, output)?;
-        self.run(
-            arch::table(KernelSet::Scalar),
-            input,
-            t_in,
-            t_out,
-            output,
-            None,
-        );
-        Ok(t_out)
-    }
-
-    /// [`Self::forward`] with an explicit micro-kernel, on `pool` when given. Refuses a
-    /// kernel this CPU cannot run ([`KernelError::Unsupported`]).
-    pub fn forward_kernel(
-        &self,
-        kernel: KernelSet,
-        input: &[f32],
-        output: &mut [f32],
-        pool: Option<&Pool>,
-    ) -> Result<usize, KernelError> {
-        let kern = conv_table(kernel)?;
-        let (t_in, t_out) = self.dims(input, output)?;
-        self.run(kern, input, t_in, t_out, output, pool);
-        Ok(t_out)
-    }
+    entry_points!("conv1d", "`output [out, t_out] = conv(input [in, t_in])`");
 
     fn run(
         &self,
@@ -466,26 +473,6 @@ impl ConvTranspose1d {
         })
     }
 
-    /// Input channels.
-    pub fn in_channels(&self) -> usize {
-        self.in_ch
-    }
-    /// Output channels.
-    pub fn out_channels(&self) -> usize {
-        self.out_ch
-    }
-    /// Kernel size.
-    pub fn kernel_size(&self) -> usize {
-        self.k
-    }
-    /// Stride.
-    pub fn stride(&self) -> usize {
-        self.stride
-    }
-    /// Groups.
-    pub fn groups(&self) -> usize {
-        self.groups
-    }
     /// Output length `(t_in − 1)·stride + k` (0 for an empty input).
     pub fn out_len(&self, t_in: usize) -> usize {
         if t_in == 0 {
@@ -495,71 +482,10 @@ impl ConvTranspose1d {
         }
     }
 
-    fn dims(&self, input: &[f32], output: &[f32]) -> Result<(usize, usize), KernelError> {
-        if !input.len().is_multiple_of(self.in_ch) {
-            return Err(bad(format!(
-                "conv_transpose1d input of {} values for {} channels",
-                input.len(),
-                self.in_ch
-            )));
-        }
-        let t_in = input.len() / self.in_ch;
-        let t_out = self.out_len(t_in);
-        crate::check_len("conv_transpose1d output", self.out_ch * t_out, output.len())?;
-        Ok((t_in, t_out))
-    }
-
-    /// `output [out, (t−1)·stride + k] = conv_transpose(input [in, t])` (bias included).
-    pub fn forward(&self, input: &[f32], output: &mut [f32]) -> Result<usize, KernelError> {
-        let (t_in, t_out) = self.dims(input, output)?;
-        self.run(arch::active(), input, t_in, t_out, output, None);
-        Ok(t_out)
-    }
-
-    /// Like [`ConvTranspose1d::forward`], split over the pool's threads.
-    pub fn forward_pool(
-        &self,
-        input: &[f32],
-        output: &mut [f32],
-        pool: &Pool,
-    ) -> Result<usize, KernelError> {
-        let (t_in, t_out) = self.dims(input, output)?;
-        self.run(arch::active(), input, t_in, t_out, output, Some(pool));
-        Ok(t_out)
-    }
-
-    /// The same GEMM path with the scalar micro-kernel (reference for the SIMD kernel).
-    pub fn forward_scalar_gemm(
-        &self,
-        input: &[f32],
-        output: &mut [f32],
-    ) -> Result<usize, KernelError> {
-        let (t_in, t_out) = self.dims(input, output)?;
-        self.run(
-            arch::table(KernelSet::Scalar),
-            input,
-            t_in,
-            t_out,
-            output,
-            None,
-        );
-        Ok(t_out)
-    }
-
-    /// [`Self::forward`] with an explicit micro-kernel, on `pool` when given. Refuses a
-    /// kernel this CPU cannot run ([`KernelError::Unsupported`]).
-    pub fn forward_kernel(
-        &self,
-        kernel: KernelSet,
-        input: &[f32],
-        output: &mut [f32],
-        pool: Option<&Pool>,
-    ) -> Result<usize, KernelError> {
-        let kern = conv_table(kernel)?;
-        let (t_in, t_out) = self.dims(input, output)?;
-        self.run(kern, input, t_in, t_out, output, pool);
-        Ok(t_out)
-    }
+    entry_points!(
+        "conv_transpose1d",
+        "`output [out, (t−1)·stride + k] = conv_transpose(input [in, t])` (bias included)"
+    );
 
     fn run(
         &self,

@@ -38,13 +38,22 @@ pub(crate) unsafe fn gemm<F: Fn(usize) -> usize>(
         }
         return;
     }
-    if let Some(wide) = kern.gemm_wide {
-        return gemm_wide(wide, a, b, c, ldc, bias, (p0, p1), (q0, q1));
-    }
     BPANEL.with(|buf| {
         let mut buf = buf.borrow_mut();
-        if buf.len() < k * NR {
-            buf.resize(k * NR, 0.0);
+        if buf.len() < k * 2 * NR {
+            buf.resize(k * 2 * NR, 0.0);
+        }
+        if let Some(wide) = kern.gemm_wide {
+            // Wide blocks: two column panels per gather where possible.
+            let mut q = q0;
+            while q < q1 {
+                let w = if q + 1 < q1 { 2 } else { 1 };
+                let bp = &mut buf[..k * w * NR];
+                gather(b, k, q, w, bp);
+                wide(a, bp.as_ptr(), q, w, b.n, c, ldc, bias, (p0, p1));
+                q += w;
+            }
+            return;
         }
         let bp = &mut buf[..k * NR];
         for q in q0..q1 {
@@ -109,39 +118,6 @@ unsafe fn skinny<F: Fn(usize) -> usize>(
                     *c.add(r * ldc + j) = v + bv;
                 }
             }
-        }
-    })
-}
-
-/// [`gemm`] with a table's wide blocks (two column panels per gather where possible).
-///
-/// # Safety
-/// As [`gemm`]; `c` must be valid for the written rows/cols and no other
-/// thread may write the same region.
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm_wide<F: Fn(usize) -> usize>(
-    wide: WideFn,
-    a: &PackedA,
-    b: &BView<'_, F>,
-    c: *mut f32,
-    ldc: usize,
-    bias: Option<&[f32]>,
-    (p0, p1): (usize, usize),
-    (q0, q1): (usize, usize),
-) {
-    let k = a.k;
-    BPANEL.with(|buf| {
-        let mut buf = buf.borrow_mut();
-        if buf.len() < k * 2 * NR {
-            buf.resize(k * 2 * NR, 0.0);
-        }
-        let mut q = q0;
-        while q < q1 {
-            let w = if q + 1 < q1 { 2 } else { 1 };
-            let bp = &mut buf[..k * w * NR];
-            gather(b, k, q, w, bp);
-            wide(a, bp.as_ptr(), q, w, b.n, c, ldc, bias, (p0, p1));
-            q += w;
         }
     })
 }

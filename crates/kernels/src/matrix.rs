@@ -4,7 +4,7 @@ use half::{bf16, f16};
 
 use crate::arch::{self, KernelSet, Kernels};
 use crate::layout::{Act, QKind, QPacked, TILE};
-use crate::quant::{quantize_act_row, QK};
+use crate::quant::{encode_mlx, encode_q4_0, encode_q8_0, quantize_act_row, QK};
 use crate::{check_len, KernelError, Storage};
 
 /// Storage format of a weight matrix.
@@ -317,6 +317,51 @@ impl Matrix {
             format: WeightFormat::MlxAffine { bits, group },
             data: Data::Quant(q),
         })
+    }
+
+    /// A matrix in `format` from f32 values (row-major `[rows, cols]`), encoded the way the
+    /// on-disk formats are (`quant::encode_*` for Q8_0 / Q4_0 / MLX, round-to-nearest for
+    /// bf16 / f16): for tests, benchmarks and synthetic weights.
+    pub fn encode(
+        format: WeightFormat,
+        rows: usize,
+        cols: usize,
+        vals: &[f32],
+    ) -> Result<Matrix, KernelError> {
+        match format {
+            WeightFormat::F32 => Matrix::from_f32(rows, cols, vals.to_vec()),
+            WeightFormat::Bf16 | WeightFormat::F16 => {
+                let b: Vec<u8> = vals
+                    .iter()
+                    .flat_map(|v| {
+                        if format == WeightFormat::Bf16 {
+                            half::bf16::from_f32(*v).to_bits().to_le_bytes()
+                        } else {
+                            half::f16::from_f32(*v).to_bits().to_le_bytes()
+                        }
+                    })
+                    .collect();
+                Matrix::from_bytes(format, rows, cols, Storage::from_vec(b))
+            }
+            WeightFormat::Q8_0 => {
+                Matrix::from_bytes(format, rows, cols, Storage::from_vec(encode_q8_0(vals)?))
+            }
+            WeightFormat::Q4_0 => {
+                Matrix::from_bytes(format, rows, cols, Storage::from_vec(encode_q4_0(vals)?))
+            }
+            WeightFormat::MlxAffine { bits, group } => {
+                let (c, s, b) = encode_mlx(bits, group, rows, cols, vals)?;
+                Matrix::from_mlx(
+                    bits,
+                    group,
+                    rows,
+                    cols,
+                    Storage::from_vec(c),
+                    Storage::from_vec(s),
+                    Storage::from_vec(b),
+                )
+            }
+        }
     }
 
     /// Number of rows (outputs).

@@ -4,29 +4,11 @@
 //! Tolerance: `1e-6 · Σ|w·x|` (f32 summation only; no activation rounding). The switch is
 //! process-wide, so this file is its own test binary.
 
-use kernels::quant::{encode_mlx, encode_q4_0, encode_q8_0};
-use kernels::{Matrix, Pool, Scratch, Storage, WeightFormat};
+use kernels::{Matrix, Pool, Scratch, WeightFormat};
 use proptest::prelude::*;
 
 mod common;
 use common::vals;
-
-fn build(fmt: WeightFormat, rows: usize, cols: usize, w: &[f32]) -> Matrix {
-    match fmt {
-        WeightFormat::Q8_0 => {
-            Matrix::from_bytes(fmt, rows, cols, Storage::from_vec(encode_q8_0(w).unwrap())).unwrap()
-        }
-        WeightFormat::Q4_0 => {
-            Matrix::from_bytes(fmt, rows, cols, Storage::from_vec(encode_q4_0(w).unwrap())).unwrap()
-        }
-        WeightFormat::MlxAffine { bits, group } => {
-            let (c, s, b) = encode_mlx(bits, group, rows, cols, w).unwrap();
-            let st = Storage::from_vec;
-            Matrix::from_mlx(bits, group, rows, cols, st(c), st(s), st(b)).unwrap()
-        }
-        _ => unreachable!("quantized formats only"),
-    }
-}
 
 const FORMATS: [WeightFormat; 4] = [
     WeightFormat::Q8_0,
@@ -57,7 +39,7 @@ proptest! {
             .collect();
         let pool = Pool::new(2);
         for fmt in FORMATS {
-            let m = build(fmt, rows, cols, &w);
+            let m = Matrix::encode(fmt, rows, cols, &w).unwrap();
             let mut deq = vec![0f32; rows * cols];
             for r in 0..rows {
                 m.row_f32(r, &mut deq[r * cols..(r + 1) * cols]);

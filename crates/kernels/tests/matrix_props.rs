@@ -27,42 +27,7 @@ impl Rng {
 }
 
 fn build(fmt: WeightFormat, rows: usize, cols: usize, w: &[f32]) -> Matrix {
-    match fmt {
-        WeightFormat::F32 => Matrix::from_bytes(fmt, rows, cols, Storage::from_f32(w)).unwrap(),
-        WeightFormat::Bf16 => {
-            let b: Vec<u8> = w
-                .iter()
-                .flat_map(|v| bf16::from_f32(*v).to_bits().to_le_bytes())
-                .collect();
-            Matrix::from_bytes(fmt, rows, cols, Storage::from_vec(b)).unwrap()
-        }
-        WeightFormat::F16 => {
-            let b: Vec<u8> = w
-                .iter()
-                .flat_map(|v| f16::from_f32(*v).to_bits().to_le_bytes())
-                .collect();
-            Matrix::from_bytes(fmt, rows, cols, Storage::from_vec(b)).unwrap()
-        }
-        WeightFormat::Q8_0 => {
-            Matrix::from_bytes(fmt, rows, cols, Storage::from_vec(encode_q8_0(w).unwrap())).unwrap()
-        }
-        WeightFormat::Q4_0 => {
-            Matrix::from_bytes(fmt, rows, cols, Storage::from_vec(encode_q4_0(w).unwrap())).unwrap()
-        }
-        WeightFormat::MlxAffine { bits, group } => {
-            let (c, s, b) = encode_mlx(bits, group, rows, cols, w).unwrap();
-            Matrix::from_mlx(
-                bits,
-                group,
-                rows,
-                cols,
-                Storage::from_vec(c),
-                Storage::from_vec(s),
-                Storage::from_vec(b),
-            )
-            .unwrap()
-        }
-    }
+    Matrix::encode(fmt, rows, cols, w).unwrap()
 }
 
 fn quantized(fmt: WeightFormat) -> bool {

@@ -10,9 +10,9 @@ use crate::layout::{Act, QKind, QPacked, MR, NR, QK, TILE};
 
 /// The portable table.
 pub(crate) static SCALAR: Kernels = Kernels {
-    dense_f32,
-    dense_bf16,
-    dense_f16,
+    dense_f32: dense::<f32, false>,
+    dense_bf16: dense::<u16, true>,
+    dense_f16: dense::<u16, false>,
     quant,
     quantize_act: quantize_act_row,
     attend_head,
@@ -46,31 +46,33 @@ pub(crate) fn dot_with<T: Copy>(a: &[T], b: &[f32], conv: impl Fn(T) -> f32) -> 
     s
 }
 
-/// Dense rows `r0..r1` with [`dot_with`] per output.
-unsafe fn dense_rows<T: Copy>(
-    w: &[T],
-    cols: usize,
-    rows: usize,
-    x: &[f32],
-    n: usize,
-    (r0, r1): (usize, usize),
-    y: *mut f32,
-    conv: impl Fn(T) -> f32 + Copy,
-) {
-    for r in r0..r1 {
-        for i in 0..n {
-            let v = dot_with(
-                &w[r * cols..(r + 1) * cols],
-                &x[i * cols..(i + 1) * cols],
-                conv,
-            );
-            *y.add(i * rows + r) = v;
+/// A weight element the dense kernels widen to f32 (`u16` holds bf16 bits when `BF16`, else
+/// f16 bits).
+pub(crate) trait Widen: Copy {
+    fn widen<const BF16: bool>(self) -> f32;
+}
+
+impl Widen for f32 {
+    #[inline(always)]
+    fn widen<const BF16: bool>(self) -> f32 {
+        self
+    }
+}
+
+impl Widen for u16 {
+    #[inline(always)]
+    fn widen<const BF16: bool>(self) -> f32 {
+        if BF16 {
+            bf16::from_bits(self).to_f32()
+        } else {
+            f16::from_bits(self).to_f32()
         }
     }
 }
 
-unsafe fn dense_f32(
-    w: &[f32],
+/// Dense rows `r0..r1`, one [`dot_with`] per output.
+unsafe fn dense<T: Widen, const BF16: bool>(
+    w: &[T],
     rows: usize,
     cols: usize,
     x: &[f32],
@@ -79,37 +81,12 @@ unsafe fn dense_f32(
     r1: usize,
     y: *mut f32,
 ) {
-    dense_rows(w, cols, rows, x, n, (r0, r1), y, |v| v)
-}
-
-unsafe fn dense_bf16(
-    w: &[u16],
-    rows: usize,
-    cols: usize,
-    x: &[f32],
-    n: usize,
-    r0: usize,
-    r1: usize,
-    y: *mut f32,
-) {
-    dense_rows(w, cols, rows, x, n, (r0, r1), y, |b| {
-        bf16::from_bits(b).to_f32()
-    })
-}
-
-unsafe fn dense_f16(
-    w: &[u16],
-    rows: usize,
-    cols: usize,
-    x: &[f32],
-    n: usize,
-    r0: usize,
-    r1: usize,
-    y: *mut f32,
-) {
-    dense_rows(w, cols, rows, x, n, (r0, r1), y, |b| {
-        f16::from_bits(b).to_f32()
-    })
+    for r in r0..r1 {
+        for i in 0..n {
+            let (wr, xi) = (&w[r * cols..(r + 1) * cols], &x[i * cols..(i + 1) * cols]);
+            *y.add(i * rows + r) = dot_with(wr, xi, T::widen::<BF16>);
+        }
+    }
 }
 
 /// Quantized rows `r0..r1` against 8-bit activations: per block the exact integer sum of

@@ -18,33 +18,17 @@ pub(crate) struct Features {
     pub(crate) avxvnni: bool,
 }
 
-/// Dense matmul rows `r0..r1` of `w [rows, cols]` against `x [n, cols]`, writing `y [n, rows]`.
-pub(crate) type DenseFn<T> = unsafe fn(
-    w: &[T],
-    rows: usize,
-    cols: usize,
-    x: &[f32],
-    n: usize,
-    r0: usize,
-    r1: usize,
-    y: *mut f32,
-);
+/// Dense matmul `(w, rows, cols, x, n, r0, r1, y)`: rows `r0..r1` of `w [rows, cols]` against
+/// `x [n, cols]`, writing `y [n, rows]`.
+pub(crate) type DenseFn<T> = unsafe fn(&[T], usize, usize, &[f32], usize, usize, usize, *mut f32);
 
-/// Quantized matmul rows `r0..r1` (`r0` a multiple of 8) against prepared activations.
-pub(crate) type QuantFn = unsafe fn(
-    q: &QPacked,
-    rows: usize,
-    cols: usize,
-    act: &Act<'_>,
-    n: usize,
-    r0: usize,
-    r1: usize,
-    y: *mut f32,
-);
+/// Quantized matmul `(q, rows, cols, act, n, r0, r1, y)`: rows `r0..r1` (`r0` a multiple of 8)
+/// against activations prepared for `n` rows.
+pub(crate) type QuantFn =
+    unsafe fn(&QPacked, usize, usize, &Act<'_>, usize, usize, usize, *mut f32);
 
-/// Activation quantizer of one row: codes, scales, exact block sums and code sums.
-pub(crate) type QuantizeFn =
-    unsafe fn(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32], qs: &mut [i32]);
+/// Activation quantizer of one row `(x, codes, scales, block sums, code sums)`.
+pub(crate) type QuantizeFn = unsafe fn(&[f32], &mut [i8], &mut [f32], &mut [f32], &mut [i32]);
 
 /// A run of consecutive KV entries of one head: `n` rows of `head_dim` elements (f32, or bf16
 /// bits when the ring stores bf16).
@@ -55,40 +39,33 @@ pub(crate) struct Seg {
     pub(crate) n: usize,
 }
 
-/// Attention of one head over at most two runs of the KV ring (`scores` holds their total
-/// length, `out` is `hd` long). Returns `false`, touching nothing, when this set has no kernel
-/// for `hd` (the caller then runs the portable reference).
-pub(crate) type HeadFn = unsafe fn(
-    bf16: bool,
-    hd: usize,
-    q: &[f32],
-    segs: &[Seg; 2],
-    inv: f32,
-    scores: &mut [f32],
-    out: &mut [f32],
-) -> bool;
+/// Attention of one head `(bf16, hd, q, segs, 1/√hd, scores, out)` over at most two runs of
+/// the KV ring (`scores` holds their total length, `out` is `hd` long). Returns `false`,
+/// touching nothing, when this set has no kernel for `hd` (the caller then runs the portable
+/// reference).
+pub(crate) type HeadFn =
+    unsafe fn(bool, usize, &[f32], &[Seg; 2], f32, &mut [f32], &mut [f32]) -> bool;
 
-/// The GEMM micro-kernel keeping an `MR × NR` block of C: `k` steps of packed A (`MR` per
-/// step) against gathered B (`NR` per step).
-pub(crate) type TileFn = unsafe fn(k: usize, a: &[f32], b: &[f32], tile: &mut [[f32; NR]; MR]);
+/// The GEMM micro-kernel `(k, a, b, tile)` keeping an `MR × NR` block of C: `k` steps of packed
+/// A (`MR` per step) against gathered B (`NR` per step).
+pub(crate) type TileFn = unsafe fn(usize, &[f32], &[f32], &mut [[f32; NR]; MR]);
 
-/// The skinny GEMM kernel: packed A (plus 8 floats of padding) against B transposed to
-/// `[k][SKINNY]`.
-pub(crate) type SkinnyFn =
-    unsafe fn(k: usize, a: &[f32], bt: &[f32], tile: &mut [[f32; SKINNY]; MR]);
+/// The skinny GEMM kernel `(k, a, bt, tile)`: packed A (plus 8 floats of padding) against B
+/// transposed to `[k][SKINNY]`.
+pub(crate) type SkinnyFn = unsafe fn(usize, &[f32], &[f32], &mut [[f32; SKINNY]; MR]);
 
-/// Wide GEMM blocks (several A panels × one or two gathered B panels per call): rows of panels
-/// `p0..p1` against the `w` gathered column panels `q..q + w` at `b`.
+/// Wide GEMM blocks `(a, b, q, w, b_n, c, ldc, bias, (p0, p1))`: rows of panels `p0..p1`
+/// against the `w` (1 or 2) gathered column panels `q..q + w` at `b`, of a B `b_n` wide.
 pub(crate) type WideFn = unsafe fn(
-    a: &PackedA,
-    b: *const f32,
-    q: usize,
-    w: usize,
-    b_n: usize,
-    c: *mut f32,
-    ldc: usize,
-    bias: Option<&[f32]>,
-    panels: (usize, usize),
+    &PackedA,
+    *const f32,
+    usize,
+    usize,
+    usize,
+    *mut f32,
+    usize,
+    Option<&[f32]>,
+    (usize, usize),
 );
 
 /// One kernel table. Every function assumes the CPU supports its set; [`table`] hands out

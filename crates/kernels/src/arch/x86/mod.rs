@@ -35,70 +35,50 @@ pub(crate) fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
-/// The AVX2 table; `$quant` and `$rest` differ between the sets.
-macro_rules! avx2_table {
-    ($quant:expr, $head:expr, $wide:expr, $quantize:expr, $to_bf16:expr, $gelu:expr, $elu:expr) => {
-        Kernels {
-            dense_f32: matvec::dense_f32,
-            dense_bf16: matvec::dense_bf16,
-            dense_f16: matvec::dense_f16,
-            quant: $quant,
-            quantize_act: $quantize,
-            attend_head: $head,
-            gemm_tile: gemm::kernel_avx2,
-            gemm_skinny: gemm::skinny_avx2,
-            gemm_wide: $wide,
-            dot: ops::dot_avx2,
-            dot_bf16: ops::dot_bf16_avx2,
-            axpy: ops::axpy_avx2,
-            axpy_bf16: ops::axpy_bf16_avx2,
-            to_bf16: $to_bf16,
-            gelu_erf: $gelu,
-            elu: $elu,
-        }
-    };
-}
-
 /// AVX2 + FMA + F16C.
-pub(crate) static AVX2: Kernels = avx2_table!(
-    matvec::plain::quant,
-    attention::attend_head_avx2,
-    None,
-    super::scalar::quantize_act_row,
-    super::scalar::to_bf16,
-    ops::gelu_erf_avx2,
-    ops::elu_avx2
-);
+pub(crate) static AVX2: Kernels = AVX2_BASE;
+
+const AVX2_BASE: Kernels = Kernels {
+    dense_f32: matvec::dense_f32,
+    dense_bf16: matvec::dense_bf16,
+    dense_f16: matvec::dense_f16,
+    quant: matvec::plain::quant,
+    quantize_act: super::scalar::quantize_act_row,
+    attend_head: attention::attend_head_avx2,
+    gemm_tile: gemm::kernel_avx2,
+    gemm_skinny: gemm::skinny_avx2,
+    gemm_wide: None,
+    dot: ops::dot_avx2,
+    dot_bf16: ops::dot_bf16_avx2,
+    axpy: ops::axpy_avx2,
+    axpy_bf16: ops::axpy_bf16_avx2,
+    to_bf16: super::scalar::to_bf16,
+    gelu_erf: ops::gelu_erf_avx2,
+    elu: ops::elu_avx2,
+};
 
 /// AVX2 with AVX-VNNI quantized kernels.
-pub(crate) static AVX2_VNNI: Kernels = avx2_table!(
-    matvec::vnni::quant,
-    attention::attend_head_avx2,
-    None,
-    super::scalar::quantize_act_row,
-    super::scalar::to_bf16,
-    ops::gelu_erf_avx2,
-    ops::elu_avx2
-);
+pub(crate) static AVX2_VNNI: Kernels = Kernels {
+    quant: matvec::vnni::quant,
+    ..AVX2_BASE
+};
 
-/// AVX-512 with plain AVX2 kernels for a lone tile.
-pub(crate) static AVX512: Kernels = avx2_table!(
-    matvec::avx512q::quant::<false>,
-    attention::attend_head_avx512,
-    Some(gemm::blocks),
-    ops::quantize_act_avx512,
-    ops::to_bf16_avx512,
-    ops::gelu_erf_avx512,
-    ops::elu_avx512
-);
+/// AVX-512 (plain AVX2 kernels for a lone tile).
+pub(crate) static AVX512: Kernels = AVX512_BASE;
+
+const AVX512_BASE: Kernels = Kernels {
+    quant: matvec::avx512q::quant::<false>,
+    quantize_act: ops::quantize_act_avx512,
+    attend_head: attention::attend_head_avx512,
+    gemm_wide: Some(gemm::blocks),
+    to_bf16: ops::to_bf16_avx512,
+    gelu_erf: ops::gelu_erf_avx512,
+    elu: ops::elu_avx512,
+    ..AVX2_BASE
+};
 
 /// AVX-512 with AVX-VNNI kernels for a lone tile.
-pub(crate) static AVX512_VNNI: Kernels = avx2_table!(
-    matvec::avx512q::quant::<true>,
-    attention::attend_head_avx512,
-    Some(gemm::blocks),
-    ops::quantize_act_avx512,
-    ops::to_bf16_avx512,
-    ops::gelu_erf_avx512,
-    ops::elu_avx512
-);
+pub(crate) static AVX512_VNNI: Kernels = Kernels {
+    quant: matvec::avx512q::quant::<true>,
+    ..AVX512_BASE
+};
