@@ -487,16 +487,20 @@ impl Session {
         }))
     }
 
-    /// Pushes `pcm` and pulls every frame it completes (`push` then `pull` until None).
+    /// Pushes `pcm` (any length) one frame at a time, pulling every frame each push completes, so
+    /// that nothing is dropped however long `pcm` is; returns the frames.
     fn process(
         &self,
         py: Python<'_>,
         pcm: PyArrayLike1<'_, f32, AllowTypeChange>,
     ) -> PyResult<Vec<Frame>> {
-        self.push(pcm)?;
+        let pcm = samples(&pcm);
         let mut frames = Vec::new();
-        while let Some(f) = self.pull(py)? {
-            frames.push(f);
+        for chunk in pcm.chunks(runtime::FRAME_SIZE) {
+            lock(&self.session)?.push_pcm(chunk).map_err(err)?;
+            while let Some(f) = self.pull(py)? {
+                frames.push(f);
+            }
         }
         Ok(frames)
     }

@@ -126,6 +126,8 @@ def test_session_controls_on_the_demo_model():
     s.stop()
     s.push(frame)
     assert s.pull() is None and s.stopped
+    # process() pushes frame by frame: a long input loses nothing to the bounded queue.
+    assert len(engine.session().process(np.zeros(10 * 1920, np.float32))) == 10
     # max_steps ends the stream.
     s = engine.session(max_steps=2)
     assert len(s.process(np.tile(frame, 3))) == 2 and s.stopped
