@@ -1,18 +1,30 @@
 //! `encode_frame` / `decode_frame` (and the chunking front end) allocate nothing after
-//! warm-up. A counting global allocator with a thread-local counter (so other test threads
-//! do not interfere).
+//! warm-up, on any thread (the caller and the pool's workers). Counted with the all-thread
+//! counter, so this binary holds a single test that runs the cases one after the other; each
+//! count is the smallest of up to three windows (`testkit::steady_state_allocations`).
 
 mod mimi_common;
 
 use mimi_common::*;
 use model::mimi::{MimiDecoder, MimiEncoder, StreamEncoder};
-use testkit::thread_allocations as allocs;
 
 #[global_allocator]
 static GLOBAL: testkit::CountingAlloc = testkit::CountingAlloc;
 
+use testkit::all_thread_allocations_during as allocations;
+use testkit::steady_state_allocations;
+
 #[test]
-fn frame_path_allocates_nothing() {
+fn mimi_frames_allocate_nothing_on_any_thread() {
+    // The counter sees other threads (guards against a vacuous test).
+    assert!(testkit::other_thread_probe(|f| allocations(f)) >= 1);
+    tiny_frame_path();
+    tiny_pooled_frame_path();
+    released_size_frame_path(false);
+    released_size_frame_path(true);
+}
+
+fn tiny_frame_path() {
     let spec = spec();
     let mimi = load("mimi.safetensors", &spec);
     let input = &input_pcm();
@@ -26,36 +38,38 @@ fn frame_path_allocates_nothing() {
         codes.copy_from_slice(enc.encode_frame(&input[f * fs..(f + 1) * fs]).unwrap());
         dec.decode_frame(&codes, &mut out).unwrap();
     }
-    let before = allocs();
-    // 20 more frames: the transformer ring (context 8) wraps several times
-    for f in 2..22 {
-        codes.copy_from_slice(enc.encode_frame(&input[f * fs..(f + 1) * fs]).unwrap());
+    let n = steady_state_allocations(|| {
+        // 20 more frames: the transformer ring (context 8) wraps several times
+        for f in 2..22 {
+            codes.copy_from_slice(enc.encode_frame(&input[f * fs..(f + 1) * fs]).unwrap());
+            dec.decode_frame(&codes, &mut out).unwrap();
+        }
+        enc.reset();
+        dec.reset();
+        codes.copy_from_slice(enc.encode_frame(&input[..fs]).unwrap());
         dec.decode_frame(&codes, &mut out).unwrap();
-    }
-    enc.reset();
-    dec.reset();
-    codes.copy_from_slice(enc.encode_frame(&input[..fs]).unwrap());
-    dec.decode_frame(&codes, &mut out).unwrap();
-    let after = allocs();
-    assert_eq!(
-        after - before,
-        0,
-        "frame path allocated {} times",
-        after - before
-    );
+    });
+    assert_eq!(n, 0, "frame path allocated {n} times");
 
     // chunking front end
     let mut front = StreamEncoder::new(MimiEncoder::new(mimi.clone()));
     let mut n = 0usize;
     front.push(&input[..3000], |_| n += 1).unwrap();
-    let before = allocs();
-    front.push(&input[3000..20000], |_| n += 1).unwrap();
-    front.push(&input[20000..20001], |_| n += 1).unwrap();
-    let after = allocs();
-    assert_eq!(after - before, 0);
+    let a = allocations(|| {
+        front.push(&input[3000..20000], |_| n += 1).unwrap();
+        front.push(&input[20000..20001], |_| n += 1).unwrap();
+    });
+    assert_eq!(a, 0, "chunking front end");
     assert_eq!(n, 20001 / fs);
+}
 
-    // with a 2-thread pool (counts this thread's allocations; workers are persistent)
+fn tiny_pooled_frame_path() {
+    let spec = spec();
+    let mimi = load("mimi.safetensors", &spec);
+    let input = &input_pcm();
+    let fs = mimi.frame_size();
+    let mut out = vec![0.0; fs];
+    let mut codes = vec![0u32; mimi.n_codebooks()];
     let pool = model::mimi::Pool::new(2);
     let mut enc = MimiEncoder::new(mimi.clone());
     let mut dec = MimiDecoder::new(mimi.clone());
@@ -68,42 +82,32 @@ fn frame_path_allocates_nothing() {
             .unwrap();
     };
     (0..2).for_each(&mut pooled_frame);
-    let before = allocs();
-    (2..12).for_each(&mut pooled_frame);
-    assert_eq!(allocs() - before, 0, "pooled frame path allocated");
-
-    // the counter does count (guards against a vacuous test)
-    let before = allocs();
-    let v = std::hint::black_box(vec![1u8; 10]);
-    drop(v);
-    assert!(allocs() > before);
+    let a = steady_state_allocations(|| (2..12).for_each(&mut pooled_frame));
+    assert_eq!(a, 0, "pooled frame path allocated");
 }
 
 /// At released size every size threshold of the threaded/AVX-512 paths is crossed (pooled
 /// per-channel work, pre-gathered row-split GEMMs, attention by heads, matmul-path transposed
-/// convs): still nothing allocated on the calling thread after two warm-up frames.
-#[test]
-fn released_size_frame_path_allocates_nothing() {
+/// convs): still nothing allocated on any thread after two warm-up frames.
+fn released_size_frame_path(pooled: bool) {
     let mimi = model::mimi::bench::synthetic_mimi(8, 5).unwrap();
     let fs = mimi.frame_size();
     let input = model::mimi::bench::test_signal(6 * fs, 24000);
     let pool = model::mimi::Pool::new(2);
-    for p in [None, Some(&pool)] {
+    for p in [pooled.then_some(&pool)] {
         let mut enc = MimiEncoder::new(mimi.clone());
         let mut dec = MimiDecoder::new(mimi.clone());
         let mut codes = vec![0u32; mimi.n_codebooks()];
         let mut out = vec![0.0f32; fs];
-        let mut before = 0;
-        for f in 0..6 {
-            if f == 2 {
-                before = allocs();
-            }
+        let mut frame = |f: usize| {
             codes.copy_from_slice(
                 enc.encode_frame_with(&input[f * fs..(f + 1) * fs], p, None)
                     .unwrap(),
             );
             dec.decode_frame_with(&codes, &mut out, p, None).unwrap();
-        }
-        assert_eq!(allocs() - before, 0, "pool {}: allocated", p.is_some());
+        };
+        (0..2).for_each(&mut frame);
+        let a = steady_state_allocations(|| (2..6).for_each(&mut frame));
+        assert_eq!(a, 0, "pool {}: allocated", p.is_some());
     }
 }
