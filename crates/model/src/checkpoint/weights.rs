@@ -398,20 +398,31 @@ impl Weights {
                 group,
                 scale_dtype,
             } => {
-                if scale_dtype != DType::Bf16 {
-                    return Err(CheckpointError::DtypeNotAllowed {
-                        name: format!("{name} (scales)"),
-                        dtype: scale_dtype.name().into(),
-                        allowed: "bf16".into(),
-                    });
-                }
+                let value_bytes = match scale_dtype {
+                    DType::Bf16 | DType::F16 => 2,
+                    DType::F32 => 4,
+                    other => {
+                        return Err(CheckpointError::DtypeNotAllowed {
+                            name: format!("{name} (scales)"),
+                            dtype: other.name().into(),
+                            allowed: "bf16, f16, f32".into(),
+                        })
+                    }
+                };
                 let w_row = cols * bits as usize / 8;
-                let s_row = cols / group * 2;
+                let s_row = cols / group * value_bytes;
                 let w = gather(&e.parts, start, n, |p| Some(&p.data), w_row);
                 let s = gather(&e.parts, start, n, |p| p.scales.as_ref(), s_row);
                 let b = gather(&e.parts, start, n, |p| p.biases.as_ref(), s_row);
-                Matrix::from_mlx(bits, group, n, cols, w.storage(), s.storage(), b.storage())
-                    .map_err(kerr)
+                let (s, b) = if scale_dtype == DType::Bf16 {
+                    (s.storage(), b.storage())
+                } else {
+                    (
+                        mlx_scales_as_bf16(name, scale_dtype, &s)?,
+                        mlx_scales_as_bf16(name, scale_dtype, &b)?,
+                    )
+                };
+                Matrix::from_mlx(bits, group, n, cols, w.storage(), s, b).map_err(kerr)
             }
         }
     }
@@ -591,6 +602,41 @@ fn assemble(
 }
 
 /// Rows `start..start+n` (each `row_bytes` long) of the concatenation of the parts' chosen buffers.
+/// MLX scales or biases stored as f16 / f32 (MLX writes the model's dtype) converted to the bf16
+/// the kernels hold. Exact for files quantized from a bf16 model; otherwise each value is rounded
+/// to the nearest bf16 (relative error at most 2^-9, far below the 4/8-bit weight step) and a
+/// warning says so once per process.
+fn mlx_scales_as_bf16(
+    name: &str,
+    dtype: DType,
+    bytes: &Bytes,
+) -> Result<kernels::Storage, CheckpointError> {
+    let mut values = Vec::new();
+    dequant_plain(dtype, bytes.as_slice(), &mut values).map_err(|m| {
+        CheckpointError::DtypeNotAllowed {
+            name: format!("{name} (scales)"),
+            dtype: dtype.name().into(),
+            allowed: m.into(),
+        }
+    })?;
+    let mut rounded = 0usize;
+    let mut out = Vec::with_capacity(values.len() * 2);
+    for v in values {
+        let h = half::bf16::from_f32(v);
+        rounded += usize::from(h.to_f32() != v);
+        out.extend_from_slice(&h.to_le_bytes());
+    }
+    if rounded > 0 {
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| {
+            tracing::warn!(
+                "{name}: {rounded} MLX {dtype} scales/biases rounded to bf16 (further tensors not reported)"
+            )
+        });
+    }
+    Ok(kernels::Storage::from_vec(out))
+}
+
 fn gather(
     parts: &[Part],
     start: usize,
