@@ -94,20 +94,19 @@ fn released_size_frame_path(pooled: bool) {
     let fs = mimi.frame_size();
     let input = model::mimi::bench::test_signal(6 * fs, 24000);
     let pool = model::mimi::Pool::new(2);
-    for p in [pooled.then_some(&pool)] {
-        let mut enc = MimiEncoder::new(mimi.clone());
-        let mut dec = MimiDecoder::new(mimi.clone());
-        let mut codes = vec![0u32; mimi.n_codebooks()];
-        let mut out = vec![0.0f32; fs];
-        let mut frame = |f: usize| {
-            codes.copy_from_slice(
-                enc.encode_frame_with(&input[f * fs..(f + 1) * fs], p, None)
-                    .unwrap(),
-            );
-            dec.decode_frame_with(&codes, &mut out, p, None).unwrap();
-        };
-        (0..2).for_each(&mut frame);
-        let a = steady_state_allocations(|| (2..6).for_each(&mut frame));
-        assert_eq!(a, 0, "pool {}: allocated", p.is_some());
-    }
+    let p = pooled.then_some(&pool);
+    let mut enc = MimiEncoder::new(mimi.clone());
+    let mut dec = MimiDecoder::new(mimi.clone());
+    let mut codes = vec![0u32; mimi.n_codebooks()];
+    let mut out = vec![0.0f32; fs];
+    let mut frame = |f: usize| {
+        codes.copy_from_slice(
+            enc.encode_frame_with(&input[f * fs..(f + 1) * fs], p, None)
+                .unwrap(),
+        );
+        dec.decode_frame_with(&codes, &mut out, p, None).unwrap();
+    };
+    (0..2).for_each(&mut frame);
+    let a = steady_state_allocations(|| (2..6).for_each(&mut frame));
+    assert_eq!(a, 0, "pool {}: allocated", p.is_some());
 }
