@@ -179,6 +179,7 @@ pub(crate) struct Act<'a> {
     pub(crate) s: &'a [f32],
     pub(crate) qs: &'a [i32],
     /// The codes `q` as unsigned bytes `q + 128` (AVX-512 q8 kernels).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(crate) qu: &'a [u8],
 }
 
@@ -215,6 +216,7 @@ impl PackedA {
     }
 
     /// Start of the packed data (panel `p` starts `p·k·MR` floats later).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(crate) fn data_ptr(&self) -> *const f32 {
         self.data.as_ptr()
     }

@@ -409,6 +409,25 @@ impl Matrix {
         self.matmul_level(arch::table(KernelSet::Scalar), x, n, y, scratch)
     }
 
+    /// [`Matrix::matmul`] with the kernels of an explicit set (property tests and A/B
+    /// benchmarks); refuses a set this CPU cannot run.
+    pub fn matmul_with(
+        &self,
+        set: KernelSet,
+        x: &[f32],
+        n: usize,
+        y: &mut [f32],
+        scratch: &mut Scratch,
+    ) -> Result<(), KernelError> {
+        if !set.available() {
+            return Err(KernelError::Unsupported(format!(
+                "{set:?} kernels on this CPU"
+            )));
+        }
+        self.matmul_level(arch::table(set), x, n, y, scratch);
+        Ok(())
+    }
+
     fn matmul_level(
         &self,
         level: &Kernels,

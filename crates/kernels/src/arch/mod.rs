@@ -11,6 +11,8 @@
 //! Environment switches (read once, before the first kernel call):
 //! * `MOSHI_KERNELS_SCALAR=1`: the portable kernels only;
 //! * `MOSHI_KERNELS_NO_AVX512=1`, `MOSHI_KERNELS_NO_VNNI=1`: drop those x86 tables;
+//! * `MOSHI_KERNELS_NO_DOTPROD=1` (baseline NEON only), `MOSHI_KERNELS_NO_I8MM=1`: drop those
+//!   aarch64 tables;
 //! * `MOSHI_KERNELS_F32_ACTIVATIONS=1`: exact f32 activations for quantized weights
 //!   ([`set_f32_activations`]).
 
@@ -40,15 +42,24 @@ pub enum KernelSet {
     /// AVX-512 F/BW/DQ/VL + VNNI: zmm quantized kernels on pairs of tiles, zmm attention,
     /// GEMM blocks and activation quantizer (AVX-VNNI or AVX2 ymm kernels for a lone tile).
     Avx512,
+    /// aarch64 baseline NEON (`smull` + pairwise adds in the quantized kernels).
+    Neon,
+    /// NEON with `sdot` (dotprod) quantized kernels.
+    NeonDotprod,
+    /// NEON with `smmla` (i8mm) quantized kernels for pairs of activation rows.
+    NeonI8mm,
 }
 
 impl KernelSet {
     /// Every set, slowest first.
-    pub const ALL: [KernelSet; 4] = [
+    pub const ALL: [KernelSet; 7] = [
         KernelSet::Scalar,
         KernelSet::Avx2,
         KernelSet::Avx2Vnni,
         KernelSet::Avx512,
+        KernelSet::Neon,
+        KernelSet::NeonDotprod,
+        KernelSet::NeonI8mm,
     ];
 
     /// Whether this CPU can run the set and no environment switch forbids it (the run-time
@@ -60,6 +71,9 @@ impl KernelSet {
             KernelSet::Avx2 => f.avx2,
             KernelSet::Avx2Vnni => f.avx2 && f.avxvnni,
             KernelSet::Avx512 => f.avx2 && f.avx512,
+            KernelSet::Neon => f.neon,
+            KernelSet::NeonDotprod => f.dotprod,
+            KernelSet::NeonI8mm => f.i8mm,
         }
     }
 
@@ -70,6 +84,9 @@ impl KernelSet {
             KernelSet::Avx2 => "avx2",
             KernelSet::Avx2Vnni => "avx2-vnni",
             KernelSet::Avx512 => "avx512",
+            KernelSet::Neon => "neon",
+            KernelSet::NeonDotprod => "neon-dotprod",
+            KernelSet::NeonI8mm => "neon-i8mm",
         }
     }
 }
@@ -96,11 +113,12 @@ pub(crate) fn features() -> Features {
         let mut f = Features::default();
         #[cfg(target_arch = "x86_64")]
         x86::probe(&mut f);
-        if !f.avx2 {
-            return Features::default();
-        }
-        f.avx512 &= !env_set("MOSHI_KERNELS_NO_AVX512");
-        f.avxvnni &= !env_set("MOSHI_KERNELS_NO_VNNI");
+        #[cfg(target_arch = "aarch64")]
+        aarch64::probe(&mut f);
+        f.avx512 &= f.avx2 && !env_set("MOSHI_KERNELS_NO_AVX512");
+        f.avxvnni &= f.avx2 && !env_set("MOSHI_KERNELS_NO_VNNI");
+        f.dotprod &= !env_set("MOSHI_KERNELS_NO_DOTPROD");
+        f.i8mm &= f.dotprod && !env_set("MOSHI_KERNELS_NO_I8MM");
         f
     })
 }
@@ -130,6 +148,12 @@ pub fn kernel_set() -> KernelSet {
         KernelSet::Avx2Vnni
     } else if f.avx2 {
         KernelSet::Avx2
+    } else if f.i8mm {
+        KernelSet::NeonI8mm
+    } else if f.dotprod {
+        KernelSet::NeonDotprod
+    } else if f.neon {
+        KernelSet::Neon
     } else {
         KernelSet::Scalar
     }
@@ -175,6 +199,12 @@ pub(crate) fn table(set: KernelSet) -> &'static Kernels {
         }
         #[cfg(target_arch = "x86_64")]
         KernelSet::Avx512 => &x86::AVX512,
+        #[cfg(target_arch = "aarch64")]
+        KernelSet::Neon => &aarch64::NEON,
+        #[cfg(target_arch = "aarch64")]
+        KernelSet::NeonDotprod => &aarch64::NEON_DOTPROD,
+        #[cfg(target_arch = "aarch64")]
+        KernelSet::NeonI8mm => &aarch64::NEON_I8MM,
         _ => &scalar::SCALAR,
     }
 }

@@ -16,6 +16,12 @@ pub(crate) struct Features {
     pub(crate) avx512: bool,
     /// AVX-VNNI (VEX `vpdpbusd`).
     pub(crate) avxvnni: bool,
+    /// aarch64 Advanced SIMD (NEON).
+    pub(crate) neon: bool,
+    /// aarch64 `sdot` / `udot` (FEAT_DotProd).
+    pub(crate) dotprod: bool,
+    /// aarch64 `smmla` (FEAT_I8MM).
+    pub(crate) i8mm: bool,
 }
 
 /// Dense matmul `(w, rows, cols, x, n, r0, r1, y)`: rows `r0..r1` of `w [rows, cols]` against

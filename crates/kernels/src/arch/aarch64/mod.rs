@@ -1,1 +1,51 @@
-//! aarch64 NEON kernels.
+//! aarch64 kernels: baseline NEON for every table entry, `sdot` (dotprod) and `smmla` (i8mm)
+//! quantized matmuls, chosen at run time from `is_aarch64_feature_detected!`. Nothing here is
+//! Linux-specific (the same code builds for aarch64-apple-darwin).
+
+use super::scalar;
+use super::table::{Features, Kernels};
+
+mod gemm;
+mod matvec;
+pub(crate) mod ops;
+
+/// Fills the aarch64 flags of [`Features`].
+pub(super) fn probe(f: &mut Features) {
+    f.neon = std::arch::is_aarch64_feature_detected!("neon");
+    f.dotprod = f.neon && std::arch::is_aarch64_feature_detected!("dotprod");
+    f.i8mm = f.dotprod && std::arch::is_aarch64_feature_detected!("i8mm");
+}
+
+const NEON_BASE: Kernels = Kernels {
+    dense_f32: matvec::dense_f32,
+    dense_bf16: matvec::dense_half::<true>,
+    dense_f16: matvec::dense_half::<false>,
+    quant: matvec::plain::quant,
+    quantize_act: ops::quantize_act,
+    attend_head: ops::attend_head,
+    gemm_tile: gemm::tile,
+    gemm_skinny: gemm::skinny,
+    gemm_wide: None,
+    dot: ops::dot,
+    dot_bf16: ops::dot_bf16,
+    axpy: ops::axpy,
+    axpy_bf16: ops::axpy_bf16,
+    to_bf16: scalar::to_bf16,
+    gelu_erf: ops::gelu_erf,
+    elu: ops::elu,
+};
+
+/// Baseline NEON (`smull` + pairwise adds in the quantized kernels).
+pub(crate) static NEON: Kernels = NEON_BASE;
+
+/// NEON with `sdot` quantized kernels.
+pub(crate) static NEON_DOTPROD: Kernels = Kernels {
+    quant: matvec::dotprod::quant,
+    ..NEON_BASE
+};
+
+/// NEON with `smmla` quantized kernels (pairs of activation rows; `sdot` for a lone row).
+pub(crate) static NEON_I8MM: Kernels = Kernels {
+    quant: matvec::quant_i8mm,
+    ..NEON_BASE
+};
