@@ -46,6 +46,14 @@ impl<T, S> Shell<T, S> {
         }))
     }
 
+    /// Takes the busy flag, or fails with BUSY when another thread holds it.
+    fn take_busy(&self) -> Result<(), Fail> {
+        self.busy
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .map(|_| ())
+            .map_err(|_| Fail::new(MnStatus::Busy, "the handle is in use by another thread"))
+    }
+
     /// Checks `p` is a live handle of `kind`, without entering it.
     ///
     /// # Safety
@@ -77,16 +85,7 @@ impl<T, S> Shell<T, S> {
     pub unsafe fn enter<'a>(p: *const Shell<T, S>, kind: u32) -> Result<Entered<'a, T, S>, Fail> {
         // SAFETY: forwarded contract.
         let shell = unsafe { Self::peek(p, kind) }?;
-        if shell
-            .busy
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            return Err(Fail::new(
-                MnStatus::Busy,
-                "the handle is in use by another thread",
-            ));
-        }
+        shell.take_busy()?;
         // Destroyed between the tag check and taking the flag: the state is gone.
         let entered = Entered { shell };
         // SAFETY: busy flag held.
@@ -111,16 +110,7 @@ impl<T, S> Shell<T, S> {
             // SAFETY: forwarded contract; refuses dead handles and other kinds.
             unsafe { Self::peek(p, kind) }?;
         }
-        if shell
-            .busy
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            return Err(Fail::new(
-                MnStatus::Busy,
-                "the handle is in use by another thread",
-            ));
-        }
+        shell.take_busy()?;
         // The flag stays held: a dead handle is never entered again.
         shell.tag.store(DEAD, Ordering::Release);
         // SAFETY: busy flag held exclusively.

@@ -505,42 +505,47 @@ fn mimi_matches_the_fixture_and_refuses_misuse() {
             );
             assert!((0..nq).all(|q| frame_codes[q] == codes[q * t]));
 
-            // Wrong sizes and NULL buffers.
+            // Wrong sizes and NULL buffers, in call order.
             let p = padded.as_ptr();
             let c = frame_codes.as_mut_ptr();
-            expect(
-                mn_mimi_encode_frame(mimi, p, fs - 1, c, nq),
-                MnStatus::InvalidArgument,
-            );
-            expect(
-                mn_mimi_encode_frame(mimi, p, fs, c, nq - 1),
-                MnStatus::BufferTooSmall,
-            );
-            expect(
-                mn_mimi_encode_frame(mimi, null(), fs, c, nq),
-                MnStatus::Null,
-            );
-            expect(
-                mn_mimi_encode_frame(mimi, p, fs, null_mut(), nq),
-                MnStatus::Null,
-            );
             let out = pcm.as_mut_ptr();
-            expect(
-                mn_mimi_decode_frame(mimi, c, nq + 1, out, fs),
-                MnStatus::InvalidArgument,
-            );
-            expect(
-                mn_mimi_decode_frame(mimi, c, nq, out, fs - 1),
-                MnStatus::BufferTooSmall,
-            );
-            expect(
-                mn_mimi_decode_frame(mimi, null(), nq, out, fs),
-                MnStatus::Null,
-            );
-            expect(
-                mn_mimi_decode_frame(mimi, c, nq, null_mut(), fs),
-                MnStatus::Null,
-            );
+            let cases = [
+                (
+                    mn_mimi_encode_frame(mimi, p, fs - 1, c, nq),
+                    MnStatus::InvalidArgument,
+                ),
+                (
+                    mn_mimi_encode_frame(mimi, p, fs, c, nq - 1),
+                    MnStatus::BufferTooSmall,
+                ),
+                (
+                    mn_mimi_encode_frame(mimi, null(), fs, c, nq),
+                    MnStatus::Null,
+                ),
+                (
+                    mn_mimi_encode_frame(mimi, p, fs, null_mut(), nq),
+                    MnStatus::Null,
+                ),
+                (
+                    mn_mimi_decode_frame(mimi, c, nq + 1, out, fs),
+                    MnStatus::InvalidArgument,
+                ),
+                (
+                    mn_mimi_decode_frame(mimi, c, nq, out, fs - 1),
+                    MnStatus::BufferTooSmall,
+                ),
+                (
+                    mn_mimi_decode_frame(mimi, null(), nq, out, fs),
+                    MnStatus::Null,
+                ),
+                (
+                    mn_mimi_decode_frame(mimi, c, nq, null_mut(), fs),
+                    MnStatus::Null,
+                ),
+            ];
+            for (i, (got, want)) in cases.into_iter().enumerate() {
+                assert_eq!(got, want, "case {i}");
+            }
             frame_codes[0] = 1 << 20;
             expect(
                 mn_mimi_decode_frame(mimi, c, nq, out, fs),

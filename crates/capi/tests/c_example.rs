@@ -90,7 +90,10 @@ fn the_c_example_runs_full_duplex_on_the_demo_model() {
     assert_eq!(want.len(), (frames - 1) * runtime::FRAME_SIZE);
     for bin in binaries {
         let out = work.join("reply.wav");
+        // The program's run path names `lib`; cargo's LD_LIBRARY_PATH (searched first) may also name
+        // folders holding other builds of the library.
         let run = Command::new(&bin)
+            .env("LD_LIBRARY_PATH", &lib)
             .arg(&input_path)
             .arg(&out)
             .output()

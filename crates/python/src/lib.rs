@@ -598,8 +598,8 @@ fn write_wav(
 }
 
 /// moshi-native: Kyutai's Moshi (full-duplex speech LM) and Mimi (neural audio codec), in Rust.
-#[pymodule]
-fn moshi_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+#[pymodule(name = "moshi_native")]
+fn moshi_native_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("SAMPLE_RATE", runtime::SAMPLE_RATE)?;
     m.add("FRAME_SIZE", runtime::FRAME_SIZE)?;

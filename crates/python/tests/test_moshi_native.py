@@ -163,6 +163,7 @@ def test_sessions_run_in_parallel_threads():
 
 
 def test_inspect_and_wav_helpers(tmp_path):
+    assert mn.__version__ and mn.SAMPLE_RATE == 24000 and mn.FRAME_SIZE == 1920
     d = mn.inspect(FIXTURES / "lm")
     assert d["kind"] == "bundle" and d["lm"]["dim"] == 64 and d["mimi"]["n_q"] >= 8
     f = mn.inspect(FIXTURES / "mimi/mimi_hf.safetensors")
