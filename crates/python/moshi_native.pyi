@@ -65,6 +65,9 @@ class Engine:
         max_queued_frames: int = 4,
         max_steps: Optional[int] = None,
         first_frame_reset: bool = True,
+        pad_mult: Optional[float] = None,
+        repetition_penalty: Optional[float] = None,
+        repetition_penalty_context: int = 64,
     ) -> "Session": ...
 
 class PushReport:
@@ -99,6 +102,9 @@ class Session:
         max_queued_frames: int = 4,
         max_steps: Optional[int] = None,
         first_frame_reset: bool = True,
+        pad_mult: Optional[float] = None,
+        repetition_penalty: Optional[float] = None,
+        repetition_penalty_context: int = 64,
     ) -> None: ...
     def push(self, pcm: npt.ArrayLike) -> PushReport: ...
     def pull(self) -> Optional[Frame]: ...

@@ -211,6 +211,18 @@ typedef struct MnSessionOptions {
    * Audio top-k; 0 keeps all candidates. Default 250.
    */
   uint32_t audio_top_k;
+  /**
+   * Multiply the text PAD probability by `exp(pad_mult)` (0 = off, the default).
+   */
+  float pad_mult;
+  /**
+   * Repetition penalty on recent text tokens (1 = off, the default; must be > 0).
+   */
+  float repetition_penalty;
+  /**
+   * Recent text tokens the repetition penalty looks at. Default 64.
+   */
+  uint32_t repetition_penalty_context;
 } MnSessionOptions;
 
 /**

@@ -2,7 +2,6 @@
 
 use std::ffi::c_char;
 
-use model::sampling::{SamplerConfig, TokenSampling};
 use runtime::{Session, SessionControl, SessionOptions, Step};
 
 use crate::engine::{engine_arc, MnEngine};
@@ -51,22 +50,32 @@ pub struct MnSessionOptions {
     pub audio_temperature: f32,
     /// Audio top-k; 0 keeps all candidates. Default 250.
     pub audio_top_k: u32,
+    /// Multiply the text PAD probability by `exp(pad_mult)` (0 = off, the default).
+    pub pad_mult: f32,
+    /// Repetition penalty on recent text tokens (1 = off, the default; must be > 0).
+    pub repetition_penalty: f32,
+    /// Recent text tokens the repetition penalty looks at. Default 64.
+    pub repetition_penalty_context: u32,
 }
 
 impl MnSessionOptions {
     fn defaults() -> MnSessionOptions {
         let d = SessionOptions::default();
+        let p = embed::SamplingParams::default();
         MnSessionOptions {
             struct_size: std::mem::size_of::<MnSessionOptions>() as u32,
             output_rate: d.output_rate,
             max_queued_frames: d.max_queued_frames as u32,
             first_frame_reset: u32::from(d.first_frame_reset),
             max_steps: d.max_steps.unwrap_or(0),
-            seed: d.sampling.text_seed,
-            text_temperature: d.sampling.text.temperature,
-            text_top_k: d.sampling.text.top_k as u32,
-            audio_temperature: d.sampling.audio.temperature,
-            audio_top_k: d.sampling.audio.top_k as u32,
+            seed: p.seed,
+            text_temperature: p.text_temperature,
+            text_top_k: p.text_top_k as u32,
+            audio_temperature: p.audio_temperature,
+            audio_top_k: p.audio_top_k as u32,
+            pad_mult: 0.0,
+            repetition_penalty: 1.0,
+            repetition_penalty_context: p.repetition_penalty_context as u32,
         }
     }
 
@@ -82,15 +91,19 @@ impl MnSessionOptions {
                 "first_frame_reset must be 0 or 1",
             ));
         }
-        let mut sampling = SamplerConfig::seeded(self.seed);
-        sampling.text = TokenSampling {
-            temperature: self.text_temperature,
-            top_k: self.text_top_k as usize,
-        };
-        sampling.audio = TokenSampling {
-            temperature: self.audio_temperature,
-            top_k: self.audio_top_k as usize,
-        };
+        let sampling = embed::SamplingParams {
+            greedy: false,
+            seed: self.seed,
+            text_temperature: self.text_temperature,
+            text_top_k: self.text_top_k as usize,
+            audio_temperature: self.audio_temperature,
+            audio_top_k: self.audio_top_k as usize,
+            // exp(0) = 1 and a penalty of 1 change nothing: those values mean "off".
+            pad_mult: (self.pad_mult != 0.0).then_some(self.pad_mult),
+            repetition_penalty: (self.repetition_penalty != 1.0).then_some(self.repetition_penalty),
+            repetition_penalty_context: self.repetition_penalty_context as usize,
+        }
+        .config();
         Ok(SessionOptions {
             sampling,
             max_queued_frames: self.max_queued_frames as usize,

@@ -216,7 +216,19 @@ fn session_calls_refuse_misuse() {
         let mut opts = session_options();
         opts.text_temperature = f32::NAN;
         assert!((mn_session_create(engine, &opts, &mut session) as i32) < 0);
+        let mut opts = session_options();
+        opts.repetition_penalty = 0.0;
+        assert!((mn_session_create(engine, &opts, &mut session) as i32) < 0);
         assert!(session.is_null());
+        let mut opts = session_options();
+        (
+            opts.pad_mult,
+            opts.repetition_penalty,
+            opts.repetition_penalty_context,
+        ) = (0.5, 1.1, 16);
+        expect(mn_session_create(engine, &opts, &mut session), MnStatus::Ok);
+        expect(mn_session_destroy(session), MnStatus::Ok);
+        session = null_mut();
 
         let mut opts = session_options();
         opts.output_rate = 48_000;

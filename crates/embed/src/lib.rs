@@ -3,16 +3,19 @@
 //!
 //! * [`demo`]: the tiny random-weight demo bundle compiled in, written to a cache folder on first use;
 //! * [`open_mimi`]: a Mimi codec on its own, from a bundle directory or a weights file (no LM is loaded);
-//! * [`describe`]: what a weights file or bundle directory holds, as JSON (`moshi-native inspect`'s facts).
+//! * [`describe`]: what a weights file or bundle directory holds, as JSON (`moshi-native inspect`'s facts);
+//! * [`SamplingParams`]: sampling settings as flat values, as the bindings take them.
 
 #![warn(missing_docs)]
 
 pub mod demo;
 mod describe;
 mod mimi;
+mod sampling;
 
 pub use describe::{describe, guess_component, variant};
 pub use mimi::{open_mimi, DEFAULT_MIMI_FILE};
+pub use sampling::SamplingParams;
 
 use std::path::PathBuf;
 

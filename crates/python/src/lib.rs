@@ -12,7 +12,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use kernels::attention::KvDtype;
 use kernels::Pool;
 use model::mimi::{MimiDecoder, MimiEncoder};
-use model::sampling::{SamplerConfig, TokenSampling};
 use numpy::{AllowTypeChange, PyArray1, PyArray2, PyArrayLike1, PyArrayLike2, PyArrayMethods};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyRuntimeError, PyValueError};
@@ -328,7 +327,8 @@ impl Engine {
 ///
 /// `Session(engine, *, greedy=False, seed=42424242, text_temperature=0.7, text_top_k=25,
 /// audio_temperature=0.8, audio_top_k=250, output_rate=24000, max_queued_frames=4, max_steps=None,
-/// first_frame_reset=True)`. Sampling defaults are Kyutai's `LMGen` defaults.
+/// first_frame_reset=True, pad_mult=None, repetition_penalty=None, repetition_penalty_context=64)`.
+/// Sampling defaults are Kyutai's `LMGen` defaults.
 #[pyclass(module = "moshi_native", frozen)]
 struct Session {
     control: runtime::SessionControl,
@@ -395,7 +395,8 @@ impl Session {
     #[new]
     #[pyo3(signature = (engine, *, greedy=false, seed=model::sampling::DEFAULT_SEED, text_temperature=0.7,
         text_top_k=25, audio_temperature=0.8, audio_top_k=250, output_rate=24000, max_queued_frames=4,
-        max_steps=None, first_frame_reset=true))]
+        max_steps=None, first_frame_reset=true, pad_mult=None, repetition_penalty=None,
+        repetition_penalty_context=64))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -410,18 +411,23 @@ impl Session {
         max_queued_frames: usize,
         max_steps: Option<u64>,
         first_frame_reset: bool,
+        pad_mult: Option<f32>,
+        repetition_penalty: Option<f32>,
+        repetition_penalty_context: usize,
     ) -> PyResult<Session> {
-        let mut sampling = SamplerConfig::seeded(seed);
-        sampling.text = TokenSampling {
-            temperature: if greedy { 0.0 } else { text_temperature },
-            top_k: text_top_k,
-        };
-        sampling.audio = TokenSampling {
-            temperature: if greedy { 0.0 } else { audio_temperature },
-            top_k: audio_top_k,
+        let sampling = embed::SamplingParams {
+            greedy,
+            seed,
+            text_temperature,
+            text_top_k,
+            audio_temperature,
+            audio_top_k,
+            pad_mult,
+            repetition_penalty,
+            repetition_penalty_context,
         };
         let opts = runtime::SessionOptions {
-            sampling,
+            sampling: sampling.config(),
             max_queued_frames,
             output_rate,
             max_steps,

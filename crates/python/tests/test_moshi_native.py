@@ -142,6 +142,10 @@ def test_bad_options_raise():
         mn.Session(mn.Engine(), max_queued_frames=0)
     with pytest.raises(mn.MoshiError):
         mn.Engine(FIXTURES / "missing")
+    with pytest.raises(ValueError, match="penalty"):
+        mn.Session(mn.Engine(), repetition_penalty=0.0)
+    s = mn.Session(mn.Engine(), pad_mult=0.5, repetition_penalty=1.1, repetition_penalty_context=16)
+    assert len(s.process(np.zeros(3 * 1920, np.float32))) == 3
 
 
 def test_sessions_run_in_parallel_threads():
