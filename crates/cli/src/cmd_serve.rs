@@ -51,6 +51,16 @@ pub struct ServeArgs {
     /// Clients allowed to wait for a free slot; later ones get an error.
     #[arg(long, default_value_t = 8)]
     pub max_queue: usize,
+    /// Require this secret from every client of /api/chat, as `Authorization: Bearer TOKEN` or as
+    /// the `worker_auth_id` query parameter (which Kyutai's web client sends); others get HTTP 401.
+    /// The built-in page passes on the `worker_auth_id` of its own address.
+    #[arg(
+        long,
+        env = "MOSHI_AUTH_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub auth_token: Option<String>,
     /// Input frames (80 ms) a session may queue when the model falls behind before the oldest
     /// are dropped.
     #[arg(long, default_value_t = 4)]
@@ -124,10 +134,19 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     } else {
         String::new()
     };
+    let auth = if a.auth_token.is_some() {
+        ", token required"
+    } else {
+        ""
+    };
     eprintln!(
-        "moshi-native serve: {scheme}://{}:{}/ ({max_sessions} concurrent sessions{batching}, queue {})",
+        "moshi-native serve: {scheme}://{}:{}/ ({max_sessions} concurrent sessions{batching}, queue {}{auth})",
         a.host, a.port, a.max_queue
     );
+    if let Some(w) = server::auth::exposure_warning(&a.host, a.auth_token.is_some(), tls.is_some())
+    {
+        eprintln!("warning: {w}");
+    }
     let config = ServeConfig {
         host: a.host.clone(),
         port: a.port,
@@ -135,6 +154,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         max_sessions,
         max_queue: a.max_queue,
         tls,
+        auth_token: a.auth_token.clone(),
     };
     server::run_blocking(config, Arc::new(backend)).context("server failed")?;
     eprintln!("moshi-native serve: stopped");

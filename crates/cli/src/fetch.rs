@@ -5,6 +5,10 @@
 //! official client) for loopback tests, and an offline failure that names the files to place by
 //! hand. The cache layout written here is the hub's own (`models--org--name/refs/main`,
 //! `snapshots/<revision>/<file>`), so other tools find the files too.
+//!
+//! A rerun skips every file already complete in the snapshot that `refs/main` names: a file only
+//! gets there by an atomic rename after its byte count matched the hub's `Content-Length`, so a
+//! failure on the last file of a bundle does not download the others again.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
@@ -63,6 +67,13 @@ pub fn fetch_repo(
     let repo_dir = repo_cache_dir(cache, &spec.repo);
     let mut snap = None;
     for file in &spec.files {
+        if let Some(rev) = complete_in_snapshot(&repo_dir, file) {
+            if progress {
+                eprintln!("{file}: already downloaded");
+            }
+            snap = Some(repo_dir.join("snapshots").join(rev));
+            continue;
+        }
         let rev = fetch_file(&agent, endpoint, &repo_dir, spec, file, progress)?;
         let dir = repo_dir.join("snapshots").join(&rev);
         fs::create_dir_all(repo_dir.join("refs"))?;
@@ -70,6 +81,15 @@ pub fn fetch_repo(
         snap = Some(dir);
     }
     snap.context("a bundle has at least one file")
+}
+
+/// The revision whose snapshot already holds a complete `file` (the one `refs/main` names), if any.
+fn complete_in_snapshot(repo_dir: &Path, file: &str) -> Option<String> {
+    let rev = fs::read_to_string(repo_dir.join("refs").join("main")).ok()?;
+    let rev = rev.trim();
+    let path = repo_dir.join("snapshots").join(rev).join(file);
+    let len = fs::metadata(&path).ok()?.len();
+    (len > 0).then(|| rev.to_string())
 }
 
 fn offline_hint(endpoint: &str, cache: &Path, spec: &RepoSpec) -> String {
@@ -198,6 +218,15 @@ mod tests {
         files: Vec<(String, Vec<u8>)>,
         cut: Option<usize>,
     ) -> (String, Arc<Mutex<Vec<String>>>) {
+        serve_cutting(files, cut, None)
+    }
+
+    /// [`serve`], cutting only the file whose path ends with `only` (every file when `None`).
+    fn serve_cutting(
+        files: Vec<(String, Vec<u8>)>,
+        cut: Option<usize>,
+        only: Option<String>,
+    ) -> (String, Arc<Mutex<Vec<String>>>) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         let log = Arc::new(Mutex::new(Vec::new()));
@@ -241,8 +270,9 @@ mod tests {
                     part.len()
                 );
                 let _ = s.write_all(head.as_bytes());
+                let cut_this = only.as_ref().is_none_or(|o| path.ends_with(o.as_str()));
                 match cut {
-                    Some(n) if cut_done.insert(path.clone()) => {
+                    Some(n) if cut_this && cut_done.insert(path.clone()) => {
                         let _ = s.write_all(&part[..n.min(part.len())]);
                     }
                     _ => {
@@ -333,6 +363,37 @@ mod tests {
             log.iter().any(|l| l.contains("model.q8.gguf Some(1234)")),
             "{log:?}"
         );
+        fs::remove_dir_all(&cache).unwrap();
+    }
+
+    #[test]
+    fn rerun_after_failure_on_last_file_fetches_only_that_file() {
+        let spec = repo_spec(Variant::Moshiko, Preset::Q8);
+        assert!(spec.files.len() >= 2);
+        let last = spec.files.last().unwrap().to_string();
+        let files = spec_files(&spec);
+        let (ep, log) = serve_cutting(files.clone(), Some(777), Some(last.clone()));
+        let cache = tmpdir("last");
+        let err = fetch_repo(&ep, &cache, &spec, false)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(&last) && err.contains("resume"), "{err}");
+        let first_run: Vec<String> = std::mem::take(&mut *log.lock().unwrap());
+        assert_eq!(first_run.len(), spec.files.len(), "{first_run:?}");
+
+        let snap = fetch_repo(&ep, &cache, &spec, false).unwrap();
+        for (f, (_, body)) in spec.files.iter().zip(&files) {
+            assert_eq!(&fs::read(snap.join(f)).unwrap(), body, "{f}");
+        }
+        // The rerun asked for the last file only, from where it stopped.
+        let rerun: Vec<String> = std::mem::take(&mut *log.lock().unwrap());
+        assert_eq!(
+            rerun,
+            vec![format!("/{}/resolve/main/{last} Some(777)", spec.repo)]
+        );
+        // A third run finds everything in place and asks for nothing.
+        assert_eq!(fetch_repo(&ep, &cache, &spec, false).unwrap(), snap);
+        assert!(log.lock().unwrap().is_empty(), "{:?}", log.lock().unwrap());
         fs::remove_dir_all(&cache).unwrap();
     }
 

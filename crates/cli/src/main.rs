@@ -8,6 +8,7 @@ mod cmd_synth;
 mod cmd_trace_duplex;
 mod cmd_trace_lm;
 mod cmd_trace_mimi;
+mod cmd_verify;
 mod common;
 mod duplex;
 mod fetch;
@@ -37,6 +38,9 @@ enum Command {
     Serve(cmd_serve::ServeArgs),
     /// Download a released bundle into the Hugging Face cache (resumable).
     Fetch(fetch::FetchArgs),
+    /// Check a bundle end to end (tensors, a spoken clip through full duplex, Mimi round trip):
+    /// the first thing to run after `fetch`. Exits non-zero on failure.
+    Verify(cmd_verify::VerifyArgs),
     /// Inspect a weights file or bundle directory (format, variant, sizes, refusals).
     Inspect(cmd_inspect::InspectArgs),
     /// Write a bundle with random weights in a released layout (benchmarks).
@@ -114,6 +118,7 @@ fn dispatch(cmd: Command) -> Result<()> {
         Command::Generate(a) => duplex::run_generate(&a),
         Command::Serve(a) => cmd_serve::run(&a),
         Command::Fetch(a) => fetch::run(&a),
+        Command::Verify(a) => cmd_verify::run(&a),
         Command::Inspect(a) => cmd_inspect::run(&a),
         Command::Synth(a) => cmd_synth::run(&a),
         Command::Mimi(c) => cmd_mimi::run(&c),

@@ -3,19 +3,25 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::{RawQuery, State, WebSocketUpgrade};
-use axum::http::{header, HeaderValue, StatusCode, Uri};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use tokio::sync::{watch, Semaphore};
 
+use crate::auth::{exposure_warning, is_authorized};
 use crate::backend::Backend;
+use crate::error::ServerError;
 use crate::metrics::Metrics;
+use crate::socket::tune_socket;
+use crate::state::AppState;
 
 /// Largest client WebSocket message accepted (bytes). A browser page of 40 ms of Opus is ~200 B.
 pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
@@ -35,6 +41,9 @@ pub struct ServeConfig {
     pub max_queue: usize,
     /// TLS certificate and key (PEM files). `None` = plain HTTP.
     pub tls: Option<crate::tls::TlsFiles>,
+    /// Secret a client must present to open `/api/chat` (`Authorization: Bearer` or the
+    /// `worker_auth_id` query parameter); `None` = open to anyone who can connect.
+    pub auth_token: Option<String>,
 }
 
 impl Default for ServeConfig {
@@ -46,38 +55,9 @@ impl Default for ServeConfig {
             max_sessions: 1,
             max_queue: 8,
             tls: None,
+            auth_token: None,
         }
     }
-}
-
-/// Errors of server startup.
-#[derive(Debug, thiserror::Error)]
-pub enum ServerError {
-    /// Binding or serving failed.
-    #[error("{context}: {source}")]
-    Io {
-        /// What was being done.
-        context: String,
-        /// The cause.
-        source: std::io::Error,
-    },
-    /// The configuration is invalid.
-    #[error("invalid configuration: {0}")]
-    Config(String),
-    /// TLS set-up failed.
-    #[error("tls: {0}")]
-    Tls(String),
-}
-
-pub(crate) struct AppState {
-    pub backend: Arc<dyn Backend>,
-    pub metrics: Arc<Metrics>,
-    pub slots: Arc<Semaphore>,
-    pub max_queue: usize,
-    pub shutdown: watch::Receiver<bool>,
-    /// One clone per open WebSocket connection (to wait for them at shutdown).
-    pub tracker: Arc<()>,
-    pub static_dir: Option<PathBuf>,
 }
 
 /// A bound, not yet running server.
@@ -108,6 +88,16 @@ impl Server {
                 )));
             }
         }
+        if config.auth_token.as_deref() == Some("") {
+            return Err(ServerError::Config("--auth-token must not be empty".into()));
+        }
+        if let Some(w) = exposure_warning(
+            &config.host,
+            config.auth_token.is_some(),
+            config.tls.is_some(),
+        ) {
+            tracing::warn!("{w}");
+        }
         let listener = tokio::net::TcpListener::bind((config.host.as_str(), config.port))
             .await
             .map_err(|source| ServerError::Io {
@@ -127,6 +117,7 @@ impl Server {
             shutdown: shutdown_rx,
             tracker: Arc::new(()),
             static_dir: config.static_dir,
+            auth_token: config.auth_token,
         });
         Ok(Server {
             listener,
@@ -205,17 +196,6 @@ impl Server {
     }
 }
 
-/// Kernel send buffer of each client socket. Small on purpose: audio that a slow client cannot
-/// take should be dropped by the server's bounded queue (and counted), not pile up for seconds in
-/// the kernel. 64 KiB (the kernel doubles it) is still ~30 s of the server's Opus output.
-pub const SOCKET_SEND_BUFFER: usize = 64 << 10;
-
-/// Per-connection socket options: no Nagle delay, bounded send buffer.
-pub(crate) fn tune_socket(tcp: &tokio::net::TcpStream) {
-    let _ = tcp.set_nodelay(true);
-    let _ = socket2::SockRef::from(tcp).set_send_buffer_size(SOCKET_SEND_BUFFER);
-}
-
 /// Completes on ctrl-c or SIGTERM.
 pub async fn shutdown_signal() {
     let ctrl_c = async {
@@ -275,10 +255,27 @@ fn router(state: Arc<AppState>) -> Router {
 }
 
 async fn chat(
-    ws: WebSocketUpgrade,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+    headers: HeaderMap,
     RawQuery(query): RawQuery,
     State(state): State<Arc<AppState>>,
 ) -> Response {
+    // The token is checked before the upgrade: a refused client costs no model work.
+    if let Some(token) = &state.auth_token {
+        if !is_authorized(token, &headers, query.as_deref()) {
+            state.metrics.unauthorized.fetch_add(1, Relaxed);
+            return (
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Bearer")],
+                "missing or wrong token (Authorization: Bearer, or worker_auth_id)\n",
+            )
+                .into_response();
+        }
+    }
+    let ws = match ws {
+        Ok(ws) => ws,
+        Err(rejection) => return rejection.into_response(),
+    };
     ws.max_message_size(MAX_MESSAGE_BYTES)
         .max_frame_size(MAX_MESSAGE_BYTES)
         .on_upgrade(move |socket| crate::ws::handle_socket(socket, query, state))

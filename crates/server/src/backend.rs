@@ -5,17 +5,7 @@
 //! [`crate::testing`].
 
 use crate::protocol::SessionParams;
-
-/// Static information about the served model (sent in the metadata message).
-#[derive(Debug, Clone, Default)]
-pub struct BackendInfo {
-    /// Name of the LM weights file.
-    pub lm_model_file: String,
-    /// Name of the Mimi weights file.
-    pub mimi_model_file: String,
-    /// Name of this server instance.
-    pub instance_name: String,
-}
+pub use crate::protocol::{BackendInfo, SessionCommand};
 
 /// A conversation could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -77,11 +67,17 @@ pub trait EventSource: Send {
     }
 }
 
-/// Stops a conversation (idempotent; waits for its worker to end, after which
-/// [`EventSource::recv`] returns `None`).
+/// Ends a conversation, and passes it the commands its client sends while it runs.
 pub trait Stopper: Send {
-    /// Requests stop and joins the worker.
+    /// Requests stop and joins the worker (idempotent; afterwards [`EventSource::recv`] returns
+    /// `None`).
     fn stop(&mut self);
+    /// Applies a client command between frames, without blocking on the frame pass. Returns
+    /// whether the backend supports it (the default supports none).
+    fn command(&self, command: SessionCommand) -> bool {
+        let _ = command;
+        false
+    }
 }
 
 /// A started conversation, split into the parts used by different threads.

@@ -26,9 +26,9 @@ const MAX_DECODED: usize = 2_880;
 /// Errors of the Ogg/Opus layer.
 #[derive(Debug, thiserror::Error)]
 pub enum CodecError {
-    /// libopus refused to create an encoder or decoder.
+    /// The Opus codec refused to create an encoder or decoder, or to encode a frame.
     #[error("opus: {0}")]
-    Opus(#[from] opus::Error),
+    Opus(&'static str),
     /// Writing an Ogg page failed (only possible on allocation failure in practice).
     #[error("ogg: {0}")]
     Ogg(#[from] std::io::Error),
@@ -43,7 +43,7 @@ pub struct DecodeStats {
     pub packets: u64,
     /// Bytes skipped while searching for a capture pattern, or pages with a bad CRC/header.
     pub skipped_bytes: u64,
-    /// Packets libopus refused (garbage), or oversized packets.
+    /// Packets the Opus decoder refused (garbage), or oversized packets.
     pub bad_packets: u64,
 }
 
@@ -280,7 +280,7 @@ fn find_capture(buf: &[u8]) -> Option<usize> {
 /// Stateful Ogg/Opus → PCM decoder for one client stream (24 kHz mono float).
 pub struct OggOpusDecoder {
     reader: OggReader,
-    decoder: opus::Decoder,
+    decoder: opus_rs::OpusDecoder,
     scratch: Vec<f32>,
     bad_packets: u64,
     packets: u64,
@@ -291,7 +291,7 @@ impl OggOpusDecoder {
     pub fn new() -> Result<Self, CodecError> {
         Ok(Self {
             reader: OggReader::new(),
-            decoder: opus::Decoder::new(SAMPLE_RATE, opus::Channels::Mono)?,
+            decoder: opus_rs::OpusDecoder::new(SAMPLE_RATE as i32, 1).map_err(CodecError::Opus)?,
             scratch: vec![0.0; MAX_DECODED],
             bad_packets: 0,
             packets: 0,
@@ -308,7 +308,7 @@ impl OggOpusDecoder {
             if packet.is_empty() {
                 continue;
             }
-            match self.decoder.decode_float(&packet, &mut self.scratch, false) {
+            match self.decoder.decode(&packet, MAX_DECODED, &mut self.scratch) {
                 Ok(n) => {
                     self.packets += 1;
                     out.extend_from_slice(&self.scratch[..n]);
@@ -340,7 +340,7 @@ impl OggOpusDecoder {
 /// Granule positions follow RFC 7845 (48 kHz units, pre-skip in 48 kHz units); Kyutai's servers
 /// write 24 kHz sample counts instead. Decoders used by the clients ignore granules, so both work.
 pub struct OggOpusEncoder {
-    encoder: opus::Encoder,
+    encoder: opus_rs::OpusEncoder,
     /// Sequence number of the next Ogg page.
     page_seq: u32,
     pending: Vec<f32>,
@@ -349,6 +349,12 @@ pub struct OggOpusEncoder {
     headers_written: bool,
     pre_skip: u16,
 }
+
+/// Bitrate of the outgoing stream: what libopus chooses when left on auto for one channel of
+/// 40 ms frames at 24 kHz (60·rate/frame + rate), so the traffic matches Kyutai's servers.
+const DEFAULT_BITRATE: i32 = (60 * SAMPLE_RATE as usize / OPUS_FRAME + SAMPLE_RATE as usize) as i32;
+/// Encoder lookahead at 24 kHz in samples: 2.5 ms of analysis plus 4 ms of delay compensation.
+const ENCODER_LOOKAHEAD: u32 = SAMPLE_RATE / 400 + SAMPLE_RATE / 250;
 
 /// Ogg page header flag: first page of a logical stream.
 const OGG_BOS: u8 = 0x02;
@@ -375,12 +381,15 @@ fn write_page(out: &mut Vec<u8>, header_type: u8, granule: u64, seq: u32, packet
 }
 
 impl OggOpusEncoder {
-    /// An encoder at 24 kHz mono, libopus `Application::Voip` (as Kyutai's servers).
+    /// An encoder at 24 kHz mono in the VoIP application mode (as Kyutai's servers), at the
+    /// bitrate libopus picks by default for that stream.
     pub fn new() -> Result<Self, CodecError> {
         let mut encoder =
-            opus::Encoder::new(SAMPLE_RATE, opus::Channels::Mono, opus::Application::Voip)?;
-        // Lookahead is reported at the encoder rate; OpusHead wants 48 kHz units.
-        let lookahead = encoder.get_lookahead().unwrap_or(156).max(0) as u32;
+            opus_rs::OpusEncoder::new(SAMPLE_RATE as i32, 1, opus_rs::Application::Voip)
+                .map_err(CodecError::Opus)?;
+        encoder.bitrate_bps = DEFAULT_BITRATE;
+        // Lookahead at the encoder rate; OpusHead wants 48 kHz units.
+        let lookahead = ENCODER_LOOKAHEAD;
         Ok(Self {
             encoder,
             page_seq: 0,
@@ -440,7 +449,10 @@ impl OggOpusEncoder {
         let mut consumed = 0;
         while self.pending.len() - consumed >= OPUS_FRAME {
             let frame = &self.pending[consumed..consumed + OPUS_FRAME];
-            let len = self.encoder.encode_float(frame, &mut self.packet)?;
+            let len = self
+                .encoder
+                .encode(frame, OPUS_FRAME, &mut self.packet)
+                .map_err(CodecError::Opus)?;
             consumed += OPUS_FRAME;
             self.granule += 2 * OPUS_FRAME as u64;
             self.page(out, 0, self.granule, len);
@@ -569,7 +581,7 @@ mod tests {
         }
         assert_eq!(out.len(), 9600 - 960);
         assert!(dec.stats().skipped_bytes > 0);
-        // Random bytes in a well-formed page: libopus rejects or decodes noise, never panics.
+        // Random bytes in a well-formed page: the decoder rejects or decodes noise, never panics.
         let mut w = ogg::PacketWriter::new(Vec::new());
         for i in 0..50u32 {
             let junk: Vec<u8> = (0..(i * 37 % 300 + 1))

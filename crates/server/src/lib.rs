@@ -6,13 +6,18 @@
 //! crate's engine.
 
 mod app;
+pub mod auth;
 pub mod backend;
 pub mod codec;
+mod error;
 pub mod metrics;
 pub mod protocol;
+mod socket;
+mod state;
 pub mod testing;
 pub mod tls;
 mod ws;
 
-pub use app::{run_blocking, shutdown_signal, ServeConfig, Server, ServerError, MAX_MESSAGE_BYTES};
+pub use app::{run_blocking, shutdown_signal, ServeConfig, Server, MAX_MESSAGE_BYTES};
+pub use error::ServerError;
 pub use ws::OUT_QUEUE;

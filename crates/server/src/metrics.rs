@@ -3,6 +3,8 @@
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+use crate::protocol::SessionCommand;
+
 /// Upper bounds (seconds) of the frame step-time histogram buckets.
 const STEP_BUCKETS: [f64; 10] = [0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.4, 1.0];
 
@@ -37,6 +39,10 @@ pub struct Metrics {
     pub bad_opus_packets: AtomicU64,
     /// Bytes of client data skipped while resynchronising the Ogg stream.
     pub ogg_bytes_skipped: AtomicU64,
+    /// `/api/chat` requests refused for a missing or wrong token (HTTP 401).
+    pub unauthorized: AtomicU64,
+    /// Commands received from clients, indexed by [`SessionCommand::index`].
+    pub commands: [AtomicU64; 4],
     /// Largest input backlog (frames) over the active sessions at the last frame.
     pub lag_frames: AtomicU64,
     /// Largest input backlog (frames) ever observed.
@@ -167,6 +173,24 @@ impl Metrics {
             "Largest input backlog seen, in 80 ms frames.",
             self.lag_frames_max.load(Relaxed),
         );
+        put(
+            "moshi_unauthorized_total",
+            "counter",
+            "/api/chat requests refused for a missing or wrong token.",
+            self.unauthorized.load(Relaxed),
+        );
+        let _ = writeln!(
+            s,
+            "# HELP moshi_session_commands_total Commands received from clients.\n# TYPE moshi_session_commands_total counter"
+        );
+        for c in SessionCommand::ALL {
+            let _ = writeln!(
+                s,
+                "moshi_session_commands_total{{command=\"{}\"}} {}",
+                c.name(),
+                self.commands[c.index()].load(Relaxed)
+            );
+        }
         let _ = writeln!(
             s,
             "# HELP moshi_step_seconds Wall time of one frame pass.\n# TYPE moshi_step_seconds histogram"

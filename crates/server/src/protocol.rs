@@ -11,7 +11,8 @@ pub const KIND_HANDSHAKE: u8 = 0;
 pub const KIND_AUDIO: u8 = 1;
 /// Kind byte of a UTF-8 text piece (server → client).
 pub const KIND_TEXT: u8 = 2;
-/// Kind byte of a control message (client → server; accepted and ignored in full-duplex mode).
+/// Kind byte of a control message (client → server): one byte, see [`SessionCommand`]. Kyutai's
+/// Start (0) and EndTurn (1) are accepted and ignored in full-duplex mode.
 pub const KIND_CONTROL: u8 = 3;
 /// Kind byte of the JSON metadata message (server → client, first message).
 pub const KIND_METADATA: u8 = 4;
@@ -40,6 +41,74 @@ pub fn message(kind: u8, payload: &[u8]) -> Vec<u8> {
     m.push(kind);
     m.extend_from_slice(payload);
     m
+}
+
+/// A command from the client to its running conversation (payload byte of a control message).
+///
+/// Pause (2) and Restart (3) are Kyutai's codes; Resume (4) and Interrupt (5) are moshi-native's
+/// (Kyutai's servers ignore them, as they ignore every control message in full-duplex mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionCommand {
+    /// Stop feeding the model (the microphone is paused); the conversation keeps its state.
+    Pause,
+    /// Continue after [`SessionCommand::Pause`].
+    Resume,
+    /// Start a new conversation on the same connection (Kyutai's Restart): state and queued input
+    /// are dropped.
+    Reset,
+    /// Drop the output in flight and let Moshi listen; the conversation keeps its state.
+    Interrupt,
+}
+
+impl SessionCommand {
+    /// Every command, in [`SessionCommand::index`] order.
+    pub const ALL: [SessionCommand; 4] = [
+        SessionCommand::Pause,
+        SessionCommand::Resume,
+        SessionCommand::Reset,
+        SessionCommand::Interrupt,
+    ];
+
+    /// The command of a control payload byte, `None` for Start, EndTurn and unknown codes.
+    pub fn from_byte(b: u8) -> Option<SessionCommand> {
+        match b {
+            2 => Some(SessionCommand::Pause),
+            3 => Some(SessionCommand::Reset),
+            4 => Some(SessionCommand::Resume),
+            5 => Some(SessionCommand::Interrupt),
+            _ => None,
+        }
+    }
+
+    /// The control payload byte of this command.
+    pub fn to_byte(self) -> u8 {
+        match self {
+            SessionCommand::Pause => 2,
+            SessionCommand::Reset => 3,
+            SessionCommand::Resume => 4,
+            SessionCommand::Interrupt => 5,
+        }
+    }
+
+    /// Position in [`SessionCommand::ALL`] (for per-command counters).
+    pub fn index(self) -> usize {
+        match self {
+            SessionCommand::Pause => 0,
+            SessionCommand::Resume => 1,
+            SessionCommand::Reset => 2,
+            SessionCommand::Interrupt => 3,
+        }
+    }
+
+    /// Lower-case name (metrics label).
+    pub fn name(self) -> &'static str {
+        match self {
+            SessionCommand::Pause => "pause",
+            SessionCommand::Resume => "resume",
+            SessionCommand::Reset => "reset",
+            SessionCommand::Interrupt => "interrupt",
+        }
+    }
 }
 
 /// Message kinds a client may send, as classified by [`parse_client_message`].
@@ -300,6 +369,17 @@ impl BuildInfo {
     }
 }
 
+/// Static information about the served model (sent in the metadata message).
+#[derive(Debug, Clone, Default)]
+pub struct BackendInfo {
+    /// Name of the LM weights file.
+    pub lm_model_file: String,
+    /// Name of the Mimi weights file.
+    pub mimi_model_file: String,
+    /// Name of this server instance.
+    pub instance_name: String,
+}
+
 /// The metadata message (kind 4) with the fields Kyutai's web client validates.
 #[derive(Debug, Clone, Serialize)]
 pub struct Metadata {
@@ -329,7 +409,7 @@ pub struct Metadata {
 
 impl Metadata {
     /// Metadata for a session with `params`, served by a model described by `info`.
-    pub fn new(params: &SessionParams, info: &crate::backend::BackendInfo) -> Self {
+    pub fn new(params: &SessionParams, info: &BackendInfo) -> Self {
         Self {
             text_temperature: params.text_temperature,
             text_topk: params.text_topk,

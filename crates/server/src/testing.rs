@@ -10,7 +10,7 @@ use crate::backend::{
     AudioInput, Backend, BackendError, BackendEvent, BackendInfo, EventSource, FrameOut,
     InputReport, OpenSession, Stopper,
 };
-use crate::protocol::SessionParams;
+use crate::protocol::{SessionCommand, SessionParams};
 
 /// Samples per model frame.
 pub const FRAME: usize = 1920;
@@ -24,6 +24,8 @@ pub struct EchoBackend {
     pub max_queued_frames: usize,
     /// A text piece is produced every `text_every` frames.
     pub text_every: u64,
+    /// Every command the sessions received, in order (shared by clones).
+    pub commands: Arc<Mutex<Vec<SessionCommand>>>,
 }
 
 impl Default for EchoBackend {
@@ -32,6 +34,7 @@ impl Default for EchoBackend {
             step_time: Duration::from_millis(2),
             max_queued_frames: 4,
             text_every: 3,
+            commands: Arc::default(),
         }
     }
 }
@@ -137,6 +140,7 @@ impl EventSource for Events {
 
 struct Stop {
     q: Arc<Queue>,
+    commands: Arc<Mutex<Vec<SessionCommand>>>,
 }
 
 impl Stopper for Stop {
@@ -144,6 +148,18 @@ impl Stopper for Stop {
         let mut s = self.q.state.lock().unwrap_or_else(|e| e.into_inner());
         s.stop = true;
         self.q.cv.notify_all();
+    }
+
+    fn command(&self, command: SessionCommand) -> bool {
+        if command == SessionCommand::Reset {
+            let mut s = self.q.state.lock().unwrap_or_else(|e| e.into_inner());
+            s.queue.clear();
+        }
+        self.commands
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(command);
+        true
     }
 }
 
@@ -175,7 +191,10 @@ impl Backend for EchoBackend {
                 max_steps: params.max_steps,
                 done: false,
             }),
-            stopper: Box::new(Stop { q }),
+            stopper: Box::new(Stop {
+                q,
+                commands: self.commands.clone(),
+            }),
         })
     }
 }

@@ -15,7 +15,8 @@ use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::{rustls, TlsAcceptor};
 
-use crate::app::ServerError;
+use crate::error::ServerError;
+use crate::socket::tune_socket;
 
 /// Where the certificate chain and private key (PEM) are.
 #[derive(Debug, Clone)]
@@ -119,7 +120,7 @@ impl TlsListener {
                 if tx.is_closed() {
                     return;
                 }
-                crate::app::tune_socket(&stream);
+                tune_socket(&stream);
                 let acceptor = acceptor.clone();
                 let tx = tx.clone();
                 tokio::spawn(async move {

@@ -13,11 +13,11 @@ use bytes::{BufMut, Bytes, BytesMut};
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
-use crate::app::AppState;
 use crate::backend::{BackendEvent, EventSource};
 use crate::codec::{OggOpusDecoder, OggOpusEncoder};
 use crate::metrics::Metrics;
-use crate::protocol::{self, ClientMessage, Metadata, SessionParams};
+use crate::protocol::{self, ClientMessage, Metadata, SessionCommand, SessionParams};
+use crate::state::AppState;
 
 /// Outgoing messages buffered per client before audio/text starts being dropped (≈ 2.5 s of
 /// output at one audio and one text message per 80 ms frame).
@@ -253,7 +253,15 @@ async fn run_connection(
                             metrics.frames_dropped.fetch_add(u64::from(r.frames_dropped), Relaxed);
                         }
                     }
-                    ClientMessage::Control(_) | ClientMessage::Ping => {}
+                    ClientMessage::Control(code) => {
+                        if let Some(c) = code.and_then(SessionCommand::from_byte) {
+                            metrics.commands[c.index()].fetch_add(1, Relaxed);
+                            if !stopper.command(c) {
+                                tracing::debug!("backend ignores {}", c.name());
+                            }
+                        }
+                    }
+                    ClientMessage::Ping => {}
                     ClientMessage::Empty | ClientMessage::Unknown(_) => {
                         metrics.messages_ignored.fetch_add(1, Relaxed);
                     }

@@ -1,6 +1,7 @@
 //! Browser test: headless Chromium (Debian package) loads the built-in page from the server
 //! (runtime backend, tiny bundle), talks through a fake microphone fed from a WAV file for a few
-//! seconds, and must receive audio and transcript. Driven over the DevTools protocol with the same
+//! seconds, and must receive audio and transcript; then it clicks the page's Pause mic, Interrupt and
+//! New conversation buttons and checks their effect on the server. Driven over the DevTools protocol with the same
 //! WebSocket client as the other tests; a screenshot is saved to
 //! `target/browser-test/screenshot.png`.
 //!
@@ -293,7 +294,143 @@ async fn browser_talks_to_the_server() {
             .unwrap_or(0)
             > 0
     );
+
+    exercise_controls(&mut cdp, &srv).await;
     drop(cdp);
     drop(browser);
     srv.shutdown().await.unwrap();
+}
+
+async fn page_stats(cdp: &mut Cdp) -> serde_json::Value {
+    let v = cdp.eval("JSON.stringify(window.moshiStats || null)").await;
+    serde_json::from_str(v.as_str().unwrap_or("null")).unwrap_or_default()
+}
+
+/// Polls `f` on the page's stats every 100 ms for up to `secs` seconds.
+async fn page_until(
+    cdp: &mut Cdp,
+    secs: u64,
+    f: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let mut s = page_stats(cdp).await;
+    for _ in 0..secs * 10 {
+        if f(&s) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        s = page_stats(cdp).await;
+    }
+    s
+}
+
+/// Pause mic, resume, interrupt and new conversation, clicked on the page; each must reach the
+/// server's session (per-command counters) and have its effect (no input while paused, input
+/// again after resume, the transcript cleared by a new conversation, audio flowing afterwards).
+async fn exercise_controls(cdp: &mut Cdp, srv: &Running) {
+    use server::protocol::SessionCommand;
+    use std::sync::atomic::Ordering::Relaxed;
+    let count = |c: SessionCommand| srv.metrics.commands[c.index()].load(Relaxed);
+    let processed = || srv.metrics.frames_processed.load(Relaxed);
+
+    // Pause: the button flips, the server receives the command, and input stops.
+    let label = cdp
+        .eval("document.getElementById('pause').click(); document.getElementById('pause').textContent")
+        .await;
+    assert_eq!(label, "Resume mic");
+    assert!(
+        eventually(5, || count(SessionCommand::Pause) == 1).await,
+        "pause never arrived"
+    );
+    tokio::time::sleep(Duration::from_millis(800)).await; // pages and frames in flight settle
+    let (pages0, frames0) = (
+        page_stats(cdp).await["pagesOut"].as_u64().unwrap_or(0),
+        processed(),
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (pages1, frames1) = (
+        page_stats(cdp).await["pagesOut"].as_u64().unwrap_or(0),
+        processed(),
+    );
+    assert_eq!(
+        pages1, pages0,
+        "the page kept sending microphone audio while paused"
+    );
+    assert_eq!(frames1, frames0, "the model kept running while paused");
+
+    // Resume: input and frames flow again.
+    let label = cdp
+        .eval("document.getElementById('pause').click(); document.getElementById('pause').textContent")
+        .await;
+    assert_eq!(label, "Pause mic");
+    assert!(
+        eventually(5, || count(SessionCommand::Resume) == 1).await,
+        "resume never arrived"
+    );
+    assert!(
+        eventually(20, || processed() > frames1 + 5).await,
+        "no frames after resume ({} then {})",
+        frames1,
+        processed()
+    );
+
+    // Interrupt: reaches the server; the conversation goes on (audio keeps arriving).
+    let audio0 = page_stats(cdp).await["audioIn"].as_u64().unwrap_or(0);
+    cdp.eval("document.getElementById('interrupt').click()")
+        .await;
+    assert!(
+        eventually(5, || count(SessionCommand::Interrupt) == 1).await,
+        "interrupt never arrived"
+    );
+    let s = page_until(cdp, 20, |s| {
+        s["audioIn"].as_u64().unwrap_or(0) > audio0 + 10
+    })
+    .await;
+    assert!(
+        s["audioIn"].as_u64().unwrap_or(0) > audio0 + 10,
+        "no audio after interrupt: {s}"
+    );
+
+    // New conversation: the transcript is cleared at once; the server resets the session; audio
+    // and text flow again in the new conversation.
+    let before = page_stats(cdp).await;
+    let left = cdp
+        .eval("document.getElementById('reset').click(); document.getElementById('transcript').textContent.length")
+        .await;
+    assert_eq!(left, 0, "transcript not cleared");
+    assert!(
+        eventually(5, || count(SessionCommand::Reset) == 1).await,
+        "reset never arrived"
+    );
+    let (audio1, text1) = (
+        before["audioIn"].as_u64().unwrap_or(0),
+        before["textIn"].as_u64().unwrap_or(0),
+    );
+    let s = page_until(cdp, 30, |s| {
+        s["audioIn"].as_u64().unwrap_or(0) > audio1 + 10
+            && s["textIn"].as_u64().unwrap_or(0) > text1
+    })
+    .await;
+    assert!(
+        s["audioIn"].as_u64().unwrap_or(0) > audio1 + 10,
+        "no audio after reset: {s}"
+    );
+    assert!(
+        s["textIn"].as_u64().unwrap_or(0) > text1,
+        "no text after reset: {s}"
+    );
+    assert_eq!(
+        s["commands"],
+        serde_json::json!(["pause", "resume", "interrupt", "reset"]),
+        "{s}"
+    );
+    assert_eq!(
+        s["errors"].as_array().map(|a| a.len()),
+        Some(0),
+        "page errors: {s}"
+    );
+    assert_eq!(
+        srv.metrics.sessions_total.load(Relaxed),
+        1,
+        "controls must not reconnect"
+    );
 }

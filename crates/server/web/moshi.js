@@ -1,12 +1,13 @@
 // moshi-native web page: microphone → Opus (WebCodecs) → Ogg pages → WebSocket, and back:
 // Ogg pages → Opus packets → WebCodecs decoder → AudioWorklet jitter buffer. Protocol: binary
-// messages whose first byte is the kind (0 handshake, 1 audio, 2 text, 4 metadata, 5 error, 6 ping).
+// messages whose first byte is the kind (0 handshake, 1 audio, 2 text, 3 control, 4 metadata,
+// 5 error, 6 ping). Control payloads: 2 pause, 3 restart (new conversation), 4 resume, 5 interrupt.
 "use strict";
 
 const MODEL_RATE = 24000;
 const $ = (id) => document.getElementById(id);
 
-const stats = { audioIn: 0, textIn: 0, decodedSamples: 0, pagesOut: 0, bufferMs: 0, droppedMs: 0, state: "idle", errors: [] };
+const stats = { audioIn: 0, textIn: 0, decodedSamples: 0, pagesOut: 0, bufferMs: 0, droppedMs: 0, state: "idle", errors: [], commands: [], paused: false };
 window.moshiStats = stats;
 
 // ---------------------------------------------------------------------------------------------
@@ -151,6 +152,69 @@ function showError(msg) {
   $("error").textContent = String(msg);
 }
 
+function showNotice(msg) { $("notice").textContent = msg; }
+
+// What the server's error messages and close codes mean for the person in front of the page.
+function explainServerError(text) {
+  if (text.startsWith("server busy")) return "The server is busy: every conversation slot is taken and the waiting line is full. Try again in a minute.";
+  if (text.startsWith("invalid") || text.includes("parameter")) return "The server refused a setting: " + text + ". Check the sampling values.";
+  if (text.startsWith("cannot open a session")) return "The server could not start a conversation (" + text + "). Try again; if it persists, check the server log.";
+  return "Server error: " + text;
+}
+function explainClose(e, handshaken) {
+  if (e.code === 1013) return "The server is busy (all slots taken). Try again in a minute.";
+  if (e.code === 1001) return "The server is shutting down.";
+  if (e.code === 1008) return "The server closed the conversation: " + (e.reason || "protocol error") + ".";
+  if (e.code === 1011) return "The server hit an error: " + (e.reason || "session error") + ".";
+  if (e.code === 1006 && !handshaken) return "Could not connect to the server. It may be down, or it may need a token: open this page as ?worker_auth_id=YOUR_TOKEN.";
+  return "Disconnected" + (e.reason ? ": " + e.reason : "") + ".";
+}
+
+const CONTROL = { pause: 2, reset: 3, resume: 4, interrupt: 5 };
+
+function sendControl(s, name) {
+  if (!s.ws || s.ws.readyState !== WebSocket.OPEN) return false;
+  s.ws.send(new Uint8Array([3, CONTROL[name]]));
+  stats.commands.push(name);
+  return true;
+}
+
+function setControls(enabled) {
+  for (const id of ["pause", "interrupt", "reset"]) $(id).disabled = !enabled;
+  if (!enabled) { $("pause").dataset.on = "0"; $("pause").textContent = "Pause mic"; stats.paused = false; }
+}
+
+// Pause mic: the page stops sending audio and the server stops feeding the model; resume continues
+// the same conversation.
+function togglePause() {
+  const s = session;
+  if (!s) return;
+  const pause = !s.micPaused;
+  if (!sendControl(s, pause ? "pause" : "resume")) return;
+  s.micPaused = pause;
+  stats.paused = pause;
+  $("pause").dataset.on = pause ? "1" : "0";
+  $("pause").textContent = pause ? "Resume mic" : "Pause mic";
+  showNotice(pause ? "Microphone paused: Moshi is not listening." : "");
+}
+
+// Interrupt: drop Moshi's reply in flight (server side and in the local playback buffer).
+function interrupt() {
+  const s = session;
+  if (!s || !sendControl(s, "interrupt")) return;
+  if (s.player) s.player.port.postMessage("reset");
+  showNotice("Interrupted.");
+}
+
+// New conversation: same connection, fresh model state, empty transcript.
+function newConversation() {
+  const s = session;
+  if (!s || !sendControl(s, "reset")) return;
+  if (s.player) s.player.port.postMessage("reset");
+  $("transcript").textContent = "";
+  showNotice("New conversation started.");
+}
+
 function paramsFromForm() {
   const q = new URLSearchParams();
   const form = new FormData($("settings"));
@@ -158,6 +222,9 @@ function paramsFromForm() {
     if (k === "seed" || v === "") continue;
     q.set(k, v);
   }
+  // A token given in the page's own address is passed on (servers started with --auth-token).
+  const token = new URLSearchParams(location.search).get("worker_auth_id");
+  if (token) q.set("worker_auth_id", token);
   const seed = form.get("seed");
   const s = seed ? Number(seed) : Math.floor(Math.random() * 1e6);
   q.set("text_seed", String(s));
@@ -172,8 +239,9 @@ async function start() {
     return;
   }
   $("error").textContent = "";
+  showNotice("");
   $("transcript").textContent = "";
-  const s = { ws: null, ctx: null, stream: null, encoder: null, decoder: null, player: null, closed: false };
+  const s = { ws: null, ctx: null, stream: null, encoder: null, decoder: null, player: null, closed: false, micPaused: false, handshaken: false };
   session = s;
   $("toggle").dataset.running = "1";
   $("toggle").textContent = "Stop";
@@ -216,18 +284,21 @@ async function start() {
   ws.onopen = () => setState("waiting", "waiting for a slot");
   ws.onclose = (e) => {
     if (session === s && !s.closed) {
-      setState(e.code === 1000 ? "idle" : "error", e.reason ? "closed: " + e.reason : "closed");
+      if (e.code !== 1000) showError(explainClose(e, s.handshaken));
+      setState(e.code === 1000 ? "idle" : "error", e.code === 1013 ? "busy" : e.reason ? "closed: " + e.reason : "closed");
       stop(false);
     }
   };
-  ws.onerror = () => showError("WebSocket error");
+  ws.onerror = () => { /* the close event that follows says why */ };
   ws.onmessage = (e) => {
     const b = new Uint8Array(e.data);
     if (b.length === 0) return;
     const payload = b.subarray(1);
     switch (b[0]) {
       case 0:
+        s.handshaken = true;
         setState("connected");
+        setControls(true);
         startMic(s).catch((err) => { showError("microphone: " + err.message); stop(true); });
         break;
       case 1:
@@ -255,7 +326,7 @@ async function start() {
         } catch (_) { /* ignore */ }
         break;
       case 5:
-        showError("server: " + new TextDecoder().decode(payload));
+        showError(explainServerError(new TextDecoder().decode(payload)));
         break;
       default:
         break; // ping and unknown kinds
@@ -303,7 +374,7 @@ async function startMic(s) {
   const rs = new Resampler(s.ctx.sampleRate, MODEL_RATE);
   let t = 0;
   cap.port.onmessage = (e) => {
-    if (s.closed || s.encoder.state !== "configured") return;
+    if (s.closed || s.micPaused || s.encoder.state !== "configured") return;
     const x = rs.process(e.data);
     if (x.length === 0) return;
     const ad = new AudioData({ format: "f32-planar", sampleRate: MODEL_RATE, numberOfFrames: x.length, numberOfChannels: 1, timestamp: t, data: x });
@@ -324,6 +395,7 @@ function stop(closeSocket) {
   if (s.ctx) s.ctx.close();
   $("toggle").dataset.running = "0";
   $("toggle").textContent = "Start conversation";
+  setControls(false);
   if (stats.state !== "error") setState("idle");
 }
 
@@ -331,6 +403,10 @@ $("toggle").addEventListener("click", () => {
   if (session) stop(true);
   else start().catch((e) => { showError(e.message); setState("error"); stop(true); });
 });
+
+$("pause").addEventListener("click", togglePause);
+$("interrupt").addEventListener("click", interrupt);
+$("reset").addEventListener("click", newConversation);
 
 setInterval(() => {
   $("stat-audio-in").textContent = stats.audioIn;

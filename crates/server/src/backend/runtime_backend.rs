@@ -7,7 +7,7 @@ use model::sampling::{RepetitionPenalty, SamplerConfig};
 
 use super::{
     AudioInput, Backend, BackendError, BackendEvent, BackendInfo, EventSource, FrameOut,
-    InputReport, OpenSession, Stopper,
+    InputReport, OpenSession, SessionCommand, Stopper,
 };
 use crate::protocol::SessionParams;
 
@@ -196,11 +196,30 @@ impl EventSource for runtime::EventReceiver {
     }
 }
 
+/// Maps a client command onto the runtime's session commands (all atomics; never blocks).
+fn apply(control: &runtime::SessionControl, command: SessionCommand) {
+    match command {
+        SessionCommand::Pause => control.pause(),
+        SessionCommand::Resume => control.resume(),
+        SessionCommand::Reset => {
+            control.reset();
+        }
+        SessionCommand::Interrupt => {
+            control.interrupt();
+        }
+    }
+}
+
 impl Stopper for runtime::BatchSession {
     fn stop(&mut self) {
         if let Err(e) = runtime::BatchSession::stop(self) {
             tracing::warn!("batch slot ended badly: {e}");
         }
+    }
+
+    fn command(&self, command: SessionCommand) -> bool {
+        apply(&self.control(), command);
+        true
     }
 }
 
@@ -209,5 +228,10 @@ impl Stopper for runtime::SessionRunner {
         if let Err(e) = runtime::SessionRunner::stop(self) {
             tracing::warn!("session worker ended badly: {e}");
         }
+    }
+
+    fn command(&self, command: SessionCommand) -> bool {
+        apply(&self.control(), command);
+        true
     }
 }

@@ -114,7 +114,7 @@ pub fn tone(n: usize, start: usize, f: f32) -> Vec<f32> {
 /// Browser-like sender (opus-recorder settings): 20 ms Opus frames (480 samples), Application
 /// Audio, two packets per Ogg page, header pages first.
 pub struct BrowserEncoder {
-    enc: opus::Encoder,
+    enc: opus_rs::OpusEncoder,
     writer: ogg::PacketWriter<'static, Vec<u8>>,
     pending: Vec<f32>,
     in_page: usize,
@@ -126,8 +126,7 @@ pub struct BrowserEncoder {
 impl BrowserEncoder {
     pub fn new(serial: u32) -> Self {
         Self {
-            enc: opus::Encoder::new(24_000, opus::Channels::Mono, opus::Application::Audio)
-                .unwrap(),
+            enc: opus_rs::OpusEncoder::new(24_000, 1, opus_rs::Application::Audio).unwrap(),
             writer: ogg::PacketWriter::new(Vec::new()),
             pending: Vec::new(),
             in_page: 0,
@@ -161,7 +160,7 @@ impl BrowserEncoder {
         let mut buf = vec![0u8; 4000];
         while self.pending.len() >= 480 {
             let frame: Vec<f32> = self.pending.drain(..480).collect();
-            let n = self.enc.encode_float(&frame, &mut buf).unwrap();
+            let n = self.enc.encode(&frame, 480, &mut buf).unwrap();
             self.granule += 960;
             self.in_page += 1;
             let end = if self.in_page == 2 {
@@ -179,10 +178,10 @@ impl BrowserEncoder {
 }
 
 /// Independent decoder of everything a client received: demux with the `ogg` crate's reader
-/// over the concatenated bytes, decode with libopus.
+/// over the concatenated bytes, decode with a fresh Opus decoder.
 pub fn decode_all(ogg_bytes: &[u8]) -> (Vec<f32>, usize) {
     let mut r = ogg::PacketReader::new(std::io::Cursor::new(ogg_bytes.to_vec()));
-    let mut dec = opus::Decoder::new(24_000, opus::Channels::Mono).unwrap();
+    let mut dec = opus_rs::OpusDecoder::new(24_000, 1).unwrap();
     let mut out = Vec::new();
     let mut buf = vec![0f32; 5760];
     let mut packets = 0;
@@ -199,9 +198,7 @@ pub fn decode_all(ogg_bytes: &[u8]) -> (Vec<f32>, usize) {
         if p.data.starts_with(b"OpusTags") {
             continue;
         }
-        let n = dec
-            .decode_float(&p.data, &mut buf, false)
-            .expect("decodable opus");
+        let n = dec.decode(&p.data, 5760, &mut buf).expect("decodable opus");
         out.extend_from_slice(&buf[..n]);
         packets += 1;
     }

@@ -1,0 +1,767 @@
+//! `moshi-native verify`: the first thing to run after `fetch`. Opens the bundle, checks its
+//! schema inventory and the values of every tensor, runs full duplex on a short spoken clip
+//! shipped with the binary and checks the answer, round-trips the clip through Mimi, and prints
+//! one screen with a verdict per check. Exits non-zero when a check fails.
+//!
+//! Bundles with random weights (the demo model, `synth` bundles) get every check that does not
+//! need a trained model; the speech checks are reported but marked "random weights".
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use model::checkpoint::Bundle;
+use model::mimi::{Mimi, MimiDecoder, MimiEncoder};
+use model::tensor_stats::{audit, AuditReport};
+use model::text::{SentencePiece, EPAD_ID, PAD_ID};
+use model::checkpoint::Weights;
+use runtime::{Session, SessionOptions, Step, FRAME_SIZE, SAMPLE_RATE};
+
+use crate::common::EngineArgs;
+use crate::models::ModelSource;
+
+/// The bundled clip: espeak-ng 1.51, voice en-us, 150 words/min, saying "Hello Moshi. Can you
+/// hear me? Tell me something about the weather today.", resampled to 24 kHz 16-bit mono with
+/// sox and normalised to -3 dBFS.
+const SPEECH_CLIP: &[u8] = include_bytes!("../assets/verify-speech.wav");
+/// Silence appended after the clip so that Moshi has time to answer (seconds).
+const ANSWER_SECONDS: f32 = 2.0;
+/// Output quieter than this RMS (-60 dBFS) counts as silence.
+const SILENCE_RMS: f64 = 1e-3;
+/// Least correlation of the 20 ms energy envelopes (dB) of the clip and its Mimi round trip.
+const MIN_ENVELOPE_CORRELATION: f64 = 0.7;
+/// Largest level difference between the clip and its Mimi round trip (dB).
+const MAX_LEVEL_DIFFERENCE_DB: f64 = 10.0;
+
+/// Flags of `moshi-native verify`.
+#[derive(Args, Debug, Clone)]
+pub struct VerifyArgs {
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Treat the weights as random (mark the speech checks instead of failing them). Automatic for
+    /// the demo model and for bundles whose tokenizer is not a trained one (`synth` bundles).
+    #[arg(long)]
+    pub random_weights: bool,
+    /// Speak this WAV to the model instead of the bundled clip.
+    #[arg(long, value_name = "WAV")]
+    pub clip: Option<PathBuf>,
+}
+
+/// Outcome of one check.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// The check passed.
+    Pass,
+    /// The check failed.
+    Fail,
+    /// Not applicable to random weights (value reported for information).
+    RandomWeights,
+}
+
+/// One line of the report.
+#[derive(Debug, Clone)]
+pub struct Check {
+    /// What was checked.
+    pub name: &'static str,
+    /// Outcome.
+    pub verdict: Verdict,
+    /// Measured values, or the cause of a failure.
+    pub detail: String,
+}
+
+/// Everything `verify` found.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// Bundle directory.
+    pub dir: PathBuf,
+    /// Weight file format of the LM and of Mimi.
+    pub format: String,
+    /// Storage variant of the LM (e.g. `candle-q8_0`).
+    pub variant: String,
+    /// Engine load time (s).
+    pub load_s: Option<f64>,
+    /// Mean LM and Mimi (encode + decode) time per frame (ms), and the frames they cover.
+    pub per_frame_ms: Option<(f64, f64, usize)>,
+    /// Whether the weights were treated as random.
+    pub random: bool,
+    /// The checks, in the order they ran.
+    pub checks: Vec<Check>,
+}
+
+impl Report {
+    fn push(&mut self, name: &'static str, verdict: Verdict, detail: impl Into<String>) {
+        self.checks.push(Check {
+            name,
+            verdict,
+            detail: detail.into(),
+        });
+    }
+
+    fn speech(&mut self, name: &'static str, ok: bool, detail: String) {
+        let verdict = match (self.random, ok) {
+            (true, _) => Verdict::RandomWeights,
+            (false, true) => Verdict::Pass,
+            (false, false) => Verdict::Fail,
+        };
+        self.push(name, verdict, detail);
+    }
+
+    /// The checks that failed.
+    pub fn failures(&self) -> Vec<&Check> {
+        self.checks
+            .iter()
+            .filter(|c| c.verdict == Verdict::Fail)
+            .collect()
+    }
+
+    fn print(&self) {
+        println!("moshi-native verify: {}", self.dir.display());
+        println!("  format        {}", self.format);
+        println!("  variant       {}", self.variant);
+        match self.load_s {
+            Some(s) => println!("  load time     {s:.2} s"),
+            None => println!("  load time     (not loaded)"),
+        }
+        match self.per_frame_ms {
+            Some((lm, mimi, n)) => println!(
+                "  ms per frame  LM {lm:.1}, Mimi {mimi:.1} (encode + decode), over {n} frames of 80 ms"
+            ),
+            None => println!("  ms per frame  (not run)"),
+        }
+        println!("  checks");
+        for c in &self.checks {
+            let v = match c.verdict {
+                Verdict::Pass => "PASS",
+                Verdict::Fail => "FAIL",
+                Verdict::RandomWeights => "random weights",
+            };
+            println!("    {v:<15} {:<26} {}", c.name, c.detail);
+        }
+        let failed = self.failures().len();
+        let marked = self
+            .checks
+            .iter()
+            .filter(|c| c.verdict == Verdict::RandomWeights)
+            .count();
+        let passed = self.checks.len() - failed - marked;
+        if failed > 0 {
+            println!("verdict: FAILED ({failed} failed, {passed} passed)");
+        } else if marked > 0 {
+            println!(
+                "verdict: OK for random weights ({passed} passed; {marked} speech checks need trained weights)"
+            );
+        } else {
+            println!("verdict: OK ({passed} passed)");
+        }
+    }
+}
+
+/// Runs `verify`: prints the report, and fails when a check failed.
+pub fn run(a: &VerifyArgs) -> Result<()> {
+    let report = verify(a)?;
+    report.print();
+    let failed = report.failures();
+    if !failed.is_empty() {
+        let causes: Vec<String> = failed
+            .iter()
+            .map(|c| format!("{}: {}", c.name, c.detail))
+            .collect();
+        bail!("verify failed: {}", causes.join("; "));
+    }
+    Ok(())
+}
+
+/// Whether a tokenizer looks trained: a released Moshi tokenizer has tens of thousands of
+/// pieces; `synth` bundles carry a generated one whose pieces are `▁w<number>`.
+fn trained_tokenizer(tok: &SentencePiece) -> bool {
+    let n = tok.vocab_size();
+    let generated = (0..n as u32)
+        .filter_map(|i| tok.id_to_piece(i))
+        .filter(|p| {
+            p.strip_prefix("\u{2581}w")
+                .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .count();
+    n >= 1000 && generated * 2 < n
+}
+
+/// Builds the report; an error here means the model could not even be located.
+pub fn verify(a: &VerifyArgs) -> Result<Report> {
+    let (dir, demo) = match a.engine.model.resolve()? {
+        ModelSource::Demo => (crate::demo::materialize()?, true),
+        ModelSource::Dir(d) => (d, false),
+    };
+    let mut r = Report {
+        dir: dir.clone(),
+        format: "?".into(),
+        variant: "?".into(),
+        random: demo || a.random_weights,
+        ..Report::default()
+    };
+    let clip = match &a.clip {
+        Some(p) => {
+            runtime::audio::read_wav(p)
+                .with_context(|| format!("cannot read --clip {}", p.display()))?
+                .samples
+        }
+        None => {
+            runtime::audio::read_wav_from(std::io::Cursor::new(SPEECH_CLIP))
+                .context("the bundled speech clip")?
+                .samples
+        }
+    };
+    if !static_checks(&mut r, &dir, demo) {
+        return Ok(r);
+    }
+    let t = Instant::now();
+    let opened = match a.engine.open() {
+        Ok(o) => o,
+        Err(e) => {
+            r.push("engine", Verdict::Fail, format!("{e:#}"));
+            return Ok(r);
+        }
+    };
+    r.load_s = Some(t.elapsed().as_secs_f64());
+    r.push(
+        "engine",
+        Verdict::Pass,
+        format!("loaded with {} thread(s)", a.engine.threads),
+    );
+    if let Err(e) = duplex_checks(&mut r, &opened.engine, &clip) {
+        r.push("full duplex", Verdict::Fail, format!("{e:#}"));
+    }
+    if let Err(e) = mimi_check(&mut r, opened.engine.mimi(), &clip) {
+        r.push("Mimi round trip", Verdict::Fail, format!("{e:#}"));
+    }
+    Ok(r)
+}
+
+/// Bundle files, schema inventory and tensor statistics. Returns whether the model can be run.
+fn static_checks(r: &mut Report, dir: &Path, demo: bool) -> bool {
+    let bundle = match Bundle::open(dir) {
+        Ok(b) => b,
+        Err(e) => {
+            r.push("bundle files", Verdict::Fail, e.to_string());
+            return false;
+        }
+    };
+    let tok = match SentencePiece::load(&bundle.files.tokenizer) {
+        Ok(t) => t,
+        Err(e) => {
+            r.push(
+                "bundle files",
+                Verdict::Fail,
+                format!("tokenizer {}: {e}", bundle.files.tokenizer.display()),
+            );
+            return false;
+        }
+    };
+    let trained = trained_tokenizer(&tok);
+    if !trained && !demo {
+        r.random = true;
+    }
+    r.push(
+        "bundle files",
+        Verdict::Pass,
+        format!(
+            "config {}, tokenizer {} pieces{}",
+            if bundle.files.config.is_some() {
+                "config.json"
+            } else {
+                "released default"
+            },
+            tok.vocab_size(),
+            if trained {
+                ""
+            } else {
+                " (generated: random weights)"
+            }
+        ),
+    );
+    let lm = match bundle.lm_weights() {
+        Ok(w) => w,
+        Err(e) => {
+            r.push(
+                "schema inventory",
+                Verdict::Fail,
+                format!("LM weights: {e}"),
+            );
+            return false;
+        }
+    };
+    let mimi = match bundle.mimi_weights() {
+        Ok(w) => w,
+        Err(e) => {
+            r.push(
+                "schema inventory",
+                Verdict::Fail,
+                format!("Mimi weights: {e}"),
+            );
+            return false;
+        }
+    };
+    r.format = format!("LM {}, Mimi {}", lm.format(), mimi.format());
+    r.variant = embed::variant(&lm);
+    r.push(
+        "schema inventory",
+        Verdict::Pass,
+        format!(
+            "LM {} tensors, Mimi {} tensors, as the configuration asks",
+            lm.len(),
+            mimi.len()
+        ),
+    );
+    match audit_both(&lm, &mimi) {
+        Ok((a, b)) => {
+            let problems: Vec<String> = a
+                .problems
+                .iter()
+                .chain(&b.problems)
+                .map(|p| format!("{} ({}): {}", p.name, p.kind.name(), p.reason))
+                .collect();
+            let detail = format!(
+                "{} tensors, {} values",
+                a.tensors + b.tensors,
+                a.values + b.values
+            );
+            if problems.is_empty() {
+                r.push(
+                    "tensor statistics",
+                    Verdict::Pass,
+                    format!("{detail}: finite, scales plausible per kind"),
+                );
+            } else {
+                let more = if problems.len() > 3 {
+                    format!(" and {} more", problems.len() - 3)
+                } else {
+                    String::new()
+                };
+                r.push(
+                    "tensor statistics",
+                    Verdict::Fail,
+                    format!("{}{more}", problems[..problems.len().min(3)].join("; ")),
+                );
+                return false;
+            }
+        }
+        Err(e) => {
+            r.push("tensor statistics", Verdict::Fail, e.to_string());
+            return false;
+        }
+    }
+    true
+}
+
+fn audit_both(lm: &Weights, mimi: &Weights) -> Result<(AuditReport, AuditReport)> {
+    Ok((audit(lm)?, audit(mimi)?))
+}
+
+/// Full duplex on the clip followed by silence: the reply must not be silent and the text stream
+/// must hold words of the tokenizer.
+fn duplex_checks(
+    r: &mut Report,
+    engine: &std::sync::Arc<runtime::Engine>,
+    clip: &[f32],
+) -> Result<()> {
+    let mut user = clip.to_vec();
+    user.extend(std::iter::repeat_n(
+        0.0,
+        (ANSWER_SECONDS * SAMPLE_RATE as f32) as usize,
+    ));
+    let frames = user.len().div_ceil(FRAME_SIZE);
+    user.resize(frames * FRAME_SIZE, 0.0);
+    let opts = SessionOptions {
+        max_queued_frames: 4,
+        output_rate: SAMPLE_RATE,
+        max_steps: Some(frames as u64 + 1),
+        ..SessionOptions::default()
+    };
+    let mut session = Session::new(engine.clone(), opts).context("cannot create a session")?;
+    let mut reply = Vec::with_capacity(user.len());
+    let mut tokens = Vec::new();
+    let (mut lm_us, mut mimi_us, mut timed) = (0u64, 0u64, 0usize);
+    for frame in user.chunks_exact(FRAME_SIZE) {
+        session.push_pcm(frame).context("pushing input audio")?;
+        loop {
+            match session.step().context("frame pass failed")? {
+                Step::Frame(out) => {
+                    reply.extend_from_slice(out.pcm);
+                    if let Some(t) = out.text_token {
+                        tokens.push(t);
+                    }
+                    // The first frames include one-time warm-up; the mean is over the rest.
+                    if out.frame_index >= 2 {
+                        lm_us += u64::from(out.timings.lm_us);
+                        mimi_us +=
+                            u64::from(out.timings.encode_us) + u64::from(out.timings.decode_us);
+                        timed += 1;
+                    }
+                }
+                Step::Idle => break,
+                Step::Paused => bail!("session paused unexpectedly"),
+                Step::Stopped(reason) => bail!("session stopped unexpectedly ({reason:?})"),
+            }
+        }
+    }
+    if timed > 0 {
+        r.per_frame_ms = Some((
+            lm_us as f64 / timed as f64 / 1e3,
+            mimi_us as f64 / timed as f64 / 1e3,
+            timed,
+        ));
+    }
+    r.push(
+        "full duplex",
+        Verdict::Pass,
+        format!(
+            "{frames} frames ({:.1} s) in, {:.1} s of reply out",
+            frames as f64 * 0.08,
+            reply.len() as f64 / SAMPLE_RATE as f64
+        ),
+    );
+    let rms = rms(&reply);
+    r.speech(
+        "reply is not silence",
+        rms > SILENCE_RMS,
+        format!("reply level {:.1} dBFS (silence below -60)", db(rms)),
+    );
+    let words: Vec<u32> = tokens
+        .iter()
+        .copied()
+        .filter(|&t| t != PAD_ID && t != EPAD_ID)
+        .collect();
+    r.speech(
+        "text is not all padding",
+        !words.is_empty(),
+        format!(
+            "{} of {} text tokens are not padding",
+            words.len(),
+            tokens.len()
+        ),
+    );
+    let decoded = match engine.tokenizer() {
+        Some(tok) => tok.decode(&words).unwrap_or_default(),
+        None => String::new(),
+    };
+    let word_count = decoded
+        .split_whitespace()
+        .filter(|w| w.chars().filter(|c| c.is_alphabetic()).count() >= 2)
+        .count();
+    let shown: String = decoded.trim().chars().take(60).collect();
+    r.speech(
+        "text decodes to words",
+        word_count > 0,
+        format!("{word_count} words: \"{shown}\""),
+    );
+    Ok(())
+}
+
+/// Streaming Mimi encode then decode of the clip, compared with the input.
+fn mimi_check(r: &mut Report, mimi: &std::sync::Arc<Mimi>, clip: &[f32]) -> Result<()> {
+    let fs = mimi.frame_size();
+    let frames = clip.len().div_ceil(fs);
+    let mut input = clip.to_vec();
+    input.resize(frames * fs, 0.0);
+    let mut enc = MimiEncoder::new(mimi.clone());
+    let mut dec = MimiDecoder::new(mimi.clone());
+    let mut out = vec![0.0f32; input.len()];
+    let mut codes = Vec::new();
+    for (i, frame) in input.chunks_exact(fs).enumerate() {
+        codes.clear();
+        codes.extend_from_slice(enc.encode_frame(frame)?);
+        dec.decode_frame(&codes, &mut out[i * fs..(i + 1) * fs])?;
+    }
+    let cmp = compare(&input, &out);
+    let ok = cmp.envelope_correlation >= MIN_ENVELOPE_CORRELATION
+        && cmp.level_db.abs() <= MAX_LEVEL_DIFFERENCE_DB;
+    r.speech(
+        "Mimi round trip",
+        ok,
+        format!(
+            "envelope correlation {:.2} (min {MIN_ENVELOPE_CORRELATION}), level {:+.1} dB, waveform SNR {:.1} dB at lag {} samples",
+            cmp.envelope_correlation, cmp.level_db, cmp.snr_db, cmp.lag
+        ),
+    );
+    Ok(())
+}
+
+fn rms(x: &[f32]) -> f64 {
+    if x.is_empty() {
+        return 0.0;
+    }
+    (x.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / x.len() as f64).sqrt()
+}
+
+fn db(rms: f64) -> f64 {
+    20.0 * rms.max(1e-12).log10()
+}
+
+/// How a decoded signal compares with its input.
+#[derive(Debug, Clone, Copy)]
+struct Comparison {
+    /// Waveform SNR at the best lag (dB). A neural codec at 1.1 kbit/s keeps the sound, not the
+    /// exact waveform, so this is reported but not gated.
+    snr_db: f64,
+    /// The lag (samples) of `snr_db`.
+    lag: usize,
+    /// Pearson correlation of the 20 ms frame energies in dB, at that lag.
+    envelope_correlation: f64,
+    /// Output level minus input level (dB).
+    level_db: f64,
+}
+
+fn compare(input: &[f32], output: &[f32]) -> Comparison {
+    // Mimi's streaming delay is under one 80 ms frame; search up to two.
+    let max_lag = (2 * FRAME_SIZE).min(output.len() / 2);
+    let mut best = (f64::NEG_INFINITY, 0);
+    for lag in (0..=max_lag).step_by(8) {
+        let n = (output.len() - lag).min(input.len());
+        let (x, y) = (&input[..n], &output[lag..lag + n]);
+        let sig: f64 = x.iter().map(|&v| f64::from(v).powi(2)).sum();
+        let err: f64 = x
+            .iter()
+            .zip(y)
+            .map(|(&a, &b)| (f64::from(a) - f64::from(b)).powi(2))
+            .sum();
+        let snr = 10.0 * (sig.max(1e-20) / err.max(1e-20)).log10();
+        if snr > best.0 {
+            best = (snr, lag);
+        }
+    }
+    let lag = best.1;
+    let n = (output.len() - lag).min(input.len());
+    let envelope = |x: &[f32]| -> Vec<f64> {
+        x.chunks_exact(480)
+            .map(|c| db(rms(c) + 1e-6))
+            .collect::<Vec<f64>>()
+    };
+    let (ex, ey) = (envelope(&input[..n]), envelope(&output[lag..lag + n]));
+    Comparison {
+        snr_db: best.0,
+        lag,
+        envelope_correlation: pearson(&ex, &ey),
+        level_db: db(rms(&output[lag..lag + n])) - db(rms(&input[..n])),
+    }
+}
+
+fn pearson(a: &[f64], b: &[f64]) -> f64 {
+    let n = a.len().min(b.len());
+    if n < 2 {
+        return 0.0;
+    }
+    let (ma, mb) = (
+        a[..n].iter().sum::<f64>() / n as f64,
+        b[..n].iter().sum::<f64>() / n as f64,
+    );
+    let (mut sab, mut saa, mut sbb) = (0.0, 0.0, 0.0);
+    for i in 0..n {
+        let (x, y) = (a[i] - ma, b[i] - mb);
+        sab += x * y;
+        saa += x * x;
+        sbb += y * y;
+    }
+    if saa <= 0.0 || sbb <= 0.0 {
+        return 0.0;
+    }
+    sab / (saa * sbb).sqrt()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: VerifyArgs,
+    }
+
+    fn args(flags: &[&str]) -> VerifyArgs {
+        let mut v = vec!["verify"];
+        v.extend_from_slice(flags);
+        Cli::parse_from(v).args
+    }
+
+    fn fixtures() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
+    }
+
+    fn tmpdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("mn-verify-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// A real copy of the tiny oracle bundle (its Mimi and tokenizer are symlinks).
+    fn copy_bundle(tag: &str) -> PathBuf {
+        let src = fixtures().join("lm");
+        let dst = tmpdir(tag);
+        for name in [
+            "config.json",
+            "model.safetensors",
+            "tokenizer_spm_32k_3.model",
+            "tokenizer-e351c8d8-checkpoint125.safetensors",
+            "mimi_config.json",
+        ] {
+            std::fs::copy(src.join(name), dst.join(name)).unwrap();
+        }
+        dst
+    }
+
+    /// The `(name, dtype, shape, data offset range)` of every tensor of a safetensors file.
+    fn tensors(bytes: &[u8]) -> Vec<(String, String, Vec<usize>, std::ops::Range<usize>)> {
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+        let mut v = Vec::new();
+        for (name, t) in header.as_object().unwrap() {
+            if name == "__metadata__" {
+                continue;
+            }
+            let off: Vec<usize> = t["data_offsets"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as usize)
+                .collect();
+            v.push((
+                name.clone(),
+                t["dtype"].as_str().unwrap().to_string(),
+                t["shape"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_u64().unwrap() as usize)
+                    .collect(),
+                8 + n + off[0]..8 + n + off[1],
+            ));
+        }
+        v
+    }
+
+    fn model_dir_args(dir: &Path) -> VerifyArgs {
+        args(&["--model-dir", dir.to_str().unwrap()])
+    }
+
+    #[test]
+    fn demo_model_passes_with_speech_checks_marked() {
+        let a = args(&["--model", "demo"]);
+        let r = verify(&a).unwrap();
+        r.print();
+        assert!(r.random);
+        assert!(r.failures().is_empty(), "{:?}", r.failures());
+        for name in [
+            "bundle files",
+            "schema inventory",
+            "tensor statistics",
+            "engine",
+            "full duplex",
+        ] {
+            let c = r.checks.iter().find(|c| c.name == name).expect(name);
+            assert_eq!(c.verdict, Verdict::Pass, "{c:?}");
+        }
+        for name in [
+            "reply is not silence",
+            "text is not all padding",
+            "text decodes to words",
+            "Mimi round trip",
+        ] {
+            let c = r.checks.iter().find(|c| c.name == name).expect(name);
+            assert_eq!(c.verdict, Verdict::RandomWeights, "{c:?}");
+        }
+        let (lm, mimi, n) = r.per_frame_ms.unwrap();
+        assert!(lm > 0.0 && mimi > 0.0 && n > 50, "{lm} {mimi} {n}");
+        assert!(r.load_s.is_some());
+        run(&a).unwrap();
+    }
+
+    #[test]
+    fn synth_bundle_passes_as_random_weights() {
+        let tiny = Bundle::open(&fixtures().join("lm")).unwrap();
+        let dir = tmpdir("synth");
+        model::checkpoint::synth::write_bundle(
+            &dir,
+            model::checkpoint::synth::SynthFormat::Q8Gguf,
+            &tiny.config.lm,
+            &tiny.mimi_config,
+            7,
+        )
+        .unwrap();
+        let a = model_dir_args(&dir);
+        let r = verify(&a).unwrap();
+        r.print();
+        assert!(r.random, "a synth bundle is random weights");
+        assert!(r.failures().is_empty(), "{:?}", r.failures());
+        assert!(r.variant.contains("q8"), "{}", r.variant);
+        run(&a).unwrap();
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn one_nan_weight_fails_naming_the_tensor() {
+        let dir = copy_bundle("nan");
+        let path = dir.join("model.safetensors");
+        let mut bytes = std::fs::read(&path).unwrap();
+        let (name, dtype, _, range) = tensors(&bytes)
+            .into_iter()
+            .find(|t| t.0 == "transformer.layers.1.gating.linear_in.weight")
+            .unwrap();
+        assert_eq!(dtype, "F32");
+        let at = range.start + 4 * 17;
+        bytes[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        let a = model_dir_args(&dir);
+        let e = format!("{:#}", run(&a).unwrap_err());
+        assert!(e.contains(&name) && e.contains("1 NaN"), "{e}");
+        assert!(e.contains("tensor statistics"), "{e}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn missing_tensor_fails_naming_it() {
+        let dir = copy_bundle("missing");
+        let path = dir.join("model.safetensors");
+        let bytes = std::fs::read(&path).unwrap();
+        let gone = "depformer_text_emb.weight";
+        let kept: Vec<(String, &str, Vec<usize>, Vec<u8>)> = tensors(&bytes)
+            .into_iter()
+            .filter(|t| t.0 != gone)
+            .map(|(n, d, s, r)| {
+                let d: &str = if d == "F32" { "F32" } else { panic!("{d}") };
+                (n, d, s, bytes[r].to_vec())
+            })
+            .collect();
+        std::fs::write(&path, model::checkpoint::safetensors::to_bytes(&kept)).unwrap();
+        let e = format!("{:#}", run(&model_dir_args(&dir)).unwrap_err());
+        assert!(e.contains("schema inventory") && e.contains(gone), "{e}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn truncated_file_fails_with_the_cause() {
+        let dir = copy_bundle("trunc");
+        let path = dir.join("tokenizer-e351c8d8-checkpoint125.safetensors");
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() * 2 / 3]).unwrap();
+        let e = format!("{:#}", run(&model_dir_args(&dir)).unwrap_err());
+        assert!(e.contains("schema inventory") && e.contains("Mimi"), "{e}");
+        assert!(e.to_lowercase().contains("trunc"), "{e}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn comparison_finds_delay_and_level() {
+        let x: Vec<f32> = (0..24_000)
+            .map(|i| ((i as f32 * 0.05).sin() * ((i / 2400) % 2) as f32) * 0.3)
+            .collect();
+        let mut y = vec![0.0; 800];
+        y.extend(x.iter().map(|v| v * 0.5));
+        y.truncate(x.len());
+        let c = compare(&x, &y);
+        assert_eq!(c.lag, 800);
+        assert!((c.level_db + 6.02).abs() < 0.2, "{c:?}");
+        assert!(c.envelope_correlation > 0.99, "{c:?}");
+    }
+}

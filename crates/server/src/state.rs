@@ -1,0 +1,23 @@
+//! What every request handler shares: the backend, the counters, admission slots and shutdown.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::sync::{watch, Semaphore};
+
+use crate::backend::Backend;
+use crate::metrics::Metrics;
+
+/// Shared state of the HTTP application.
+pub(crate) struct AppState {
+    pub backend: Arc<dyn Backend>,
+    pub metrics: Arc<Metrics>,
+    pub slots: Arc<Semaphore>,
+    pub max_queue: usize,
+    pub shutdown: watch::Receiver<bool>,
+    /// One clone per open WebSocket connection (to wait for them at shutdown).
+    pub tracker: Arc<()>,
+    pub static_dir: Option<PathBuf>,
+    /// Secret required on `/api/chat` (`None` = open).
+    pub auth_token: Option<String>,
+}
