@@ -143,10 +143,6 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         "moshi-native serve: {scheme}://{}:{}/ ({max_sessions} concurrent sessions{batching}, queue {}{auth})",
         a.host, a.port, a.max_queue
     );
-    if let Some(w) = server::auth::exposure_warning(&a.host, a.auth_token.is_some(), tls.is_some())
-    {
-        eprintln!("warning: {w}");
-    }
     let config = ServeConfig {
         host: a.host.clone(),
         port: a.port,

@@ -645,6 +645,13 @@ mod tests {
         args(&["--model-dir", dir.to_str().unwrap()])
     }
 
+    /// The error `verify` exits with on the bundle in `dir` (which is then removed).
+    fn verify_error(dir: &Path) -> String {
+        let e = format!("{:#}", run(&model_dir_args(dir)).unwrap_err());
+        std::fs::remove_dir_all(dir).ok();
+        e
+    }
+
     #[test]
     fn demo_model_passes_with_speech_checks_marked() {
         let a = args(&["--model", "demo"]);
@@ -712,11 +719,9 @@ mod tests {
         let at = range.start + 4 * 17;
         bytes[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
         std::fs::write(&path, &bytes).unwrap();
-        let a = model_dir_args(&dir);
-        let e = format!("{:#}", run(&a).unwrap_err());
+        let e = verify_error(&dir);
         assert!(e.contains(&name) && e.contains("1 NaN"), "{e}");
         assert!(e.contains("tensor statistics"), "{e}");
-        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]
@@ -734,9 +739,8 @@ mod tests {
             })
             .collect();
         std::fs::write(&path, model::checkpoint::safetensors::to_bytes(&kept)).unwrap();
-        let e = format!("{:#}", run(&model_dir_args(&dir)).unwrap_err());
+        let e = verify_error(&dir);
         assert!(e.contains("schema inventory") && e.contains(gone), "{e}");
-        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]
@@ -745,10 +749,9 @@ mod tests {
         let path = dir.join("tokenizer-e351c8d8-checkpoint125.safetensors");
         let bytes = std::fs::read(&path).unwrap();
         std::fs::write(&path, &bytes[..bytes.len() * 2 / 3]).unwrap();
-        let e = format!("{:#}", run(&model_dir_args(&dir)).unwrap_err());
+        let e = verify_error(&dir);
         assert!(e.contains("schema inventory") && e.contains("Mimi"), "{e}");
         assert!(e.to_lowercase().contains("trunc"), "{e}");
-        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]

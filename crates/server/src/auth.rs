@@ -15,13 +15,10 @@ pub const TOKEN_QUERY_PARAM: &str = "worker_auth_id";
 /// `worker_auth_id` query parameter.
 pub fn is_authorized(expected: &str, headers: &HeaderMap, query: Option<&str>) -> bool {
     let mut ok = false;
+    // Raw bytes, not `to_str`: a token may hold non-ASCII (UTF-8) bytes.
     for value in headers.get_all(header::AUTHORIZATION) {
-        if let Some(token) = value
-            .to_str()
-            .ok()
-            .and_then(|v| v.trim().strip_prefix("Bearer "))
-        {
-            ok |= same_secret(expected.as_bytes(), token.trim().as_bytes());
+        if let Some(token) = value.as_bytes().trim_ascii().strip_prefix(b"Bearer ") {
+            ok |= same_secret(expected.as_bytes(), token.trim_ascii());
         }
     }
     for pair in query.unwrap_or("").split('&') {
@@ -72,7 +69,10 @@ mod tests {
 
     fn bearer(v: &str) -> HeaderMap {
         let mut h = HeaderMap::new();
-        h.insert(header::AUTHORIZATION, HeaderValue::from_str(v).unwrap());
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_bytes(v.as_bytes()).unwrap(),
+        );
         h
     }
 
@@ -94,6 +94,7 @@ mod tests {
         assert!(is_authorized("tok en", &bearer("Bearer tok en"), None));
         assert!(!is_authorized("tok en", &bearer("Bearer nope"), None));
         assert!(!is_authorized("tok en", &bearer("Basic tok en"), None));
+        assert!(is_authorized("tök", &bearer("Bearer tök"), None));
         assert!(is_authorized(
             "tok en",
             &none,
