@@ -12,10 +12,10 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use model::checkpoint::Bundle;
+use model::checkpoint::Weights;
 use model::mimi::{Mimi, MimiDecoder, MimiEncoder};
 use model::tensor_stats::{audit, AuditReport};
 use model::text::{SentencePiece, EPAD_ID, PAD_ID};
-use model::checkpoint::Weights;
 use runtime::{Session, SessionOptions, Step, FRAME_SIZE, SAMPLE_RATE};
 
 use crate::common::EngineArgs;
