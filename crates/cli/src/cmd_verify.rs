@@ -19,7 +19,6 @@ use model::text::{SentencePiece, EPAD_ID, PAD_ID};
 use runtime::{Session, SessionOptions, Step, FRAME_SIZE, SAMPLE_RATE};
 
 use crate::common::EngineArgs;
-use crate::models::ModelSource;
 
 /// The bundled clip: espeak-ng 1.51, voice en-us, 150 words/min, saying "Hello Moshi. Can you
 /// hear me? Tell me something about the weather today.", resampled to 24 kHz 16-bit mono with
@@ -188,10 +187,7 @@ fn trained_tokenizer(tok: &SentencePiece) -> bool {
 
 /// Builds the report; an error here means the model could not even be located.
 pub fn verify(a: &VerifyArgs) -> Result<Report> {
-    let (dir, demo) = match a.engine.model.resolve()? {
-        ModelSource::Demo => (crate::demo::materialize()?, true),
-        ModelSource::Dir(d) => (d, false),
-    };
+    let (dir, demo) = a.engine.locate()?;
     let mut r = Report {
         dir: dir.clone(),
         format: "?".into(),

@@ -114,15 +114,21 @@ pub struct Opened {
 }
 
 impl EngineArgs {
+    /// The bundle directory the model flags name, and whether it is the demo model (written to
+    /// its cache folder on first use).
+    pub fn locate(&self) -> Result<(PathBuf, bool)> {
+        Ok(match self.model.resolve()? {
+            ModelSource::Demo => (embed::demo::materialize()?, true),
+            ModelSource::Dir(d) => (d, false),
+        })
+    }
+
     /// Resolves the model and opens the engine, printing the demo label when relevant.
     pub fn open(&self) -> Result<Opened> {
         if self.threads == 0 || self.threads > 256 {
             bail!("--threads must be between 1 and 256 (got {})", self.threads);
         }
-        let (dir, demo) = match self.model.resolve()? {
-            ModelSource::Demo => (embed::demo::materialize()?, true),
-            ModelSource::Dir(d) => (d, false),
-        };
+        let (dir, demo) = self.locate()?;
         if demo {
             eprintln!("{}", embed::demo::LABEL);
         }
