@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use model::sampling::{RepetitionPenalty, SamplerConfig};
+use model::sampling::SamplerConfig;
 
 use crate::models::{ModelArgs, ModelSource};
 
@@ -44,16 +44,6 @@ pub struct SamplingArgs {
 impl SamplingArgs {
     /// The sampler configuration these flags describe.
     pub fn config(&self) -> Result<SamplerConfig> {
-        let mut c = if self.greedy {
-            SamplerConfig::greedy()
-        } else {
-            let mut c = SamplerConfig::seeded(self.seed);
-            c.text.temperature = self.text_temperature;
-            c.text.top_k = self.text_topk;
-            c.audio.temperature = self.audio_temperature;
-            c.audio.top_k = self.audio_topk;
-            c
-        };
         for (name, v) in [
             ("--text-temperature", self.text_temperature),
             ("--audio-temperature", self.audio_temperature),
@@ -67,17 +57,23 @@ impl SamplingArgs {
                 bail!("--pad-mult must be finite (got {p})");
             }
         }
-        c.pad_mult = self.pad_mult;
         if let Some(p) = self.repetition_penalty {
             if !p.is_finite() || p <= 0.0 {
                 bail!("--repetition-penalty must be a finite number > 0 (got {p})");
             }
-            c.repetition_penalty = Some(RepetitionPenalty {
-                penalty: p,
-                context: self.repetition_penalty_context,
-            });
         }
-        Ok(c)
+        Ok(embed::SamplingParams {
+            greedy: self.greedy,
+            seed: self.seed,
+            text_temperature: self.text_temperature,
+            text_top_k: self.text_topk,
+            audio_temperature: self.audio_temperature,
+            audio_top_k: self.audio_topk,
+            pad_mult: self.pad_mult,
+            repetition_penalty: self.repetition_penalty,
+            repetition_penalty_context: self.repetition_penalty_context,
+        }
+        .config())
     }
 }
 
