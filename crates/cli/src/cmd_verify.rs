@@ -124,7 +124,7 @@ impl Report {
         }
         match self.per_frame_ms {
             Some((lm, mimi, n)) => println!(
-                "  ms per frame  LM {lm:.1}, Mimi {mimi:.1} (encode + decode), over {n} frames of 80 ms"
+                "  ms per frame  LM {lm:.2}, Mimi {mimi:.2} (encode + decode), over {n} frames of 80 ms"
             ),
             None => println!("  ms per frame  (not run)"),
         }
@@ -271,7 +271,7 @@ fn static_checks(r: &mut Report, dir: &Path, demo: bool) -> bool {
             if trained {
                 ""
             } else {
-                " (generated: random weights)"
+                " (not a released tokenizer: random weights)"
             }
         ),
     );
