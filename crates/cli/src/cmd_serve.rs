@@ -80,15 +80,14 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     if a.max_queued_frames == 0 {
         bail!("--max-queued-frames must be at least 1");
     }
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
+    let cores = runtime::physical_cores();
+    let threads = a.engine.threads(1);
     if a.batch == 0 {
         bail!("--batch must be at least 1");
     }
     let max_sessions = a
         .max_sessions
-        .unwrap_or((cores / a.engine.threads.max(1)).max(1) * a.batch);
+        .unwrap_or((cores / threads.max(1)).max(1) * a.batch);
     if max_sessions == 0 {
         bail!("--max-sessions must be at least 1");
     }
@@ -110,7 +109,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
             _ => None,
         }
     };
-    let opened = a.engine.open()?;
+    let opened = a.engine.open(1)?;
     let file_name = |p: &std::path::Path| {
         p.file_name()
             .map(|s| s.to_string_lossy().into_owned())

@@ -90,7 +90,7 @@ pub fn trace(
                     if let (Some(t), Some(a)) = (f.text_token, f.audio_tokens) {
                         text.push(i64::from(t));
                         audio.push(a);
-                        pcm.extend_from_slice(f.pcm);
+                        pcm.extend_from_slice(&f.pcm);
                     }
                 }
                 Step::Idle => break,
@@ -161,7 +161,9 @@ pub fn run(args: &TraceDuplexArgs) -> Result<()> {
     let engine = Engine::open(
         &args.model_dir,
         EngineOptions {
-            threads: args.threads,
+            device: runtime::Device::Cpu {
+                threads: args.threads,
+            },
             kv_dtype,
         },
     )

@@ -91,9 +91,10 @@ pub enum KvDtypeArg {
 pub struct EngineArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Matvec threads per session.
-    #[arg(long, default_value_t = 1)]
-    pub threads: usize,
+    /// Threads per session, shared by Mimi and the LM (default: `duplex` / `generate` one per physical
+    /// core; `serve` 1, with as many sessions as physical cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
     /// Element type of the LM KV cache.
     #[arg(long, value_enum, default_value_t = KvDtypeArg::F32)]
     pub kv_dtype: KvDtypeArg,
@@ -119,17 +120,33 @@ impl EngineArgs {
         })
     }
 
-    /// Resolves the model and opens the engine, printing the demo label when relevant.
-    pub fn open(&self) -> Result<Opened> {
-        if self.threads == 0 || self.threads > 256 {
-            bail!("--threads must be between 1 and 256 (got {})", self.threads);
+    /// The default thread count of one conversation that has the machine to itself: one per physical core.
+    pub fn all_cores() -> usize {
+        runtime::physical_cores()
+    }
+
+    /// `--threads`, or `default` when not given.
+    pub fn threads(&self, default: usize) -> usize {
+        self.threads.unwrap_or(default)
+    }
+
+    /// Resolves the model and opens the engine (`--threads` or `default_threads` per session, printed),
+    /// printing the demo label when relevant.
+    pub fn open(&self, default_threads: usize) -> Result<Opened> {
+        let threads = self.threads(default_threads);
+        if threads == 0 || threads > 256 {
+            bail!("--threads must be between 1 and 256 (got {threads})");
         }
+        eprintln!(
+            "moshi-native: {threads} thread(s) per session for Mimi and the LM ({} physical cores)",
+            runtime::physical_cores()
+        );
         let (dir, demo) = self.locate()?;
         if demo {
             eprintln!("{}", embed::demo::LABEL);
         }
         let opts = runtime::EngineOptions {
-            threads: self.threads,
+            device: runtime::Device::Cpu { threads },
             kv_dtype: match self.kv_dtype {
                 KvDtypeArg::F32 => model::lm::KvDtype::F32,
                 KvDtypeArg::Bf16 => model::lm::KvDtype::Bf16,

@@ -85,11 +85,11 @@ fn run_frames(
                     if out.pcm.is_empty() {
                         moshi.extend(std::iter::repeat_n(0.0, FRAME_SIZE));
                     } else {
-                        moshi.extend_from_slice(out.pcm);
+                        moshi.extend_from_slice(&out.pcm);
                     }
                     if !out.text.is_empty() {
-                        text.push_str(out.text);
-                        on_text(out.text);
+                        text.push_str(&out.text);
+                        on_text(&out.text);
                     }
                 }
                 Step::Idle => break,
@@ -169,7 +169,7 @@ pub fn run_duplex(a: &DuplexArgs) -> Result<()> {
     }
     let frames = user.len().div_ceil(FRAME_SIZE);
     user.resize(frames * FRAME_SIZE, 0.0);
-    let opened = a.engine.open()?;
+    let opened = a.engine.open(EngineArgs::all_cores())?;
     let mut s = session(&opened, &a.sampling, frames)?;
     let bar = progress_bar(frames);
     let r = run_frames(&mut s, &user, &bar, |_| {})?;
@@ -196,7 +196,7 @@ pub fn run_generate(a: &GenerateArgs) -> Result<()> {
         bail!("--seconds must be in (0, 3600] (got {})", a.seconds);
     }
     let frames = ((a.seconds / 0.08).ceil() as usize).max(1);
-    let opened = a.engine.open()?;
+    let opened = a.engine.open(EngineArgs::all_cores())?;
     let mut s = session(&opened, &a.sampling, frames)?;
     if let Some(p) = &a.prompt {
         let tok = opened

@@ -26,13 +26,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map_or_else(|| root.join("target/duplex-example.wav"), PathBuf::from);
 
     // 1. The resident weights, shared by every session of the process.
-    let engine = Engine::open(
-        &bundle,
-        EngineOptions {
-            threads: 1,
-            ..Default::default()
-        },
-    )?;
+    let engine = Engine::open(&bundle, EngineOptions::cpu(1))?;
     // 2. One conversation: all its state is allocated here. Output at 48 kHz (resampled inside the session).
     let opts = SessionOptions {
         output_rate: 48_000,

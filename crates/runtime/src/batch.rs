@@ -1,16 +1,17 @@
 //! The batched driver: several conversations share one worker thread, one pool and one batched LM step.
 //!
-//! A [`BatchRunner`] owns `slots` conversation slots and a worker thread with its `kernels::Pool`, a
-//! [`model::lm::LmBatchGen`] of `slots` sessions and, per slot, the Mimi encoder/decoder streams, detokenizer,
-//! resampler, sampler, lock-free input ring, control handle and event queue. A conversation joins with
+//! A [`BatchRunner`] owns `slots` conversation slots and a worker thread with one compute context (on the CPU, a
+//! `kernels::Pool` that the LM and every slot's Mimi streams share), the LM stepper of `slots` rows
+//! (`stepper.rs`) and, per slot, a conversation (`conversation.rs`: input ring, control handle, codec streams,
+//! detokenizer, resampler) and its event queue. A conversation joins with
 //! [`BatchRunner::open`] (a free slot, or [`RuntimeError::NoFreeSlot`]) and gets a [`BatchSession`] with the same
 //! parts as a [`crate::SessionRunner`]: [`PcmProducer`], [`SessionControl`], [`EventReceiver`] (same [`Event`]s),
 //! and `stop`. Commands keep exactly their single-session semantics, per slot (the same code applies them).
 //!
 //! Each tick of the worker: apply every slot's commands, take the slots that have a whole input frame (and room
-//! in their event queue), Mimi-encode them one by one, run ONE LM step for that subset
-//! ([`model::lm::LmBatchGen::step_active`]: each weight matrix is read once for all of them), then decode,
-//! detokenize and emit per slot. Slots without input are not stepped and their LM state does not move. A slot
+//! in their event queue), Mimi-encode them one by one, run ONE LM step for that subset (each weight matrix is
+//! read once for all of them), then decode, detokenize and emit per slot: the same `Stepper` calls a
+//! [`crate::Session`] makes for its single row. Slots without input are not stepped and their LM state does not move. A slot
 //! that stops, fails or whose receiver is gone leaves the batch; its LM rows are reset for reuse. After warm-up a
 //! tick allocates nothing.
 //!
@@ -21,19 +22,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle, Thread};
-use std::time::Instant;
 
-use kernels::Pool;
-use model::lm::{LmBatchGen, LmError, LmFrame};
-use model::sampling::{Sampler, SamplerConfig};
+use model::sampling::Sampler;
 
 use crate::control::SessionControl;
-use crate::events::{Counters, Event, FrameEvent, FrameOutput, FrameTimings, StopReason};
-use crate::frame::{lm_error, new_sampler, us, Codec};
-use crate::inlet::{Begin, Command, Inlet};
+use crate::conversation::Conversation;
+use crate::engine::Compute;
+use crate::events::{Counters, Event, FrameEvent, StopReason};
+use crate::inlet::Inlet;
 use crate::ring::{FrameRing, PcmProducer};
 use crate::runner::EventReceiver;
-use crate::{Engine, RuntimeError, SessionOptions, N_AUDIO};
+use crate::stepper::{new_sampler, Prepared, Stepper};
+use crate::{Engine, RuntimeError, SessionOptions};
 
 /// Options of [`BatchRunner::spawn`].
 #[derive(Clone, Debug)]
@@ -89,8 +89,7 @@ impl Shared {
 /// A conversation joining the batch (built by the caller of `open`, installed by the worker).
 struct Join {
     slot: usize,
-    inlet: Inlet,
-    codec: Codec,
+    conv: Conversation,
     sampler: Sampler,
     tx: SyncSender<Event>,
     recycled: Receiver<FrameEvent>,
@@ -101,6 +100,8 @@ struct Join {
 /// `Event::Stopped(StopReason::Requested)`).
 pub struct BatchRunner {
     engine: Arc<Engine>,
+    /// Shared by the worker's LM stepper and every slot's codec.
+    compute: Compute,
     shared: Arc<Shared>,
     joins: Mutex<Sender<Join>>,
     worker: Thread,
@@ -118,18 +119,15 @@ impl std::fmt::Debug for BatchRunner {
 }
 
 impl BatchRunner {
-    /// Allocate the batch (LM state of every slot) and start its worker thread, with a pool of
-    /// `engine.options().threads` threads.
+    /// Allocate the batch (LM state of every slot) and start its worker thread, computing on
+    /// `engine.options().device` (on the CPU: one pool of that many threads for the whole batch).
     pub fn spawn(engine: Arc<Engine>, opts: BatchOptions) -> Result<BatchRunner, RuntimeError> {
         if opts.slots == 0 {
             return Err(RuntimeError::InvalidOption("slots must be >= 1".into()));
         }
         let n = opts.slots;
-        let gen = LmBatchGen::new(engine.lm(), n, engine.options().kv_dtype)
-            .map_err(|e| RuntimeError::Model(e.to_string()))?;
-        let samplers = (0..n)
-            .map(|_| new_sampler(&engine, SamplerConfig::greedy()))
-            .collect::<Result<Vec<_>, _>>()?;
+        let compute = engine.compute();
+        let stepper = Stepper::new(&engine, &compute, n)?;
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             slots: Mutex::new(Table {
@@ -140,18 +138,10 @@ impl BatchRunner {
         });
         let (jtx, jrx) = mpsc::channel();
         let worker = Worker {
-            engine: engine.clone(),
             shared: shared.clone(),
             joins: jrx,
-            pool: None,
-            gen,
-            samplers,
+            stepper,
             slots: (0..n).map(|_| None).collect(),
-            active: Vec::with_capacity(n),
-            codes: vec![0; n * N_AUDIO],
-            forced: vec![None; n],
-            out: (0..n).map(|_| Ok(None)).collect(),
-            encode_us: vec![0; n],
         };
         let join = thread::Builder::new()
             .name("moshi-batch".into())
@@ -159,6 +149,7 @@ impl BatchRunner {
             .map_err(RuntimeError::Spawn)?;
         Ok(BatchRunner {
             engine,
+            compute,
             shared,
             joins: Mutex::new(jtx),
             worker: join.thread().clone(),
@@ -192,11 +183,12 @@ impl BatchRunner {
                 "max_queued_frames must be >= 1".into(),
             ));
         }
-        let codec = Codec::new(&self.engine, opts.output_rate, opts.first_frame_reset)?;
         let sampler = new_sampler(&self.engine, opts.sampling.clone())?;
         let ring = FrameRing::new(opts.max_queued_frames);
         let inlet = Inlet::new(ring.clone(), opts.max_steps);
         let control = inlet.control.clone();
+        let codec = self.engine.codec_backend(&self.compute);
+        let conv = Conversation::new(&self.engine, codec, inlet, &opts)?;
         let producer = PcmProducer::new(ring.clone());
         let (tx, rx) = mpsc::sync_channel(self.event_capacity);
         let (recycle, recycled) = mpsc::sync_channel(self.event_capacity + 2);
@@ -220,8 +212,7 @@ impl BatchRunner {
         let joins = self.joins.lock().unwrap_or_else(|e| e.into_inner());
         let sent = joins.send(Join {
             slot,
-            inlet,
-            codec,
+            conv,
             sampler,
             tx,
             recycled,
@@ -356,8 +347,7 @@ impl Drop for BatchSession {
 
 /// A conversation installed in a slot.
 struct Slot {
-    inlet: Inlet,
-    codec: Codec,
+    conv: Conversation,
     tx: SyncSender<Event>,
     recycled: Receiver<FrameEvent>,
     /// An event the full queue did not take yet; the slot is not stepped until it is delivered.
@@ -373,21 +363,11 @@ enum Verdict {
 }
 
 struct Worker {
-    engine: Arc<Engine>,
     shared: Arc<Shared>,
     joins: Receiver<Join>,
-    /// Created on the worker thread.
-    pool: Option<Pool>,
-    gen: LmBatchGen,
-    samplers: Vec<Sampler>,
+    /// The LM side: one row per slot.
+    stepper: Stepper,
     slots: Vec<Option<Slot>>,
-    /// Slots stepped this tick, in order.
-    active: Vec<usize>,
-    /// `[active, 8]` user codes of this tick.
-    codes: Vec<u32>,
-    forced: Vec<Option<u32>>,
-    out: Vec<Result<Option<LmFrame>, LmError>>,
-    encode_us: Vec<u32>,
 }
 
 /// Marks the worker as ended (also when it unwinds) and wakes every waiting handle.
@@ -403,7 +383,6 @@ impl Drop for DoneGuard {
 impl Worker {
     fn run(mut self) {
         let _guard = DoneGuard(self.shared.clone());
-        self.pool = Some(Pool::new(self.engine.options().threads));
         while !self.shared.stop.load(Ordering::Acquire) {
             self.install_joins();
             if !self.tick() {
@@ -418,11 +397,10 @@ impl Worker {
             match self.joins.try_recv() {
                 Ok(j) => {
                     let b = j.slot;
-                    self.gen.reset_session(b);
-                    self.samplers[b] = j.sampler;
+                    self.stepper.reset_row(b);
+                    self.stepper.set_sampler(b, j.sampler);
                     self.slots[b] = Some(Slot {
-                        inlet: j.inlet,
-                        codec: j.codec,
+                        conv: j.conv,
                         tx: j.tx,
                         recycled: j.recycled,
                         pending: None,
@@ -443,10 +421,9 @@ impl Worker {
         if let Some(ev) = last {
             let _ = slot.tx.try_send(ev);
         }
-        let counters = slot.inlet.counters();
+        let counters = slot.conv.inlet.counters();
         drop(slot);
-        self.gen.reset_session(b);
-        self.samplers[b].reset();
+        self.stepper.reset_row(b);
         let mut t = self.shared.lock();
         t.info[b].busy = false;
         t.info[b].last = Some(counters);
@@ -456,8 +433,6 @@ impl Worker {
 
     /// Look at slot `b`: deliver a pending event, apply commands, pop and encode a frame.
     fn prepare(&mut self, b: usize) -> Verdict {
-        let gen = &mut self.gen;
-        let sampler = &mut self.samplers[b];
         let Some(slot) = self.slots[b].as_mut() else {
             return Verdict::Skip;
         };
@@ -465,7 +440,7 @@ impl Worker {
             match slot.tx.try_send(ev) {
                 Ok(()) => {}
                 Err(TrySendError::Full(ev)) => {
-                    if slot.inlet.control.is_stop_requested() {
+                    if slot.conv.inlet.control.is_stop_requested() {
                         return Verdict::Leave(None);
                     }
                     slot.pending = Some(ev);
@@ -477,126 +452,65 @@ impl Worker {
         if slot.spare.is_none() {
             slot.spare = slot.recycled.try_recv().ok();
         }
-        let codec = &mut slot.codec;
-        let begin = slot.inlet.begin(|c| match c {
-            Command::Reset => {
-                codec.reset();
-                gen.reset_session(b);
-                sampler.reset();
+        match self.stepper.prepare(b, &mut slot.conv) {
+            Prepared::Idle | Prepared::Paused => Verdict::Skip,
+            Prepared::Stopped(r) => Verdict::Leave(Some(Event::Stopped(r))),
+            Prepared::Failed(e) => {
+                tracing::error!("batch slot {b}: encode failed: {e}");
+                Verdict::Leave(Some(Event::Error(e)))
             }
-            Command::Interrupt => codec.interrupt(),
-        });
-        match begin {
-            Begin::Idle | Begin::Paused => Verdict::Skip,
-            Begin::Stopped(r) => Verdict::Leave(Some(Event::Stopped(r))),
-            Begin::Ready => {
-                let t0 = Instant::now();
-                let index = slot.inlet.frame_index;
-                if let Err(e) = slot.codec.encode(&slot.inlet.input, index) {
-                    tracing::error!("batch slot {b}: encode failed: {e}");
-                    return Verdict::Leave(Some(Event::Error(e)));
-                }
-                let i = self.active.len();
-                self.codes[i * N_AUDIO..(i + 1) * N_AUDIO].copy_from_slice(slot.codec.user_codes());
-                self.forced[i] = slot.codec.next_forced();
-                self.encode_us[i] = us(t0.elapsed());
-                Verdict::Step
-            }
+            Prepared::Ready => Verdict::Step,
         }
     }
 
     /// One tick; returns whether any slot was stepped.
     fn tick(&mut self) -> bool {
-        self.active.clear();
+        self.stepper.begin_tick();
         for b in 0..self.slots.len() {
             match self.prepare(b) {
-                Verdict::Skip => {}
-                Verdict::Step => self.active.push(b),
+                Verdict::Skip | Verdict::Step => {}
                 Verdict::Leave(ev) => self.release(b, ev),
             }
         }
-        let m = self.active.len();
+        let m = self.stepper.active().len();
         if m == 0 {
             return false;
         }
-        let t_lm = Instant::now();
-        let Some(pool) = self.pool.as_ref() else {
-            return false;
-        };
-        let r = self.gen.step_active(
-            self.engine.lm(),
-            &self.active,
-            &self.codes[..m * N_AUDIO],
-            &mut self.samplers,
-            pool,
-            Some(&self.forced[..m]),
-            &mut self.out[..m],
-        );
-        let lm_us = us(t_lm.elapsed());
-        if let Err(e) = r {
+        if let Err(e) = self.stepper.step_lm() {
             // An argument error (nothing was stepped): a bug, reported to every slot of this tick.
             let msg = e.to_string();
             for i in 0..m {
-                let b = self.active[i];
+                let b = self.stepper.active()[i];
                 let ev = Event::Error(RuntimeError::Model(msg.clone()));
                 self.release(b, Some(ev));
             }
             return true;
         }
         for i in 0..m {
-            let b = self.active[i];
-            let out = std::mem::replace(&mut self.out[i], Ok(None));
-            if let Some(ev) = self.emit(b, out, self.encode_us[i], lm_us) {
+            let b = self.stepper.active()[i];
+            if let Some(ev) = self.emit(i, b) {
                 self.release(b, Some(ev));
             }
         }
         true
     }
 
-    /// Finish slot `b`'s frame and queue its event. Returns the last event to send if the slot must leave.
-    fn emit(
-        &mut self,
-        b: usize,
-        out: Result<Option<LmFrame>, LmError>,
-        encode_us: u32,
-        lm_us: u32,
-    ) -> Option<Event> {
+    /// Finish result `i` of this tick (slot `b`'s frame) and queue its event. Returns the last event to send
+    /// if the slot must leave.
+    fn emit(&mut self, i: usize, b: usize) -> Option<Event> {
         let slot = self.slots[b].as_mut()?;
-        let index = slot.inlet.frame_index;
-        let frame = match out {
-            Ok(f) => f,
-            Err(e) => return Some(Event::Error(lm_error(e, index))),
-        };
-        let t0 = Instant::now();
-        let r = match slot.codec.finish(frame) {
-            Ok(r) => r,
-            Err(e) => return Some(Event::Error(e)),
-        };
-        let decode_us = us(t0.elapsed());
-        slot.inlet.advance();
-        let output = FrameOutput {
-            epoch: slot.inlet.epoch,
-            frame_index: index,
-            text_token: r.text_token,
-            audio_tokens: r.audio_tokens,
-            text: &slot.codec.text,
-            pcm: &slot.codec.pcm,
-            timings: FrameTimings {
-                encode_us,
-                lm_us,
-                decode_us,
-                total_us: encode_us.saturating_add(lm_us).saturating_add(decode_us),
-            },
-            counters: slot.inlet.counters(),
-        };
+        if let Err(e) = self.stepper.finish(i, &mut slot.conv) {
+            return Some(Event::Error(e));
+        }
+        let frame = &slot.conv.frame;
         let ev = match slot.spare.take() {
             Some(mut ev) => {
-                output.copy_into(&mut ev);
+                frame.copy_into(&mut ev);
                 ev
             }
-            None => output.to_event(),
+            None => frame.to_event(),
         };
-        if ev.epoch < slot.inlet.control.epoch() {
+        if ev.epoch < slot.conv.inlet.control.epoch() {
             // Interrupted after this frame was produced: discard it, keep the buffers.
             slot.spare = Some(ev);
             return None;
@@ -625,7 +539,7 @@ impl Worker {
         while let Ok(j) = self.joins.try_recv() {
             let _ = j.tx.try_send(Event::Stopped(StopReason::Requested));
             t.info[j.slot].busy = false;
-            t.info[j.slot].last = Some(j.inlet.counters());
+            t.info[j.slot].last = Some(j.conv.inlet.counters());
         }
         drop(t);
         self.shared.released.notify_all();

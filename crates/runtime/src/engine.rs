@@ -1,20 +1,89 @@
-//! The resident, immutable weight image shared by sessions.
+//! The resident, immutable weight image shared by sessions, and the device the sessions compute on.
 
 use std::path::Path;
 use std::sync::Arc;
 
-use model::lm::{KvDtype, LmModel};
-use model::mimi::Mimi;
+use kernels::Pool;
+use model::lm::{CpuLm, KvDtype, LmBackend, LmModel};
+use model::mimi::{CodecBackend, CpuMimi, Mimi};
 use model::text::SentencePiece;
 use model::MoshiModel;
 
 use crate::RuntimeError;
 
+/// Where a session's LM and codec run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    /// The CPU: each session (or batch) owns a worker pool of `threads` threads (the calling thread plus
+    /// `threads - 1` workers) that the LM and Mimi split their matrix products over.
+    Cpu {
+        /// Threads per session, >= 1.
+        threads: usize,
+    },
+}
+
+impl Device {
+    /// The CPU with one thread per physical core ([`physical_cores`]).
+    pub fn cpu_all_cores() -> Device {
+        Device::Cpu {
+            threads: physical_cores(),
+        }
+    }
+
+    /// Threads per session.
+    pub fn threads(&self) -> usize {
+        match self {
+            Device::Cpu { threads } => *threads,
+        }
+    }
+}
+
+impl Default for Device {
+    /// One CPU thread.
+    fn default() -> Self {
+        Device::Cpu { threads: 1 }
+    }
+}
+
+/// Physical cores of this machine (hyper-threads of one core counted once): the thread count at which the
+/// memory-bound LM step stops getting faster. Read from Linux's CPU topology; elsewhere, or when it cannot be
+/// read, the logical CPU count.
+pub fn physical_cores() -> usize {
+    let logical = std::thread::available_parallelism().map_or(1, |n| n.get());
+    linux_physical_cores().unwrap_or(logical).clamp(1, logical)
+}
+
+fn linux_physical_cores() -> Option<usize> {
+    let mut cores = std::collections::BTreeSet::new();
+    for entry in std::fs::read_dir("/sys/devices/system/cpu").ok()? {
+        let entry = entry.ok()?;
+        let name = entry.file_name();
+        let name = name.to_str()?;
+        if !name
+            .strip_prefix("cpu")
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        {
+            continue;
+        }
+        let topo = entry.path().join("topology");
+        let read = |f: &str| {
+            std::fs::read_to_string(topo.join(f))
+                .ok()
+                .map(|s| s.trim().to_string())
+        };
+        let (Some(pkg), Some(core)) = (read("physical_package_id"), read("core_id")) else {
+            continue;
+        };
+        cores.insert((pkg, core));
+    }
+    (!cores.is_empty()).then_some(cores.len())
+}
+
 /// Options of [`Engine::open`].
 #[derive(Clone, Debug)]
 pub struct EngineOptions {
-    /// Matvec threads per session (the calling thread plus `threads - 1` pool workers). Default 1.
-    pub threads: usize,
+    /// Where sessions compute. Default: the CPU with one thread.
+    pub device: Device,
     /// Element type of the LM's temporal KV ring. Default F32.
     pub kv_dtype: KvDtype,
 }
@@ -22,18 +91,35 @@ pub struct EngineOptions {
 impl Default for EngineOptions {
     fn default() -> Self {
         EngineOptions {
-            threads: 1,
+            device: Device::default(),
             kv_dtype: KvDtype::F32,
         }
     }
 }
 
+impl EngineOptions {
+    /// The CPU with `threads` threads per session, f32 KV cache.
+    pub fn cpu(threads: usize) -> EngineOptions {
+        EngineOptions {
+            device: Device::Cpu { threads },
+            ..EngineOptions::default()
+        }
+    }
+}
+
+/// The compute context of one driver (a session, or a batch of them): what its LM backend and its codec
+/// backends share. On the CPU, the worker pool.
+pub(crate) enum Compute {
+    Cpu(Arc<Pool>),
+}
+
 /// The resident weight image: LM, Mimi and (optionally) the SentencePiece tokenizer of one bundle.
 ///
 /// Opened once, immutable, shared by any number of sessions through `Arc`. It owns no threads: every
-/// [`crate::Session`] owns its own `kernels::Pool`, so concurrent sessions never contend on a pool.
+/// [`crate::Session`] (and every [`crate::BatchRunner`]) gets its own compute context from
+/// [`EngineOptions::device`], so concurrent sessions never contend on a pool.
 pub struct Engine {
-    lm: LmModel,
+    lm: Arc<LmModel>,
     mimi: Arc<Mimi>,
     tokenizer: Option<Arc<SentencePiece>>,
     opts: EngineOptions,
@@ -52,7 +138,7 @@ impl std::fmt::Debug for Engine {
 
 impl Engine {
     /// Open a bundle directory (`config.json` + LM weights + Mimi weights + SentencePiece model; see
-    /// `model::checkpoint::Bundle`) and build the three components.
+    /// `model::checkpoint::Bundle`) and build the three components ([`MoshiModel::open`]).
     pub fn open(bundle_dir: &Path, opts: EngineOptions) -> Result<Arc<Engine>, RuntimeError> {
         let m = MoshiModel::open(bundle_dir).map_err(|e| RuntimeError::Model(e.to_string()))?;
         Engine::from_parts(m.lm, Arc::new(m.mimi), Some(Arc::new(m.tokenizer)), opts)
@@ -65,7 +151,7 @@ impl Engine {
         tokenizer: Option<Arc<SentencePiece>>,
         opts: EngineOptions,
     ) -> Result<Arc<Engine>, RuntimeError> {
-        if opts.threads == 0 {
+        if opts.device.threads() == 0 {
             return Err(RuntimeError::InvalidOption("threads must be >= 1".into()));
         }
         let spec = lm.spec();
@@ -96,7 +182,7 @@ impl Engine {
             )));
         }
         Ok(Arc::new(Engine {
-            lm,
+            lm: Arc::new(lm),
             mimi,
             tokenizer,
             opts,
@@ -121,5 +207,33 @@ impl Engine {
     /// The text tokenizer, if the engine has one.
     pub fn tokenizer(&self) -> Option<&Arc<SentencePiece>> {
         self.tokenizer.as_ref()
+    }
+
+    /// A fresh compute context for one driver.
+    pub(crate) fn compute(&self) -> Compute {
+        match self.opts.device {
+            Device::Cpu { threads } => Compute::Cpu(Arc::new(Pool::new(threads))),
+        }
+    }
+
+    /// The LM backend of a driver with `rows` conversation slots.
+    pub(crate) fn lm_backend(
+        &self,
+        compute: &Compute,
+        rows: usize,
+    ) -> Result<Box<dyn LmBackend>, RuntimeError> {
+        match compute {
+            Compute::Cpu(pool) => Ok(Box::new(
+                CpuLm::new(self.lm.clone(), rows, self.opts.kv_dtype, pool.clone())
+                    .map_err(|e| RuntimeError::Model(e.to_string()))?,
+            )),
+        }
+    }
+
+    /// The codec backend of one conversation.
+    pub(crate) fn codec_backend(&self, compute: &Compute) -> Box<dyn CodecBackend> {
+        match compute {
+            Compute::Cpu(pool) => Box::new(CpuMimi::new(self.mimi.clone(), pool.clone())),
+        }
     }
 }

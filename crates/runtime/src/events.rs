@@ -41,66 +41,6 @@ pub struct Counters {
     pub epoch: u64,
 }
 
-/// The output of one frame pass, borrowed from the session's buffers (no allocation).
-#[derive(Debug)]
-pub struct FrameOutput<'a> {
-    /// Epoch at which the frame was produced.
-    pub epoch: u64,
-    /// LM call index since the stream started or was reset (0 = the first frame).
-    pub frame_index: u64,
-    /// Text token returned by LMGen for this call (None at call 0).
-    pub text_token: Option<u32>,
-    /// The 8 Moshi audio tokens returned by LMGen for this call (None at call 0).
-    pub audio_tokens: Option<[u32; 8]>,
-    /// Detokenized text produced by this frame ("" when none).
-    pub text: &'a str,
-    /// Output audio at the session's output rate (empty at call 0; varying length when resampling).
-    pub pcm: &'a [f32],
-    /// Time spent in each phase.
-    pub timings: FrameTimings,
-    /// Counters after this frame.
-    pub counters: Counters,
-}
-
-impl FrameOutput<'_> {
-    /// Copy into `ev`, reusing its buffers (no allocation when they are large enough).
-    pub fn copy_into(&self, ev: &mut FrameEvent) {
-        ev.epoch = self.epoch;
-        ev.frame_index = self.frame_index;
-        ev.text_token = self.text_token;
-        ev.audio_tokens = self.audio_tokens;
-        ev.text.clear();
-        ev.text.push_str(self.text);
-        ev.pcm.clear();
-        ev.pcm.extend_from_slice(self.pcm);
-        ev.timings = self.timings;
-        ev.counters = self.counters;
-    }
-
-    /// An owned copy (allocates).
-    pub fn to_event(&self) -> FrameEvent {
-        FrameEvent {
-            epoch: self.epoch,
-            frame_index: self.frame_index,
-            text_token: self.text_token,
-            audio_tokens: self.audio_tokens,
-            text: {
-                let mut t = String::with_capacity(self.text.len().max(64));
-                t.push_str(self.text);
-                t
-            },
-            // Headroom so that a recycled buffer rarely has to grow (output lengths vary when resampling).
-            pcm: {
-                let mut v = Vec::with_capacity(self.pcm.len() * 2 + 64);
-                v.extend_from_slice(self.pcm);
-                v
-            },
-            timings: self.timings,
-            counters: self.counters,
-        }
-    }
-}
-
 /// Result of [`crate::Session::step`].
 #[derive(Debug)]
 pub enum Step<'a> {
@@ -110,11 +50,12 @@ pub enum Step<'a> {
     Paused,
     /// The session is stopped (and stays stopped).
     Stopped(StopReason),
-    /// One frame pass ran.
-    Frame(FrameOutput<'a>),
+    /// One frame pass ran; the frame is borrowed from the session's buffers (no allocation).
+    Frame(&'a FrameEvent),
 }
 
-/// An owned [`FrameOutput`], as sent by [`crate::SessionRunner`].
+/// What one frame pass produced: returned borrowed by [`crate::Session::step`], sent owned by
+/// [`crate::SessionRunner`] and [`crate::BatchSession`] (whose receivers can recycle its buffers).
 #[derive(Clone, Debug, PartialEq)]
 pub struct FrameEvent {
     /// Epoch at which the frame was produced.
@@ -133,6 +74,44 @@ pub struct FrameEvent {
     pub timings: FrameTimings,
     /// Counters after this frame.
     pub counters: Counters,
+}
+
+impl FrameEvent {
+    /// An empty frame whose buffers hold `pcm` samples and `text` bytes without growing.
+    pub(crate) fn with_capacity(pcm: usize, text: usize) -> FrameEvent {
+        FrameEvent {
+            epoch: 0,
+            frame_index: 0,
+            text_token: None,
+            audio_tokens: None,
+            text: String::with_capacity(text),
+            pcm: Vec::with_capacity(pcm),
+            timings: FrameTimings::default(),
+            counters: Counters::default(),
+        }
+    }
+
+    /// Copy into `ev`, reusing its buffers (no allocation when they are large enough).
+    pub fn copy_into(&self, ev: &mut FrameEvent) {
+        ev.epoch = self.epoch;
+        ev.frame_index = self.frame_index;
+        ev.text_token = self.text_token;
+        ev.audio_tokens = self.audio_tokens;
+        ev.text.clear();
+        ev.text.push_str(&self.text);
+        ev.pcm.clear();
+        ev.pcm.extend_from_slice(&self.pcm);
+        ev.timings = self.timings;
+        ev.counters = self.counters;
+    }
+
+    /// A copy with headroom in its buffers, so that a recycled copy rarely has to grow (output lengths vary
+    /// when resampling). Allocates.
+    pub fn to_event(&self) -> FrameEvent {
+        let mut ev = FrameEvent::with_capacity(self.pcm.len() * 2 + 64, self.text.len().max(64));
+        self.copy_into(&mut ev);
+        ev
+    }
 }
 
 /// An event from a [`crate::SessionRunner`].

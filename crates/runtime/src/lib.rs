@@ -34,26 +34,27 @@
 pub mod audio;
 mod batch;
 mod control;
+mod conversation;
 mod engine;
 mod error;
 mod events;
-mod frame;
 mod inlet;
 mod resample;
 mod ring;
 mod runner;
 mod session;
+mod stepper;
 
 pub use batch::{BatchOptions, BatchRunner, BatchSession};
 pub use control::SessionControl;
-pub use engine::{Engine, EngineOptions};
+pub use engine::{physical_cores, Device, Engine, EngineOptions};
 pub use error::RuntimeError;
-pub use events::{Counters, Event, FrameEvent, FrameOutput, FrameTimings, Step, StopReason};
-#[doc(hidden)]
-pub use frame::{Phase, PhaseHook};
+pub use events::{Counters, Event, FrameEvent, FrameTimings, Step, StopReason};
 pub use ring::{PcmProducer, PushReport};
 pub use runner::{EventReceiver, SessionRunner};
 pub use session::{Session, SessionOptions};
+#[doc(hidden)]
+pub use stepper::{Phase, PhaseHook};
 
 /// The model's sample rate (Hz).
 pub const SAMPLE_RATE: u32 = 24_000;

@@ -5,11 +5,12 @@ use std::sync::Arc;
 use model::sampling::SamplerConfig;
 
 use crate::control::SessionControl;
-use crate::events::{Counters, FrameEvent, FrameOutput, Step};
-use crate::frame::{PhaseHook, Pipeline};
-use crate::inlet::{Begin, Command, Inlet};
+use crate::conversation::Conversation;
+use crate::events::{Counters, FrameEvent, Step};
+use crate::inlet::Inlet;
 use crate::ring::{FrameRing, PcmProducer, PushReport};
 use crate::runner::{Drive, Driven, SessionRunner};
+use crate::stepper::{new_sampler, PhaseHook, Prepared, Stepper};
 use crate::{Engine, RuntimeError, SAMPLE_RATE};
 
 /// Options of [`Session::new`].
@@ -46,9 +47,13 @@ impl Default for SessionOptions {
 /// All per-conversation state, preallocated at creation. Drive it with [`Session::step`] on one thread,
 /// feed it through its [`PcmProducer`] from any thread, command it through [`SessionControl`] from any thread,
 /// or hand it to a [`SessionRunner`].
+///
+/// A session is a batch of one: the same conversation state and the same LM stepper as a slot of a
+/// [`crate::BatchRunner`], with its own compute context (on the CPU, its own worker pool, which Mimi and the
+/// LM share).
 pub struct Session {
-    pipeline: Pipeline,
-    inlet: Inlet,
+    conv: Conversation,
+    stepper: Stepper,
     producer: Option<PcmProducer>,
     opts: SessionOptions,
 }
@@ -56,9 +61,9 @@ pub struct Session {
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Session")
-            .field("frame_index", &self.inlet.frame_index)
-            .field("epoch", &self.inlet.epoch)
-            .field("stopped", &self.inlet.stopped())
+            .field("frame_index", &self.conv.inlet.frame_index)
+            .field("epoch", &self.conv.inlet.epoch)
+            .field("stopped", &self.conv.inlet.stopped())
             .field("counters", &self.counters())
             .finish()
     }
@@ -72,17 +77,17 @@ impl Session {
                 "max_queued_frames must be >= 1".into(),
             ));
         }
-        let pipeline = Pipeline::new(
-            engine,
-            opts.sampling.clone(),
-            opts.output_rate,
-            opts.first_frame_reset,
-        )?;
+        let compute = engine.compute();
+        let mut stepper = Stepper::new(&engine, &compute, 1)?;
+        stepper.set_sampler(0, new_sampler(&engine, opts.sampling.clone())?);
         let ring = FrameRing::new(opts.max_queued_frames);
+        let producer = Some(PcmProducer::new(ring.clone()));
+        let inlet = Inlet::new(ring, opts.max_steps);
+        let conv = Conversation::new(&engine, engine.codec_backend(&compute), inlet, &opts)?;
         Ok(Session {
-            pipeline,
-            producer: Some(PcmProducer::new(ring.clone())),
-            inlet: Inlet::new(ring, opts.max_steps),
+            conv,
+            stepper,
+            producer,
             opts,
         })
     }
@@ -108,82 +113,69 @@ impl Session {
     /// Force these text tokens into Moshi's text stream, one per LM step from the next step on (text prompts,
     /// `generate --prompt`). Replaces tokens still pending from an earlier call; a reset clears them.
     pub fn force_text(&mut self, ids: &[u32]) -> Result<(), RuntimeError> {
-        self.pipeline.force_text(ids)
+        self.conv.force_text(ids)
     }
 
     /// A command handle (cloneable, usable from any thread).
     pub fn control(&self) -> SessionControl {
-        self.inlet.control.clone()
+        self.conv.inlet.control.clone()
     }
 
     /// Soft interrupt (see [`SessionControl::interrupt`]); applied at the next `step`.
     pub fn interrupt(&self) -> u64 {
-        self.inlet.control.interrupt()
+        self.conv.inlet.control.interrupt()
     }
 
     /// Mic pause (see [`SessionControl::pause`]).
     pub fn pause(&self) {
-        self.inlet.control.pause()
+        self.conv.inlet.control.pause()
     }
 
     /// Resume after pause.
     pub fn resume(&self) {
-        self.inlet.control.resume()
+        self.conv.inlet.control.resume()
     }
 
     /// New stream (see [`SessionControl::reset`]); applied at the next `step`.
     pub fn reset(&self) -> u64 {
-        self.inlet.control.reset()
+        self.conv.inlet.control.reset()
     }
 
     /// Stop (irreversible).
     pub fn stop(&self) {
-        self.inlet.control.stop()
+        self.conv.inlet.control.stop()
     }
 
     /// Counters now.
     pub fn counters(&self) -> Counters {
-        self.inlet.counters()
+        self.conv.inlet.counters()
     }
 
     /// LM call index of the next frame (0 right after creation or reset).
     pub fn frame_index(&self) -> u64 {
-        self.inlet.frame_index
+        self.conv.inlet.frame_index
     }
 
     /// Install a hook called at the start of every phase of the frame pass (tests of stop-during-phase).
     #[doc(hidden)]
     pub fn set_phase_hook(&mut self, hook: Option<PhaseHook>) {
-        self.pipeline.codec.hook = hook;
+        self.stepper.hook = hook;
     }
 
     /// Run one frame pass if a whole input frame is queued; otherwise return at once. Commands are applied
     /// first (between frames). After warm-up this allocates nothing.
     pub fn step(&mut self) -> Result<Step<'_>, RuntimeError> {
-        let pipeline = &mut self.pipeline;
-        match self.inlet.begin(|c| match c {
-            Command::Reset => pipeline.reset(),
-            Command::Interrupt => pipeline.interrupt(),
-        }) {
-            Begin::Idle => return Ok(Step::Idle),
-            Begin::Paused => return Ok(Step::Paused),
-            Begin::Stopped(r) => return Ok(Step::Stopped(r)),
-            Begin::Ready => {}
+        self.stepper.begin_tick();
+        match self.stepper.prepare(0, &mut self.conv) {
+            Prepared::Idle => return Ok(Step::Idle),
+            Prepared::Paused => return Ok(Step::Paused),
+            Prepared::Stopped(r) => return Ok(Step::Stopped(r)),
+            Prepared::Failed(e) => return Err(e),
+            Prepared::Ready => {}
         }
-        let index = self.inlet.frame_index;
-        let r = self.pipeline.frame_pass(&self.inlet.input, index)?;
-        self.inlet.advance();
-        let counters = self.counters();
-        Ok(Step::Frame(FrameOutput {
-            epoch: self.inlet.epoch,
-            frame_index: index,
-            text_token: r.text_token,
-            audio_tokens: r.audio_tokens,
-            text: &self.pipeline.codec.text,
-            pcm: &self.pipeline.codec.pcm,
-            timings: r.timings,
-            counters,
-        }))
+        self.stepper.step_lm()?;
+        self.stepper.finish(0, &mut self.conv)?;
+        Ok(Step::Frame(&self.conv.frame))
     }
 
     /// Move this session onto a worker thread (see [`SessionRunner`]).
@@ -208,10 +200,10 @@ impl Drive for Session {
         })
     }
     fn control(&self) -> SessionControl {
-        self.inlet.control.clone()
+        self.conv.inlet.control.clone()
     }
     fn ring(&self) -> Arc<FrameRing> {
-        self.inlet.ring.clone()
+        self.conv.inlet.ring.clone()
     }
     fn take_producer(&mut self) -> Option<PcmProducer> {
         self.producer.take()

@@ -34,14 +34,7 @@ fn steady_state_frames_do_not_allocate() {
     // Sampling (not greedy) so the sampler's paths are exercised; a small queue so drops happen too.
     // Two threads and a 48 kHz output exercise the pool workers and the output resampler.
     for (threads, output_rate) in [(1, 24_000), (2, 48_000)] {
-        let engine = runtime::Engine::open(
-            &bundle_dir(),
-            EngineOptions {
-                threads,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let engine = runtime::Engine::open(&bundle_dir(), EngineOptions::cpu(threads)).unwrap();
         let opts = SessionOptions {
             max_queued_frames: 2,
             output_rate,

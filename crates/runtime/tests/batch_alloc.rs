@@ -20,14 +20,7 @@ type Conv = (
 #[test]
 fn batched_ticks_do_not_allocate() {
     for threads in [1, 2] {
-        let engine = runtime::Engine::open(
-            &bundle_dir(),
-            EngineOptions {
-                threads,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let engine = runtime::Engine::open(&bundle_dir(), EngineOptions::cpu(threads)).unwrap();
         let r = BatchRunner::spawn(
             engine,
             BatchOptions {

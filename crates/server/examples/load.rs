@@ -128,14 +128,8 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let a = parse_args();
-    let engine = runtime::Engine::open(
-        &a.bundle,
-        runtime::EngineOptions {
-            threads: a.threads,
-            ..Default::default()
-        },
-    )
-    .expect("open bundle");
+    let engine = runtime::Engine::open(&a.bundle, runtime::EngineOptions::cpu(a.threads))
+        .expect("open bundle");
     let backend = Arc::new(RuntimeBackend::new(
         engine,
         BackendInfo {

@@ -26,6 +26,7 @@ mod mlx;
 pub mod names;
 pub mod safetensors;
 mod schema;
+#[cfg(feature = "bench")]
 pub mod synth;
 mod weights;
 

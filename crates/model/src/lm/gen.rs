@@ -1,4 +1,5 @@
-//! The streaming generator: Python `LMGen` (`moshi/models/lm.py`, `moshi` 0.2.13) for batch 1.
+//! The streaming generator: Python `LMGen` (`moshi/models/lm.py`, `moshi` 0.2.13), written once
+//! for any [`LmBackend`] and any set of rows of a batch.
 //!
 //! State: a token cache of `K = 1 + n_q` streams × `CT = max_delay + 2` slots filled with −2
 //! ("ungenerated"), an offset starting at 0, and the initial tokens (`text_card` for text, `card`
@@ -17,6 +18,7 @@
 
 use kernels::Pool;
 
+use super::backend::{CpuLmRef, LmBackend};
 use super::model::{LmModel, LmState};
 use super::spec::LmSpec;
 use super::{KvDtype, LmError};
@@ -147,6 +149,7 @@ impl TokenCache {
         self.offset = 0;
     }
 
+    #[cfg(feature = "bench")]
     fn seek(&mut self, offset: usize) {
         for (k, &init) in self.initial.iter().enumerate() {
             self.cache[k * self.ct..(k + 1) * self.ct].fill(init);
@@ -255,44 +258,359 @@ fn check_sizes(spec: &LmSpec) -> Result<(), LmError> {
     Ok(())
 }
 
-/// The streaming generator of one session (batch 1).
+/// User codes of the rows of one call, as the caller holds them.
+#[derive(Clone, Copy)]
+enum UserCodes<'a> {
+    /// Mimi codes, `[rows, n_user]`.
+    Codes(&'a [u32]),
+    /// Codes with the LM's sentinels (−1 = no input, `card` = the initial token), `[rows, n_user]`.
+    Raw(&'a [i64]),
+}
+
+impl UserCodes<'_> {
+    fn len(&self) -> usize {
+        match self {
+            UserCodes::Codes(c) => c.len(),
+            UserCodes::Raw(c) => c.len(),
+        }
+    }
+
+    /// Row `i` widened to the i64 of the token cache.
+    fn row(&self, i: usize, nu: usize) -> [i64; MAX_AUDIO_CODEBOOKS] {
+        let mut codes = [0i64; MAX_AUDIO_CODEBOOKS];
+        match self {
+            UserCodes::Codes(c) => {
+                for (d, &u) in codes.iter_mut().zip(&c[i * nu..(i + 1) * nu]) {
+                    *d = i64::from(u);
+                }
+            }
+            UserCodes::Raw(c) => codes[..nu].copy_from_slice(&c[i * nu..(i + 1) * nu]),
+        }
+        codes
+    }
+}
+
+/// The generator proper: one delayed token cache per session plus the per-row buffers of a step.
+/// Its [`Core::step`] is the only implementation of a generator step; [`LmGen`], [`LmBatchGen`]
+/// and [`Generator`] differ only in how they hold the backend.
+#[derive(Debug)]
+struct Core {
+    spec: LmSpec,
+    tcs: Vec<TokenCache>,
+    /// `0..n` (the row list of a whole-batch step).
+    all_rows: Vec<usize>,
+    input: Vec<i64>,
+    prev: Vec<i64>,
+    text: Vec<u32>,
+    audio: Vec<u32>,
+    /// Per stepped row: the frame of this step.
+    frames: Vec<Option<LmFrame>>,
+    /// Per stepped row: the sampling error of this step, if any.
+    errors: Vec<Option<LmError>>,
+}
+
+impl Core {
+    fn new(spec: &LmSpec, n: usize) -> Result<Core, LmError> {
+        check_sizes(spec)?;
+        if n == 0 {
+            return Err(LmError::Config(
+                "a generator needs at least one session".into(),
+            ));
+        }
+        Ok(Core {
+            tcs: vec![TokenCache::new(spec); n],
+            all_rows: (0..n).collect(),
+            input: vec![0; n * spec.num_streams()],
+            prev: vec![0; n],
+            text: vec![0; n],
+            audio: vec![0; n * spec.dep_q],
+            frames: vec![None; n],
+            errors: (0..n).map(|_| None).collect(),
+            spec: spec.clone(),
+        })
+    }
+
+    fn reset_row(&mut self, b: usize) {
+        if let Some(tc) = self.tcs.get_mut(b) {
+            tc.reset();
+        }
+    }
+
+    #[cfg(feature = "bench")]
+    fn seek(&mut self, offset: usize) {
+        for tc in &mut self.tcs {
+            tc.reset();
+            tc.seek(offset);
+        }
+    }
+
+    /// One call for the sessions `rows` (distinct, `< n`, at least one): validates every argument
+    /// before anything moves, then gathers the delayed inputs, runs the temporal step, samples (or
+    /// forces) the text token, runs the Depformer and samples (or forces) the audio tokens, and
+    /// commits. Row `i`'s frame is left in `self.frames[i]`, its sampling error in
+    /// `self.errors[i]` (that session should be reset; the others are unaffected). `samplers[b]`
+    /// samples session `b`; `opts(i)` are row `i`'s overrides.
+    fn step<'o, B: LmBackend + ?Sized, O: LmObserver>(
+        &mut self,
+        backend: &mut B,
+        rows: &[usize],
+        user_codes: UserCodes<'_>,
+        samplers: &mut [Sampler],
+        opts: &dyn Fn(usize) -> StepOptions<'o>,
+        obs: &mut O,
+    ) -> Result<(), LmError> {
+        let s = &self.spec;
+        let (n, m) = (self.tcs.len(), rows.len());
+        let (nu, ks, dq) = (s.n_user(), s.num_streams(), s.dep_q);
+        if backend.spec() != s || backend.batch_size() != n {
+            return Err(LmError::Config("backend and generator sizes differ".into()));
+        }
+        if m == 0 || m > n {
+            return Err(LmError::Length {
+                what: "active sessions",
+                expected: n,
+                got: m,
+            });
+        }
+        for (i, &b) in rows.iter().enumerate() {
+            if b >= n || rows[..i].contains(&b) {
+                return Err(LmError::Config(format!(
+                    "session {b} is out of range or repeated (batch of {n})"
+                )));
+            }
+        }
+        for (what, expected, got) in [
+            ("user codes", m * nu, user_codes.len()),
+            ("samplers", n, samplers.len()),
+        ] {
+            if expected != got {
+                return Err(LmError::Length {
+                    what,
+                    expected,
+                    got,
+                });
+            }
+        }
+        for i in 0..m {
+            TokenCache::validate(s, &user_codes.row(i, nu)[..nu], &opts(i))?;
+        }
+        for (i, &b) in rows.iter().enumerate() {
+            let tc = &mut self.tcs[b];
+            tc.gather(s, &user_codes.row(i, nu)[..nu]);
+            self.input[i * ks..(i + 1) * ks].copy_from_slice(&tc.input);
+            obs.input_tokens(&tc.input);
+        }
+        backend.temporal_step(rows, &self.input[..m * ks])?;
+        let (tcard, d) = (s.text_card, s.dim);
+        for (i, &b) in rows.iter().enumerate() {
+            let logits = &backend.text_logits()[i * tcard..(i + 1) * tcard];
+            obs.transformer_out(&backend.transformer_out()[i * d..(i + 1) * d]);
+            obs.text_logits(logits);
+            self.errors[i] = None;
+            let sampler = &mut samplers[b];
+            let t = match opts(i).force_text {
+                Some(t) => t,
+                None => match sampler.sample_text(logits) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        // This session is broken; the others go on (token 0 keeps the shared
+                        // Depformer pass well-defined).
+                        self.errors[i] = Some(e.into());
+                        0
+                    }
+                },
+            };
+            sampler.record_text(t);
+            self.text[i] = t;
+            self.prev[i] = i64::from(t);
+        }
+        let card = s.card;
+        for k in 0..dq {
+            let logits = backend.depformer_step(rows, k, &self.prev[..m])?;
+            for (i, &b) in rows.iter().enumerate() {
+                let row_logits = &logits[i * card..(i + 1) * card];
+                obs.depformer_logits(k, row_logits);
+                let t = match opts(i).force_audio {
+                    Some(a) => a[k],
+                    None => match samplers[b].sample_audio(row_logits) {
+                        Ok(t) => t,
+                        Err(e) => {
+                            if self.errors[i].is_none() {
+                                self.errors[i] = Some(e.into());
+                            }
+                            0
+                        }
+                    },
+                };
+                self.audio[i * dq + k] = t;
+                self.prev[i] = i64::from(t);
+            }
+        }
+        for (i, &b) in rows.iter().enumerate() {
+            self.frames[i] = self.tcs[b].commit(s, self.text[i], &self.audio[i * dq..(i + 1) * dq]);
+        }
+        Ok(())
+    }
+
+    /// Row `i`'s result of the last step (its error is taken).
+    fn take_result(&mut self, i: usize) -> Result<Option<LmFrame>, LmError> {
+        match self.errors[i].take() {
+            Some(e) => Err(e),
+            None => Ok(self.frames[i]),
+        }
+    }
+}
+
+/// The generator of `n` sessions over a backend it owns (the runtime's: any [`LmBackend`], e.g.
+/// [`super::CpuLm`]). Each session keeps its own token cache, backend rows and position; a step may
+/// advance any subset of them, reading the weights once for all.
+#[derive(Debug)]
+pub struct Generator<B: LmBackend> {
+    backend: B,
+    core: Core,
+}
+
+impl<B: LmBackend> Generator<B> {
+    /// Fresh sessions, one per row of `backend`.
+    pub fn new(backend: B) -> Result<Self, LmError> {
+        let core = Core::new(backend.spec(), backend.batch_size())?;
+        Ok(Generator { backend, core })
+    }
+
+    /// Number of sessions.
+    pub fn batch_size(&self) -> usize {
+        self.core.tcs.len()
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// Session `b` back to its fresh state (token cache and backend rows; the others continue).
+    /// Allocates nothing; an index out of range is ignored. Reset its sampler too for a
+    /// reproducible restart.
+    pub fn reset_row(&mut self, b: usize) {
+        self.core.reset_row(b);
+        self.backend.reset_row(b);
+    }
+
+    /// Calls made by session `b` since creation or its last reset (0 when out of range).
+    pub fn offset(&self, b: usize) -> usize {
+        self.core.tcs.get(b).map_or(0, |t| t.offset)
+    }
+
+    /// One call for the sessions `active` (distinct indices `< n`, any order; at least one), as
+    /// [`LmBatchGen::step_active`] describes it. `force_text[i]`, when given, is row `i`'s forced
+    /// text token; `obs` sees every row's tensors in row order.
+    pub fn step<O: LmObserver>(
+        &mut self,
+        active: &[usize],
+        user_codes: &[u32],
+        samplers: &mut [Sampler],
+        force_text: Option<&[Option<u32>]>,
+        out: &mut [Result<Option<LmFrame>, LmError>],
+        obs: &mut O,
+    ) -> Result<(), LmError> {
+        step_rows(
+            &mut self.core,
+            &mut self.backend,
+            active,
+            user_codes,
+            samplers,
+            force_text,
+            out,
+            obs,
+        )
+    }
+
+    /// Benchmark helper: every session jumps to call `offset` (see [`LmGen::seek_for_bench`]).
+    #[cfg(feature = "bench")]
+    pub fn seek_for_bench(&mut self, offset: usize) {
+        self.core.seek(offset);
+        self.backend.seek_for_bench(offset);
+    }
+}
+
+/// The body of [`Generator::step`] and [`LmBatchGen::step_active`].
+#[allow(clippy::too_many_arguments)]
+fn step_rows<B: LmBackend + ?Sized, O: LmObserver>(
+    core: &mut Core,
+    backend: &mut B,
+    active: &[usize],
+    user_codes: &[u32],
+    samplers: &mut [Sampler],
+    force_text: Option<&[Option<u32>]>,
+    out: &mut [Result<Option<LmFrame>, LmError>],
+    obs: &mut O,
+) -> Result<(), LmError> {
+    let m = active.len();
+    for (what, expected, got) in [
+        ("outputs", m, out.len()),
+        ("forced text tokens", m, force_text.map_or(m, <[_]>::len)),
+    ] {
+        if expected != got {
+            return Err(LmError::Length {
+                what,
+                expected,
+                got,
+            });
+        }
+    }
+    let opts = |i: usize| StepOptions {
+        force_text: force_text.and_then(|f| f[i]),
+        force_audio: None,
+    };
+    core.step(
+        backend,
+        active,
+        UserCodes::Codes(user_codes),
+        samplers,
+        &opts,
+        obs,
+    )?;
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = core.take_result(i);
+    }
+    Ok(())
+}
+
+/// The CPU generator of one session (batch 1) for callers that hold the model and the pool
+/// themselves (tests, tracing, benchmarks): the same [`Core::step`] as [`Generator`].
 #[derive(Debug)]
 pub struct LmGen {
-    spec: LmSpec,
     state: LmState,
-    tc: TokenCache,
+    core: Core,
 }
 
 impl LmGen {
     /// A fresh generator for `model` with temporal KV caches stored as `kv_dtype`.
     pub fn new(model: &LmModel, kv_dtype: KvDtype) -> Result<Self, LmError> {
-        let spec = model.spec().clone();
-        check_sizes(&spec)?;
         Ok(LmGen {
+            core: Core::new(model.spec(), 1)?,
             state: model.new_state(kv_dtype)?,
-            tc: TokenCache::new(&spec),
-            spec,
         })
     }
 
     /// Back to the fresh state: offset 0, cache filled with −2, empty KV caches. Allocates nothing.
     /// (The sampler is separate: call [`Sampler::reset`] too for a reproducible restart.)
     pub fn reset(&mut self) {
-        self.tc.reset();
+        self.core.reset_row(0);
         self.state.reset();
     }
 
     /// Benchmark helper: jump to call `offset` with KV caches holding `min(offset, context)` zero
     /// entries and the token cache holding initial tokens (see [`LmState::seek_for_bench`]).
+    #[cfg(feature = "bench")]
     pub fn seek_for_bench(&mut self, offset: usize) {
         self.reset();
-        self.tc.seek(offset);
+        self.core.seek(offset);
         self.state.seek_for_bench(offset);
     }
 
     /// Number of calls since creation or reset.
     pub fn offset(&self) -> usize {
-        self.tc.offset
+        self.core.tcs[0].offset
     }
 
     /// The model state (last logits, transformer output, position).
@@ -309,7 +627,7 @@ impl LmGen {
         sampler: &mut Sampler,
         pool: &Pool,
     ) -> Result<Option<LmFrame>, LmError> {
-        let n = self.spec.n_user();
+        let n = self.core.spec.n_user();
         if user_codes.len() < n {
             return Err(LmError::Length {
                 what: "user codes",
@@ -317,14 +635,9 @@ impl LmGen {
                 got: user_codes.len(),
             });
         }
-        // `new` checked n <= MAX_AUDIO_CODEBOOKS.
-        let mut codes = [0i64; MAX_AUDIO_CODEBOOKS];
-        for (c, &u) in codes.iter_mut().zip(&user_codes[..n]) {
-            *c = u as i64;
-        }
-        self.step_with(
+        self.run(
             model,
-            &codes[..n],
+            UserCodes::Codes(&user_codes[..n]),
             sampler,
             pool,
             &StepOptions::default(),
@@ -343,40 +656,55 @@ impl LmGen {
         opts: &StepOptions<'_>,
         obs: &mut O,
     ) -> Result<Option<LmFrame>, LmError> {
-        let s = &self.spec;
-        if model.spec() != s {
+        let n = self.core.spec.n_user();
+        if user_codes.len() < n {
+            return Err(LmError::Length {
+                what: "user codes",
+                expected: n,
+                got: user_codes.len(),
+            });
+        }
+        self.run(
+            model,
+            UserCodes::Raw(&user_codes[..n]),
+            sampler,
+            pool,
+            opts,
+            obs,
+        )
+    }
+
+    fn run<O: LmObserver>(
+        &mut self,
+        model: &LmModel,
+        user_codes: UserCodes<'_>,
+        sampler: &mut Sampler,
+        pool: &Pool,
+        opts: &StepOptions<'_>,
+        obs: &mut O,
+    ) -> Result<Option<LmFrame>, LmError> {
+        if model.spec() != &self.core.spec {
             return Err(LmError::Config("model and generator sizes differ".into()));
         }
-        TokenCache::validate(s, user_codes, opts)?;
-        self.tc.gather(s, user_codes);
-        obs.input_tokens(&self.tc.input);
-
-        model.forward_temporal(&mut self.state, &self.tc.input, pool)?;
-        obs.transformer_out(self.state.transformer_out());
-        obs.text_logits(self.state.text_logits());
-        let text = match opts.force_text {
-            Some(t) => t,
-            None => sampler.sample_text(self.state.text_logits())?,
+        let mut backend = CpuLmRef {
+            model,
+            state: &mut self.state,
+            pool,
         };
-        sampler.record_text(text);
-
-        let mut audio = [0u32; MAX_AUDIO_CODEBOOKS];
-        let mut prev = text as i64;
-        for k in 0..s.dep_q {
-            let logits = model.depformer_step(&mut self.state, k, &[prev], pool)?;
-            obs.depformer_logits(k, logits);
-            let tok = match opts.force_audio {
-                Some(a) => a[k],
-                None => sampler.sample_audio(logits)?,
-            };
-            audio[k] = tok;
-            prev = tok as i64;
-        }
-        Ok(self.tc.commit(s, text, &audio[..s.dep_q]))
+        self.core.step(
+            &mut backend,
+            &[0],
+            user_codes,
+            std::slice::from_mut(sampler),
+            &|_| *opts,
+            obs,
+        )?;
+        self.core.take_result(0)
     }
 }
 
-/// Several sessions stepped together: every weight matrix is read once per step for all of them
+/// The CPU generator of several sessions stepped together, for callers that hold the model and the
+/// pool themselves (tests, benchmarks): every weight matrix is read once per step for all of them
 /// ([`Pool::matmul`]). Each session keeps its own token cache, KV caches, position and sampler;
 /// results equal those of separate [`LmGen`]s up to float summation order.
 ///
@@ -385,67 +713,43 @@ impl LmGen {
 /// rows and leaving the other sessions' caches, positions and samplers untouched.
 #[derive(Debug)]
 pub struct LmBatchGen {
-    spec: LmSpec,
     state: LmState,
-    tcs: Vec<TokenCache>,
-    /// `0..n` (the row list of [`LmBatchGen::step`]).
-    all_rows: Vec<usize>,
-    input: Vec<i64>,
-    prev: Vec<i64>,
-    text: Vec<u32>,
-    audio: Vec<u32>,
-    /// Per active row: the frame of this step.
-    frames: Vec<Option<LmFrame>>,
-    /// Per active row: the sampling error of this step, if any.
-    errors: Vec<Option<LmError>>,
+    core: Core,
 }
 
 impl LmBatchGen {
     /// `n >= 1` fresh sessions.
     pub fn new(model: &LmModel, n: usize, kv_dtype: KvDtype) -> Result<Self, LmError> {
-        let spec = model.spec().clone();
-        check_sizes(&spec)?;
-        let state = model.new_batch_state(n, kv_dtype)?;
         Ok(LmBatchGen {
-            tcs: vec![TokenCache::new(&spec); n],
-            all_rows: (0..n).collect(),
-            input: vec![0; n * spec.num_streams()],
-            prev: vec![0; n],
-            text: vec![0; n],
-            audio: vec![0; n * spec.dep_q],
-            frames: vec![None; n],
-            errors: (0..n).map(|_| None).collect(),
-            state,
-            spec,
+            core: Core::new(model.spec(), n)?,
+            state: model.new_batch_state(n, kv_dtype)?,
         })
     }
 
     /// Number of sessions.
     pub fn batch_size(&self) -> usize {
-        self.tcs.len()
+        self.core.tcs.len()
     }
 
     /// Resets session `b` to its fresh state (the others continue). Allocates nothing; an index out
     /// of range is ignored. (Reset its sampler too for a reproducible restart.)
     pub fn reset_session(&mut self, b: usize) {
-        if b < self.tcs.len() {
-            self.tcs[b].reset();
+        if b < self.core.tcs.len() {
+            self.core.reset_row(b);
             self.state.reset_session(b);
         }
     }
 
     /// Benchmark helper: every session jumps to call `offset` (see [`LmGen::seek_for_bench`]).
+    #[cfg(feature = "bench")]
     pub fn seek_for_bench(&mut self, offset: usize) {
-        for tc in &mut self.tcs {
-            tc.reset();
-            tc.seek(offset);
-        }
+        self.core.seek(offset);
         self.state.seek_for_bench(offset);
     }
 
     /// Calls made by session `b` since creation or its last reset (0 when out of range).
     pub fn offset(&self, b: usize) -> usize {
-        self.tcs.get(b).map_or(0, |t| t.offset)
+        self.core.tcs.get(b).map_or(0, |t| t.offset)
     }
 
     /// The shared model state (logits and outputs of the last step, one row per stepped session
@@ -465,7 +769,7 @@ impl LmBatchGen {
         pool: &Pool,
         out: &mut [Option<LmFrame>],
     ) -> Result<(), LmError> {
-        let n = self.tcs.len();
+        let n = self.core.tcs.len();
         if out.len() != n {
             return Err(LmError::Length {
                 what: "outputs",
@@ -473,15 +777,33 @@ impl LmBatchGen {
                 got: out.len(),
             });
         }
-        let rows = std::mem::take(&mut self.all_rows);
-        let r = self.run(model, &rows, user_codes, samplers, pool, None);
-        self.all_rows = rows;
+        if model.spec() != &self.core.spec {
+            return Err(LmError::Config("model and generator sizes differ".into()));
+        }
+        let rows = std::mem::take(&mut self.core.all_rows);
+        let mut backend = CpuLmRef {
+            model,
+            state: &mut self.state,
+            pool,
+        };
+        let r = self.core.step(
+            &mut backend,
+            &rows,
+            UserCodes::Codes(user_codes),
+            samplers,
+            &|_| StepOptions::default(),
+            &mut NoObserver,
+        );
+        self.core.all_rows = rows;
         r?;
         let mut first_err = None;
         for (b, o) in out.iter_mut().enumerate() {
-            *o = self.frames[b];
-            if let Some(e) = self.errors[b].take() {
-                first_err.get_or_insert(e);
+            match self.core.take_result(b) {
+                Ok(f) => *o = f,
+                Err(e) => {
+                    *o = self.core.frames[b];
+                    first_err.get_or_insert(e);
+                }
             }
         }
         match first_err {
@@ -510,134 +832,23 @@ impl LmBatchGen {
         force_text: Option<&[Option<u32>]>,
         out: &mut [Result<Option<LmFrame>, LmError>],
     ) -> Result<(), LmError> {
-        if out.len() != active.len() {
-            return Err(LmError::Length {
-                what: "outputs",
-                expected: active.len(),
-                got: out.len(),
-            });
-        }
-        self.run(model, active, user_codes, samplers, pool, force_text)?;
-        for (i, o) in out.iter_mut().enumerate() {
-            *o = match self.errors[i].take() {
-                Some(e) => Err(e),
-                None => Ok(self.frames[i]),
-            };
-        }
-        Ok(())
-    }
-
-    /// The shared body of both steps: validates everything, then steps the sessions `rows` and
-    /// leaves row `i`'s frame in `self.frames[i]` and its sampling error in `self.errors[i]`.
-    fn run(
-        &mut self,
-        model: &LmModel,
-        rows: &[usize],
-        user_codes: &[u32],
-        samplers: &mut [Sampler],
-        pool: &Pool,
-        force_text: Option<&[Option<u32>]>,
-    ) -> Result<(), LmError> {
-        let s = &self.spec;
-        let (n, m) = (self.tcs.len(), rows.len());
-        let (nu, ks, dq) = (s.n_user(), s.num_streams(), s.dep_q);
-        if model.spec() != s {
+        if model.spec() != &self.core.spec {
             return Err(LmError::Config("model and generator sizes differ".into()));
         }
-        if m == 0 || m > n {
-            return Err(LmError::Length {
-                what: "active sessions",
-                expected: n,
-                got: m,
-            });
-        }
-        for (i, &b) in rows.iter().enumerate() {
-            if b >= n || rows[..i].contains(&b) {
-                return Err(LmError::Config(format!(
-                    "session {b} is out of range or repeated (batch of {n})"
-                )));
-            }
-        }
-        for (what, expected, got) in [
-            ("user codes", m * nu, user_codes.len()),
-            ("samplers", n, samplers.len()),
-            ("forced text tokens", m, force_text.map_or(m, <[_]>::len)),
-        ] {
-            if expected != got {
-                return Err(LmError::Length {
-                    what,
-                    expected,
-                    got,
-                });
-            }
-        }
-        // Row `i`'s user codes widened to the i64 of the token cache.
-        let row_codes = |i: usize| {
-            let mut codes = [0i64; MAX_AUDIO_CODEBOOKS];
-            for (c, &u) in codes.iter_mut().zip(&user_codes[i * nu..(i + 1) * nu]) {
-                *c = u as i64;
-            }
-            codes
+        let mut backend = CpuLmRef {
+            model,
+            state: &mut self.state,
+            pool,
         };
-        for i in 0..m {
-            let codes = row_codes(i);
-            let opts = StepOptions {
-                force_text: force_text.and_then(|f| f[i]),
-                force_audio: None,
-            };
-            TokenCache::validate(s, &codes[..nu], &opts)?;
-        }
-        for (i, &b) in rows.iter().enumerate() {
-            let codes = row_codes(i);
-            let tc = &mut self.tcs[b];
-            tc.gather(s, &codes[..nu]);
-            self.input[i * ks..(i + 1) * ks].copy_from_slice(&tc.input);
-        }
-        model.forward_temporal_rows(&mut self.state, rows, &self.input[..m * ks], pool)?;
-        let tcard = s.text_card;
-        for (i, &b) in rows.iter().enumerate() {
-            self.errors[i] = None;
-            let sampler = &mut samplers[b];
-            let forced = force_text.and_then(|f| f[i]);
-            let t = match forced {
-                Some(t) => t,
-                None => {
-                    let logits = &self.state.text_logits()[i * tcard..(i + 1) * tcard];
-                    match sampler.sample_text(logits) {
-                        Ok(t) => t,
-                        Err(e) => {
-                            // This session is broken; the others go on (token 0 keeps the
-                            // shared Depformer pass well-defined).
-                            self.errors[i] = Some(e.into());
-                            0
-                        }
-                    }
-                }
-            };
-            sampler.record_text(t);
-            self.text[i] = t;
-            self.prev[i] = t as i64;
-        }
-        for k in 0..dq {
-            let logits =
-                model.depformer_step_rows(&mut self.state, rows, k, &self.prev[..m], pool)?;
-            for (i, &b) in rows.iter().enumerate() {
-                let t = match samplers[b].sample_audio(&logits[i * s.card..(i + 1) * s.card]) {
-                    Ok(t) => t,
-                    Err(e) => {
-                        if self.errors[i].is_none() {
-                            self.errors[i] = Some(e.into());
-                        }
-                        0
-                    }
-                };
-                self.audio[i * dq + k] = t;
-                self.prev[i] = t as i64;
-            }
-        }
-        for (i, &b) in rows.iter().enumerate() {
-            self.frames[i] = self.tcs[b].commit(s, self.text[i], &self.audio[i * dq..(i + 1) * dq]);
-        }
-        Ok(())
+        step_rows(
+            &mut self.core,
+            &mut backend,
+            active,
+            user_codes,
+            samplers,
+            force_text,
+            out,
+            &mut NoObserver,
+        )
     }
 }

@@ -5,26 +5,36 @@
 //!   temporal step ([`LmModel::forward_temporal`]) and one Depformer step
 //!   ([`LmModel::depformer_step`]) into a per-session [`LmState`] (KV caches and buffers,
 //!   preallocated).
-//! * [`LmGen`] owns an [`LmState`] plus the delayed token cache and turns user codes into Moshi's
-//!   (text, audio) frames exactly as Python `LMGen.step` does.
-//! * Sampling lives in [`crate::sampling`]. Matrix products run on a caller-provided
-//!   [`kernels::Pool`]; this module owns no threads.
+//! * [`LmBackend`] is the seam a compute device plugs into: the temporal step and the Depformer step of
+//!   a batch of rows, with the logits in host memory. [`CpuLm`] is the CPU backend (weights, state and
+//!   the `kernels::Pool` it splits matrix products over).
+//! * [`Generator`] (over any backend), and its CPU conveniences [`LmGen`] (one session) and
+//!   [`LmBatchGen`] (several), own the delayed token caches and turn user codes into Moshi's
+//!   (text, audio) frames exactly as Python `LMGen.step` does; the step is written once.
+//! * Sampling lives in [`crate::sampling`]. The pools are created by the caller; this module
+//!   spawns no threads.
 //!
 //! Nothing in a step allocates once the state has been created.
 
+mod backend;
 mod gen;
 mod model;
 mod source;
 mod spec;
+#[cfg(feature = "bench")]
+mod synthetic;
 
+pub use backend::{CpuLm, LmBackend};
 pub use gen::{
-    LmBatchGen, LmFrame, LmGen, LmObserver, LmRecorder, NoObserver, StepOptions,
+    Generator, LmBatchGen, LmFrame, LmGen, LmObserver, LmRecorder, NoObserver, StepOptions,
     MAX_AUDIO_CODEBOOKS,
 };
 pub use kernels::attention::KvDtype;
 pub use model::{LmModel, LmState};
-pub use source::{SyntheticSource, TensorSource};
+pub use source::TensorSource;
 pub use spec::LmSpec;
+#[cfg(feature = "bench")]
+pub use synthetic::SyntheticSource;
 
 use crate::checkpoint::CheckpointError;
 use crate::sampling::SamplingError;

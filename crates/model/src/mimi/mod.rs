@@ -10,6 +10,7 @@
 //! stride-2 downsample (replicate padding) → split RVQ; decode: RVQ decode → depthwise
 //! transposed-conv upsample → decoder transformer → SEANet decoder.
 
+mod backend;
 mod conv;
 mod load;
 mod quantizer;
@@ -17,8 +18,10 @@ mod seanet;
 mod stream;
 mod transformer;
 
+#[cfg(feature = "bench")]
 pub mod bench;
 
+pub use backend::{CodecBackend, CpuMimi};
 pub use load::{F32Tensor, Layout, MimiTensors};
 pub use stream::StreamEncoder;
 

@@ -72,12 +72,7 @@ impl Collected {
     pub fn record(&mut self, step: Step<'_>) -> bool {
         match step {
             Step::Frame(f) => {
-                self.frame_index.push(f.frame_index);
-                self.epoch.push(f.epoch);
-                self.text_tokens.push(f.text_token);
-                self.audio.push(f.audio_tokens);
-                self.pcm.extend_from_slice(f.pcm);
-                self.text.push_str(f.text);
+                self.record_event(f);
                 true
             }
             _ => false,

@@ -1,0 +1,213 @@
+//! The LM backend seam: where the temporal transformer and the Depformer of a batch of sessions run.
+//!
+//! The generator above it ([`super::LmBatchGen`], [`super::LmGen`]: delays, sampling, forcing) is
+//! written once against [`LmBackend`]; a backend only computes. [`CpuLm`] is the CPU backend: the
+//! weights, the KV caches and work buffers ([`LmState`]) and the worker pool the matrix products are
+//! split over.
+
+use std::sync::Arc;
+
+use kernels::Pool;
+
+use super::model::{LmModel, LmState};
+use super::spec::LmSpec;
+use super::{KvDtype, LmError};
+
+/// One LM step for a batch of `batch_size()` sessions ("rows"), in two parts: the temporal step of a
+/// set of rows, then the `dep_q` Depformer steps of the same rows.
+///
+/// What a backend must guarantee:
+/// * **No allocation, lock or syscall in a step** once it is built: every buffer (KV caches, work
+///   buffers, logits) is allocated by its constructor for `batch_size()` rows.
+/// * **Determinism:** the same inputs from the same state give the same logits, bit for bit, whatever
+///   the other rows do and whatever rows are stepped together (each row's reductions run in a fixed
+///   order). A row's state moves only when that row is stepped or reset.
+/// * **Where logits live:** [`LmBackend::text_logits`] and the slice returned by
+///   [`LmBackend::depformer_step`] are host memory, `[rows.len(), text_card]` and
+///   `[rows.len(), card]`, valid until the next call. They are the only data that must reach the host in
+///   a step (the generator samples from them); a device backend keeps activations and caches on the
+///   device and copies these logits back once per call, never per matrix product.
+/// * **Order:** `depformer_step(rows, k, ..)` is called for `k = 0..dep_q` in order after
+///   `temporal_step(rows, ..)`, with the same `rows`.
+pub trait LmBackend: Send {
+    /// The sizes of the model this backend runs.
+    fn spec(&self) -> &LmSpec;
+
+    /// Number of sessions (rows) the backend holds state for.
+    fn batch_size(&self) -> usize;
+
+    /// Temporal step of the sessions `rows` (distinct, each `< batch_size()`): `tokens` holds one
+    /// column of `1 + n_q` input tokens per row (text, Moshi audio, user audio; −1 embeds as zeros).
+    /// Afterwards [`LmBackend::text_logits`] holds `[rows.len(), text_card]` and the rows' positions
+    /// have advanced.
+    fn temporal_step(&mut self, rows: &[usize], tokens: &[i64]) -> Result<(), LmError>;
+
+    /// Text logits of the last temporal step, `[rows.len(), text_card]`, host memory.
+    fn text_logits(&self) -> &[f32];
+
+    /// Normalised temporal output of the last temporal step, `[rows.len(), dim]` (tracing only; a
+    /// device backend may copy it on demand).
+    fn transformer_out(&self) -> &[f32];
+
+    /// Depformer step `k` of the same `rows`, with `prev_tokens[i]` the text token of this frame for
+    /// `k = 0`, else row `i`'s audio token of step `k − 1`. Returns the codebook-`k` logits
+    /// `[rows.len(), card]`, host memory.
+    fn depformer_step(
+        &mut self,
+        rows: &[usize],
+        k: usize,
+        prev_tokens: &[i64],
+    ) -> Result<&[f32], LmError>;
+
+    /// Session `b` back to position 0 with empty caches (the others continue). Allocates nothing.
+    fn reset_row(&mut self, b: usize);
+
+    /// Benchmark helper: every row at position `offset` with caches holding `min(offset, context)`
+    /// meaningless entries.
+    #[cfg(feature = "bench")]
+    fn seek_for_bench(&mut self, offset: usize);
+}
+
+/// The CPU backend: shared weights, this batch's [`LmState`] and the worker pool its matrix products
+/// are split over (the calling thread plus `n_threads − 1` workers).
+#[derive(Debug)]
+pub struct CpuLm {
+    model: Arc<LmModel>,
+    state: LmState,
+    pool: Arc<Pool>,
+}
+
+impl CpuLm {
+    /// A backend for `rows` sessions of `model`, temporal KV caches stored as `kv_dtype`, running on
+    /// `pool` (which the caller may share with other work of the same thread, e.g. the codec).
+    pub fn new(
+        model: Arc<LmModel>,
+        rows: usize,
+        kv_dtype: KvDtype,
+        pool: Arc<Pool>,
+    ) -> Result<CpuLm, LmError> {
+        let state = model.new_batch_state(rows, kv_dtype)?;
+        Ok(CpuLm { model, state, pool })
+    }
+
+    /// The pool the matrix products run on.
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+}
+
+impl LmBackend for CpuLm {
+    fn spec(&self) -> &LmSpec {
+        self.model.spec()
+    }
+    fn batch_size(&self) -> usize {
+        self.state.batch_size()
+    }
+    fn temporal_step(&mut self, rows: &[usize], tokens: &[i64]) -> Result<(), LmError> {
+        self.model
+            .forward_temporal_rows(&mut self.state, rows, tokens, &self.pool)
+    }
+    fn text_logits(&self) -> &[f32] {
+        self.state.text_logits()
+    }
+    fn transformer_out(&self) -> &[f32] {
+        self.state.transformer_out()
+    }
+    fn depformer_step(
+        &mut self,
+        rows: &[usize],
+        k: usize,
+        prev_tokens: &[i64],
+    ) -> Result<&[f32], LmError> {
+        self.model
+            .depformer_step_rows(&mut self.state, rows, k, prev_tokens, &self.pool)
+    }
+    fn reset_row(&mut self, b: usize) {
+        if b < self.state.batch_size() {
+            self.state.reset_session(b);
+        }
+    }
+    #[cfg(feature = "bench")]
+    fn seek_for_bench(&mut self, offset: usize) {
+        self.state.seek_for_bench(offset);
+    }
+}
+
+/// The CPU backend over borrowed parts, for the generators that are handed the model and the pool
+/// at each call ([`super::LmGen`], [`super::LmBatchGen`]).
+pub(crate) struct CpuLmRef<'a> {
+    pub(crate) model: &'a LmModel,
+    pub(crate) state: &'a mut LmState,
+    pub(crate) pool: &'a Pool,
+}
+
+impl LmBackend for CpuLmRef<'_> {
+    fn spec(&self) -> &LmSpec {
+        self.model.spec()
+    }
+    fn batch_size(&self) -> usize {
+        self.state.batch_size()
+    }
+    fn temporal_step(&mut self, rows: &[usize], tokens: &[i64]) -> Result<(), LmError> {
+        self.model
+            .forward_temporal_rows(self.state, rows, tokens, self.pool)
+    }
+    fn text_logits(&self) -> &[f32] {
+        self.state.text_logits()
+    }
+    fn transformer_out(&self) -> &[f32] {
+        self.state.transformer_out()
+    }
+    fn depformer_step(
+        &mut self,
+        rows: &[usize],
+        k: usize,
+        prev_tokens: &[i64],
+    ) -> Result<&[f32], LmError> {
+        self.model
+            .depformer_step_rows(self.state, rows, k, prev_tokens, self.pool)
+    }
+    fn reset_row(&mut self, b: usize) {
+        if b < self.state.batch_size() {
+            self.state.reset_session(b);
+        }
+    }
+    #[cfg(feature = "bench")]
+    fn seek_for_bench(&mut self, offset: usize) {
+        self.state.seek_for_bench(offset);
+    }
+}
+
+/// A boxed backend is a backend (the runtime holds its backend as `Box<dyn LmBackend>`).
+impl<B: LmBackend + ?Sized> LmBackend for Box<B> {
+    fn spec(&self) -> &LmSpec {
+        (**self).spec()
+    }
+    fn batch_size(&self) -> usize {
+        (**self).batch_size()
+    }
+    fn temporal_step(&mut self, rows: &[usize], tokens: &[i64]) -> Result<(), LmError> {
+        (**self).temporal_step(rows, tokens)
+    }
+    fn text_logits(&self) -> &[f32] {
+        (**self).text_logits()
+    }
+    fn transformer_out(&self) -> &[f32] {
+        (**self).transformer_out()
+    }
+    fn depformer_step(
+        &mut self,
+        rows: &[usize],
+        k: usize,
+        prev_tokens: &[i64],
+    ) -> Result<&[f32], LmError> {
+        (**self).depformer_step(rows, k, prev_tokens)
+    }
+    fn reset_row(&mut self, b: usize) {
+        (**self).reset_row(b)
+    }
+    #[cfg(feature = "bench")]
+    fn seek_for_bench(&mut self, offset: usize) {
+        (**self).seek_for_bench(offset)
+    }
+}

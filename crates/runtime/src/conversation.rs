@@ -1,0 +1,162 @@
+//! One conversation's state around the LM: its input and commands ([`Inlet`]), its codec streams, the
+//! detokenizer, the output resampler, forced text and the frame it reports. Shared as is by a
+//! [`crate::Session`] and the slots of a [`crate::BatchRunner`]; the LM side is in `stepper.rs`.
+
+use model::lm::LmFrame;
+use model::mimi::CodecBackend;
+use model::text::Detokenizer;
+
+use crate::events::FrameEvent;
+use crate::inlet::{Begin, Command, Inlet};
+use crate::resample::OutputResampler;
+use crate::{Engine, RuntimeError, SessionOptions, FRAME_SIZE, N_AUDIO};
+
+pub(crate) struct Conversation {
+    pub(crate) inlet: Inlet,
+    codec: Box<dyn CodecBackend>,
+    detok: Option<Detokenizer>,
+    resampler: OutputResampler,
+    /// Whether to apply the Python server's first-frame rule at frame index 0.
+    first_frame_reset: bool,
+    /// Text vocabulary size (forced tokens are checked against it).
+    text_card: usize,
+    /// Text tokens to force at the next LM steps (`Session::force_text`), consumed from `forced_pos`.
+    forced: Vec<u32>,
+    forced_pos: usize,
+    /// User codes of the current frame (copied out of the codec).
+    user: [u32; N_AUDIO],
+    /// Decoded 24 kHz frame.
+    decoded: Vec<f32>,
+    /// The last frame produced (its buffers are reused frame after frame).
+    pub(crate) frame: FrameEvent,
+}
+
+impl Conversation {
+    /// A fresh conversation of `engine` with `opts`, decoding through `codec`. Every buffer is allocated here.
+    pub(crate) fn new(
+        engine: &Engine,
+        codec: Box<dyn CodecBackend>,
+        inlet: Inlet,
+        opts: &SessionOptions,
+    ) -> Result<Conversation, RuntimeError> {
+        let resampler = OutputResampler::new(opts.output_rate)?;
+        let frame = FrameEvent::with_capacity(resampler.frame_capacity(), 256);
+        Ok(Conversation {
+            inlet,
+            codec,
+            detok: engine.tokenizer().map(|sp| Detokenizer::new(sp.clone())),
+            resampler,
+            first_frame_reset: opts.first_frame_reset,
+            text_card: engine.lm().spec().text_card,
+            forced: Vec::with_capacity(64),
+            forced_pos: 0,
+            user: [0; N_AUDIO],
+            decoded: vec![0.0; FRAME_SIZE],
+            frame,
+        })
+    }
+
+    /// Apply pending commands and pop the next frame (see [`Inlet::begin`]). Returns what was found and whether
+    /// a reset was applied (the LM row must then be reset too).
+    pub(crate) fn begin(&mut self) -> (Begin, bool) {
+        let (mut reset, mut interrupt) = (false, false);
+        let begin = self.inlet.begin(|c| match c {
+            Command::Reset => reset = true,
+            Command::Interrupt => interrupt = true,
+        });
+        // A reset includes everything an interrupt does, so applying them here, once each, in this order, has
+        // the effect of applying them as they were observed.
+        if reset {
+            self.reset();
+        } else if interrupt {
+            self.interrupt();
+        }
+        (begin, reset)
+    }
+
+    /// Encode the frame [`Inlet::begin`] popped; returns the user codes the LM reads (the first 8).
+    pub(crate) fn encode(&mut self) -> Result<&[u32; N_AUDIO], RuntimeError> {
+        let codes = self
+            .codec
+            .encode_frame(&self.inlet.input[..])
+            .map_err(|e| RuntimeError::Model(e.to_string()))?;
+        self.user.copy_from_slice(&codes[..N_AUDIO]);
+        if self.inlet.frame_index == 0 && self.first_frame_reset {
+            // Python server (`moshi/server.py`, moshi 0.2.13): after encoding the first chunk it calls
+            // `mimi.reset_streaming()` (encoder and decoder), then still passes those codes to LMGen call 0,
+            // where they are replaced by the initial tokens. The next frame starts a fresh Mimi stream.
+            self.codec.reset();
+        }
+        Ok(&self.user)
+    }
+
+    /// The text token to force at this LM step, if any (consumes it).
+    pub(crate) fn next_forced(&mut self) -> Option<u32> {
+        let t = self.forced.get(self.forced_pos).copied();
+        if t.is_some() {
+            self.forced_pos += 1;
+        }
+        t
+    }
+
+    /// After the LM step: if it returned a frame, decode its audio, detokenize its text and resample to the
+    /// output rate; then count the frame and fill [`Conversation::frame`].
+    pub(crate) fn finish(&mut self, out: Option<LmFrame>) -> Result<(), RuntimeError> {
+        let f = &mut self.frame;
+        f.pcm.clear();
+        f.text.clear();
+        f.text_token = None;
+        f.audio_tokens = None;
+        if let Some(lm) = out {
+            let mut audio = [0u32; N_AUDIO];
+            audio.copy_from_slice(lm.audio());
+            self.codec
+                .decode_frame(&audio, &mut self.decoded)
+                .map_err(|e| RuntimeError::Model(e.to_string()))?;
+            self.resampler.process(&self.decoded, &mut f.pcm)?;
+            if let Some(d) = &mut self.detok {
+                f.text.push_str(d.push(lm.text));
+            }
+            f.text_token = Some(lm.text);
+            f.audio_tokens = Some(audio);
+        }
+        f.frame_index = self.inlet.frame_index;
+        self.inlet.advance();
+        f.epoch = self.inlet.epoch;
+        f.counters = self.inlet.counters();
+        Ok(())
+    }
+
+    /// Queue text tokens to force into Moshi's text stream, one per LM step from the next step on.
+    pub(crate) fn force_text(&mut self, ids: &[u32]) -> Result<(), RuntimeError> {
+        let card = self.text_card;
+        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= card) {
+            return Err(RuntimeError::InvalidOption(format!(
+                "text token {bad} outside the vocabulary (0..{card})"
+            )));
+        }
+        self.forced.drain(..self.forced_pos);
+        self.forced_pos = 0;
+        self.forced.extend_from_slice(ids);
+        Ok(())
+    }
+
+    /// Soft interrupt: output-side state only (detokenizer pending bytes, resampler history).
+    pub(crate) fn interrupt(&mut self) {
+        if let Some(d) = &mut self.detok {
+            d.reset();
+        }
+        self.resampler.reset();
+    }
+
+    /// New stream: codec streams, detokenizer, resampler, buffers and forced text back to fresh. Allocates
+    /// nothing.
+    pub(crate) fn reset(&mut self) {
+        self.codec.reset();
+        self.interrupt();
+        self.frame.pcm.clear();
+        self.frame.text.clear();
+        self.forced.clear();
+        self.forced_pos = 0;
+    }
+}
