@@ -139,6 +139,13 @@ impl Pool {
         self.workers.len() + 1
     }
 
+    /// How many calls so far were split over the workers (wrapping). Lets a test check that a
+    /// computation ran on this pool, without timing it.
+    pub fn dispatches(&self) -> u32 {
+        let _guard = self.lock();
+        self.epoch.get()
+    }
+
     /// `y = W · x` split over the pool's threads.
     pub fn matvec(&self, m: &Matrix, x: &[f32], y: &mut [f32]) {
         self.matmul(m, x, 1, y)

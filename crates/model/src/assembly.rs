@@ -30,6 +30,10 @@ pub enum LoadError {
     Tokenizer(#[from] TextError),
 }
 
+fn refused(what: &'static str) -> impl Fn(CheckpointError) -> LoadError {
+    move |source| LoadError::Checkpoint { what, source }
+}
+
 /// The three components of a bundle, loaded and immutable.
 #[derive(Debug)]
 pub struct MoshiModel {
@@ -44,10 +48,7 @@ pub struct MoshiModel {
 impl MoshiModel {
     /// Open a bundle directory (see [`Bundle::open`]) and build its components.
     pub fn open(dir: &Path) -> Result<MoshiModel, LoadError> {
-        let bundle = Bundle::open(dir).map_err(|source| LoadError::Checkpoint {
-            what: "bundle",
-            source,
-        })?;
+        let bundle = Bundle::open(dir).map_err(refused("bundle"))?;
         Self::from_bundle(&bundle)
     }
 
@@ -62,12 +63,7 @@ impl MoshiModel {
             })?;
         let lm = LmModel::load(&lm_weights, &bundle.config.lm)?;
         drop(lm_weights);
-        let mimi_weights = bundle
-            .mimi_weights()
-            .map_err(|source| LoadError::Checkpoint {
-                what: "Mimi weights",
-                source,
-            })?;
+        let mimi_weights = bundle.mimi_weights().map_err(refused("Mimi weights"))?;
         let mimi = Mimi::load(&mimi_weights, &bundle.mimi_config, lm.spec().n_user())?;
         drop(mimi_weights);
         let tokenizer = SentencePiece::load(&bundle.files.tokenizer)?;

@@ -6,6 +6,7 @@ use model::sampling::SamplerConfig;
 
 use crate::control::SessionControl;
 use crate::conversation::Conversation;
+use crate::engine::Compute;
 use crate::events::{Counters, FrameEvent, Step};
 use crate::inlet::Inlet;
 use crate::ring::{FrameRing, PcmProducer, PushReport};
@@ -54,6 +55,8 @@ impl Default for SessionOptions {
 pub struct Session {
     conv: Conversation,
     stepper: Stepper,
+    /// The compute context the LM and codec backends share.
+    compute: Compute,
     producer: Option<PcmProducer>,
     opts: SessionOptions,
 }
@@ -87,6 +90,7 @@ impl Session {
         Ok(Session {
             conv,
             stepper,
+            compute,
             producer,
             opts,
         })
@@ -95,6 +99,13 @@ impl Session {
     /// The options the session was created with.
     pub fn options(&self) -> &SessionOptions {
         &self.opts
+    }
+
+    /// Threads this session computes on (Mimi and the LM share them).
+    pub fn threads(&self) -> usize {
+        match &self.compute {
+            Compute::Cpu(pool) => pool.n_threads(),
+        }
     }
 
     /// Take the producer end of the input queue (once) to push from another thread.
@@ -210,5 +221,68 @@ impl Drive for Session {
     }
     fn counters(&self) -> Counters {
         Session::counters(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+    use crate::stepper::Phase;
+    use crate::{EngineOptions, FRAME_SIZE};
+
+    /// Mimi runs on the session's pool: the pool's count of parallel calls moves during the encode and
+    /// the decode phase of every frame, not only during the LM phases.
+    #[test]
+    fn mimi_runs_on_the_session_pool() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/lm");
+        let engine = Engine::open(&dir, EngineOptions::cpu(2)).unwrap();
+        let opts = SessionOptions {
+            sampling: SamplerConfig::greedy(),
+            ..Default::default()
+        };
+        let mut s = Session::new(engine, opts).unwrap();
+        let Compute::Cpu(pool) = &s.compute;
+        let pool = pool.clone();
+        assert_eq!(pool.n_threads(), 2);
+        let marks = Arc::new(Mutex::new(Vec::new()));
+        let (m, p) = (marks.clone(), pool.clone());
+        s.set_phase_hook(Some(Arc::new(move |phase| {
+            m.lock().unwrap().push((phase, p.dispatches()))
+        })));
+        let frames = 4;
+        let pcm: Vec<f32> = (0..frames * FRAME_SIZE)
+            .map(|i| 0.3 * (i as f32 * 0.05).sin())
+            .collect();
+        s.push_pcm(&pcm).unwrap();
+        let mut produced = 0;
+        while let Step::Frame(_) = s.step().unwrap() {
+            produced += 1;
+        }
+        assert_eq!(produced, frames);
+        let mut marks = marks.lock().unwrap().clone();
+        marks.push((Phase::Encode, pool.dispatches()));
+        let during = |from: Phase, to: Phase| -> Vec<u32> {
+            marks
+                .windows(2)
+                .filter(|w| w[0].0 == from && w[1].0 == to)
+                .map(|w| w[1].1.wrapping_sub(w[0].1))
+                .collect()
+        };
+        let encode = during(Phase::Encode, Phase::Lm);
+        let decode = during(Phase::Decode, Phase::Encode);
+        assert_eq!(encode.len(), frames);
+        assert_eq!(decode.len(), frames);
+        assert!(
+            encode.iter().all(|&n| n > 0),
+            "encode calls on the pool: {encode:?}"
+        );
+        // Frame 0 has no LM output, so nothing to decode; every later frame decodes on the pool.
+        assert_eq!(decode[0], 0, "{decode:?}");
+        assert!(
+            decode[1..].iter().all(|&n| n > 0),
+            "decode calls on the pool: {decode:?}"
+        );
     }
 }

@@ -5,6 +5,8 @@
 //! weights, the KV caches and work buffers ([`LmState`]) and the worker pool the matrix products are
 //! split over.
 
+use std::borrow::BorrowMut;
+use std::ops::Deref;
 use std::sync::Arc;
 
 use kernels::Pool;
@@ -68,13 +70,17 @@ pub trait LmBackend: Send {
     fn seek_for_bench(&mut self, offset: usize);
 }
 
-/// The CPU backend: shared weights, this batch's [`LmState`] and the worker pool its matrix products
-/// are split over (the calling thread plus `n_threads − 1` workers).
+/// The CPU backend: the weights, this batch's [`LmState`] and the worker pool its matrix products are
+/// split over (the calling thread plus `n_threads − 1` workers).
+///
+/// Owned (`CpuLm`, what the runtime holds: shared weights, its own state, a pool it may share with the
+/// codec) or borrowed for one call (`CpuLm<&LmModel, &mut LmState, &Pool>`, what [`super::LmGen`] and
+/// [`super::LmBatchGen`] build from the model and pool they are handed).
 #[derive(Debug)]
-pub struct CpuLm {
-    model: Arc<LmModel>,
-    state: LmState,
-    pool: Arc<Pool>,
+pub struct CpuLm<M = Arc<LmModel>, S = LmState, P = Arc<Pool>> {
+    model: M,
+    state: S,
+    pool: P,
 }
 
 impl CpuLm {
@@ -89,29 +95,54 @@ impl CpuLm {
         let state = model.new_batch_state(rows, kv_dtype)?;
         Ok(CpuLm { model, state, pool })
     }
+}
 
+impl<'a> CpuLm<&'a LmModel, &'a mut LmState, &'a Pool> {
+    /// The backend over borrowed parts, after checking that `state` was made for `spec`'s model.
+    pub(crate) fn borrowed(
+        spec: &LmSpec,
+        model: &'a LmModel,
+        state: &'a mut LmState,
+        pool: &'a Pool,
+    ) -> Result<Self, LmError> {
+        if model.spec() != spec {
+            return Err(LmError::Config("model and generator sizes differ".into()));
+        }
+        Ok(CpuLm { model, state, pool })
+    }
+}
+
+impl<M, S, P> CpuLm<M, S, P>
+where
+    P: Deref<Target = Pool>,
+{
     /// The pool the matrix products run on.
-    pub fn pool(&self) -> &Arc<Pool> {
+    pub fn pool(&self) -> &Pool {
         &self.pool
     }
 }
 
-impl LmBackend for CpuLm {
+impl<M, S, P> LmBackend for CpuLm<M, S, P>
+where
+    M: Deref<Target = LmModel> + Send,
+    S: BorrowMut<LmState> + Send,
+    P: Deref<Target = Pool> + Send,
+{
     fn spec(&self) -> &LmSpec {
         self.model.spec()
     }
     fn batch_size(&self) -> usize {
-        self.state.batch_size()
+        self.state.borrow().batch_size()
     }
     fn temporal_step(&mut self, rows: &[usize], tokens: &[i64]) -> Result<(), LmError> {
         self.model
-            .forward_temporal_rows(&mut self.state, rows, tokens, &self.pool)
+            .forward_temporal_rows(self.state.borrow_mut(), rows, tokens, &self.pool)
     }
     fn text_logits(&self) -> &[f32] {
-        self.state.text_logits()
+        self.state.borrow().text_logits()
     }
     fn transformer_out(&self) -> &[f32] {
-        self.state.transformer_out()
+        self.state.borrow().transformer_out()
     }
     fn depformer_step(
         &mut self,
@@ -120,61 +151,17 @@ impl LmBackend for CpuLm {
         prev_tokens: &[i64],
     ) -> Result<&[f32], LmError> {
         self.model
-            .depformer_step_rows(&mut self.state, rows, k, prev_tokens, &self.pool)
+            .depformer_step_rows(self.state.borrow_mut(), rows, k, prev_tokens, &self.pool)
     }
     fn reset_row(&mut self, b: usize) {
-        if b < self.state.batch_size() {
-            self.state.reset_session(b);
+        let state = self.state.borrow_mut();
+        if b < state.batch_size() {
+            state.reset_session(b);
         }
     }
     #[cfg(feature = "bench")]
     fn seek_for_bench(&mut self, offset: usize) {
-        self.state.seek_for_bench(offset);
-    }
-}
-
-/// The CPU backend over borrowed parts, for the generators that are handed the model and the pool
-/// at each call ([`super::LmGen`], [`super::LmBatchGen`]).
-pub(crate) struct CpuLmRef<'a> {
-    pub(crate) model: &'a LmModel,
-    pub(crate) state: &'a mut LmState,
-    pub(crate) pool: &'a Pool,
-}
-
-impl LmBackend for CpuLmRef<'_> {
-    fn spec(&self) -> &LmSpec {
-        self.model.spec()
-    }
-    fn batch_size(&self) -> usize {
-        self.state.batch_size()
-    }
-    fn temporal_step(&mut self, rows: &[usize], tokens: &[i64]) -> Result<(), LmError> {
-        self.model
-            .forward_temporal_rows(self.state, rows, tokens, self.pool)
-    }
-    fn text_logits(&self) -> &[f32] {
-        self.state.text_logits()
-    }
-    fn transformer_out(&self) -> &[f32] {
-        self.state.transformer_out()
-    }
-    fn depformer_step(
-        &mut self,
-        rows: &[usize],
-        k: usize,
-        prev_tokens: &[i64],
-    ) -> Result<&[f32], LmError> {
-        self.model
-            .depformer_step_rows(self.state, rows, k, prev_tokens, self.pool)
-    }
-    fn reset_row(&mut self, b: usize) {
-        if b < self.state.batch_size() {
-            self.state.reset_session(b);
-        }
-    }
-    #[cfg(feature = "bench")]
-    fn seek_for_bench(&mut self, offset: usize) {
-        self.state.seek_for_bench(offset);
+        self.state.borrow_mut().seek_for_bench(offset);
     }
 }
 

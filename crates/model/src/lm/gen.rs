@@ -18,7 +18,7 @@
 
 use kernels::Pool;
 
-use super::backend::{CpuLmRef, LmBackend};
+use super::backend::{CpuLm, LmBackend};
 use super::model::{LmModel, LmState};
 use super::spec::LmSpec;
 use super::{KvDtype, LmError};
@@ -683,14 +683,7 @@ impl LmGen {
         opts: &StepOptions<'_>,
         obs: &mut O,
     ) -> Result<Option<LmFrame>, LmError> {
-        if model.spec() != &self.core.spec {
-            return Err(LmError::Config("model and generator sizes differ".into()));
-        }
-        let mut backend = CpuLmRef {
-            model,
-            state: &mut self.state,
-            pool,
-        };
+        let mut backend = CpuLm::borrowed(&self.core.spec, model, &mut self.state, pool)?;
         self.core.step(
             &mut backend,
             &[0],
@@ -777,15 +770,8 @@ impl LmBatchGen {
                 got: out.len(),
             });
         }
-        if model.spec() != &self.core.spec {
-            return Err(LmError::Config("model and generator sizes differ".into()));
-        }
+        let mut backend = CpuLm::borrowed(&self.core.spec, model, &mut self.state, pool)?;
         let rows = std::mem::take(&mut self.core.all_rows);
-        let mut backend = CpuLmRef {
-            model,
-            state: &mut self.state,
-            pool,
-        };
         let r = self.core.step(
             &mut backend,
             &rows,
@@ -832,14 +818,7 @@ impl LmBatchGen {
         force_text: Option<&[Option<u32>]>,
         out: &mut [Result<Option<LmFrame>, LmError>],
     ) -> Result<(), LmError> {
-        if model.spec() != &self.core.spec {
-            return Err(LmError::Config("model and generator sizes differ".into()));
-        }
-        let mut backend = CpuLmRef {
-            model,
-            state: &mut self.state,
-            pool,
-        };
+        let mut backend = CpuLm::borrowed(&self.core.spec, model, &mut self.state, pool)?;
         step_rows(
             &mut self.core,
             &mut backend,
