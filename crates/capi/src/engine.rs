@@ -41,7 +41,7 @@ impl MnEngineOptions {
         let d = EngineOptions::default();
         MnEngineOptions {
             struct_size: std::mem::size_of::<MnEngineOptions>() as u32,
-            threads: d.threads as u32,
+            threads: d.device.threads() as u32,
             kv_dtype: match d.kv_dtype {
                 KvDtype::Bf16 => MN_KV_DTYPE_BF16,
                 KvDtype::F32 => MN_KV_DTYPE_F32,
@@ -66,7 +66,9 @@ impl MnEngineOptions {
             }
         };
         Ok(EngineOptions {
-            threads: self.threads as usize,
+            device: runtime::Device::Cpu {
+                threads: self.threads as usize,
+            },
             kv_dtype,
         })
     }

@@ -47,7 +47,7 @@ fn reference(input: &[f32]) -> Vec<f32> {
     for chunk in input.chunks(runtime::FRAME_SIZE) {
         s.push_pcm(chunk).unwrap();
         while let runtime::Step::Frame(f) = s.step().unwrap() {
-            pcm.extend_from_slice(f.pcm);
+            pcm.extend_from_slice(&f.pcm);
         }
     }
     pcm
