@@ -211,7 +211,7 @@ pub fn verify(a: &VerifyArgs) -> Result<Report> {
         return Ok(r);
     }
     let t = Instant::now();
-    let opened = match a.engine.open() {
+    let opened = match a.engine.open(1) {
         Ok(o) => o,
         Err(e) => {
             r.push("engine", Verdict::Fail, format!("{e:#}"));
@@ -222,7 +222,7 @@ pub fn verify(a: &VerifyArgs) -> Result<Report> {
     r.push(
         "engine",
         Verdict::Pass,
-        format!("loaded with {} thread(s)", a.engine.threads),
+        format!("loaded with {} thread(s)", a.engine.threads(1)),
     );
     if let Err(e) = duplex_checks(&mut r, &opened.engine, &clip) {
         r.push("full duplex", Verdict::Fail, format!("{e:#}"));
@@ -382,7 +382,7 @@ fn duplex_checks(
         loop {
             match session.step().context("frame pass failed")? {
                 Step::Frame(out) => {
-                    reply.extend_from_slice(out.pcm);
+                    reply.extend_from_slice(&out.pcm);
                     if let Some(t) = out.text_token {
                         tokens.push(t);
                     }
