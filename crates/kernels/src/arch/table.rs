@@ -2,7 +2,7 @@
 //! shared parameters the kernels read. `arch/mod.rs` picks a table; `scalar`, `x86` and
 //! `aarch64` define them.
 
-use crate::layout::{Act, PackedA, QPacked, MR, NR};
+use crate::layout::{Act, PackedA, QPacked, MR, NR, TILE};
 
 /// Widest GEMM output (in columns) handled by the skinny, weight-streaming micro-kernel.
 pub(crate) const SKINNY: usize = 4;
@@ -101,3 +101,19 @@ pub(crate) struct Kernels {
 /// more bandwidth than with the hardware prefetchers alone; `examples/prefetch_ab.rs`).
 pub(crate) static PREFETCH: std::sync::atomic::AtomicUsize =
     std::sync::atomic::AtomicUsize::new(4096);
+
+/// The work of a quantized matmul over rows `r0..r1` as `(tile, first activation row, count)`:
+/// every 8-row tile, its activation rows in chunks of at most `most`.
+#[inline(always)]
+pub(crate) fn tile_chunks(
+    n: usize,
+    r0: usize,
+    r1: usize,
+    most: usize,
+) -> impl Iterator<Item = (usize, usize, usize)> {
+    (r0 / TILE..r1.div_ceil(TILE)).flat_map(move |t| {
+        (0..n)
+            .step_by(most)
+            .map(move |i0| (t, i0, (n - i0).min(most)))
+    })
+}

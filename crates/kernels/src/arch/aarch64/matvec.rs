@@ -35,7 +35,7 @@ unsafe fn load8(q: &QPacked, v: &[u16], t: usize, g: usize) -> [float32x4_t; 2] 
     }
 }
 
-/// Block `b` of tile `t`: adds the scaled integer sums `is` (rows 0–3, 4–7 per activation row
+/// Block `b` (scale group `g`) of tile `t`: adds the scaled integer sums `is` (rows 0–3, 4–7 per activation row
 /// `i0 + i`) to `acc` and the bias term to `corr`, exactly like the portable kernel.
 #[inline(always)]
 unsafe fn accumulate<const N: usize>(
@@ -44,12 +44,12 @@ unsafe fn accumulate<const N: usize>(
     b: usize,
     act: &Act<'_>,
     i0: usize,
+    g: usize,
     is: &[[int32x4_t; 2]; N],
     acc: &mut [[float32x4_t; 2]; N],
     corr: &mut [[float32x4_t; 2]; N],
 ) {
     let nb = q.blocks;
-    let g = b / q.group_blocks;
     let sc = load8(q, &q.scales, t, g);
     let bias = match q.kind {
         QKind::Q8Sym => [vdupq_n_f32(0.0); 2],
@@ -69,6 +69,16 @@ unsafe fn accumulate<const N: usize>(
             acc[i][h] = vfmaq_f32(acc[i][h], vmulq_n_f32(sc[h], d), v);
             corr[i][h] = vfmaq_n_f32(corr[i][h], bias[h], s);
         }
+    }
+}
+
+/// Scale group of block `b` (no division for GGUF's one block per group).
+#[inline(always)]
+fn group(q: &QPacked, b: usize) -> usize {
+    if q.group_blocks == 1 {
+        b
+    } else {
+        b / q.group_blocks
     }
 }
 
@@ -193,7 +203,7 @@ macro_rules! dot_kernels {
                         group!(6, 1, 2);
                         group!(7, 1, 3);
                     }
-                    accumulate::<N>(q, t, b, act, i0, &is, &mut acc, &mut corr);
+                    accumulate::<N>(q, t, b, act, i0, group(q, b), &is, &mut acc, &mut corr);
                 }
                 store::<N>(&acc, &corr, rows, t, i0, y);
             }
@@ -214,16 +224,12 @@ macro_rules! dot_kernels {
                 r1: usize,
                 y: *mut f32,
             ) {
-                for t in r0 / TILE..r1.div_ceil(TILE) {
-                    let mut i0 = 0;
-                    while i0 < n {
-                        match n - i0 {
-                            1 => tile::<1>(q, rows, cols, act, t, i0, y),
-                            2 => tile::<2>(q, rows, cols, act, t, i0, y),
-                            3 => tile::<3>(q, rows, cols, act, t, i0, y),
-                            _ => tile::<4>(q, rows, cols, act, t, i0, y),
-                        }
-                        i0 += 4;
+                for (t, i0, k) in crate::arch::table::tile_chunks(n, r0, r1, 4) {
+                    match k {
+                        1 => tile::<1>(q, rows, cols, act, t, i0, y),
+                        2 => tile::<2>(q, rows, cols, act, t, i0, y),
+                        3 => tile::<3>(q, rows, cols, act, t, i0, y),
+                        _ => tile::<4>(q, rows, cols, act, t, i0, y),
                     }
                 }
             }
@@ -321,7 +327,7 @@ unsafe fn tile_mm<const P: usize, const N: usize>(
                 vuzp2q_s32(mm[p][2], mm[p][3]),
             ];
         }
-        accumulate::<N>(q, t, b, act, i0, &is, &mut acc, &mut corr);
+        accumulate::<N>(q, t, b, act, i0, group(q, b), &is, &mut acc, &mut corr);
     }
     store::<N>(&acc, &corr, rows, t, i0, y);
 }

@@ -445,16 +445,12 @@ macro_rules! quant_kernels {
                 y: *mut f32,
             ) {
                 debug_assert_eq!(r0 % TILE, 0);
-                for t in r0 / TILE..r1.div_ceil(TILE) {
-                    let mut i0 = 0;
-                    while i0 < n {
-                        match n - i0 {
-                            1 => tile_n::<1>(q, rows, cols, act, t, i0, y),
-                            2 => tile_n::<2>(q, rows, cols, act, t, i0, y),
-                            3 => tile_n::<3>(q, rows, cols, act, t, i0, y),
-                            _ => tile_n::<4>(q, rows, cols, act, t, i0, y),
-                        }
-                        i0 += 4;
+                for (t, i0, k) in crate::arch::table::tile_chunks(n, r0, r1, 4) {
+                    match k {
+                        1 => tile_n::<1>(q, rows, cols, act, t, i0, y),
+                        2 => tile_n::<2>(q, rows, cols, act, t, i0, y),
+                        3 => tile_n::<3>(q, rows, cols, act, t, i0, y),
+                        _ => tile_n::<4>(q, rows, cols, act, t, i0, y),
                     }
                 }
             }
