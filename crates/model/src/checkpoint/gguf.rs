@@ -368,12 +368,12 @@ pub struct WriteTensor<'a> {
     pub data: &'a [u8],
 }
 
-/// Header bytes of a GGUF v3 file (no metadata) for tensors of the given byte sizes; returns the
+/// Header bytes of a GGUF file of `version` (2 or 3; no metadata) for tensors of the given byte sizes; returns the
 /// header (already padded to the alignment) and each tensor's offset relative to the data section.
-pub fn header_bytes(tensors: &[(&str, u32, &[usize], usize)]) -> (Vec<u8>, Vec<u64>) {
+pub fn header_bytes(tensors: &[(&str, u32, &[usize], usize)], version: u32) -> (Vec<u8>, Vec<u64>) {
     let mut out = Vec::new();
     out.extend_from_slice(&MAGIC.to_le_bytes());
-    out.extend_from_slice(&3u32.to_le_bytes());
+    out.extend_from_slice(&version.to_le_bytes());
     out.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
     out.extend_from_slice(&0u64.to_le_bytes());
     let mut offsets = Vec::new();
@@ -402,7 +402,7 @@ pub fn write(tensors: &[WriteTensor<'_>]) -> Vec<u8> {
         .iter()
         .map(|t| (t.name, t.ggml_type, t.shape, t.data.len()))
         .collect();
-    let (mut out, offsets) = header_bytes(&infos);
+    let (mut out, offsets) = header_bytes(&infos, 3);
     let base = out.len();
     for (t, off) in tensors.iter().zip(offsets) {
         out.resize(base + off as usize, 0);

@@ -181,6 +181,16 @@ pub fn header_bytes(
     tensors: &[(String, &str, Vec<usize>, usize)],
     metadata: Option<&BTreeMap<String, String>>,
 ) -> Vec<u8> {
+    header_bytes_with(tensors, metadata, true)
+}
+
+/// [`header_bytes`], with the JSON padded to a multiple of 8 bytes (as the `safetensors` library
+/// writes) or not (as MLX's `save_safetensors` writes, leaving the data section unaligned).
+pub fn header_bytes_with(
+    tensors: &[(String, &str, Vec<usize>, usize)],
+    metadata: Option<&BTreeMap<String, String>>,
+    pad: bool,
+) -> Vec<u8> {
     let mut map = serde_json::Map::new();
     if let Some(m) = metadata {
         let obj: serde_json::Map<String, Value> = m
@@ -200,7 +210,7 @@ pub fn header_bytes(
     }
     let mut json = serde_json::to_vec(&Value::Object(map)).expect("serialisable");
     // Pad with spaces to a multiple of 8 so the data section is aligned.
-    while !(json.len() + 8).is_multiple_of(8) {
+    while pad && !(json.len() + 8).is_multiple_of(8) {
         json.push(b' ');
     }
     let mut out = (json.len() as u64).to_le_bytes().to_vec();

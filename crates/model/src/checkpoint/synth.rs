@@ -399,10 +399,61 @@ fn io_err(path: &Path) -> impl Fn(std::io::Error) -> CheckpointError + '_ {
     }
 }
 
+/// Byte size and placement of each file tensor of `outs` (MLX triplets expanded).
+type Infos<'a> = Vec<(String, &'a str, Vec<usize>, usize)>;
+
+/// The header of the LM file of `format` holding `infos`, each tensor's data offset (relative to
+/// the data section), and the file's total length. Written as the released files are:
+/// * GGUF (candle's writer, `moshiko-candle-q8`): version 2, no metadata key, tensor data
+///   aligned to 32 bytes;
+/// * MLX (`mx.save_safetensors`): `__metadata__` `{"format": "mlx"}`, header not padded (the
+///   data section may be unaligned);
+/// * PyTorch / candle safetensors: no metadata, header padded to 8 bytes.
+fn lm_header(format: SynthFormat, infos: &Infos<'_>) -> (Vec<u8>, Vec<u64>, u64) {
+    match format {
+        SynthFormat::Q8Gguf => {
+            let typed: Vec<(&str, u32, &[usize], usize)> = infos
+                .iter()
+                .map(|(n, d, s, l)| {
+                    let t = match *d {
+                        "F32" => gguf::ggml::F32,
+                        "Q8_0" => gguf::ggml::Q8_0,
+                        _ => gguf::ggml::BF16,
+                    };
+                    (n.as_str(), t, s.as_slice(), *l)
+                })
+                .collect();
+            let (h, offsets) = gguf::header_bytes(&typed, 2);
+            let end = offsets.last().copied().unwrap_or(0) + infos.last().map_or(0, |i| i.3 as u64);
+            let len =
+                h.len() as u64 + end.div_ceil(gguf::DEFAULT_ALIGNMENT) * gguf::DEFAULT_ALIGNMENT;
+            (h, offsets, len)
+        }
+        _ => {
+            let mlx = matches!(format, SynthFormat::MlxQ4 | SynthFormat::MlxQ8);
+            let metadata: std::collections::BTreeMap<String, String> =
+                [("format".to_string(), "mlx".to_string())].into();
+            let h = super::safetensors::header_bytes_with(infos, mlx.then_some(&metadata), !mlx);
+            let mut offsets = Vec::with_capacity(infos.len());
+            let mut off = 0u64;
+            for i in infos {
+                offsets.push(off);
+                off += i.3 as u64;
+            }
+            (h.clone(), offsets, h.len() as u64 + off)
+        }
+    }
+}
+
 /// Write a safetensors file of `outs`, streaming each tensor.
-fn write_safetensors(path: &Path, outs: &[Out], seed: u64) -> Result<u64, CheckpointError> {
-    let infos: Vec<(String, &str, Vec<usize>, usize)> = outs.iter().flat_map(expand).collect();
-    let header = super::safetensors::header_bytes(&infos, None);
+fn write_safetensors(
+    path: &Path,
+    format: SynthFormat,
+    outs: &[Out],
+    seed: u64,
+) -> Result<u64, CheckpointError> {
+    let infos: Infos<'_> = outs.iter().flat_map(expand).collect();
+    let (header, _, total) = lm_header(format, &infos);
     let f = File::create(path).map_err(io_err(path))?;
     let mut w = BufWriter::with_capacity(1 << 22, f);
     w.write_all(&header).map_err(io_err(path))?;
@@ -411,25 +462,13 @@ fn write_safetensors(path: &Path, outs: &[Out], seed: u64) -> Result<u64, Checkp
         stream_tensor(o, &mut rng, |_, b| w.write_all(b)).map_err(io_err(path))?;
     }
     w.flush().map_err(io_err(path))?;
-    let total = header.len() as u64 + infos.iter().map(|i| i.3 as u64).sum::<u64>();
     Ok(total)
 }
 
-/// Write a GGUF v3 file of `outs` (F32 / Q8_0 / BF16 tensors only), streaming each tensor.
+/// Write the GGUF file of `outs` (F32 / Q8_0 / BF16 tensors only), streaming each tensor.
 fn write_gguf(path: &Path, outs: &[Out], seed: u64) -> Result<u64, CheckpointError> {
-    let infos: Vec<(String, &str, Vec<usize>, usize)> = outs.iter().flat_map(expand).collect();
-    let typed: Vec<(&str, u32, &[usize], usize)> = infos
-        .iter()
-        .map(|(n, d, s, l)| {
-            let t = match *d {
-                "F32" => gguf::ggml::F32,
-                "Q8_0" => gguf::ggml::Q8_0,
-                _ => gguf::ggml::BF16,
-            };
-            (n.as_str(), t, s.as_slice(), *l)
-        })
-        .collect();
-    let (header, offsets) = gguf::header_bytes(&typed);
+    let infos: Infos<'_> = outs.iter().flat_map(expand).collect();
+    let (header, offsets, total) = lm_header(SynthFormat::Q8Gguf, &infos);
     let f = File::create(path).map_err(io_err(path))?;
     let mut w = BufWriter::with_capacity(1 << 22, f);
     w.write_all(&header).map_err(io_err(path))?;
@@ -446,11 +485,44 @@ fn write_gguf(path: &Path, outs: &[Out], seed: u64) -> Result<u64, CheckpointErr
         })
         .map_err(io_err(path))?;
     }
-    let end = pos.div_ceil(gguf::DEFAULT_ALIGNMENT) * gguf::DEFAULT_ALIGNMENT;
+    let end = total - header.len() as u64;
     w.write_all(&vec![0u8; (end - pos) as usize])
         .map_err(io_err(path))?;
     w.flush().map_err(io_err(path))?;
-    Ok(header.len() as u64 + end)
+    Ok(total)
+}
+
+/// What the LM file of `format` for `cfg` holds, computed from the schema without writing it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inventory {
+    /// Tensors in the file (an MLX quantized matrix counts as its three tensors).
+    pub tensors: usize,
+    /// Tensors per file dtype (`BF16`, `F32`, `Q8_0`, `U32`).
+    pub by_dtype: std::collections::BTreeMap<String, usize>,
+    /// Model values (dequantized elements of every weight).
+    pub values: u64,
+    /// File length in bytes.
+    pub file_len: u64,
+}
+
+/// The inventory of the LM file [`write_bundle`] writes for `cfg` in `format`.
+pub fn lm_inventory(cfg: &LmConfig, format: SynthFormat) -> Inventory {
+    let outs = lm_outputs(cfg, format);
+    let infos: Infos<'_> = outs.iter().flat_map(expand).collect();
+    let (_, _, file_len) = lm_header(format, &infos);
+    let mut by_dtype = std::collections::BTreeMap::new();
+    for i in &infos {
+        *by_dtype.entry(i.1.to_string()).or_insert(0) += 1;
+    }
+    Inventory {
+        tensors: infos.len(),
+        by_dtype,
+        values: outs
+            .iter()
+            .map(|o| o.shape.iter().product::<usize>() as u64)
+            .sum(),
+        file_len,
+    }
 }
 
 /// Write only the header of the LM file of `format` for `cfg` and extend the file to its full
@@ -462,32 +534,8 @@ pub fn write_lm_header_only(
     cfg: &LmConfig,
 ) -> Result<u64, CheckpointError> {
     let outs = lm_outputs(cfg, format);
-    let infos: Vec<(String, &str, Vec<usize>, usize)> = outs.iter().flat_map(expand).collect();
-    let (header, total) = match format {
-        SynthFormat::Q8Gguf => {
-            let typed: Vec<(&str, u32, &[usize], usize)> = infos
-                .iter()
-                .map(|(n, d, s, l)| {
-                    let t = if *d == "Q8_0" {
-                        gguf::ggml::Q8_0
-                    } else {
-                        gguf::ggml::F32
-                    };
-                    (n.as_str(), t, s.as_slice(), *l)
-                })
-                .collect();
-            let (h, offs) = gguf::header_bytes(&typed);
-            let last = offs.last().copied().unwrap_or(0) + infos.last().map_or(0, |i| i.3 as u64);
-            let len =
-                h.len() as u64 + last.div_ceil(gguf::DEFAULT_ALIGNMENT) * gguf::DEFAULT_ALIGNMENT;
-            (h, len)
-        }
-        _ => {
-            let h = super::safetensors::header_bytes(&infos, None);
-            let len = h.len() as u64 + infos.iter().map(|i| i.3 as u64).sum::<u64>();
-            (h, len)
-        }
-    };
+    let infos: Infos<'_> = outs.iter().flat_map(expand).collect();
+    let (header, _, total) = lm_header(format, &infos);
     let mut f = File::create(path).map_err(io_err(path))?;
     f.write_all(&header).map_err(io_err(path))?;
     f.set_len(total).map_err(io_err(path))?;
@@ -501,7 +549,18 @@ pub fn write_mimi_header_only(
     cfg: &MimiConfig,
     hf: bool,
 ) -> Result<u64, CheckpointError> {
-    let mut infos: Vec<(String, &str, Vec<usize>, usize)> = Vec::new();
+    let infos = mimi_infos(cfg, hf)?;
+    let header = super::safetensors::header_bytes(&infos, None);
+    let total = header.len() as u64 + infos.iter().map(|i| i.3 as u64).sum::<u64>();
+    let mut f = File::create(path).map_err(io_err(path))?;
+    f.write_all(&header).map_err(io_err(path))?;
+    f.set_len(total).map_err(io_err(path))?;
+    Ok(total)
+}
+
+/// The f32 tensors of the Mimi file for `cfg` (Kyutai names, or the Hugging Face layout).
+fn mimi_infos(cfg: &MimiConfig, hf: bool) -> Result<Infos<'static>, CheckpointError> {
+    let mut infos: Infos<'static> = Vec::new();
     for t in Schema::mimi(cfg).tensors {
         let n: usize = t.shape.iter().product();
         if !hf {
@@ -517,12 +576,7 @@ pub fn write_mimi_header_only(
             infos.push((name, "F32", shape.clone(), n / k * 4));
         }
     }
-    let header = super::safetensors::header_bytes(&infos, None);
-    let total = header.len() as u64 + infos.iter().map(|i| i.3 as u64).sum::<u64>();
-    let mut f = File::create(path).map_err(io_err(path))?;
-    f.write_all(&header).map_err(io_err(path))?;
-    f.set_len(total).map_err(io_err(path))?;
-    Ok(total)
+    Ok(infos)
 }
 
 /// A minimal SentencePiece `ModelProto` with `vocab` pieces (`<unk>`, `<s>`, `</s>`, `<pad>`, then
@@ -609,7 +663,7 @@ pub fn write_bundle(
     let outs = lm_outputs(lm, format);
     let lm_size = match format {
         SynthFormat::Q8Gguf => write_gguf(&lm_path, &outs, seed)?,
-        _ => write_safetensors(&lm_path, &outs, seed)?,
+        _ => write_safetensors(&lm_path, format, &outs, seed)?,
     };
     let mimi_outs: Vec<Out> = Schema::mimi(mimi)
         .tensors
@@ -622,7 +676,8 @@ pub fn write_bundle(
         })
         .collect();
     let mimi_path = dir.join(MIMI_NAME);
-    let mimi_size = write_safetensors(&mimi_path, &mimi_outs, seed ^ 0x5eed)?;
+    // The released Mimi file is a plain PyTorch safetensors file (padded header, no metadata).
+    let mimi_size = write_safetensors(&mimi_path, SynthFormat::Bf16, &mimi_outs, seed ^ 0x5eed)?;
     let spm = dir.join(TOKENIZER_NAME);
     std::fs::write(&spm, tiny_spm(lm.text_card)).map_err(io_err(&spm))?;
     let write_cfg = matches!(format, SynthFormat::Bf16 | SynthFormat::Bf16InProjs) || !released;
@@ -851,5 +906,78 @@ mod tests {
         let outs = lm_outputs(&LmConfig::moshiko_v0_1(), SynthFormat::Bf16);
         let bytes: usize = outs.iter().flat_map(expand).map(|x| x.3).sum();
         assert_eq!(bytes, 2 * 7_687_729_152);
+    }
+
+    /// The full-size inventories, computed from the schema (nothing written), are those of the
+    /// released files: PyTorch bf16 355 tensors / 7,687,729,152 values; candle q8 523 tensors
+    /// (362 Q8_0, 161 F32) in 8,169,420,704 bytes; MLX q4 and q8 1,247 tensors; Mimi 318
+    /// tensors (Hugging Face layout 350) / 96,151,393 values.
+    #[test]
+    fn full_size_inventories_match_the_released_files() {
+        let cfg = LmConfig::moshiko_v0_1();
+        let bf16 = lm_inventory(&cfg, SynthFormat::Bf16);
+        assert_eq!((bf16.tensors, bf16.values), (355, 7_687_729_152));
+        let q8 = lm_inventory(&cfg, SynthFormat::Q8Gguf);
+        assert_eq!(q8.tensors, 523);
+        assert_eq!(q8.by_dtype.get("Q8_0"), Some(&362));
+        assert_eq!(q8.by_dtype.get("F32"), Some(&161));
+        assert_eq!(q8.file_len, 8_169_420_704);
+        // candle and MLX files repeat each Depformer norm per slice: 8 slices x 6 layers x 2 x 1024.
+        let dep_norm_copies = 7 * 6 * 2 * 1024;
+        assert_eq!(q8.values, bf16.values + dep_norm_copies);
+        for fmt in [SynthFormat::MlxQ4, SynthFormat::MlxQ8] {
+            let m = lm_inventory(&cfg, fmt);
+            assert_eq!(m.tensors, 1_247, "{fmt:?}");
+            assert_eq!(m.values, bf16.values + dep_norm_copies, "{fmt:?}");
+        }
+        for (hf, tensors) in [(false, 318), (true, 350)] {
+            let infos = mimi_infos(&MimiConfig::v0_1(), hf).unwrap();
+            assert_eq!(infos.len(), tensors, "hf {hf}");
+            let values: usize = infos.iter().map(|i| i.3 / 4).sum();
+            assert_eq!(values, 96_151_393, "hf {hf}");
+        }
+    }
+
+    /// The files are laid out as the released ones: GGUF version 2 with no metadata key; MLX
+    /// safetensors with `{"format":"mlx"}` and an unpadded header; and `write_lm_header_only`
+    /// gives the inventory's length.
+    #[test]
+    fn headers_are_those_of_the_released_files() {
+        let cfg = LmConfig::moshiko_v0_1();
+        let root = std::env::temp_dir().join(format!("moshi-synth-inv-{}", std::process::id()));
+        std::fs::create_dir_all(&root).unwrap();
+        for fmt in [SynthFormat::Q8Gguf, SynthFormat::MlxQ4, SynthFormat::Bf16] {
+            let p = root.join(format!("{fmt:?}"));
+            let len = write_lm_header_only(&p, fmt, &cfg).unwrap();
+            assert_eq!(len, lm_inventory(&cfg, fmt).file_len);
+            let head = {
+                use std::io::Read;
+                let mut b = vec![0u8; 1 << 20];
+                let n = File::open(&p).unwrap().read(&mut b).unwrap();
+                b.truncate(n);
+                b
+            };
+            match fmt {
+                SynthFormat::Q8Gguf => {
+                    assert_eq!(&head[..4], b"GGUF");
+                    assert_eq!(u32::from_le_bytes(head[4..8].try_into().unwrap()), 2);
+                    assert_eq!(u64::from_le_bytes(head[8..16].try_into().unwrap()), 523);
+                    assert_eq!(u64::from_le_bytes(head[16..24].try_into().unwrap()), 0);
+                }
+                _ => {
+                    let n = u64::from_le_bytes(head[..8].try_into().unwrap()) as usize;
+                    let json: serde_json::Value = serde_json::from_slice(&head[8..8 + n]).unwrap();
+                    if fmt == SynthFormat::MlxQ4 {
+                        assert_eq!(json["__metadata__"], serde_json::json!({"format": "mlx"}));
+                        assert_ne!(head[8 + n - 1], b' ', "no padding");
+                    } else {
+                        assert!(json.get("__metadata__").is_none());
+                        assert_eq!((8 + n) % 8, 0);
+                    }
+                }
+            }
+            std::fs::remove_file(&p).unwrap();
+        }
+        std::fs::remove_dir_all(&root).ok();
     }
 }
