@@ -180,7 +180,7 @@ async fn client_that_stops_reading_is_bounded() {
         "{queued_or_sent} messages queued/sent, {dropped} dropped"
     );
     // Memory: those messages plus allocator slack (measured 4.3 MiB, run alone).
-    let bound = (server::OUT_QUEUE + socket_slack) * (text_bytes + 8 << 10) + (4 << 20);
+    let bound = (server::OUT_QUEUE + socket_slack) * (text_bytes + (8 << 10)) + (4 << 20);
     assert!(
         growth < bound as u64,
         "rss grew by {growth} bytes (bound {bound})"
