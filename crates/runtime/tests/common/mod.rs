@@ -65,6 +65,8 @@ pub struct Collected {
     pub audio: Vec<Option<[u32; 8]>>,
     pub pcm: Vec<f32>,
     pub text: String,
+    /// The text of every frame, in order (empty when a frame has none).
+    pub texts: Vec<String>,
 }
 
 impl Collected {
@@ -87,6 +89,7 @@ impl Collected {
         self.audio.push(f.audio_tokens);
         self.pcm.extend_from_slice(&f.pcm);
         self.text.push_str(&f.text);
+        self.texts.push(f.text.clone());
     }
 }
 
