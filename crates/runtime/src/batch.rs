@@ -188,7 +188,13 @@ impl BatchRunner {
         let inlet = Inlet::new(ring.clone(), opts.max_steps);
         let control = inlet.control.clone();
         let codec = self.engine.codec_backend(&self.compute);
-        let conv = Conversation::new(&self.engine, codec, inlet, &opts)?;
+        let conv = Conversation::new(
+            &self.engine,
+            codec,
+            inlet,
+            opts.output_rate,
+            opts.first_frame_reset,
+        )?;
         let producer = PcmProducer::new(ring.clone());
         let (tx, rx) = mpsc::sync_channel(self.event_capacity);
         let (recycle, recycled) = mpsc::sync_channel(self.event_capacity + 2);

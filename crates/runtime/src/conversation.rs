@@ -6,10 +6,12 @@ use model::lm::LmFrame;
 use model::mimi::CodecBackend;
 use model::text::Detokenizer;
 
+use crate::engine::Engine;
+use crate::error::RuntimeError;
 use crate::events::FrameEvent;
 use crate::inlet::{Begin, Command, Inlet};
 use crate::resample::OutputResampler;
-use crate::{Engine, RuntimeError, SessionOptions, FRAME_SIZE, N_AUDIO};
+use crate::{FRAME_SIZE, N_AUDIO};
 
 pub(crate) struct Conversation {
     pub(crate) inlet: Inlet,
@@ -32,21 +34,23 @@ pub(crate) struct Conversation {
 }
 
 impl Conversation {
-    /// A fresh conversation of `engine` with `opts`, decoding through `codec`. Every buffer is allocated here.
+    /// A fresh conversation of `engine` decoding through `codec`, with output at `output_rate` and the
+    /// first-frame rule on or off (see `SessionOptions`). Every buffer is allocated here.
     pub(crate) fn new(
         engine: &Engine,
         codec: Box<dyn CodecBackend>,
         inlet: Inlet,
-        opts: &SessionOptions,
+        output_rate: u32,
+        first_frame_reset: bool,
     ) -> Result<Conversation, RuntimeError> {
-        let resampler = OutputResampler::new(opts.output_rate)?;
+        let resampler = OutputResampler::new(output_rate)?;
         let frame = FrameEvent::with_capacity(resampler.frame_capacity(), 256);
         Ok(Conversation {
             inlet,
             codec,
             detok: engine.tokenizer().map(|sp| Detokenizer::new(sp.clone())),
             resampler,
-            first_frame_reset: opts.first_frame_reset,
+            first_frame_reset,
             text_card: engine.lm().spec().text_card,
             forced: Vec::with_capacity(64),
             forced_pos: 0,

@@ -1,13 +1,15 @@
 //! The full-duplex runtime: engine, sessions and the frame pass.
 //!
-//! * [`Engine`]: the resident, immutable weight image (LM + Mimi + tokenizer), shared by sessions (`Arc`).
+//! * [`Engine`]: the resident, immutable weight image (LM + Mimi + tokenizer), shared by sessions (`Arc`), and
+//!   the [`Device`] sessions compute on ([`EngineOptions`]).
 //! * [`Session`]: all per-conversation state, preallocated; [`Session::step`] runs one frame pass
-//!   (encode → LM step → decode + detokenize, see `frame.rs`) and returns borrowed output.
+//!   (encode → LM step → decode + detokenize; `conversation.rs` and `stepper.rs`) and returns borrowed output.
 //! * [`PcmProducer`]: non-blocking input (any chunk size, lock-free ring with drop-oldest).
 //! * [`SessionControl`]: interrupt / pause / resume / reset / stop from any thread, applied between frames.
 //! * [`SessionRunner`]: a worker thread per session with an event queue; stop joins exactly once.
 //! * [`BatchRunner`]: several conversations ([`BatchSession`]s, same producer / control / events as a
-//!   `SessionRunner`) on one worker thread, stepped together by one batched LM step (weights read once).
+//!   `SessionRunner`) on one worker thread, stepped together by one batched LM step (weights read once). A
+//!   `Session` is a batch of one: both run the same conversation and stepper code.
 //!
 //! See `docs/CONTRACTS.md` (runtime section) for the contract and `examples/duplex.rs` for a runnable example.
 //!

@@ -86,7 +86,14 @@ impl Session {
         let ring = FrameRing::new(opts.max_queued_frames);
         let producer = Some(PcmProducer::new(ring.clone()));
         let inlet = Inlet::new(ring, opts.max_steps);
-        let conv = Conversation::new(&engine, engine.codec_backend(&compute), inlet, &opts)?;
+        let codec = engine.codec_backend(&compute);
+        let conv = Conversation::new(
+            &engine,
+            codec,
+            inlet,
+            opts.output_rate,
+            opts.first_frame_reset,
+        )?;
         Ok(Session {
             conv,
             stepper,

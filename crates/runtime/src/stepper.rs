@@ -95,7 +95,7 @@ pub(crate) enum Prepared {
 /// The LM generator of a driver (one row per conversation slot) with its samplers and the buffers of a
 /// tick.
 pub(crate) struct Stepper {
-    gen: Generator<Box<dyn LmBackend>>,
+    gen: Generator<dyn LmBackend>,
     samplers: Vec<Sampler>,
     /// Rows stepped this tick, in order.
     active: Vec<usize>,

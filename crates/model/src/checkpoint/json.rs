@@ -123,3 +123,20 @@ pub(super) fn check_unknown(g: &Getter<'_>, prefix: &str) -> Result<(), Checkpoi
         Err(CheckpointError::UnknownConfigKeys { keys: unknown })
     }
 }
+
+/// A refusal of a configuration this engine does not run.
+pub(super) fn unsupported<T>(key: &str, value: String, reason: &str) -> Result<T, CheckpointError> {
+    Err(CheckpointError::UnsupportedArchitecture {
+        key: key.into(),
+        value,
+        reason: reason.into(),
+    })
+}
+
+/// Every `(key, value)` must be positive.
+pub(super) fn positive(fields: &[(&str, usize)]) -> Result<(), CheckpointError> {
+    match fields.iter().find(|(_, v)| *v == 0) {
+        Some((k, _)) => Err(bad(k, "must be positive".into())),
+        None => Ok(()),
+    }
+}

@@ -5,7 +5,7 @@
 
 use serde_json::{Map, Value};
 
-use super::json::{bad, Getter};
+use super::json::{bad, positive, unsupported, Getter};
 use super::layers::{ffn_hidden, Gating, NormKind, PosEmb};
 use super::{BundleConfig, CheckpointError};
 
@@ -189,14 +189,7 @@ impl LmConfig {
 
     /// Check that the configuration is the Moshi v0.1 architecture (any sizes) that this engine runs.
     pub fn validate(&self) -> Result<(), CheckpointError> {
-        let arch = |key: &str, value: String, reason: &str| {
-            Err(CheckpointError::UnsupportedArchitecture {
-                key: key.into(),
-                value,
-                reason: reason.into(),
-            })
-        };
-        for (k, v) in [
+        positive(&[
             ("dim", self.dim),
             ("num_heads", self.num_heads),
             ("num_layers", self.num_layers),
@@ -207,11 +200,7 @@ impl LmConfig {
             ("depformer_dim", self.depformer_dim),
             ("depformer_num_heads", self.depformer_num_heads),
             ("depformer_num_layers", self.depformer_num_layers),
-        ] {
-            if v == 0 {
-                return Err(bad(k, "must be positive".into()));
-            }
-        }
+        ])?;
         if !self.dim.is_multiple_of(self.num_heads) {
             return Err(bad("num_heads", "must divide dim".into()));
         }
@@ -238,60 +227,60 @@ impl LmConfig {
             return Err(bad("dep_q", "larger than n_q".into()));
         }
         if !self.norm.is_rms() {
-            return arch(
+            return unsupported(
                 "norm",
                 self.norm.name().into(),
                 "only rms_norm / rms_norm_f32",
             );
         }
         if self.gating != Gating::Silu {
-            return arch("gating", self.gating.name().into(), "only silu");
+            return unsupported("gating", self.gating.name().into(), "only silu");
         }
         if self.depformer_gating != Gating::Silu {
-            return arch(
+            return unsupported(
                 "depformer_gating",
                 self.depformer_gating.name().into(),
                 "only silu",
             );
         }
         if self.positional_embedding != PosEmb::Rope {
-            return arch(
+            return unsupported(
                 "positional_embedding",
                 self.positional_embedding.name().into(),
                 "only rope",
             );
         }
         if self.depformer_pos_emb != PosEmb::None {
-            return arch(
+            return unsupported(
                 "depformer_pos_emb",
                 self.depformer_pos_emb.name().into(),
                 "only none",
             );
         }
         if let Some(v) = self.layer_scale {
-            return arch("layer_scale", v.to_string(), "only null");
+            return unsupported("layer_scale", v.to_string(), "only null");
         }
         if let Some(v) = self.depformer_layer_scale {
-            return arch("depformer_layer_scale", v.to_string(), "only null");
+            return unsupported("depformer_layer_scale", v.to_string(), "only null");
         }
         if self.kv_repeat != 1 {
-            return arch("kv_repeat", self.kv_repeat.to_string(), "only 1");
+            return unsupported("kv_repeat", self.kv_repeat.to_string(), "only 1");
         }
         if self.text_card_out != self.text_card {
-            return arch(
+            return unsupported(
                 "text_card_out",
                 self.text_card_out.to_string(),
                 "must equal text_card",
             );
         }
         if !self.causal {
-            return arch("causal", "false".into(), "only causal");
+            return unsupported("causal", "false".into(), "only causal");
         }
         if !self.depformer_multi_linear {
-            return arch("depformer_multi_linear", "false".into(), "only true");
+            return unsupported("depformer_multi_linear", "false".into(), "only true");
         }
         if !self.depformer_weights_per_step {
-            return arch("depformer_weights_per_step", "false".into(), "only true");
+            return unsupported("depformer_weights_per_step", "false".into(), "only true");
         }
         Ok(())
     }

@@ -2,7 +2,7 @@
 
 use serde_json::{Map, Value};
 
-use super::json::{as_f64, bad, check_unknown, Getter};
+use super::json::{as_f64, bad, check_unknown, positive, unsupported, Getter};
 use super::layers::{ffn_hidden, Gating, NormKind, PosEmb};
 use super::CheckpointError;
 
@@ -421,17 +421,10 @@ impl MimiConfig {
 
     /// Check that the configuration is the released Mimi architecture (any sizes).
     pub fn validate(&self) -> Result<(), CheckpointError> {
-        let arch = |key: &str, value: String, reason: &str| {
-            Err(CheckpointError::UnsupportedArchitecture {
-                key: key.into(),
-                value,
-                reason: reason.into(),
-            })
-        };
         let s = &self.seanet;
         let t = &self.transformer;
         let q = &self.quantizer;
-        for (k, v) in [
+        positive(&[
             ("sample_rate", self.sample_rate),
             ("seanet.dimension", s.dimension),
             ("seanet.n_filters", s.n_filters),
@@ -440,11 +433,7 @@ impl MimiConfig {
             ("transformer.num_heads", t.num_heads),
             ("quantizer.dimension", q.dimension),
             ("quantizer.bins", q.bins),
-        ] {
-            if v == 0 {
-                return Err(bad(k, "must be positive".into()));
-            }
-        }
+        ])?;
         if s.ratios.is_empty() || s.ratios.contains(&0) {
             return Err(bad(
                 "seanet.ratios",
@@ -455,7 +444,7 @@ impl MimiConfig {
             return Err(bad("frame_rate", "must be positive".into()));
         }
         if self.channels != 1 || s.channels != 1 {
-            return arch("channels", self.channels.to_string(), "only mono");
+            return unsupported("channels", self.channels.to_string(), "only mono");
         }
         if s.n_residual_layers > 0 && !s.n_filters.is_multiple_of(s.compress) {
             return Err(bad(
@@ -464,22 +453,22 @@ impl MimiConfig {
             ));
         }
         if s.activation != "ELU" {
-            return arch("seanet.activation", s.activation.clone(), "only ELU");
+            return unsupported("seanet.activation", s.activation.clone(), "only ELU");
         }
         if s.norm != "none" && s.norm != "weight_norm" {
-            return arch("seanet.norm", s.norm.clone(), "only none (weights folded)");
+            return unsupported("seanet.norm", s.norm.clone(), "only none (weights folded)");
         }
         if s.pad_mode != "constant" {
-            return arch("seanet.pad_mode", s.pad_mode.clone(), "only constant");
+            return unsupported("seanet.pad_mode", s.pad_mode.clone(), "only constant");
         }
         if s.lstm != 0 {
-            return arch("seanet.lstm", s.lstm.to_string(), "only 0");
+            return unsupported("seanet.lstm", s.lstm.to_string(), "only 0");
         }
         if !s.true_skip {
-            return arch("seanet.true_skip", "false".into(), "only true");
+            return unsupported("seanet.true_skip", "false".into(), "only true");
         }
         if !s.causal {
-            return arch("seanet.causal", "false".into(), "only causal");
+            return unsupported("seanet.causal", "false".into(), "only causal");
         }
         if !t.d_model.is_multiple_of(t.num_heads) || !t.head_dim().is_multiple_of(2) {
             return Err(bad(
@@ -491,20 +480,20 @@ impl MimiConfig {
             || t.input_dimension != t.d_model
             || t.output_dimensions != vec![t.d_model]
         {
-            return arch(
+            return unsupported(
                 "transformer.d_model",
                 t.d_model.to_string(),
                 "must equal seanet.dimension, input_dimension and output_dimensions (no projections)",
             );
         }
         if t.gating != Gating::None {
-            return arch("transformer.gating", t.gating.name().into(), "only none");
+            return unsupported("transformer.gating", t.gating.name().into(), "only none");
         }
         if t.norm != NormKind::LayerNorm {
-            return arch("transformer.norm", t.norm.name().into(), "only layer_norm");
+            return unsupported("transformer.norm", t.norm.name().into(), "only layer_norm");
         }
         if t.positional_embedding != PosEmb::Rope {
-            return arch(
+            return unsupported(
                 "transformer.positional_embedding",
                 t.positional_embedding.name().into(),
                 "only rope",
@@ -514,7 +503,7 @@ impl MimiConfig {
             return Err(bad("quantizer.n_q", "need n_q_semantic = 1 < n_q".into()));
         }
         if q.input_dimension != s.dimension || q.output_dimension != s.dimension {
-            return arch(
+            return unsupported(
                 "quantizer.input_dimension",
                 q.input_dimension.to_string(),
                 "must equal seanet.dimension",

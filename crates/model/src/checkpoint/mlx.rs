@@ -3,8 +3,7 @@
 
 use std::collections::HashMap;
 
-use super::weights::{OpenOptions, Quant};
-use super::{CheckpointError, DType, RawTensor};
+use super::{CheckpointError, DType, Quant, RawTensor};
 
 /// A source tensor after MLX triplet grouping.
 pub(super) struct SourceTensor {
@@ -21,7 +20,7 @@ pub(super) struct SourceTensor {
 /// Group MLX `X.weight`(u32) + `X.scales` + `X.biases` triplets and infer (bits, group).
 pub(super) fn group_mlx(
     raw: &[RawTensor],
-    opts: &OpenOptions,
+    mlx_bits_group: Option<(u8, usize)>,
 ) -> Result<Vec<SourceTensor>, CheckpointError> {
     let by_name: HashMap<&str, &RawTensor> = raw.iter().map(|t| (t.name.as_str(), t)).collect();
     let mut out = Vec::with_capacity(raw.len());
@@ -98,7 +97,7 @@ pub(super) fn group_mlx(
         }
         c
     };
-    let file_choice = if let Some(bg) = opts.mlx_bits_group {
+    let file_choice = if let Some(bg) = mlx_bits_group {
         Some(bg)
     } else {
         // Known widths: 1-D norm weights of the file (`*norm*.weight` / `alpha`).

@@ -40,7 +40,7 @@ pub use layers::{ffn_hidden, Gating, NormKind, PosEmb};
 pub use lm_config::LmConfig;
 pub use mimi_config::{MimiConfig, MimiTransformerConfig, QuantizerConfig, SeanetConfig};
 pub use schema::{Allowed, Schema, TensorSpec};
-pub use weights::{OpenOptions, Quant, TensorInfo, Weights};
+pub use weights::{OpenOptions, TensorInfo, Weights};
 
 /// Which model a weights file belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -57,6 +57,32 @@ impl fmt::Display for Component {
             Component::Lm => "lm",
             Component::Mimi => "mimi",
         })
+    }
+}
+
+/// How a tensor's values are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quant {
+    /// Plain or GGML block type.
+    Plain(DType),
+    /// MLX affine quantization: u32-packed codes with per-group scales and biases (`scale_dtype`).
+    Mlx {
+        /// Bits per code (4 or 8).
+        bits: u8,
+        /// Group size (32 or 64).
+        group: usize,
+        /// Dtype of scales and biases.
+        scale_dtype: DType,
+    },
+}
+
+impl Quant {
+    /// Short description (`bf16`, `q8_0`, `mlx-q4-g32`...).
+    pub fn name(&self) -> String {
+        match self {
+            Quant::Plain(d) => d.name().to_string(),
+            Quant::Mlx { bits, group, .. } => format!("mlx-q{bits}-g{group}"),
+        }
     }
 }
 

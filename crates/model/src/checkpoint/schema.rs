@@ -5,8 +5,8 @@ use std::collections::HashMap;
 
 use super::lm_config::LmConfig;
 use super::mimi_config::MimiConfig;
-use super::weights::{Quant, Weights};
-use super::{CheckpointError, Component, DType};
+use super::weights::Weights;
+use super::{CheckpointError, Component, DType, Quant};
 
 /// Storage a tensor may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -22,34 +22,8 @@ use super::mapped::{map_file, Backing, Bytes, Owner};
 use super::mlx::{group_mlx, SourceTensor};
 use super::names::{self, Layout, Target};
 use super::{
-    gguf, safetensors, CheckpointError, Component, DType, FileFormat, Malformed, RawTensor,
+    gguf, safetensors, CheckpointError, Component, DType, FileFormat, Malformed, Quant, RawTensor,
 };
-
-/// How a tensor's values are stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Quant {
-    /// Plain or GGML block type.
-    Plain(DType),
-    /// MLX affine quantization: u32-packed codes with per-group scales and biases (`scale_dtype`).
-    Mlx {
-        /// Bits per code (4 or 8).
-        bits: u8,
-        /// Group size (32 or 64).
-        group: usize,
-        /// Dtype of scales and biases.
-        scale_dtype: DType,
-    },
-}
-
-impl Quant {
-    /// Short description (`bf16`, `q8_0`, `mlx-q4-g32`...).
-    pub fn name(&self) -> String {
-        match self {
-            Quant::Plain(d) => d.name().to_string(),
-            Quant::Mlx { bits, group, .. } => format!("mlx-q{bits}-g{group}"),
-        }
-    }
-}
 
 /// One row block of a canonical tensor.
 #[derive(Clone)]
@@ -206,7 +180,7 @@ impl Weights {
                 });
             }
         }
-        let entries_in = group_mlx(&raw, opts)?;
+        let entries_in = group_mlx(&raw, opts.mlx_bits_group)?;
         let base_names: Vec<&str> = entries_in.iter().map(|s| s.name.as_str()).collect();
         let layout = match opts.component {
             Component::Lm => names::detect_lm(&base_names),

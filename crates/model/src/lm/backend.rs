@@ -164,37 +164,3 @@ where
         self.state.borrow_mut().seek_for_bench(offset);
     }
 }
-
-/// A boxed backend is a backend (the runtime holds its backend as `Box<dyn LmBackend>`).
-impl<B: LmBackend + ?Sized> LmBackend for Box<B> {
-    fn spec(&self) -> &LmSpec {
-        (**self).spec()
-    }
-    fn batch_size(&self) -> usize {
-        (**self).batch_size()
-    }
-    fn temporal_step(&mut self, rows: &[usize], tokens: &[i64]) -> Result<(), LmError> {
-        (**self).temporal_step(rows, tokens)
-    }
-    fn text_logits(&self) -> &[f32] {
-        (**self).text_logits()
-    }
-    fn transformer_out(&self) -> &[f32] {
-        (**self).transformer_out()
-    }
-    fn depformer_step(
-        &mut self,
-        rows: &[usize],
-        k: usize,
-        prev_tokens: &[i64],
-    ) -> Result<&[f32], LmError> {
-        (**self).depformer_step(rows, k, prev_tokens)
-    }
-    fn reset_row(&mut self, b: usize) {
-        (**self).reset_row(b)
-    }
-    #[cfg(feature = "bench")]
-    fn seek_for_bench(&mut self, offset: usize) {
-        (**self).seek_for_bench(offset)
-    }
-}

@@ -275,6 +275,14 @@ impl UserCodes<'_> {
         }
     }
 
+    /// The first `n` codes.
+    fn first(self, n: usize) -> Self {
+        match self {
+            UserCodes::Codes(c) => UserCodes::Codes(&c[..n]),
+            UserCodes::Raw(c) => UserCodes::Raw(&c[..n]),
+        }
+    }
+
     /// Row `i` widened to the i64 of the token cache.
     fn row(&self, i: usize, nu: usize) -> [i64; MAX_AUDIO_CODEBOOKS] {
         let mut codes = [0i64; MAX_AUDIO_CODEBOOKS];
@@ -465,14 +473,14 @@ impl Core {
 /// [`super::CpuLm`]). Each session keeps its own token cache, backend rows and position; a step may
 /// advance any subset of them, reading the weights once for all.
 #[derive(Debug)]
-pub struct Generator<B: LmBackend> {
-    backend: B,
+pub struct Generator<B: LmBackend + ?Sized> {
     core: Core,
+    backend: Box<B>,
 }
 
-impl<B: LmBackend> Generator<B> {
-    /// Fresh sessions, one per row of `backend`.
-    pub fn new(backend: B) -> Result<Self, LmError> {
+impl<B: LmBackend + ?Sized> Generator<B> {
+    /// Fresh sessions, one per row of `backend` (`Box<dyn LmBackend>` for a device chosen at run time).
+    pub fn new(backend: Box<B>) -> Result<Self, LmError> {
         let core = Core::new(backend.spec(), backend.batch_size())?;
         Ok(Generator { backend, core })
     }
@@ -514,7 +522,7 @@ impl<B: LmBackend> Generator<B> {
     ) -> Result<(), LmError> {
         step_rows(
             &mut self.core,
-            &mut self.backend,
+            &mut *self.backend,
             active,
             user_codes,
             samplers,
@@ -627,17 +635,9 @@ impl LmGen {
         sampler: &mut Sampler,
         pool: &Pool,
     ) -> Result<Option<LmFrame>, LmError> {
-        let n = self.core.spec.n_user();
-        if user_codes.len() < n {
-            return Err(LmError::Length {
-                what: "user codes",
-                expected: n,
-                got: user_codes.len(),
-            });
-        }
         self.run(
             model,
-            UserCodes::Codes(&user_codes[..n]),
+            UserCodes::Codes(user_codes),
             sampler,
             pool,
             &StepOptions::default(),
@@ -656,22 +656,7 @@ impl LmGen {
         opts: &StepOptions<'_>,
         obs: &mut O,
     ) -> Result<Option<LmFrame>, LmError> {
-        let n = self.core.spec.n_user();
-        if user_codes.len() < n {
-            return Err(LmError::Length {
-                what: "user codes",
-                expected: n,
-                got: user_codes.len(),
-            });
-        }
-        self.run(
-            model,
-            UserCodes::Raw(&user_codes[..n]),
-            sampler,
-            pool,
-            opts,
-            obs,
-        )
+        self.run(model, UserCodes::Raw(user_codes), sampler, pool, opts, obs)
     }
 
     fn run<O: LmObserver>(
@@ -683,11 +668,20 @@ impl LmGen {
         opts: &StepOptions<'_>,
         obs: &mut O,
     ) -> Result<Option<LmFrame>, LmError> {
+        // One session's codes: at least `n_user`, extra ones ignored as in Python.
+        let n = self.core.spec.n_user();
+        if user_codes.len() < n {
+            return Err(LmError::Length {
+                what: "user codes",
+                expected: n,
+                got: user_codes.len(),
+            });
+        }
         let mut backend = CpuLm::borrowed(&self.core.spec, model, &mut self.state, pool)?;
         self.core.step(
             &mut backend,
             &[0],
-            user_codes,
+            user_codes.first(n),
             std::slice::from_mut(sampler),
             &|_| *opts,
             obs,
