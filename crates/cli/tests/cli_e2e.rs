@@ -231,3 +231,60 @@ fn inspect_reports_the_fixture_bundle() {
     );
     assert!(e.to_lowercase().contains("lora"), "{e}");
 }
+
+/// `duplex` on the fixture bundle with the given sampling / engine flags (no `--greedy`):
+/// (transcript, output samples).
+fn duplex_with(flags: &[&str], tag: &str) -> (String, Vec<f32>) {
+    let input = root().join("fixtures/audio/hello.wav");
+    let dir = tmp(tag);
+    let (out, txt) = (dir.join("reply.wav"), dir.join("reply.txt"));
+    let bundle = root().join("fixtures/lm");
+    run(bin()
+        .args(["duplex", "--model-dir", bundle.to_str().unwrap()])
+        .args(flags)
+        .arg("--in")
+        .arg(&input)
+        .arg("--out")
+        .arg(&out)
+        .arg("--text-out")
+        .arg(&txt));
+    let (_, pcm) = read_wav(&out);
+    assert_eq!(pcm.len(), input_frames(&input) * 1920);
+    (std::fs::read_to_string(&txt).unwrap(), pcm)
+}
+
+/// Sampling, `--kv-dtype` and `--threads` end to end: a seeded sampled run is reproducible, does
+/// not depend on the thread count, and the seed and the sampler settings are really used.
+#[test]
+fn duplex_sampling_kv_dtype_and_threads_are_seeded_and_deterministic() {
+    let sampled = [
+        "--seed",
+        "7",
+        "--text-temperature",
+        "0.9",
+        "--text-topk",
+        "40",
+        "--audio-temperature",
+        "0.9",
+        "--audio-topk",
+        "30",
+        "--kv-dtype",
+        "bf16",
+    ];
+    let with = |extra: &[&str], tag: &str| {
+        let flags: Vec<&str> = sampled.iter().chain(extra).copied().collect();
+        duplex_with(&flags, tag)
+    };
+    let one = with(&["--threads", "1"], "s7t1");
+    let again = with(&["--threads", "1"], "s7t1b");
+    assert!(one == again, "same seed, same flags: same output");
+    let two = with(&["--threads", "2"], "s7t2");
+    assert!(one == two, "the thread count does not change a seeded run");
+    let other_seed = duplex_with(
+        &[&sampled[2..], &["--seed", "8", "--threads", "1"]].concat(),
+        "s8",
+    );
+    assert!(one.1 != other_seed.1, "the seed is used");
+    let greedy = duplex_with(&["--greedy", "--kv-dtype", "bf16", "--threads", "1"], "g");
+    assert!(one.1 != greedy.1, "sampling is used");
+}
