@@ -296,7 +296,10 @@ impl Engine {
                 Some(p) => p,
                 None => embed::demo::materialize().map_err(err)?,
             };
-            let opts = runtime::EngineOptions { threads, kv_dtype };
+            let opts = runtime::EngineOptions {
+                device: runtime::Device::Cpu { threads },
+                kv_dtype,
+            };
             runtime::Engine::open(&dir, opts).map_err(err)
         })?;
         Ok(Engine { engine, demo })
