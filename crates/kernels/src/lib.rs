@@ -43,7 +43,10 @@
 //! * Quantized weights, SIMD (AVX2 and AVX-VNNI) vs scalar reference: `1e-5 · Σ|w·x|`
 //!   (same integer block sums, same f32 accumulation order; AVX2 and VNNI are bitwise equal).
 //! * Quantized weights vs the exact f32 product with the dequantized weights: the
-//!   activation-quantization bound `Σ_blocks Σ|w| · max|x_block| / 254` plus `1e-5 · Σ|w·x|`.
+//!   activation-quantization bound `Σ_blocks Σ|w − β| · max|x_block| / 254` plus rounding,
+//!   where `β` is the block's additive constant (`−8d` for Q4_0, the group bias for MLX, 0
+//!   for Q8_0): the kernels multiply activation codes by the stored code times the scale
+//!   and add `β · Σx` from the exact activation sum.
 //! * Convolutions (GEMM paths, threaded or not) vs direct loops: `1e-5 · in·k + 1e-6`.
 //! * `dot`/`dot_bf16`: `1e-5 · Σ|a·b|`; `axpy`/`axpy_bf16`: bitwise equal.
 //! * Attention (`KvRing::attend`, AVX-512 / AVX2 fused kernels) vs `attend_reference`:

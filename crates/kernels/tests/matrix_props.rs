@@ -1,12 +1,14 @@
 //! Property tests: SIMD matrix products against the scalar reference and against an
-#![allow(clippy::needless_range_loop)]
 //! exact f32 product over the dequantized weights, on random (ragged) shapes.
 //!
 //! Tolerances:
 //! * dense f32/bf16/f16, SIMD vs scalar: 1e-5 · Σ|w·x| (summation order only);
 //! * quantized, SIMD vs scalar: 1e-5 · Σ|w·x| (same integer sums, same f32 order);
 //! * quantized vs exact dequantized product: the activation-quantization bound
-//!   Σ_blocks Σ|w| · max|x_block| / 254, plus 1e-5 · Σ|w·x|.
+//!   Σ_blocks Σ|w − β| · max|x_block| / 254, where β is the block's additive constant
+//!   (see [`block_bias`]), plus 1e-5 · (Σ|w·x| + Σ|(w − β)·x|).
+
+#![allow(clippy::needless_range_loop)]
 
 use half::{bf16, f16};
 use kernels::quant::{encode_mlx, encode_q4_0, encode_q8_0};
@@ -35,6 +37,27 @@ fn quantized(fmt: WeightFormat) -> bool {
         fmt,
         WeightFormat::Q8_0 | WeightFormat::Q4_0 | WeightFormat::MlxAffine { .. }
     )
+}
+
+/// The constant `β` a quantized block adds to every weight: the kernels multiply the
+/// activation codes by `w − β` (the stored code times the scale) and add `β · Σx` from the
+/// exact activation sum, so the activation-quantization error scales with `|w − β|`, not
+/// `|w|`. Q8_0 has none; Q4_0 stores codes `c ∈ 0..16` for `d·(c − 8)`, so `β = −8d`, which
+/// is the dequantized value of largest magnitude (the encoder maps the block's extreme to
+/// code 0); the MLX encoder's `β` is the group minimum rounded to bf16.
+fn block_bias(fmt: WeightFormat, original_row: &[f32], dequant_block: &[f32], col: usize) -> f32 {
+    match fmt {
+        WeightFormat::Q4_0 => {
+            dequant_block
+                .iter()
+                .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m })
+        }
+        WeightFormat::MlxAffine { group, .. } => {
+            let g = &original_row[col / group * group..(col / group + 1) * group];
+            bf16::from_f32(g.iter().fold(f32::INFINITY, |m, &v| m.min(v))).to_f32()
+        }
+        _ => 0.0,
+    }
 }
 
 fn check(fmt: WeightFormat, rows: usize, cols: usize, n: usize, seed: u64) {
@@ -98,9 +121,16 @@ fn check(fmt: WeightFormat, rows: usize, cols: usize, n: usize, seed: u64) {
             );
             let mut bound = 1e-5 * mag + 1e-6;
             if quantized(fmt) {
-                for (wb, xb) in row.chunks(32).zip(xi.chunks(32)) {
+                for (b, (wb, xb)) in row.chunks(32).zip(xi.chunks(32)).enumerate() {
+                    let beta = block_bias(fmt, &w[r * cols..(r + 1) * cols], wb, b * 32) as f64;
                     let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
-                    bound += wb.iter().map(|v| v.abs() as f64).sum::<f64>() * amax / 254.0;
+                    let shifted: f64 = wb.iter().map(|v| (*v as f64 - beta).abs()).sum();
+                    let shifted_mag: f64 = wb
+                        .iter()
+                        .zip(xb)
+                        .map(|(v, x)| ((*v as f64 - beta) * *x as f64).abs())
+                        .sum();
+                    bound += shifted * amax / 254.0 + 1e-5 * shifted_mag;
                 }
             }
             assert!(
@@ -301,4 +331,10 @@ proptest! {
             prop_assert_eq!(q[2], -1);
         }
     }
+}
+
+/// A case the old bound (Σ|w| instead of Σ|w − β|) rejected although the kernels were right.
+#[test]
+fn q4_0_bound_counts_the_code_offset() {
+    check(WeightFormat::Q4_0, 18, 32, 5, 7982705934769587968);
 }
