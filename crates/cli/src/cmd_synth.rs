@@ -14,7 +14,7 @@ pub struct SynthArgs {
     /// Model size: `moshiko` (released 7B dimensions; moshika has the same architecture).
     #[arg(long, default_value = "moshiko")]
     pub variant: String,
-    /// Layout: bf16 | candle-bf16 | q8-gguf | mlx-q4 | mlx-q8.
+    /// Layout: bf16 | candle-bf16 | q8-gguf | q4-gguf | mlx-q4 | mlx-q8.
     #[arg(long, default_value = "bf16")]
     pub format: String,
     /// Kyutai config.json to take the LM (and `mimi_config_name`) dimensions from instead of `--variant`.
@@ -32,7 +32,7 @@ pub struct SynthArgs {
 pub fn run(args: &SynthArgs) -> Result<()> {
     let format = SynthFormat::parse(&args.format).with_context(|| {
         format!(
-            "unknown --format `{}` (bf16, candle-bf16, q8-gguf, mlx-q4, mlx-q8)",
+            "unknown --format `{}` (bf16, candle-bf16, q8-gguf, q4-gguf, mlx-q4, mlx-q8)",
             args.format
         )
     })?;

@@ -24,6 +24,9 @@ pub enum SynthFormat {
     CandleBf16,
     /// `kyutai/moshiko-candle-q8`: candle names, Q8_0 (F32 norms), `model.q8.gguf`.
     Q8Gguf,
+    /// candle names, Q4_0 (F32 norms), `model.q4.gguf` + `config.json`: the 4-bit GGML layout of the
+    /// same writer (no such file is released; for benchmarks of the Q4_0 kernels at full size).
+    Q4Gguf,
     /// `kyutai/moshiko-mlx-q4`: MLX names, 4-bit group 32, `model.q4.safetensors`.
     MlxQ4,
     /// `kyutai/moshiko-mlx-q8`: MLX names, 8-bit group 64, `model.q8.safetensors`.
@@ -31,13 +34,14 @@ pub enum SynthFormat {
 }
 
 impl SynthFormat {
-    /// Parse the CLI name (`bf16`, `candle-bf16`, `q8-gguf`, `mlx-q4`, `mlx-q8`).
+    /// Parse the CLI name (`bf16`, `candle-bf16`, `q8-gguf`, `q4-gguf`, `mlx-q4`, `mlx-q8`).
     pub fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "bf16" => SynthFormat::Bf16,
             "bf16-in-projs" => SynthFormat::Bf16InProjs,
             "candle-bf16" => SynthFormat::CandleBf16,
             "q8-gguf" => SynthFormat::Q8Gguf,
+            "q4-gguf" => SynthFormat::Q4Gguf,
             "mlx-q4" => SynthFormat::MlxQ4,
             "mlx-q8" => SynthFormat::MlxQ8,
             _ => return None,
@@ -50,6 +54,7 @@ impl SynthFormat {
                 "model.safetensors"
             }
             SynthFormat::Q8Gguf => "model.q8.gguf",
+            SynthFormat::Q4Gguf => "model.q4.gguf",
             SynthFormat::MlxQ4 => "model.q4.safetensors",
             SynthFormat::MlxQ8 => "model.q8.safetensors",
         }
@@ -124,6 +129,7 @@ enum Store {
     F32,
     Bf16,
     Q8_0,
+    Q4_0,
     Mlx { bits: u8, group: usize },
 }
 
@@ -163,10 +169,12 @@ fn lm_outputs(cfg: &LmConfig, format: SynthFormat) -> Vec<Out> {
                 SynthFormat::Bf16 | SynthFormat::Bf16InProjs | SynthFormat::CandleBf16 => {
                     Store::Bf16
                 }
-                SynthFormat::Q8Gguf => {
+                SynthFormat::Q8Gguf | SynthFormat::Q4Gguf => {
                     if is_norm || !cols.is_multiple_of(32) {
-                        // candle's tensor-tools keeps tensors whose rows do not fill Q8_0 blocks in F32.
+                        // candle's tensor-tools keeps tensors whose rows do not fill GGML blocks in F32.
                         Store::F32
+                    } else if format == SynthFormat::Q4Gguf {
+                        Store::Q4_0
                     } else {
                         Store::Q8_0
                     }
@@ -286,6 +294,7 @@ fn expand(o: &Out) -> Vec<(String, &'static str, Vec<usize>, usize)> {
         Store::F32 => vec![(o.name.clone(), "F32", o.shape.clone(), n * 4)],
         Store::Bf16 => vec![(o.name.clone(), "BF16", o.shape.clone(), n * 2)],
         Store::Q8_0 => vec![(o.name.clone(), "Q8_0", o.shape.clone(), n / 32 * 34)],
+        Store::Q4_0 => vec![(o.name.clone(), "Q4_0", o.shape.clone(), n / 32 * 18)],
         Store::Mlx { bits, group } => {
             let base = o
                 .name
@@ -355,6 +364,23 @@ fn stream_tensor(
                     buf.extend(blk.iter().map(|x| (x * id).round() as i8 as u8));
                 }
             }
+            Store::Q4_0 => {
+                // GGML Q4_0: w = d·(q − 8) with q in 0..=15; d is set from the value of largest
+                // magnitude (sign kept) so that value maps to q = 0 exactly. Byte j holds element j
+                // in its low nibble and element j + 16 in its high nibble.
+                for blk in v.chunks_exact(32) {
+                    let extreme = blk
+                        .iter()
+                        .fold(0f32, |m, &x| if x.abs() > m.abs() { x } else { m });
+                    let d = extreme / -8.0;
+                    let d16 = f16::from_f32(d);
+                    let dq = d16.to_f32();
+                    let id = if dq != 0.0 { 1.0 / dq } else { 0.0 };
+                    let q = |x: f32| (x * id + 8.0).round().clamp(0.0, 15.0) as u8;
+                    buf.extend_from_slice(&d16.to_le_bytes());
+                    buf.extend((0..16).map(|j| q(blk[j]) | (q(blk[j + 16]) << 4)));
+                }
+            }
             Store::Mlx { bits, group } => {
                 let levels = ((1u32 << bits) - 1) as f32;
                 let per_word = 32 / bits as usize;
@@ -411,13 +437,14 @@ type Infos<'a> = Vec<(String, &'a str, Vec<usize>, usize)>;
 /// * PyTorch / candle safetensors: no metadata, header padded to 8 bytes.
 fn lm_header(format: SynthFormat, infos: &Infos<'_>) -> (Vec<u8>, Vec<u64>, u64) {
     match format {
-        SynthFormat::Q8Gguf => {
+        SynthFormat::Q8Gguf | SynthFormat::Q4Gguf => {
             let typed: Vec<(&str, u32, &[usize], usize)> = infos
                 .iter()
                 .map(|(n, d, s, l)| {
                     let t = match *d {
                         "F32" => gguf::ggml::F32,
                         "Q8_0" => gguf::ggml::Q8_0,
+                        "Q4_0" => gguf::ggml::Q4_0,
                         _ => gguf::ggml::BF16,
                     };
                     (n.as_str(), t, s.as_slice(), *l)
@@ -465,10 +492,15 @@ fn write_safetensors(
     Ok(total)
 }
 
-/// Write the GGUF file of `outs` (F32 / Q8_0 / BF16 tensors only), streaming each tensor.
-fn write_gguf(path: &Path, outs: &[Out], seed: u64) -> Result<u64, CheckpointError> {
+/// Write the GGUF file of `outs` (F32 / Q8_0 / Q4_0 / BF16 tensors only), streaming each tensor.
+fn write_gguf(
+    path: &Path,
+    format: SynthFormat,
+    outs: &[Out],
+    seed: u64,
+) -> Result<u64, CheckpointError> {
     let infos: Infos<'_> = outs.iter().flat_map(expand).collect();
-    let (header, offsets, total) = lm_header(SynthFormat::Q8Gguf, &infos);
+    let (header, offsets, total) = lm_header(format, &infos);
     let f = File::create(path).map_err(io_err(path))?;
     let mut w = BufWriter::with_capacity(1 << 22, f);
     w.write_all(&header).map_err(io_err(path))?;
@@ -662,7 +694,7 @@ pub fn write_bundle(
     let lm_path = dir.join(format.lm_file());
     let outs = lm_outputs(lm, format);
     let lm_size = match format {
-        SynthFormat::Q8Gguf => write_gguf(&lm_path, &outs, seed)?,
+        SynthFormat::Q8Gguf | SynthFormat::Q4Gguf => write_gguf(&lm_path, format, &outs, seed)?,
         _ => write_safetensors(&lm_path, format, &outs, seed)?,
     };
     let mimi_outs: Vec<Out> = Schema::mimi(mimi)
@@ -680,7 +712,11 @@ pub fn write_bundle(
     let mimi_size = write_safetensors(&mimi_path, SynthFormat::Bf16, &mimi_outs, seed ^ 0x5eed)?;
     let spm = dir.join(TOKENIZER_NAME);
     std::fs::write(&spm, tiny_spm(lm.text_card)).map_err(io_err(&spm))?;
-    let write_cfg = matches!(format, SynthFormat::Bf16 | SynthFormat::Bf16InProjs) || !released;
+    // No released repository holds a Q4_0 GGUF, so no file-name default finds it: name it in config.json.
+    let write_cfg = matches!(
+        format,
+        SynthFormat::Bf16 | SynthFormat::Bf16InProjs | SynthFormat::Q4Gguf
+    ) || !released;
     if write_cfg {
         let mimi_cfg = if *mimi == MimiConfig::v0_1() {
             None
@@ -766,6 +802,43 @@ mod tests {
         (lm, mimi)
     }
 
+    /// Q4_0 blocks written by the generator decode (through the loader's dequantizer) to the drawn
+    /// values within the format's rounding: the levels are d·(q − 8), q in 0..=15, with d (after its f16
+    /// rounding) set so the value of largest magnitude sits on q = 0 up to that rounding. A value inside
+    /// the 16 levels is off by at most |d|/2 (round to nearest); one beyond the last level on the other
+    /// side (|x| > 7.5·|d|) is clamped to q = 15 (or 0), off by |x| − 7·|d|. Plus float slack.
+    #[test]
+    fn q4_0_blocks_decode_to_the_drawn_values() {
+        let o = Out {
+            name: "w".into(),
+            shape: vec![4, 64],
+            store: Store::Q4_0,
+            init: Init::Fan(64),
+        };
+        let mut drawn = vec![0f32; 4 * 64];
+        fill(&mut Rng(3), o.init, &mut drawn);
+        let mut bytes = Vec::new();
+        stream_tensor(&o, &mut Rng(3), |_, b| {
+            bytes.extend_from_slice(b);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(bytes.len(), 4 * 64 / 32 * 18);
+        let mut dec = Vec::new();
+        super::super::dequant::dequant_plain(crate::checkpoint::DType::Q4_0, &bytes, &mut dec)
+            .unwrap();
+        for (b, (x, y)) in bytes
+            .chunks_exact(18)
+            .zip(drawn.chunks_exact(32).zip(dec.chunks_exact(32)))
+        {
+            let d = f16::from_le_bytes([b[0], b[1]]).to_f32().abs();
+            for (xv, yv) in x.iter().zip(y) {
+                let bound = (d / 2.0).max(xv.abs() - 7.0 * d) + 1e-6;
+                assert!((xv - yv).abs() <= bound, "{xv} -> {yv} (d {d})");
+            }
+        }
+    }
+
     #[test]
     fn every_format_roundtrips_through_bundle() {
         let (lm, mimi) = tiny();
@@ -775,6 +848,7 @@ mod tests {
             (SynthFormat::Bf16InProjs, Layout::PytorchNew),
             (SynthFormat::CandleBf16, Layout::Candle),
             (SynthFormat::Q8Gguf, Layout::Candle),
+            (SynthFormat::Q4Gguf, Layout::Candle),
             (SynthFormat::MlxQ4, Layout::Mlx),
             (SynthFormat::MlxQ8, Layout::Mlx),
         ] {
@@ -796,6 +870,7 @@ mod tests {
             let expect = match fmt {
                 SynthFormat::Bf16 | SynthFormat::Bf16InProjs | SynthFormat::CandleBf16 => "bf16",
                 SynthFormat::Q8Gguf => "q8_0",
+                SynthFormat::Q4Gguf => "q4_0",
                 SynthFormat::MlxQ4 => "mlx-q4-g32",
                 SynthFormat::MlxQ8 => "mlx-q8-g64",
             };
@@ -828,6 +903,7 @@ mod tests {
             (SynthFormat::Bf16InProjs, Layout::PytorchNew, "bf16"),
             (SynthFormat::CandleBf16, Layout::Candle, "bf16"),
             (SynthFormat::Q8Gguf, Layout::Candle, "q8_0"),
+            (SynthFormat::Q4Gguf, Layout::Candle, "q4_0"),
             (SynthFormat::MlxQ4, Layout::Mlx, "mlx-q4-g32"),
             (SynthFormat::MlxQ8, Layout::Mlx, "mlx-q8-g64"),
         ] {
