@@ -11,7 +11,7 @@
 //! ones by row panels with the input gathered once and shared.
 
 use crate::arch::{self, Kernels, SKINNY};
-use crate::gemm::{gather_groups, gathered_len, gemm, gemm_pregathered, groups};
+use crate::gemm::{gather_groups, gathered_len, gemm, gemm_pregathered, groups, with_panels};
 use crate::layout::{BView, PackedA, NR};
 use crate::{KernelError, KernelSet, Pool};
 
@@ -214,7 +214,7 @@ impl Conv1d {
         let (k, d) = (self.k, self.dilation);
         let out = SendPtr(output.as_mut_ptr());
         let npanels_n = t_out.div_ceil(NR);
-        let work = |g: usize, pr: (usize, usize), qr: (usize, usize)| {
+        let work = |g: usize, pr: (usize, usize), qr: (usize, usize), buf: &mut [f32]| {
             let b = BView {
                 src: input,
                 row_off: |c: usize| (g * ig + c / k) * t_in + (c % k) * d,
@@ -233,15 +233,29 @@ impl Conv1d {
                     Some(&self.bias[g * og..]),
                     pr,
                     qr,
+                    buf,
                 )
             }
         };
+        // Runs `chunks` shares on the pool, each with its own panel buffer.
+        let split = |pool: &Pool, chunks: usize, share: &(dyn Fn(usize, &mut [f32]) + Sync)| {
+            with_panels(ig * k, chunks, |panels| {
+                pool.run(chunks, &|c| {
+                    // SAFETY: chunk c is run once, by one thread.
+                    share(c, unsafe { panels.share(c) })
+                })
+            })
+        };
         let nt = pool.map_or(1, |p| p.n_threads());
         if nt <= 1 || (self.out_ch * t_out * ig * k) < 200_000 {
-            for g in 0..self.groups {
-                work(g, (0, self.packed[g].panels()), (0, npanels_n));
-            }
-            return;
+            return with_panels(ig * k, 1, |panels| {
+                for g in 0..self.groups {
+                    // SAFETY: one share, on this thread.
+                    work(g, (0, self.packed[g].panels()), (0, npanels_n), unsafe {
+                        panels.share(0)
+                    });
+                }
+            });
         }
         let pool = pool.expect("nt > 1 implies a pool");
         // Chunks of panels (a few per thread), claimed dynamically by the pool's threads;
@@ -262,8 +276,8 @@ impl Conv1d {
             let mp = self.packed[g].panels();
             if npanels_n >= 2 * nt * qu {
                 let chunks = npanels_n.div_ceil(qu).min(nt * CHUNKS_PER_THREAD);
-                pool.run(chunks, &|c| {
-                    work(g, (0, mp), share_units(npanels_n, qu, chunks, c))
+                split(pool, chunks, &|c, buf| {
+                    work(g, (0, mp), share_units(npanels_n, qu, chunks, c), buf)
                 });
             } else if let (Some(wf), true) = (level.gemm_wide, t_out > SKINNY) {
                 let b = BView {
@@ -287,8 +301,8 @@ impl Conv1d {
                 }
             } else {
                 let chunks = mp.div_ceil(pu).min(nt * CHUNKS_PER_THREAD);
-                pool.run(chunks, &|c| {
-                    work(g, share_units(mp, pu, chunks, c), (0, npanels_n))
+                split(pool, chunks, &|c, buf| {
+                    work(g, share_units(mp, pu, chunks, c), (0, npanels_n), buf)
                 });
             }
         }
@@ -519,10 +533,10 @@ impl ConvTranspose1d {
             let nq = t_in.div_ceil(NR);
             let nt = pool.map_or(1, |p| p.n_threads());
             let big = m * t_in * self.in_ch >= 200_000;
-            let zw = |pr: (usize, usize)| {
+            let zw = |pr: (usize, usize), buf: &mut [f32]| {
                 let zp = &zp;
                 // SAFETY: z holds m·t_in values; shares write disjoint rows.
-                unsafe { gemm(level, pa, &b, zp.0, t_in, None, pr, (0, nq)) }
+                unsafe { gemm(level, pa, &b, zp.0, t_in, None, pr, (0, nq), buf) }
             };
             let out = SendPtr(output.as_mut_ptr());
             let col2im = |o0: usize, o1: usize| {
@@ -553,7 +567,14 @@ impl ConvTranspose1d {
                         unsafe { rows_pregathered(wf, p, pa, &b, zp.0, t_in, None, pu) }
                     } else {
                         let chunks = pa.panels().div_ceil(pu).min(nt * CHUNKS_PER_THREAD);
-                        p.run(chunks, &|c| zw(share_units(pa.panels(), pu, chunks, c)));
+                        with_panels(pa.k, chunks, |panels| {
+                            p.run(chunks, &|c| {
+                                // SAFETY: chunk c is run once, by one thread.
+                                zw(share_units(pa.panels(), pu, chunks, c), unsafe {
+                                    panels.share(c)
+                                })
+                            })
+                        });
                     }
                     p.run(nt, &|i| {
                         let (a, b) = share(self.out_ch, nt, i);
@@ -561,7 +582,10 @@ impl ConvTranspose1d {
                     });
                 }
                 _ => {
-                    zw((0, pa.panels()));
+                    // SAFETY: one share, on this thread.
+                    with_panels(pa.k, 1, |panels| {
+                        zw((0, pa.panels()), unsafe { panels.share(0) })
+                    });
                     col2im(0, self.out_ch);
                 }
             }

@@ -12,11 +12,67 @@ use crate::arch::{Kernels, WideFn, SKINNY};
 use crate::layout::{gather, BView, PackedA, MR, NR};
 
 thread_local! {
-    static BPANEL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// B-panel buffers of the GEMMs this thread starts, one per share ([`with_panels`]).
+    static PANELS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Floats of one share's B-panel buffer for a GEMM of depth `k`: two gathered column panels, or
+/// the transposed B of the skinny kernel.
+fn panel_len(k: usize) -> usize {
+    k * (2 * NR).max(SKINNY)
+}
+
+/// Disjoint B-panel buffers, one per share of a GEMM, lent by [`with_panels`].
+pub(crate) struct Panels {
+    ptr: *mut f32,
+    len: usize,
+    shares: usize,
+}
+
+// SAFETY: shares use disjoint buffers (see `Panels::share`).
+unsafe impl Sync for Panels {}
+
+impl Panels {
+    /// The buffer of share `i`.
+    ///
+    /// # Safety
+    /// Only one thread at a time uses the buffer of share `i`.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn share(&self, i: usize) -> &mut [f32] {
+        assert!(
+            i < self.shares,
+            "Panels::share: share {i} of {}",
+            self.shares
+        );
+        // SAFETY: `with_panels` sized the buffer for `shares` buffers of `len` floats.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(i * self.len), self.len) }
+    }
+}
+
+/// Runs `f` with `shares` B-panel buffers for GEMMs of depth at most `k`, taken from the calling
+/// thread's scratch. The buffers belong to the thread that starts the GEMM, not to the threads
+/// that run its shares: which thread of a pool claims which share (a matter of scheduling) then
+/// cannot make a thread allocate. The scratch grows on the caller during warm-up, the same way on
+/// every frame; a per-worker buffer grew whenever a worker first claimed a share of a deeper
+/// layer, at an unpredictable frame.
+pub(crate) fn with_panels<R>(k: usize, shares: usize, f: impl FnOnce(&Panels) -> R) -> R {
+    PANELS.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        let len = panel_len(k);
+        if buf.len() < len * shares {
+            buf.resize(len * shares, 0.0);
+        }
+        f(&Panels {
+            ptr: buf.as_mut_ptr(),
+            len,
+            shares,
+        })
+    })
 }
 
 /// Computes `C[rows of panels p0..p1, cols of N-panels q0..q1] = A · B`, writing C row `r`
-/// at `c[r·ldc ..]` and adding `bias[r]` when given.
+/// at `c[r·ldc ..]` and adding `bias[r]` when given; `buf` is a share's buffer from
+/// [`with_panels`] (depth at least `a.k`).
 ///
 /// # Safety
 /// `c` must be valid for the written rows/cols; no other thread writes the same region.
@@ -30,52 +86,47 @@ pub(crate) unsafe fn gemm<F: Fn(usize) -> usize>(
     bias: Option<&[f32]>,
     (p0, p1): (usize, usize),
     (q0, q1): (usize, usize),
+    buf: &mut [f32],
 ) {
     let k = a.k;
     if b.n <= SKINNY {
         if q0 < q1 {
-            skinny(kern, a, b, c, ldc, bias, (p0, p1));
+            skinny(kern, a, b, c, ldc, bias, (p0, p1), buf);
         }
         return;
     }
-    BPANEL.with(|buf| {
-        let mut buf = buf.borrow_mut();
-        if buf.len() < k * 2 * NR {
-            buf.resize(k * 2 * NR, 0.0);
+    if let Some(wide) = kern.gemm_wide {
+        // Wide blocks: two column panels per gather where possible.
+        let mut q = q0;
+        while q < q1 {
+            let w = if q + 1 < q1 { 2 } else { 1 };
+            let bp = &mut buf[..k * w * NR];
+            gather(b, k, q, w, bp);
+            wide(a, bp.as_ptr(), q, w, b.n, c, ldc, bias, (p0, p1));
+            q += w;
         }
-        if let Some(wide) = kern.gemm_wide {
-            // Wide blocks: two column panels per gather where possible.
-            let mut q = q0;
-            while q < q1 {
-                let w = if q + 1 < q1 { 2 } else { 1 };
-                let bp = &mut buf[..k * w * NR];
-                gather(b, k, q, w, bp);
-                wide(a, bp.as_ptr(), q, w, b.n, c, ldc, bias, (p0, p1));
-                q += w;
-            }
-            return;
-        }
-        let bp = &mut buf[..k * NR];
-        for q in q0..q1 {
-            let t0 = q * NR;
-            let nv = (b.n - t0).min(NR);
-            gather(b, k, q, 1, bp);
-            for p in p0..p1 {
-                let ap = &a.data[p * k * MR..(p + 1) * k * MR];
-                let mut tile = [[0f32; NR]; MR];
-                (kern.gemm_tile)(k, ap, bp, &mut tile);
-                let mv = (a.m - p * MR).min(MR);
-                for (ri, row) in tile.iter().enumerate().take(mv) {
-                    let r = p * MR + ri;
-                    let bv = bias.map_or(0.0, |bb| bb[r]);
-                    let dst = c.add(r * ldc + t0);
-                    for (j, v) in row.iter().enumerate().take(nv) {
-                        *dst.add(j) = v + bv;
-                    }
+        return;
+    }
+    let bp = &mut buf[..k * NR];
+    for q in q0..q1 {
+        let t0 = q * NR;
+        let nv = (b.n - t0).min(NR);
+        gather(b, k, q, 1, bp);
+        for p in p0..p1 {
+            let ap = &a.data[p * k * MR..(p + 1) * k * MR];
+            let mut tile = [[0f32; NR]; MR];
+            (kern.gemm_tile)(k, ap, bp, &mut tile);
+            let mv = (a.m - p * MR).min(MR);
+            for (ri, row) in tile.iter().enumerate().take(mv) {
+                let r = p * MR + ri;
+                let bv = bias.map_or(0.0, |bb| bb[r]);
+                let dst = c.add(r * ldc + t0);
+                for (j, v) in row.iter().enumerate().take(nv) {
+                    *dst.add(j) = v + bv;
                 }
             }
         }
-    })
+    }
 }
 
 /// `n <= SKINNY`: stream the packed A once, B transposed into `[k][SKINNY]`.
@@ -88,38 +139,33 @@ unsafe fn skinny<F: Fn(usize) -> usize>(
     ldc: usize,
     bias: Option<&[f32]>,
     (p0, p1): (usize, usize),
+    buf: &mut [f32],
 ) {
     let k = a.k;
-    BPANEL.with(|buf| {
-        let mut buf = buf.borrow_mut();
-        if buf.len() < k * SKINNY {
-            buf.resize(k * SKINNY, 0.0);
+    let bt = &mut buf[..k * SKINNY];
+    for (cc, dst) in bt.chunks_exact_mut(SKINNY).enumerate() {
+        let base = (b.row_off)(cc);
+        for (j, d) in dst.iter_mut().enumerate() {
+            *d = if j < b.n {
+                b.src[base + j * b.stride]
+            } else {
+                0.0
+            };
         }
-        let bt = &mut buf[..k * SKINNY];
-        for (cc, dst) in bt.chunks_exact_mut(SKINNY).enumerate() {
-            let base = (b.row_off)(cc);
-            for (j, d) in dst.iter_mut().enumerate() {
-                *d = if j < b.n {
-                    b.src[base + j * b.stride]
-                } else {
-                    0.0
-                };
+    }
+    for p in p0..p1 {
+        let ap = &a.data[p * k * MR..(p + 1) * k * MR + 8];
+        let mut tile = [[0f32; SKINNY]; MR];
+        (kern.gemm_skinny)(k, ap, bt, &mut tile);
+        let mv = (a.m - p * MR).min(MR);
+        for (ri, row) in tile.iter().enumerate().take(mv) {
+            let r = p * MR + ri;
+            let bv = bias.map_or(0.0, |bb| bb[r]);
+            for (j, v) in row.iter().enumerate().take(b.n) {
+                *c.add(r * ldc + j) = v + bv;
             }
         }
-        for p in p0..p1 {
-            let ap = &a.data[p * k * MR..(p + 1) * k * MR + 8];
-            let mut tile = [[0f32; SKINNY]; MR];
-            (kern.gemm_skinny)(k, ap, bt, &mut tile);
-            let mv = (a.m - p * MR).min(MR);
-            for (ri, row) in tile.iter().enumerate().take(mv) {
-                let r = p * MR + ri;
-                let bv = bias.map_or(0.0, |bb| bb[r]);
-                for (j, v) in row.iter().enumerate().take(b.n) {
-                    *c.add(r * ldc + j) = v + bv;
-                }
-            }
-        }
-    })
+    }
 }
 
 /// Floats of B gathered once for all column panels ([`gather_groups`]): groups of two

@@ -38,6 +38,8 @@ struct Shared {
     completed: AtomicUsize,
     panicked: AtomicBool,
     stop: AtomicBool,
+    /// Workers that have started running.
+    started: AtomicUsize,
     job: UnsafeCell<Option<Job>>,
 }
 
@@ -112,6 +114,7 @@ impl Pool {
             completed: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             stop: AtomicBool::new(false),
+            started: AtomicUsize::new(0),
             job: UnsafeCell::new(None),
         });
         let mut workers = Vec::new();
@@ -124,6 +127,12 @@ impl Pool {
                 Ok(h) => workers.push((h.thread().clone(), h)),
                 Err(_) => break,
             }
+        }
+        // A thread's start-up allocates (the standard library copies its name for the stack
+        // overflow handler). The caller never waits for a worker, so a worker the scheduler starts
+        // late would make that allocation during some later frame: wait until every one runs.
+        while shared.started.load(Ordering::Acquire) < workers.len() {
+            thread::yield_now();
         }
         Pool {
             shared,
@@ -280,6 +289,7 @@ fn split(n: usize, parts: usize, i: usize) -> (usize, usize) {
 }
 
 fn worker(sh: Arc<Shared>) {
+    sh.started.fetch_add(1, Ordering::Release);
     let mut seen = 0u32;
     loop {
         let epoch_of = |s: u64| (s >> 32) as u32;

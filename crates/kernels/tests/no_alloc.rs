@@ -1,7 +1,7 @@
 //! After warm-up, the hot calls allocate nothing on any thread (the caller and the pool's
 //! workers): matrix products in every weight format (single thread and through the pool),
 //! attention, convolutions and row ops. Counted with the all-thread counter, so this binary holds
-//! a single test; the smallest count of up to three windows is taken (`testkit::steady_state_allocations`).
+//! a single test.
 
 use kernels::attention::{KvDtype, KvRing};
 use kernels::conv::{Conv1d, ConvTranspose1d};
@@ -9,7 +9,6 @@ use kernels::quant::{encode_mlx, encode_q4_0, encode_q8_0};
 use kernels::{ops, Matrix, Pool, Scratch, Storage, WeightFormat};
 
 use testkit::all_thread_allocations_during as allocations;
-use testkit::steady_state_allocations;
 
 fn half_bytes(vals: &[f32], to_bits: impl Fn(f32) -> u16) -> Storage {
     Storage::from_vec(
@@ -129,8 +128,8 @@ fn hot_calls_do_not_allocate_after_warm_up() {
     for _ in 0..20 {
         step(&mut scratch, &mut ring, &mut y);
     }
-    // Ten calls per window, so that the pool's worker surely claims some shares.
-    let n = steady_state_allocations(|| {
+    // Ten calls, so that the pool's worker surely claims some shares.
+    let n = allocations(|| {
         for _ in 0..10 {
             step(&mut scratch, &mut ring, &mut y)
         }

@@ -1,7 +1,6 @@
 //! A warmed-up LM step (temporal step, sampling, Depformer, LMGen bookkeeping) allocates nothing
 //! on any thread: the stepping thread and the pool's workers. Counted with the all-thread counter,
-//! so this binary holds a single test that runs the cases one after the other; each count is the
-//! smallest of up to three windows (`testkit::steady_state_allocations`).
+//! so this binary holds a single test that runs the cases one after the other.
 
 use std::path::Path;
 
@@ -15,7 +14,7 @@ use model::sampling::{RepetitionPenalty, Sampler, SamplerConfig};
 #[global_allocator]
 static GLOBAL: testkit::CountingAlloc = testkit::CountingAlloc;
 
-use testkit::steady_state_allocations as allocations;
+use testkit::all_thread_allocations_during as allocations;
 
 #[test]
 fn lm_steps_allocate_nothing_after_warmup_on_any_thread() {

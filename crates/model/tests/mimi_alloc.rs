@@ -1,7 +1,6 @@
 //! `encode_frame` / `decode_frame` (and the chunking front end) allocate nothing after
 //! warm-up, on any thread (the caller and the pool's workers). Counted with the all-thread
-//! counter, so this binary holds a single test that runs the cases one after the other; each
-//! count is the smallest of up to three windows (`testkit::steady_state_allocations`).
+//! counter, so this binary holds a single test that runs the cases one after the other.
 
 mod mimi_common;
 
@@ -12,7 +11,6 @@ use model::mimi::{MimiDecoder, MimiEncoder, StreamEncoder};
 static GLOBAL: testkit::CountingAlloc = testkit::CountingAlloc;
 
 use testkit::all_thread_allocations_during as allocations;
-use testkit::steady_state_allocations;
 
 #[test]
 fn mimi_frames_allocate_nothing_on_any_thread() {
@@ -38,7 +36,7 @@ fn tiny_frame_path() {
         codes.copy_from_slice(enc.encode_frame(&input[f * fs..(f + 1) * fs]).unwrap());
         dec.decode_frame(&codes, &mut out).unwrap();
     }
-    let n = steady_state_allocations(|| {
+    let n = allocations(|| {
         // 20 more frames: the transformer ring (context 8) wraps several times
         for f in 2..22 {
             codes.copy_from_slice(enc.encode_frame(&input[f * fs..(f + 1) * fs]).unwrap());
@@ -82,7 +80,7 @@ fn tiny_pooled_frame_path() {
             .unwrap();
     };
     (0..2).for_each(&mut pooled_frame);
-    let a = steady_state_allocations(|| (2..12).for_each(&mut pooled_frame));
+    let a = allocations(|| (2..12).for_each(&mut pooled_frame));
     assert_eq!(a, 0, "pooled frame path allocated");
 }
 
@@ -107,6 +105,6 @@ fn released_size_frame_path(pooled: bool) {
         dec.decode_frame_with(&codes, &mut out, p, None).unwrap();
     };
     (0..2).for_each(&mut frame);
-    let a = steady_state_allocations(|| (2..6).for_each(&mut frame));
+    let a = allocations(|| (2..6).for_each(&mut frame));
     assert_eq!(a, 0, "pool {}: allocated", p.is_some());
 }

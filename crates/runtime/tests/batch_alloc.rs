@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use runtime::{BatchOptions, BatchRunner, EngineOptions, Event, SessionOptions, FRAME_SIZE};
-use testkit::{start_counting, stop_counting};
+use testkit::all_thread_allocations_during as allocations;
 
 #[global_allocator]
 static GLOBAL: testkit::CountingAlloc = testkit::CountingAlloc;
@@ -69,9 +69,8 @@ fn batched_ticks_do_not_allocate() {
         };
         // Warm-up past the tiny LM's and Mimi's contexts (the KV rings wrap).
         assert_eq!(run(&mut convs, 0..40), 60);
-        start_counting();
-        let n = run(&mut convs, 40..240);
-        let allocs = stop_counting();
+        let mut n = 0;
+        let allocs = allocations(|| n = run(&mut convs, 40..240));
         assert_eq!((allocs, n), (0, 300), "batched path ({threads} threads)");
         // Commands between frames do not allocate either.
         for (s, _, _) in &convs {
@@ -81,9 +80,8 @@ fn batched_ticks_do_not_allocate() {
             c.resume();
             c.reset();
         }
-        start_counting();
-        let n = run(&mut convs, 0..30);
-        let allocs = stop_counting();
+        let mut n = 0;
+        let allocs = allocations(|| n = run(&mut convs, 0..30));
         assert_eq!((allocs, n), (0, 45), "after commands ({threads} threads)");
         drop(convs);
         r.stop().unwrap();

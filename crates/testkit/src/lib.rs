@@ -9,12 +9,17 @@
 //!   see only the calling thread, so other test threads of the same binary do not interfere;
 //! - **all-thread counts**, only between [`start_counting`] and [`stop_counting`]: they also see
 //!   pool workers (and any other test's threads, so a binary that uses them should hold a single
-//!   test);
+//!   test); [`all_thread_allocations_during`] leaves out the harness's own `main` thread, which
+//!   allocates at moments of its choosing (e.g. its "running for over 60 seconds" notice);
 //! - **per-class counts**, counted with the all-thread counter: after [`classify_threads`] sorts
 //!   threads into classes by name, [`class_allocations`] gives the allocations of one class;
 //! - **live and peak heap bytes** over all threads: [`live_bytes`] and [`peak_growth_during`].
 //!
 //! An "allocation" is a call to `alloc`, `alloc_zeroed` or `realloc`; `dealloc` is not counted.
+//!
+//! To find where counted allocations come from, run a test with `TESTKIT_ALLOC_BACKTRACES=1`: every
+//! allocation the all-thread counter sees then records its thread name and a backtrace, and
+//! [`stop_counting`] prints them to stderr (the capture itself is not counted).
 //!
 //! A test binary installs it with
 //!
@@ -31,7 +36,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 /// Counting global allocator (forwards every call to [`System`]); see the crate docs.
 #[derive(Debug, Clone, Copy, Default)]
@@ -53,7 +58,14 @@ thread_local! {
     static THREAD_ALLOCS: Cell<usize> = const { Cell::new(0) };
     /// This thread's class (`0..THREAD_CLASSES`), or [`UNSEEN`] / [`LOOKING`] / [`UNCLASSED`].
     static THREAD_CLASS: Cell<u8> = const { Cell::new(UNSEEN) };
+    /// Set while this thread records a backtrace: its own allocations are not counted.
+    static IN_TRACE: Cell<bool> = const { Cell::new(false) };
 }
+
+/// Whether counted allocations record backtraces (`TESTKIT_ALLOC_BACKTRACES`, read by [`start_counting`]).
+static TRACING: AtomicBool = AtomicBool::new(false);
+/// Backtraces recorded while [`TRACING`] (printed and cleared by [`stop_counting`]).
+static TRACES: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
 /// Thread classifier for [`classify_threads`]: a thread's name to its class.
 pub type Classifier = fn(Option<&str>) -> Option<usize>;
@@ -75,6 +87,9 @@ static PEAK: AtomicUsize = AtomicUsize::new(0);
 
 /// Counts one allocation call (before it is forwarded).
 fn count() {
+    if IN_TRACE.try_with(Cell::get).unwrap_or(false) {
+        return;
+    }
     // `try_with`: during thread teardown the slot may be gone; such allocations are not counted.
     let _ = THREAD_ALLOCS.try_with(|c| c.set(c.get() + 1));
     if COUNTING.load(Ordering::Relaxed) {
@@ -82,7 +97,27 @@ fn count() {
         if let Some(class) = thread_class() {
             CLASS_ALLOCS[class].fetch_add(1, Ordering::Relaxed);
         }
+        if TRACING.load(Ordering::Relaxed) {
+            record_backtrace();
+        }
     }
+}
+
+/// Records the calling thread's name and backtrace in [`TRACES`] (debugging aid; see the crate docs).
+#[cold]
+fn record_backtrace() {
+    if IN_TRACE.try_with(|t| t.set(true)).is_err() {
+        return;
+    }
+    let trace = format!(
+        "allocation on thread {:?}:\n{}",
+        std::thread::current().name(),
+        std::backtrace::Backtrace::force_capture()
+    );
+    if let Ok(mut traces) = TRACES.lock() {
+        traces.push(trace);
+    }
+    let _ = IN_TRACE.try_with(|t| t.set(false));
 }
 
 /// The calling thread's class, classifying it by name on first use (only ever while counting).
@@ -167,6 +202,10 @@ pub fn thread_allocations_during(f: impl FnOnce()) -> usize {
 
 /// Resets the all-thread counter and the per-class counters to zero and starts them.
 pub fn start_counting() {
+    TRACING.store(
+        std::env::var_os("TESTKIT_ALLOC_BACKTRACES").is_some_and(|v| v == "1"),
+        Ordering::SeqCst,
+    );
     ALL_ALLOCS.store(0, Ordering::SeqCst);
     for c in &CLASS_ALLOCS {
         c.store(0, Ordering::SeqCst);
@@ -175,9 +214,15 @@ pub fn start_counting() {
 }
 
 /// Stops the all-thread counter and returns the allocations it saw (all threads) since
-/// [`start_counting`].
+/// [`start_counting`]. With `TESTKIT_ALLOC_BACKTRACES=1`, prints their backtraces to stderr.
 pub fn stop_counting() -> usize {
     COUNTING.store(false, Ordering::SeqCst);
+    if TRACING.swap(false, Ordering::SeqCst) {
+        let traces = std::mem::take(&mut *TRACES.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in traces {
+            eprintln!("{t}");
+        }
+    }
     ALL_ALLOCS.load(Ordering::SeqCst)
 }
 
@@ -256,20 +301,4 @@ pub fn all_thread_allocations_during(f: impl FnOnce()) -> usize {
     f();
     stop_counting();
     class_allocations(0)
-}
-
-/// Steady-state allocations of a repeatable step: runs `f` up to three times, each time under
-/// [`all_thread_allocations_during`], and returns the smallest count. A recurring allocation (per
-/// call of `f`) shows in every window; a one-off allocation that some thread makes at an
-/// unpredictable moment (observed on idle pool workers of the kernels crate; cause not identified)
-/// can only spoil one of them.
-pub fn steady_state_allocations(mut f: impl FnMut()) -> usize {
-    let mut least = usize::MAX;
-    for _ in 0..3 {
-        least = least.min(all_thread_allocations_during(&mut f));
-        if least == 0 {
-            break;
-        }
-    }
-    least
 }
