@@ -1,51 +1,40 @@
 //! Row-wise ops on `&[f32]` / `&mut [f32]`.
 //!
-//! These are short, memory-light loops written so the compiler vectorizes them; `dot`,
-//! `axpy` (used by attention) and the activations `gelu_erf` / `elu` come from the kernel
-//! table, with scalar references ([`dot_reference`], ...). All functions debug-assert matching lengths; in release builds they work
-//! on the common prefix. Plain loops avoid `f32::mul_add`, which is a slow library call on
-//! x86_64 builds without the FMA target feature.
+//! The norms, RoPE, softmax, SiLU gating, `dot`, `axpy` (used by attention) and the
+//! activations `gelu_erf` / `elu` come from the kernel table (per-set versions through
+//! [`SetOps`], scalar references such as [`dot_reference`]); `add`, `mul`, `scale` and `silu`
+//! are plain loops the compiler vectorizes. All functions debug-assert matching lengths; in
+//! release builds they work on the common prefix.
 
 use crate::arch::active;
 
-/// RMSNorm: `out = x / sqrt(mean(x²) + eps) · w`, accumulated in f32.
+/// RMSNorm: `out = x / sqrt(mean(x²) + eps) · w`, accumulated in f32 (kernel table;
+/// every set computes the same operations in the same order, so results are bitwise equal
+/// across sets).
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     debug_assert!(x.len() == w.len() && x.len() == out.len());
-    let mut acc = [0f32; 8];
-    let mut it = x.chunks_exact(8);
-    for c in &mut it {
-        for k in 0..8 {
-            acc[k] += c[k] * c[k];
-        }
-    }
-    let mut ss: f32 = acc.iter().sum();
-    for v in it.remainder() {
-        ss += v * v;
-    }
-    let inv = 1.0 / (ss / x.len() as f32 + eps).sqrt();
-    // Same grouping as moshi's `x * (alpha * rsqrt(var))`.
-    for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
-        *o = v * (g * inv);
-    }
+    let n = x.len().min(w.len()).min(out.len());
+    // SAFETY: the active table was selected for this CPU; all slices hold n values.
+    unsafe { (active().rms_norm)(&x[..n], &w[..n], eps, &mut out[..n]) }
 }
 
 /// LayerNorm with weight and bias: `out = (x − mean) / sqrt(var + eps) · w + b`
-/// (biased variance, like PyTorch).
+/// (biased variance, like PyTorch; kernel table, bitwise equal across sets).
 pub fn layer_norm(x: &[f32], w: &[f32], b: &[f32], eps: f32, out: &mut [f32]) {
     debug_assert!(x.len() == w.len() && x.len() == b.len() && x.len() == out.len());
-    let n = x.len() as f32;
-    let mean = x.iter().sum::<f32>() / n;
-    let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
-    let inv = 1.0 / (var + eps).sqrt();
-    for (((o, &v), &g), &bb) in out.iter_mut().zip(x).zip(w).zip(b) {
-        *o = (v - mean) * inv * g + bb;
-    }
+    let n = x.len().min(w.len()).min(b.len()).min(out.len());
+    // SAFETY: the active table was selected for this CPU; all slices hold n values.
+    unsafe { (active().layer_norm)(&x[..n], &w[..n], &b[..n], eps, &mut out[..n]) }
 }
+
+/// Pairs of rotary angles computed per call of [`rope_interleaved`] (a stack buffer).
+const ROPE_CHUNK: usize = 64;
 
 /// Rotary embedding on interleaved pairs `(2i, 2i+1)` of each head of `x`
 /// (`n_heads · head_dim` values), at position `pos`:
 /// `freq_i = exp(−ln(max_period)·2i/head_dim)` (computed in f32 like PyTorch),
 /// angle `= freq_i · pos` computed in f64, so arbitrarily large positions stay exact.
+/// The rotation itself is [`rope_rotate`].
 pub fn rope_interleaved(
     x: &mut [f32],
     n_heads: usize,
@@ -56,34 +45,109 @@ pub fn rope_interleaved(
     debug_assert!(x.len() >= n_heads * head_dim && head_dim.is_multiple_of(2));
     let half = head_dim / 2;
     let k = (-(max_period as f64).ln() * 2.0 / head_dim as f64) as f32;
-    for i in 0..half {
-        let freq = (i as f32 * k).exp();
-        let angle = freq as f64 * pos as f64;
-        let (s, c) = angle.sin_cos();
-        let (s, c) = (s as f32, c as f32);
-        for h in 0..n_heads {
-            let j = h * head_dim + 2 * i;
-            let (re, im) = (x[j], x[j + 1]);
-            x[j] = re * c - im * s;
-            x[j + 1] = re * s + im * c;
+    let x = &mut x[..n_heads * head_dim];
+    let (mut cos, mut sin) = ([0f32; ROPE_CHUNK], [0f32; ROPE_CHUNK]);
+    for i0 in (0..half).step_by(ROPE_CHUNK) {
+        let m = ROPE_CHUNK.min(half - i0);
+        for j in 0..m {
+            let freq = ((i0 + j) as f32 * k).exp();
+            let (s, c) = (freq as f64 * pos as f64).sin_cos();
+            (cos[j], sin[j]) = (c as f32, s as f32);
         }
+        // SAFETY: the active table was selected for this CPU; x holds whole heads and the
+        // pairs i0..i0 + m lie inside each head.
+        unsafe { (active().rope)(x, head_dim, i0, &cos[..m], &sin[..m]) }
     }
 }
 
-/// In-place softmax (max-subtracted). An empty slice is left alone.
+/// Rotates the interleaved pairs `(2i, 2i+1)`, `i < cos.len()`, of every head (`head_dim`
+/// values) of `x` by the angles whose cosines and sines are given:
+/// `(re, im) → (re·cos − im·sin, re·sin + im·cos)` (kernel table, bitwise equal across sets).
+/// A trailing partial head is left alone.
+pub fn rope_rotate(x: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) {
+    assert!(
+        cos.len() == sin.len() && 2 * cos.len() <= head_dim,
+        "rope_rotate: {} cosines, {} sines for head_dim {head_dim}",
+        cos.len(),
+        sin.len()
+    );
+    let whole = x.len() / head_dim * head_dim;
+    // SAFETY: the active table was selected for this CPU; x holds whole heads and the pairs
+    // lie inside each head (checked above).
+    unsafe { (active().rope)(&mut x[..whole], head_dim, 0, cos, sin) }
+}
+
+/// In-place softmax (max-subtracted, polynomial `exp` within ~2 ulp; kernel table, bitwise
+/// equal across sets). An empty or all `−∞` slice is left alone.
 pub fn softmax(x: &mut [f32]) {
-    let m = x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    if m == f32::NEG_INFINITY {
-        return;
+    // SAFETY: the active table was selected for this CPU.
+    unsafe { (active().softmax)(x) }
+}
+
+/// SiLU gating of a gated FFN: `u[i] = silu(g[i]) · g[h + i]`, `h = u.len()` (`g` holds the
+/// gate half, then the value half; kernel table, bitwise equal across sets).
+pub fn silu_gate(g: &[f32], u: &mut [f32]) {
+    assert!(
+        g.len() >= 2 * u.len(),
+        "silu_gate: {} inputs for {} outputs",
+        g.len(),
+        u.len()
+    );
+    // SAFETY: the active table was selected for this CPU; g holds 2·u.len() values.
+    unsafe { (active().silu_gate)(g, u) }
+}
+
+/// The row ops of one named kernel set, for tests and benchmarks that compare sets in one
+/// process (the free functions of this module use the active set).
+#[derive(Clone, Copy)]
+pub struct SetOps(&'static crate::arch::Kernels);
+
+impl SetOps {
+    /// The ops of `set`, or `None` when this CPU cannot run it.
+    pub fn of(set: crate::KernelSet) -> Option<Self> {
+        set.available().then(|| SetOps(crate::arch::table(set)))
     }
-    let mut sum = 0f32;
-    for v in x.iter_mut() {
-        *v = (*v - m).exp();
-        sum += *v;
+
+    /// [`rms_norm`] with this set.
+    pub fn rms_norm(self, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+        let n = x.len().min(w.len()).min(out.len());
+        // SAFETY: the set is available on this CPU; all slices hold n values.
+        unsafe { (self.0.rms_norm)(&x[..n], &w[..n], eps, &mut out[..n]) }
     }
-    let inv = 1.0 / sum;
-    for v in x.iter_mut() {
-        *v *= inv;
+
+    /// [`layer_norm`] with this set.
+    pub fn layer_norm(self, x: &[f32], w: &[f32], b: &[f32], eps: f32, out: &mut [f32]) {
+        let n = x.len().min(w.len()).min(b.len()).min(out.len());
+        // SAFETY: the set is available on this CPU; all slices hold n values.
+        unsafe { (self.0.layer_norm)(&x[..n], &w[..n], &b[..n], eps, &mut out[..n]) }
+    }
+
+    /// [`rope_rotate`] with this set.
+    pub fn rope_rotate(self, x: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) {
+        assert!(cos.len() == sin.len() && 2 * cos.len() <= head_dim);
+        let whole = x.len() / head_dim * head_dim;
+        // SAFETY: the set is available on this CPU; the pairs lie inside each head.
+        unsafe { (self.0.rope)(&mut x[..whole], head_dim, 0, cos, sin) }
+    }
+
+    /// [`softmax`] with this set.
+    pub fn softmax(self, x: &mut [f32]) {
+        // SAFETY: the set is available on this CPU.
+        unsafe { (self.0.softmax)(x) }
+    }
+
+    /// [`silu_gate`] with this set.
+    pub fn silu_gate(self, g: &[f32], u: &mut [f32]) {
+        assert!(g.len() >= 2 * u.len());
+        // SAFETY: the set is available on this CPU; g holds 2·u.len() values.
+        unsafe { (self.0.silu_gate)(g, u) }
+    }
+
+    /// f32 → bf16 bits (round to nearest even) with this set.
+    pub fn to_bf16(self, x: &[f32], out: &mut [u16]) {
+        let n = x.len().min(out.len());
+        // SAFETY: the set is available on this CPU; both slices hold n values.
+        unsafe { (self.0.to_bf16)(&x[..n], &mut out[..n]) }
     }
 }
 

@@ -26,6 +26,11 @@ pub(crate) static SCALAR: Kernels = Kernels {
     to_bf16,
     gelu_erf,
     elu,
+    rms_norm,
+    layer_norm,
+    rope,
+    softmax,
+    silu_gate,
 };
 
 /// Dot product with 8 partial sums (FMA), then the tail; `conv` widens one weight.
@@ -317,11 +322,23 @@ pub fn axpy_bf16(y: &mut [f32], a: f32, x: &[u16]) {
     }
 }
 
-/// f32 → bf16 bits, rounded to nearest even (NaN stays NaN).
-pub fn to_bf16(x: &[f32], out: &mut [u16]) {
+/// f32 → bf16 bits, rounded to nearest even, NaN truncated with its quiet bit set (bitwise
+/// equal to `half::bf16::from_f32`, the reference of the tests); branch-free integer
+/// operations, so it vectorizes.
+#[inline(always)]
+pub(crate) fn to_bf16_body(x: &[f32], out: &mut [u16]) {
     for (o, v) in out.iter_mut().zip(x) {
-        *o = bf16::from_f32(*v).to_bits();
+        let b = v.to_bits();
+        let nan = b & 0x7fff_ffff > 0x7f80_0000;
+        // Round to nearest even: add 0x7fff plus the lowest kept bit, keep the high half.
+        let rounded = b.wrapping_add(0x7fff + ((b >> 16) & 1));
+        *o = (if nan { b | 0x0040_0000 } else { rounded } >> 16) as u16;
     }
+}
+
+/// Portable [`to_bf16_body`].
+pub fn to_bf16(x: &[f32], out: &mut [u16]) {
+    to_bf16_body(x, out)
 }
 
 /// `a · b + c`, fused when `FUSED` (the SIMD clones compile the same bodies with FMA).
@@ -334,10 +351,13 @@ fn fma<const FUSED: bool>(a: f32, b: f32, c: f32) -> f32 {
     }
 }
 
-/// exp(x) for x ≤ 0 (inputs below −87 give 0), branch-free so it vectorizes: Cody–Waite
-/// range reduction and a degree-6 polynomial; relative error ≈ 2 ulp.
+/// exp(x) for x ≤ 0 (inputs below −87 give 0, NaN gives exp(−87)), branch-free so it
+/// vectorizes: Cody–Waite range reduction and a degree-6 polynomial; relative error ≈ 2 ulp.
+/// Every operation is a separately rounded IEEE one (Rust never contracts), so the NEON
+/// version in `arch/aarch64/rows.rs` that performs the same operations is bitwise equal.
 #[inline(always)]
-fn exp_nonpos(x: f32) -> f32 {
+pub(crate) fn exp_nonpos(x: f32) -> f32 {
+    let low = x < -87.0;
     let x = x.max(-87.0);
     // Round to nearest via the 1.5·2^23 trick (vectorizes, unlike `f32::round`).
     const MAGIC: f32 = 12_582_912.0;
@@ -353,7 +373,12 @@ fn exp_nonpos(x: f32) -> f32 {
                 + r * (0.166_666_67
                     + r * (0.041_666_66 + r * (0.008_333_452 + r * 0.001_388_89)))));
     let bits = (ni.wrapping_add(127) as u32) << 23;
-    p * f32::from_bits(bits)
+    let e = p * f32::from_bits(bits);
+    if low {
+        0.0
+    } else {
+        e
+    }
 }
 
 /// In-place exact (erf-based) GELU `0.5·x·(1 + erf(x/√2))` with a Chebyshev-fitted erfc
@@ -398,4 +423,128 @@ pub fn gelu_erf(x: &mut [f32]) {
 /// Portable [`elu_body`].
 pub fn elu(src: &[f32], dst: &mut [f32]) {
     elu_body(src, dst)
+}
+
+/// `Σ f(x[i])` with 8 partial sums (element `i` of every whole chunk of 8 into sum `i % 8`),
+/// the partial sums added in lane order, then the tail in order: the one summation order
+/// of the row ops, which every SIMD version reproduces lane for lane.
+#[inline(always)]
+pub(crate) fn sum8(x: &[f32], f: impl Fn(f32) -> f32) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut it = x.chunks_exact(8);
+    for c in &mut it {
+        for k in 0..8 {
+            acc[k] += f(c[k]);
+        }
+    }
+    let mut s = acc[0];
+    for a in &acc[1..] {
+        s += a;
+    }
+    for &v in it.remainder() {
+        s += f(v);
+    }
+    s
+}
+
+/// RMSNorm `out = x · (w / sqrt(mean(x²) + eps))`, grouped like moshi's
+/// `x * (alpha * rsqrt(var))`; [`sum8`] order.
+#[inline(always)]
+pub(crate) fn rms_norm_body(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let ss = sum8(x, |v| v * v);
+    let inv = 1.0 / (ss / x.len() as f32 + eps).sqrt();
+    for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
+        *o = v * (g * inv);
+    }
+}
+
+/// LayerNorm `out = (x − mean) · inv · w + b` with the biased variance; [`sum8`] order.
+#[inline(always)]
+pub(crate) fn layer_norm_body(x: &[f32], w: &[f32], b: &[f32], eps: f32, out: &mut [f32]) {
+    let n = x.len() as f32;
+    let mean = sum8(x, |v| v) / n;
+    let var = sum8(x, |v| (v - mean) * (v - mean)) / n;
+    let inv = 1.0 / (var + eps).sqrt();
+    for (((o, &v), &g), &bb) in out.iter_mut().zip(x).zip(w).zip(b) {
+        *o = (v - mean) * inv * g + bb;
+    }
+}
+
+/// Rotates the interleaved pairs `i0 .. i0 + cos.len()` of every head (`head_dim` values) of
+/// `x`: `(re, im) → (re·c − im·s, re·s + im·c)`.
+#[inline(always)]
+pub(crate) fn rope_body(x: &mut [f32], head_dim: usize, i0: usize, cos: &[f32], sin: &[f32]) {
+    for head in x.chunks_exact_mut(head_dim) {
+        let pairs = &mut head[2 * i0..2 * (i0 + cos.len())];
+        for ((p, &c), &s) in pairs.chunks_exact_mut(2).zip(cos).zip(sin) {
+            let (re, im) = (p[0], p[1]);
+            p[0] = re * c - im * s;
+            p[1] = re * s + im * c;
+        }
+    }
+}
+
+/// In-place softmax: max-subtracted [`exp_nonpos`], [`sum8`] order, times `1/sum`. An empty or
+/// all `−∞` slice is left alone.
+#[inline(always)]
+pub(crate) fn softmax_body(x: &mut [f32]) {
+    let mut acc = [f32::NEG_INFINITY; 8];
+    let mut it = x.chunks_exact(8);
+    for c in &mut it {
+        for k in 0..8 {
+            acc[k] = acc[k].max(c[k]);
+        }
+    }
+    let m = acc
+        .iter()
+        .chain(it.remainder())
+        .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    if m == f32::NEG_INFINITY {
+        return;
+    }
+    for v in x.iter_mut() {
+        *v = exp_nonpos(*v - m);
+    }
+    let inv = 1.0 / sum8(x, |v| v);
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// SiLU gating `u[i] = silu(g[i]) · g[h + i]` with `h = u.len()`: `sigmoid(a)` as
+/// `1/(1+e)` or `e/(1+e)` with `e = exp(−|a|)` ([`exp_nonpos`]), so no exponent overflows.
+#[inline(always)]
+pub(crate) fn silu_gate_body(g: &[f32], u: &mut [f32]) {
+    let n = u.len();
+    let (a, b) = (&g[..n], &g[n..2 * n]);
+    for i in 0..n {
+        let e = exp_nonpos(-a[i].abs());
+        let num = if a[i] >= 0.0 { 1.0 } else { e };
+        u[i] = a[i] * (num / (1.0 + e)) * b[i];
+    }
+}
+
+/// Portable [`rms_norm_body`].
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    rms_norm_body(x, w, eps, out)
+}
+
+/// Portable [`layer_norm_body`].
+pub fn layer_norm(x: &[f32], w: &[f32], b: &[f32], eps: f32, out: &mut [f32]) {
+    layer_norm_body(x, w, b, eps, out)
+}
+
+/// Portable [`rope_body`].
+pub fn rope(x: &mut [f32], head_dim: usize, i0: usize, cos: &[f32], sin: &[f32]) {
+    rope_body(x, head_dim, i0, cos, sin)
+}
+
+/// Portable [`softmax_body`].
+pub fn softmax(x: &mut [f32]) {
+    softmax_body(x)
+}
+
+/// Portable [`silu_gate_body`].
+pub fn silu_gate(g: &[f32], u: &mut [f32]) {
+    silu_gate_body(g, u)
 }

@@ -74,6 +74,9 @@ pub(crate) type WideFn = unsafe fn(
     (usize, usize),
 );
 
+/// LayerNorm `(x, w, b, eps, out)`.
+pub(crate) type LayerNormFn = unsafe fn(&[f32], &[f32], &[f32], f32, &mut [f32]);
+
 /// One kernel table. Every function assumes the CPU supports its set; [`table`] hands out
 /// only tables of available sets.
 pub(crate) struct Kernels {
@@ -94,6 +97,15 @@ pub(crate) struct Kernels {
     pub(crate) to_bf16: unsafe fn(&[f32], &mut [u16]),
     pub(crate) gelu_erf: unsafe fn(&mut [f32]),
     pub(crate) elu: unsafe fn(&[f32], &mut [f32]),
+    /// `(x, w, eps, out)`.
+    pub(crate) rms_norm: unsafe fn(&[f32], &[f32], f32, &mut [f32]),
+    pub(crate) layer_norm: LayerNormFn,
+    /// `(x, head_dim, first pair, cos, sin)`: rotates pairs `first .. first + cos.len()` of
+    /// every head.
+    pub(crate) rope: unsafe fn(&mut [f32], usize, usize, &[f32], &[f32]),
+    pub(crate) softmax: unsafe fn(&mut [f32]),
+    /// `(g, u)`: `u = silu(g[..h]) · g[h..2h]`, `h = u.len()`.
+    pub(crate) silu_gate: unsafe fn(&[f32], &mut [f32]),
 }
 
 /// Software-prefetch distance (bytes ahead in each weight / KV stream) of the streaming

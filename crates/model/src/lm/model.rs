@@ -186,14 +186,6 @@ fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, d: usize, n: usize, out: &mut [
     }
 }
 
-/// `u = silu(g[..h]) * g[h..]`.
-fn gate(g: &[f32], u: &mut [f32]) {
-    let (a, b) = g.split_at(u.len());
-    for ((o, &a), &b) in u.iter_mut().zip(a).zip(b) {
-        *o = a / (1.0 + (-a).exp()) * b;
-    }
-}
-
 /// `rows` must be distinct session indices below `n` (at least one).
 fn check_rows(rows: &[usize], n: usize) -> Result<(), LmError> {
     if rows.is_empty() || rows.len() > n {
@@ -445,11 +437,17 @@ impl LmModel {
             pool.matmul(&layer.in_proj, &st.h, n, &mut st.qkv);
             for (b, &row) in rows.iter().enumerate() {
                 let qkv = &mut st.qkv[b * 3 * d..(b + 1) * 3 * d];
+                // q and k are adjacent: one call rotates both with one set of angles.
+                let heads = 2 * s.num_heads;
+                ops::rope_interleaved(
+                    &mut qkv[..2 * d],
+                    heads,
+                    s.head_dim,
+                    st.pos[row],
+                    s.max_period,
+                );
                 let (q, kvp) = qkv.split_at_mut(d);
                 let (k, v) = kvp.split_at_mut(d);
-                let pos = st.pos[row];
-                ops::rope_interleaved(q, s.num_heads, s.head_dim, pos, s.max_period);
-                ops::rope_interleaved(k, s.num_heads, s.head_dim, pos, s.max_period);
                 let ring = &mut st.kv[row * nl + l];
                 ring.push(k, v);
                 // Heads split over the pool (bit-identical to `attend`; single-threaded below 16
@@ -467,7 +465,7 @@ impl LmModel {
                     .zip(st.u.chunks_exact_mut(s.hidden))
                     .take(n)
             {
-                gate(g, u);
+                ops::silu_gate(g, u);
             }
             pool.matmul(&layer.lin_out, &st.u, n, &mut st.tmp);
             ops::add(&mut st.x[..n * d], &st.tmp[..n * d]);
@@ -571,7 +569,7 @@ impl LmModel {
                 .zip(st.du.chunks_exact_mut(s.dep_hidden))
                 .take(n)
             {
-                gate(g, u);
+                ops::silu_gate(g, u);
             }
             pool.matmul(&w.lin_out, &st.du, n, &mut st.dtmp);
             ops::add(&mut st.dx[..n * dd], &st.dtmp[..n * dd]);

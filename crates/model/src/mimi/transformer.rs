@@ -149,16 +149,8 @@ impl Transformer {
                     &st.cos[s * half..(s + 1) * half],
                     &st.sin[s * half..(s + 1) * half],
                 );
-                for part in 0..2 {
-                    for hh in 0..self.heads {
-                        let v = &mut row[part * d + hh * hd..part * d + (hh + 1) * hd];
-                        for i in 0..half {
-                            let (re, im) = (v[2 * i], v[2 * i + 1]);
-                            v[2 * i] = re * cs[i] - im * sn[i];
-                            v[2 * i + 1] = re * sn[i] + im * cs[i];
-                        }
-                    }
-                }
+                // q then k: 2·heads heads of hd values.
+                kernels::ops::rope_rotate(&mut row[..2 * d], hd, cs, sn);
                 ring.push(&row[d..2 * d], &row[2 * d..3 * d]);
             }
             // Query p sees the keys still in the ring within its context (see the module doc).

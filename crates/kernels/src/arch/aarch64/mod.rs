@@ -2,12 +2,12 @@
 //! quantized matmuls, chosen at run time from `is_aarch64_feature_detected!`. Nothing here is
 //! Linux-specific (the same code builds for aarch64-apple-darwin).
 
-use super::scalar;
 use super::table::{Features, Kernels};
 
 mod gemm;
 mod matvec;
 pub(crate) mod ops;
+mod rows;
 
 /// Fills the aarch64 flags of [`Features`].
 pub(super) fn probe(f: &mut Features) {
@@ -30,9 +30,14 @@ const NEON_BASE: Kernels = Kernels {
     dot_bf16: ops::dot_bf16,
     axpy: ops::axpy,
     axpy_bf16: ops::axpy_bf16,
-    to_bf16: scalar::to_bf16,
+    to_bf16: rows::to_bf16,
     gelu_erf: ops::gelu_erf,
     elu: ops::elu,
+    rms_norm: rows::rms_norm,
+    layer_norm: rows::layer_norm,
+    rope: rows::rope,
+    softmax: rows::softmax,
+    silu_gate: rows::silu_gate,
 };
 
 /// Baseline NEON (`smull` + pairwise adds in the quantized kernels).

@@ -52,9 +52,14 @@ const AVX2_BASE: Kernels = Kernels {
     dot_bf16: ops::dot_bf16_avx2,
     axpy: ops::axpy_avx2,
     axpy_bf16: ops::axpy_bf16_avx2,
-    to_bf16: super::scalar::to_bf16,
+    to_bf16: ops::rows_avx2::to_bf16,
     gelu_erf: ops::gelu_erf_avx2,
     elu: ops::elu_avx2,
+    rms_norm: ops::rows_avx2::rms_norm,
+    layer_norm: ops::rows_avx2::layer_norm,
+    rope: ops::rows_avx2::rope,
+    softmax: ops::rows_avx2::softmax,
+    silu_gate: ops::rows_avx2::silu_gate,
 };
 
 /// AVX2 with AVX-VNNI quantized kernels.
@@ -71,9 +76,14 @@ const AVX512_BASE: Kernels = Kernels {
     quantize_act: ops::quantize_act_avx512,
     attend_head: attention::attend_head_avx512,
     gemm_wide: Some(gemm::blocks),
-    to_bf16: ops::to_bf16_avx512,
+    to_bf16: ops::rows_avx512::to_bf16,
     gelu_erf: ops::gelu_erf_avx512,
     elu: ops::elu_avx512,
+    rms_norm: ops::rows_avx512::rms_norm,
+    layer_norm: ops::rows_avx512::layer_norm,
+    rope: ops::rows_avx512::rope,
+    softmax: ops::rows_avx512::softmax,
+    silu_gate: ops::rows_avx512::silu_gate,
     ..AVX2_BASE
 };
 

@@ -1,11 +1,15 @@
-//! Row ops of the x86 tables: dot products and `axpy` (AVX2), the activation quantizer and
-//! the f32 → bf16 conversion (AVX-512), and the pointwise activations (the portable bodies of
-//! `arch/scalar.rs` compiled with AVX2+FMA or AVX-512 enabled).
+//! Row ops of the x86 tables: dot products and `axpy` (AVX2), the activation quantizer
+//! (AVX-512), and the pointwise activations, norms, RoPE, softmax, SiLU gating and f32 → bf16
+//! conversion (the portable bodies of `arch/scalar.rs` compiled with AVX2+FMA or AVX-512
+//! enabled).
 #![allow(clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
 
-use crate::arch::scalar::{elu_body, gelu_erf_body};
+use crate::arch::scalar::{
+    elu_body, gelu_erf_body, layer_norm_body, rms_norm_body, rope_body, silu_gate_body,
+    softmax_body, to_bf16_body,
+};
 use crate::layout::QK;
 
 /// `y += a·x` (AVX2).
@@ -170,36 +174,6 @@ pub(super) unsafe fn quantize_act_avx512(
     }
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-/// f32 → bf16 (round to nearest even, NaN kept) with AVX-512, bitwise equal to the portable one.
-///
-/// # Safety
-/// AVX-512 F/BW/VL available.
-pub(super) unsafe fn to_bf16_avx512(x: &[f32], out: &mut [u16]) {
-    let n = x.len().min(out.len());
-    let mut i = 0;
-    let bias = _mm512_set1_epi32(0x7fff);
-    let one = _mm512_set1_epi32(1);
-    let abs = _mm512_set1_epi32(0x7fff_ffff);
-    let inf = _mm512_set1_epi32(0x7f80_0000);
-    while i + 16 <= n {
-        let b = _mm512_loadu_si512(x.as_ptr().add(i) as *const _);
-        // Round to nearest even: add 0x7fff + the lowest kept bit, keep the high half.
-        let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(b), one);
-        let r = _mm512_srli_epi32::<16>(_mm512_add_epi32(b, _mm512_add_epi32(bias, lsb)));
-        // NaN: truncate and set the quiet bit.
-        let nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(b, abs), inf);
-        let qn = _mm512_or_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(0x40));
-        let r = _mm512_mask_mov_epi32(r, nan, qn);
-        _mm256_storeu_si256(
-            out.as_mut_ptr().add(i) as *mut __m256i,
-            _mm512_cvtepi32_epi16(r),
-        );
-        i += 16;
-    }
-    crate::arch::scalar::to_bf16(&x[i..n], &mut out[i..n]);
-}
-
 /// GELU(erf) compiled for AVX2 + FMA.
 ///
 /// # Safety
@@ -235,6 +209,90 @@ pub(super) unsafe fn elu_avx2(src: &[f32], dst: &mut [f32]) {
 pub(super) unsafe fn elu_avx512(src: &[f32], dst: &mut [f32]) {
     elu_body(src, dst)
 }
+
+/// The row ops of `arch/scalar.rs` compiled for one x86 level: `$feat` enabled, the same
+/// IEEE operations in the same order (no contraction), so bitwise equal to the portable ones.
+macro_rules! row_ops {
+    ($module:ident, $feat:literal) => {
+        pub(in crate::arch::x86) mod $module {
+            use super::*;
+
+            /// RMSNorm.
+            ///
+            /// # Safety
+            /// The CPU has the features of this module.
+            #[target_feature(enable = $feat)]
+            pub(in crate::arch::x86) unsafe fn rms_norm(
+                x: &[f32],
+                w: &[f32],
+                eps: f32,
+                out: &mut [f32],
+            ) {
+                rms_norm_body(x, w, eps, out)
+            }
+
+            /// LayerNorm.
+            ///
+            /// # Safety
+            /// The CPU has the features of this module.
+            #[target_feature(enable = $feat)]
+            pub(in crate::arch::x86) unsafe fn layer_norm(
+                x: &[f32],
+                w: &[f32],
+                b: &[f32],
+                eps: f32,
+                out: &mut [f32],
+            ) {
+                layer_norm_body(x, w, b, eps, out)
+            }
+
+            /// RoPE rotation.
+            ///
+            /// # Safety
+            /// The CPU has the features of this module.
+            #[target_feature(enable = $feat)]
+            pub(in crate::arch::x86) unsafe fn rope(
+                x: &mut [f32],
+                head_dim: usize,
+                i0: usize,
+                cos: &[f32],
+                sin: &[f32],
+            ) {
+                rope_body(x, head_dim, i0, cos, sin)
+            }
+
+            /// Softmax.
+            ///
+            /// # Safety
+            /// The CPU has the features of this module.
+            #[target_feature(enable = $feat)]
+            pub(in crate::arch::x86) unsafe fn softmax(x: &mut [f32]) {
+                softmax_body(x)
+            }
+
+            /// SiLU gating.
+            ///
+            /// # Safety
+            /// The CPU has the features of this module.
+            #[target_feature(enable = $feat)]
+            pub(in crate::arch::x86) unsafe fn silu_gate(g: &[f32], u: &mut [f32]) {
+                silu_gate_body(g, u)
+            }
+
+            /// f32 → bf16.
+            ///
+            /// # Safety
+            /// The CPU has the features of this module.
+            #[target_feature(enable = $feat)]
+            pub(in crate::arch::x86) unsafe fn to_bf16(x: &[f32], out: &mut [u16]) {
+                to_bf16_body(x, out)
+            }
+        }
+    };
+}
+
+row_ops!(rows_avx2, "avx2,fma");
+row_ops!(rows_avx512, "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma");
 
 #[cfg(feature = "bench")]
 #[target_feature(enable = "avx2,fma,f16c")]
