@@ -21,7 +21,7 @@
 #   OURS    command for our bench (default: target/release/moshi-native bench)
 #   THEIRS  candle baseline binary (default: benches/baselines/target/release/moshi-native-baselines;
 #           build it with `cd benches/baselines && cargo build --release`, ~12 min cold)
-#   VENV    Python env with moshi 0.2.13 + torch for --torch (default: /work/venv-oracle)
+#   VENV    Python env with moshi 0.2.13 + torch for --torch (default: venv-oracle next to the checkout)
 #   LOCK    if set, every process that holds a full-size LM runs as `flock $LOCK ...` (one process at a
 #           time, so on a shared machine the lock is held for one process, ~1 min, not the whole run)
 # Rounds alternate which side goes first, so slow drift of the machine's load hits both sides.
@@ -50,7 +50,7 @@ done
 [ -n "$BUNDLE" ] || { echo "--bundle DIR is required" >&2; exit 2; }
 OURS=${OURS:-target/release/moshi-native bench}
 THEIRS=${THEIRS:-benches/baselines/target/release/moshi-native-baselines}
-VENV=${VENV:-/work/venv-oracle}
+VENV=${VENV:-$(realpath -m ../venv-oracle)}
 L=(); [ -n "${LOCK:-}" ] && L=(flock "$LOCK")
 GGUF="$BUNDLE/model.q8.gguf"
 MIMI=$(ls "$BUNDLE"/tokenizer-*.safetensors | head -1)

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """PyTorch Mimi baseline for `tools/bench/compare.sh`: Kyutai's `moshi` 0.2.13 Mimi on CPU, float32,
 streaming one 1920-sample frame at a time (encode then decode), on the same synthetic weights that
-`moshi-native synth` writes. Needs the oracle environment (/work/venv-oracle: moshi 0.2.13 + torch);
+`moshi-native synth` writes. Needs the oracle environment (`$ORACLE_VENV`, see tools/oracle/README.md: moshi 0.2.13 + torch);
 optional, never used by tests.
 
-    NO_TORCH_COMPILE=1 /work/venv-oracle/bin/python tools/bench/torch_mimi.py \
+    NO_TORCH_COMPILE=1 $ORACLE_VENV/bin/python tools/bench/torch_mimi.py \
         --weights BUNDLE/tokenizer-e351c8d8-checkpoint125.safetensors --threads 1,2 --frames 20 --rounds 1
 
 Prints the same line format as the candle baseline:

@@ -1,7 +1,7 @@
 """Optional cross-check of fixtures/mimi/mimi_hf.safetensors with Hugging Face transformers (not part of
 the pinned venv). Install it beside the venv without touching the lock file:
-    /work/venv-oracle/bin/pip install --target /tmp/hfpkgs --no-deps transformers==4.57.1 tokenizers==0.22.1 regex pyyaml
-    HFPKGS=/tmp/hfpkgs NO_TORCH_COMPILE=1 /work/venv-oracle/bin/python check_hf_mimi.py
+    $ORACLE_VENV/bin/pip install --target /tmp/hfpkgs --no-deps transformers==4.57.1 tokenizers==0.22.1 regex pyyaml
+    HFPKGS=/tmp/hfpkgs NO_TORCH_COMPILE=1 $ORACLE_VENV/bin/python check_hf_mimi.py
 Checks: strict load with mimi_hf_config.json; HF encoder transformer == moshi's (same weights, Kyutai
 layout) run with an unlimited context; HF codes == moshi codes computed from that unlimited-context latent."""
 import os

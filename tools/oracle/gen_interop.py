@@ -1,4 +1,4 @@
-"""Copies the recorded client traffic (`/work/shared/interop/`, recorded outside the project from Kyutai's web
+"""Copies the recorded client traffic (`../shared/interop/` next to the checkout, or the folder given as argument; recorded outside the project from Kyutai's web
 client in Chromium and from `sphn`, see fixtures/README.md) into fixtures/interop/ and writes the energy
 envelope of the input signal the clients played (`input_envelope.json`: RMS of consecutive 20 ms windows of
 `speech-like-48k.wav`), so replay tests need neither the 1.1 MB WAV nor anything outside the repository.
@@ -33,4 +33,5 @@ def main(src: Path):
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("/work/shared/interop"))
+    default = Path(__file__).resolve().parents[3] / "shared" / "interop"
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else default)

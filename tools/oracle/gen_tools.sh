@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Regenerates fixtures/tools/ (quantized fixtures made by the real tools). See README, "Fixtures made by
-# the real tools". Needs /work/venv-oracle (torch + moshi), /work/venv-mlx (mlx, moshi_mlx, gguf) and
-# cargo (builds benches/candle-gguf, candle's quantizer and GGUF writer, outside the product workspace).
+# the real tools". Needs the oracle venv (torch + moshi; `$ORACLE_VENV`, default `venv-oracle` next to the
+# checkout), the MLX venv (mlx, moshi_mlx, gguf; `$MLX_VENV`, default `venv-mlx`) and cargo (builds benches/candle-gguf, candle's quantizer and GGUF writer, outside the product workspace).
 set -euo pipefail
 cd "$(dirname "$0")"
 SEED=${SEED:-5113}
-TORCH=${TORCH_PY:-/work/venv-oracle/bin/python}
-MLX=${MLX_PY:-/work/venv-mlx/bin/python}
+TORCH=${TORCH_PY:-${ORACLE_VENV:-$(realpath -m ../../../venv-oracle)}/bin/python}
+MLX=${MLX_PY:-${MLX_VENV:-$(realpath -m ../../../venv-mlx)}/bin/python}
 WORK=../../target/oracle-work
 export NO_TORCH_COMPILE=1
 "$TORCH" gen_tools_torch.py base "$SEED"

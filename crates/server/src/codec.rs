@@ -99,8 +99,13 @@ pub struct OggReader {
     partial_valid: bool,
     serial: Option<u32>,
     packets: VecDeque<Vec<u8>>,
+    /// Emptied packet buffers given back by [`OggReader::recycle`], reused for the next packets.
+    spare: Vec<Vec<u8>>,
     stats: DecodeStats,
 }
+
+/// Packet buffers [`OggReader::recycle`] keeps (more than a page's worth of packets in flight).
+const MAX_SPARE: usize = 8;
 
 impl OggReader {
     /// A reader with empty buffers.
@@ -131,10 +136,21 @@ impl OggReader {
         self.packets.pop_front()
     }
 
+    /// Gives back a packet from [`OggReader::pop_packet`]: its memory holds a later packet, so a
+    /// stream whose callers recycle every packet allocates nothing per page after its first ones.
+    pub fn recycle(&mut self, mut packet: Vec<u8>) {
+        if self.spare.len() < MAX_SPARE {
+            packet.clear();
+            self.spare.push(packet);
+        }
+    }
+
     fn parse_pages(&mut self) {
+        // Taken out of `self` while packets are assembled, so pages are read in place (no copy).
+        let pending = std::mem::take(&mut self.pending);
         let mut pos = 0usize;
         loop {
-            let buf = &self.pending[pos..];
+            let buf = &pending[pos..];
             // Find the capture pattern.
             let Some(start) = find_capture(buf) else {
                 // Keep up to 3 trailing bytes that may begin "OggS".
@@ -197,9 +213,7 @@ impl OggReader {
                 }
                 Some(_) => {}
             }
-            let page_owned_lacing = lacing.to_vec();
-            let body_start = 27 + n_seg;
-            let body = page[body_start..page_len].to_vec();
+            let body = &page[27 + n_seg..];
             let continued = header_type & 0x01 != 0;
             if !continued && !self.partial.is_empty() {
                 // The previous packet was never finished.
@@ -213,7 +227,7 @@ impl OggReader {
                 self.partial_valid = true;
             }
             let mut off = 0usize;
-            for &l in &page_owned_lacing {
+            for &l in lacing {
                 let l = l as usize;
                 if self.partial_valid {
                     if self.partial.len() + l > MAX_PACKET_BYTES {
@@ -227,13 +241,16 @@ impl OggReader {
                 off += l;
                 if l < 255 {
                     if self.partial_valid {
-                        self.packets.push_back(std::mem::take(&mut self.partial));
+                        let next = self.spare.pop().unwrap_or_default();
+                        self.packets
+                            .push_back(std::mem::replace(&mut self.partial, next));
                     }
                     self.partial.clear();
                     self.partial_valid = true;
                 }
             }
         }
+        self.pending = pending;
         self.pending.drain(..pos);
     }
 }
@@ -302,10 +319,9 @@ impl OggOpusDecoder {
     pub fn push(&mut self, bytes: &[u8], out: &mut Vec<f32>) {
         self.reader.push(bytes);
         while let Some(packet) = self.reader.pop_packet() {
-            if packet.starts_with(b"OpusHead") || packet.starts_with(b"OpusTags") {
-                continue;
-            }
-            if packet.is_empty() {
+            let headers = packet.starts_with(b"OpusHead") || packet.starts_with(b"OpusTags");
+            if headers || packet.is_empty() {
+                self.reader.recycle(packet);
                 continue;
             }
             match self.decoder.decode(&packet, MAX_DECODED, &mut self.scratch) {
@@ -321,6 +337,7 @@ impl OggOpusDecoder {
                     );
                 }
             }
+            self.reader.recycle(packet);
         }
     }
 

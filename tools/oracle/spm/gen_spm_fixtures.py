@@ -3,7 +3,7 @@
 
 Run from the repository root:
 
-    /work/venv-oracle/bin/python tools/oracle/spm/gen_spm_fixtures.py
+    $ORACLE_VENV/bin/python tools/oracle/spm/gen_spm_fixtures.py
 
 (any Python with `sentencepiece==0.2.*` works). Writes `fixtures/spm/*.model` and `fixtures/spm/*.json`.
 The output is byte-identical across runs: the corpus is generated deterministically and training runs
