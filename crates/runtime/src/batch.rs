@@ -9,31 +9,35 @@
 //! and `stop`. Commands keep exactly their single-session semantics, per slot (the same code applies them).
 //!
 //! Each tick of the worker: apply every slot's commands, take the slots that have a whole input frame (and room
-//! in their event queue), Mimi-encode them one by one, run ONE LM step for that subset (each weight matrix is
-//! read once for all of them), then decode, detokenize and emit per slot: the same `Stepper` calls a
-//! [`crate::Session`] makes for its single row. Slots without input are not stepped and their LM state does not move. A slot
-//! that stops, fails or whose receiver is gone leaves the batch; its LM rows are reset for reuse. After warm-up a
-//! tick allocates nothing.
+//! in their event queue), Mimi-encode their frames in ONE call of the batch codec, run ONE LM step for that
+//! subset, Mimi-decode the frames it produced in ONE call, then detokenize, resample and emit per slot: each
+//! weight matrix (codec and LM) is read once per tick for all stepped slots. The per-slot parts are the same
+//! `Stepper` / `Conversation` calls a [`crate::Session`] makes for its single row. Slots without input are not
+//! stepped and none of their state moves; a slot's reset (command, first-frame rule, a new conversation in
+//! the slot) resets its own codec streams and LM rows only. A slot that stops, fails or whose receiver is gone
+//! leaves the batch; its LM rows are reset for reuse. After warm-up a tick allocates nothing.
 //!
-//! Results of a slot equal those of a [`crate::Session`] with the same options fed the same audio (tokens
-//! exactly in practice, PCM within float summation order), whatever the other slots do.
+//! Results of a slot equal those of a [`crate::Session`] with the same options fed the same audio, whatever
+//! the other slots do: Mimi codes and samples exactly (`model::mimi::MimiBatchEncoder`), tokens exactly in
+//! practice (the batched LM step sums in another order than a single row).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle, Thread};
+use std::time::Instant;
 
+use model::mimi::BatchCodecBackend;
 use model::sampling::Sampler;
 
 use crate::control::SessionControl;
 use crate::conversation::Conversation;
-use crate::engine::Compute;
 use crate::events::{Counters, Event, FrameEvent, StopReason};
 use crate::inlet::Inlet;
 use crate::ring::{FrameRing, PcmProducer};
 use crate::runner::EventReceiver;
 use crate::stepper::{new_sampler, Prepared, Stepper};
-use crate::{Engine, RuntimeError, SessionOptions};
+use crate::{Engine, RuntimeError, SessionOptions, FRAME_SIZE, N_AUDIO};
 
 /// Options of [`BatchRunner::spawn`].
 #[derive(Clone, Debug)]
@@ -100,8 +104,6 @@ struct Join {
 /// `Event::Stopped(StopReason::Requested)`).
 pub struct BatchRunner {
     engine: Arc<Engine>,
-    /// Shared by the worker's LM stepper and every slot's codec.
-    compute: Compute,
     shared: Arc<Shared>,
     joins: Mutex<Sender<Join>>,
     worker: Thread,
@@ -128,6 +130,8 @@ impl BatchRunner {
         let n = opts.slots;
         let compute = engine.compute();
         let stepper = Stepper::new(&engine, &compute, n)?;
+        let codec = engine.batch_codec_backend(&compute, n);
+        let nq = codec.n_codebooks();
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             slots: Mutex::new(Table {
@@ -142,6 +146,13 @@ impl BatchRunner {
             joins: jrx,
             stepper,
             slots: (0..n).map(|_| None).collect(),
+            codec,
+            ready: Vec::with_capacity(n),
+            pcm: vec![0.0; n * FRAME_SIZE],
+            codes: vec![0; n * nq],
+            decoding: Vec::with_capacity(n),
+            audio: vec![0; n * N_AUDIO],
+            decoded: vec![0.0; n * FRAME_SIZE],
         };
         let join = thread::Builder::new()
             .name("moshi-batch".into())
@@ -149,7 +160,6 @@ impl BatchRunner {
             .map_err(RuntimeError::Spawn)?;
         Ok(BatchRunner {
             engine,
-            compute,
             shared,
             joins: Mutex::new(jtx),
             worker: join.thread().clone(),
@@ -173,8 +183,8 @@ impl BatchRunner {
         self.shared.lock().done
     }
 
-    /// Join the batch with a new conversation in a free slot (allocates its Mimi streams, sampler, rings; the
-    /// worker only installs them). `opts` has the meaning it has for [`crate::Session::new`]. Errors:
+    /// Join the batch with a new conversation in a free slot (allocates its sampler, rings and output buffers;
+    /// the worker only installs them; the slot's Mimi streams are part of the batch codec). `opts` has the meaning it has for [`crate::Session::new`]. Errors:
     /// [`RuntimeError::NoFreeSlot`] when every slot is taken, [`RuntimeError::RunnerStopped`] after stop,
     /// [`RuntimeError::InvalidOption`] for bad options.
     pub fn open(&self, opts: SessionOptions) -> Result<BatchSession, RuntimeError> {
@@ -187,10 +197,8 @@ impl BatchRunner {
         let ring = FrameRing::new(opts.max_queued_frames);
         let inlet = Inlet::new(ring.clone(), opts.max_steps);
         let control = inlet.control.clone();
-        let codec = self.engine.codec_backend(&self.compute);
-        let conv = Conversation::new(
+        let conv = Conversation::without_codec(
             &self.engine,
-            codec,
             inlet,
             opts.output_rate,
             opts.first_frame_reset,
@@ -374,6 +382,16 @@ struct Worker {
     /// The LM side: one row per slot.
     stepper: Stepper,
     slots: Vec<Option<Slot>>,
+    /// The codec side: every slot's Mimi streams.
+    codec: Box<dyn BatchCodecBackend>,
+    /// Slots whose frame is encoded this tick, in order; their frames side by side and their codes.
+    ready: Vec<usize>,
+    pcm: Vec<f32>,
+    codes: Vec<u32>,
+    /// `(LM result index, slot)` of the frames decoded this tick; their audio codes and samples.
+    decoding: Vec<(usize, usize)>,
+    audio: Vec<u32>,
+    decoded: Vec<f32>,
 }
 
 /// Marks the worker as ended (also when it unwinds) and wakes every waiting handle.
@@ -404,6 +422,7 @@ impl Worker {
                 Ok(j) => {
                     let b = j.slot;
                     self.stepper.reset_row(b);
+                    self.codec.reset(b);
                     self.stepper.set_sampler(b, j.sampler);
                     self.slots[b] = Some(Slot {
                         conv: j.conv,
@@ -458,29 +477,117 @@ impl Worker {
         if slot.spare.is_none() {
             slot.spare = slot.recycled.try_recv().ok();
         }
-        match self.stepper.prepare(b, &mut slot.conv) {
+        let begun = self.stepper.begin(b, &mut slot.conv);
+        if slot.conv.take_codec_reset() {
+            self.codec.reset(b);
+        }
+        match begun {
             Prepared::Idle | Prepared::Paused => Verdict::Skip,
             Prepared::Stopped(r) => Verdict::Leave(Some(Event::Stopped(r))),
-            Prepared::Failed(e) => {
-                tracing::error!("batch slot {b}: encode failed: {e}");
-                Verdict::Leave(Some(Event::Error(e)))
-            }
+            Prepared::Failed(e) => Verdict::Leave(Some(Event::Error(e))),
             Prepared::Ready => Verdict::Step,
+        }
+    }
+
+    /// Encode the frames of the `ready` slots in one codec call and admit their rows to the LM step.
+    fn encode_ready(&mut self) {
+        let (k, fs) = (self.ready.len(), FRAME_SIZE);
+        for (j, &b) in self.ready.iter().enumerate() {
+            if let Some(slot) = self.slots[b].as_ref() {
+                self.pcm[j * fs..(j + 1) * fs].copy_from_slice(slot.conv.input());
+            }
+        }
+        self.stepper.encode_phase();
+        let t0 = Instant::now();
+        let nq = self.codec.n_codebooks();
+        match self.codec.encode_frames(&self.ready, &self.pcm[..k * fs]) {
+            Ok(codes) => self.codes[..k * nq].copy_from_slice(codes),
+            Err(e) => {
+                tracing::error!("batch: encode failed: {e}");
+                for j in 0..k {
+                    let ev = Event::Error(RuntimeError::Model(e.to_string()));
+                    self.release(self.ready[j], Some(ev));
+                }
+                return;
+            }
+        }
+        let encode_us = t0.elapsed().as_micros().min(u32::MAX as u128) as u32;
+        for (j, &b) in self.ready.iter().enumerate() {
+            let Some(slot) = self.slots[b].as_mut() else {
+                continue;
+            };
+            let user = *slot.conv.set_encoded(&self.codes[j * nq..(j + 1) * nq]);
+            self.stepper.admit(b, &mut slot.conv, &user, encode_us);
+            if slot.conv.take_codec_reset() {
+                self.codec.reset(b);
+            }
+        }
+    }
+
+    /// Decode, in one codec call, the frames this tick's LM step produced (`m` results) into their
+    /// conversations. A failure is reported to (and removes) the slots of that call.
+    fn decode_results(&mut self, m: usize) {
+        self.decoding.clear();
+        for i in 0..m {
+            if let Some(a) = self.stepper.audio(i) {
+                let k = self.decoding.len();
+                self.audio[k * N_AUDIO..(k + 1) * N_AUDIO].copy_from_slice(&a[..N_AUDIO]);
+                self.decoding.push((i, self.stepper.active()[i]));
+            }
+        }
+        let (k, fs) = (self.decoding.len(), FRAME_SIZE);
+        if k == 0 {
+            return;
+        }
+        let t0 = self.stepper.start_joint_decode();
+        // The slot list reuses `ready` (the encode is over).
+        self.ready.clear();
+        self.ready.extend(self.decoding.iter().map(|&(_, b)| b));
+        let r = self.codec.decode_frames(
+            &self.ready,
+            &self.audio[..k * N_AUDIO],
+            &mut self.decoded[..k * fs],
+        );
+        self.stepper.end_joint_decode(t0);
+        match r {
+            Ok(()) => {
+                for (j, &(_, b)) in self.decoding.iter().enumerate() {
+                    if let Some(slot) = self.slots[b].as_mut() {
+                        slot.conv
+                            .decoded_mut()
+                            .copy_from_slice(&self.decoded[j * fs..(j + 1) * fs]);
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::error!("batch: decode failed: {e}");
+                for j in 0..k {
+                    let ev = Event::Error(RuntimeError::Model(e.to_string()));
+                    self.release(self.decoding[j].1, Some(ev));
+                }
+            }
         }
     }
 
     /// One tick; returns whether any slot was stepped.
     fn tick(&mut self) -> bool {
         self.stepper.begin_tick();
+        self.ready.clear();
         for b in 0..self.slots.len() {
             match self.prepare(b) {
-                Verdict::Skip | Verdict::Step => {}
+                Verdict::Skip => {}
+                Verdict::Step => self.ready.push(b),
                 Verdict::Leave(ev) => self.release(b, ev),
             }
         }
+        if self.ready.is_empty() {
+            return false;
+        }
+        self.encode_ready();
         let m = self.stepper.active().len();
         if m == 0 {
-            return false;
+            // The encode failed: those slots left.
+            return true;
         }
         if let Err(e) = self.stepper.step_lm() {
             // An argument error (nothing was stepped): a bug, reported to every slot of this tick.
@@ -492,6 +599,7 @@ impl Worker {
             }
             return true;
         }
+        self.decode_results(m);
         for i in 0..m {
             let b = self.stepper.active()[i];
             if let Some(ev) = self.emit(i, b) {

@@ -1,6 +1,8 @@
 //! One conversation's state around the LM: its input and commands ([`Inlet`]), its codec streams, the
 //! detokenizer, the output resampler, forced text and the frame it reports. Shared as is by a
-//! [`crate::Session`] and the slots of a [`crate::BatchRunner`]; the LM side is in `stepper.rs`.
+//! [`crate::Session`] and the slots of a [`crate::BatchRunner`]; the LM side is in `stepper.rs`. A session's
+//! conversation owns its codec streams; a batch slot's conversation has none: the batch driver encodes and
+//! decodes every slot's frame in one call of its batch codec, and takes the resets the conversation asks for.
 
 use model::lm::LmFrame;
 use model::mimi::CodecBackend;
@@ -15,7 +17,10 @@ use crate::{FRAME_SIZE, N_AUDIO};
 
 pub(crate) struct Conversation {
     pub(crate) inlet: Inlet,
-    codec: Box<dyn CodecBackend>,
+    /// The conversation's own codec streams; `None` when the driver codes it (batch slot).
+    codec: Option<Box<dyn CodecBackend>>,
+    /// Without an own codec: a codec reset is due (taken by the driver, see [`Conversation::take_codec_reset`]).
+    codec_reset: bool,
     detok: Option<Detokenizer>,
     resampler: OutputResampler,
     /// Whether to apply the Python server's first-frame rule at frame index 0.
@@ -43,11 +48,33 @@ impl Conversation {
         output_rate: u32,
         first_frame_reset: bool,
     ) -> Result<Conversation, RuntimeError> {
+        Self::build(engine, Some(codec), inlet, output_rate, first_frame_reset)
+    }
+
+    /// A conversation whose frames the driver encodes and decodes ([`Conversation::input`],
+    /// [`Conversation::set_encoded`], [`Conversation::decoded_mut`], [`Conversation::take_codec_reset`]).
+    pub(crate) fn without_codec(
+        engine: &Engine,
+        inlet: Inlet,
+        output_rate: u32,
+        first_frame_reset: bool,
+    ) -> Result<Conversation, RuntimeError> {
+        Self::build(engine, None, inlet, output_rate, first_frame_reset)
+    }
+
+    fn build(
+        engine: &Engine,
+        codec: Option<Box<dyn CodecBackend>>,
+        inlet: Inlet,
+        output_rate: u32,
+        first_frame_reset: bool,
+    ) -> Result<Conversation, RuntimeError> {
         let resampler = OutputResampler::new(output_rate)?;
         let frame = FrameEvent::with_capacity(resampler.frame_capacity(), 256);
         Ok(Conversation {
             inlet,
             codec,
+            codec_reset: false,
             detok: engine.tokenizer().map(|sp| Detokenizer::new(sp.clone())),
             resampler,
             first_frame_reset,
@@ -80,18 +107,56 @@ impl Conversation {
 
     /// Encode the frame [`Inlet::begin`] popped; returns the user codes the LM reads (the first 8).
     pub(crate) fn encode(&mut self) -> Result<&[u32; N_AUDIO], RuntimeError> {
-        let codes = self
-            .codec
+        let Some(codec) = self.codec.as_mut() else {
+            return Err(RuntimeError::Model(
+                "conversation without a codec of its own".into(),
+            ));
+        };
+        let codes = codec
             .encode_frame(&self.inlet.input[..])
             .map_err(|e| RuntimeError::Model(e.to_string()))?;
         self.user.copy_from_slice(&codes[..N_AUDIO]);
+        self.after_encode();
+        Ok(&self.user)
+    }
+
+    /// The frame [`Inlet::begin`] popped, for a driver that encodes it itself.
+    pub(crate) fn input(&self) -> &[f32] {
+        &self.inlet.input[..]
+    }
+
+    /// The codes the driver encoded [`Conversation::input`] to; returns the user codes the LM reads.
+    pub(crate) fn set_encoded(&mut self, codes: &[u32]) -> &[u32; N_AUDIO] {
+        self.user.copy_from_slice(&codes[..N_AUDIO]);
+        self.after_encode();
+        &self.user
+    }
+
+    fn after_encode(&mut self) {
         if self.inlet.frame_index == 0 && self.first_frame_reset {
             // Python server (`moshi/server.py`, moshi 0.2.13): after encoding the first chunk it calls
             // `mimi.reset_streaming()` (encoder and decoder), then still passes those codes to LMGen call 0,
             // where they are replaced by the initial tokens. The next frame starts a fresh Mimi stream.
-            self.codec.reset();
+            self.reset_codec();
         }
-        Ok(&self.user)
+    }
+
+    fn reset_codec(&mut self) {
+        match &mut self.codec {
+            Some(c) => c.reset(),
+            None => self.codec_reset = true,
+        }
+    }
+
+    /// Without an own codec: whether the codec streams must be reset now (a reset command, or the first-frame
+    /// rule after encoding); the driver resets them before its next encode or decode. Clears the request.
+    pub(crate) fn take_codec_reset(&mut self) -> bool {
+        std::mem::take(&mut self.codec_reset)
+    }
+
+    /// Where a driver without an own codec writes the decoded 24 kHz frame before [`Conversation::finish`].
+    pub(crate) fn decoded_mut(&mut self) -> &mut [f32] {
+        &mut self.decoded
     }
 
     /// The text token to force at this LM step, if any (consumes it).
@@ -103,8 +168,9 @@ impl Conversation {
         t
     }
 
-    /// After the LM step: if it returned a frame, decode its audio, detokenize its text and resample to the
-    /// output rate; then count the frame and fill [`Conversation::frame`].
+    /// After the LM step: if it returned a frame, decode its audio (without an own codec: the driver has
+    /// already written it to [`Conversation::decoded_mut`]), detokenize its text and resample to the output
+    /// rate; then count the frame and fill [`Conversation::frame`].
     pub(crate) fn finish(&mut self, out: Option<LmFrame>) -> Result<(), RuntimeError> {
         let f = &mut self.frame;
         f.pcm.clear();
@@ -114,9 +180,11 @@ impl Conversation {
         if let Some(lm) = out {
             let mut audio = [0u32; N_AUDIO];
             audio.copy_from_slice(lm.audio());
-            self.codec
-                .decode_frame(&audio, &mut self.decoded)
-                .map_err(|e| RuntimeError::Model(e.to_string()))?;
+            if let Some(codec) = self.codec.as_mut() {
+                codec
+                    .decode_frame(&audio, &mut self.decoded)
+                    .map_err(|e| RuntimeError::Model(e.to_string()))?;
+            }
             self.resampler.process(&self.decoded, &mut f.pcm)?;
             if let Some(d) = &mut self.detok {
                 f.text.push_str(d.push(lm.text));
@@ -156,7 +224,7 @@ impl Conversation {
     /// New stream: codec streams, detokenizer, resampler, buffers and forced text back to fresh. Allocates
     /// nothing.
     pub(crate) fn reset(&mut self) {
-        self.codec.reset();
+        self.reset_codec();
         self.interrupt();
         self.frame.pcm.clear();
         self.frame.text.clear();

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use kernels::Pool;
 use model::lm::{CpuLm, KvDtype, LmBackend, LmModel};
-use model::mimi::{CodecBackend, CpuMimi, Mimi};
+use model::mimi::{BatchCodecBackend, CodecBackend, CpuMimi, CpuMimiBatch, Mimi};
 use model::text::SentencePiece;
 use model::MoshiModel;
 
@@ -234,6 +234,19 @@ impl Engine {
     pub(crate) fn codec_backend(&self, compute: &Compute) -> Box<dyn CodecBackend> {
         match compute {
             Compute::Cpu(pool) => Box::new(CpuMimi::new(self.mimi.clone(), pool.clone())),
+        }
+    }
+
+    /// The codec of a batch driver with `slots` conversation slots (every slot's streams, coded together).
+    pub(crate) fn batch_codec_backend(
+        &self,
+        compute: &Compute,
+        slots: usize,
+    ) -> Box<dyn BatchCodecBackend> {
+        match compute {
+            Compute::Cpu(pool) => {
+                Box::new(CpuMimiBatch::new(self.mimi.clone(), slots, pool.clone()))
+            }
         }
     }
 }

@@ -105,6 +105,8 @@ pub(crate) struct Stepper {
     out: Vec<Result<Option<LmFrame>, LmError>>,
     encode_us: Vec<u32>,
     lm_us: u32,
+    /// Time of a driver's joint decode of this tick's frames (0 when each conversation decodes its own).
+    joint_decode_us: u32,
     pub(crate) hook: Option<PhaseHook>,
 }
 
@@ -129,6 +131,7 @@ impl Stepper {
             out: (0..rows).map(|_| Ok(None)).collect(),
             encode_us: vec![0; rows],
             lm_us: 0,
+            joint_decode_us: 0,
             hook: None,
         })
     }
@@ -153,6 +156,7 @@ impl Stepper {
     /// Start a tick: no row prepared yet.
     pub(crate) fn begin_tick(&mut self) {
         self.active.clear();
+        self.joint_decode_us = 0;
     }
 
     /// The rows prepared this tick, in order (row `active()[i]` is result `i` of the LM step).
@@ -163,6 +167,26 @@ impl Stepper {
     /// Apply the commands of the conversation in `row`, pop its next frame and encode it. On
     /// [`Prepared::Ready`] the row joins this tick's LM step.
     pub(crate) fn prepare(&mut self, row: usize, conv: &mut Conversation) -> Prepared {
+        match self.begin(row, conv) {
+            Prepared::Ready => {
+                self.phase(Phase::Encode);
+                let t0 = Instant::now();
+                let codes = match conv.encode() {
+                    Ok(c) => *c,
+                    Err(e) => return Prepared::Failed(e),
+                };
+                self.admit(row, conv, &codes, us(t0.elapsed()));
+                Prepared::Ready
+            }
+            other => other,
+        }
+    }
+
+    /// The first half of [`Stepper::prepare`], for a driver that encodes several conversations' frames
+    /// together: apply the commands of the conversation in `row` and pop its next frame. On
+    /// [`Prepared::Ready`] the frame is in [`Conversation::input`]; the driver encodes it and calls
+    /// [`Stepper::admit`].
+    pub(crate) fn begin(&mut self, row: usize, conv: &mut Conversation) -> Prepared {
         let (begin, reset) = conv.begin();
         if reset {
             self.reset_row(row);
@@ -171,21 +195,49 @@ impl Stepper {
             Begin::Idle => Prepared::Idle,
             Begin::Paused => Prepared::Paused,
             Begin::Stopped(r) => Prepared::Stopped(r),
-            Begin::Ready => {
-                self.phase(Phase::Encode);
-                let t0 = Instant::now();
-                let codes = match conv.encode() {
-                    Ok(c) => c,
-                    Err(e) => return Prepared::Failed(e),
-                };
-                let i = self.active.len();
-                self.codes[i * N_AUDIO..(i + 1) * N_AUDIO].copy_from_slice(codes);
-                self.forced[i] = conv.next_forced();
-                self.encode_us[i] = us(t0.elapsed());
-                self.active.push(row);
-                Prepared::Ready
-            }
+            Begin::Ready => Prepared::Ready,
         }
+    }
+
+    /// Row `row` joins this tick's LM step with the user codes of its frame (encoded in `encode_us`).
+    pub(crate) fn admit(
+        &mut self,
+        row: usize,
+        conv: &mut Conversation,
+        codes: &[u32; N_AUDIO],
+        encode_us: u32,
+    ) {
+        let i = self.active.len();
+        self.codes[i * N_AUDIO..(i + 1) * N_AUDIO].copy_from_slice(codes);
+        self.forced[i] = conv.next_forced();
+        self.encode_us[i] = encode_us;
+        self.active.push(row);
+    }
+
+    /// Mark the start of the encode phase (test hook) for a driver that encodes itself.
+    pub(crate) fn encode_phase(&self) {
+        self.phase(Phase::Encode);
+    }
+
+    /// The audio codes of result `i` of this tick's LM step, if it produced a frame (for a driver that decodes
+    /// several conversations' frames together before [`Stepper::finish`]).
+    pub(crate) fn audio(&self, i: usize) -> Option<&[u32]> {
+        match &self.out[i] {
+            Ok(Some(f)) => Some(f.audio()),
+            _ => None,
+        }
+    }
+
+    /// A driver's joint decode of this tick's frames: marks the decode phase (test hook) and returns the start
+    /// time for [`Stepper::end_joint_decode`].
+    pub(crate) fn start_joint_decode(&self) -> Instant {
+        self.phase(Phase::Decode);
+        Instant::now()
+    }
+
+    /// The joint decode that began at `t0` is done: its time counts in every finished frame's decode time.
+    pub(crate) fn end_joint_decode(&mut self, t0: Instant) {
+        self.joint_decode_us = us(t0.elapsed());
     }
 
     /// One LM step for every row prepared this tick (at least one). An error here is an argument error:
@@ -217,7 +269,7 @@ impl Stepper {
         let t0 = Instant::now();
         let (encode_us, lm_us) = (self.encode_us[i], self.lm_us);
         conv.finish(frame)?;
-        let decode_us = us(t0.elapsed());
+        let decode_us = us(t0.elapsed()).saturating_add(self.joint_decode_us);
         conv.frame.timings = FrameTimings {
             encode_us,
             lm_us,

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use kernels::Pool;
 
-use super::{Mimi, MimiDecoder, MimiEncoder, MimiError};
+use super::{Mimi, MimiBatchDecoder, MimiBatchEncoder, MimiDecoder, MimiEncoder, MimiError};
 
 /// A streaming codec for one conversation: PCM frames in, codes out (encoder); codes in, PCM
 /// frames out (decoder). The two directions keep separate streaming state.
@@ -76,5 +76,89 @@ impl CodecBackend for CpuMimi {
     fn reset(&mut self) {
         self.enc.reset();
         self.dec.reset();
+    }
+}
+
+/// The streaming codecs of a set of conversation slots, run together: each call encodes (or
+/// decodes) one frame of every listed slot, so a device reads the codec's weights once per
+/// tick for all of them. Slots not listed do not move; each slot's results are those a
+/// [`CodecBackend`] of its own gives for the same frames (codes identical, samples equal).
+///
+/// The guarantees of [`CodecBackend`] hold per call (no allocation, lock or syscall once built;
+/// determinism per slot; PCM and codes in host memory).
+pub trait BatchCodecBackend: Send {
+    /// Samples per frame.
+    fn frame_size(&self) -> usize;
+
+    /// Codebooks produced (and consumed) per frame.
+    fn n_codebooks(&self) -> usize;
+
+    /// Number of slots.
+    fn slots(&self) -> usize;
+
+    /// Encode one frame of each slot in `slots` (distinct, below [`BatchCodecBackend::slots`]):
+    /// `pcm` holds their frames one after the other; returns
+    /// [`BatchCodecBackend::n_codebooks`] codes per slot in the same order (borrowed until the
+    /// next call).
+    fn encode_frames(&mut self, slots: &[usize], pcm: &[f32]) -> Result<&[u32], MimiError>;
+
+    /// Decode one frame of each slot in `slots`: `codes` holds
+    /// [`BatchCodecBackend::n_codebooks`] codes per slot, `out` receives
+    /// [`BatchCodecBackend::frame_size`] samples per slot, both in the order of `slots`.
+    fn decode_frames(
+        &mut self,
+        slots: &[usize],
+        codes: &[u32],
+        out: &mut [f32],
+    ) -> Result<(), MimiError>;
+
+    /// Both streams of `slot` back to fresh; the other slots are untouched. Allocates nothing.
+    fn reset(&mut self, slot: usize);
+}
+
+/// The CPU batch codec: [`MimiBatchEncoder`] and [`MimiBatchDecoder`] on a worker pool (the
+/// pool of the batch's LM, which runs at other times of the tick).
+#[derive(Debug)]
+pub struct CpuMimiBatch {
+    enc: MimiBatchEncoder,
+    dec: MimiBatchDecoder,
+    pool: Arc<Pool>,
+}
+
+impl CpuMimiBatch {
+    /// Fresh streams of `mimi` for `slots` slots, running on `pool`.
+    pub fn new(mimi: Arc<Mimi>, slots: usize, pool: Arc<Pool>) -> CpuMimiBatch {
+        CpuMimiBatch {
+            enc: MimiBatchEncoder::new(mimi.clone(), slots),
+            dec: MimiBatchDecoder::new(mimi, slots),
+            pool,
+        }
+    }
+}
+
+impl BatchCodecBackend for CpuMimiBatch {
+    fn frame_size(&self) -> usize {
+        self.enc.mimi().frame_size()
+    }
+    fn n_codebooks(&self) -> usize {
+        self.enc.mimi().n_codebooks()
+    }
+    fn slots(&self) -> usize {
+        self.enc.streams()
+    }
+    fn encode_frames(&mut self, slots: &[usize], pcm: &[f32]) -> Result<&[u32], MimiError> {
+        self.enc.encode_frames(slots, pcm, Some(&self.pool))
+    }
+    fn decode_frames(
+        &mut self,
+        slots: &[usize],
+        codes: &[u32],
+        out: &mut [f32],
+    ) -> Result<(), MimiError> {
+        self.dec.decode_frames(slots, codes, out, Some(&self.pool))
+    }
+    fn reset(&mut self, slot: usize) {
+        self.enc.reset(slot);
+        self.dec.reset(slot);
     }
 }

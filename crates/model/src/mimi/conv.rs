@@ -1,10 +1,20 @@
 //! Causal streaming convolutions (`StreamingConv1d`, `StreamingConvTranspose1d` of `moshi`
 //! 0.2.13). Weights live in [`Conv1d`] / [`ConvTr1d`] (shared, immutable); the streaming
-//! state lives in [`ConvState`] / [`ConvTrState`], preallocated for a maximum chunk length.
-//! The arithmetic runs in the `kernels` crate (blocked GEMM convolution for long chunks,
-//! weight-streaming matmul for the few output steps of the 12.5/25 Hz layers).
+//! state of each stream lives in a [`ConvState`] / [`ConvTrState`]. The arithmetic runs in the
+//! `kernels` crate (blocked GEMM convolution for long chunks, weight-streaming matmul for the
+//! few output steps of the 12.5/25 Hz layers).
 //!
-//! Layout: activations are channel-major `[C, T]` row-major slices.
+//! Every call serves a set of independent streams at once (`active`: their indices into the
+//! state slice; one stream is the plain streaming case). The streams' columns are laid side by
+//! side, so the weights are read once per call for all of them: one GEMM over the streams'
+//! padded inputs (the few columns that straddle two streams are computed and dropped), or one
+//! matmul whose activation rows are every stream's output steps. Each output is computed by the
+//! same kernel with the same summation order as for the stream alone (the GEMM micro-kernels
+//! and the dense matmul tiles compute every output as one chain over `k`, whatever the other
+//! columns or rows), so a stream's results do not depend on the others.
+//!
+//! Layout: activations are channel-major `[C, m·T]` row-major slices: row `c` holds stream 0's
+//! `T` values, then stream 1's, and so on (`m` = number of active streams).
 
 use kernels::{Matrix, Pool, Scratch};
 
@@ -28,6 +38,7 @@ pub(crate) fn matmul(
 }
 
 /// A raw pointer shared by the pool's threads, each writing its own channel rows.
+#[derive(Clone, Copy, Debug)]
 struct SyncPtr(*mut f32);
 // SAFETY: users write disjoint regions only (per-channel shares).
 unsafe impl Sync for SyncPtr {}
@@ -73,14 +84,10 @@ pub(crate) struct Conv1d {
     mat: Matrix,
 }
 
-/// Streaming state of one [`Conv1d`]: the last `pad()` input samples per channel, plus
-/// the small-chunk work buffers sized for `max_tin` input samples per call.
+/// Streaming state of one stream of a [`Conv1d`]: the last `pad()` input samples per channel.
 #[derive(Debug)]
 pub(crate) struct ConvState {
     hist: Vec<f32>,
-    col: Vec<f32>,
-    yt: Vec<f32>,
-    scratch: Scratch,
     first: bool,
     max_tin: usize,
 }
@@ -88,30 +95,57 @@ pub(crate) struct ConvState {
 /// Work buffers shared by all the convolutions of a stack (one call at a time), so the
 /// padded-input and ELU buffers stay in cache from layer to layer instead of each layer
 /// touching its own cold copy every frame. Sized with [`ConvWork::fit_conv`] /
-/// [`ConvWork::fit_tr`] when the states are built; never grows during a frame.
+/// [`ConvWork::fit_tr`] for the most streams and steps per call; never grows during a frame.
 #[derive(Debug, Default)]
 pub(crate) struct ConvWork {
-    /// Conv1d: history + new input `[cin, pad + tin]`.
+    /// Conv1d: history + new input per stream, `[cin, m · seg]`.
     xbuf: Vec<f32>,
-    /// ConvTr1d: ELU of the input `[cin, tin]`.
+    /// ConvTr1d: (ELU of) the input, `[cin, m · tin]`, or with gap columns between streams.
     xa: Vec<f32>,
-    /// ConvTr1d: full transposed-conv output `[cout, (tin − 1)·stride + k]`.
+    /// ConvTr1d: full transposed-conv outputs; Conv1d: the GEMM output of several streams.
     y: Vec<f32>,
+    /// Small Conv1d path: gathered columns `[m · tout, cin · k]` and `yᵀ [m · tout, cout]`.
+    col: Vec<f32>,
+    yt: Vec<f32>,
+    /// Small ConvTr1d path: `Xᵀ [m · tin, cin]` and `Zᵀ [m · tin, cout · k]`.
+    xt: Vec<f32>,
+    zt: Vec<f32>,
+    /// History pointers of the active streams (capacity fixed at fit time).
+    hist: Vec<SyncPtr>,
+    scratch: Scratch,
 }
 
 impl ConvWork {
-    /// Grows the buffers for calls of `conv` with at most `max_tin` input samples.
-    pub fn fit_conv(&mut self, conv: &Conv1d, max_tin: usize) {
-        grow(&mut self.xbuf, conv.cin * (conv.pad() + max_tin));
+    /// Grows the buffers for calls of `conv` with at most `max_tin` input samples for each of
+    /// at most `streams` streams.
+    pub fn fit_conv(&mut self, conv: &Conv1d, max_tin: usize, streams: usize) {
+        let seg = conv.segment(max_tin, streams);
+        grow(&mut self.xbuf, conv.cin * streams * seg);
+        if streams > 1 {
+            grow(&mut self.y, conv.cout * conv.packed.out_len(streams * seg));
+        }
+        let small = (max_tin / conv.stride).min(SMALL_N - 1);
+        grow(&mut self.col, streams * small * conv.cin * conv.k);
+        grow(&mut self.yt, streams * small * conv.cout);
+        if self.hist.capacity() < streams {
+            self.hist.reserve(streams);
+        }
     }
 
-    /// Grows the buffers for calls of `conv` with at most `max_tin` input frames.
-    pub fn fit_tr(&mut self, conv: &ConvTr1d, max_tin: usize) {
-        grow(&mut self.xa, conv.cin * max_tin);
-        grow(
-            &mut self.y,
-            conv.cout * ((max_tin.max(1) - 1) * conv.stride + conv.k),
-        );
+    /// Grows the buffers for calls of `conv` with at most `max_tin` input frames for each of at
+    /// most `streams` streams.
+    pub fn fit_tr(&mut self, conv: &ConvTr1d, max_tin: usize, streams: usize) {
+        let max_tin = max_tin.max(1);
+        let g = conv.gap();
+        grow(&mut self.xa, conv.cin * streams * (max_tin + g));
+        let full = (max_tin - 1) * conv.stride + conv.k;
+        let joined = (streams * (max_tin + g) - 1) * conv.stride + conv.k;
+        grow(&mut self.y, conv.cout * (streams * full).max(joined));
+        if conv.mat.is_some() {
+            let small = max_tin.min(SMALL_N - 1);
+            grow(&mut self.xt, streams * small * conv.cin);
+            grow(&mut self.zt, streams * small * conv.cout * conv.k);
+        }
     }
 }
 
@@ -168,29 +202,38 @@ impl Conv1d {
         (self.k - 1) * self.dilation + 1 - self.stride
     }
 
+    /// Columns of one stream in the joined GEMM input: its history and input, rounded up to a
+    /// whole number of strides when several streams share the call, so every stream's first
+    /// window starts on the stride grid (the rounding columns are zeros no kept output reads:
+    /// the last kept window ends at `pad + tin`).
+    fn segment(&self, tin: usize, streams: usize) -> usize {
+        let w = self.pad() + tin;
+        if streams > 1 {
+            w.next_multiple_of(self.stride)
+        } else {
+            w
+        }
+    }
+
     /// A fresh streaming state for calls of at most `max_tin` input samples.
     pub fn state(&self, max_tin: usize) -> ConvState {
-        let p = self.pad();
-        let tout = max_tin / self.stride;
-        let small = tout.min(SMALL_N - 1);
         ConvState {
-            hist: vec![0.0; self.cin * p],
-            col: vec![0.0; self.cin * self.k * small],
-            yt: vec![0.0; self.cout * small],
-            scratch: Scratch::new(),
+            hist: vec![0.0; self.cin * self.pad()],
             first: true,
             max_tin,
         }
     }
 
-    /// One streaming call: `x` is `[cin, tin]` (tin a multiple of the stride, ≤ max_tin),
-    /// `out` receives `[cout, tin / stride]`. With `elu_in`, ELU is applied to the input
-    /// first (the activation module preceding the conv in SEANet). `work` must have been
-    /// fitted to this convolution ([`ConvWork::fit_conv`]).
+    /// One streaming call for the streams `active` (indices into `st`): `x` is `[cin, m·tin]`
+    /// (tin a multiple of the stride, ≤ max_tin), `out` receives `[cout, m·(tin / stride)]`.
+    /// With `elu_in`, ELU is applied to the input first (the activation module preceding the
+    /// conv in SEANet). `work` must have been fitted to this convolution and at least `m`
+    /// streams ([`ConvWork::fit_conv`]).
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
-        st: &mut ConvState,
+        st: &mut [ConvState],
+        active: &[usize],
         work: &mut ConvWork,
         x: &[f32],
         tin: usize,
@@ -198,67 +241,119 @@ impl Conv1d {
         out: &mut [f32],
         pool: Option<&Pool>,
     ) {
-        debug_assert!(tin.is_multiple_of(self.stride) && tin <= st.max_tin);
+        let m = active.len();
+        debug_assert!(tin.is_multiple_of(self.stride));
         let p = self.pad();
         let tout = tin / self.stride;
         let w = p + tin;
-        if self.replicate && st.first {
-            for c in 0..self.cin {
-                let v0 = x[c * tin];
-                st.hist[c * p..(c + 1) * p].fill(v0);
-            }
-        }
-        st.first = false;
-        let xbuf = &mut work.xbuf[..self.cin * w];
-        let (xb, hs) = (SyncPtr(xbuf.as_mut_ptr()), SyncPtr(st.hist.as_mut_ptr()));
-        // Channels c0..c1: history + (ELU of) the new input into xbuf, new history out.
-        let prologue = |c0: usize, c1: usize| {
-            let (xb, hs) = (&xb, &hs);
-            for c in c0..c1 {
-                // SAFETY: xbuf holds cin·w and hist cin·p values; every channel's rows are
-                // written by one share only.
-                let row = unsafe { std::slice::from_raw_parts_mut(xb.0.add(c * w), w) };
-                let hist = unsafe { std::slice::from_raw_parts_mut(hs.0.add(c * p), p) };
-                row[..p].copy_from_slice(hist);
-                let src = &x[c * tin..(c + 1) * tin];
-                if elu_in {
-                    kernels::ops::elu_into(src, &mut row[p..]);
-                } else {
-                    row[p..].copy_from_slice(src);
+        let seg = self.segment(tin, m);
+        let (cin, xw) = (self.cin, m * tin);
+        let ConvWork {
+            xbuf,
+            y,
+            col,
+            yt,
+            hist,
+            scratch,
+            ..
+        } = work;
+        hist.clear();
+        for (j, &s) in active.iter().enumerate() {
+            let sj = &mut st[s];
+            debug_assert!(tin <= sj.max_tin);
+            if self.replicate && sj.first {
+                for c in 0..cin {
+                    let v0 = x[c * xw + j * tin];
+                    sj.hist[c * p..(c + 1) * p].fill(v0);
                 }
-                hist.copy_from_slice(&row[tin..]);
+            }
+            sj.first = false;
+            debug_assert!(hist.len() < hist.capacity());
+            hist.push(SyncPtr(sj.hist.as_mut_ptr()));
+        }
+        let xbuf = &mut xbuf[..cin * m * seg];
+        let xb = SyncPtr(xbuf.as_mut_ptr());
+        let hs: &[SyncPtr] = hist;
+        // Channels c0..c1 of every stream: history + (ELU of) the new input into xbuf, new
+        // history out.
+        let prologue = |c0: usize, c1: usize| {
+            let xb = &xb;
+            for c in c0..c1 {
+                for (j, h) in hs.iter().enumerate() {
+                    // SAFETY: xbuf holds cin·m·seg values and every history cin·p; each
+                    // channel's rows are written by one share only.
+                    let row =
+                        unsafe { std::slice::from_raw_parts_mut(xb.0.add((c * m + j) * seg), seg) };
+                    let hist = unsafe { std::slice::from_raw_parts_mut(h.0.add(c * p), p) };
+                    row[..p].copy_from_slice(hist);
+                    let src = &x[c * xw + j * tin..c * xw + (j + 1) * tin];
+                    if elu_in {
+                        kernels::ops::elu_into(src, &mut row[p..w]);
+                    } else {
+                        row[p..w].copy_from_slice(src);
+                    }
+                    hist.copy_from_slice(&row[tin..w]);
+                    row[w..].fill(0.0);
+                }
             }
         };
-        per_channel(self.cin, self.cin * w, pool, &prologue);
+        per_channel(cin, cin * m * seg, pool, &prologue);
         if tout >= SMALL_N {
-            let (input, output) = (&xbuf[..], &mut out[..self.cout * tout]);
-            let r = match pool {
-                Some(pl) if pl.n_threads() > 1 => self.packed.forward_pool(input, output, pl),
-                _ => self.packed.forward(input, output),
+            let r = if m == 1 {
+                self.run_packed(xbuf, &mut out[..self.cout * tout], pool)
+            } else {
+                // One GEMM over the streams side by side; stream j's outputs start at column
+                // j·seg / stride, the columns in between straddle two streams and are dropped.
+                let n = self.packed.out_len(m * seg);
+                let r = self.run_packed(xbuf, &mut y[..self.cout * n], pool);
+                let step = seg / self.stride;
+                for o in 0..self.cout {
+                    for j in 0..m {
+                        let src = &y[o * n + j * step..o * n + j * step + tout];
+                        out[(o * m + j) * tout..(o * m + j + 1) * tout].copy_from_slice(src);
+                    }
+                }
+                r
             };
             debug_assert!(r.is_ok());
             return;
         }
-        // colT[t, (c, j)] = xbuf[c, t·s + j·d]; yT = colT · Wᵀ; out = yTᵀ + bias
-        let kk = self.cin * self.k;
-        let colt = &mut st.col[..tout * kk];
-        for t in 0..tout {
-            for c in 0..self.cin {
-                let row = &xbuf[c * w..(c + 1) * w];
-                let dst = &mut colt[t * kk + c * self.k..t * kk + (c + 1) * self.k];
-                for (j, d) in dst.iter_mut().enumerate() {
-                    *d = row[t * self.stride + j * self.dilation];
+        // colT[(j, t), (c, i)] = xbuf[c, j·seg + t·s + i·d]; yT = colT · Wᵀ; out = yTᵀ + bias
+        let kk = cin * self.k;
+        let rows = m * tout;
+        let colt = &mut col[..rows * kk];
+        for j in 0..m {
+            for t in 0..tout {
+                let dst_row = &mut colt[(j * tout + t) * kk..(j * tout + t + 1) * kk];
+                for c in 0..cin {
+                    let row = &xbuf[(c * m + j) * seg..(c * m + j + 1) * seg];
+                    let dst = &mut dst_row[c * self.k..(c + 1) * self.k];
+                    for (i, d) in dst.iter_mut().enumerate() {
+                        *d = row[t * self.stride + i * self.dilation];
+                    }
                 }
             }
         }
-        let yt = &mut st.yt[..tout * self.cout];
-        matmul(&self.mat, colt, tout, yt, pool, &mut st.scratch);
+        let yt = &mut yt[..rows * self.cout];
+        matmul(&self.mat, colt, rows, yt, pool, scratch);
         let bias = self.bias.as_deref();
         for o in 0..self.cout {
             let b = bias.map_or(0.0, |b| b[o]);
-            for t in 0..tout {
-                out[o * tout + t] = yt[t * self.cout + o] + b;
+            for r in 0..rows {
+                out[o * rows + r] = yt[r * self.cout + o] + b;
             }
+        }
+    }
+
+    fn run_packed(
+        &self,
+        input: &[f32],
+        output: &mut [f32],
+        pool: Option<&Pool>,
+    ) -> Result<usize, kernels::KernelError> {
+        match pool {
+            Some(pl) if pl.n_threads() > 1 => self.packed.forward_pool(input, output, pl),
+            _ => self.packed.forward(input, output),
         }
     }
 }
@@ -287,14 +382,10 @@ pub(crate) struct ConvTr1d {
     mat: Option<Matrix>,
 }
 
-/// Streaming state of a [`ConvTr1d`]: the overlap tail (minus bias) and work buffers.
+/// Streaming state of one stream of a [`ConvTr1d`]: the overlap tail (minus bias).
 #[derive(Debug)]
 pub(crate) struct ConvTrState {
     partial: Vec<f32>,
-    /// `Xᵀ [tin, cin]` and `Zᵀ [tin, cout·k]` of the matmul path.
-    xt: Vec<f32>,
-    zt: Vec<f32>,
-    scratch: Scratch,
     max_tin: usize,
 }
 
@@ -348,29 +439,36 @@ impl ConvTr1d {
         self.k.saturating_sub(self.stride)
     }
 
+    /// Zero input columns between two streams in a joined transposed convolution, so that no
+    /// input step of one stream reaches the output span of the next: `(tin + gap)·stride ≥
+    /// (tin − 1)·stride + k`.
+    fn gap(&self) -> usize {
+        self.overlap().div_ceil(self.stride)
+    }
+
     /// A fresh streaming state for calls of at most `max_tin` input frames.
     pub fn state(&self, max_tin: usize) -> ConvTrState {
-        let small = if self.mat.is_some() {
-            max_tin.min(SMALL_N - 1)
-        } else {
-            0
-        };
         ConvTrState {
             partial: vec![0.0; self.cout * self.overlap()],
-            xt: vec![0.0; self.cin * small],
-            zt: vec![0.0; self.cout * self.k * small],
-            scratch: Scratch::new(),
             max_tin,
         }
     }
 
-    /// One streaming call: `x` `[cin, tin]` → `out` `[cout, tin * stride]`. With `elu_in`,
-    /// ELU is applied to the input first. `work` must have been fitted to this convolution
+    /// One streaming call for the streams `active` (indices into `st`): `x` `[cin, m·tin]` →
+    /// `out` `[cout, m·tin·stride]`. With `elu_in`, ELU is applied to the input first. `work`
+    /// must have been fitted to this convolution and at least `m` streams
     /// ([`ConvWork::fit_tr`]).
+    ///
+    /// Several streams share one product: the matmul path takes every stream's steps as rows;
+    /// the GEMM path joins the streams' inputs with [`ConvTr1d::gap`] zero columns between
+    /// them, so each stream's span of the full output receives its own steps' terms and, from
+    /// the gap, exact zeros only (which leave every sum unchanged, up to the sign of an exactly
+    /// zero value).
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
-        st: &mut ConvTrState,
+        st: &mut [ConvTrState],
+        active: &[usize],
         work: &mut ConvWork,
         x: &[f32],
         tin: usize,
@@ -378,70 +476,115 @@ impl ConvTr1d {
         out: &mut [f32],
         pool: Option<&Pool>,
     ) {
-        debug_assert!(tin >= 1 && tin <= st.max_tin);
-        let (k, s) = (self.k, self.stride);
+        let m = active.len();
+        debug_assert!(tin >= 1);
+        let (k, s, cin) = (self.k, self.stride, self.cin);
         let full = (tin - 1) * s + k;
         let pt = self.overlap();
         let tout = tin * s;
-        let ConvWork { xa, y, .. } = work;
-        let y = &mut y[..self.cout * full];
-        let input: &[f32] = if elu_in {
-            let xa_all = &mut xa[..self.cin * tin];
-            let xa = SyncPtr(xa_all.as_mut_ptr());
-            let elu = |c0: usize, c1: usize| {
-                let xa = &xa;
-                // SAFETY: xa holds cin·max_tin values; shares write disjoint channel rows.
-                let dst =
-                    unsafe { std::slice::from_raw_parts_mut(xa.0.add(c0 * tin), (c1 - c0) * tin) };
-                kernels::ops::elu_into(&x[c0 * tin..c1 * tin], dst);
-            };
-            per_channel(self.cin, self.cin * tin, pool, &elu);
-            xa_all
-        } else {
-            &x[..self.cin * tin]
-        };
-        match &self.mat {
-            Some(mat) if tin < SMALL_N => {
-                let (cin, ck) = (self.cin, self.cout * k);
-                let xt = &mut st.xt[..tin * cin];
-                for c in 0..cin {
-                    for t in 0..tin {
-                        xt[t * cin + c] = input[c * tin + t];
+        let xw = m * tin;
+        let ConvWork {
+            xa,
+            y,
+            xt,
+            zt,
+            scratch,
+            ..
+        } = work;
+        let small = self.mat.is_some() && tin < SMALL_N;
+        // The input of the product: `[cin, m·tin]`, or joined with gaps for the GEMM path of
+        // several streams (`[cin, m·(tin + gap)]`, gaps zero).
+        let joined = !small && m > 1;
+        let seg = if joined { tin + self.gap() } else { tin };
+        let input: &[f32] = if elu_in || joined {
+            let xa_all = &mut xa[..cin * m * seg];
+            let xap = SyncPtr(xa_all.as_mut_ptr());
+            let prep = |c0: usize, c1: usize| {
+                let xap = &xap;
+                for c in c0..c1 {
+                    for j in 0..m {
+                        // SAFETY: xa holds cin·m·seg values; shares write disjoint channel rows.
+                        let dst = unsafe {
+                            std::slice::from_raw_parts_mut(xap.0.add((c * m + j) * seg), seg)
+                        };
+                        let src = &x[c * xw + j * tin..c * xw + (j + 1) * tin];
+                        if elu_in {
+                            kernels::ops::elu_into(src, &mut dst[..tin]);
+                        } else {
+                            dst[..tin].copy_from_slice(src);
+                        }
+                        dst[tin..].fill(0.0);
                     }
                 }
-                let zt = &mut st.zt[..tin * ck];
-                matmul(mat, xt, tin, zt, pool, &mut st.scratch);
-                for o in 0..self.cout {
-                    let b = self.bias.as_ref().map_or(0.0, |b| b[o]);
-                    let yr = &mut y[o * full..(o + 1) * full];
-                    yr.fill(b);
-                    for t in 0..tin {
-                        let z = &zt[t * ck + o * k..t * ck + (o + 1) * k];
-                        for (v, zv) in yr[t * s..t * s + k].iter_mut().zip(z) {
-                            *v += *zv;
+            };
+            per_channel(cin, cin * m * seg, pool, &prep);
+            xa_all
+        } else {
+            &x[..cin * xw]
+        };
+        // Where stream j's full output row o starts in `y`.
+        let (row_len, stream_off) = match (&self.mat, small) {
+            (Some(mat), true) => {
+                let ck = self.cout * k;
+                let rows = m * tin;
+                let xt = &mut xt[..rows * cin];
+                for c in 0..cin {
+                    for r in 0..rows {
+                        xt[r * cin + c] = input[c * xw + r];
+                    }
+                }
+                let zt = &mut zt[..rows * ck];
+                matmul(mat, xt, rows, zt, pool, scratch);
+                // Stream j's rows of y: `[cout, full]` at j·cout·full.
+                let y = &mut y[..m * self.cout * full];
+                for j in 0..m {
+                    for o in 0..self.cout {
+                        let b = self.bias.as_ref().map_or(0.0, |b| b[o]);
+                        let yr = &mut y[(j * self.cout + o) * full..(j * self.cout + o + 1) * full];
+                        yr.fill(b);
+                        for t in 0..tin {
+                            let r = j * tin + t;
+                            let z = &zt[r * ck + o * k..r * ck + (o + 1) * k];
+                            for (v, zv) in yr[t * s..t * s + k].iter_mut().zip(z) {
+                                *v += *zv;
+                            }
                         }
                     }
                 }
+                (full, self.cout * full)
             }
             _ => {
+                let n = self.kc.out_len(m * seg);
+                let y = &mut y[..self.cout * n];
                 let r = match pool {
                     Some(pl) if pl.n_threads() > 1 => self.kc.forward_pool(input, y, pl),
                     _ => self.kc.forward(input, y),
                 };
                 debug_assert!(r.is_ok());
+                (n, seg * s)
             }
-        }
-        for o in 0..self.cout {
-            let b = self.bias.as_ref().map_or(0.0, |b| b[o]);
-            let yr = &mut y[o * full..(o + 1) * full];
-            let part = &mut st.partial[o * pt..(o + 1) * pt];
-            for (v, p) in yr[..pt].iter_mut().zip(part.iter()) {
-                *v += *p;
+        };
+        for (j, &sl) in active.iter().enumerate() {
+            let sj = &mut st[sl];
+            debug_assert!(tin <= sj.max_tin);
+            let part_all = &mut sj.partial;
+            for o in 0..self.cout {
+                let b = self.bias.as_ref().map_or(0.0, |b| b[o]);
+                let base = if small {
+                    j * stream_off + o * row_len
+                } else {
+                    o * row_len + j * stream_off
+                };
+                let yr = &mut y[base..base + full];
+                let part = &mut part_all[o * pt..(o + 1) * pt];
+                for (v, p) in yr[..pt].iter_mut().zip(part.iter()) {
+                    *v += *p;
+                }
+                for (p, v) in part.iter_mut().zip(&yr[full - pt..]) {
+                    *p = *v - b;
+                }
+                out[(o * m + j) * tout..(o * m + j + 1) * tout].copy_from_slice(&yr[..tout]);
             }
-            for (p, v) in part.iter_mut().zip(&yr[full - pt..]) {
-                *p = *v - b;
-            }
-            out[o * tout..(o + 1) * tout].copy_from_slice(&yr[..tout]);
         }
     }
 }
@@ -521,11 +664,11 @@ mod tests {
                 .map(|i| ((i * 53) % 23) as f32 / 11.0 - 1.0)
                 .collect();
             let want = naive_conv(&conv, &wt, &x, t);
-            let mut st = conv.state(t);
+            let mut st = vec![conv.state(t)];
             let mut work = ConvWork::default();
-            work.fit_conv(&conv, t);
+            work.fit_conv(&conv, t, 1);
             let mut whole = vec![0.0; cout * t / s];
-            conv.forward(&mut st, &mut work, &x, t, false, &mut whole, None);
+            conv.forward(&mut st, &[0], &mut work, &x, t, false, &mut whole, None);
             let err = want
                 .iter()
                 .zip(&whole)
@@ -533,12 +676,12 @@ mod tests {
                 .fold(0.0, f32::max);
             assert!(err < 1e-4, "whole {k} {s} {d} {err}");
             // streaming in chunks of 8 samples
-            let mut st = conv.state(8);
+            let mut st = vec![conv.state(8)];
             let mut got = vec![0.0; cout * t / s];
             for c0 in (0..t).step_by(8) {
                 let xc = split_cols(&x, cin, t, c0, c0 + 8);
                 let mut oc = vec![0.0; cout * 8 / s];
-                conv.forward(&mut st, &mut work, &xc, 8, false, &mut oc, None);
+                conv.forward(&mut st, &[0], &mut work, &xc, 8, false, &mut oc, None);
                 for o in 0..cout {
                     got[o * t / s + c0 / s..o * t / s + (c0 + 8) / s]
                         .copy_from_slice(&oc[o * 8 / s..(o + 1) * 8 / s]);
@@ -591,14 +734,14 @@ mod tests {
                     }
                 }
             }
-            let mut st = ct.state(ch);
+            let mut st = vec![ct.state(ch)];
             let mut work = ConvWork::default();
-            work.fit_tr(&ct, ch);
+            work.fit_tr(&ct, ch, 1);
             for c0 in (0..t).step_by(ch) {
                 let n = ch.min(t - c0);
                 let xc = split_cols(&x, cin, t, c0, c0 + n);
                 let mut oc = vec![0.0; cout * n * s];
-                ct.forward(&mut st, &mut work, &xc, n, false, &mut oc, None);
+                ct.forward(&mut st, &[0], &mut work, &xc, n, false, &mut oc, None);
                 for o in 0..cout {
                     for i in 0..n * s {
                         let e = want[o * full + c0 * s + i];

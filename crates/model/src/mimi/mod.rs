@@ -4,7 +4,10 @@
 //! streaming state (all buffers preallocated), so one model can serve several streams.
 //! `encode_frame` / `decode_frame` allocate nothing. [`Mimi::encode`] / [`Mimi::decode`]
 //! reproduce PyTorch's non-streaming path (attention mask without the ring limit), and
-//! [`StreamEncoder`] accepts PCM chunks of any length.
+//! [`StreamEncoder`] accepts PCM chunks of any length. [`MimiBatchEncoder`] /
+//! [`MimiBatchDecoder`] run several independent streams per call (a server's conversation
+//! slots) with every weight read once for all of them; a stream's codes and samples are those
+//! it gets alone (see `conv.rs` for why the kernels allow it).
 //!
 //! Pipeline (architecture reference §1.8): SEANet encoder → encoder transformer → learnt
 //! stride-2 downsample (replicate padding) → split RVQ; decode: RVQ decode → depthwise
@@ -21,14 +24,16 @@ mod transformer;
 #[cfg(feature = "bench")]
 pub mod bench;
 
-pub use backend::{CodecBackend, CpuMimi};
+pub use backend::{BatchCodecBackend, CodecBackend, CpuMimi, CpuMimiBatch};
 pub use load::{F32Tensor, Layout, MimiTensors};
 pub use stream::StreamEncoder;
+
+use quantizer::QuantScratch;
 
 use crate::checkpoint::MimiConfig;
 use conv::{Conv1d, ConvState, ConvTr1d, ConvTrState, ConvWork};
 pub use kernels::Pool;
-use quantizer::{QuantScratch, SplitRvq};
+use quantizer::SplitRvq;
 use seanet::{SeanetDecState, SeanetDecoder, SeanetEncState, SeanetEncoder};
 use std::sync::Arc;
 use transformer::{Transformer, TransformerState};
@@ -201,14 +206,13 @@ impl Mimi {
         let chunk = BATCH_FRAMES.min(t);
         let mut enc = MimiEncoder::with_chunk(self.clone(), chunk, true);
         let mut buf = vec![0.0f32; chunk * fs];
-        let mut cc = vec![0u32; nq * chunk];
         let mut f0 = 0;
         while f0 < t {
             let n = chunk.min(t - f0);
             let src = &pcm[(f0 * fs).min(pcm.len())..((f0 + n) * fs).min(pcm.len())];
             buf[..src.len()].copy_from_slice(src);
             buf[src.len()..n * fs].fill(0.0);
-            enc.encode_chunk(&buf[..n * fs], n, &mut cc[..nq * n], pool, None);
+            let cc = enc.core.encode_chunk(&ONE, &buf[..n * fs], n, pool, None);
             for q in 0..nq {
                 codes[q * t + f0..q * t + f0 + n].copy_from_slice(&cc[q * n..q * n + n]);
             }
@@ -252,7 +256,8 @@ impl Mimi {
             for q in 0..nq {
                 cc[q * n..q * n + n].copy_from_slice(&codes[q * t + f0..q * t + f0 + n]);
             }
-            dec.decode_chunk(
+            dec.core.decode_chunk(
+                &ONE,
                 &cc[..nq * n],
                 n,
                 &mut pcm[f0 * fs..(f0 + n) * fs],
@@ -268,19 +273,229 @@ impl Mimi {
 /// Frames per call in the non-streaming paths (bounded memory for long signals).
 const BATCH_FRAMES: usize = 16;
 
-/// Streaming encoder state (PyTorch `mimi.streaming(1)` + `encode` per frame).
+/// The one stream of the single-stream types.
+const ONE: [usize; 1] = [0];
+
+/// Checks a set of stream indices: distinct, each below `streams`.
+fn check_active(active: &[usize], streams: usize) -> Result<(), MimiError> {
+    for (j, &s) in active.iter().enumerate() {
+        if s >= streams {
+            return Err(MimiError::Input(format!(
+                "stream {s} out of range ({streams} streams)"
+            )));
+        }
+        if active[..j].contains(&s) {
+            return Err(MimiError::Input(format!("stream {s} listed twice")));
+        }
+    }
+    Ok(())
+}
+
+/// The encoder of a set of streams: their streaming states and the buffers of one call for
+/// all of them (`chunk` frames per stream at most).
 #[derive(Debug)]
-pub struct MimiEncoder {
+struct EncoderCore {
     mimi: Arc<Mimi>,
     chunk: usize,
+    streams: usize,
     seanet: SeanetEncState,
     tr: TransformerState,
-    down: ConvState,
+    down: Vec<ConvState>,
     down_work: ConvWork,
     quant: QuantScratch,
     emb: Vec<f32>,
     lat: Vec<f32>,
     codes: Vec<u32>,
+}
+
+impl EncoderCore {
+    fn new(mimi: Arc<Mimi>, chunk: usize, exact_window: bool, streams: usize) -> Self {
+        let fs = mimi.frame_size();
+        let s = mimi.config.resample_stride();
+        let d = mimi.dimension();
+        let rows = streams * chunk;
+        let mut down_work = ConvWork::default();
+        down_work.fit_conv(&mimi.down, chunk * s, streams);
+        EncoderCore {
+            seanet: mimi.encoder.state(chunk * fs, streams),
+            tr: mimi.enc_tr.state(chunk * s, exact_window, streams),
+            down: (0..streams).map(|_| mimi.down.state(chunk * s)).collect(),
+            down_work,
+            quant: mimi.quant.scratch(rows),
+            emb: vec![0.0; d * rows * s],
+            lat: vec![0.0; d * rows],
+            codes: vec![0; mimi.n_codebooks() * rows],
+            chunk,
+            streams,
+            mimi,
+        }
+    }
+
+    /// `n` frames (≤ chunk) of each stream of `active` (`pcm`: stream after stream) → codes
+    /// `[m, nq, n]` (borrowed).
+    fn encode_chunk(
+        &mut self,
+        active: &[usize],
+        pcm: &[f32],
+        n: usize,
+        pool: Option<&Pool>,
+        mut trace: Trace<'_>,
+    ) -> &[u32] {
+        debug_assert!(n <= self.chunk && active.len() <= self.streams);
+        let m = &*self.mimi;
+        let k = active.len();
+        let fs = m.frame_size();
+        let s = m.config.resample_stride();
+        let d = m.dimension();
+        let t2 = n * s;
+        let emb = &mut self.emb[..d * k * t2];
+        m.encoder.forward(
+            &mut self.seanet,
+            active,
+            &pcm[..k * n * fs],
+            n * fs,
+            emb,
+            pool,
+        );
+        if let Some(f) = trace.as_mut() {
+            f(Stage::EncSeanet, emb);
+        }
+        m.enc_tr.forward(&mut self.tr, active, emb, t2, pool);
+        if let Some(f) = trace.as_mut() {
+            f(Stage::EncTransformer, emb);
+        }
+        let lat = &mut self.lat[..d * k * n];
+        m.down.forward(
+            &mut self.down,
+            active,
+            &mut self.down_work,
+            emb,
+            t2,
+            false,
+            lat,
+            pool,
+        );
+        if let Some(f) = trace.as_mut() {
+            f(Stage::Latent, lat);
+        }
+        let codes = &mut self.codes[..m.n_codebooks() * k * n];
+        m.quant.encode(&mut self.quant, lat, k, n, codes, pool);
+        codes
+    }
+
+    fn reset(&mut self, i: usize) {
+        self.seanet.reset(i);
+        self.tr.reset(i);
+        self.down[i].reset();
+    }
+}
+
+/// The decoder of a set of streams (see [`EncoderCore`]).
+#[derive(Debug)]
+struct DecoderCore {
+    mimi: Arc<Mimi>,
+    chunk: usize,
+    streams: usize,
+    quant: QuantScratch,
+    lat: Vec<f32>,
+    up: Vec<ConvTrState>,
+    up_work: ConvWork,
+    emb: Vec<f32>,
+    tr: TransformerState,
+    seanet: SeanetDecState,
+}
+
+impl DecoderCore {
+    fn new(mimi: Arc<Mimi>, chunk: usize, exact_window: bool, streams: usize) -> Self {
+        let s = mimi.config.resample_stride();
+        let d = mimi.dimension();
+        let rows = streams * chunk;
+        let mut up_work = ConvWork::default();
+        up_work.fit_tr(&mimi.up, chunk, streams);
+        DecoderCore {
+            quant: mimi.quant.scratch(rows),
+            lat: vec![0.0; d * rows],
+            up: (0..streams).map(|_| mimi.up.state(chunk)).collect(),
+            up_work,
+            emb: vec![0.0; d * rows * s],
+            tr: mimi.dec_tr.state(chunk * s, exact_window, streams),
+            seanet: mimi.decoder.state(chunk * s, streams),
+            chunk,
+            streams,
+            mimi,
+        }
+    }
+
+    /// Codes `[m, nq, n]` of the streams `active` → `n` frames each into `out` (stream after
+    /// stream). Codes out of range are refused before any state moves.
+    fn decode_chunk(
+        &mut self,
+        active: &[usize],
+        codes: &[u32],
+        n: usize,
+        out: &mut [f32],
+        pool: Option<&Pool>,
+        mut trace: Trace<'_>,
+    ) -> Result<(), MimiError> {
+        debug_assert!(n <= self.chunk && active.len() <= self.streams);
+        let m = &*self.mimi;
+        let k = active.len();
+        let nq = m.n_codebooks();
+        if codes.len() != k * nq * n {
+            return Err(MimiError::Input(format!(
+                "expected {} codes, got {}",
+                k * nq * n,
+                codes.len()
+            )));
+        }
+        let bins = m.cardinality() as u32;
+        if let Some(bad) = codes.iter().find(|&&c| c >= bins) {
+            return Err(MimiError::Input(format!(
+                "code {bad} out of range (codebook size {bins})"
+            )));
+        }
+        let s = m.config.resample_stride();
+        let d = m.dimension();
+        let lat = &mut self.lat[..d * k * n];
+        m.quant.decode(&mut self.quant, codes, k, n, lat, pool);
+        if let Some(f) = trace.as_mut() {
+            f(Stage::DecLatent, lat);
+        }
+        let t2 = n * s;
+        let emb = &mut self.emb[..d * k * t2];
+        m.up.forward(
+            &mut self.up,
+            active,
+            &mut self.up_work,
+            lat,
+            n,
+            false,
+            emb,
+            pool,
+        );
+        if let Some(f) = trace.as_mut() {
+            f(Stage::DecUpsample, emb);
+        }
+        m.dec_tr.forward(&mut self.tr, active, emb, t2, pool);
+        if let Some(f) = trace.as_mut() {
+            f(Stage::DecTransformer, emb);
+        }
+        m.decoder
+            .forward(&mut self.seanet, active, emb, t2, out, pool);
+        Ok(())
+    }
+
+    fn reset(&mut self, i: usize) {
+        self.up[i].reset();
+        self.tr.reset(i);
+        self.seanet.reset(i);
+    }
+}
+
+/// Streaming encoder state (PyTorch `mimi.streaming(1)` + `encode` per frame).
+#[derive(Debug)]
+pub struct MimiEncoder {
+    core: EncoderCore,
 }
 
 impl MimiEncoder {
@@ -290,30 +505,14 @@ impl MimiEncoder {
     }
 
     fn with_chunk(mimi: Arc<Mimi>, chunk: usize, exact_window: bool) -> Self {
-        let fs = mimi.frame_size();
-        let s = mimi.config.resample_stride();
-        let d = mimi.dimension();
         MimiEncoder {
-            seanet: mimi.encoder.state(chunk * fs),
-            tr: mimi.enc_tr.state(chunk * s, exact_window),
-            down: mimi.down.state(chunk * s),
-            down_work: {
-                let mut w = ConvWork::default();
-                w.fit_conv(&mimi.down, chunk * s);
-                w
-            },
-            quant: mimi.quant.scratch(),
-            emb: vec![0.0; d * chunk * s],
-            lat: vec![0.0; d * chunk],
-            codes: vec![0; mimi.n_codebooks() * chunk],
-            chunk,
-            mimi,
+            core: EncoderCore::new(mimi, chunk, exact_window, 1),
         }
     }
 
     /// The model.
     pub fn mimi(&self) -> &Arc<Mimi> {
-        &self.mimi
+        &self.core.mimi
     }
 
     /// Encodes one frame of `frame_size` samples; returns its `n_codebooks` codes
@@ -330,81 +529,26 @@ impl MimiEncoder {
         pool: Option<&Pool>,
         trace: Trace<'_>,
     ) -> Result<&[u32], MimiError> {
-        let fs = self.mimi.frame_size();
+        let fs = self.core.mimi.frame_size();
         if pcm.len() != fs {
             return Err(MimiError::Input(format!(
                 "encode_frame needs {fs} samples, got {}",
                 pcm.len()
             )));
         }
-        let mut codes = std::mem::take(&mut self.codes);
-        let nq = self.mimi.n_codebooks();
-        self.encode_chunk(pcm, 1, &mut codes[..nq], pool, trace);
-        self.codes = codes;
-        Ok(&self.codes[..nq])
-    }
-
-    /// `n` frames (≤ chunk) → codes `[nq, n]`.
-    fn encode_chunk(
-        &mut self,
-        pcm: &[f32],
-        n: usize,
-        codes: &mut [u32],
-        pool: Option<&Pool>,
-        mut trace: Trace<'_>,
-    ) {
-        debug_assert!(n <= self.chunk);
-        let m = &*self.mimi;
-        let fs = m.frame_size();
-        let s = m.config.resample_stride();
-        let d = m.dimension();
-        let t2 = n * s;
-        let emb = &mut self.emb[..d * t2];
-        m.encoder
-            .forward(&mut self.seanet, &pcm[..n * fs], n * fs, emb, pool);
-        if let Some(f) = trace.as_mut() {
-            f(Stage::EncSeanet, emb);
-        }
-        m.enc_tr.forward(&mut self.tr, emb, t2, pool);
-        if let Some(f) = trace.as_mut() {
-            f(Stage::EncTransformer, emb);
-        }
-        let lat = &mut self.lat[..d * n];
-        m.down.forward(
-            &mut self.down,
-            &mut self.down_work,
-            emb,
-            t2,
-            false,
-            lat,
-            pool,
-        );
-        if let Some(f) = trace.as_mut() {
-            f(Stage::Latent, lat);
-        }
-        m.quant.encode(&mut self.quant, lat, n, codes, pool);
+        Ok(self.core.encode_chunk(&ONE, pcm, 1, pool, trace))
     }
 
     /// Back to the fresh state (bit-identical results to a new encoder).
     pub fn reset(&mut self) {
-        self.seanet.reset();
-        self.tr.reset();
-        self.down.reset();
+        self.core.reset(0);
     }
 }
 
 /// Streaming decoder state (PyTorch `mimi.streaming(1)` + `decode` per frame).
 #[derive(Debug)]
 pub struct MimiDecoder {
-    mimi: Arc<Mimi>,
-    chunk: usize,
-    quant: QuantScratch,
-    lat: Vec<f32>,
-    up: ConvTrState,
-    up_work: ConvWork,
-    emb: Vec<f32>,
-    tr: TransformerState,
-    seanet: SeanetDecState,
+    core: DecoderCore,
 }
 
 impl MimiDecoder {
@@ -414,28 +558,14 @@ impl MimiDecoder {
     }
 
     fn with_chunk(mimi: Arc<Mimi>, chunk: usize, exact_window: bool) -> Self {
-        let s = mimi.config.resample_stride();
-        let d = mimi.dimension();
         MimiDecoder {
-            quant: mimi.quant.scratch(),
-            lat: vec![0.0; d * chunk],
-            up: mimi.up.state(chunk),
-            up_work: {
-                let mut w = ConvWork::default();
-                w.fit_tr(&mimi.up, chunk);
-                w
-            },
-            emb: vec![0.0; d * chunk * s],
-            tr: mimi.dec_tr.state(chunk * s, exact_window),
-            seanet: mimi.decoder.state(chunk * s),
-            chunk,
-            mimi,
+            core: DecoderCore::new(mimi, chunk, exact_window, 1),
         }
     }
 
     /// The model.
     pub fn mimi(&self) -> &Arc<Mimi> {
-        &self.mimi
+        &self.core.mimi
     }
 
     /// Decodes one frame of `n_codebooks` codes into `out` (`frame_size` samples).
@@ -453,65 +583,141 @@ impl MimiDecoder {
         pool: Option<&Pool>,
         trace: Trace<'_>,
     ) -> Result<(), MimiError> {
-        let fs = self.mimi.frame_size();
+        let fs = self.core.mimi.frame_size();
         if out.len() != fs {
             return Err(MimiError::Input(format!(
                 "decode_frame writes {fs} samples, buffer has {}",
                 out.len()
             )));
         }
-        self.decode_chunk(codes, 1, out, pool, trace)
-    }
-
-    fn decode_chunk(
-        &mut self,
-        codes: &[u32],
-        n: usize,
-        out: &mut [f32],
-        pool: Option<&Pool>,
-        mut trace: Trace<'_>,
-    ) -> Result<(), MimiError> {
-        debug_assert!(n <= self.chunk);
-        let m = &*self.mimi;
-        let nq = m.n_codebooks();
-        if codes.len() != nq * n {
-            return Err(MimiError::Input(format!(
-                "expected {} codes, got {}",
-                nq * n,
-                codes.len()
-            )));
-        }
-        let bins = m.cardinality() as u32;
-        if let Some(bad) = codes.iter().find(|&&c| c >= bins) {
-            return Err(MimiError::Input(format!(
-                "code {bad} out of range (codebook size {bins})"
-            )));
-        }
-        let s = m.config.resample_stride();
-        let d = m.dimension();
-        let lat = &mut self.lat[..d * n];
-        m.quant.decode(&mut self.quant, codes, n, lat, pool);
-        if let Some(f) = trace.as_mut() {
-            f(Stage::DecLatent, lat);
-        }
-        let t2 = n * s;
-        let emb = &mut self.emb[..d * t2];
-        m.up.forward(&mut self.up, &mut self.up_work, lat, n, false, emb, pool);
-        if let Some(f) = trace.as_mut() {
-            f(Stage::DecUpsample, emb);
-        }
-        m.dec_tr.forward(&mut self.tr, emb, t2, pool);
-        if let Some(f) = trace.as_mut() {
-            f(Stage::DecTransformer, emb);
-        }
-        m.decoder.forward(&mut self.seanet, emb, t2, out, pool);
-        Ok(())
+        self.core.decode_chunk(&ONE, codes, 1, out, pool, trace)
     }
 
     /// Back to the fresh state (bit-identical results to a new decoder).
     pub fn reset(&mut self) {
-        self.up.reset();
-        self.tr.reset();
-        self.seanet.reset();
+        self.core.reset(0);
+    }
+}
+
+/// Streaming encoders of several independent streams (e.g. a server's conversation slots),
+/// run together: each call encodes one frame of every listed stream, reading each weight once
+/// for all of them. A stream's codes are exactly those a [`MimiEncoder`] fed the same frames
+/// gives, whatever the other streams do (which ones run, when they start or reset).
+#[derive(Debug)]
+pub struct MimiBatchEncoder {
+    core: EncoderCore,
+}
+
+impl MimiBatchEncoder {
+    /// `streams` fresh streams.
+    pub fn new(mimi: Arc<Mimi>, streams: usize) -> Self {
+        MimiBatchEncoder {
+            core: EncoderCore::new(mimi, 1, false, streams.max(1)),
+        }
+    }
+
+    /// The model.
+    pub fn mimi(&self) -> &Arc<Mimi> {
+        &self.core.mimi
+    }
+
+    /// Number of streams.
+    pub fn streams(&self) -> usize {
+        self.core.streams
+    }
+
+    /// Encodes one frame of each stream in `active` (distinct indices below
+    /// [`MimiBatchEncoder::streams`]; the others do not move): `pcm` holds their frames one
+    /// after the other, in the order of `active`. Returns `n_codebooks` codes per stream, in
+    /// the same order (borrowed from the state). Allocation-free.
+    pub fn encode_frames(
+        &mut self,
+        active: &[usize],
+        pcm: &[f32],
+        pool: Option<&Pool>,
+    ) -> Result<&[u32], MimiError> {
+        check_active(active, self.core.streams)?;
+        let fs = self.core.mimi.frame_size();
+        if pcm.len() != active.len() * fs {
+            return Err(MimiError::Input(format!(
+                "encode_frames needs {} samples for {} streams, got {}",
+                active.len() * fs,
+                active.len(),
+                pcm.len()
+            )));
+        }
+        if active.is_empty() {
+            return Ok(&[]);
+        }
+        Ok(self.core.encode_chunk(active, pcm, 1, pool, None))
+    }
+
+    /// Stream `stream` back to fresh (the others are untouched). Allocates nothing.
+    pub fn reset(&mut self, stream: usize) {
+        if stream < self.core.streams {
+            self.core.reset(stream);
+        }
+    }
+}
+
+/// Streaming decoders of several independent streams, run together (see
+/// [`MimiBatchEncoder`]). A stream's samples are those a [`MimiDecoder`] fed the same codes
+/// gives (equal as numbers: at most the sign of an exactly zero sample can differ, see
+/// `conv.rs`).
+#[derive(Debug)]
+pub struct MimiBatchDecoder {
+    core: DecoderCore,
+}
+
+impl MimiBatchDecoder {
+    /// `streams` fresh streams.
+    pub fn new(mimi: Arc<Mimi>, streams: usize) -> Self {
+        MimiBatchDecoder {
+            core: DecoderCore::new(mimi, 1, false, streams.max(1)),
+        }
+    }
+
+    /// The model.
+    pub fn mimi(&self) -> &Arc<Mimi> {
+        &self.core.mimi
+    }
+
+    /// Number of streams.
+    pub fn streams(&self) -> usize {
+        self.core.streams
+    }
+
+    /// Decodes one frame of each stream in `active` (distinct, below
+    /// [`MimiBatchDecoder::streams`]): `codes` holds `n_codebooks` codes per stream and `out`
+    /// receives `frame_size` samples per stream, both in the order of `active`. Codes out of
+    /// range are refused before any stream moves. Allocation-free.
+    pub fn decode_frames(
+        &mut self,
+        active: &[usize],
+        codes: &[u32],
+        out: &mut [f32],
+        pool: Option<&Pool>,
+    ) -> Result<(), MimiError> {
+        check_active(active, self.core.streams)?;
+        let fs = self.core.mimi.frame_size();
+        if out.len() != active.len() * fs {
+            return Err(MimiError::Input(format!(
+                "decode_frames writes {} samples for {} streams, buffer has {}",
+                active.len() * fs,
+                active.len(),
+                out.len()
+            )));
+        }
+        if active.is_empty() {
+            return Ok(());
+        }
+        self.core.decode_chunk(active, codes, 1, out, pool, None)
+    }
+
+    /// Stream `stream` back to fresh (the others are untouched). Allocates nothing.
+    pub fn reset(&mut self, stream: usize) {
+        if stream < self.core.streams {
+            self.core.reset(stream);
+        }
     }
 }

@@ -111,6 +111,7 @@ impl Codebook {
     /// Nearest centroid (squared Euclidean distance; first index on ties) via
     /// argmin(‖e‖²/2 − x·e), `scores` a scratch of `bins` values: bf16 screen, then the
     /// exact f64 decision among the centroids within the screen's error bound of the best.
+    #[cfg(test)]
     fn nearest(
         &self,
         x: &[f32],
@@ -119,6 +120,12 @@ impl Codebook {
         scratch: &mut Scratch,
     ) -> usize {
         matmul(&self.screen, x, 1, scores, pool, scratch);
+        self.decide(x, scores)
+    }
+
+    /// The exact decision of [`Codebook::nearest`] for one row `x`, given its screened
+    /// scores (`bins` values of the bf16 product).
+    fn decide(&self, x: &[f32], scores: &[f32]) -> usize {
         let xn = x.iter().map(|&v| v as f64 * v as f64).sum::<f64>().sqrt() as f32;
         // Per centroid: screened value v = h − s̃ and its error bound e. Every centroid whose
         // lower bound v − e reaches the smallest upper bound can be the nearest one.
@@ -155,6 +162,27 @@ impl Codebook {
         }
     }
 
+    /// Nearest centroids of the `n` rows of `x` (`[n, dim]`) into `idx`: one screen product
+    /// for all rows (the bf16 centroids are read once), then each row's exact decision.
+    fn nearest_rows(
+        &self,
+        x: &[f32],
+        n: usize,
+        scores: &mut [f32],
+        idx: &mut [usize],
+        pool: Option<&Pool>,
+        scratch: &mut Scratch,
+    ) {
+        let (bins, dim) = (self.bins, self.dim);
+        matmul(&self.screen, &x[..n * dim], n, scores, pool, scratch);
+        for (r, i) in idx[..n].iter_mut().enumerate() {
+            *i = self.decide(
+                &x[r * dim..(r + 1) * dim],
+                &scores[r * bins..(r + 1) * bins],
+            );
+        }
+    }
+
     fn row(&self, i: usize) -> &[f32] {
         &self.centroids[i * self.dim..(i + 1) * self.dim]
     }
@@ -179,7 +207,7 @@ pub(crate) struct SplitRvq {
     pub rest: Rvq,
 }
 
-/// Scratch for the quantizer (no allocation per frame).
+/// Scratch for the quantizer (no allocation per frame), for up to `rows` latent steps per call.
 #[derive(Debug)]
 pub(crate) struct QuantScratch {
     x: Vec<f32>,
@@ -187,6 +215,7 @@ pub(crate) struct QuantScratch {
     acc: Vec<f32>,
     z: Vec<f32>,
     scores: Vec<f32>,
+    idx: Vec<usize>,
     scratch: Scratch,
 }
 
@@ -196,100 +225,117 @@ impl SplitRvq {
         1 + self.rest.codebooks.len()
     }
 
-    /// Scratch buffers.
-    pub fn scratch(&self) -> QuantScratch {
+    /// Scratch buffers for calls of at most `rows` latent steps (all streams together).
+    pub fn scratch(&self, rows: usize) -> QuantScratch {
         let bins = self.first.codebooks[0].bins;
         QuantScratch {
-            x: vec![0.0; self.d],
-            u: vec![0.0; self.cb_dim],
-            acc: vec![0.0; self.cb_dim],
-            z: vec![0.0; self.d],
-            scores: vec![0.0; bins],
+            x: vec![0.0; rows * self.d],
+            u: vec![0.0; rows * self.cb_dim],
+            acc: vec![0.0; rows * self.cb_dim],
+            z: vec![0.0; rows * self.d],
+            scores: vec![0.0; rows * bins],
+            idx: vec![0; rows],
             scratch: Scratch::new(),
         }
     }
 
-    /// Encodes the latent `z` `[d, t]` (conv layout) into `codes[q * t + s]`.
+    /// Encodes the latent `z` `[d, m·t]` (conv layout, stream j's steps at `j·t`) into
+    /// `codes[j·nq·t + q·t + s]`. Every product takes the `m·t` rows at once.
     pub fn encode(
         &self,
         sc: &mut QuantScratch,
         z: &[f32],
+        m: usize,
         t: usize,
         codes: &mut [u32],
         pool: Option<&Pool>,
     ) {
-        let d = self.d;
-        for s in 0..t {
+        let (d, cb, nq) = (self.d, self.cb_dim, self.n_q());
+        let n = m * t;
+        for r in 0..n {
             for c in 0..d {
-                sc.x[c] = z[c * t + s];
+                sc.x[r * d + c] = z[c * n + r];
             }
-            // semantic
-            matmul(
-                &self.first.input_proj,
-                &sc.x,
-                1,
-                &mut sc.u,
-                pool,
-                &mut sc.scratch,
-            );
-            codes[s] = self.first.codebooks[0].nearest(&sc.u, &mut sc.scores, pool, &mut sc.scratch)
-                as u32;
-            // acoustic, from the same latent
-            matmul(
-                &self.rest.input_proj,
-                &sc.x,
-                1,
-                &mut sc.u,
-                pool,
-                &mut sc.scratch,
-            );
-            for (j, cb) in self.rest.codebooks.iter().enumerate() {
-                let idx = cb.nearest(&sc.u, &mut sc.scores, pool, &mut sc.scratch);
-                codes[(j + 1) * t + s] = idx as u32;
-                for (r, e) in sc.u.iter_mut().zip(cb.row(idx)) {
-                    *r -= *e;
+        }
+        let code = |r: usize, q: usize| (r / t) * nq * t + q * t + r % t;
+        // semantic
+        matmul(
+            &self.first.input_proj,
+            &sc.x[..n * d],
+            n,
+            &mut sc.u,
+            pool,
+            &mut sc.scratch,
+        );
+        let first = &self.first.codebooks[0];
+        first.nearest_rows(&sc.u, n, &mut sc.scores, &mut sc.idx, pool, &mut sc.scratch);
+        for r in 0..n {
+            codes[code(r, 0)] = sc.idx[r] as u32;
+        }
+        // acoustic, from the same latent
+        matmul(
+            &self.rest.input_proj,
+            &sc.x[..n * d],
+            n,
+            &mut sc.u,
+            pool,
+            &mut sc.scratch,
+        );
+        for (j, book) in self.rest.codebooks.iter().enumerate() {
+            book.nearest_rows(&sc.u, n, &mut sc.scores, &mut sc.idx, pool, &mut sc.scratch);
+            for r in 0..n {
+                let i = sc.idx[r];
+                codes[code(r, j + 1)] = i as u32;
+                for (v, e) in sc.u[r * cb..(r + 1) * cb].iter_mut().zip(book.row(i)) {
+                    *v -= *e;
                 }
             }
         }
     }
 
-    /// Decodes `codes[q * t + s]` into the latent `out` `[d, t]`.
+    /// Decodes `codes[j·nq·t + q·t + s]` into the latent `out` `[d, m·t]`.
     pub fn decode(
         &self,
         sc: &mut QuantScratch,
         codes: &[u32],
+        m: usize,
         t: usize,
         out: &mut [f32],
         pool: Option<&Pool>,
     ) {
-        let d = self.d;
-        for s in 0..t {
-            let c0 = codes[s] as usize;
-            matmul(
-                &self.first.output_proj,
-                self.first.codebooks[0].row(c0),
-                1,
-                &mut sc.z,
-                pool,
-                &mut sc.scratch,
-            );
-            sc.acc.fill(0.0);
-            for (j, cb) in self.rest.codebooks.iter().enumerate() {
-                let idx = codes[(j + 1) * t + s] as usize;
-                for (a, e) in sc.acc.iter_mut().zip(cb.row(idx)) {
+        let (d, cb, nq) = (self.d, self.cb_dim, self.n_q());
+        let n = m * t;
+        let code = |r: usize, q: usize| codes[(r / t) * nq * t + q * t + r % t] as usize;
+        let first = &self.first.codebooks[0];
+        for r in 0..n {
+            sc.u[r * cb..(r + 1) * cb].copy_from_slice(first.row(code(r, 0)));
+            let acc = &mut sc.acc[r * cb..(r + 1) * cb];
+            acc.fill(0.0);
+            for (j, book) in self.rest.codebooks.iter().enumerate() {
+                for (a, e) in acc.iter_mut().zip(book.row(code(r, j + 1))) {
                     *a += *e;
                 }
             }
-            matmul(
-                &self.rest.output_proj,
-                &sc.acc,
-                1,
-                &mut sc.x,
-                pool,
-                &mut sc.scratch,
-            );
+        }
+        matmul(
+            &self.first.output_proj,
+            &sc.u[..n * cb],
+            n,
+            &mut sc.z,
+            pool,
+            &mut sc.scratch,
+        );
+        matmul(
+            &self.rest.output_proj,
+            &sc.acc[..n * cb],
+            n,
+            &mut sc.x,
+            pool,
+            &mut sc.scratch,
+        );
+        for r in 0..n {
             for c in 0..d {
-                out[c * t + s] = sc.z[c] + sc.x[c];
+                out[c * n + r] = sc.z[r * d + c] + sc.x[r * d + c];
             }
         }
     }

@@ -42,15 +42,22 @@ pub(crate) struct Transformer {
     pub layers: Vec<Layer>,
 }
 
-/// Streaming state: one KV ring per layer, the position counter and work buffers.
+/// Streaming state of one stream: one KV ring per layer and the position counter.
 #[derive(Debug)]
-pub(crate) struct TransformerState {
-    max_t: usize,
+struct StreamKv {
     /// Per layer: the f32 KV ring (capacity = context when streaming exactly like PyTorch
     /// streaming); entry number = position.
     kv: Vec<KvRing>,
     /// Next absolute position.
     pos: usize,
+}
+
+/// Streaming state of a set of streams (their KV rings and positions) and the work buffers of
+/// one call for all of them (rows of stream j at `j·t`).
+#[derive(Debug)]
+pub(crate) struct TransformerState {
+    max_t: usize,
+    streams: Vec<StreamKv>,
     x: Vec<f32>,
     h: Vec<f32>,
     qkv: Vec<f32>,
@@ -63,43 +70,51 @@ pub(crate) struct TransformerState {
 }
 
 impl Transformer {
-    /// A fresh state. `max_t`: most steps per call. `exact_window`: every query sees its full
-    /// context (PyTorch non-streaming); otherwise the ring holds exactly `context` entries
-    /// (PyTorch streaming).
-    pub fn state(&self, max_t: usize, exact_window: bool) -> TransformerState {
+    /// Fresh states of `streams` streams. `max_t`: most steps per call and stream.
+    /// `exact_window`: every query sees its full context (PyTorch non-streaming); otherwise the
+    /// ring holds exactly `context` entries (PyTorch streaming).
+    pub fn state(&self, max_t: usize, exact_window: bool, streams: usize) -> TransformerState {
         let cap = if exact_window {
             self.context + max_t
         } else {
             self.context
         };
         let d = self.d;
+        let rows = max_t * streams;
         TransformerState {
             max_t,
-            kv: self
-                .layers
-                .iter()
-                .map(|_| {
-                    KvRing::new(cap, self.heads, d / self.heads, KvDtype::F32)
-                        .expect("Mimi transformer sizes are validated at load")
+            streams: (0..streams)
+                .map(|_| StreamKv {
+                    kv: self
+                        .layers
+                        .iter()
+                        .map(|_| {
+                            KvRing::new(cap, self.heads, d / self.heads, KvDtype::F32)
+                                .expect("Mimi transformer sizes are validated at load")
+                        })
+                        .collect(),
+                    pos: 0,
                 })
                 .collect(),
-            pos: 0,
-            x: vec![0.0; max_t * d],
-            h: vec![0.0; max_t * d],
-            qkv: vec![0.0; max_t * 3 * d],
-            att: vec![0.0; max_t * d],
-            o: vec![0.0; max_t * d],
-            f: vec![0.0; max_t * self.ff],
-            cos: vec![0.0; max_t * d / self.heads / 2],
-            sin: vec![0.0; max_t * d / self.heads / 2],
+            x: vec![0.0; rows * d],
+            h: vec![0.0; rows * d],
+            qkv: vec![0.0; rows * 3 * d],
+            att: vec![0.0; rows * d],
+            o: vec![0.0; rows * d],
+            f: vec![0.0; rows * self.ff],
+            cos: vec![0.0; rows * d / self.heads / 2],
+            sin: vec![0.0; rows * d / self.heads / 2],
             scratch: Scratch::new(),
         }
     }
 
-    /// Runs `t` steps. `io` is `[d, t]` (conv layout) on input and output.
+    /// Runs `t` steps of the streams `active`. `io` is `[d, m·t]` (conv layout, stream j's
+    /// steps at `j·t`) on input and output. The linears take the `m·t` rows at once (each weight
+    /// read once per call); attention runs per stream over its own ring.
     pub fn forward(
         &self,
         st: &mut TransformerState,
+        active: &[usize],
         io: &mut [f32],
         t: usize,
         pool: Option<&Pool>,
@@ -108,25 +123,30 @@ impl Transformer {
         let d = self.d;
         let hd = d / self.heads;
         let half = hd / 2;
-        // transpose to [t, d]
+        let n = active.len() * t;
+        // transpose to [m·t, d]
         for c in 0..d {
-            for s in 0..t {
-                st.x[s * d + c] = io[c * t + s];
+            for s in 0..n {
+                st.x[s * d + c] = io[c * n + s];
             }
         }
         // RoPE tables, computed like moshi's apply_rope: freqs and angles in f32.
         let scale = (-(self.max_period.ln()) * 2.0 / hd as f64) as f32;
-        for s in 0..t {
-            let ts = (st.pos + s) as f32;
-            for i in 0..half {
-                let freq = (i as f32 * scale).exp();
-                let ang = freq * ts;
-                st.cos[s * half + i] = ang.cos();
-                st.sin[s * half + i] = ang.sin();
+        for (j, &sl) in active.iter().enumerate() {
+            let pos = st.streams[sl].pos;
+            for s in 0..t {
+                let ts = (pos + s) as f32;
+                let row = j * t + s;
+                for i in 0..half {
+                    let freq = (i as f32 * scale).exp();
+                    let ang = freq * ts;
+                    st.cos[row * half + i] = ang.cos();
+                    st.sin[row * half + i] = ang.sin();
+                }
             }
         }
-        for (layer, ring) in self.layers.iter().zip(st.kv.iter_mut()) {
-            for s in 0..t {
+        for (l, layer) in self.layers.iter().enumerate() {
+            for s in 0..n {
                 kernels::ops::layer_norm(
                     &st.x[s * d..(s + 1) * d],
                     &layer.norm1_w,
@@ -137,38 +157,48 @@ impl Transformer {
             }
             matmul(
                 &layer.in_proj,
-                &st.h[..t * d],
-                t,
+                &st.h[..n * d],
+                n,
                 &mut st.qkv,
                 pool,
                 &mut st.scratch,
             );
-            for s in 0..t {
-                let row = &mut st.qkv[s * 3 * d..(s + 1) * 3 * d];
-                let (cs, sn) = (
-                    &st.cos[s * half..(s + 1) * half],
-                    &st.sin[s * half..(s + 1) * half],
+            for (j, &sl) in active.iter().enumerate() {
+                let ring = &mut st.streams[sl].kv[l];
+                for s in j * t..(j + 1) * t {
+                    let row = &mut st.qkv[s * 3 * d..(s + 1) * 3 * d];
+                    let (cs, sn) = (
+                        &st.cos[s * half..(s + 1) * half],
+                        &st.sin[s * half..(s + 1) * half],
+                    );
+                    // q then k: 2·heads heads of hd values.
+                    kernels::ops::rope_rotate(&mut row[..2 * d], hd, cs, sn);
+                    ring.push(&row[d..2 * d], &row[2 * d..3 * d]);
+                }
+                // Query p sees the keys still in the ring within its context (see the module doc).
+                ring.attend_chunk(
+                    &st.qkv[j * t * 3 * d..(j + 1) * t * 3 * d],
+                    3 * d,
+                    t,
+                    self.context,
+                    &mut st.att[j * t * d..(j + 1) * t * d],
+                    pool,
                 );
-                // q then k: 2·heads heads of hd values.
-                kernels::ops::rope_rotate(&mut row[..2 * d], hd, cs, sn);
-                ring.push(&row[d..2 * d], &row[2 * d..3 * d]);
             }
-            // Query p sees the keys still in the ring within its context (see the module doc).
-            ring.attend_chunk(&st.qkv, 3 * d, t, self.context, &mut st.att, pool);
             matmul(
                 &layer.out_proj,
-                &st.att[..t * d],
-                t,
+                &st.att[..n * d],
+                n,
                 &mut st.o,
                 pool,
                 &mut st.scratch,
             );
-            for s in 0..t {
+            for s in 0..n {
                 for c in 0..d {
                     st.x[s * d + c] += layer.ls1[c] * st.o[s * d + c];
                 }
             }
-            for s in 0..t {
+            for s in 0..n {
                 kernels::ops::layer_norm(
                     &st.x[s * d..(s + 1) * d],
                     &layer.norm2_w,
@@ -179,41 +209,44 @@ impl Transformer {
             }
             matmul(
                 &layer.linear1,
-                &st.h[..t * d],
-                t,
+                &st.h[..n * d],
+                n,
                 &mut st.f,
                 pool,
                 &mut st.scratch,
             );
-            kernels::ops::gelu_erf(&mut st.f[..t * self.ff]);
+            kernels::ops::gelu_erf(&mut st.f[..n * self.ff]);
             matmul(
                 &layer.linear2,
-                &st.f[..t * self.ff],
-                t,
+                &st.f[..n * self.ff],
+                n,
                 &mut st.o,
                 pool,
                 &mut st.scratch,
             );
-            for s in 0..t {
+            for s in 0..n {
                 for c in 0..d {
                     st.x[s * d + c] += layer.ls2[c] * st.o[s * d + c];
                 }
             }
         }
-        st.pos += t;
+        for &sl in active {
+            st.streams[sl].pos += t;
+        }
         for c in 0..d {
-            for s in 0..t {
-                io[c * t + s] = st.x[s * d + c];
+            for s in 0..n {
+                io[c * n + s] = st.x[s * d + c];
             }
         }
     }
 }
 
 impl TransformerState {
-    /// Back to the fresh state (position 0; stale ring entries are never read again).
-    pub fn reset(&mut self) {
-        self.pos = 0;
-        for ring in &mut self.kv {
+    /// Stream `i` back to the fresh state (position 0; stale ring entries are never read again).
+    pub fn reset(&mut self, i: usize) {
+        let sk = &mut self.streams[i];
+        sk.pos = 0;
+        for ring in &mut sk.kv {
             ring.reset();
         }
     }
