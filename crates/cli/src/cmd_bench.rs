@@ -43,6 +43,8 @@ pub enum What {
     Lm,
     /// Mimi encode/decode per frame.
     Mimi,
+    /// Conversation slots coded together against one by one (`--slots`; the server tick with `--bundle`).
+    Batch,
 }
 
 /// Flags of `moshi-native bench`.
@@ -85,6 +87,9 @@ pub struct BenchArgs {
     /// per weight (the batch's KV caches cost 1.6 GB per session in bf16).
     #[arg(long, default_value_t = 4)]
     pub batch: usize,
+    /// `bench batch`: conversation slots per tick.
+    #[arg(long, default_value_t = 4)]
+    pub slots: usize,
     /// Read-probe buffer size in MiB (well above the last-level cache).
     #[arg(long, default_value_t = 512)]
     pub probe_mb: usize,
@@ -114,7 +119,7 @@ fn simd_label(mode: Option<bool>) -> &'static str {
 }
 
 /// Median (mean of the two middle values for an even count), min and max.
-fn stats(v: &[f64]) -> (f64, f64, f64) {
+pub(crate) fn stats(v: &[f64]) -> (f64, f64, f64) {
     let mut s = v.to_vec();
     s.sort_by(|a, b| a.total_cmp(b));
     if s.is_empty() {
@@ -166,7 +171,7 @@ impl Probe {
 }
 
 /// Lets a multi-thread pool's worker finish spinning and park before a 1-thread measurement.
-fn settle() {
+pub(crate) fn settle() {
     std::thread::sleep(Duration::from_millis(3));
 }
 
@@ -227,6 +232,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     if all || args.what == What::Lm {
         bench_lm(args, &pools, &probe)?;
+    }
+    if args.what == What::Batch {
+        crate::bench_batch::run(args, &pools)?;
     }
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! The `moshi-native` binary: talk to Moshi, run Mimi, inspect and trace models.
 
+mod bench_batch;
 mod cmd_bench;
 mod cmd_inspect;
 mod cmd_mimi;

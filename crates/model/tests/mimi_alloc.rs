@@ -5,7 +5,7 @@
 mod mimi_common;
 
 use mimi_common::*;
-use model::mimi::{MimiDecoder, MimiEncoder, StreamEncoder};
+use model::mimi::{MimiBatchDecoder, MimiBatchEncoder, MimiDecoder, MimiEncoder, StreamEncoder};
 
 #[global_allocator]
 static GLOBAL: testkit::CountingAlloc = testkit::CountingAlloc;
@@ -20,6 +20,8 @@ fn mimi_frames_allocate_nothing_on_any_thread() {
     tiny_pooled_frame_path();
     released_size_frame_path(false);
     released_size_frame_path(true);
+    batched_frame_path(false);
+    batched_frame_path(true);
 }
 
 fn tiny_frame_path() {
@@ -107,4 +109,40 @@ fn released_size_frame_path(pooled: bool) {
     (0..2).for_each(&mut frame);
     let a = allocations(|| (2..6).for_each(&mut frame));
     assert_eq!(a, 0, "pool {}: allocated", p.is_some());
+}
+
+/// Several streams coded together at released size (the joined GEMMs, gap-joined transposed
+/// convolutions and multi-row matmuls): after one warm-up tick with every stream, ticks of any
+/// subset of the streams, in any order, and per-stream resets allocate nothing on any thread.
+fn batched_frame_path(pooled: bool) {
+    let mimi = model::mimi::bench::synthetic_mimi(8, 5).unwrap();
+    let (fs, nq) = (mimi.frame_size(), mimi.n_codebooks());
+    let input = model::mimi::bench::test_signal(8 * fs, 24000);
+    let pool = model::mimi::Pool::new(2);
+    let p = pooled.then_some(&pool);
+    let mut enc = MimiBatchEncoder::new(mimi.clone(), 3);
+    let mut dec = MimiBatchDecoder::new(mimi.clone(), 3);
+    let mut pcm = vec![0.0f32; 3 * fs];
+    let mut codes = vec![0u32; 3 * nq];
+    let mut out = vec![0.0f32; 3 * fs];
+    let sets: [&[usize]; 5] = [&[0, 1, 2], &[1], &[2, 0], &[0], &[1, 2]];
+    let mut tick = |k: usize| {
+        let active = sets[k % sets.len()];
+        if k == 5 {
+            enc.reset(1);
+            dec.reset(1);
+        }
+        let m = active.len();
+        for j in 0..m {
+            pcm[j * fs..(j + 1) * fs].copy_from_slice(&input[(k % 7) * fs..(k % 7 + 1) * fs]);
+        }
+        codes[..m * nq].copy_from_slice(enc.encode_frames(active, &pcm[..m * fs], p).unwrap());
+        dec.decode_frames(active, &codes[..m * nq], &mut out[..m * fs], p)
+            .unwrap();
+    };
+    // Warm-up: two ticks of every stream, as the single-stream cases take two frames.
+    tick(0);
+    tick(0);
+    let a = steady_state_allocations(|| (1..8).for_each(&mut tick));
+    assert_eq!(a, 0, "batched, pool {}: allocated", p.is_some());
 }

@@ -127,33 +127,7 @@ impl BatchRunner {
         if opts.slots == 0 {
             return Err(RuntimeError::InvalidOption("slots must be >= 1".into()));
         }
-        let n = opts.slots;
-        let compute = engine.compute();
-        let stepper = Stepper::new(&engine, &compute, n)?;
-        let codec = engine.batch_codec_backend(&compute, n);
-        let nq = codec.n_codebooks();
-        let shared = Arc::new(Shared {
-            stop: AtomicBool::new(false),
-            slots: Mutex::new(Table {
-                info: vec![SlotInfo::default(); n],
-                done: false,
-            }),
-            released: Condvar::new(),
-        });
-        let (jtx, jrx) = mpsc::channel();
-        let worker = Worker {
-            shared: shared.clone(),
-            joins: jrx,
-            stepper,
-            slots: (0..n).map(|_| None).collect(),
-            codec,
-            ready: Vec::with_capacity(n),
-            pcm: vec![0.0; n * FRAME_SIZE],
-            codes: vec![0; n * nq],
-            decoding: Vec::with_capacity(n),
-            audio: vec![0; n * N_AUDIO],
-            decoded: vec![0.0; n * FRAME_SIZE],
-        };
+        let (worker, shared, jtx) = Worker::new(&engine, opts.slots)?;
         let join = thread::Builder::new()
             .name("moshi-batch".into())
             .spawn(move || worker.run())
@@ -405,8 +379,63 @@ impl Drop for DoneGuard {
 }
 
 impl Worker {
+    /// A worker of `n` empty slots on a compute context of its own, with its shared table and join queue.
+    fn new(engine: &Engine, n: usize) -> Result<(Worker, Arc<Shared>, Sender<Join>), RuntimeError> {
+        let compute = engine.compute();
+        let stepper = Stepper::new(engine, &compute, n)?;
+        let codec = engine.batch_codec_backend(&compute, n);
+        let nq = codec.n_codebooks();
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            slots: Mutex::new(Table {
+                info: vec![SlotInfo::default(); n],
+                done: false,
+            }),
+            released: Condvar::new(),
+        });
+        let (jtx, jrx) = mpsc::channel();
+        let worker = Worker {
+            shared: shared.clone(),
+            joins: jrx,
+            stepper,
+            slots: (0..n).map(|_| None).collect(),
+            codec,
+            ready: Vec::with_capacity(n),
+            pcm: vec![0.0; n * FRAME_SIZE],
+            codes: vec![0; n * nq],
+            decoding: Vec::with_capacity(n),
+            audio: vec![0; n * N_AUDIO],
+            decoded: vec![0.0; n * FRAME_SIZE],
+        };
+        Ok((worker, shared, jtx))
+    }
+
+    /// One joint encode and decode of silence on every slot, then every slot reset: the work buffers that grow
+    /// with the number of slots coded together (on this thread and in the codec) and every slot's attention
+    /// scratch reach their final size before the first conversation, so no later tick allocates.
+    fn warm_up_codec(&mut self) {
+        let n = self.slots.len();
+        self.ready.clear();
+        self.ready.extend(0..n);
+        self.pcm.fill(0.0);
+        self.audio.fill(0);
+        // Two frames, as the single-stream warm-ups take.
+        for _ in 0..2 {
+            if self.codec.encode_frames(&self.ready, &self.pcm).is_ok() {
+                let _ = self
+                    .codec
+                    .decode_frames(&self.ready, &self.audio, &mut self.decoded);
+            }
+        }
+        for b in 0..n {
+            self.codec.reset(b);
+        }
+        self.ready.clear();
+    }
+
     fn run(mut self) {
         let _guard = DoneGuard(self.shared.clone());
+        self.warm_up_codec();
         while !self.shared.stop.load(Ordering::Acquire) {
             self.install_joins();
             if !self.tick() {
@@ -657,5 +686,87 @@ impl Worker {
         }
         drop(t);
         self.shared.released.notify_all();
+    }
+}
+
+/// A batch worker driven tick by tick on the caller's thread, every slot taken by a conversation: for benchmarks
+/// that time the whole tick of a [`BatchRunner`] (commands, one joint Mimi encode, one LM step, one joint Mimi
+/// decode, detokenize, resample, emit) without the scheduling of its thread. Not part of the API.
+#[doc(hidden)]
+pub struct BatchBench {
+    worker: Worker,
+    mics: Vec<PcmProducer>,
+    events: Vec<Receiver<Event>>,
+    recycle: Vec<SyncSender<FrameEvent>>,
+}
+
+impl BatchBench {
+    /// `slots` conversations with options `opts` in a fresh batch of `engine`.
+    pub fn new(
+        engine: &Arc<Engine>,
+        slots: usize,
+        opts: &SessionOptions,
+    ) -> Result<BatchBench, RuntimeError> {
+        if slots == 0 {
+            return Err(RuntimeError::InvalidOption("slots must be >= 1".into()));
+        }
+        let (mut worker, shared, joins) = Worker::new(engine, slots)?;
+        worker.warm_up_codec();
+        let (mut mics, mut events, mut recycle) = (Vec::new(), Vec::new(), Vec::new());
+        for slot in 0..slots {
+            let ring = FrameRing::new(opts.max_queued_frames.max(1));
+            let inlet = Inlet::new(ring.clone(), opts.max_steps);
+            let conv = Conversation::without_codec(
+                engine,
+                inlet,
+                opts.output_rate,
+                opts.first_frame_reset,
+            )?;
+            let (tx, rx) = mpsc::sync_channel(4);
+            let (rtx, rrx) = mpsc::sync_channel(6);
+            let sampler = new_sampler(engine, opts.sampling.clone())?;
+            let join = Join {
+                slot,
+                conv,
+                sampler,
+                tx,
+                recycled: rrx,
+            };
+            joins.send(join).map_err(|_| RuntimeError::RunnerStopped)?;
+            shared.lock().info[slot].busy = true;
+            mics.push(PcmProducer::new(ring));
+            events.push(rx);
+            recycle.push(rtx);
+        }
+        worker.install_joins();
+        Ok(BatchBench {
+            worker,
+            mics,
+            events,
+            recycle,
+        })
+    }
+
+    /// Queue one frame per slot (`pcm`: `slots × FRAME_SIZE` samples, slot after slot), run one tick and
+    /// collect its events. Returns the number of frames the tick emitted.
+    pub fn tick(&mut self, pcm: &[f32]) -> Result<usize, RuntimeError> {
+        for (j, mic) in self.mics.iter_mut().enumerate() {
+            mic.push(&pcm[j * FRAME_SIZE..(j + 1) * FRAME_SIZE]);
+        }
+        self.worker.tick();
+        let mut n = 0;
+        for (rx, rtx) in self.events.iter().zip(&self.recycle) {
+            while let Ok(ev) = rx.try_recv() {
+                match ev {
+                    Event::Frame(f) => {
+                        n += 1;
+                        let _ = rtx.try_send(f);
+                    }
+                    Event::Error(e) => return Err(e),
+                    _ => {}
+                }
+            }
+        }
+        Ok(n)
     }
 }

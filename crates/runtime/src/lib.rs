@@ -47,6 +47,8 @@ mod runner;
 mod session;
 mod stepper;
 
+#[doc(hidden)]
+pub use batch::BatchBench;
 pub use batch::{BatchOptions, BatchRunner, BatchSession};
 pub use control::SessionControl;
 pub use engine::{physical_cores, Device, Engine, EngineOptions};

@@ -3,7 +3,7 @@
 //! Used by `moshi-native bench mimi` and `cargo run --release -p moshi-model --example
 //! mimi_bench`; not part of the inference path.
 
-use super::{Mimi, MimiDecoder, MimiEncoder, MimiError, Pool};
+use super::{Mimi, MimiBatchDecoder, MimiBatchEncoder, MimiDecoder, MimiEncoder, MimiError, Pool};
 use crate::checkpoint::MimiConfig;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -287,6 +287,82 @@ pub fn time_frames(
     Ok((te, td))
 }
 
+/// How a tick of several streams is coded in [`time_slot_ticks`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotMode {
+    /// One [`MimiBatchEncoder`] / [`MimiBatchDecoder`] call per tick for all streams.
+    Joint,
+    /// One [`MimiEncoder`] / [`MimiDecoder`] per stream, called one after the other.
+    Sequential,
+}
+
+/// Milliseconds per tick in which each of `slots` streams encodes and decodes one frame
+/// (distinct signals per stream): (encode, decode) per tick, `ticks` ticks.
+pub fn time_slot_ticks(
+    mimi: &Arc<Mimi>,
+    slots: usize,
+    mode: SlotMode,
+    ticks: usize,
+    pool: Option<&Pool>,
+) -> Result<(Vec<f64>, Vec<f64>), MimiError> {
+    let (fs, nq) = (mimi.frame_size(), mimi.n_codebooks());
+    let slots = slots.max(1);
+    let signal = test_signal((ticks + slots) * fs, mimi.config().sample_rate);
+    // Stream j's frame of tick k: the signal from frame k + j on (different audio per stream).
+    let frame = |j: usize, k: usize| &signal[(k + j) * fs..(k + j + 1) * fs];
+    let active: Vec<usize> = (0..slots).collect();
+    let mut pcm = vec![0.0; slots * fs];
+    let mut codes = vec![0u32; slots * nq];
+    let mut out = vec![0.0; slots * fs];
+    let (mut te, mut td) = (Vec::new(), Vec::new());
+    let mut joint = (mode == SlotMode::Joint).then(|| {
+        (
+            MimiBatchEncoder::new(mimi.clone(), slots),
+            MimiBatchDecoder::new(mimi.clone(), slots),
+        )
+    });
+    let mut alone: Vec<(MimiEncoder, MimiDecoder)> = match mode {
+        SlotMode::Joint => Vec::new(),
+        SlotMode::Sequential => (0..slots)
+            .map(|_| {
+                (
+                    MimiEncoder::new(mimi.clone()),
+                    MimiDecoder::new(mimi.clone()),
+                )
+            })
+            .collect(),
+    };
+    for k in 0..ticks {
+        for j in 0..slots {
+            pcm[j * fs..(j + 1) * fs].copy_from_slice(frame(j, k));
+        }
+        let t0 = Instant::now();
+        if let Some((enc, _)) = joint.as_mut() {
+            codes.copy_from_slice(enc.encode_frames(&active, &pcm, pool)?);
+        }
+        for (j, (enc, _)) in alone.iter_mut().enumerate() {
+            let c = enc.encode_frame_with(&pcm[j * fs..(j + 1) * fs], pool, None)?;
+            codes[j * nq..(j + 1) * nq].copy_from_slice(c);
+        }
+        let t1 = Instant::now();
+        if let Some((_, dec)) = joint.as_mut() {
+            dec.decode_frames(&active, &codes, &mut out, pool)?;
+        }
+        for (j, (_, dec)) in alone.iter_mut().enumerate() {
+            dec.decode_frame_with(
+                &codes[j * nq..(j + 1) * nq],
+                &mut out[j * fs..(j + 1) * fs],
+                pool,
+                None,
+            )?;
+        }
+        let t2 = Instant::now();
+        te.push((t1 - t0).as_secs_f64() * 1e3);
+        td.push((t2 - t1).as_secs_f64() * 1e3);
+    }
+    Ok((te, td))
+}
+
 fn median_spread(v: &mut [f64]) -> (f64, f64, f64) {
     v.sort_by(|a, b| a.total_cmp(b));
     let n = v.len();
@@ -332,6 +408,71 @@ pub fn run(frames: usize, rounds: usize, thread_counts: &[usize]) -> Result<Stri
         );
     }
     Ok(out)
+}
+
+/// [`stage_breakdown`] of a tick of `slots` streams coded jointly: mean milliseconds per tick in
+/// each stage.
+pub fn stage_breakdown_slots(
+    mimi: &Arc<Mimi>,
+    slots: usize,
+    ticks: usize,
+    pool: Option<&Pool>,
+) -> Result<Vec<(&'static str, f64)>, MimiError> {
+    use super::Stage;
+    let (fs, nq) = (mimi.frame_size(), mimi.n_codebooks());
+    let signal = test_signal((ticks + slots) * fs, mimi.config().sample_rate);
+    let active: Vec<usize> = (0..slots).collect();
+    let mut enc = MimiBatchEncoder::new(mimi.clone(), slots);
+    let mut dec = MimiBatchDecoder::new(mimi.clone(), slots);
+    let mut pcm = vec![0.0; slots * fs];
+    let mut codes = vec![0u32; slots * nq];
+    let mut out = vec![0.0; slots * fs];
+    let mut acc = [0f64; 8];
+    for k in 0..ticks {
+        for j in 0..slots {
+            pcm[j * fs..(j + 1) * fs].copy_from_slice(&signal[(k + j) * fs..(k + j + 1) * fs]);
+        }
+        let t0 = Instant::now();
+        let mut marks = [Instant::now(); 9];
+        {
+            let mut cb = |s: Stage, _: &[f32]| {
+                let i = match s {
+                    Stage::EncSeanet => 1,
+                    Stage::EncTransformer => 2,
+                    Stage::Latent => 3,
+                    Stage::DecLatent => 5,
+                    Stage::DecUpsample => 6,
+                    Stage::DecTransformer => 7,
+                };
+                marks[i] = Instant::now();
+            };
+            codes.copy_from_slice(enc.encode_frames_with(&active, &pcm, pool, Some(&mut cb))?);
+            let t4 = Instant::now();
+            dec.decode_frames_with(&active, &codes, &mut out, pool, Some(&mut cb))?;
+            let t8 = Instant::now();
+            marks[4] = t4;
+            marks[8] = t8;
+        }
+        marks[0] = t0;
+        for i in 0..8 {
+            acc[i] += (marks[i + 1] - marks[i]).as_secs_f64() * 1e3;
+        }
+    }
+    let names = [
+        "enc seanet",
+        "enc transformer",
+        "downsample",
+        "quantize",
+        "dequantize",
+        "upsample",
+        "dec transformer",
+        "dec seanet",
+    ];
+    Ok(names
+        .iter()
+        .zip(acc)
+        .map(|(n, a)| (*n, a / ticks.max(1) as f64))
+        .collect())
 }
 
 /// Mean milliseconds per frame spent in each stage (via the trace hook timestamps):

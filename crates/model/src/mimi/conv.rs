@@ -570,11 +570,7 @@ impl ConvTr1d {
             let part_all = &mut sj.partial;
             for o in 0..self.cout {
                 let b = self.bias.as_ref().map_or(0.0, |b| b[o]);
-                let base = if small {
-                    j * stream_off + o * row_len
-                } else {
-                    o * row_len + j * stream_off
-                };
+                let base = j * stream_off + o * row_len;
                 let yr = &mut y[base..base + full];
                 let part = &mut part_all[o * pt..(o + 1) * pt];
                 for (v, p) in yr[..pt].iter_mut().zip(part.iter()) {

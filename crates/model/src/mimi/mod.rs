@@ -636,6 +636,18 @@ impl MimiBatchEncoder {
         pcm: &[f32],
         pool: Option<&Pool>,
     ) -> Result<&[u32], MimiError> {
+        self.encode_frames_with(active, pcm, pool, None)
+    }
+
+    /// [`MimiBatchEncoder::encode_frames`] with intermediates reported to `trace` (when given),
+    /// each `[C, m·T]` with the streams side by side in the order of `active`.
+    pub fn encode_frames_with(
+        &mut self,
+        active: &[usize],
+        pcm: &[f32],
+        pool: Option<&Pool>,
+        trace: Trace<'_>,
+    ) -> Result<&[u32], MimiError> {
         check_active(active, self.core.streams)?;
         let fs = self.core.mimi.frame_size();
         if pcm.len() != active.len() * fs {
@@ -649,7 +661,7 @@ impl MimiBatchEncoder {
         if active.is_empty() {
             return Ok(&[]);
         }
-        Ok(self.core.encode_chunk(active, pcm, 1, pool, None))
+        Ok(self.core.encode_chunk(active, pcm, 1, pool, trace))
     }
 
     /// Stream `stream` back to fresh (the others are untouched). Allocates nothing.
@@ -698,6 +710,19 @@ impl MimiBatchDecoder {
         out: &mut [f32],
         pool: Option<&Pool>,
     ) -> Result<(), MimiError> {
+        self.decode_frames_with(active, codes, out, pool, None)
+    }
+
+    /// [`MimiBatchDecoder::decode_frames`] with intermediates reported to `trace` (when given),
+    /// each `[C, m·T]` with the streams side by side in the order of `active`.
+    pub fn decode_frames_with(
+        &mut self,
+        active: &[usize],
+        codes: &[u32],
+        out: &mut [f32],
+        pool: Option<&Pool>,
+        trace: Trace<'_>,
+    ) -> Result<(), MimiError> {
         check_active(active, self.core.streams)?;
         let fs = self.core.mimi.frame_size();
         if out.len() != active.len() * fs {
@@ -711,7 +736,7 @@ impl MimiBatchDecoder {
         if active.is_empty() {
             return Ok(());
         }
-        self.core.decode_chunk(active, codes, 1, out, pool, None)
+        self.core.decode_chunk(active, codes, 1, out, pool, trace)
     }
 
     /// Stream `stream` back to fresh (the others are untouched). Allocates nothing.
