@@ -143,6 +143,6 @@ fn batched_frame_path(pooled: bool) {
     // Warm-up: two ticks of every stream, as the single-stream cases take two frames.
     tick(0);
     tick(0);
-    let a = steady_state_allocations(|| (1..8).for_each(&mut tick));
+    let a = allocations(|| (1..8).for_each(&mut tick));
     assert_eq!(a, 0, "batched, pool {}: allocated", p.is_some());
 }
