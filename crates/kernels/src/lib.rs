@@ -89,7 +89,7 @@ pub use arch::{
     f32_activations, kernel_set, set_avx512_allowed, set_f32_activations, set_vnni_allowed,
     KernelSet,
 };
-pub use matrix::{Matrix, Scratch, WeightFormat};
+pub use matrix::{CheckpointParts, Matrix, Scratch, WeightFormat};
 pub use mem::{advise_huge_pages, set_huge_pages_allowed};
 pub use pool::Pool;
 

@@ -559,5 +559,109 @@ impl Matrix {
     }
 }
 
+/// A matrix's weights in the layout of its checkpoint format, row-major, for a device that
+/// dequantizes them itself (the GPU backend uploads these bytes unchanged).
+///
+/// * `F32` / `Bf16` / `F16`: `codes` holds the little-endian values (`rows·cols·4` or `·2` bytes);
+///   `scales` and `biases` are empty.
+/// * `Q8_0`: `codes` the signed 8-bit codes (`rows·cols` bytes), `scales` the f16 bits of each
+///   32-value block (`rows·cols/32`); the GGUF block is `scale ‖ codes`, split here into two planes.
+/// * `Q4_0`: `codes` the GGUF nibbles (`rows·cols/2` bytes; per block, byte `j` holds value `j` in
+///   its low nibble and value `j + 16` in its high nibble), `scales` as for Q8_0; value `d·(q − 8)`.
+/// * `MlxAffine`: `codes` the MLX packed codes (`rows·cols·bits/8` bytes, low bits first: for 4
+///   bits, byte `j` holds values `2j` and `2j + 1`), `scales` / `biases` the bf16 bits per group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointParts {
+    /// Codes or dense values (see the type's docs).
+    pub codes: Vec<u8>,
+    /// Raw 16-bit scales, one per block / group, row-major (empty for dense formats).
+    pub scales: Vec<u16>,
+    /// Raw bf16 biases of MLX affine weights (empty otherwise).
+    pub biases: Vec<u16>,
+}
+
+impl Matrix {
+    /// The weights back in their checkpoint layout ([`CheckpointParts`]); lossless for every
+    /// format (the repacked tiles hold the same codes and scale bits). Allocates; load-time only.
+    #[allow(clippy::needless_range_loop)]
+    pub fn checkpoint_parts(&self) -> CheckpointParts {
+        let (rows, cols) = (self.rows, self.cols);
+        match &self.data {
+            Data::Dense(d @ (Dense::F32(_) | Dense::F32Owned(_))) => CheckpointParts {
+                codes: d.f32s()[..rows * cols]
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect(),
+                scales: Vec::new(),
+                biases: Vec::new(),
+            },
+            Data::Dense(d) => CheckpointParts {
+                codes: d.u16s()[..rows * cols]
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect(),
+                scales: Vec::new(),
+                biases: Vec::new(),
+            },
+            Data::Quant(q) => {
+                let bits = if q.kind.is_q4() { 4 } else { 8 };
+                let row_bytes = cols * bits / 8;
+                let mut codes = vec![0u8; rows * row_bytes];
+                let mut scales = vec![0u16; rows * q.groups];
+                let mut biases = if q.biases.is_empty() {
+                    Vec::new()
+                } else {
+                    vec![0u16; rows * q.groups]
+                };
+                let mut blk = [0i8; QK];
+                for r in 0..rows {
+                    let (t, ri) = (r / TILE, r % TILE);
+                    let row = &mut codes[r * row_bytes..(r + 1) * row_bytes];
+                    for b in 0..q.blocks {
+                        q.decode_block(t, b, ri, &mut blk);
+                        match q.kind {
+                            QKind::Q8Sym => {
+                                for (o, &c) in row[b * QK..(b + 1) * QK].iter_mut().zip(&blk) {
+                                    *o = c as u8;
+                                }
+                            }
+                            QKind::Affine8 => {
+                                for (o, &c) in row[b * QK..(b + 1) * QK].iter_mut().zip(&blk) {
+                                    *o = (c as u8) ^ 0x80;
+                                }
+                            }
+                            QKind::Q4Sym => {
+                                let o = &mut row[b * 16..(b + 1) * 16];
+                                for j in 0..16 {
+                                    o[j] = (blk[j] as u8 & 15) | ((blk[j + 16] as u8 & 15) << 4);
+                                }
+                            }
+                            QKind::Affine4 => {
+                                let o = &mut row[b * 16..(b + 1) * 16];
+                                for j in 0..16 {
+                                    o[j] = (blk[2 * j] as u8 & 15)
+                                        | ((blk[2 * j + 1] as u8 & 15) << 4);
+                                }
+                            }
+                        }
+                    }
+                    for g in 0..q.groups {
+                        let i = q.scale_index(t, g) + ri;
+                        scales[r * q.groups + g] = q.scales[i];
+                        if !biases.is_empty() {
+                            biases[r * q.groups + g] = q.biases[i];
+                        }
+                    }
+                }
+                CheckpointParts {
+                    codes,
+                    scales,
+                    biases,
+                }
+            }
+        }
+    }
+}
+
 // Keep the tile size and block size in sync with the SIMD kernels.
 const _: () = assert!(TILE == 8 && QK == 32);

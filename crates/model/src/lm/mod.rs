@@ -30,7 +30,7 @@ pub use gen::{
     MAX_AUDIO_CODEBOOKS,
 };
 pub use kernels::attention::KvDtype;
-pub use model::{LmModel, LmState};
+pub use model::{LayerWeights, LmModel, LmState};
 pub use source::TensorSource;
 pub use spec::LmSpec;
 #[cfg(feature = "bench")]

@@ -579,3 +579,84 @@ impl LmModel {
         Ok(&st.dep_logits)
     }
 }
+
+/// The weights of one transformer layer as a device backend reads them: RMS-norm weights and the
+/// four projections (for the Depformer, those of one step; the norms are shared by the steps).
+#[derive(Debug, Clone, Copy)]
+pub struct LayerWeights<'a> {
+    /// Attention-block RMS-norm weight `[dim]`.
+    pub norm1: &'a [f32],
+    /// Feed-forward-block RMS-norm weight `[dim]`.
+    pub norm2: &'a [f32],
+    /// Fused Q, K, V projection `[3·dim, dim]`.
+    pub in_proj: &'a Matrix,
+    /// Attention output projection `[dim, dim]`.
+    pub out_proj: &'a Matrix,
+    /// Gated FFN input `[2·hidden, dim]` (gate half first).
+    pub lin_in: &'a Matrix,
+    /// FFN output `[dim, hidden]`.
+    pub lin_out: &'a Matrix,
+}
+
+/// Read access to every weight, for device backends that upload them (the CPU path does not use
+/// these).
+impl LmModel {
+    /// Text embedding table `[text_card + 1, dim]`.
+    pub fn text_emb(&self) -> &Matrix {
+        &self.text_emb
+    }
+    /// Audio embedding table `i` (`0..n_q`) `[card + 1, dim]`.
+    pub fn audio_emb(&self, i: usize) -> &Matrix {
+        &self.emb[i]
+    }
+    /// Temporal layer `l`.
+    pub fn temporal_layer(&self, l: usize) -> LayerWeights<'_> {
+        let t = &self.layers[l];
+        LayerWeights {
+            norm1: &t.norm1,
+            norm2: &t.norm2,
+            in_proj: &t.in_proj,
+            out_proj: &t.out_proj,
+            lin_in: &t.lin_in,
+            lin_out: &t.lin_out,
+        }
+    }
+    /// Final RMS-norm weight `[dim]`.
+    pub fn out_norm(&self) -> &[f32] {
+        &self.out_norm
+    }
+    /// Text head `[text_card, dim]`.
+    pub fn text_linear(&self) -> &Matrix {
+        &self.text_linear
+    }
+    /// Depformer input projection of step `k` `[dep_dim, dim]`.
+    pub fn dep_in(&self, k: usize) -> &Matrix {
+        &self.dep_in[k]
+    }
+    /// Depformer embedding of step `k`'s previous token: the text table for `k = 0`
+    /// (`[text_card + 1, dep_dim]`), else audio table `k − 1` (`[card + 1, dep_dim]`).
+    pub fn dep_token_emb(&self, k: usize) -> &Matrix {
+        if k == 0 {
+            &self.dep_text_emb
+        } else {
+            &self.dep_emb[k - 1]
+        }
+    }
+    /// Depformer layer `j`, with the projections of step `k`.
+    pub fn dep_layer(&self, j: usize, k: usize) -> LayerWeights<'_> {
+        let l = &self.dep_layers[j];
+        let w = &l.steps[k];
+        LayerWeights {
+            norm1: &l.norm1,
+            norm2: &l.norm2,
+            in_proj: &w.in_proj,
+            out_proj: &w.out_proj,
+            lin_in: &w.lin_in,
+            lin_out: &w.lin_out,
+        }
+    }
+    /// Codebook head of Depformer step `k` `[card, dep_dim]`.
+    pub fn dep_linear(&self, k: usize) -> &Matrix {
+        &self.linears[k]
+    }
+}

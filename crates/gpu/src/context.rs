@@ -1,0 +1,499 @@
+//! Adapter discovery and choice, the device, the compiled kernels and the buffer-creation counter.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use wgpu::util::DeviceExt;
+
+use crate::shaders::Module;
+use crate::GpuError;
+
+/// One adapter as wgpu reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdapterDesc {
+    /// Index in [`adapters`]' list (what `--gpu N` takes).
+    pub index: usize,
+    /// Adapter name (e.g. "llvmpipe (LLVM 15.0.6, 256 bits)").
+    pub name: String,
+    /// Graphics API (Vulkan, Metal, Dx12).
+    pub backend: String,
+    /// Discrete, integrated, virtual, CPU or other.
+    pub device_type: wgpu::DeviceType,
+    /// Driver name and version.
+    pub driver: String,
+}
+
+impl AdapterDesc {
+    /// A real GPU (`auto` takes only these).
+    pub fn is_hardware_gpu(&self) -> bool {
+        matches!(
+            self.device_type,
+            wgpu::DeviceType::DiscreteGpu | wgpu::DeviceType::IntegratedGpu
+        )
+    }
+}
+
+impl std::fmt::Display for AdapterDesc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "#{} {} ({:?}, {}, {})",
+            self.index, self.name, self.device_type, self.backend, self.driver
+        )
+    }
+}
+
+fn instance() -> wgpu::Instance {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.backends = wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12;
+    wgpu::Instance::new(desc)
+}
+
+fn describe(index: usize, a: &wgpu::Adapter) -> AdapterDesc {
+    let i = a.get_info();
+    AdapterDesc {
+        index,
+        name: i.name,
+        backend: format!("{:?}", i.backend),
+        device_type: i.device_type,
+        driver: format!("{} {}", i.driver, i.driver_info).trim().to_string(),
+    }
+}
+
+fn enumerate() -> (wgpu::Instance, Vec<wgpu::Adapter>) {
+    let inst = instance();
+    let list =
+        pollster::block_on(inst.enumerate_adapters(
+            wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12,
+        ));
+    (inst, list)
+}
+
+/// Every adapter wgpu finds (Vulkan, Metal, DX12), in a stable order.
+pub fn adapters() -> Vec<AdapterDesc> {
+    let (_inst, list) = enumerate();
+    list.iter()
+        .enumerate()
+        .map(|(i, a)| describe(i, a))
+        .collect()
+}
+
+/// Which adapter to run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdapterChoice {
+    /// A discrete GPU, else an integrated one, else none (the caller uses the CPU). Software
+    /// adapters (lavapipe, WARP, SwiftShader: type CPU) are never taken: they are slower than the
+    /// CPU backend.
+    Auto,
+    /// The GPU: adapter `i` of [`adapters`], or with `None` the best one of any type (discrete,
+    /// integrated, virtual, then software).
+    Gpu(Option<usize>),
+}
+
+fn rank(t: wgpu::DeviceType) -> u8 {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Cpu => 3,
+        wgpu::DeviceType::Other => 4,
+    }
+}
+
+/// The index of the adapter `choice` selects among `list`; `Ok(None)` when `Auto` finds no
+/// hardware GPU (use the CPU).
+pub fn choose_adapter(
+    list: &[AdapterDesc],
+    choice: AdapterChoice,
+) -> Result<Option<usize>, GpuError> {
+    let best = |ok: &dyn Fn(&AdapterDesc) -> bool| {
+        list.iter()
+            .filter(|a| ok(a))
+            .min_by_key(|a| (rank(a.device_type), a.index))
+            .map(|a| a.index)
+    };
+    match choice {
+        AdapterChoice::Auto => Ok(best(&|a| a.is_hardware_gpu())),
+        AdapterChoice::Gpu(None) => best(&|_| true).map(Some).ok_or(GpuError::NoAdapter {
+            reason: "wgpu found no Vulkan, Metal or DX12 adapter".into(),
+            hint: "install the GPU's Vulkan driver (on Linux without a GPU: mesa-vulkan-drivers and libvulkan1 give lavapipe), or use --device cpu",
+        }),
+        AdapterChoice::Gpu(Some(i)) if i < list.len() => Ok(Some(i)),
+        AdapterChoice::Gpu(Some(i)) => Err(GpuError::NoAdapter {
+            reason: format!("adapter {i} requested, {} found", list.len()),
+            hint: "`moshi-native devices` lists the adapters and their numbers",
+        }),
+    }
+}
+
+/// Options of [`GpuContext::new`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GpuOptions {
+    /// Largest buffer binding the backend uses, in bytes (`None`: the device's limit). Weights
+    /// larger than this are split by rows across several bindings; tests set it small to
+    /// exercise the split.
+    pub max_binding_bytes: Option<u64>,
+    /// Device memory the backend may use, in bytes (`None`: unknown, only the device's own
+    /// allocation failure stops a load). wgpu offers no portable query of free device memory.
+    pub memory_budget: Option<u64>,
+}
+
+struct Inner {
+    adapter: AdapterDesc,
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    limits: wgpu::Limits,
+    opts: GpuOptions,
+    pipelines: Mutex<HashMap<Module, Arc<wgpu::ComputePipeline>>>,
+    layouts: Mutex<HashMap<&'static [Access], Arc<wgpu::BindGroupLayout>>>,
+    buffers: AtomicU64,
+    bind_groups: AtomicU64,
+    allocated: AtomicU64,
+}
+
+/// One device and queue, the kernels compiled on it, and counters of what was created.
+/// Cheap to clone (shared).
+#[derive(Clone)]
+pub struct GpuContext {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for GpuContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuContext")
+            .field("adapter", &self.inner.adapter)
+            .finish()
+    }
+}
+
+/// How a kernel binds a buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Access {
+    Uniform,
+    Read,
+    Write,
+}
+
+impl GpuContext {
+    /// Opens a device on the adapter `choice` selects. `Auto` finding no hardware GPU is an
+    /// error here (callers that fall back to the CPU check [`choose_adapter`] first).
+    pub fn new(choice: AdapterChoice, opts: GpuOptions) -> Result<GpuContext, GpuError> {
+        let (_inst, list) = enumerate();
+        let descs: Vec<AdapterDesc> = list
+            .iter()
+            .enumerate()
+            .map(|(i, a)| describe(i, a))
+            .collect();
+        let idx = choose_adapter(&descs, choice)?.ok_or(GpuError::NoAdapter {
+            reason: "no discrete or integrated GPU (software adapters are not taken by auto)"
+                .into(),
+            hint: "use --device gpu to run on a software adapter anyway, or --device cpu",
+        })?;
+        let adapter = &list[idx];
+        let desc = descs[idx].clone();
+        // The adapter's own limits: real GPUs bind far more than wgpu's portable defaults.
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("moshi"),
+            required_features: wgpu::Features::empty(),
+            required_limits: limits.clone(),
+            ..Default::default()
+        }))
+        .map_err(|e| GpuError::Device {
+            adapter: desc.name.clone(),
+            message: e.to_string(),
+        })?;
+        tracing::info!(adapter = %desc, "GPU device opened");
+        Ok(GpuContext {
+            inner: Arc::new(Inner {
+                adapter: desc,
+                device,
+                queue,
+                limits,
+                opts,
+                pipelines: Mutex::new(HashMap::new()),
+                layouts: Mutex::new(HashMap::new()),
+                buffers: AtomicU64::new(0),
+                bind_groups: AtomicU64::new(0),
+                allocated: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// The adapter the device runs on.
+    pub fn adapter(&self) -> &AdapterDesc {
+        &self.inner.adapter
+    }
+
+    /// Buffers created through this context so far (all at load / warm-up).
+    pub fn buffers_created(&self) -> u64 {
+        self.inner.buffers.load(Ordering::Relaxed)
+    }
+
+    /// Bind groups created through this context so far.
+    pub fn bind_groups_created(&self) -> u64 {
+        self.inner.bind_groups.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of buffers allocated through this context.
+    pub fn bytes_allocated(&self) -> u64 {
+        self.inner.allocated.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn device(&self) -> &wgpu::Device {
+        &self.inner.device
+    }
+
+    pub(crate) fn queue(&self) -> &wgpu::Queue {
+        &self.inner.queue
+    }
+
+    /// Largest binding the backend uses (a multiple of 4).
+    pub(crate) fn max_binding(&self) -> u64 {
+        let dev = self
+            .inner
+            .limits
+            .max_storage_buffer_binding_size
+            .min(self.inner.limits.max_buffer_size);
+        self.inner
+            .opts
+            .max_binding_bytes
+            .map_or(dev, |m| m.min(dev))
+            & !3
+    }
+
+    fn check_alloc(&self, what: &str, size: u64) -> Result<(), GpuError> {
+        let max_buf = self.inner.limits.max_buffer_size;
+        if size > max_buf {
+            return Err(GpuError::DoesNotFit {
+                what: what.to_string(),
+                needed: size,
+                available: max_buf,
+            });
+        }
+        if let Some(budget) = self.inner.opts.memory_budget {
+            let used = self.bytes_allocated();
+            if used + size > budget {
+                return Err(GpuError::DoesNotFit {
+                    what: what.to_string(),
+                    needed: used + size,
+                    available: budget,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks that `needed` more bytes fit the memory budget (before a load starts).
+    pub(crate) fn check_total(&self, what: &str, needed: u64) -> Result<(), GpuError> {
+        if let Some(budget) = self.inner.opts.memory_budget {
+            if needed > budget {
+                return Err(GpuError::DoesNotFit {
+                    what: what.to_string(),
+                    needed,
+                    available: budget,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn count(&self, size: u64) {
+        self.inner.buffers.fetch_add(1, Ordering::Relaxed);
+        self.inner.allocated.fetch_add(size, Ordering::Relaxed);
+    }
+
+    /// A storage buffer holding `data` (padded to 4 bytes, at least 4).
+    pub(crate) fn storage_init(&self, label: &str, data: &[u8]) -> Result<wgpu::Buffer, GpuError> {
+        let mut padded;
+        let bytes = if !data.len().is_multiple_of(4) || data.is_empty() {
+            padded = data.to_vec();
+            padded.resize(data.len().div_ceil(4).max(1) * 4, 0);
+            &padded[..]
+        } else {
+            data
+        };
+        self.check_alloc(label, bytes.len() as u64)?;
+        self.count(bytes.len() as u64);
+        Ok(self
+            .device()
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents: bytes,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            }))
+    }
+
+    /// A zeroed buffer of `size` bytes (at least 4) with `usage`.
+    pub(crate) fn buffer(
+        &self,
+        label: &str,
+        size: u64,
+        usage: wgpu::BufferUsages,
+    ) -> Result<wgpu::Buffer, GpuError> {
+        let size = size.max(4).div_ceil(4) * 4;
+        self.check_alloc(label, size)?;
+        self.count(size);
+        Ok(self.device().create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage,
+            mapped_at_creation: false,
+        }))
+    }
+
+    /// A uniform buffer holding `data`.
+    pub(crate) fn uniform(&self, label: &str, data: &[u8]) -> wgpu::Buffer {
+        self.count(data.len() as u64);
+        self.device()
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents: data,
+                usage: wgpu::BufferUsages::UNIFORM,
+            })
+    }
+
+    fn layout(&self, access: &'static [Access]) -> Arc<wgpu::BindGroupLayout> {
+        let mut map = self.inner.layouts.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry(access)
+            .or_insert_with(|| {
+                let entries: Vec<wgpu::BindGroupLayoutEntry> = access
+                    .iter()
+                    .enumerate()
+                    .map(|(i, a)| wgpu::BindGroupLayoutEntry {
+                        binding: i as u32,
+                        visibility: wgpu::ShaderStages::COMPUTE,
+                        ty: wgpu::BindingType::Buffer {
+                            ty: match a {
+                                Access::Uniform => wgpu::BufferBindingType::Uniform,
+                                Access::Read => {
+                                    wgpu::BufferBindingType::Storage { read_only: true }
+                                }
+                                Access::Write => {
+                                    wgpu::BufferBindingType::Storage { read_only: false }
+                                }
+                            },
+                            has_dynamic_offset: false,
+                            min_binding_size: None,
+                        },
+                        count: None,
+                    })
+                    .collect();
+                Arc::new(
+                    self.device()
+                        .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                            label: None,
+                            entries: &entries,
+                        }),
+                )
+            })
+            .clone()
+    }
+
+    /// The compute pipeline of `module` (compiled once per context).
+    pub(crate) fn pipeline(&self, module: Module) -> Arc<wgpu::ComputePipeline> {
+        let mut map = self
+            .inner
+            .pipelines
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        map.entry(module)
+            .or_insert_with(|| {
+                let layout = self.layout(module_access(module));
+                let device = self.device();
+                let shader = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                    label: Some(&format!("{module:?}")),
+                    source: wgpu::ShaderSource::Wgsl(module.source().into()),
+                });
+                let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                    label: None,
+                    bind_group_layouts: &[Some(&layout)],
+                    immediate_size: 0,
+                });
+                Arc::new(
+                    device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                        label: Some(&format!("{module:?}")),
+                        layout: Some(&pl),
+                        module: &shader,
+                        entry_point: Some("main"),
+                        compilation_options: Default::default(),
+                        cache: None,
+                    }),
+                )
+            })
+            .clone()
+    }
+
+    /// A bind group of `module`'s layout over `buffers` (binding `i` = `buffers[i]`, whole).
+    pub(crate) fn bind(&self, module: Module, buffers: &[&wgpu::Buffer]) -> wgpu::BindGroup {
+        let layout = self.layout(module_access(module));
+        self.inner.bind_groups.fetch_add(1, Ordering::Relaxed);
+        let entries: Vec<wgpu::BindGroupEntry> = buffers
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
+        self.device().create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &layout,
+            entries: &entries,
+        })
+    }
+
+    /// Waits for the queue and returns the first error the device reported since the last call.
+    pub(crate) fn wait(&self) -> Result<(), GpuError> {
+        self.device()
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map(|_| ())
+            .map_err(|e| GpuError::Runtime(e.to_string()))
+    }
+}
+
+const MAT: &[Access] = &[
+    Access::Uniform,
+    Access::Read,
+    Access::Read,
+    Access::Read,
+    Access::Read,
+    Access::Write,
+    Access::Read,
+];
+const NORM: &[Access] = &[
+    Access::Uniform,
+    Access::Read,
+    Access::Read,
+    Access::Write,
+    Access::Read,
+];
+const ROPE: &[Access] = &[
+    Access::Uniform,
+    Access::Write,
+    Access::Write,
+    Access::Write,
+    Access::Read,
+    Access::Read,
+];
+const ATTN: &[Access] = &[
+    Access::Uniform,
+    Access::Read,
+    Access::Read,
+    Access::Read,
+    Access::Write,
+    Access::Write,
+    Access::Read,
+];
+const GATE: &[Access] = &[Access::Uniform, Access::Read, Access::Write, Access::Read];
+
+fn module_access(m: Module) -> &'static [Access] {
+    match m {
+        Module::Matmul(_) | Module::Embed(_) => MAT,
+        Module::RmsNorm => NORM,
+        Module::RopeStore => ROPE,
+        Module::Attention => ATTN,
+        Module::Gate => GATE,
+    }
+}

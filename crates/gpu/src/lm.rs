@@ -1,0 +1,882 @@
+//! The LM on the device: [`GpuLmWeights`] (every weight, uploaded once per engine) and [`GpuLm`]
+//! (one batch's KV rings, work buffers and recorded dispatches; an [`LmBackend`]).
+
+use std::sync::Arc;
+
+use model::lm::{LayerWeights, LmBackend, LmError, LmModel, LmSpec};
+
+use crate::context::GpuContext;
+use crate::matrix::{f32_bytes, Dispatch, GpuMatrix, Grid, MatParams};
+use crate::shaders::{step, Module, MAX_ROWS};
+use crate::GpuError;
+
+/// One transformer layer on the device.
+#[derive(Debug)]
+struct LayerGpu {
+    norm1: usize,
+    norm2: usize,
+    in_proj: GpuMatrix,
+    out_proj: GpuMatrix,
+    lin_in: GpuMatrix,
+    lin_out: GpuMatrix,
+}
+
+/// Every LM weight in device memory, in its checkpoint format; shared (behind an `Arc`) by the
+/// backends of one engine.
+#[derive(Debug)]
+pub struct GpuLmWeights {
+    ctx: GpuContext,
+    spec: LmSpec,
+    text_emb: GpuMatrix,
+    audio_emb: Vec<GpuMatrix>,
+    layers: Vec<LayerGpu>,
+    out_norm: usize,
+    text_linear: GpuMatrix,
+    dep_in: Vec<GpuMatrix>,
+    dep_tok_emb: Vec<GpuMatrix>,
+    /// `[dep_layers][dep_q]`.
+    dep_layers: Vec<Vec<LayerGpu>>,
+    dep_linear: Vec<GpuMatrix>,
+    /// Every RMS-norm weight, concatenated (offsets in the layers).
+    norms: wgpu::Buffer,
+}
+
+fn matrix_bytes(m: &kernels::Matrix) -> u64 {
+    m.weight_bytes() as u64
+}
+
+impl GpuLmWeights {
+    /// Uploads every weight of `model` (load time). Refuses, with a typed error, a format the
+    /// kernels do not read or a model that does not fit.
+    pub fn upload(ctx: &GpuContext, model: &LmModel) -> Result<Arc<GpuLmWeights>, GpuError> {
+        let s = model.spec().clone();
+        // What the weights need, checked against a known budget before anything is allocated.
+        let mut needed = matrix_bytes(model.text_emb()) + matrix_bytes(model.text_linear());
+        for i in 0..s.n_q {
+            needed += matrix_bytes(model.audio_emb(i));
+        }
+        let layer_bytes = |w: LayerWeights<'_>| {
+            matrix_bytes(w.in_proj)
+                + matrix_bytes(w.out_proj)
+                + matrix_bytes(w.lin_in)
+                + matrix_bytes(w.lin_out)
+        };
+        for l in 0..s.num_layers {
+            needed += layer_bytes(model.temporal_layer(l));
+        }
+        for k in 0..s.dep_q {
+            needed += matrix_bytes(model.dep_in(k))
+                + matrix_bytes(model.dep_token_emb(k))
+                + matrix_bytes(model.dep_linear(k));
+            for j in 0..s.dep_layers {
+                needed += layer_bytes(model.dep_layer(j, k));
+            }
+        }
+        ctx.check_total("the LM weights", needed)?;
+
+        let scope = ctx
+            .device()
+            .push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let before = ctx.bytes_allocated();
+        let result = Self::upload_all(ctx, model, s);
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::DoesNotFit {
+                what: format!("the LM weights ({e})"),
+                needed,
+                available: ctx.bytes_allocated() - before,
+            });
+        }
+        result.map(Arc::new)
+    }
+
+    fn upload_all(ctx: &GpuContext, model: &LmModel, s: LmSpec) -> Result<GpuLmWeights, GpuError> {
+        let mut norms: Vec<f32> = Vec::new();
+        let mut push_norm = |v: &[f32]| {
+            let o = norms.len();
+            norms.extend_from_slice(v);
+            o
+        };
+        let mut layer = |label: &str, w: LayerWeights<'_>, shared_norms: Option<(usize, usize)>| {
+            let (norm1, norm2) =
+                shared_norms.unwrap_or_else(|| (push_norm(w.norm1), push_norm(w.norm2)));
+            Ok::<_, GpuError>(LayerGpu {
+                norm1,
+                norm2,
+                in_proj: GpuMatrix::upload(ctx, label, w.in_proj)?,
+                out_proj: GpuMatrix::upload(ctx, label, w.out_proj)?,
+                lin_in: GpuMatrix::upload(ctx, label, w.lin_in)?,
+                lin_out: GpuMatrix::upload(ctx, label, w.lin_out)?,
+            })
+        };
+        let layers = (0..s.num_layers)
+            .map(|l| layer("temporal", model.temporal_layer(l), None))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut dep_layers = Vec::with_capacity(s.dep_layers);
+        for j in 0..s.dep_layers {
+            let first = layer("depformer", model.dep_layer(j, 0), None)?;
+            let shared = Some((first.norm1, first.norm2));
+            let mut steps = vec![first];
+            for k in 1..s.dep_q {
+                steps.push(layer("depformer", model.dep_layer(j, k), shared)?);
+            }
+            dep_layers.push(steps);
+        }
+        let out_norm = push_norm(model.out_norm());
+        let up = |label: &str, m: &kernels::Matrix| GpuMatrix::upload(ctx, label, m);
+        Ok(GpuLmWeights {
+            text_emb: up("text_emb", model.text_emb())?,
+            audio_emb: (0..s.n_q)
+                .map(|i| up("emb", model.audio_emb(i)))
+                .collect::<Result<_, _>>()?,
+            layers,
+            out_norm,
+            text_linear: up("text_linear", model.text_linear())?,
+            dep_in: (0..s.dep_q)
+                .map(|k| up("depformer_in", model.dep_in(k)))
+                .collect::<Result<_, _>>()?,
+            dep_tok_emb: (0..s.dep_q)
+                .map(|k| up("depformer_emb", model.dep_token_emb(k)))
+                .collect::<Result<_, _>>()?,
+            dep_layers,
+            dep_linear: (0..s.dep_q)
+                .map(|k| up("linears", model.dep_linear(k)))
+                .collect::<Result<_, _>>()?,
+            norms: ctx.storage_init("norms", &f32_bytes(&norms))?,
+            ctx: ctx.clone(),
+            spec: s,
+        })
+    }
+
+    /// The device.
+    pub fn context(&self) -> &GpuContext {
+        &self.ctx
+    }
+
+    /// The model's sizes.
+    pub fn spec(&self) -> &LmSpec {
+        &self.spec
+    }
+}
+
+/// The uniform block of the non-weight kernels (`Misc` in the WGSL).
+#[derive(Debug, Clone, Copy, Default)]
+struct Misc {
+    d: u32,
+    w_off: u32,
+    eps: f32,
+    heads: u32,
+    head_dim: u32,
+    ctx: u32,
+    fixed_slot: i32,
+    rope: bool,
+    hidden: u32,
+}
+
+impl Misc {
+    fn bytes(&self) -> Vec<u8> {
+        let v: [u32; 12] = [
+            self.d,
+            self.w_off,
+            self.eps.to_bits(),
+            self.heads,
+            self.head_dim,
+            self.ctx,
+            self.fixed_slot as u32,
+            self.rope as u32,
+            self.hidden,
+            0,
+            0,
+            0,
+        ];
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+}
+
+/// Buffers of one transformer stack (temporal or Depformer) for `rows` activation rows.
+#[derive(Debug)]
+struct Work {
+    x: wgpu::Buffer,
+    h: wgpu::Buffer,
+    qkv: wgpu::Buffer,
+    attn: wgpu::Buffer,
+    g: wgpu::Buffer,
+    u: wgpu::Buffer,
+}
+
+impl Work {
+    fn new(ctx: &GpuContext, rows: usize, d: usize, hidden: usize) -> Result<Work, GpuError> {
+        let b = |label: &str, n: usize| {
+            ctx.buffer(
+                label,
+                (rows * n * 4) as u64,
+                wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_DST
+                    | wgpu::BufferUsages::COPY_SRC,
+            )
+        };
+        Ok(Work {
+            x: b("x", d)?,
+            h: b("h", d)?,
+            qkv: b("qkv", 3 * d)?,
+            attn: b("attn", d)?,
+            g: b("g", 2 * hidden)?,
+            u: b("u", hidden)?,
+        })
+    }
+}
+
+/// Sizes of one stack.
+#[derive(Debug, Clone, Copy)]
+struct Stack {
+    d: usize,
+    heads: usize,
+    head_dim: usize,
+    hidden: usize,
+    ctx: usize,
+    eps: f32,
+}
+
+/// Everything a stack's layer dispatches bind besides its weights.
+struct LayerBinds<'a> {
+    ctx: &'a GpuContext,
+    work: &'a Work,
+    norms: &'a wgpu::Buffer,
+    step: &'a wgpu::Buffer,
+    rope: &'a wgpu::Buffer,
+    scores: &'a wgpu::Buffer,
+    stack: Stack,
+}
+
+impl LayerBinds<'_> {
+    fn misc(&self, label: &str, m: Misc) -> wgpu::Buffer {
+        self.ctx.uniform(label, &m.bytes())
+    }
+
+    fn simple(&self, module: Module, m: Misc, bufs: &[&wgpu::Buffer], grid: Grid) -> Dispatch {
+        let uni = self.misc("misc", m);
+        let mut all = vec![&uni];
+        all.extend_from_slice(bufs);
+        Dispatch {
+            pipeline: self.ctx.pipeline(module),
+            bind: self.ctx.bind(module, &all),
+            grid,
+            _uniform: uni,
+        }
+    }
+
+    fn norm(&self, from: &wgpu::Buffer, to: &wgpu::Buffer, w_off: usize) -> Dispatch {
+        let s = self.stack;
+        let m = Misc {
+            d: s.d as u32,
+            w_off: w_off as u32,
+            eps: s.eps,
+            ..Default::default()
+        };
+        self.simple(
+            Module::RmsNorm,
+            m,
+            &[from, self.norms, to, self.step],
+            Grid::PerRow(1),
+        )
+    }
+
+    /// The dispatches of one layer: x += attn(norm1 x); x += ffn(norm2 x). `fixed_slot` is the
+    /// Depformer step (its ring slot; no RoPE), `None` for the temporal stack.
+    fn layer(
+        &self,
+        w: &LayerGpu,
+        kc: &wgpu::Buffer,
+        vc: &wgpu::Buffer,
+        fixed_slot: Option<usize>,
+        out: &mut Vec<Dispatch>,
+    ) {
+        let (s, wk, ctx) = (self.stack, self.work, self.ctx);
+        let rows_p = |ld_x: usize, ld_y: usize, accumulate: bool| MatParams {
+            ld_x: ld_x as u32,
+            ld_y: ld_y as u32,
+            accumulate,
+            ..Default::default()
+        };
+        let misc = Misc {
+            d: s.d as u32,
+            heads: s.heads as u32,
+            head_dim: s.head_dim as u32,
+            ctx: s.ctx as u32,
+            fixed_slot: fixed_slot.map_or(-1, |k| k as i32),
+            rope: fixed_slot.is_none(),
+            hidden: s.hidden as u32,
+            ..Default::default()
+        };
+        out.push(self.norm(&wk.x, &wk.h, w.norm1));
+        out.extend(w.in_proj.matmul_dispatches(
+            ctx,
+            &wk.h,
+            &wk.qkv,
+            self.step,
+            &rows_p(s.d, 3 * s.d, false),
+        ));
+        out.push(self.simple(
+            Module::RopeStore,
+            misc,
+            &[&wk.qkv, kc, vc, self.step, self.rope],
+            Grid::PerRow((s.d / 2).div_ceil(64) as u32),
+        ));
+        out.push(self.simple(
+            Module::Attention,
+            misc,
+            &[&wk.qkv, kc, vc, self.scores, &wk.attn, self.step],
+            Grid::HeadsPerRow(s.heads as u32),
+        ));
+        out.extend(w.out_proj.matmul_dispatches(
+            ctx,
+            &wk.attn,
+            &wk.x,
+            self.step,
+            &rows_p(s.d, s.d, true),
+        ));
+        out.push(self.norm(&wk.x, &wk.h, w.norm2));
+        out.extend(w.lin_in.matmul_dispatches(
+            ctx,
+            &wk.h,
+            &wk.g,
+            self.step,
+            &rows_p(s.d, 2 * s.hidden, false),
+        ));
+        out.push(self.simple(
+            Module::Gate,
+            misc,
+            &[&wk.g, &wk.u, self.step],
+            Grid::PerRow(s.hidden.div_ceil(64) as u32),
+        ));
+        out.extend(w.lin_out.matmul_dispatches(
+            ctx,
+            &wk.u,
+            &wk.x,
+            self.step,
+            &rows_p(s.hidden, s.d, true),
+        ));
+    }
+}
+
+/// The GPU LM backend of `rows` sessions: their KV rings and work buffers in device memory, every
+/// dispatch of a temporal step and of each Depformer step recorded at construction (pipelines,
+/// bind groups, uniforms), a readback ring for the logits, and the host copies the seam returns.
+pub struct GpuLm {
+    w: Arc<GpuLmWeights>,
+    rows: usize,
+    temporal: Vec<Dispatch>,
+    dep: Vec<Vec<Dispatch>>,
+    x: wgpu::Buffer,
+    tout: wgpu::Buffer,
+    text_logits_dev: wgpu::Buffer,
+    dep_logits_dev: wgpu::Buffer,
+    step: wgpu::Buffer,
+    rope: wgpu::Buffer,
+    readback: [wgpu::Buffer; 2],
+    next_readback: usize,
+    // Buffers only the dispatches reference (kept alive with them).
+    _keep: Vec<wgpu::Buffer>,
+    _work: [Work; 2],
+    // Host side.
+    pos: Vec<usize>,
+    dep_next: usize,
+    n_active: usize,
+    freqs: Vec<f32>,
+    step_host: Vec<i32>,
+    rope_host: Vec<f32>,
+    bytes_host: Vec<u8>,
+    text_logits: Vec<f32>,
+    tout_host: Vec<f32>,
+    dep_logits: Vec<f32>,
+}
+
+impl std::fmt::Debug for GpuLm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuLm")
+            .field("rows", &self.rows)
+            .field("adapter", self.w.ctx.adapter())
+            .finish()
+    }
+}
+
+impl GpuLm {
+    /// A backend for `rows` sessions (1..=[`MAX_ROWS`]) over the uploaded weights. The KV rings
+    /// hold f32 (the CPU's `KvDtype::Bf16` has no device counterpart yet).
+    pub fn new(w: Arc<GpuLmWeights>, rows: usize) -> Result<GpuLm, GpuError> {
+        let s = w.spec.clone();
+        if rows == 0 || rows > MAX_ROWS {
+            return Err(GpuError::Unsupported {
+                format: format!("a batch of {rows} rows"),
+                why: format!("the GPU backend steps 1 to {MAX_ROWS} rows"),
+            });
+        }
+        let ctx = w.ctx.clone();
+        let k_streams = s.num_streams();
+        let storage = wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_DST
+            | wgpu::BufferUsages::COPY_SRC;
+        let kv_bytes = (rows * s.context * s.dim * 4) as u64;
+        if kv_bytes > ctx.max_binding() {
+            return Err(GpuError::DoesNotFit {
+                what: format!("the KV ring of one layer for {rows} sessions"),
+                needed: kv_bytes,
+                available: ctx.max_binding(),
+            });
+        }
+        let kv_total = 2 * kv_bytes * s.num_layers as u64;
+        ctx.check_total("the KV rings", ctx.bytes_allocated() + kv_total)?;
+        let step_len = step::TOKENS + MAX_ROWS * k_streams + MAX_ROWS;
+        let step_buf = ctx.buffer("step", (step_len * 4) as u64, storage)?;
+        let half = s.head_dim / 2;
+        let rope = ctx.buffer("rope", (MAX_ROWS * half * 2 * 4) as u64, storage)?;
+        let temporal_stack = Stack {
+            d: s.dim,
+            heads: s.num_heads,
+            head_dim: s.head_dim,
+            hidden: s.hidden,
+            ctx: s.context,
+            eps: s.eps,
+        };
+        let dep_stack = Stack {
+            d: s.dep_dim,
+            heads: s.dep_heads,
+            head_dim: s.dep_head_dim,
+            hidden: s.dep_hidden,
+            ctx: s.dep_q,
+            eps: s.eps,
+        };
+        let scores = ctx.buffer(
+            "scores",
+            (rows * (s.num_heads * s.context).max(s.dep_heads * s.dep_q) * 4) as u64,
+            storage,
+        )?;
+        let tw = Work::new(&ctx, rows, s.dim, s.hidden)?;
+        let dw = Work::new(&ctx, rows, s.dep_dim, s.dep_hidden)?;
+        let tout = ctx.buffer("tout", (rows * s.dim * 4) as u64, storage)?;
+        let text_logits_dev =
+            ctx.buffer("text_logits", (rows * s.text_card * 4) as u64, storage)?;
+        let dep_logits_dev = ctx.buffer("dep_logits", (rows * s.card * 4) as u64, storage)?;
+        let dummy = ctx.buffer("dummy", 4, storage)?;
+        let mut keep = Vec::new();
+
+        // Temporal step.
+        let mut temporal = Vec::new();
+        let tb = LayerBinds {
+            ctx: &ctx,
+            work: &tw,
+            norms: &w.norms,
+            step: &step_buf,
+            rope: &rope,
+            scores: &scores,
+            stack: temporal_stack,
+        };
+        let emb_p = |slot: usize, ld: usize| MatParams {
+            ld_y: ld as u32,
+            tok_base: step::TOKENS as u32,
+            tok_stride: k_streams as u32,
+            tok_slot: slot as u32,
+            ..Default::default()
+        };
+        // Python order: audio tables, then text (the sum is rounded in this order).
+        for (i, m) in w.audio_emb.iter().enumerate() {
+            temporal.extend(m.embed_dispatches(
+                &ctx,
+                &dummy,
+                &tw.x,
+                &step_buf,
+                &emb_p(1 + i, s.dim),
+            ));
+        }
+        temporal.extend(w.text_emb.embed_dispatches(
+            &ctx,
+            &dummy,
+            &tw.x,
+            &step_buf,
+            &emb_p(0, s.dim),
+        ));
+        for l in &w.layers {
+            let kc = ctx.buffer("k_ring", kv_bytes, storage)?;
+            let vc = ctx.buffer("v_ring", kv_bytes, storage)?;
+            tb.layer(l, &kc, &vc, None, &mut temporal);
+            keep.push(kc);
+            keep.push(vc);
+        }
+        temporal.push(tb.norm(&tw.x, &tout, w.out_norm));
+        let head_p = |ld_x: usize, ld_y: usize| MatParams {
+            ld_x: ld_x as u32,
+            ld_y: ld_y as u32,
+            ..Default::default()
+        };
+        temporal.extend(w.text_linear.matmul_dispatches(
+            &ctx,
+            &tout,
+            &text_logits_dev,
+            &step_buf,
+            &head_p(s.dim, s.text_card),
+        ));
+
+        // Depformer steps.
+        let db = LayerBinds {
+            ctx: &ctx,
+            work: &dw,
+            stack: dep_stack,
+            ..tb
+        };
+        let dep_kv = (0..s.dep_layers)
+            .map(|_| {
+                let n = (rows * s.dep_q * s.dep_dim * 4) as u64;
+                Ok((
+                    ctx.buffer("dep_k", n, storage)?,
+                    ctx.buffer("dep_v", n, storage)?,
+                ))
+            })
+            .collect::<Result<Vec<_>, GpuError>>()?;
+        let prev_base = step::TOKENS + MAX_ROWS * k_streams;
+        let mut dep = Vec::with_capacity(s.dep_q);
+        for k in 0..s.dep_q {
+            let mut d = Vec::new();
+            d.extend(w.dep_in[k].matmul_dispatches(
+                &ctx,
+                &tout,
+                &dw.x,
+                &step_buf,
+                &head_p(s.dim, s.dep_dim),
+            ));
+            let p = MatParams {
+                ld_y: s.dep_dim as u32,
+                tok_base: prev_base as u32,
+                tok_stride: 1,
+                tok_slot: 0,
+                ..Default::default()
+            };
+            d.extend(w.dep_tok_emb[k].embed_dispatches(&ctx, &dummy, &dw.x, &step_buf, &p));
+            for (j, steps) in w.dep_layers.iter().enumerate() {
+                db.layer(&steps[k], &dep_kv[j].0, &dep_kv[j].1, Some(k), &mut d);
+            }
+            d.extend(w.dep_linear[k].matmul_dispatches(
+                &ctx,
+                &dw.x,
+                &dep_logits_dev,
+                &step_buf,
+                &head_p(s.dep_dim, s.card),
+            ));
+            dep.push(d);
+        }
+        for (k, v) in dep_kv {
+            keep.push(k);
+            keep.push(v);
+        }
+        keep.push(scores);
+        keep.push(dummy);
+
+        let rb_len = (rows * (s.text_card + s.dim).max(s.card) * 4) as u64;
+        let rb = || {
+            ctx.buffer(
+                "readback",
+                rb_len,
+                wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            )
+        };
+        let readback = [rb()?, rb()?];
+        let kf = (-(s.max_period as f64).ln() * 2.0 / s.head_dim as f64) as f32;
+        // The CPU's frequencies (ops::rope_interleaved): exp in f32, the angle in f64.
+        let freqs = (0..half).map(|i| (i as f32 * kf).exp()).collect();
+        ctx.wait()?;
+        Ok(GpuLm {
+            x: tw.x.clone(),
+            tout,
+            text_logits_dev,
+            dep_logits_dev,
+            step: step_buf,
+            rope,
+            readback,
+            next_readback: 0,
+            _keep: keep,
+            _work: [tw, dw],
+            temporal,
+            dep,
+            pos: vec![0; rows],
+            dep_next: 0,
+            n_active: 0,
+            freqs,
+            step_host: vec![0; step_len],
+            rope_host: vec![0.0; MAX_ROWS * half * 2],
+            bytes_host: Vec::with_capacity(4 * step_len.max(MAX_ROWS * half * 2)),
+            text_logits: vec![0.0; rows * s.text_card],
+            tout_host: vec![0.0; rows * s.dim],
+            dep_logits: vec![0.0; rows * s.card],
+            rows,
+            w,
+        })
+    }
+
+    /// The device context.
+    pub fn context(&self) -> &GpuContext {
+        &self.w.ctx
+    }
+
+    /// Number of kernel launches of a temporal step and of one Depformer step.
+    pub fn dispatches_per_step(&self) -> (usize, usize) {
+        (self.temporal.len(), self.dep.first().map_or(0, |d| d.len()))
+    }
+
+    fn check_rows(&self, rows: &[usize]) -> Result<(), LmError> {
+        if rows.is_empty() || rows.len() > self.rows {
+            return Err(LmError::Length {
+                what: "active sessions",
+                expected: self.rows,
+                got: rows.len(),
+            });
+        }
+        for (i, &b) in rows.iter().enumerate() {
+            if b >= self.rows || rows[..i].contains(&b) {
+                return Err(LmError::Config(format!(
+                    "session {b} is out of range or repeated (batch of {})",
+                    self.rows
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Records `dispatches` for `n` rows, copies `copies` (device buffer, bytes) into the next
+    /// readback buffer back to back, submits, waits and maps.
+    fn run(
+        &mut self,
+        temporal: bool,
+        k: usize,
+        n: usize,
+        copies: &[(&wgpu::Buffer, usize)],
+    ) -> Result<usize, GpuError> {
+        let ctx = &self.w.ctx;
+        let used = self.next_readback;
+        let rb = &self.readback[used];
+        self.next_readback = (used + 1) % self.readback.len();
+        let mut enc = ctx
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        if temporal {
+            enc.clear_buffer(&self.x, 0, None);
+        }
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+            let list = if temporal {
+                &self.temporal
+            } else {
+                &self.dep[k]
+            };
+            for d in list {
+                d.record(&mut pass, n as u32);
+            }
+        }
+        let mut off = 0u64;
+        for (b, len) in copies {
+            enc.copy_buffer_to_buffer(b, 0, rb, off, *len as u64);
+            off += *len as u64;
+        }
+        ctx.queue().submit([enc.finish()]);
+        Ok(used)
+    }
+}
+
+/// Maps `rb`, copies its first `out.len()` f32 into `out`, unmaps.
+pub(crate) fn read_mapped(
+    ctx: &GpuContext,
+    rb: &wgpu::Buffer,
+    out: &mut [f32],
+) -> Result<(), GpuError> {
+    let bytes = (out.len() * 4) as u64;
+    let slice = rb.slice(..bytes.max(4));
+    slice.map_async(wgpu::MapMode::Read, |_| {});
+    ctx.wait()?;
+    {
+        let view = slice
+            .get_mapped_range()
+            .map_err(|e| GpuError::Runtime(format!("readback: {e:?}")))?;
+        for (o, c) in out.iter_mut().zip(view.chunks_exact(4)) {
+            *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+    }
+    rb.unmap();
+    Ok(())
+}
+
+/// Maps `rb` and splits its content into `outs` (back to back).
+fn read_split(
+    ctx: &GpuContext,
+    rb: &wgpu::Buffer,
+    outs: &mut [&mut [f32]],
+) -> Result<(), GpuError> {
+    let total: usize = outs.iter().map(|o| o.len()).sum();
+    let slice = rb.slice(..(total * 4) as u64);
+    slice.map_async(wgpu::MapMode::Read, |_| {});
+    ctx.wait()?;
+    {
+        let view = slice
+            .get_mapped_range()
+            .map_err(|e| GpuError::Runtime(format!("readback: {e:?}")))?;
+        let mut words = view.chunks_exact(4);
+        for o in outs.iter_mut() {
+            for (v, c) in o.iter_mut().zip(&mut words) {
+                *v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+    }
+    rb.unmap();
+    Ok(())
+}
+
+impl LmBackend for GpuLm {
+    fn spec(&self) -> &LmSpec {
+        &self.w.spec
+    }
+
+    fn batch_size(&self) -> usize {
+        self.rows
+    }
+
+    fn temporal_step(&mut self, rows: &[usize], tokens: &[i64]) -> Result<(), LmError> {
+        self.check_rows(rows)?;
+        let s = &self.w.spec;
+        let (n, k_streams) = (rows.len(), s.num_streams());
+        if tokens.len() != n * k_streams {
+            return Err(LmError::Length {
+                what: "input tokens",
+                expected: n * k_streams,
+                got: tokens.len(),
+            });
+        }
+        for (i, &t) in tokens.iter().enumerate() {
+            let stream = i % k_streams;
+            let max = if stream == 0 { s.text_card } else { s.card } as i64;
+            if t > max {
+                return Err(LmError::Token {
+                    stream,
+                    token: t,
+                    max,
+                });
+            }
+        }
+        let (ctx_len, half) = (s.context, s.head_dim / 2);
+        self.step_host.fill(0);
+        self.step_host[0] = n as i32;
+        for (i, &b) in rows.iter().enumerate() {
+            let pos = self.pos[b];
+            self.step_host[step::SESS + i] = b as i32;
+            self.step_host[step::SLOT + i] = (pos % ctx_len) as i32;
+            self.step_host[step::COUNT + i] = (pos + 1).min(ctx_len) as i32;
+            for (f, &freq) in self.freqs.iter().enumerate() {
+                let (sn, c) = (freq as f64 * pos as f64).sin_cos();
+                self.rope_host[(i * half + f) * 2] = c as f32;
+                self.rope_host[(i * half + f) * 2 + 1] = sn as f32;
+            }
+        }
+        for (i, &t) in tokens.iter().enumerate() {
+            // −1 embeds as zeros; other negative ids read row 0 (as on the CPU).
+            self.step_host[step::TOKENS + i] = if t == -1 { -1 } else { t.max(0) as i32 };
+        }
+        let ctx = self.w.ctx.clone();
+        fill_bytes(
+            &mut self.bytes_host,
+            self.step_host.iter().map(|v| v.to_le_bytes()),
+        );
+        ctx.queue().write_buffer(&self.step, 0, &self.bytes_host);
+        let rope = &self.rope_host[..n * half * 2];
+        fill_bytes(&mut self.bytes_host, rope.iter().map(|v| v.to_le_bytes()));
+        ctx.queue().write_buffer(&self.rope, 0, &self.bytes_host);
+        let (tl, td) = (n * s.text_card, n * s.dim);
+        let (a, b) = (self.text_logits_dev.clone(), self.tout.clone());
+        let i = self.run(true, 0, n, &[(&a, tl * 4), (&b, td * 4)])?;
+        let rb = self.readback[i].clone();
+        read_split(
+            &ctx,
+            &rb,
+            &mut [&mut self.text_logits[..tl], &mut self.tout_host[..td]],
+        )?;
+        for &b in rows {
+            self.pos[b] += 1;
+        }
+        self.n_active = n;
+        self.dep_next = 0;
+        Ok(())
+    }
+
+    fn text_logits(&self) -> &[f32] {
+        &self.text_logits
+    }
+
+    fn transformer_out(&self) -> &[f32] {
+        &self.tout_host
+    }
+
+    fn depformer_step(
+        &mut self,
+        rows: &[usize],
+        k: usize,
+        prev_tokens: &[i64],
+    ) -> Result<&[f32], LmError> {
+        self.check_rows(rows)?;
+        let s = &self.w.spec;
+        let n = rows.len();
+        if prev_tokens.len() != n {
+            return Err(LmError::Length {
+                what: "previous tokens",
+                expected: n,
+                got: prev_tokens.len(),
+            });
+        }
+        if n != self.n_active || k >= s.dep_q || (k != 0 && k != self.dep_next) {
+            return Err(LmError::Config(format!(
+                "depformer step {k} out of order (expected {})",
+                self.dep_next
+            )));
+        }
+        let max = if k == 0 { s.text_card } else { s.card } as i64;
+        let mut prev = [0i32; MAX_ROWS];
+        for (i, &t) in prev_tokens.iter().enumerate() {
+            if t > max {
+                return Err(LmError::Token {
+                    stream: k,
+                    token: t,
+                    max,
+                });
+            }
+            prev[i] = if t == -1 { -1 } else { t.max(0) as i32 };
+        }
+        let prev_base = step::TOKENS + MAX_ROWS * s.num_streams();
+        let ctx = self.w.ctx.clone();
+        fill_bytes(
+            &mut self.bytes_host,
+            prev[..n].iter().map(|v| v.to_le_bytes()),
+        );
+        ctx.queue()
+            .write_buffer(&self.step, (prev_base * 4) as u64, &self.bytes_host);
+        let len = n * s.card;
+        let dl = self.dep_logits_dev.clone();
+        let i = self.run(false, k, n, &[(&dl, len * 4)])?;
+        let rb = self.readback[i].clone();
+        read_split(&ctx, &rb, &mut [&mut self.dep_logits[..len]])?;
+        self.dep_next = k + 1;
+        Ok(&self.dep_logits)
+    }
+
+    fn reset_row(&mut self, b: usize) {
+        // The ring needs no clearing: a fresh row attends only to entries written since.
+        if b < self.rows {
+            self.pos[b] = 0;
+        }
+    }
+
+    fn seek_for_bench(&mut self, offset: usize) {
+        self.pos.fill(offset);
+    }
+}
+
+/// Replaces `out` with the concatenated little-endian words (no allocation once `out` has grown
+/// to the largest size, at construction).
+fn fill_bytes(out: &mut Vec<u8>, words: impl Iterator<Item = [u8; 4]>) {
+    out.clear();
+    for w in words {
+        out.extend_from_slice(&w);
+    }
+}

@@ -1,0 +1,353 @@
+//! Weight matrices on the device, in their checkpoint format, and the dispatches that read them.
+
+use kernels::{Matrix, WeightFormat};
+
+use crate::context::GpuContext;
+use crate::shaders::{Module, MAX_ROWS};
+use crate::{GpuError, WeightKind};
+
+/// Rows `row0 .. row0 + rows` of a matrix, in buffers small enough for one binding.
+#[derive(Debug)]
+pub(crate) struct Chunk {
+    pub(crate) row0: usize,
+    pub(crate) rows: usize,
+    pub(crate) codes: wgpu::Buffer,
+    pub(crate) scales: wgpu::Buffer,
+    pub(crate) biases: wgpu::Buffer,
+}
+
+/// A weight matrix `[rows, cols]` uploaded in its checkpoint format ([`kernels::CheckpointParts`]:
+/// the same codes and scale bits, scales in their own plane), dequantized by the kernels that read
+/// it. Split by rows into chunks when one plane would exceed the device's binding size.
+#[derive(Debug)]
+pub struct GpuMatrix {
+    kind: WeightKind,
+    rows: usize,
+    cols: usize,
+    /// Values per scale group (1 for dense formats: unused).
+    group: usize,
+    pub(crate) chunks: Vec<Chunk>,
+}
+
+/// The uniform parameters of a weight-reading dispatch (`Params` in the WGSL).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct MatParams {
+    pub(crate) ld_x: u32,
+    pub(crate) x_off: u32,
+    pub(crate) ld_y: u32,
+    pub(crate) y_off: u32,
+    pub(crate) accumulate: bool,
+    pub(crate) tok_base: u32,
+    pub(crate) tok_stride: u32,
+    pub(crate) tok_slot: u32,
+}
+
+impl GpuMatrix {
+    /// Uploads `m` (load time; allocates).
+    pub fn upload(ctx: &GpuContext, label: &str, m: &Matrix) -> Result<GpuMatrix, GpuError> {
+        let format = m.format();
+        let unsupported = |why: String| GpuError::Unsupported {
+            format: format!("{format:?}"),
+            why,
+        };
+        let kind = WeightKind::of(format).ok_or_else(|| unsupported("no kernel".into()))?;
+        let (rows, cols) = (m.rows(), m.cols());
+        let group = match format {
+            WeightFormat::MlxAffine { group, .. } => group,
+            WeightFormat::Q8_0 | WeightFormat::Q4_0 => 32,
+            _ => 1,
+        };
+        if !cols.is_multiple_of(4) {
+            return Err(unsupported(format!(
+                "{label}: {cols} columns (the kernels need a multiple of 4)"
+            )));
+        }
+        let parts = m.checkpoint_parts();
+        let row_bytes = parts.codes.len() / rows;
+        let groups = if parts.scales.is_empty() {
+            0
+        } else {
+            parts.scales.len() / rows
+        };
+        let max = ctx.max_binding() as usize;
+        // Whole rows per chunk; the scale planes are 2 bytes per group.
+        let per_row = row_bytes.max(groups * 2).max(1);
+        let chunk_rows = (max / per_row).min(rows);
+        if chunk_rows == 0 {
+            return Err(GpuError::DoesNotFit {
+                what: format!("one row of {label}"),
+                needed: per_row as u64,
+                available: max as u64,
+            });
+        }
+        let mut chunks = Vec::new();
+        let mut row0 = 0;
+        while row0 < rows {
+            let n = chunk_rows.min(rows - row0);
+            let codes = ctx.storage_init(
+                label,
+                &parts.codes[row0 * row_bytes..(row0 + n) * row_bytes],
+            )?;
+            let plane = |v: &[u16]| -> Vec<u8> {
+                if v.is_empty() {
+                    Vec::new()
+                } else {
+                    v[row0 * groups..(row0 + n) * groups]
+                        .iter()
+                        .flat_map(|h| h.to_le_bytes())
+                        .collect()
+                }
+            };
+            let scales = ctx.storage_init(label, &plane(&parts.scales))?;
+            let biases = ctx.storage_init(label, &plane(&parts.biases))?;
+            chunks.push(Chunk {
+                row0,
+                rows: n,
+                codes,
+                scales,
+                biases,
+            });
+            row0 += n;
+        }
+        Ok(GpuMatrix {
+            kind,
+            rows,
+            cols,
+            group,
+            chunks,
+        })
+    }
+
+    /// Output rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input columns.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The weight format's kernel kind.
+    pub fn kind(&self) -> WeightKind {
+        self.kind
+    }
+
+    /// Number of row chunks (bindings) the matrix is split into.
+    pub fn chunk_count(&self) -> usize {
+        self.chunks.len()
+    }
+
+    /// The uniform block of chunk `c` (`Params` in the WGSL, 12 × u32).
+    pub(crate) fn params_bytes(&self, c: usize, p: &MatParams) -> Vec<u8> {
+        let ch = &self.chunks[c];
+        let v: [u32; 12] = [
+            ch.rows as u32,
+            self.cols as u32,
+            self.group as u32,
+            ch.row0 as u32,
+            p.ld_x,
+            p.x_off,
+            p.ld_y,
+            p.y_off,
+            p.accumulate as u32,
+            p.tok_base,
+            p.tok_stride,
+            p.tok_slot,
+        ];
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    /// The dispatches of `y (+)= W x` (one per chunk) over `x` / `y` with `step` (the step buffer),
+    /// created once: each is a pipeline, a bind group and a grid.
+    pub(crate) fn matmul_dispatches(
+        &self,
+        ctx: &GpuContext,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        step: &wgpu::Buffer,
+        p: &MatParams,
+    ) -> Vec<Dispatch> {
+        self.dispatches(ctx, Module::Matmul(self.kind), x, y, step, p)
+    }
+
+    /// The dispatches of `y[b] += row(token(b))` (one per chunk; `x` is bound but not read).
+    pub(crate) fn embed_dispatches(
+        &self,
+        ctx: &GpuContext,
+        dummy: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        step: &wgpu::Buffer,
+        p: &MatParams,
+    ) -> Vec<Dispatch> {
+        self.dispatches(ctx, Module::Embed(self.kind), dummy, y, step, p)
+    }
+
+    fn dispatches(
+        &self,
+        ctx: &GpuContext,
+        module: Module,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        step: &wgpu::Buffer,
+        p: &MatParams,
+    ) -> Vec<Dispatch> {
+        let pipeline = ctx.pipeline(module);
+        (0..self.chunks.len())
+            .map(|c| {
+                let ch = &self.chunks[c];
+                let uni = ctx.uniform("params", &self.params_bytes(c, p));
+                let bind = ctx.bind(
+                    module,
+                    &[&uni, &ch.codes, &ch.scales, &ch.biases, x, y, step],
+                );
+                let grid = match module {
+                    Module::Embed(_) => Grid::PerRow((self.cols / 4).div_ceil(64) as u32),
+                    _ => Grid::Rows(ch.rows as u32),
+                };
+                Dispatch {
+                    pipeline: pipeline.clone(),
+                    bind,
+                    grid,
+                    _uniform: uni,
+                }
+            })
+            .collect()
+    }
+}
+
+/// How many workgroups a dispatch runs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Grid {
+    /// One workgroup per weight row (folded into 2-D past the 65 535 limit of one dimension).
+    Rows(u32),
+    /// `x` workgroups for each active row (`y` = rows of the step).
+    PerRow(u32),
+    /// A fixed `x` times the active rows.
+    HeadsPerRow(u32),
+}
+
+/// One recorded kernel launch, created at load.
+#[derive(Debug)]
+pub(crate) struct Dispatch {
+    pub(crate) pipeline: std::sync::Arc<wgpu::ComputePipeline>,
+    pub(crate) bind: wgpu::BindGroup,
+    pub(crate) grid: Grid,
+    pub(crate) _uniform: wgpu::Buffer,
+}
+
+impl Dispatch {
+    /// Records the launch for `n` active rows.
+    pub(crate) fn record(&self, pass: &mut wgpu::ComputePass<'_>, n: u32) {
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, &self.bind, &[]);
+        let (x, y) = match self.grid {
+            Grid::Rows(r) => {
+                let x = r.min(32768);
+                (x, r.div_ceil(x))
+            }
+            Grid::PerRow(x) | Grid::HeadsPerRow(x) => (x, n),
+        };
+        pass.dispatch_workgroups(x, y, 1);
+    }
+}
+
+/// Writes the step buffer of a standalone product: `n` active rows.
+fn step_bytes(n: usize) -> Vec<u8> {
+    let mut v = [0i32; crate::shaders::step::TOKENS];
+    v[0] = n as i32;
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+impl GpuContext {
+    /// `y [n, rows] = W · x [n, cols]` on the device, once (tests and checks: it creates its
+    /// buffers, uploads `m`, and waits). `n` is at most [`MAX_ROWS`].
+    pub fn matmul_once(&self, m: &Matrix, x: &[f32], n: usize) -> Result<Vec<f32>, GpuError> {
+        if n == 0 || n > MAX_ROWS || x.len() != n * m.cols() {
+            return Err(GpuError::Runtime(format!(
+                "matmul_once: {n} rows of {} values expected, {} given",
+                m.cols(),
+                x.len()
+            )));
+        }
+        let w = GpuMatrix::upload(self, "w", m)?;
+        let xb = self.storage_init("x", &f32_bytes(x))?;
+        let yb = self.buffer(
+            "y",
+            (n * m.rows() * 4) as u64,
+            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+        )?;
+        let step = self.storage_init("step", &step_bytes(n))?;
+        let p = MatParams {
+            ld_x: m.cols() as u32,
+            ld_y: m.rows() as u32,
+            ..Default::default()
+        };
+        let ds = w.matmul_dispatches(self, &xb, &yb, &step, &p);
+        self.run_and_read(&ds, n as u32, &yb, n * m.rows())
+    }
+
+    /// Row `r` of each `tokens[b]` of `m` gathered on the device (`n = tokens.len()` rows, −1 gives
+    /// zeros): the embedding kernel, once (tests).
+    pub fn embed_once(&self, m: &Matrix, tokens: &[i32]) -> Result<Vec<f32>, GpuError> {
+        let n = tokens.len();
+        if n == 0 || n > MAX_ROWS {
+            return Err(GpuError::Runtime(format!("embed_once: {n} tokens")));
+        }
+        let w = GpuMatrix::upload(self, "table", m)?;
+        let mut st = vec![0i32; crate::shaders::step::TOKENS + n];
+        st[0] = n as i32;
+        st[crate::shaders::step::TOKENS..].copy_from_slice(tokens);
+        let step = self.storage_init("step", &i32_bytes(&st))?;
+        let yb = self.buffer(
+            "y",
+            (n * m.cols() * 4) as u64,
+            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+        )?;
+        let dummy = self.buffer("dummy", 4, wgpu::BufferUsages::STORAGE)?;
+        let p = MatParams {
+            ld_y: m.cols() as u32,
+            tok_base: crate::shaders::step::TOKENS as u32,
+            tok_stride: 1,
+            ..Default::default()
+        };
+        let ds = w.embed_dispatches(self, &dummy, &yb, &step, &p);
+        self.run_and_read(&ds, n as u32, &yb, n * m.cols())
+    }
+
+    fn run_and_read(
+        &self,
+        ds: &[Dispatch],
+        n: u32,
+        y: &wgpu::Buffer,
+        len: usize,
+    ) -> Result<Vec<f32>, GpuError> {
+        let rb = self.buffer(
+            "readback",
+            (len * 4) as u64,
+            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        )?;
+        let mut enc = self
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+            for d in ds {
+                d.record(&mut pass, n);
+            }
+        }
+        enc.copy_buffer_to_buffer(y, 0, &rb, 0, (len * 4) as u64);
+        self.queue().submit([enc.finish()]);
+        let mut out = vec![0f32; len];
+        crate::lm::read_mapped(self, &rb, &mut out)?;
+        Ok(out)
+    }
+}
+
+pub(crate) fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+pub(crate) fn i32_bytes(v: &[i32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}

@@ -1,0 +1,498 @@
+//! The WGSL sources. A weight-reading kernel (matrix product, embedding gather) is one body
+//! written once plus a per-format `load4` that dequantizes four consecutive weights of a row from
+//! the checkpoint-format planes ([`kernels::CheckpointParts`]); the other kernels (RMS norm, RoPE and
+//! KV store, attention, gated SiLU) do not read weights in a quantized format.
+//!
+//! Every module is also translated to MSL and HLSL by a test (`tests/naga_targets.rs`), so a shader
+//! only Metal or DX12 would reject fails here.
+
+use crate::WeightKind;
+
+/// Most activation rows one matrix product handles (the batch of a GPU backend).
+pub const MAX_ROWS: usize = 8;
+
+/// Layout of the per-call integer step buffer (`array<i32>`), shared with the shaders:
+/// `[0]` active rows `n`; `[SESS..]` session of each active row; `[SLOT..]` KV slot written this
+/// step; `[COUNT..]` entries attended; `[TOKENS..]` token columns, then the previous tokens of a
+/// Depformer step.
+pub(crate) mod step {
+    /// Session index of active row `b` at `SESS + b`.
+    pub const SESS: usize = 8;
+    /// Ring slot of active row `b` at `SLOT + b`.
+    pub const SLOT: usize = 16;
+    /// Attended entries of active row `b` at `COUNT + b`.
+    pub const COUNT: usize = 24;
+    /// First token.
+    pub const TOKENS: usize = 32;
+}
+
+/// Declarations every module shares: the step buffer layout and exact f16 / bf16 decoding
+/// (integer arithmetic, so subnormal f16 scales are not flushed to zero by a driver).
+const PRELUDE: &str = r#"
+const WG: u32 = 64u;
+const MAXN: u32 = 8u;
+const SESS: u32 = 8u;
+const SLOT: u32 = 16u;
+const COUNT: u32 = 24u;
+
+fn f16_bits_to_f32(h: u32) -> f32 {
+    let sign = (h & 0x8000u) << 16u;
+    let e = (h >> 10u) & 0x1fu;
+    let m = h & 0x3ffu;
+    if (e == 0u) {
+        // Zero or subnormal: m · 2^-24, exact in f32.
+        let v = f32(m) * 5.9604644775390625e-8;
+        return select(v, -v, sign != 0u);
+    }
+    if (e == 31u) {
+        return bitcast<f32>(sign | 0x7f800000u | (m << 13u));
+    }
+    return bitcast<f32>(sign | ((e + 112u) << 23u) | (m << 13u));
+}
+
+fn bf16_bits_to_f32(h: u32) -> f32 {
+    return bitcast<f32>(h << 16u);
+}
+
+// Half `i` of an array of 16-bit values packed two per u32 (little-endian).
+fn half_at(w: u32, i: u32) -> u32 {
+    return (w >> (16u * (i & 1u))) & 0xffffu;
+}
+"#;
+
+/// Bindings of the weight-reading kernels (one bind group layout for all formats).
+const MAT_BINDINGS: &str = r#"
+struct Params {
+    rows: u32,
+    cols: u32,
+    group: u32,
+    row0: u32,
+    ld_x: u32,
+    x_off: u32,
+    ld_y: u32,
+    y_off: u32,
+    accumulate: u32,
+    tok_base: u32,
+    tok_stride: u32,
+    tok_slot: u32,
+};
+@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(1) var<storage, read> codes: array<u32>;
+@group(0) @binding(2) var<storage, read> scales: array<u32>;
+@group(0) @binding(3) var<storage, read> biases: array<u32>;
+@group(0) @binding(4) var<storage, read> x: array<f32>;
+@group(0) @binding(5) var<storage, read_write> y: array<f32>;
+@group(0) @binding(6) var<storage, read> stepb: array<i32>;
+
+fn scale_of(r: u32, k: u32) -> u32 {
+    // Group index of values 4k..4k+3 of row r (groups are multiples of 32 values).
+    let s = r * (P.cols / P.group) + (4u * k) / P.group;
+    return half_at(scales[s >> 1u], s);
+}
+fn bias_of(r: u32, k: u32) -> u32 {
+    let s = r * (P.cols / P.group) + (4u * k) / P.group;
+    return half_at(biases[s >> 1u], s);
+}
+"#;
+
+/// `load4(r, k)`: weights `4k .. 4k+3` of row `r` of the bound chunk, as f32.
+fn load4(kind: WeightKind) -> &'static str {
+    match kind {
+        WeightKind::F32 => {
+            r#"
+fn load4(r: u32, k: u32) -> vec4<f32> {
+    let i = 4u * (r * (P.cols / 4u) + k);
+    return vec4<f32>(bitcast<f32>(codes[i]), bitcast<f32>(codes[i + 1u]),
+                     bitcast<f32>(codes[i + 2u]), bitcast<f32>(codes[i + 3u]));
+}
+"#
+        }
+        WeightKind::F16 => {
+            r#"
+fn load4(r: u32, k: u32) -> vec4<f32> {
+    let i = 2u * (r * (P.cols / 4u) + k);
+    let a = codes[i];
+    let b = codes[i + 1u];
+    return vec4<f32>(f16_bits_to_f32(a & 0xffffu), f16_bits_to_f32(a >> 16u),
+                     f16_bits_to_f32(b & 0xffffu), f16_bits_to_f32(b >> 16u));
+}
+"#
+        }
+        WeightKind::Bf16 => {
+            r#"
+fn load4(r: u32, k: u32) -> vec4<f32> {
+    let i = 2u * (r * (P.cols / 4u) + k);
+    let a = codes[i];
+    let b = codes[i + 1u];
+    return vec4<f32>(bf16_bits_to_f32(a & 0xffffu), bf16_bits_to_f32(a >> 16u),
+                     bf16_bits_to_f32(b & 0xffffu), bf16_bits_to_f32(b >> 16u));
+}
+"#
+        }
+        WeightKind::Q8_0 => {
+            r#"
+fn load4(r: u32, k: u32) -> vec4<f32> {
+    // Sign-extend each byte with an arithmetic shift (no extractBits: MSL before 1.2 lacks it).
+    let w = codes[r * (P.cols / 4u) + k];
+    let q = vec4<f32>(f32(bitcast<i32>(w << 24u) >> 24u), f32(bitcast<i32>(w << 16u) >> 24u),
+                      f32(bitcast<i32>(w << 8u) >> 24u), f32(bitcast<i32>(w) >> 24u));
+    return f16_bits_to_f32(scale_of(r, k)) * q;
+}
+"#
+        }
+        WeightKind::Q4_0 => {
+            // Per 32-value block, 4 words; byte j holds value j (low nibble) and j + 16 (high).
+            r#"
+fn load4(r: u32, k: u32) -> vec4<f32> {
+    let m = k & 7u;
+    let w = codes[r * (P.cols / 8u) + (k >> 3u) * 4u + (m & 3u)];
+    let sh = select(0u, 4u, m >= 4u);
+    let q = vec4<f32>(f32((w >> sh) & 15u), f32((w >> (8u + sh)) & 15u),
+                      f32((w >> (16u + sh)) & 15u), f32((w >> (24u + sh)) & 15u));
+    return f16_bits_to_f32(scale_of(r, k)) * (q - vec4<f32>(8.0));
+}
+"#
+        }
+        WeightKind::Mlx4 => {
+            // Eight values per word, low bits first.
+            r#"
+fn load4(r: u32, k: u32) -> vec4<f32> {
+    let w = codes[r * (P.cols / 8u) + (k >> 1u)] >> (16u * (k & 1u));
+    let q = vec4<f32>(f32(w & 15u), f32((w >> 4u) & 15u), f32((w >> 8u) & 15u), f32((w >> 12u) & 15u));
+    return bf16_bits_to_f32(scale_of(r, k)) * q + vec4<f32>(bf16_bits_to_f32(bias_of(r, k)));
+}
+"#
+        }
+        WeightKind::Mlx8 => {
+            r#"
+fn load4(r: u32, k: u32) -> vec4<f32> {
+    let w = codes[r * (P.cols / 4u) + k];
+    let q = vec4<f32>(f32(w & 255u), f32((w >> 8u) & 255u), f32((w >> 16u) & 255u), f32(w >> 24u));
+    return bf16_bits_to_f32(scale_of(r, k)) * q + vec4<f32>(bf16_bits_to_f32(bias_of(r, k)));
+}
+"#
+        }
+    }
+}
+
+/// `y[b, y_off + row0 + r] (+)= Σ_c W[r, c] · x[b, x_off + c]` for the chunk's rows `r` and the
+/// step's `n` activation rows: one workgroup per weight row (the weights are read once for all
+/// `n`), each thread a strided partial sum, then a fixed-order tree (deterministic, and a row's
+/// result does not depend on `n`).
+const MATMUL_BODY: &str = r#"
+var<workgroup> part: array<f32, 512>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let r = wid.x + wid.y * nwg.x;
+    if (r >= P.rows) {
+        return;
+    }
+    let n = min(u32(stepb[0]), MAXN);
+    var acc: array<f32, 8>;
+    for (var b = 0u; b < MAXN; b++) {
+        acc[b] = 0.0;
+    }
+    let c4 = P.cols / 4u;
+    for (var k = lid; k < c4; k += WG) {
+        let w = load4(r, k);
+        for (var b = 0u; b < n; b++) {
+            let o = b * P.ld_x + P.x_off + 4u * k;
+            acc[b] += dot(w, vec4<f32>(x[o], x[o + 1u], x[o + 2u], x[o + 3u]));
+        }
+    }
+    for (var b = 0u; b < MAXN; b++) {
+        part[b * WG + lid] = acc[b];
+    }
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            for (var b = 0u; b < n; b++) {
+                part[b * WG + lid] += part[b * WG + lid + s];
+            }
+        }
+        workgroupBarrier();
+    }
+    if (lid == 0u) {
+        for (var b = 0u; b < n; b++) {
+            let o = b * P.ld_y + P.y_off + P.row0 + r;
+            var v = part[b * WG];
+            if (P.accumulate != 0u) {
+                v = y[o] + v;
+            }
+            y[o] = v;
+        }
+    }
+}
+"#;
+
+/// `y[b, y_off + c] += table[token(b)][c]` for the step's `n` rows, when the row's token lies in
+/// this chunk (`row0 .. row0 + rows`); token −1 adds nothing, other negative tokens read row 0
+/// (the host has rejected tokens past the table). `x` is not read.
+const EMBED_BODY: &str = r#"
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let b = gid.y;
+    let k = gid.x;
+    let n = min(u32(stepb[0]), MAXN);
+    if (b >= n || k >= P.cols / 4u) {
+        return;
+    }
+    let t = stepb[P.tok_base + b * P.tok_stride + P.tok_slot];
+    if (t == -1) {
+        return;
+    }
+    let row = u32(max(t, 0));
+    if (row < P.row0 || row >= P.row0 + P.rows) {
+        return;
+    }
+    let w = load4(row - P.row0, k);
+    let o = b * P.ld_y + P.y_off + 4u * k;
+    y[o] = y[o] + w.x;
+    y[o + 1u] = y[o + 1u] + w.y;
+    y[o + 2u] = y[o + 2u] + w.z;
+    y[o + 3u] = y[o + 3u] + w.w;
+}
+"#;
+
+/// Parameters of the non-weight kernels.
+const MISC_PARAMS: &str = r#"
+struct Misc {
+    d: u32,
+    w_off: u32,
+    eps: f32,
+    heads: u32,
+    head_dim: u32,
+    ctx: u32,
+    fixed_slot: i32,
+    rope: u32,
+    hidden: u32,
+    ld_in: u32,
+    ld_out: u32,
+    pad: u32,
+};
+@group(0) @binding(0) var<uniform> M: Misc;
+"#;
+
+/// RMS norm of each active row: `out = x · (w · 1/√(mean(x²) + eps))` (the CPU's grouping).
+const RMS_NORM: &str = r#"
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> w: array<f32>;
+@group(0) @binding(3) var<storage, read_write> dst: array<f32>;
+@group(0) @binding(4) var<storage, read> stepb: array<i32>;
+var<workgroup> part: array<f32, 64>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let b = wid.y;
+    let base = b * M.d;
+    var ss = 0.0;
+    for (var c = lid; c < M.d; c += WG) {
+        let v = x[base + c];
+        ss += v * v;
+    }
+    part[lid] = ss;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            part[lid] += part[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let inv = 1.0 / sqrt(part[0] / f32(M.d) + M.eps);
+    for (var c = lid; c < M.d; c += WG) {
+        dst[base + c] = x[base + c] * (w[M.w_off + c] * inv);
+    }
+}
+"#;
+
+/// RoPE (interleaved pairs, the host's cos/sin per row and frequency) on q and k of each active
+/// row's fused `qkv`, then k and v stored in the row's session's ring at this step's slot. KV ring
+/// layout per layer: `[session][slot][d]`.
+const ROPE_STORE: &str = r#"
+@group(0) @binding(1) var<storage, read_write> qkv: array<f32>;
+@group(0) @binding(2) var<storage, read_write> kc: array<f32>;
+@group(0) @binding(3) var<storage, read_write> vc: array<f32>;
+@group(0) @binding(4) var<storage, read> stepb: array<i32>;
+@group(0) @binding(5) var<storage, read> rope: array<f32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let b = gid.y;
+    let p = gid.x;
+    let d = M.d;
+    if (p >= d / 2u) {
+        return;
+    }
+    let j = 2u * p;
+    let q0 = b * 3u * d + j;
+    let k0 = q0 + d;
+    let v0 = k0 + d;
+    var k = vec2<f32>(qkv[k0], qkv[k0 + 1u]);
+    if (M.rope != 0u) {
+        let nhalf = M.head_dim / 2u;
+        let ri = 2u * (b * nhalf + p % nhalf);
+        let c = rope[ri];
+        let s = rope[ri + 1u];
+        let q = vec2<f32>(qkv[q0], qkv[q0 + 1u]);
+        qkv[q0] = q.x * c - q.y * s;
+        qkv[q0 + 1u] = q.x * s + q.y * c;
+        k = vec2<f32>(k.x * c - k.y * s, k.x * s + k.y * c);
+        qkv[k0] = k.x;
+        qkv[k0 + 1u] = k.y;
+    }
+    let sess = u32(stepb[SESS + b]);
+    var slot = u32(stepb[SLOT + b]);
+    if (M.fixed_slot >= 0) {
+        slot = u32(M.fixed_slot);
+    }
+    let o = (sess * M.ctx + slot) * d + j;
+    kc[o] = k.x;
+    kc[o + 1u] = k.y;
+    vc[o] = qkv[v0];
+    vc[o + 1u] = qkv[v0 + 1u];
+}
+"#;
+
+/// One head of one active row per workgroup: softmax(q·kᵀ/√hd) v over the row's `count` most
+/// recent ring entries (oldest first), scores in a storage scratch `[MAXN][heads][ctx]`.
+const ATTENTION: &str = r#"
+@group(0) @binding(1) var<storage, read> qkv: array<f32>;
+@group(0) @binding(2) var<storage, read> kc: array<f32>;
+@group(0) @binding(3) var<storage, read> vc: array<f32>;
+@group(0) @binding(4) var<storage, read_write> scores: array<f32>;
+@group(0) @binding(5) var<storage, read_write> dst: array<f32>;
+@group(0) @binding(6) var<storage, read> stepb: array<i32>;
+var<workgroup> red: array<f32, 64>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let h = wid.x;
+    let b = wid.y;
+    let d = M.d;
+    let hd = M.head_dim;
+    let sess = u32(stepb[SESS + b]);
+    var newest = u32(stepb[SLOT + b]);
+    var count = u32(stepb[COUNT + b]);
+    if (M.fixed_slot >= 0) {
+        newest = u32(M.fixed_slot);
+        count = newest + 1u;
+    }
+    let q0 = b * 3u * d + h * hd;
+    let sbase = (b * M.heads + h) * M.ctx;
+    let inv = 1.0 / sqrt(f32(hd));
+    let first = newest + M.ctx + 1u - count;
+    var mx = -3.0e38;
+    for (var e = lid; e < count; e += WG) {
+        let slot = (first + e) % M.ctx;
+        let k0 = (sess * M.ctx + slot) * d + h * hd;
+        var s = 0.0;
+        for (var t = 0u; t < hd; t++) {
+            s += qkv[q0 + t] * kc[k0 + t];
+        }
+        s = s * inv;
+        scores[sbase + e] = s;
+        mx = max(mx, s);
+    }
+    red[lid] = mx;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            red[lid] = max(red[lid], red[lid + s]);
+        }
+        workgroupBarrier();
+    }
+    let m = red[0];
+    workgroupBarrier();
+    var sum = 0.0;
+    for (var e = lid; e < count; e += WG) {
+        let p = exp(scores[sbase + e] - m);
+        scores[sbase + e] = p;
+        sum += p;
+    }
+    red[lid] = sum;
+    storageBarrier();
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            red[lid] += red[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let norm = 1.0 / red[0];
+    for (var t = lid; t < hd; t += WG) {
+        var acc = 0.0;
+        for (var e = 0u; e < count; e++) {
+            let slot = (first + e) % M.ctx;
+            acc += scores[sbase + e] * vc[(sess * M.ctx + slot) * d + h * hd + t];
+        }
+        dst[b * d + h * hd + t] = acc * norm;
+    }
+}
+"#;
+
+/// `u = silu(g[.., :hidden]) · g[.., hidden:]` for each active row.
+const GATE: &str = r#"
+@group(0) @binding(1) var<storage, read> g: array<f32>;
+@group(0) @binding(2) var<storage, read_write> u: array<f32>;
+@group(0) @binding(3) var<storage, read> stepb: array<i32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let b = gid.y;
+    let j = gid.x;
+    if (j >= M.hidden) {
+        return;
+    }
+    let a = g[b * 2u * M.hidden + j];
+    u[b * M.hidden + j] = a / (1.0 + exp(-a)) * g[b * 2u * M.hidden + M.hidden + j];
+}
+"#;
+
+/// What a compute module does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Module {
+    /// Matrix product with weights of a format.
+    Matmul(WeightKind),
+    /// Embedding-row gather and add with weights of a format.
+    Embed(WeightKind),
+    /// RMS norm.
+    RmsNorm,
+    /// RoPE and KV-ring store.
+    RopeStore,
+    /// Attention over the KV ring.
+    Attention,
+    /// Gated SiLU.
+    Gate,
+}
+
+impl Module {
+    /// Every module the backend compiles.
+    pub fn all() -> Vec<Module> {
+        let mut v = Vec::new();
+        for k in WeightKind::ALL {
+            v.push(Module::Matmul(k));
+            v.push(Module::Embed(k));
+        }
+        v.extend([
+            Module::RmsNorm,
+            Module::RopeStore,
+            Module::Attention,
+            Module::Gate,
+        ]);
+        v
+    }
+
+    /// The module's WGSL source (entry point `main`).
+    pub fn source(self) -> String {
+        match self {
+            Module::Matmul(k) => [PRELUDE, MAT_BINDINGS, load4(k), MATMUL_BODY].concat(),
+            Module::Embed(k) => [PRELUDE, MAT_BINDINGS, load4(k), EMBED_BODY].concat(),
+            Module::RmsNorm => [PRELUDE, MISC_PARAMS, RMS_NORM].concat(),
+            Module::RopeStore => [PRELUDE, MISC_PARAMS, ROPE_STORE].concat(),
+            Module::Attention => [PRELUDE, MISC_PARAMS, ATTENTION].concat(),
+            Module::Gate => [PRELUDE, MISC_PARAMS, GATE].concat(),
+        }
+    }
+}

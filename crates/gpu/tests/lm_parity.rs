@@ -1,0 +1,375 @@
+//! The LM on the device against the oracle fixtures and the CPU backend, for every weight format of
+//! the tiny model (`fixtures/lm*`): greedy tokens identical over the fixture length, logits within
+//! 1e-4 of the oracle (each fixture's trace was computed by moshi in f32 from that file's
+//! dequantized weights, which is what the device computes) and of the CPU backend in its exact
+//! mode (quantized weights × f32 activations, `kernels::set_f32_activations`).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use gpu::{GpuContext, GpuLm, GpuLmWeights};
+use kernels::Pool;
+use model::lm::{CpuLm, Generator, KvDtype, LmBackend, LmError, LmFrame, LmModel, LmRecorder};
+use model::sampling::{Sampler, SamplerConfig};
+use safetensors::SafeTensors;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
+}
+
+fn read(path: &Path) -> Vec<u8> {
+    std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn tensor_f32(bytes: &[u8], name: &str) -> Vec<f32> {
+    let st = SafeTensors::deserialize(bytes).unwrap();
+    let t = st.tensor(name).unwrap();
+    assert_eq!(t.dtype(), safetensors::Dtype::F32, "{name}");
+    t.data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn tensor_i64(bytes: &[u8], name: &str) -> (Vec<i64>, Vec<usize>) {
+    let st = SafeTensors::deserialize(bytes).unwrap();
+    let t = st.tensor(name).unwrap();
+    assert_eq!(t.dtype(), safetensors::Dtype::I64, "{name}");
+    (
+        t.data()
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect(),
+        t.shape().to_vec(),
+    )
+}
+
+/// User codes `[8, T]` of the LM fixtures.
+fn user_codes() -> (Vec<i64>, usize) {
+    let (c, shape) = tensor_i64(&read(&fixtures().join("lm/CODES.safetensors")), "codes");
+    (c, shape[1])
+}
+
+fn load(dir: &str) -> LmModel {
+    model::MoshiModel::open(&fixtures().join(dir)).unwrap().lm
+}
+
+/// Runs `steps` greedy calls of one session through `backend`, recording everything.
+fn run(backend: Box<dyn LmBackend>, steps: usize) -> LmRecorder {
+    let (codes, t_total) = user_codes();
+    let spec = backend.spec().clone();
+    let mut gen = Generator::new(backend).unwrap();
+    let mut samplers = [Sampler::new(SamplerConfig::greedy(), spec.text_card, spec.card).unwrap()];
+    let mut rec = LmRecorder::default();
+    for t in 0..steps {
+        let user: Vec<u32> = (0..8)
+            .map(|k| codes[k * t_total + t % t_total] as u32)
+            .collect();
+        let mut out: [Result<Option<LmFrame>, LmError>; 1] = [Ok(None)];
+        gen.step(&[0], &user, &mut samplers, None, &mut out, &mut rec)
+            .unwrap();
+        if let Ok(Some(f)) = &out[0] {
+            rec.record_frame(f);
+        }
+    }
+    rec
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+fn cpu_backend(m: LmModel) -> Box<dyn LmBackend> {
+    Box::new(CpuLm::new(Arc::new(m), 1, KvDtype::F32, Arc::new(Pool::new(1))).unwrap())
+}
+
+fn gpu_backend(ctx: &GpuContext, m: &LmModel, rows: usize) -> GpuLm {
+    GpuLm::new(GpuLmWeights::upload(ctx, m).unwrap(), rows).unwrap()
+}
+
+/// One fixture format: GPU vs oracle trace and vs CPU.
+fn check_format(ctx: &GpuContext, dir: &str) {
+    kernels::set_f32_activations(true);
+    let trace = read(&fixtures().join(dir).join("trace.safetensors"));
+    let (inp, shape) = tensor_i64(&trace, "input_tokens");
+    let steps = shape[0];
+    let m = load(dir);
+    let g = run(Box::new(gpu_backend(ctx, &m, 1)), steps);
+    let c = run(cpu_backend(load(dir)), steps);
+    assert_eq!(g.input_tokens, inp, "{dir}: input tokens");
+    assert_eq!(g.input_tokens, c.input_tokens, "{dir}: input tokens vs CPU");
+    let (out_text, _) = tensor_i64(&trace, "out_text");
+    assert_eq!(g.out_text, out_text, "{dir}: text tokens");
+    let (a, s) = tensor_i64(&trace, "out_audio");
+    let frames = s[1];
+    let audio: Vec<i64> = (0..frames)
+        .flat_map(|t| (0..8).map(move |k| (t, k)))
+        .map(|(t, k)| a[k * frames + t])
+        .collect();
+    assert_eq!(g.out_audio, audio, "{dir}: audio tokens");
+    assert_eq!(
+        (&g.out_text, &g.out_audio),
+        (&c.out_text, &c.out_audio),
+        "{dir}: tokens vs CPU"
+    );
+    for (name, got, cpu) in [
+        ("transformer_out", &g.transformer_out, &c.transformer_out),
+        ("text_logits", &g.text_logits, &c.text_logits),
+        ("depformer_logits", &g.depformer_logits, &c.depformer_logits),
+    ] {
+        let want = tensor_f32(&trace, name);
+        let d_oracle = max_abs_diff(got, &want);
+        let d_cpu = max_abs_diff(got, cpu);
+        eprintln!("{dir} {name}: max |gpu - oracle| {d_oracle:e}, max |gpu - cpu| {d_cpu:e}");
+        assert!(d_oracle < 1e-4, "{dir} {name}: {d_oracle} from the oracle");
+        assert!(d_cpu < 1e-4, "{dir} {name}: {d_cpu} from the CPU");
+    }
+}
+
+#[test]
+fn f32_weights_match_oracle_and_cpu() {
+    let Some(ctx) = common::context() else { return };
+    check_format(&ctx, "lm");
+}
+
+#[test]
+fn every_weight_format_matches_oracle_and_cpu() {
+    let Some(ctx) = common::context() else { return };
+    for dir in [
+        "lm_candle_bf16",
+        "lm_gguf_q8",
+        "lm_mlx_bf16",
+        "lm_mlx_q4",
+        "lm_mlx_q8",
+        // Written by the real tools (gguf-py's Q4_0, candle's Q8_0); traces from moshi on the
+        // tools' own dequantization.
+        "tools/ggufpy_q4_0",
+        "tools/candle_q8_0",
+    ] {
+        check_format(&ctx, dir);
+    }
+}
+
+/// Rows of a batch are independent: two sessions stepped together, or one alone, give the same
+/// logits bit for bit as a batch of one; a reset row starts over.
+#[test]
+fn batch_rows_are_independent_and_reset() {
+    let Some(ctx) = common::context() else { return };
+    let m = load("lm");
+    let w = GpuLmWeights::upload(&ctx, &m).unwrap();
+    let s = m.spec().clone();
+    let k = s.num_streams();
+    let col = |t: usize, salt: i64| -> Vec<i64> {
+        (0..k)
+            .map(|i| {
+                if i == 0 {
+                    (t as i64 * 7 + salt) % 128
+                } else {
+                    (t as i64 * 3 + i as i64 + salt) % 64
+                }
+            })
+            .collect()
+    };
+    let mut one_a = GpuLm::new(w.clone(), 1).unwrap();
+    let mut one_b = GpuLm::new(w.clone(), 1).unwrap();
+    let mut two = GpuLm::new(w.clone(), 2).unwrap();
+    for t in 0..14 {
+        let (a, b) = (col(t, 0), col(t, 5));
+        one_a.temporal_step(&[0], &a).unwrap();
+        one_b.temporal_step(&[0], &b).unwrap();
+        // Odd steps: row 1 first, then both; row 1 alone on every third step.
+        if t % 3 == 2 {
+            two.temporal_step(&[0], &a).unwrap();
+            assert_eq!(
+                two.text_logits()[..s.text_card],
+                one_a.text_logits()[..s.text_card]
+            );
+            two.temporal_step(&[1], &b).unwrap();
+            assert_eq!(
+                two.text_logits()[..s.text_card],
+                one_b.text_logits()[..s.text_card]
+            );
+        } else {
+            let mut both = b.clone();
+            both.extend_from_slice(&a);
+            two.temporal_step(&[1, 0], &both).unwrap();
+            assert_eq!(
+                two.text_logits()[..s.text_card],
+                one_b.text_logits()[..s.text_card]
+            );
+            assert_eq!(
+                two.text_logits()[s.text_card..2 * s.text_card],
+                one_a.text_logits()[..s.text_card]
+            );
+            for kk in 0..s.dep_q {
+                let la = one_a.depformer_step(&[0], kk, &[3]).unwrap().to_vec();
+                let lb = one_b.depformer_step(&[0], kk, &[4]).unwrap().to_vec();
+                let l2 = two.depformer_step(&[1, 0], kk, &[4, 3]).unwrap();
+                assert_eq!(l2[..s.card], lb[..s.card]);
+                assert_eq!(l2[s.card..2 * s.card], la[..s.card]);
+            }
+        }
+    }
+    // Reset row 0 of `two`; a fresh backend given the same inputs agrees.
+    two.reset_row(0);
+    let mut fresh = GpuLm::new(w, 1).unwrap();
+    for t in 0..3 {
+        two.temporal_step(&[0], &col(t, 9)).unwrap();
+        fresh.temporal_step(&[0], &col(t, 9)).unwrap();
+        assert_eq!(
+            two.text_logits()[..s.text_card],
+            fresh.text_logits()[..s.text_card]
+        );
+    }
+}
+
+/// Bad input is a typed error that leaves the state alone, as on the CPU.
+#[test]
+fn bad_tokens_are_refused() {
+    let Some(ctx) = common::context() else { return };
+    let m = load("lm");
+    let mut g = gpu_backend(&ctx, &m, 1);
+    let k = m.spec().num_streams();
+    let mut col = vec![0i64; k];
+    col[0] = 129;
+    assert!(matches!(
+        g.temporal_step(&[0], &col),
+        Err(LmError::Token { stream: 0, .. })
+    ));
+    assert!(g.temporal_step(&[1], &vec![0; k]).is_err());
+    assert!(
+        g.depformer_step(&[0], 0, &[0]).is_err(),
+        "depformer before a temporal step"
+    );
+}
+
+/// Nothing is created per frame: buffers and bind groups are counted over 100 frames (the KV ring
+/// of context 10 wraps many times) and the count does not move after construction.
+#[test]
+fn no_buffer_or_bind_group_created_per_frame() {
+    let Some(ctx) = common::context() else { return };
+    let m = load("lm");
+    let g = gpu_backend(&ctx, &m, 1);
+    let (buffers, binds) = (ctx.buffers_created(), ctx.bind_groups_created());
+    assert!(buffers > 0 && binds > 0);
+    let rec = run(Box::new(g), 100);
+    assert_eq!(rec.out_text.len(), 99);
+    assert_eq!(
+        ctx.buffers_created(),
+        buffers,
+        "buffers created during 100 frames"
+    );
+    assert_eq!(
+        ctx.bind_groups_created(),
+        binds,
+        "bind groups created during 100 frames"
+    );
+}
+
+/// The f32 fixture LM with its matrices re-encoded in `format` (those whose columns the format
+/// cannot group stay f32, as in real quantized files).
+struct Reencoded {
+    inner: model::checkpoint::Weights,
+    format: kernels::WeightFormat,
+}
+
+impl Reencoded {
+    fn convert(&self, m: kernels::Matrix) -> kernels::Matrix {
+        let unit = match self.format {
+            kernels::WeightFormat::MlxAffine { group, .. } => group,
+            kernels::WeightFormat::Q8_0 | kernels::WeightFormat::Q4_0 => 32,
+            _ => 1,
+        };
+        if !m.cols().is_multiple_of(unit) {
+            return m;
+        }
+        let mut v = vec![0f32; m.rows() * m.cols()];
+        for (r, row) in v.chunks_exact_mut(m.cols()).enumerate() {
+            m.row_f32(r, row);
+        }
+        kernels::Matrix::encode(self.format, m.rows(), m.cols(), &v).unwrap()
+    }
+}
+
+impl model::lm::TensorSource for Reencoded {
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<kernels::Matrix, LmError> {
+        Ok(self.convert(model::lm::TensorSource::matrix(
+            &self.inner,
+            name,
+            rows,
+            cols,
+        )?))
+    }
+    fn matrix_rows(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        start: usize,
+        n: usize,
+    ) -> Result<kernels::Matrix, LmError> {
+        Ok(self.convert(model::lm::TensorSource::matrix_rows(
+            &self.inner,
+            name,
+            rows,
+            cols,
+            start,
+            n,
+        )?))
+    }
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LmError> {
+        model::lm::TensorSource::vector(&self.inner, name, len)
+    }
+}
+
+fn reencoded(format: kernels::WeightFormat) -> LmModel {
+    use model::checkpoint::{Component, LmConfig, Weights};
+    let dir = fixtures().join("lm");
+    let cfg =
+        LmConfig::from_json(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let src = Reencoded {
+        inner: Weights::open(&dir.join("model.safetensors"), Component::Lm).unwrap(),
+        format,
+    };
+    LmModel::from_source(&src, model::lm::LmSpec::from_config(&cfg).unwrap()).unwrap()
+}
+
+/// Every weight format on the same tiny model, device against CPU (exact mode): identical greedy
+/// tokens over 40 steps (the ring of context 10 wraps) and logits within 1e-4.
+#[test]
+fn every_format_on_one_model_matches_cpu() {
+    use kernels::WeightFormat as F;
+    let Some(ctx) = common::context() else { return };
+    kernels::set_f32_activations(true);
+    for format in [
+        F::F32,
+        F::F16,
+        F::Bf16,
+        F::Q8_0,
+        F::Q4_0,
+        F::MlxAffine { bits: 4, group: 32 },
+        F::MlxAffine { bits: 4, group: 64 },
+        F::MlxAffine { bits: 8, group: 64 },
+    ] {
+        let m = reencoded(format);
+        let g = run(Box::new(gpu_backend(&ctx, &m, 1)), 40);
+        let c = run(cpu_backend(m), 40);
+        assert_eq!(g.out_text, c.out_text, "{format:?}: text tokens");
+        assert_eq!(g.out_audio, c.out_audio, "{format:?}: audio tokens");
+        for (name, a, b) in [
+            ("transformer_out", &g.transformer_out, &c.transformer_out),
+            ("text_logits", &g.text_logits, &c.text_logits),
+            ("depformer_logits", &g.depformer_logits, &c.depformer_logits),
+        ] {
+            let d = max_abs_diff(a, b);
+            eprintln!("{format:?} {name}: max |gpu - cpu| {d:e}");
+            assert!(d < 1e-4, "{format:?} {name}: {d}");
+        }
+    }
+}
