@@ -153,6 +153,24 @@ impl KvRing {
         self.attend_level(arch::active(), q, out, window)
     }
 
+    /// [`KvRing::attend`] with a named kernel set (tests and benchmarks compare sets in one
+    /// process); [`KernelError::Unsupported`] when this CPU cannot run it.
+    pub fn attend_with(
+        &mut self,
+        set: KernelSet,
+        q: &[f32],
+        out: &mut [f32],
+        window: usize,
+    ) -> Result<(), KernelError> {
+        if !set.available() {
+            return Err(KernelError::Unsupported(format!(
+                "kernel set {set} on this CPU"
+            )));
+        }
+        self.attend_level(arch::table(set), q, out, window);
+        Ok(())
+    }
+
     /// All heads, one after the other, with the given kernel table.
     fn attend_level(&mut self, level: &Kernels, q: &[f32], out: &mut [f32], window: usize) {
         let hd = self.head_dim;

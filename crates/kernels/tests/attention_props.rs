@@ -1,12 +1,20 @@
-//! Property tests: SIMD attention (AVX-512 and AVX2 paths) against the scalar reference
-//! `KvRing::attend_reference`, for f32 and bf16 rings, wrapped and partial windows.
+//! Property tests: the attention of every kernel set this CPU runs against the scalar
+//! reference `KvRing::attend_reference`, for f32 and bf16 rings, wrapped and partial windows.
 //!
 //! Tolerance per output element: `2e-6 · (1 + S) · max|v| + 1e-6`, where `S` is the largest
 //! `Σ|q·k|/√d` over the window: the scores differ from the reference by summation order
 //! (relative 1e-6 of `S`), which moves each probability by about that much, and the vector
 //! `exp` differs from libm by a few ulp.
+//!
+//! The `bfmmla` path (bf16 keys on a CPU with FEAT_BF16) multiplies bf16 halves of the query:
+//! its scores are within `Δ = (2⁻¹⁸ + (d + 8)·2⁻²⁴)·S` of exact ones (the split leaves
+//! `2⁻¹⁸·|q|`; each of at most d/2 + 4 round-to-odd additions along a lane errs by under one f32
+//! ulp, 2⁻²³ of a partial sum bounded by `Σ|q·k|`). A softmax moves by at most twice its largest
+//! score change in total (`Δp_e = p_e·(Δs_e − Σ p_j·Δs_j)`), so that path adds
+//! `2.1 · Δ · max|v|` (2 plus a margin for the second-order terms at Δ ≤ 1e-3).
 
 use kernels::attention::{KvDtype, KvRing};
+use kernels::KernelSet;
 use proptest::prelude::*;
 
 fn lcg(seed: &mut u64) -> f32 {
@@ -44,10 +52,12 @@ fn check(
     ring.attend_reference(&q, &mut want, window);
     let n = window.min(pushes).min(cap);
     let inv = 1.0 / (hd as f32).sqrt();
-    for avx512 in [true, false] {
-        kernels::set_avx512_allowed(avx512);
+    for set in KernelSet::ALL {
         let mut got = vec![f32::NAN; d];
-        ring.attend(&q, &mut got, window);
+        if ring.attend_with(set, &q, &mut got, window).is_err() {
+            assert!(!set.available());
+            continue;
+        }
         for h in 0..nh {
             let sl = h * hd..(h + 1) * hd;
             let smax = ks[pushes - n..]
@@ -65,11 +75,15 @@ fn check(
                 .iter()
                 .flat_map(|v| v[sl.clone()].iter().map(|x| x.abs()))
                 .fold(0f32, f32::max);
-            let tol = 2e-6 * (1.0 + smax) * vmax + 1e-6;
+            let mut tol = 2e-6 * (1.0 + smax) * vmax + 1e-6;
+            if set.bfmmla_attention() && dtype == KvDtype::Bf16 {
+                let delta = (2f32.powi(-18) + (hd as f32 + 8.0) * 2f32.powi(-24)) * smax;
+                tol += 2.1 * delta * vmax;
+            }
             for i in sl.clone() {
                 assert!(
                     (got[i] - want[i]).abs() <= tol,
-                    "avx512 {avx512} {dtype:?} hd {hd} nh {nh} cap {cap} pushes {pushes} window {window}: \
+                    "{set} {dtype:?} hd {hd} nh {nh} cap {cap} pushes {pushes} window {window}: \
                      [{i}] {} vs {} (tol {tol})",
                     got[i],
                     want[i]
@@ -77,7 +91,6 @@ fn check(
             }
         }
     }
-    kernels::set_avx512_allowed(true);
 }
 
 proptest! {

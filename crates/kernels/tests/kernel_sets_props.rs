@@ -10,13 +10,14 @@ use proptest::prelude::*;
 mod common;
 use common::vals;
 
-const FORMATS: [WeightFormat; 7] = [
+const FORMATS: [WeightFormat; 8] = [
     WeightFormat::F32,
     WeightFormat::Bf16,
     WeightFormat::F16,
     WeightFormat::Q8_0,
     WeightFormat::Q4_0,
     WeightFormat::MlxAffine { bits: 4, group: 32 },
+    WeightFormat::MlxAffine { bits: 4, group: 64 },
     WeightFormat::MlxAffine { bits: 8, group: 64 },
 ];
 

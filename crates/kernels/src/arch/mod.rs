@@ -12,7 +12,7 @@
 //! * `MOSHI_KERNELS_SCALAR=1`: the portable kernels only;
 //! * `MOSHI_KERNELS_NO_AVX512=1`, `MOSHI_KERNELS_NO_VNNI=1`: drop those x86 tables;
 //! * `MOSHI_KERNELS_NO_DOTPROD=1` (baseline NEON only), `MOSHI_KERNELS_NO_I8MM=1`: drop those
-//!   aarch64 tables;
+//!   aarch64 tables; `MOSHI_KERNELS_NO_BF16=1`: widened bf16 keys instead of `bfmmla`;
 //! * `MOSHI_KERNELS_F32_ACTIVATIONS=1`: exact f32 activations for quantized weights
 //!   ([`set_f32_activations`]).
 
@@ -46,7 +46,8 @@ pub enum KernelSet {
     Neon,
     /// NEON with `sdot` (dotprod) quantized kernels.
     NeonDotprod,
-    /// NEON with `smmla` (i8mm) quantized kernels for pairs of activation rows.
+    /// NEON with `smmla` (i8mm) quantized kernels for pairs of activation rows, and `bfmmla`
+    /// attention over bf16 keys when the CPU has FEAT_BF16 ([`KernelSet::bfmmla_attention`]).
     NeonI8mm,
 }
 
@@ -75,6 +76,14 @@ impl KernelSet {
             KernelSet::NeonDotprod => f.dotprod,
             KernelSet::NeonI8mm => f.i8mm,
         }
+    }
+
+    /// Whether this set's attention multiplies bf16 keys with `bfmmla` (bf16 × bf16 products
+    /// of a split query; see the tolerance in the attention property tests) instead of
+    /// widening them to f32: [`KernelSet::NeonI8mm`] on a CPU with FEAT_BF16, unless
+    /// `MOSHI_KERNELS_NO_BF16` is set.
+    pub fn bfmmla_attention(self) -> bool {
+        self == KernelSet::NeonI8mm && features().bf16
     }
 
     /// Short lower-case name (`scalar`, `avx2`, `avx2-vnni`, `avx512`) for logs and tables.
@@ -119,6 +128,7 @@ pub(crate) fn features() -> Features {
         f.avxvnni &= f.avx2 && !env_set("MOSHI_KERNELS_NO_VNNI");
         f.dotprod &= !env_set("MOSHI_KERNELS_NO_DOTPROD");
         f.i8mm &= f.dotprod && !env_set("MOSHI_KERNELS_NO_I8MM");
+        f.bf16 &= f.i8mm && !env_set("MOSHI_KERNELS_NO_BF16");
         f
     })
 }
@@ -203,6 +213,8 @@ pub(crate) fn table(set: KernelSet) -> &'static Kernels {
         KernelSet::Neon => &aarch64::NEON,
         #[cfg(target_arch = "aarch64")]
         KernelSet::NeonDotprod => &aarch64::NEON_DOTPROD,
+        #[cfg(target_arch = "aarch64")]
+        KernelSet::NeonI8mm if features().bf16 => &aarch64::NEON_I8MM_BF16,
         #[cfg(target_arch = "aarch64")]
         KernelSet::NeonI8mm => &aarch64::NEON_I8MM,
         _ => &scalar::SCALAR,

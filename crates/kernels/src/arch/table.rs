@@ -22,6 +22,8 @@ pub(crate) struct Features {
     pub(crate) dotprod: bool,
     /// aarch64 `smmla` (FEAT_I8MM).
     pub(crate) i8mm: bool,
+    /// aarch64 `bfmmla` (FEAT_BF16; taken only with i8mm, as on every Armv8.6 core).
+    pub(crate) bf16: bool,
 }
 
 /// Dense matmul `(w, rows, cols, x, n, r0, r1, y)`: rows `r0..r1` of `w [rows, cols]` against

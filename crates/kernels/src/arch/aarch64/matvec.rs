@@ -72,13 +72,34 @@ unsafe fn accumulate<const N: usize>(
     }
 }
 
-/// Scale group of block `b` (no division for GGUF's one block per group).
-#[inline(always)]
-fn group(q: &QPacked, b: usize) -> usize {
-    if q.group_blocks == 1 {
-        b
-    } else {
-        b / q.group_blocks
+/// The scale group of consecutive blocks, counted along the block loop (no division per
+/// block: MLX groups span 2 blocks, GGUF's 1).
+struct GroupCounter {
+    g: usize,
+    left: usize,
+    per: usize,
+}
+
+impl GroupCounter {
+    #[inline(always)]
+    fn new(q: &QPacked) -> Self {
+        GroupCounter {
+            g: 0,
+            left: q.group_blocks,
+            per: q.group_blocks,
+        }
+    }
+
+    /// The group of the current block; moves on to the next block.
+    #[inline(always)]
+    fn next(&mut self) -> usize {
+        let g = self.g;
+        self.left -= 1;
+        if self.left == 0 {
+            self.g += 1;
+            self.left = self.per;
+        }
+        g
     }
 }
 
@@ -152,6 +173,7 @@ macro_rules! dot_kernels {
                 let mut acc = [[vdupq_n_f32(0.0); 2]; N];
                 let mut corr = [[vdupq_n_f32(0.0); 2]; N];
                 let m4 = vdupq_n_u8(15);
+                let mut groups = GroupCounter::new(q);
                 for b in 0..q.blocks {
                     let wp = q.codes.as_ptr().add(q.tile_block_base(t, b));
                     let mut is = [[vdupq_n_s32(0); 2]; N];
@@ -203,7 +225,7 @@ macro_rules! dot_kernels {
                         group!(6, 1, 2);
                         group!(7, 1, 3);
                     }
-                    accumulate::<N>(q, t, b, act, i0, group(q, b), &is, &mut acc, &mut corr);
+                    accumulate::<N>(q, t, b, act, i0, groups.next(), &is, &mut acc, &mut corr);
                 }
                 store::<N>(&acc, &corr, rows, t, i0, y);
             }
@@ -276,6 +298,7 @@ unsafe fn tile_mm<const P: usize, const N: usize>(
     let mut acc = [[vdupq_n_f32(0.0); 2]; N];
     let mut corr = [[vdupq_n_f32(0.0); 2]; N];
     let m4 = vdupq_n_u8(15);
+    let mut groups = GroupCounter::new(q);
     for b in 0..q.blocks {
         let wp = q.codes.as_ptr().add(q.tile_block_base(t, b));
         // Per pair of activation rows, chunk c: columns 8c..8c + 8 of both rows.
@@ -327,7 +350,7 @@ unsafe fn tile_mm<const P: usize, const N: usize>(
                 vuzp2q_s32(mm[p][2], mm[p][3]),
             ];
         }
-        accumulate::<N>(q, t, b, act, i0, group(q, b), &is, &mut acc, &mut corr);
+        accumulate::<N>(q, t, b, act, i0, groups.next(), &is, &mut acc, &mut corr);
     }
     store::<N>(&acc, &corr, rows, t, i0, y);
 }

@@ -1,9 +1,10 @@
 //! aarch64 kernels: baseline NEON for every table entry, `sdot` (dotprod) and `smmla` (i8mm)
-//! quantized matmuls, chosen at run time from `is_aarch64_feature_detected!`. Nothing here is
+//! quantized matmuls, `bfmmla` (bf16) attention over bf16 keys, chosen at run time from `is_aarch64_feature_detected!`. Nothing here is
 //! Linux-specific (the same code builds for aarch64-apple-darwin).
 
 use super::table::{Features, Kernels};
 
+mod attention;
 mod gemm;
 mod matvec;
 pub(crate) mod ops;
@@ -14,6 +15,7 @@ pub(super) fn probe(f: &mut Features) {
     f.neon = std::arch::is_aarch64_feature_detected!("neon");
     f.dotprod = f.neon && std::arch::is_aarch64_feature_detected!("dotprod");
     f.i8mm = f.dotprod && std::arch::is_aarch64_feature_detected!("i8mm");
+    f.bf16 = f.i8mm && std::arch::is_aarch64_feature_detected!("bf16");
 }
 
 const NEON_BASE: Kernels = Kernels {
@@ -22,7 +24,7 @@ const NEON_BASE: Kernels = Kernels {
     dense_f16: matvec::dense_half::<false>,
     quant: matvec::plain::quant,
     quantize_act: ops::quantize_act,
-    attend_head: ops::attend_head,
+    attend_head: attention::attend_head,
     gemm_tile: gemm::tile,
     gemm_skinny: gemm::skinny,
     gemm_wide: None,
@@ -50,7 +52,15 @@ pub(crate) static NEON_DOTPROD: Kernels = Kernels {
 };
 
 /// NEON with `smmla` quantized kernels (pairs of activation rows; `sdot` for a lone row).
-pub(crate) static NEON_I8MM: Kernels = Kernels {
+pub(crate) static NEON_I8MM: Kernels = NEON_I8MM_BASE;
+
+const NEON_I8MM_BASE: Kernels = Kernels {
     quant: matvec::quant_i8mm,
     ..NEON_BASE
+};
+
+/// [`NEON_I8MM`] with bf16-key attention through `bfmmla` (FEAT_BF16).
+pub(crate) static NEON_I8MM_BF16: Kernels = Kernels {
+    attend_head: attention::attend_head_bfmmla,
+    ..NEON_I8MM_BASE
 };

@@ -1,13 +1,12 @@
 //! Row ops of the NEON tables: dot products and `axpy` (f32 and bf16), the activation
-//! quantizer (bitwise equal to the portable one), attention of one head over the KV ring, and
-//! the pointwise activations (the portable bodies with fused multiply-adds).
+//! quantizer (bitwise equal to the portable one) and the pointwise activations (the portable
+//! bodies with fused multiply-adds).
 #![allow(clippy::needless_range_loop)]
 
 use std::arch::aarch64::*;
 
 use super::matvec::bf16x4_to_f32;
 use crate::arch::scalar::{elu_body, gelu_erf_body, tree16};
-use crate::arch::table::Seg;
 use crate::layout::QK;
 
 /// 4 elements of `p` as f32 (bf16 bits widened when `BF16`).
@@ -32,7 +31,7 @@ unsafe fn load1<const BF16: bool>(p: *const u8, i: usize) -> f32 {
 
 /// `Σ a·b` over `n` values, `b` f32 or bf16 (two f32x4 accumulators, then the tail).
 #[inline(always)]
-unsafe fn dot_any<const BF16: bool>(a: *const f32, b: *const u8, n: usize) -> f32 {
+pub(super) unsafe fn dot_any<const BF16: bool>(a: *const f32, b: *const u8, n: usize) -> f32 {
     let (mut s0, mut s1) = (vdupq_n_f32(0.0), vdupq_n_f32(0.0));
     let mut i = 0;
     while i + 8 <= n {
@@ -50,7 +49,7 @@ unsafe fn dot_any<const BF16: bool>(a: *const f32, b: *const u8, n: usize) -> f3
 
 /// `y += a·x` over `y.len()` values, `x` f32 or bf16 (one FMA per element, like the reference).
 #[inline(always)]
-unsafe fn axpy_any<const BF16: bool>(y: &mut [f32], a: f32, x: *const u8) {
+pub(super) unsafe fn axpy_any<const BF16: bool>(y: &mut [f32], a: f32, x: *const u8) {
     let (n, yp) = (y.len(), y.as_mut_ptr());
     let mut i = 0;
     while i + 4 <= n {
@@ -96,61 +95,6 @@ pub(super) unsafe fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
 /// `x` at least as long as `y`.
 pub(super) unsafe fn axpy_bf16(y: &mut [f32], a: f32, x: &[u16]) {
     axpy_any::<true>(y, a, x.as_ptr() as *const u8)
-}
-
-/// Attention of one head over the KV runs (NEON dot products, the reference softmax,
-/// NEON `out += p·v` in entry order). Any head size.
-///
-/// # Safety
-/// As [`crate::arch::table::HeadFn`].
-pub(super) unsafe fn attend_head(
-    bf16: bool,
-    hd: usize,
-    q: &[f32],
-    segs: &[Seg; 2],
-    inv: f32,
-    scores: &mut [f32],
-    out: &mut [f32],
-) -> bool {
-    let es = if bf16 { 2 } else { 4 };
-    let mut i = 0;
-    for seg in segs {
-        for e in 0..seg.n {
-            let k = seg.k.add(e * hd * es);
-            let s = if bf16 {
-                dot_any::<true>(q.as_ptr(), k, hd)
-            } else {
-                dot_any::<false>(q.as_ptr(), k, hd)
-            };
-            scores[i] = s * inv;
-            i += 1;
-        }
-    }
-    let scores = &mut scores[..i];
-    let m = scores.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    let mut sum = 0f32;
-    for v in scores.iter_mut() {
-        *v = (*v - m).exp();
-        sum += *v;
-    }
-    let rs = 1.0 / sum;
-    for v in scores.iter_mut() {
-        *v *= rs;
-    }
-    out.fill(0.0);
-    let mut i = 0;
-    for seg in segs {
-        for e in 0..seg.n {
-            let v = seg.v.add(e * hd * es);
-            if bf16 {
-                axpy_any::<true>(out, scores[i], v);
-            } else {
-                axpy_any::<false>(out, scores[i], v);
-            }
-            i += 1;
-        }
-    }
-    true
 }
 
 /// The activation quantizer with NEON: the same codes (`fcvtas` rounds half away from zero

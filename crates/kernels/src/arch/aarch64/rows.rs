@@ -239,6 +239,19 @@ pub(super) unsafe fn silu_gate(g: &[f32], u: &mut [f32]) {
     }
 }
 
+/// 4 f32 (as bits) → bf16 bits, rounded to nearest even, NaN truncated with the quiet bit set.
+#[inline(always)]
+pub(super) unsafe fn bf16x4(b: uint32x4_t) -> uint16x4_t {
+    // Round to nearest even: add 0x7fff plus the lowest kept bit, keep the high half.
+    let lsb = vandq_u32(vshrq_n_u32::<16>(b), vdupq_n_u32(1));
+    let r = vaddq_u32(b, vaddq_u32(vdupq_n_u32(0x7fff), lsb));
+    let nan = vcgtq_u32(
+        vandq_u32(b, vdupq_n_u32(0x7fff_ffff)),
+        vdupq_n_u32(0x7f80_0000),
+    );
+    vshrn_n_u32::<16>(vbslq_u32(nan, vorrq_u32(b, vdupq_n_u32(0x0040_0000)), r))
+}
+
 /// f32 → bf16 bits, rounded to nearest even, NaN kept quiet (bitwise equal to the portable
 /// one, including infinities, subnormals and NaN payloads).
 ///
@@ -247,22 +260,11 @@ pub(super) unsafe fn silu_gate(g: &[f32], u: &mut [f32]) {
 pub(super) unsafe fn to_bf16(x: &[f32], out: &mut [u16]) {
     let n = x.len();
     let (xp, op) = (x.as_ptr() as *const u32, out.as_mut_ptr());
-    let bias = vdupq_n_u32(0x7fff);
-    let one = vdupq_n_u32(1);
-    let abs = vdupq_n_u32(0x7fff_ffff);
-    let inf = vdupq_n_u32(0x7f80_0000);
-    let quiet = vdupq_n_u32(0x0040_0000);
     let mut i = 0;
     while i + 8 <= n {
         let mut h = [vdup_n_u16(0); 2];
         for (k, hk) in h.iter_mut().enumerate() {
-            let b = vld1q_u32(xp.add(i + 4 * k));
-            // Round to nearest even: add 0x7fff plus the lowest kept bit, keep the high half.
-            let lsb = vandq_u32(vshrq_n_u32::<16>(b), one);
-            let r = vaddq_u32(b, vaddq_u32(bias, lsb));
-            // NaN: truncate and set the quiet bit.
-            let nan = vcgtq_u32(vandq_u32(b, abs), inf);
-            *hk = vshrn_n_u32::<16>(vbslq_u32(nan, vorrq_u32(b, quiet), r));
+            *hk = bf16x4(vld1q_u32(xp.add(i + 4 * k)));
         }
         vst1q_u16(op.add(i), vcombine_u16(h[0], h[1]));
         i += 8;
