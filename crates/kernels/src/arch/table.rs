@@ -131,3 +131,31 @@ pub(crate) fn tile_chunks(
             .map(move |i0| (t, i0, (n - i0).min(most)))
     })
 }
+
+/// Scale group of consecutive blocks without an integer division per block (`b / per`
+/// was a `div` in the kernels' inner loop).
+pub(crate) struct GroupCounter {
+    g: usize,
+    i: usize,
+    per: usize,
+}
+
+impl GroupCounter {
+    #[inline(always)]
+    pub(crate) fn new(per: usize) -> GroupCounter {
+        GroupCounter { g: 0, i: 0, per }
+    }
+
+    /// The group of the current block; advances to the next block.
+    #[inline(always)]
+    #[allow(clippy::should_implement_trait)]
+    pub(crate) fn next(&mut self) -> usize {
+        let g = self.g;
+        self.i += 1;
+        if self.i == self.per {
+            self.i = 0;
+            self.g += 1;
+        }
+        g
+    }
+}

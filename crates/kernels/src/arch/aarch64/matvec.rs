@@ -7,6 +7,7 @@
 use std::arch::aarch64::*;
 use std::arch::asm;
 
+use crate::arch::table::GroupCounter;
 use crate::layout::{Act, QKind, QPacked, QK, TILE};
 
 /// f16 → f32 of 4 lanes (`fcvtl`, base ARMv8 floating point).
@@ -69,37 +70,6 @@ unsafe fn accumulate<const N: usize>(
             acc[i][h] = vfmaq_f32(acc[i][h], vmulq_n_f32(sc[h], d), v);
             corr[i][h] = vfmaq_n_f32(corr[i][h], bias[h], s);
         }
-    }
-}
-
-/// The scale group of consecutive blocks, counted along the block loop (no division per
-/// block: MLX groups span 2 blocks, GGUF's 1).
-struct GroupCounter {
-    g: usize,
-    left: usize,
-    per: usize,
-}
-
-impl GroupCounter {
-    #[inline(always)]
-    fn new(q: &QPacked) -> Self {
-        GroupCounter {
-            g: 0,
-            left: q.group_blocks,
-            per: q.group_blocks,
-        }
-    }
-
-    /// The group of the current block; moves on to the next block.
-    #[inline(always)]
-    fn next(&mut self) -> usize {
-        let g = self.g;
-        self.left -= 1;
-        if self.left == 0 {
-            self.g += 1;
-            self.left = self.per;
-        }
-        g
     }
 }
 
@@ -173,7 +143,7 @@ macro_rules! dot_kernels {
                 let mut acc = [[vdupq_n_f32(0.0); 2]; N];
                 let mut corr = [[vdupq_n_f32(0.0); 2]; N];
                 let m4 = vdupq_n_u8(15);
-                let mut groups = GroupCounter::new(q);
+                let mut groups = GroupCounter::new(q.group_blocks);
                 for b in 0..q.blocks {
                     let wp = q.codes.as_ptr().add(q.tile_block_base(t, b));
                     let mut is = [[vdupq_n_s32(0); 2]; N];
@@ -298,7 +268,7 @@ unsafe fn tile_mm<const P: usize, const N: usize>(
     let mut acc = [[vdupq_n_f32(0.0); 2]; N];
     let mut corr = [[vdupq_n_f32(0.0); 2]; N];
     let m4 = vdupq_n_u8(15);
-    let mut groups = GroupCounter::new(q);
+    let mut groups = GroupCounter::new(q.group_blocks);
     for b in 0..q.blocks {
         let wp = q.codes.as_ptr().add(q.tile_block_base(t, b));
         // Per pair of activation rows, chunk c: columns 8c..8c + 8 of both rows.

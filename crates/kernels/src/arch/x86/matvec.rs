@@ -5,7 +5,7 @@
 use std::arch::x86_64::*;
 
 use super::hsum;
-use crate::arch::table::PREFETCH;
+use crate::arch::table::{GroupCounter, PREFETCH};
 use crate::layout::{Act, QKind, QPacked, QK, TILE};
 
 #[inline]
@@ -156,34 +156,6 @@ dense_kernel!(dense_bf16, block_bf16, u16, load_bf16x8, |b: u16| {
 dense_kernel!(dense_f16, block_f16, u16, load_f16x8, |b: u16| {
     half::f16::from_bits(b).to_f32()
 });
-
-/// Scale group of consecutive blocks without an integer division per block (`b / per`
-/// was a `div` in the kernels' inner loop).
-pub(crate) struct GroupCounter {
-    g: usize,
-    i: usize,
-    per: usize,
-}
-
-impl GroupCounter {
-    #[inline(always)]
-    pub(crate) fn new(per: usize) -> GroupCounter {
-        GroupCounter { g: 0, i: 0, per }
-    }
-
-    /// The group of the current block; advances to the next block.
-    #[inline(always)]
-    #[allow(clippy::should_implement_trait)]
-    pub(crate) fn next(&mut self) -> usize {
-        let g = self.g;
-        self.i += 1;
-        if self.i == self.per {
-            self.i = 0;
-            self.g += 1;
-        }
-        g
-    }
-}
 
 /// Loads the 8 per-row scales (as f32) of tile `t`, group `g`.
 #[inline]
