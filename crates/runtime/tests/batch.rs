@@ -243,24 +243,32 @@ fn per_slot_commands_keep_single_session_semantics() {
     ];
     let pcm = signal(14, 5);
     let pcm_other = signal(14, 6);
-    let want = script_on_session(sampled(21), &pcm, &script);
-    let r = BatchRunner::spawn(engine(), BatchOptions::default()).unwrap();
-    // A neighbour that runs the whole time, fed without waiting (its queue holds all of its input).
-    let other_opts = SessionOptions {
-        max_queued_frames: 8,
-        ..sampled(1)
-    };
-    let mut other = Conv::open(&r, other_opts.clone());
-    let mut conv = Conv::open(&r, sampled(21));
-    for i in 0..6 {
-        other.push(frame_of(&pcm_other, i));
+    // Without the first-frame rule a reset command is the only thing that resets the slot's Mimi streams
+    // (with it, the rule resets them again right after the first frame, which would hide a missed reset).
+    for first_frame_reset in [true, false] {
+        let opts = SessionOptions {
+            first_frame_reset,
+            ..sampled(21)
+        };
+        let want = script_on_session(opts.clone(), &pcm, &script);
+        let r = BatchRunner::spawn(engine(), BatchOptions::default()).unwrap();
+        // A neighbour that runs the whole time, fed without waiting (its queue holds all of its input).
+        let other_opts = SessionOptions {
+            max_queued_frames: 8,
+            ..sampled(1)
+        };
+        let mut other = Conv::open(&r, other_opts.clone());
+        let mut conv = Conv::open(&r, opts);
+        for i in 0..6 {
+            other.push(frame_of(&pcm_other, i));
+        }
+        script_on_slot(&mut conv, &pcm, &script);
+        assert_close(&conv.got, &want);
+        for _ in 0..6 {
+            other.expect_frame();
+        }
+        assert_close(&other.got, &run(other_opts, &pcm_other[..6 * FRAME_SIZE]));
     }
-    script_on_slot(&mut conv, &pcm, &script);
-    assert_close(&conv.got, &want);
-    for _ in 0..6 {
-        other.expect_frame();
-    }
-    assert_close(&other.got, &run(other_opts, &pcm_other[..6 * FRAME_SIZE]));
 }
 
 #[test]
