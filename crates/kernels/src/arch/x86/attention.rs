@@ -1,5 +1,5 @@
 //! Fused one-head attention kernels over a contiguous per-head KV layout (x86_64):
-//! scores `q·kⱼ/√d`, a vectorized softmax and `Σ pⱼ vⱼ` with the output held in registers.
+//! scores `q·kⱼ/√d`, the table's softmax (the portable body compiled for the level) and `Σ pⱼ vⱼ` with the output held in registers.
 //! AVX-512 (zmm, 32 values per chunk) and AVX2 (ymm, 16 values per chunk) versions; the
 //! scalar reference is `KvRing::attend_reference` in `src/attention.rs`.
 //!
@@ -59,42 +59,8 @@ pub(super) unsafe fn attend_head_avx512(
     attend_head_avx2(bf16, hd, q, segs, inv, scores, out)
 }
 
-const LOG2E: f32 = std::f32::consts::LOG2_E;
-const LN2_HI: f32 = 0.693_145_75;
-const LN2_LO: f32 = 1.428_606_8e-6;
-// Taylor coefficients of e^r, |r| <= ln2/2 (degree 7: truncation error < 1e-8 relative).
-const C: [f32; 8] = [
-    1.0 / 5040.0,
-    1.0 / 720.0,
-    1.0 / 120.0,
-    1.0 / 24.0,
-    1.0 / 6.0,
-    0.5,
-    1.0,
-    1.0,
-];
-
 // ---------------------------------------------------------------------------------------
 // AVX-512
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,fma")]
-unsafe fn exp512(x: __m512) -> __m512 {
-    let x = _mm512_max_ps(
-        _mm512_min_ps(x, _mm512_set1_ps(88.7)),
-        _mm512_set1_ps(-104.0),
-    );
-    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-        _mm512_mul_ps(x, _mm512_set1_ps(LOG2E)),
-    );
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
-    let mut p = _mm512_set1_ps(C[0]);
-    for &c in &C[1..] {
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-    }
-    _mm512_scalef_ps(p, n)
-}
 
 /// Loads chunk `c` (32 elements) of a row as two f32x16 vectors (see [`pos512`]).
 #[inline]
@@ -119,52 +85,6 @@ fn pos512<const BF16: bool>(c: usize, h: usize, i: usize) -> usize {
         32 * c + 2 * i + h
     } else {
         32 * c + 16 * h + i
-    }
-}
-
-/// Vectorized softmax over `s[..n]` in place (max-subtracted).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,fma")]
-unsafe fn softmax512(s: *mut f32, n: usize) {
-    let tail = (n % 16) as u32;
-    let tmask: __mmask16 = ((1u32 << tail) - 1) as u16;
-    let main = n - tail as usize;
-    let mut m = _mm512_set1_ps(f32::NEG_INFINITY);
-    let mut i = 0;
-    while i < main {
-        m = _mm512_max_ps(m, _mm512_loadu_ps(s.add(i)));
-        i += 16;
-    }
-    if tail > 0 {
-        m = _mm512_mask_max_ps(m, tmask, m, _mm512_maskz_loadu_ps(tmask, s.add(main)));
-    }
-    let mx = _mm512_reduce_max_ps(m);
-    if mx == f32::NEG_INFINITY {
-        return;
-    }
-    let mv = _mm512_set1_ps(mx);
-    let mut sum = _mm512_setzero_ps();
-    i = 0;
-    while i < main {
-        let e = exp512(_mm512_sub_ps(_mm512_loadu_ps(s.add(i)), mv));
-        _mm512_storeu_ps(s.add(i), e);
-        sum = _mm512_add_ps(sum, e);
-        i += 16;
-    }
-    if tail > 0 {
-        let e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(tmask, s.add(main)), mv));
-        _mm512_mask_storeu_ps(s.add(main), tmask, e);
-        sum = _mm512_mask_add_ps(sum, tmask, sum, e);
-    }
-    let inv = _mm512_set1_ps(1.0 / _mm512_reduce_add_ps(sum));
-    i = 0;
-    while i < main {
-        _mm512_storeu_ps(s.add(i), _mm512_mul_ps(_mm512_loadu_ps(s.add(i)), inv));
-        i += 16;
-    }
-    if tail > 0 {
-        let v = _mm512_maskz_loadu_ps(tmask, s.add(main));
-        _mm512_mask_storeu_ps(s.add(main), tmask, _mm512_mul_ps(v, inv));
     }
 }
 
@@ -214,7 +134,7 @@ unsafe fn head512_nc<const BF16: bool, const NC: usize>(
             j += 1;
         }
     }
-    softmax512(sp, j);
+    super::ops::rows_avx512::softmax(std::slice::from_raw_parts_mut(sp, j));
     let mut acc = [_mm512_setzero_ps(); 16];
     j = 0;
     for seg in segs {
@@ -288,33 +208,6 @@ unsafe fn head_avx512(
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn exp256(x: __m256) -> __m256 {
-    let x = _mm256_max_ps(
-        _mm256_min_ps(x, _mm256_set1_ps(88.7)),
-        _mm256_set1_ps(-87.3),
-    );
-    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
-        x,
-        _mm256_set1_ps(LOG2E),
-    ));
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x);
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
-    let mut p = _mm256_set1_ps(C[0]);
-    for &c in &C[1..] {
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
-    }
-    // 2^n for n in [-126, 128): exponent bits. n = 128 only when x rounds to 88.7 → p·2^127·2.
-    let ni = _mm256_cvtps_epi32(n);
-    let ni = _mm256_min_epi32(ni, _mm256_set1_epi32(127));
-    let pow = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
-        ni,
-        _mm256_set1_epi32(127),
-    )));
-    _mm256_mul_ps(p, pow)
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn load256<const BF16: bool>(row: *const u8, c: usize) -> (__m256, __m256) {
     if BF16 {
         let x = _mm256_loadu_si256(row.add(c * 32) as *const __m256i);
@@ -334,66 +227,6 @@ fn pos256<const BF16: bool>(c: usize, h: usize, i: usize) -> usize {
         16 * c + 2 * i + h
     } else {
         16 * c + 8 * h + i
-    }
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn softmax256(s: *mut f32, n: usize) {
-    let main = n / 8 * 8;
-    let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
-    let mut i = 0;
-    while i < main {
-        m = _mm256_max_ps(m, _mm256_loadu_ps(s.add(i)));
-        i += 8;
-    }
-    let mut buf = [0f32; 8];
-    _mm256_storeu_ps(buf.as_mut_ptr(), m);
-    let mut mx = buf.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    for i in main..n {
-        mx = mx.max(*s.add(i));
-    }
-    if mx == f32::NEG_INFINITY {
-        return;
-    }
-    let mv = _mm256_set1_ps(mx);
-    let mut sum = _mm256_setzero_ps();
-    i = 0;
-    while i < main {
-        let e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s.add(i)), mv));
-        _mm256_storeu_ps(s.add(i), e);
-        sum = _mm256_add_ps(sum, e);
-        i += 8;
-    }
-    if main < n {
-        // Tail through the same vector exp (padded with -inf → 0).
-        let mut t = [f32::NEG_INFINITY; 8];
-        for k in main..n {
-            t[k - main] = *s.add(k);
-        }
-        let e = exp256(_mm256_sub_ps(_mm256_loadu_ps(t.as_ptr()), mv));
-        let e = _mm256_and_ps(
-            e,
-            _mm256_cmp_ps::<_CMP_GT_OQ>(
-                _mm256_loadu_ps(t.as_ptr()),
-                _mm256_set1_ps(f32::NEG_INFINITY),
-            ),
-        );
-        _mm256_storeu_ps(t.as_mut_ptr(), e);
-        for k in main..n {
-            *s.add(k) = t[k - main];
-        }
-        sum = _mm256_add_ps(sum, e);
-    }
-    let inv = 1.0 / super::hsum(sum);
-    let invv = _mm256_set1_ps(inv);
-    i = 0;
-    while i < main {
-        _mm256_storeu_ps(s.add(i), _mm256_mul_ps(_mm256_loadu_ps(s.add(i)), invv));
-        i += 8;
-    }
-    for k in main..n {
-        *s.add(k) *= inv;
     }
 }
 
@@ -432,7 +265,7 @@ unsafe fn head256_nc<const BF16: bool, const NC: usize>(
             j += 1;
         }
     }
-    softmax256(sp, j);
+    super::ops::rows_avx2::softmax(std::slice::from_raw_parts_mut(sp, j));
     // Values: at most 4 chunks (8 accumulators) per pass over the entries.
     let mut c0 = 0;
     while c0 < NC {
