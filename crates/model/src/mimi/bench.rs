@@ -483,67 +483,6 @@ pub fn stage_breakdown(
     frames: usize,
     pool: Option<&Pool>,
 ) -> Result<Vec<(&'static str, f64)>, MimiError> {
-    use super::Stage;
-    let fs = mimi.frame_size();
-    let pcm = test_signal(frames * fs, mimi.config().sample_rate);
-    let mut enc = MimiEncoder::new(mimi.clone());
-    let mut dec = MimiDecoder::new(mimi.clone());
-    let mut out = vec![0.0; fs];
-    let mut codes = vec![0u32; mimi.n_codebooks()];
-    let names = [
-        "enc seanet",
-        "enc transformer",
-        "downsample",
-        "quantize",
-        "dequantize",
-        "upsample",
-        "dec transformer",
-        "dec seanet",
-    ];
-    let mut acc = [0f64; 8];
-    for f in 0..frames {
-        let mut marks = [Instant::now(); 9];
-        let t0 = Instant::now();
-        {
-            let mut cb = |s: Stage, _: &[f32]| {
-                let i = match s {
-                    Stage::EncSeanet => 1,
-                    Stage::EncTransformer => 2,
-                    Stage::Latent => 3,
-                    Stage::DecLatent => 5,
-                    Stage::DecUpsample => 6,
-                    Stage::DecTransformer => 7,
-                };
-                marks[i] = Instant::now();
-            };
-            codes.copy_from_slice(enc.encode_frame_with(
-                &pcm[f * fs..(f + 1) * fs],
-                pool,
-                Some(&mut cb),
-            )?);
-        }
-        marks[0] = t0;
-        marks[4] = Instant::now();
-        {
-            let mut cb = |s: Stage, _: &[f32]| {
-                let i = match s {
-                    Stage::DecLatent => 5,
-                    Stage::DecUpsample => 6,
-                    Stage::DecTransformer => 7,
-                    _ => 0,
-                };
-                marks[i] = Instant::now();
-            };
-            dec.decode_frame_with(&codes, &mut out, pool, Some(&mut cb))?;
-        }
-        marks[8] = Instant::now();
-        for i in 0..8 {
-            acc[i] += (marks[i + 1] - marks[i]).as_secs_f64() * 1e3;
-        }
-    }
-    Ok(names
-        .iter()
-        .zip(acc)
-        .map(|(n, a)| (*n, a / frames.max(1) as f64))
-        .collect())
+    // One stream coded alone runs exactly the single-stream path.
+    stage_breakdown_slots(mimi, 1, frames, pool)
 }
