@@ -10,6 +10,9 @@
 //!   Roofline = (streamed weight bytes + KV bytes read at P) ÷ read-probe bandwidth measured in
 //!   the same round and thread count.
 //! * `mimi`: streaming encode and decode, ms per 80 ms frame.
+//! * `duplex`: the product frame pass (a [`runtime::Session`] on its [`runtime::SessionRunner`] worker
+//!   thread, fed through its input ring, answered through its event queue), per phase, next to the LM
+//!   frame and the Mimi encode + decode timed alone in the same rounds: the overhead ratio.
 //!
 //! Noise handling (2 shared vCPUs): every round runs each thread count once, interleaved, with the
 //! read probe re-measured right before the timed frames; medians and min–max over rounds are
@@ -33,7 +36,7 @@ use model::sampling::{Sampler, SamplerConfig};
 /// What `moshi-native bench` measures.
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum What {
-    /// Everything below, in one run.
+    /// Everything below except `batch` and `duplex`, in one run.
     All,
     /// Streaming read bandwidth only.
     Probe,
@@ -45,6 +48,9 @@ pub enum What {
     Mimi,
     /// Conversation slots coded together against one by one (`--slots`; the server tick with `--bundle`).
     Batch,
+    /// The whole frame pass through the runtime's session, worker thread and input ring, per phase, with
+    /// its overhead over the LM frame and the Mimi encode + decode timed alone.
+    Duplex,
 }
 
 /// Flags of `moshi-native bench`.
@@ -93,6 +99,16 @@ pub struct BenchArgs {
     /// Read-probe buffer size in MiB (well above the last-level cache).
     #[arg(long, default_value_t = 512)]
     pub probe_mb: usize,
+    /// Duplex: frames through the session per (round, threads).
+    #[arg(long, default_value_t = 6)]
+    pub duplex_frames: usize,
+    /// Duplex: output rate of the session (24000 = the model's, no resampling, as `serve` and
+    /// `duplex` run).
+    #[arg(long, default_value_t = 24_000)]
+    pub output_rate: u32,
+    /// Duplex: print every frame's phases (stderr).
+    #[arg(long)]
+    pub per_frame: bool,
     /// LM and Mimi: time every cell twice per round, with the AVX-512 kernels allowed and forbidden
     /// (`kernels::set_avx512_allowed`, interleaved), reported as `simd=avx512` / `simd=avx2`.
     #[arg(long)]
@@ -235,6 +251,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     if args.what == What::Batch {
         crate::bench_batch::run(args, &pools)?;
+    }
+    if args.what == What::Duplex {
+        bench_duplex(args, &pools)?;
     }
     Ok(())
 }
@@ -542,6 +561,240 @@ fn bench_lm(args: &BenchArgs, pools: &[Pool], probe: &Probe) -> Result<()> {
             }
         }
         drop(model);
+    }
+    Ok(())
+}
+
+/// The LM and Mimi of `bench duplex`, as an engine (the tokenizer included, so detokenization runs).
+fn duplex_sources(args: &BenchArgs, kv: KvDtype) -> Result<Vec<(String, Arc<runtime::Engine>)>> {
+    let opts = runtime::EngineOptions {
+        device: runtime::Device::Cpu {
+            threads: args.threads[0],
+        },
+        kv_dtype: kv,
+    };
+    if let Some(dir) = &args.bundle {
+        let t0 = Instant::now();
+        let name = model::checkpoint::Bundle::open(dir)?
+            .files
+            .lm
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let engine = runtime::Engine::open(dir, opts)
+            .with_context(|| format!("opening the bundle {}", dir.display()))?;
+        eprintln!(
+            "duplex: bundle {} opened in {:.1} s",
+            dir.display(),
+            t0.elapsed().as_secs_f64()
+        );
+        return Ok(vec![(format!("bundle:{name}"), engine)]);
+    }
+    let spec = LmSpec::moshiko();
+    let mut out = Vec::new();
+    for f in &args.formats {
+        let t0 = Instant::now();
+        let lm = LmModel::from_source(
+            &SyntheticSource {
+                format: parse_format(f)?,
+                seed: 1,
+            },
+            spec.clone(),
+        )
+        .with_context(|| format!("building synthetic {f} LM"))?;
+        let mimi = model::mimi::bench::synthetic_mimi(8, 42)?;
+        let spm = model::text::SentencePiece::from_bytes(&model::checkpoint::synth::tiny_spm(
+            spec.text_card,
+        ))?;
+        let engine = runtime::Engine::from_parts(lm, mimi, Some(Arc::new(spm)), opts.clone())?;
+        eprintln!(
+            "duplex: synthetic {f} built in {:.1} s",
+            t0.elapsed().as_secs_f64()
+        );
+        out.push((f.clone(), engine));
+    }
+    Ok(out)
+}
+
+/// Samples of one thread count of `bench duplex`.
+#[derive(Default, Clone)]
+struct DuplexCell {
+    /// Push of a frame to its answer (the worker's wake-up, the pass, the event queue).
+    e2e: Vec<f64>,
+    /// The pass as the worker timed it (encode + LM + decode).
+    pass: Vec<f64>,
+    encode: Vec<f64>,
+    lm_phase: Vec<f64>,
+    decode: Vec<f64>,
+    resample: Vec<f64>,
+    detok: Vec<f64>,
+    lag: Vec<f64>,
+    /// Timed alone, interleaved with the pass.
+    lm_alone: Vec<f64>,
+    mimi_alone: Vec<f64>,
+    /// Per round: median pass (push to answer) ÷ (median LM alone + median Mimi alone).
+    overhead: Vec<f64>,
+}
+
+/// `bench duplex`: rounds of (LM frame alone, Mimi encode + decode alone, frames through the session),
+/// every thread count once per round.
+fn bench_duplex(args: &BenchArgs, pools: &[Pool]) -> Result<()> {
+    let kv = parse_kv(args.kv.first().map_or("bf16", |k| k.as_str()))?;
+    let frames = args.duplex_frames.max(1);
+    println!(
+        "\n## duplex: frame pass through the session (worker thread, input ring, event queue) vs its parts alone, ms"
+    );
+    for (label, base) in duplex_sources(args, kv)? {
+        let spec = base.lm().spec().clone();
+        let n = pools.len();
+        let mut sessions = Vec::with_capacity(n);
+        for &t in &args.threads {
+            let engine = base.with_options(runtime::EngineOptions {
+                device: runtime::Device::Cpu { threads: t },
+                kv_dtype: kv,
+            })?;
+            let session = runtime::Session::new(
+                engine,
+                runtime::SessionOptions {
+                    output_rate: args.output_rate,
+                    ..Default::default()
+                },
+            )?;
+            let mut runner = session.spawn(16)?;
+            let producer = runner.producer().context("runner producer")?;
+            let events = runner.events().context("runner events")?;
+            sessions.push((runner, producer, events, 0u64));
+        }
+        let mut gen = LmGen::new(base.lm(), kv)?;
+        let mut sampler = Sampler::new(SamplerConfig::default(), spec.text_card, spec.card)?;
+        let user: Vec<u32> = (0..spec.n_user() as u32)
+            .map(|i| (100 + 37 * i) % spec.card as u32)
+            .collect();
+        let pcm = model::mimi::bench::test_signal(
+            (frames * args.rounds + 3) * runtime::FRAME_SIZE,
+            runtime::SAMPLE_RATE as usize,
+        );
+        let mut fed = vec![0usize; n];
+        // One frame through the session: push, wait for the answer, recycle its buffers.
+        let mut pass = |pi: usize,
+                        sessions: &mut Vec<(
+            runtime::SessionRunner,
+            runtime::PcmProducer,
+            runtime::EventReceiver,
+            u64,
+        )>|
+         -> Result<(f64, runtime::FrameTimings)> {
+            let (_, producer, events, index) = &mut sessions[pi];
+            let f = fed[pi] % (pcm.len() / runtime::FRAME_SIZE);
+            fed[pi] += 1;
+            let frame = &pcm[f * runtime::FRAME_SIZE..(f + 1) * runtime::FRAME_SIZE];
+            let t = Instant::now();
+            producer.push(frame);
+            let ev = loop {
+                match events.recv() {
+                    Some(runtime::Event::Frame(ev)) => break ev,
+                    Some(other) => bail!("duplex session ended: {other:?}"),
+                    None => bail!("duplex session ended"),
+                }
+            };
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            let timings = ev.timings;
+            *index = ev.frame_index + 1;
+            events.recycle(ev);
+            Ok((ms, timings))
+        };
+        // Warm-up: three frames per session (call 0 decodes nothing), one LM frame and a few Mimi frames
+        // per pool.
+        let pool_of = |pi: usize| (args.threads[pi] > 1).then_some(&pools[pi]);
+        for (pi, pool) in pools.iter().enumerate() {
+            for _ in 0..3 {
+                pass(pi, &mut sessions)?;
+            }
+            gen.step(base.lm(), &user, &mut sampler, pool)?;
+            model::mimi::bench::time_frames(base.mimi(), 2, pool_of(pi))?;
+        }
+        let mut cells = vec![DuplexCell::default(); n];
+        let ms = |us: u32| f64::from(us) / 1e3;
+        for round in 0..args.rounds {
+            for (pi, pool) in pools.iter().enumerate() {
+                let c = &mut cells[pi];
+                settle();
+                // The LM alone at the session's position (its KV window, so attention reads as much).
+                let mut lm = Vec::new();
+                for _ in 0..args.lm_frames.max(1) {
+                    gen.seek_for_bench(sessions[pi].3 as usize);
+                    let t = Instant::now();
+                    gen.step(base.lm(), &user, &mut sampler, pool)?;
+                    lm.push(t.elapsed().as_secs_f64() * 1e3);
+                }
+                settle();
+                let (e, d) =
+                    model::mimi::bench::time_frames(base.mimi(), args.mimi_frames.max(1), pool_of(pi))?;
+                let mimi: Vec<f64> = e.iter().zip(&d).map(|(a, b)| a + b).collect();
+                settle();
+                let mut e2e = Vec::new();
+                for k in 0..frames {
+                    let (total, t) = pass(pi, &mut sessions)?;
+                    if args.per_frame {
+                        eprintln!(
+                            "frame format={label} threads={} round={round} i={k} e2e={total:.2} pass={:.2} encode={:.2} \
+                             lm={:.2} decode={:.2} resample={:.3} detok={:.3} lag={:.2}",
+                            args.threads[pi],
+                            ms(t.total_us),
+                            ms(t.encode_us),
+                            ms(t.lm_us),
+                            ms(t.decode_us),
+                            ms(t.resample_us),
+                            ms(t.detok_us),
+                            ms(t.lag_us)
+                        );
+                    }
+                    e2e.push(total);
+                    c.pass.push(ms(t.total_us));
+                    c.encode.push(ms(t.encode_us));
+                    c.lm_phase.push(ms(t.lm_us));
+                    c.decode.push(ms(t.decode_us));
+                    c.resample.push(ms(t.resample_us));
+                    c.detok.push(ms(t.detok_us));
+                    c.lag.push(ms(t.lag_us));
+                }
+                c.overhead
+                    .push(stats(&e2e).0 / (stats(&lm).0 + stats(&mimi).0));
+                c.e2e.extend(e2e);
+                c.lm_alone.extend(lm);
+                c.mimi_alone.extend(mimi);
+            }
+        }
+        for (pi, c) in cells.iter().enumerate() {
+            let (m, lo, hi) = stats(&c.e2e);
+            let (o, olo, ohi) = stats(&c.overhead);
+            let med = |v: &[f64]| stats(v).0;
+            let parts = med(&c.lm_alone) + med(&c.mimi_alone);
+            println!(
+                "result impl=ours what=duplex_frame format={label} threads={} kv={} output_rate={} ms={m:.1} min={lo:.1} \
+                 max={hi:.1} n={} pass_ms={:.1} parts_ms={parts:.1} lm_alone_ms={:.1} mimi_alone_ms={:.2} \
+                 overhead={o:.3} overhead_min={olo:.3} overhead_max={ohi:.3} rounds={} encode_ms={:.2} lm_ms={:.1} \
+                 decode_ms={:.2} resample_ms={:.3} detok_ms={:.3} lag_ms={:.1} pos={}",
+                args.threads[pi],
+                kv_name(kv),
+                args.output_rate,
+                c.e2e.len(),
+                med(&c.pass),
+                med(&c.lm_alone),
+                med(&c.mimi_alone),
+                c.overhead.len(),
+                med(&c.encode),
+                med(&c.lm_phase),
+                med(&c.decode),
+                med(&c.resample),
+                med(&c.detok),
+                med(&c.lag),
+                sessions[pi].3,
+            );
+        }
+        for (mut runner, _, _, _) in sessions {
+            runner.stop()?;
+        }
     }
     Ok(())
 }

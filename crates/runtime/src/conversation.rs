@@ -4,6 +4,8 @@
 //! conversation owns its codec streams; a batch slot's conversation has none: the batch driver encodes and
 //! decodes every slot's frame in one call of its batch codec, and takes the resets the conversation asks for.
 
+use std::time::Instant;
+
 use model::lm::LmFrame;
 use model::mimi::CodecBackend;
 use model::text::Detokenizer;
@@ -36,6 +38,11 @@ pub(crate) struct Conversation {
     decoded: Vec<f32>,
     /// The last frame produced (its buffers are reused frame after frame).
     pub(crate) frame: FrameEvent,
+}
+
+/// A duration in whole microseconds, saturating (a frame pass is far below the 71 minutes of `u32`).
+pub(crate) fn micros(d: std::time::Duration) -> u32 {
+    d.as_micros().min(u32::MAX as u128) as u32
 }
 
 impl Conversation {
@@ -170,13 +177,16 @@ impl Conversation {
 
     /// After the LM step: if it returned a frame, decode its audio (without an own codec: the driver has
     /// already written it to [`Conversation::decoded_mut`]), detokenize its text and resample to the output
-    /// rate; then count the frame and fill [`Conversation::frame`].
+    /// rate; then count the frame and fill [`Conversation::frame`] (its timings: resampling and
+    /// detokenization; the caller fills the rest).
     pub(crate) fn finish(&mut self, out: Option<LmFrame>) -> Result<(), RuntimeError> {
         let f = &mut self.frame;
         f.pcm.clear();
         f.text.clear();
         f.text_token = None;
         f.audio_tokens = None;
+        f.timings.resample_us = 0;
+        f.timings.detok_us = 0;
         if let Some(lm) = out {
             let mut audio = [0u32; N_AUDIO];
             audio.copy_from_slice(lm.audio());
@@ -185,10 +195,14 @@ impl Conversation {
                     .decode_frame(&audio, &mut self.decoded)
                     .map_err(|e| RuntimeError::Model(e.to_string()))?;
             }
+            let t0 = Instant::now();
             self.resampler.process(&self.decoded, &mut f.pcm)?;
+            let t1 = Instant::now();
             if let Some(d) = &mut self.detok {
                 f.text.push_str(d.push(lm.text));
             }
+            f.timings.resample_us = micros(t1 - t0);
+            f.timings.detok_us = micros(t1.elapsed());
             f.text_token = Some(lm.text);
             f.audio_tokens = Some(audio);
         }

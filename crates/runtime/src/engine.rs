@@ -189,6 +189,20 @@ impl Engine {
         }))
     }
 
+    /// The same resident components with other options (another thread count, say): nothing is copied
+    /// or reloaded, the new engine shares the weights with this one.
+    pub fn with_options(&self, opts: EngineOptions) -> Result<Arc<Engine>, RuntimeError> {
+        if opts.device.threads() == 0 {
+            return Err(RuntimeError::InvalidOption("threads must be >= 1".into()));
+        }
+        Ok(Arc::new(Engine {
+            lm: self.lm.clone(),
+            mimi: self.mimi.clone(),
+            tokenizer: self.tokenizer.clone(),
+            opts,
+        }))
+    }
+
     /// The options the engine was opened with.
     pub fn options(&self) -> &EngineOptions {
         &self.opts

@@ -20,8 +20,15 @@ pub struct FrameTimings {
     pub lm_us: u32,
     /// Mimi decode, detokenization and output resampling.
     pub decode_us: u32,
-    /// Whole frame pass.
+    /// Of `decode_us`: the output resampling.
+    pub resample_us: u32,
+    /// Of `decode_us`: the detokenization.
+    pub detok_us: u32,
+    /// Whole frame pass (encode + LM + decode).
     pub total_us: u32,
+    /// From the frame's arrival (the push that completed it) to the end of its pass: the lag a user
+    /// feels, which adds the time the frame waited in the input queue to `total_us`.
+    pub lag_us: u32,
 }
 
 /// Running counters of a session (since creation; a reset does not clear them).

@@ -3,6 +3,7 @@
 //! exactly the same command semantics (see `docs/CONTRACTS.md`).
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::control::SessionControl;
 use crate::events::{Counters, StopReason};
@@ -38,6 +39,8 @@ pub(crate) struct Inlet {
     max_steps: Option<u64>,
     /// The frame popped by the last `begin` that returned `Ready`.
     pub(crate) input: Box<[f32; FRAME_SIZE]>,
+    /// When that frame was completed by the producer (its arrival).
+    pub(crate) arrived: Instant,
     /// LM call index of the next frame of the current stream.
     pub(crate) frame_index: u64,
     /// Epoch of the output being produced.
@@ -56,6 +59,7 @@ impl Inlet {
             ring,
             max_steps,
             input: Box::new([0.0; FRAME_SIZE]),
+            arrived: Instant::now(),
             frame_index: 0,
             epoch: 0,
             resets_seen: 0,
@@ -127,9 +131,10 @@ impl Inlet {
             }
         }
         loop {
-            let Some(seq) = self.ring.pop(&mut self.input) else {
+            let Some((seq, arrived)) = self.ring.pop_stamped(&mut self.input) else {
                 return Begin::Idle;
             };
+            self.arrived = arrived;
             // A reset may have been requested while we were popping: re-check so that a frame of the new
             // stream is never run on the old state, and a frame of the old stream never on the new one.
             self.apply_commands(&mut apply);

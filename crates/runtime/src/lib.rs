@@ -43,6 +43,7 @@ mod events;
 mod inlet;
 mod resample;
 mod ring;
+pub mod realtime;
 mod runner;
 mod session;
 mod stepper;

@@ -12,6 +12,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 use crate::FRAME_SIZE;
 
@@ -19,6 +20,10 @@ use crate::FRAME_SIZE;
 pub(crate) struct FrameRing {
     /// Slot storage: `capacity * FRAME_SIZE` samples as f32 bit patterns.
     slots: Box<[AtomicU32]>,
+    /// When each slot's frame was completed by the producer: nanoseconds since `origin`.
+    arrivals: Box<[AtomicU64]>,
+    /// Time origin of `arrivals` (a clock read per completed frame, no syscall: the vDSO clock).
+    origin: Instant,
     capacity: u64,
     /// Number of frames consumed or dropped so far (read index). Written by both sides (CAS).
     head: AtomicU64,
@@ -41,8 +46,11 @@ impl FrameRing {
         let slots: Box<[AtomicU32]> = (0..capacity * FRAME_SIZE)
             .map(|_| AtomicU32::new(0))
             .collect();
+        let arrivals: Box<[AtomicU64]> = (0..capacity).map(|_| AtomicU64::new(0)).collect();
         Arc::new(FrameRing {
             slots,
+            arrivals,
+            origin: Instant::now(),
             capacity: capacity as u64,
             head: AtomicU64::new(0),
             tail: AtomicU64::new(0),
@@ -109,13 +117,21 @@ impl FrameRing {
         for (dst, &x) in self.slot(t).iter().zip(frame.iter()) {
             dst.store(x.to_bits(), Ordering::Relaxed);
         }
+        let arrived = self.origin.elapsed().as_nanos() as u64;
+        self.arrivals[(t % self.capacity) as usize].store(arrived, Ordering::Relaxed);
         self.tail.store(t + 1, Ordering::Release);
         dropped
     }
 
     /// Consumer side: copy the oldest queued frame into `out` and remove it; returns its sequence number
     /// (count of frames published before it), or None if empty. Must only be called by the single consumer.
+    #[cfg(test)]
     pub(crate) fn pop(&self, out: &mut [f32; FRAME_SIZE]) -> Option<u64> {
+        self.pop_stamped(out).map(|(seq, _)| seq)
+    }
+
+    /// [`FrameRing::pop`], also returning when the producer completed the frame.
+    pub(crate) fn pop_stamped(&self, out: &mut [f32; FRAME_SIZE]) -> Option<(u64, Instant)> {
         loop {
             let h = self.head.load(Ordering::Acquire);
             let t = self.tail.load(Ordering::Acquire);
@@ -125,12 +141,13 @@ impl FrameRing {
             for (o, src) in out.iter_mut().zip(self.slot(h).iter()) {
                 *o = f32::from_bits(src.load(Ordering::Relaxed));
             }
+            let arrived = self.arrivals[(h % self.capacity) as usize].load(Ordering::Relaxed);
             if self
                 .head
                 .compare_exchange(h, h + 1, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
-                return Some(h);
+                return Some((h, self.origin + std::time::Duration::from_nanos(arrived)));
             }
             // The producer dropped frame `h` while we copied it: the copy may be torn; take the next one.
         }

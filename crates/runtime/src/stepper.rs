@@ -12,7 +12,7 @@ use std::time::Instant;
 use model::lm::{Generator, LmBackend, LmError, LmFrame, LmObserver};
 use model::sampling::{Sampler, SamplerConfig, SamplingError};
 
-use crate::conversation::Conversation;
+use crate::conversation::{micros as us, Conversation};
 use crate::engine::Compute;
 use crate::events::{FrameTimings, StopReason};
 use crate::inlet::Begin;
@@ -51,10 +51,6 @@ fn lm_error(e: LmError, frame: u64) -> RuntimeError {
         },
         e => RuntimeError::Model(e.to_string()),
     }
-}
-
-fn us(d: std::time::Duration) -> u32 {
-    d.as_micros().min(u32::MAX as u128) as u32
 }
 
 /// A sampler for `engine`'s LM (a bad configuration is an invalid option).
@@ -269,12 +265,16 @@ impl Stepper {
         let t0 = Instant::now();
         let (encode_us, lm_us) = (self.encode_us[i], self.lm_us);
         conv.finish(frame)?;
-        let decode_us = us(t0.elapsed()).saturating_add(self.joint_decode_us);
-        conv.frame.timings = FrameTimings {
+        let end = Instant::now();
+        let decode_us = us(end - t0).saturating_add(self.joint_decode_us);
+        let t = &mut conv.frame.timings;
+        *t = FrameTimings {
             encode_us,
             lm_us,
             decode_us,
             total_us: encode_us.saturating_add(lm_us).saturating_add(decode_us),
+            lag_us: us(end.saturating_duration_since(conv.inlet.arrived)),
+            ..*t
         };
         Ok(())
     }
