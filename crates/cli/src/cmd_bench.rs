@@ -690,12 +690,10 @@ fn bench_duplex(args: &BenchArgs, pools: &[Pool]) -> Result<()> {
             let frame = &pcm[f * runtime::FRAME_SIZE..(f + 1) * runtime::FRAME_SIZE];
             let t = Instant::now();
             producer.push(frame);
-            let ev = loop {
-                match events.recv() {
-                    Some(runtime::Event::Frame(ev)) => break ev,
-                    Some(other) => bail!("duplex session ended: {other:?}"),
-                    None => bail!("duplex session ended"),
-                }
+            let ev = match events.recv() {
+                Some(runtime::Event::Frame(ev)) => ev,
+                Some(other) => bail!("duplex session ended: {other:?}"),
+                None => bail!("duplex session ended"),
             };
             let ms = t.elapsed().as_secs_f64() * 1e3;
             let timings = ev.timings;
@@ -728,8 +726,11 @@ fn bench_duplex(args: &BenchArgs, pools: &[Pool]) -> Result<()> {
                     lm.push(t.elapsed().as_secs_f64() * 1e3);
                 }
                 settle();
-                let (e, d) =
-                    model::mimi::bench::time_frames(base.mimi(), args.mimi_frames.max(1), pool_of(pi))?;
+                let (e, d) = model::mimi::bench::time_frames(
+                    base.mimi(),
+                    args.mimi_frames.max(1),
+                    pool_of(pi),
+                )?;
                 let mimi: Vec<f64> = e.iter().zip(&d).map(|(a, b)| a + b).collect();
                 settle();
                 let mut e2e = Vec::new();

@@ -110,6 +110,9 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         }
     };
     let opened = a.engine.open(1)?;
+    let measured = crate::realtime::measure(&opened.engine)?;
+    let notice = crate::realtime::notice(&measured);
+    eprintln!("moshi-native serve: {notice}");
     let file_name = |p: &std::path::Path| {
         p.file_name()
             .map(|s| s.to_string_lossy().into_owned())
@@ -123,6 +126,11 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         },
         mimi_model_file: String::new(),
         instance_name: format!("moshi-native {}", env!("CARGO_PKG_VERSION")),
+        realtime: Some(server::protocol::RealtimeNotice {
+            frame_ms: f64::from(measured.frame.total_us) / 1e3,
+            holds: runtime::realtime::RealtimeCheck::new(&measured.frame).holds(),
+            text: notice,
+        }),
     };
     let mut backend = RuntimeBackend::new(opened.engine, info);
     backend.max_queued_frames = a.max_queued_frames;

@@ -170,6 +170,8 @@ pub fn run_duplex(a: &DuplexArgs) -> Result<()> {
     let frames = user.len().div_ceil(FRAME_SIZE);
     user.resize(frames * FRAME_SIZE, 0.0);
     let opened = a.engine.open(EngineArgs::all_cores())?;
+    let measured = crate::realtime::measure(&opened.engine)?;
+    eprintln!("moshi-native: {}", crate::realtime::notice(&measured));
     let mut s = session(&opened, &a.sampling, frames)?;
     let bar = progress_bar(frames);
     let r = run_frames(&mut s, &user, &bar, |_| {})?;

@@ -14,6 +14,7 @@ mod common;
 mod duplex;
 mod fetch;
 mod models;
+mod realtime;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};

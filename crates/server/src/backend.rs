@@ -38,6 +38,14 @@ pub struct FrameOut {
     pub text: String,
     /// Wall time of the frame pass (µs).
     pub step_us: u64,
+    /// Of `step_us`: the Mimi encode (µs).
+    pub encode_us: u64,
+    /// Of `step_us`: the LM step with sampling and the Depformer (µs).
+    pub lm_us: u64,
+    /// Of `step_us`: the Mimi decode, detokenization and resampling (µs).
+    pub decode_us: u64,
+    /// From the frame's arrival (the input that completed it) to the end of its pass (µs).
+    pub lag_us: u64,
     /// Input frames waiting after this frame (the lag behind real time, in frames).
     pub queued: usize,
 }

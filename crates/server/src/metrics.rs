@@ -3,10 +3,70 @@
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+use crate::backend::FrameOut;
 use crate::protocol::SessionCommand;
 
-/// Upper bounds (seconds) of the frame step-time histogram buckets.
-const STEP_BUCKETS: [f64; 10] = [0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.4, 1.0];
+/// Upper bounds (seconds) of the latency histogram buckets: from a Mimi encode on many cores (a few ms)
+/// to a q8 LM step on two (hundreds of ms); 0.08 is the real-time budget of a frame.
+const BUCKETS: [f64; 14] = [
+    0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.6, 1.0,
+];
+
+/// A latency histogram over [`BUCKETS`]: relaxed atomic adds only, so recording never blocks or
+/// allocates, and a scrape sees each counter exact (the buckets of one frame may be seen apart).
+#[derive(Debug, Default)]
+pub struct Histogram {
+    /// Observations per bucket, not cumulative (index `BUCKETS.len()`: above the last bound).
+    buckets: [AtomicU64; BUCKETS.len() + 1],
+    count: AtomicU64,
+    sum_us: AtomicU64,
+}
+
+impl Histogram {
+    /// Records one observation of `micros` microseconds.
+    pub fn observe_us(&self, micros: u64) {
+        let s = micros as f64 * 1e-6;
+        let i = BUCKETS
+            .iter()
+            .position(|&b| s <= b)
+            .unwrap_or(BUCKETS.len());
+        self.buckets[i].fetch_add(1, Relaxed);
+        self.sum_us.fetch_add(micros, Relaxed);
+        self.count.fetch_add(1, Relaxed);
+    }
+
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.count.load(Relaxed)
+    }
+
+    /// The `_bucket`, `_sum` and `_count` lines of `name`, with `labels` (`key="value"` pairs, or "")
+    /// before `le`.
+    fn render(&self, s: &mut String, name: &str, labels: &str) {
+        let sep = if labels.is_empty() { "" } else { "," };
+        let mut cumulative = 0;
+        for (i, b) in BUCKETS.iter().enumerate() {
+            cumulative += self.buckets[i].load(Relaxed);
+            let _ = writeln!(s, "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {cumulative}");
+        }
+        cumulative += self.buckets[BUCKETS.len()].load(Relaxed);
+        let _ = writeln!(s, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {cumulative}");
+        let braces = if labels.is_empty() {
+            String::new()
+        } else {
+            format!("{{{labels}}}")
+        };
+        let _ = writeln!(
+            s,
+            "{name}_sum{braces} {}",
+            self.sum_us.load(Relaxed) as f64 * 1e-6
+        );
+        let _ = writeln!(s, "{name}_count{braces} {cumulative}");
+    }
+}
+
+/// The phases of a frame pass with a histogram each, in `moshi_phase_seconds{phase=...}`.
+pub const PHASES: [&str; 3] = ["encode", "lm", "decode"];
 
 /// All server counters. Everything is atomic; reading never blocks a session.
 #[derive(Debug, Default)]
@@ -47,22 +107,27 @@ pub struct Metrics {
     pub lag_frames: AtomicU64,
     /// Largest input backlog (frames) ever observed.
     pub lag_frames_max: AtomicU64,
-    step_buckets: [AtomicU64; STEP_BUCKETS.len()],
-    step_count: AtomicU64,
-    step_sum_us: AtomicU64,
+    /// Wall time of whole frame passes (encode + LM + decode).
+    pub step: Histogram,
+    /// Wall time of each phase of a frame pass, in the order of [`PHASES`].
+    pub phases: [Histogram; PHASES.len()],
+    /// From a frame's arrival (the client audio that completed it) to the end of its pass.
+    pub lag: Histogram,
 }
 
 impl Metrics {
     /// Records the wall time of one frame pass.
     pub fn observe_step(&self, micros: u64) {
-        let s = micros as f64 * 1e-6;
-        for (i, &b) in STEP_BUCKETS.iter().enumerate() {
-            if s <= b {
-                self.step_buckets[i].fetch_add(1, Relaxed);
-            }
+        self.step.observe_us(micros);
+    }
+
+    /// Records every latency of one frame pass: the whole pass, each phase and the arrival-to-answer lag.
+    pub fn observe_frame(&self, f: &FrameOut) {
+        self.step.observe_us(f.step_us);
+        for (h, us) in self.phases.iter().zip([f.encode_us, f.lm_us, f.decode_us]) {
+            h.observe_us(us);
         }
-        self.step_count.fetch_add(1, Relaxed);
-        self.step_sum_us.fetch_add(micros, Relaxed);
+        self.lag.observe_us(f.lag_us);
     }
 
     /// Records the current input backlog of one session.
@@ -193,23 +258,24 @@ impl Metrics {
         }
         let _ = writeln!(
             s,
-            "# HELP moshi_step_seconds Wall time of one frame pass.\n# TYPE moshi_step_seconds histogram"
+            "# HELP moshi_step_seconds Wall time of one frame pass (encode + LM + decode).\n# TYPE moshi_step_seconds histogram"
         );
-        for (i, b) in STEP_BUCKETS.iter().enumerate() {
-            let _ = writeln!(
-                s,
-                "moshi_step_seconds_bucket{{le=\"{b}\"}} {}",
-                self.step_buckets[i].load(Relaxed)
-            );
-        }
-        let count = self.step_count.load(Relaxed);
-        let _ = writeln!(s, "moshi_step_seconds_bucket{{le=\"+Inf\"}} {count}");
+        self.step.render(&mut s, "moshi_step_seconds", "");
         let _ = writeln!(
             s,
-            "moshi_step_seconds_sum {}",
-            self.step_sum_us.load(Relaxed) as f64 * 1e-6
+            "# HELP moshi_phase_seconds Wall time of each phase of a frame pass (encode: Mimi encode; lm: \
+             temporal transformer, Depformer and sampling; decode: Mimi decode, detokenization, resampling).\n\
+             # TYPE moshi_phase_seconds histogram"
         );
-        let _ = writeln!(s, "moshi_step_seconds_count {count}");
+        for (h, phase) in self.phases.iter().zip(PHASES) {
+            h.render(&mut s, "moshi_phase_seconds", &format!("phase=\"{phase}\""));
+        }
+        let _ = writeln!(
+            s,
+            "# HELP moshi_frame_lag_seconds From a frame's arrival (the client audio completing it) to the end \
+             of its pass: queueing plus the pass.\n# TYPE moshi_frame_lag_seconds histogram"
+        );
+        self.lag.render(&mut s, "moshi_frame_lag_seconds", "");
         s
     }
 }
@@ -217,6 +283,39 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every histogram of a frame counts it once; each phase lands in its own bucket.
+    #[test]
+    fn a_frame_counts_once_in_every_histogram() {
+        let m = Metrics::default();
+        let f = FrameOut {
+            step_us: 90_000,
+            encode_us: 3_000,
+            lm_us: 70_000,
+            decode_us: 17_000,
+            lag_us: 250_000,
+            ..Default::default()
+        };
+        m.observe_frame(&f);
+        m.observe_frame(&f);
+        let t = m.render();
+        for name in [
+            "moshi_step_seconds_count 2",
+            "moshi_phase_seconds_count{phase=\"encode\"} 2",
+            "moshi_phase_seconds_count{phase=\"lm\"} 2",
+            "moshi_phase_seconds_count{phase=\"decode\"} 2",
+            "moshi_frame_lag_seconds_count 2",
+            "moshi_phase_seconds_bucket{phase=\"encode\",le=\"0.0025\"} 0",
+            "moshi_phase_seconds_bucket{phase=\"encode\",le=\"0.005\"} 2",
+            "moshi_phase_seconds_bucket{phase=\"lm\",le=\"0.06\"} 0",
+            "moshi_phase_seconds_bucket{phase=\"lm\",le=\"0.08\"} 2",
+            "moshi_frame_lag_seconds_bucket{le=\"0.2\"} 0",
+            "moshi_frame_lag_seconds_bucket{le=\"0.3\"} 2",
+            "moshi_step_seconds_bucket{le=\"0.1\"} 2",
+        ] {
+            assert!(t.contains(name), "missing `{name}` in\n{t}");
+        }
+    }
 
     #[test]
     fn histogram_is_cumulative() {

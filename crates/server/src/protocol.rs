@@ -378,6 +378,21 @@ pub struct BackendInfo {
     pub mimi_model_file: String,
     /// Name of this server instance.
     pub instance_name: String,
+    /// Whether this machine holds real time with this model, measured at start-up.
+    pub realtime: Option<RealtimeNotice>,
+}
+
+/// Whether a frame pass fits in the 80 ms a frame lasts, as measured when the server started, and what
+/// would help if not. Sent in the metadata (an extra field; Kyutai's web client ignores it) and shown on
+/// the built-in page.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RealtimeNotice {
+    /// Milliseconds of one full frame pass at start-up.
+    pub frame_ms: f64,
+    /// Whether that fits the 80 ms budget with headroom.
+    pub holds: bool,
+    /// One paragraph for the user: the verdict and, when it does not hold, what would.
+    pub text: String,
 }
 
 /// The metadata message (kind 4) with the fields Kyutai's web client validates.
@@ -405,6 +420,9 @@ pub struct Metadata {
     pub instance_name: String,
     /// Build information.
     pub build_info: BuildInfo,
+    /// Real-time verdict of this server (absent when not measured).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub realtime: Option<RealtimeNotice>,
 }
 
 impl Metadata {
@@ -422,6 +440,7 @@ impl Metadata {
             mimi_model_file: info.mimi_model_file.clone(),
             instance_name: info.instance_name.clone(),
             build_info: BuildInfo::current(),
+            realtime: info.realtime.clone(),
         }
     }
 
@@ -504,5 +523,34 @@ mod tests {
         );
         assert_eq!(parse_client_message(&[6]), ClientMessage::Ping);
         assert_eq!(parse_client_message(&[200, 1]), ClientMessage::Unknown(200));
+    }
+
+    /// The real-time notice rides in the metadata as one extra object (every field Kyutai's client
+    /// validates stays as it was), and is absent when the server did not measure one.
+    #[test]
+    fn metadata_carries_the_realtime_notice_only_when_measured() {
+        let params = SessionParams::from_query(None).unwrap();
+        let json = |info: &BackendInfo| -> serde_json::Value {
+            let m = Metadata::new(&params, info).to_message();
+            assert_eq!(m[0], KIND_METADATA);
+            serde_json::from_slice(&m[1..]).unwrap()
+        };
+        let plain = json(&BackendInfo::default());
+        assert!(plain.get("realtime").is_none(), "{plain}");
+        let info = BackendInfo {
+            realtime: Some(RealtimeNotice {
+                frame_ms: 377.0,
+                holds: false,
+                text: "does NOT keep up".into(),
+            }),
+            ..Default::default()
+        };
+        let with = json(&info);
+        assert_eq!(with["realtime"]["holds"], false);
+        assert_eq!(with["realtime"]["frame_ms"], 377.0);
+        assert_eq!(with["realtime"]["text"], "does NOT keep up");
+        let mut rest = with.as_object().unwrap().clone();
+        rest.remove("realtime");
+        assert_eq!(serde_json::Value::Object(rest), plain);
     }
 }

@@ -134,6 +134,7 @@ impl EventSource for Events {
             text,
             step_us: t0.elapsed().as_micros() as u64,
             queued,
+            ..Default::default()
         }))
     }
 }
@@ -169,6 +170,7 @@ impl Backend for EchoBackend {
             lm_model_file: "echo".into(),
             mimi_model_file: "echo".into(),
             instance_name: "echo-test".into(),
+            ..Default::default()
         }
     }
 

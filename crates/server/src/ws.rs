@@ -346,7 +346,7 @@ fn output_loop(
         match ev {
             BackendEvent::Frame(f) => {
                 metrics.frames_processed.fetch_add(1, Relaxed);
-                metrics.observe_step(f.step_us);
+                metrics.observe_frame(&f);
                 metrics.observe_lag(f.queued as u64);
                 bytes.clear();
                 if let Err(e) = encoder.push(&f.pcm, &mut bytes) {

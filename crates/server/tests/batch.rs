@@ -19,6 +19,7 @@ fn backend(batch: usize) -> Arc<RuntimeBackend> {
             lm_model_file: "model.safetensors".into(),
             mimi_model_file: String::new(),
             instance_name: "test".into(),
+            ..Default::default()
         },
     );
     b.batch = batch;

@@ -171,6 +171,7 @@ async fn browser_talks_to_the_server() {
             lm_model_file: "tiny test bundle".into(),
             mimi_model_file: String::new(),
             instance_name: "browser-test".into(),
+            ..Default::default()
         },
     ));
     let srv = start(

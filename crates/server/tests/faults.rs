@@ -32,6 +32,7 @@ fn tiny_backend() -> Arc<RuntimeBackend> {
             lm_model_file: "model.safetensors".into(),
             mimi_model_file: "mimi".into(),
             instance_name: "faults".into(),
+            ..Default::default()
         },
     ))
 }

@@ -19,6 +19,7 @@ fn backend() -> Arc<RuntimeBackend> {
             lm_model_file: "model.safetensors".into(),
             mimi_model_file: "tokenizer-e351c8d8-checkpoint125.safetensors".into(),
             instance_name: "test".into(),
+            ..Default::default()
         },
     ))
 }
@@ -113,5 +114,80 @@ async fn admission_and_disconnect_on_tiny_model() {
     .await;
     assert!(r.audio_messages > 5, "{}", r.audio_messages);
     assert!(eventually(5, || srv.metrics.sessions_active.load(Relaxed) == 0).await);
+    srv.shutdown().await.unwrap();
+}
+
+/// Value of the exposition line `name` (labels included) in a `/metrics` body.
+fn metric(body: &str, name: &str) -> f64 {
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no `{name}` in /metrics:\n{body}"))
+}
+
+/// `/metrics` after a conversation: the frame-pass, per-phase and lag histograms each counted every
+/// processed frame exactly once, their buckets are cumulative up to the count, and the lag (arrival to
+/// answer) is never shorter than the pass it contains.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_histograms_count_every_frame() {
+    let srv = start(cfg(1, 1), backend()).await;
+    let ws = connect(&srv.url("")).await;
+    let mut ws = ws;
+    expect_ready(&mut ws).await;
+    let r = converse(
+        ws,
+        12,
+        Duration::from_millis(20),
+        true,
+        Duration::from_millis(800),
+    )
+    .await;
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    assert!(eventually(5, || srv.metrics.sessions_active.load(Relaxed) == 0).await);
+    let (status, body) = http_get(srv.addr, "/metrics").await;
+    assert_eq!(status, 200);
+    let processed = metric(&body, "moshi_frames_processed_total");
+    assert!(processed >= 5.0, "{processed} frames processed");
+    let histograms = [
+        ("moshi_step_seconds", ""),
+        ("moshi_phase_seconds", "phase=\"encode\""),
+        ("moshi_phase_seconds", "phase=\"lm\""),
+        ("moshi_phase_seconds", "phase=\"decode\""),
+        ("moshi_frame_lag_seconds", ""),
+    ];
+    for (name, labels) in histograms {
+        let braces = if labels.is_empty() {
+            String::new()
+        } else {
+            format!("{{{labels}}}")
+        };
+        let sep = if labels.is_empty() { "" } else { "," };
+        let count = metric(&body, &format!("{name}_count{braces}"));
+        assert_eq!(count, processed, "{name}{braces}");
+        let inf = metric(&body, &format!("{name}_bucket{{{labels}{sep}le=\"+Inf\"}}"));
+        assert_eq!(inf, count, "{name}{braces}");
+        let buckets: Vec<f64> = body
+            .lines()
+            .filter(|l| l.starts_with(&format!("{name}_bucket{{{labels}")))
+            .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+            .collect();
+        assert!(
+            buckets.windows(2).all(|w| w[0] <= w[1]),
+            "{name}: {buckets:?}"
+        );
+    }
+    let step_sum = metric(&body, "moshi_step_seconds_sum");
+    let lag_sum = metric(&body, "moshi_frame_lag_seconds_sum");
+    assert!(step_sum > 0.0);
+    assert!(lag_sum >= step_sum, "lag {lag_sum} < pass {step_sum}");
+    let phases: f64 = ["encode", "lm", "decode"]
+        .iter()
+        .map(|p| metric(&body, &format!("moshi_phase_seconds_sum{{phase=\"{p}\"}}")))
+        .sum();
+    // The pass is the sum of its phases, each rounded down to whole µs (so at most 2 µs per frame
+    // apart; the f64 sums add their own rounding, far below that).
+    assert!(
+        (phases - step_sum).abs() <= 3e-6 * processed,
+        "phases {phases} vs pass {step_sum}"
+    );
     srv.shutdown().await.unwrap();
 }

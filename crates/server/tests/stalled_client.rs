@@ -75,6 +75,7 @@ impl EventSource for ChattyEvents {
             text: self.text.clone(),
             step_us: 100,
             queued: 0,
+            ..Default::default()
         }))
     }
 }

@@ -323,6 +323,11 @@ async function start() {
         try {
           const m = JSON.parse(new TextDecoder().decode(payload));
           $("model").textContent = [m.instance_name, m.lm_model_file].filter(Boolean).join(" · ");
+          // Our server's start-up verdict: whether this machine keeps up with real time, and what would help.
+          if (m.realtime && typeof m.realtime.text === "string") {
+            $("realtime").textContent = m.realtime.text;
+            $("realtime").dataset.holds = String(m.realtime.holds === true);
+          }
         } catch (_) { /* ignore */ }
         break;
       case 5:

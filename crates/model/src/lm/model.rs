@@ -305,6 +305,13 @@ impl LmModel {
         &self.spec
     }
 
+    /// Storage format of the temporal transformer's matrices (the bulk of the bytes read per frame).
+    pub fn weight_format(&self) -> kernels::WeightFormat {
+        self.layers
+            .first()
+            .map_or(self.text_linear.format(), |l| l.in_proj.format())
+    }
+
     /// Bytes of matrix weights streamed per frame (temporal layers, text head, 8 Depformer steps).
     pub fn streamed_weight_bytes(&self) -> usize {
         let mut b = self.text_linear.weight_bytes();

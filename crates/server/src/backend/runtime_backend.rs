@@ -169,6 +169,10 @@ impl EventSource for runtime::EventReceiver {
                 pcm: f.pcm,
                 text: f.text,
                 step_us: u64::from(f.timings.total_us),
+                encode_us: u64::from(f.timings.encode_us),
+                lm_us: u64::from(f.timings.lm_us),
+                decode_us: u64::from(f.timings.decode_us),
+                lag_us: u64::from(f.timings.lag_us),
                 queued: f.counters.queued,
             }),
             runtime::Event::Stopped(r) => BackendEvent::Stopped {
