@@ -634,6 +634,10 @@ struct DuplexCell {
     mimi_alone: Vec<f64>,
     /// Per round: median pass (push to answer) ÷ (median LM alone + median Mimi alone).
     overhead: Vec<f64>,
+    /// Pool dispatches (hand-offs to the workers) per LM frame and per Mimi encode + decode: the
+    /// synchronisation points of a frame, which cost more the more threads take part.
+    lm_dispatches: u32,
+    mimi_dispatches: u32,
 }
 
 /// `bench duplex`: rounds of (LM frame alone, Mimi encode + decode alone, frames through the session),
@@ -721,16 +725,18 @@ fn bench_duplex(args: &BenchArgs, pools: &[Pool]) -> Result<()> {
                 let mut lm = Vec::new();
                 for _ in 0..args.lm_frames.max(1) {
                     gen.seek_for_bench(sessions[pi].3 as usize);
+                    let d0 = pool.dispatches();
                     let t = Instant::now();
                     gen.step(base.lm(), &user, &mut sampler, pool)?;
                     lm.push(t.elapsed().as_secs_f64() * 1e3);
+                    c.lm_dispatches = pool.dispatches().wrapping_sub(d0);
                 }
                 settle();
-                let (e, d) = model::mimi::bench::time_frames(
-                    base.mimi(),
-                    args.mimi_frames.max(1),
-                    pool_of(pi),
-                )?;
+                let d0 = pool.dispatches();
+                let mimi_frames = args.mimi_frames.max(1);
+                let (e, d) =
+                    model::mimi::bench::time_frames(base.mimi(), mimi_frames, pool_of(pi))?;
+                c.mimi_dispatches = pool.dispatches().wrapping_sub(d0) / mimi_frames as u32;
                 let mimi: Vec<f64> = e.iter().zip(&d).map(|(a, b)| a + b).collect();
                 settle();
                 let mut e2e = Vec::new();
@@ -775,7 +781,8 @@ fn bench_duplex(args: &BenchArgs, pools: &[Pool]) -> Result<()> {
                 "result impl=ours what=duplex_frame format={label} threads={} kv={} output_rate={} ms={m:.1} min={lo:.1} \
                  max={hi:.1} n={} pass_ms={:.1} parts_ms={parts:.1} lm_alone_ms={:.1} mimi_alone_ms={:.2} \
                  overhead={o:.3} overhead_min={olo:.3} overhead_max={ohi:.3} rounds={} encode_ms={:.2} lm_ms={:.1} \
-                 decode_ms={:.2} resample_ms={:.3} detok_ms={:.3} lag_ms={:.1} pos={}",
+                 decode_ms={:.2} resample_ms={:.3} detok_ms={:.3} lag_ms={:.1} pos={} lm_dispatches={} \
+                 mimi_dispatches={}",
                 args.threads[pi],
                 kv_name(kv),
                 args.output_rate,
@@ -791,6 +798,8 @@ fn bench_duplex(args: &BenchArgs, pools: &[Pool]) -> Result<()> {
                 med(&c.detok),
                 med(&c.lag),
                 sessions[pi].3,
+                c.lm_dispatches,
+                c.mimi_dispatches,
             );
         }
         for (mut runner, _, _, _) in sessions {
