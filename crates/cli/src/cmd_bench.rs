@@ -638,6 +638,22 @@ struct DuplexCell {
     /// synchronisation points of a frame, which cost more the more threads take part.
     lm_dispatches: u32,
     mimi_dispatches: u32,
+    /// Minor page faults (whole process) per LM frame alone and per frame through the session.
+    lm_faults: Vec<f64>,
+    pass_faults: Vec<f64>,
+}
+
+/// Minor page faults of this process so far (`/proc/self/stat`, field 10; 0 where unreadable). Read
+/// between timed sections only: a fault in a frame pass is a kernel entry the pass should not need.
+fn minor_faults() -> u64 {
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            // Fields after the command name, which is in parentheses and may hold spaces.
+            let rest = s.rsplit_once(')')?.1;
+            rest.split_whitespace().nth(7)?.parse().ok()
+        })
+        .unwrap_or(0)
 }
 
 /// `bench duplex`: rounds of (LM frame alone, Mimi encode + decode alone, frames through the session),
@@ -725,11 +741,13 @@ fn bench_duplex(args: &BenchArgs, pools: &[Pool]) -> Result<()> {
                 let mut lm = Vec::new();
                 for _ in 0..args.lm_frames.max(1) {
                     gen.seek_for_bench(sessions[pi].3 as usize);
+                    let f0 = minor_faults();
                     let d0 = pool.dispatches();
                     let t = Instant::now();
                     gen.step(base.lm(), &user, &mut sampler, pool)?;
                     lm.push(t.elapsed().as_secs_f64() * 1e3);
                     c.lm_dispatches = pool.dispatches().wrapping_sub(d0);
+                    c.lm_faults.push(minor_faults().saturating_sub(f0) as f64);
                 }
                 settle();
                 let d0 = pool.dispatches();
@@ -741,7 +759,9 @@ fn bench_duplex(args: &BenchArgs, pools: &[Pool]) -> Result<()> {
                 settle();
                 let mut e2e = Vec::new();
                 for k in 0..frames {
+                    let f0 = minor_faults();
                     let (total, t) = pass(pi, &mut sessions)?;
+                    c.pass_faults.push(minor_faults().saturating_sub(f0) as f64);
                     if args.per_frame {
                         eprintln!(
                             "frame format={label} threads={} round={round} i={k} e2e={total:.2} pass={:.2} encode={:.2} \
@@ -782,7 +802,7 @@ fn bench_duplex(args: &BenchArgs, pools: &[Pool]) -> Result<()> {
                  max={hi:.1} n={} pass_ms={:.1} parts_ms={parts:.1} lm_alone_ms={:.1} mimi_alone_ms={:.2} \
                  overhead={o:.3} overhead_min={olo:.3} overhead_max={ohi:.3} rounds={} encode_ms={:.2} lm_ms={:.1} \
                  decode_ms={:.2} resample_ms={:.3} detok_ms={:.3} lag_ms={:.1} pos={} lm_dispatches={} \
-                 mimi_dispatches={}",
+                 mimi_dispatches={} lm_faults={} pass_faults={}",
                 args.threads[pi],
                 kv_name(kv),
                 args.output_rate,
@@ -800,6 +820,8 @@ fn bench_duplex(args: &BenchArgs, pools: &[Pool]) -> Result<()> {
                 sessions[pi].3,
                 c.lm_dispatches,
                 c.mimi_dispatches,
+                med(&c.lm_faults),
+                med(&c.pass_faults),
             );
         }
         for (mut runner, _, _, _) in sessions {
@@ -822,6 +844,19 @@ mod tests {
             let naive = v[..n].iter().fold(0u64, |a, &b| a.wrapping_add(b));
             assert_eq!(kernels::bench::sum_u64(&v[..n]), naive, "n = {n}");
         }
+    }
+
+    #[test]
+    fn minor_faults_count_first_touches() {
+        let before = minor_faults();
+        assert!(before > 0, "a running process has faulted pages in");
+        // 64 MiB of fresh pages, each written once (at least 16 faults even with 2 MiB huge pages).
+        let mut v = vec![0u8; 64 << 20];
+        for p in v.chunks_mut(4096) {
+            p[0] = 1;
+        }
+        std::hint::black_box(&v);
+        assert!(minor_faults() >= before + 16);
     }
 
     #[test]
