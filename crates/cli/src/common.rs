@@ -152,8 +152,57 @@ impl EngineArgs {
                 KvDtypeArg::Bf16 => model::lm::KvDtype::Bf16,
             },
         };
-        let engine = runtime::Engine::open(&dir, opts)
+        let (engine, timings) = runtime::Engine::open_timed(&dir, opts)
             .with_context(|| format!("cannot open the model bundle {}", dir.display()))?;
+        eprintln!("moshi-native: {}", load_line(&timings));
         Ok(Opened { engine, demo, dir })
+    }
+}
+
+/// When this process started, as near as the program can tell: `main` calls this first, so later calls
+/// return that instant (what the time-to-first-audio lines count from).
+pub fn process_start() -> std::time::Instant {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    *START.get_or_init(std::time::Instant::now)
+}
+
+/// The load-time line `duplex`, `generate` and `serve` print: each phase of the load, the LM's read
+/// rate and the time since the process started.
+pub fn load_line(t: &model::LoadTimings) -> String {
+    let s = |d: std::time::Duration| d.as_secs_f64();
+    format!(
+        "model loaded in {:.2} s: map + check {:.2} s, LM read + repack {:.2} s on {} thread(s) \
+         ({:.2} GB file, {:.2} GB/s), Mimi {:.2} s, tokenizer {:.2} s; {:.2} s since process start",
+        s(t.total()),
+        s(t.map),
+        s(t.lm),
+        t.threads,
+        t.lm_file_bytes as f64 / 1e9,
+        t.lm_file_bytes as f64 / 1e9 / s(t.lm).max(1e-9),
+        s(t.mimi),
+        s(t.tokenizer),
+        s(process_start().elapsed()),
+    ) + &huge_page_share()
+}
+
+/// `; anonymous memory on huge pages: H of A GB` from `/proc/self/smaps_rollup` (Linux; empty
+/// elsewhere or when it cannot be read): how much of the repacked weights the OS backs with
+/// transparent huge pages, which sets how fast they stream.
+pub fn huge_page_share() -> String {
+    let Ok(text) = std::fs::read_to_string("/proc/self/smaps_rollup") else {
+        return String::new();
+    };
+    let kb = |key: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+    };
+    match (kb("AnonHugePages:"), kb("Anonymous:")) {
+        (Some(h), Some(a)) => format!(
+            "; anonymous memory on huge pages: {:.2} of {:.2} GB",
+            h as f64 / 1e6 * 1.024,
+            a as f64 / 1e6 * 1.024
+        ),
+        _ => String::new(),
     }
 }

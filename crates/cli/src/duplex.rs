@@ -76,6 +76,7 @@ fn run_frames(
     let mut text = String::new();
     let start = Instant::now();
     let mut dropped = 0;
+    let mut first_audio = true;
     for (i, frame) in user.chunks_exact(FRAME_SIZE).enumerate() {
         let report = session.push_pcm(frame).context("pushing input audio")?;
         dropped += u64::from(report.frames_dropped);
@@ -85,6 +86,13 @@ fn run_frames(
                     if out.pcm.is_empty() {
                         moshi.extend(std::iter::repeat_n(0.0, FRAME_SIZE));
                     } else {
+                        if first_audio {
+                            first_audio = false;
+                            progress.println(format!(
+                                "moshi-native: first audio frame out {:.2} s after process start",
+                                crate::common::process_start().elapsed().as_secs_f64()
+                            ));
+                        }
                         moshi.extend_from_slice(&out.pcm);
                     }
                     if !out.text.is_empty() {

@@ -78,6 +78,7 @@ fn init_logging(verbose: bool) {
 }
 
 fn main() {
+    common::process_start();
     let cli = Cli::parse();
     init_logging(cli.verbose);
     if let Err(e) = dispatch(cli.cmd) {

@@ -168,6 +168,7 @@ impl QPacked {
                 }
             }
         }
+        crate::mem::collapse_huge(&p.codes);
         p
     }
 }

@@ -2,6 +2,9 @@
 //! bundle's own configs and checked against its schema.
 
 use std::path::Path;
+use std::time::{Duration, Instant};
+
+use kernels::Pool;
 
 use crate::checkpoint::{Bundle, CheckpointError};
 use crate::lm::{LmError, LmModel};
@@ -43,34 +46,86 @@ pub struct MoshiModel {
     pub mimi: Mimi,
     /// The SentencePiece text tokenizer.
     pub tokenizer: SentencePiece,
+    /// Where the time of the load went.
+    pub timings: LoadTimings,
+}
+
+/// Where the time of [`MoshiModel::open_on`] went, phase by phase (wall time).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LoadTimings {
+    /// Opening the bundle, mapping both weights files and checking their headers against the
+    /// schemas (no weight byte is read).
+    pub map: Duration,
+    /// Reading the LM weights from the mapping and converting / repacking them into the kernels'
+    /// layouts (the bulk of a load).
+    pub lm: Duration,
+    /// Reading and building Mimi.
+    pub mimi: Duration,
+    /// Reading the tokenizer.
+    pub tokenizer: Duration,
+    /// Size of the LM weights file in bytes.
+    pub lm_file_bytes: u64,
+    /// Threads the LM matrices were built on.
+    pub threads: usize,
+}
+
+impl LoadTimings {
+    /// The whole load.
+    pub fn total(&self) -> Duration {
+        self.map + self.lm + self.mimi + self.tokenizer
+    }
 }
 
 impl MoshiModel {
-    /// Open a bundle directory (see [`Bundle::open`]) and build its components.
+    /// Open a bundle directory (see [`Bundle::open`]) and build its components on the calling thread.
     pub fn open(dir: &Path) -> Result<MoshiModel, LoadError> {
+        Self::open_on(dir, &Pool::new(1))
+    }
+
+    /// [`MoshiModel::open`] with the LM's matrices built on every thread of `pool`.
+    pub fn open_on(dir: &Path, pool: &Pool) -> Result<MoshiModel, LoadError> {
+        let t0 = Instant::now();
         let bundle = Bundle::open(dir).map_err(refused("bundle"))?;
-        Self::from_bundle(&bundle)
+        Self::build(&bundle, pool, t0)
     }
 
     /// Build the components of an opened bundle. Each weights file is mapped, checked against its
     /// schema and dropped once its component is built, so the LM's mapping is gone before Mimi's opens.
     pub fn from_bundle(bundle: &Bundle) -> Result<MoshiModel, LoadError> {
+        Self::build(bundle, &Pool::new(1), Instant::now())
+    }
+
+    fn build(bundle: &Bundle, pool: &Pool, t0: Instant) -> Result<MoshiModel, LoadError> {
         let lm_weights = bundle
             .lm_weights()
             .map_err(|source| LoadError::Checkpoint {
                 what: "LM weights",
                 source,
             })?;
-        let lm = LmModel::load(&lm_weights, &bundle.config.lm)?;
+        let mut timings = LoadTimings {
+            lm_file_bytes: lm_weights.file_len() as u64,
+            threads: pool.n_threads(),
+            ..LoadTimings::default()
+        };
+        let t1 = Instant::now();
+        let lm = LmModel::load_on(&lm_weights, &bundle.config.lm, pool)?;
         drop(lm_weights);
+        let t2 = Instant::now();
         let mimi_weights = bundle.mimi_weights().map_err(refused("Mimi weights"))?;
+        let t3 = Instant::now();
         let mimi = Mimi::load(&mimi_weights, &bundle.mimi_config, lm.spec().n_user())?;
         drop(mimi_weights);
+        let t4 = Instant::now();
         let tokenizer = SentencePiece::load(&bundle.files.tokenizer)?;
+        timings.map = (t1 - t0) + (t3 - t2);
+        timings.lm = t2 - t1;
+        timings.mimi = t4 - t3;
+        timings.tokenizer = t4.elapsed();
         Ok(MoshiModel {
             lm,
             mimi,
             tokenizer,
+            timings,
         })
     }
 }

@@ -7,7 +7,7 @@ use kernels::Pool;
 use model::lm::{CpuLm, KvDtype, LmBackend, LmModel};
 use model::mimi::{BatchCodecBackend, CodecBackend, CpuMimi, CpuMimiBatch, Mimi};
 use model::text::SentencePiece;
-use model::MoshiModel;
+use model::{LoadTimings, MoshiModel};
 
 use crate::RuntimeError;
 
@@ -140,8 +140,21 @@ impl Engine {
     /// Open a bundle directory (`config.json` + LM weights + Mimi weights + SentencePiece model; see
     /// `model::checkpoint::Bundle`) and build the three components ([`MoshiModel::open`]).
     pub fn open(bundle_dir: &Path, opts: EngineOptions) -> Result<Arc<Engine>, RuntimeError> {
-        let m = MoshiModel::open(bundle_dir).map_err(|e| RuntimeError::Model(e.to_string()))?;
-        Engine::from_parts(m.lm, Arc::new(m.mimi), Some(Arc::new(m.tokenizer)), opts)
+        Ok(Engine::open_timed(bundle_dir, opts)?.0)
+    }
+
+    /// [`Engine::open`], also returning where the load's time went. The LM's matrices are built on one
+    /// thread per physical core ([`physical_cores`]; a pool that lives for the load only), whatever
+    /// thread count the sessions will use.
+    pub fn open_timed(
+        bundle_dir: &Path,
+        opts: EngineOptions,
+    ) -> Result<(Arc<Engine>, LoadTimings), RuntimeError> {
+        let m = MoshiModel::open_on(bundle_dir, &Pool::new(physical_cores()))
+            .map_err(|e| RuntimeError::Model(e.to_string()))?;
+        let timings = m.timings;
+        let engine = Engine::from_parts(m.lm, Arc::new(m.mimi), Some(Arc::new(m.tokenizer)), opts)?;
+        Ok((engine, timings))
     }
 
     /// Build an engine from already-loaded components (tests, custom loaders).

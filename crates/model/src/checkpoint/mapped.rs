@@ -47,6 +47,28 @@ impl Backing {
         })
     }
 
+    /// Reads `[offset, offset + len)` of a file mapping in before it is used, in one call: on Linux
+    /// `MADV_POPULATE_READ` maps every page of the range (reading what the page cache lacks in large
+    /// requests) instead of one fault per few pages as a loop over the bytes would take; on other Unix
+    /// systems `MADV_WILLNEED` starts the read-ahead. No-op for bytes in memory and elsewhere. Only a
+    /// hint: a refusal (an older kernel) leaves the faults to the first access.
+    pub(super) fn prefetch(&self, offset: usize, len: usize) {
+        let BackingKind::Map(map) = &self.kind else {
+            return;
+        };
+        if len == 0 || offset.checked_add(len).is_none_or(|end| end > map.len()) {
+            return;
+        }
+        #[cfg(target_os = "linux")]
+        let advice = memmap2::Advice::PopulateRead;
+        #[cfg(all(unix, not(target_os = "linux")))]
+        let advice = memmap2::Advice::WillNeed;
+        #[cfg(unix)]
+        if let Err(e) = map.advise_range(advice, offset, len) {
+            tracing::debug!("madvise({advice:?}) on weights pages failed: {e}");
+        }
+    }
+
     /// Drops this process's resident pages that lie wholly inside `[offset, offset + len)` of a file
     /// mapping (no-op for bytes in memory and off Unix). The mapping is read-only and never written,
     /// so this changes no byte: a later read faults the page in again from the file (page cache).
@@ -133,6 +155,10 @@ impl Bytes {
             len: self.len,
         });
         Storage::from_shared(view, 0, self.len).expect("a view covers its own range")
+    }
+    /// Read this range's mapped pages in ahead of use ([`Backing::prefetch`]).
+    pub(super) fn prefetch(&self) {
+        self.owner.prefetch(self.offset, self.len);
     }
     /// Give this range's mapped pages back (after the bytes were copied out).
     pub(super) fn release(&self) {

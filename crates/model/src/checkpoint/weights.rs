@@ -365,6 +365,7 @@ impl Weights {
                             message: format!("{cols} columns do not fit {dt} blocks"),
                         })? as usize;
                 let data = gather(&e.parts, start, n, |p| Some(&p.data), row_bytes);
+                data.prefetch();
                 Matrix::from_bytes(format, n, cols, data.storage()).map_err(kerr)
             }
             Quant::Mlx {
@@ -386,6 +387,7 @@ impl Weights {
                 let w_row = cols * bits as usize / 8;
                 let s_row = cols / group * value_bytes;
                 let w = gather(&e.parts, start, n, |p| Some(&p.data), w_row);
+                w.prefetch();
                 let s = gather(&e.parts, start, n, |p| p.scales.as_ref(), s_row);
                 let b = gather(&e.parts, start, n, |p| p.biases.as_ref(), s_row);
                 let (s, b) = if scale_dtype == DType::Bf16 {

@@ -18,6 +18,7 @@
 
 mod backend;
 mod gen;
+mod load;
 mod model;
 mod source;
 mod spec;
