@@ -33,6 +33,20 @@ pub(crate) fn zeroed_f32(n: usize) -> Vec<f32> {
     v
 }
 
+/// Writes one element of every 4 KiB page of `buf` (with its current value), so the OS backs the whole
+/// buffer now rather than at first use. For buffers a hot path fills bit by bit: the KV rings, whose
+/// `[head][slot]` layout would otherwise fault a page of every head, deep into a conversation, every few
+/// frames (and, with huge pages advised on a fragmented machine, stall on compaction for each 2 MiB).
+pub(crate) fn touch_pages<T: Copy>(buf: &mut [T]) {
+    let step = (4096 / std::mem::size_of::<T>().max(1)).max(1);
+    for i in (0..buf.len()).step_by(step) {
+        let p: *mut T = &mut buf[i];
+        // SAFETY: `p` points into `buf`; a volatile read and write of its own value keeps the
+        // compiler from proving the store dead (the buffer is fresh zeroed memory).
+        unsafe { std::ptr::write_volatile(p, std::ptr::read_volatile(p)) };
+    }
+}
+
 /// Asks the OS (Linux x86_64) to back the 2 MiB-aligned interior of `buf` with transparent
 /// huge pages; best called before the buffer is first written (e.g. right after
 /// `vec![0; n]`, which leaves fresh pages untouched). Buffers under 8 MiB are left alone; the
