@@ -7,7 +7,10 @@ use kernels::attention::KvDtype;
 use runtime::{Engine, EngineOptions};
 
 use crate::handle::{Shell, ENGINE};
-use crate::status::{boundary, check_size, non_null, path_arg, Fail, MnStatus};
+use crate::status::{
+    boundary, check_size, non_null, path_arg, read_options, write_default_options, COptions, Fail,
+    MnStatus,
+};
 
 /// A loaded model: the resident weights of one bundle, shared by any number of sessions.
 ///
@@ -36,7 +39,9 @@ pub struct MnEngineOptions {
     pub kv_dtype: u32,
 }
 
-impl MnEngineOptions {
+impl COptions for MnEngineOptions {
+    type Rust = EngineOptions;
+
     fn defaults() -> MnEngineOptions {
         let d = EngineOptions::default();
         MnEngineOptions {
@@ -49,7 +54,7 @@ impl MnEngineOptions {
         }
     }
 
-    fn to_runtime(self) -> Result<EngineOptions, Fail> {
+    fn to_rust(self) -> Result<EngineOptions, Fail> {
         check_size(
             self.struct_size,
             std::mem::size_of::<MnEngineOptions>(),
@@ -80,12 +85,8 @@ impl MnEngineOptions {
 /// `options` is NULL or points to writable memory of `sizeof(MnEngineOptions)` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn mn_engine_options_default(options: *mut MnEngineOptions) -> MnStatus {
-    boundary(|| {
-        non_null(options, "options")?;
-        // SAFETY: not NULL, writable by the caller's contract.
-        unsafe { options.write(MnEngineOptions::defaults()) };
-        Ok(MnStatus::Ok)
-    })
+    // SAFETY: forwarded contract.
+    unsafe { write_default_options(options) }
 }
 
 /// Opens a model: `bundle_dir` is a bundle directory (Kyutai `config.json` + LM weights + Mimi weights +
@@ -104,13 +105,8 @@ pub unsafe extern "C" fn mn_engine_open(
 ) -> MnStatus {
     boundary(|| {
         non_null(engine, "engine")?;
-        let opts = if options.is_null() {
-            MnEngineOptions::defaults()
-        } else {
-            // SAFETY: readable by the caller's contract; plain old data.
-            unsafe { options.read() }
-        }
-        .to_runtime()?;
+        // SAFETY: forwarded contract.
+        let opts = unsafe { read_options(options) }?;
         let dir = if bundle_dir.is_null() {
             embed::demo::materialize()?
         } else {

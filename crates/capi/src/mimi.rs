@@ -116,25 +116,13 @@ pub unsafe extern "C" fn mn_mimi_encode_frame(
         non_null(codes, "codes")?;
         let MimiState { encoder, pool, .. } = m.state();
         let (fs, nq) = (encoder.mimi().frame_size(), encoder.mimi().n_codebooks());
-        if n_samples != fs {
-            return Err(Fail::new(
-                MnStatus::InvalidArgument,
-                format!("n_samples is {n_samples}; one frame is {fs} samples"),
-            ));
-        }
-        if codes_capacity < nq {
-            return Err(Fail::new(
-                MnStatus::BufferTooSmall,
-                format!("codes_capacity is {codes_capacity}; a frame has {nq} codes"),
-            ));
-        }
-        // SAFETY: not NULL, sizes checked, readable/writable by the caller's contract.
+        // SAFETY: not NULL; readable/writable for their lengths by the caller's contract.
         let (input, out) = unsafe {
-            (
-                std::slice::from_raw_parts(pcm, n_samples),
-                std::slice::from_raw_parts_mut(codes, nq),
+            frame_buffers(
+                (pcm, n_samples, "n_samples", fs),
+                (codes, codes_capacity, "codes_capacity", nq),
             )
-        };
+        }?;
         let c = encoder.encode_frame_with(input, pool.as_ref(), None)?;
         out.copy_from_slice(c);
         Ok(MnStatus::Ok)
@@ -162,27 +150,46 @@ pub unsafe extern "C" fn mn_mimi_decode_frame(
         non_null(pcm, "pcm")?;
         let MimiState { decoder, pool, .. } = m.state();
         let (fs, nq) = (decoder.mimi().frame_size(), decoder.mimi().n_codebooks());
-        if n_codes != nq {
-            return Err(Fail::new(
-                MnStatus::InvalidArgument,
-                format!("n_codes is {n_codes}; a frame has {nq} codes"),
-            ));
-        }
-        if pcm_capacity < fs {
-            return Err(Fail::new(
-                MnStatus::BufferTooSmall,
-                format!("pcm_capacity is {pcm_capacity}; a frame is {fs} samples"),
-            ));
-        }
-        // SAFETY: not NULL, sizes checked, readable/writable by the caller's contract.
+        // SAFETY: not NULL; readable/writable for their lengths by the caller's contract.
         let (input, out) = unsafe {
-            (
-                std::slice::from_raw_parts(codes, n_codes),
-                std::slice::from_raw_parts_mut(pcm, fs),
+            frame_buffers(
+                (codes, n_codes, "n_codes", nq),
+                (pcm, pcm_capacity, "pcm_capacity", fs),
             )
-        };
+        }?;
         decoder.decode_frame_with(input, out, pool.as_ref(), None)?;
         Ok(MnStatus::Ok)
+    })
+}
+
+/// The caller's buffers of one frame call, checked: the input exactly `frame_in` values long, room
+/// for `frame_out` values out (the output slice has exactly `frame_out`). Each tuple is (pointer,
+/// length or capacity, the length argument's name, frame size).
+///
+/// # Safety
+/// Neither pointer is NULL; each is valid for its length (readable, respectively writable) during `'a`.
+unsafe fn frame_buffers<'a, I, O>(
+    (input, n_in, in_name, frame_in): (*const I, usize, &str, usize),
+    (out, capacity, out_name, frame_out): (*mut O, usize, &str, usize),
+) -> Result<(&'a [I], &'a mut [O]), Fail> {
+    if n_in != frame_in {
+        return Err(Fail::new(
+            MnStatus::InvalidArgument,
+            format!("{in_name} is {n_in}; a frame takes {frame_in}"),
+        ));
+    }
+    if capacity < frame_out {
+        return Err(Fail::new(
+            MnStatus::BufferTooSmall,
+            format!("{out_name} is {capacity}; a frame gives {frame_out}"),
+        ));
+    }
+    // SAFETY: sizes checked; the rest is the caller's contract.
+    Ok(unsafe {
+        (
+            std::slice::from_raw_parts(input, n_in),
+            std::slice::from_raw_parts_mut(out, frame_out),
+        )
     })
 }
 

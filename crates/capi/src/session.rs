@@ -6,7 +6,9 @@ use runtime::{Session, SessionControl, SessionOptions, Step};
 
 use crate::engine::{engine_arc, MnEngine};
 use crate::handle::{Shell, SESSION};
-use crate::status::{boundary, check_size, non_null, Fail, MnStatus};
+use crate::status::{
+    boundary, check_size, non_null, read_options, write_default_options, COptions, Fail, MnStatus,
+};
 use crate::MN_AUDIO_CODEBOOKS;
 
 /// One conversation: Mimi streams, LM state, samplers, input queue. Created by `mn_session_create`,
@@ -58,7 +60,9 @@ pub struct MnSessionOptions {
     pub repetition_penalty_context: u32,
 }
 
-impl MnSessionOptions {
+impl COptions for MnSessionOptions {
+    type Rust = SessionOptions;
+
     fn defaults() -> MnSessionOptions {
         let d = SessionOptions::default();
         let p = embed::SamplingParams::default();
@@ -79,7 +83,7 @@ impl MnSessionOptions {
         }
     }
 
-    fn to_runtime(self) -> Result<SessionOptions, Fail> {
+    fn to_rust(self) -> Result<SessionOptions, Fail> {
         check_size(
             self.struct_size,
             std::mem::size_of::<MnSessionOptions>(),
@@ -120,12 +124,8 @@ impl MnSessionOptions {
 /// `options` is NULL or points to writable memory of `sizeof(MnSessionOptions)` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn mn_session_options_default(options: *mut MnSessionOptions) -> MnStatus {
-    boundary(|| {
-        non_null(options, "options")?;
-        // SAFETY: not NULL, writable by the caller's contract.
-        unsafe { options.write(MnSessionOptions::defaults()) };
-        Ok(MnStatus::Ok)
-    })
+    // SAFETY: forwarded contract.
+    unsafe { write_default_options(options) }
 }
 
 /// Creates a session on `engine` (all of its memory is allocated here). `options` may be NULL (defaults).
@@ -141,13 +141,8 @@ pub unsafe extern "C" fn mn_session_create(
 ) -> MnStatus {
     boundary(|| {
         non_null(session, "session")?;
-        let opts = if options.is_null() {
-            MnSessionOptions::defaults()
-        } else {
-            // SAFETY: readable by the caller's contract; plain old data.
-            unsafe { options.read() }
-        }
-        .to_runtime()?;
+        // SAFETY: forwarded contract.
+        let opts = unsafe { read_options(options) }?;
         // SAFETY: forwarded contract.
         let engine = unsafe { engine_arc(engine) }?;
         let s = Session::new(engine, opts)?;
@@ -329,6 +324,20 @@ unsafe fn control(
     })
 }
 
+/// [`control`] for a command that reports no epoch.
+///
+/// # Safety
+/// `session` is NULL or a handle from `mn_session_create`.
+unsafe fn command(session: *mut MnSession, op: impl FnOnce(&SessionControl)) -> MnStatus {
+    // SAFETY: forwarded contract; a NULL epoch is not written.
+    unsafe {
+        control(session, std::ptr::null_mut(), |c| {
+            op(c);
+            c.epoch()
+        })
+    }
+}
+
 /// Soft interrupt: output of the current epoch is discarded from the next pull on, the model state
 /// continues. Writes the new epoch to `*epoch` when not NULL. Callable from any thread.
 ///
@@ -350,12 +359,7 @@ pub unsafe extern "C" fn mn_session_interrupt(
 #[no_mangle]
 pub unsafe extern "C" fn mn_session_pause(session: *mut MnSession) -> MnStatus {
     // SAFETY: forwarded contract.
-    unsafe {
-        control(session, std::ptr::null_mut(), |c| {
-            c.pause();
-            c.epoch()
-        })
-    }
+    unsafe { command(session, SessionControl::pause) }
 }
 
 /// Resumes a paused session (the same stream continues). Any thread.
@@ -365,12 +369,7 @@ pub unsafe extern "C" fn mn_session_pause(session: *mut MnSession) -> MnStatus {
 #[no_mangle]
 pub unsafe extern "C" fn mn_session_resume(session: *mut MnSession) -> MnStatus {
     // SAFETY: forwarded contract.
-    unsafe {
-        control(session, std::ptr::null_mut(), |c| {
-            c.resume();
-            c.epoch()
-        })
-    }
+    unsafe { command(session, SessionControl::resume) }
 }
 
 /// Starts a new stream: from the next pull the session is as if freshly created; input pushed before this
@@ -391,12 +390,7 @@ pub unsafe extern "C" fn mn_session_reset(session: *mut MnSession, epoch: *mut u
 #[no_mangle]
 pub unsafe extern "C" fn mn_session_stop(session: *mut MnSession) -> MnStatus {
     // SAFETY: forwarded contract.
-    unsafe {
-        control(session, std::ptr::null_mut(), |c| {
-            c.stop();
-            c.epoch()
-        })
-    }
+    unsafe { command(session, SessionControl::stop) }
 }
 
 /// Test hook (not in the header): installs a hook called at the start of every phase of the frame pass

@@ -140,6 +140,44 @@ pub(crate) unsafe fn path_arg<'a>(
         .map_err(|_| Fail::new(MnStatus::InvalidArgument, format!("{what} is not UTF-8")))
 }
 
+/// An options struct of the C API: its defaults and the checked conversion to the Rust options it
+/// stands for.
+pub(crate) trait COptions: Copy {
+    /// The Rust options.
+    type Rust;
+    /// The defaults, `struct_size` set.
+    fn defaults() -> Self;
+    /// The Rust options (the `struct_size` checked first).
+    fn to_rust(self) -> Result<Self::Rust, Fail>;
+}
+
+/// Fills `*options` with the defaults (the `*_options_default` calls).
+///
+/// # Safety
+/// `options` is NULL or points to writable memory of `sizeof(T)` bytes.
+pub(crate) unsafe fn write_default_options<T: COptions>(options: *mut T) -> MnStatus {
+    boundary(|| {
+        non_null(options, "options")?;
+        // SAFETY: not NULL, writable by the caller's contract.
+        unsafe { options.write(T::defaults()) };
+        Ok(MnStatus::Ok)
+    })
+}
+
+/// The Rust options `options` stands for; the defaults' when it is NULL.
+///
+/// # Safety
+/// `options` is NULL or readable.
+pub(crate) unsafe fn read_options<T: COptions>(options: *const T) -> Result<T::Rust, Fail> {
+    if options.is_null() {
+        T::defaults()
+    } else {
+        // SAFETY: readable by the caller's contract; plain old data.
+        unsafe { options.read() }
+    }
+    .to_rust()
+}
+
 /// Checks the `struct_size` field of an options / output struct against this library's layout.
 pub(crate) fn check_size(got: u32, want: usize, what: &str) -> Result<(), Fail> {
     if got as usize == want {

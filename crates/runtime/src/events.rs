@@ -63,7 +63,7 @@ pub enum Step<'a> {
 
 /// What one frame pass produced: returned borrowed by [`crate::Session::step`], sent owned by
 /// [`crate::SessionRunner`] and [`crate::BatchSession`] (whose receivers can recycle its buffers).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct FrameEvent {
     /// Epoch at which the frame was produced.
     pub epoch: u64,

@@ -39,10 +39,11 @@ pub trait LmBackend: Send {
     fn batch_size(&self) -> usize;
 
     /// Temporal step of the sessions `rows` (distinct, each `< batch_size()`): `tokens` holds one
-    /// column of `1 + n_q` input tokens per row (text, Moshi audio, user audio; −1 embeds as zeros).
+    /// column of `1 + n_q` input tokens per row (text, Moshi audio, user audio; [`NO_TOKEN`](super::NO_TOKEN) embeds as
+    /// zeros).
     /// Afterwards [`LmBackend::text_logits`] holds `[rows.len(), text_card]` and the rows' positions
     /// have advanced.
-    fn temporal_step(&mut self, rows: &[usize], tokens: &[i64]) -> Result<(), LmError>;
+    fn temporal_step(&mut self, rows: &[usize], tokens: &[u32]) -> Result<(), LmError>;
 
     /// Text logits of the last temporal step, `[rows.len(), text_card]`, host memory.
     fn text_logits(&self) -> &[f32];
@@ -58,7 +59,7 @@ pub trait LmBackend: Send {
         &mut self,
         rows: &[usize],
         k: usize,
-        prev_tokens: &[i64],
+        prev_tokens: &[u32],
     ) -> Result<&[f32], LmError>;
 
     /// Session `b` back to position 0 with empty caches (the others continue). Allocates nothing.
@@ -134,7 +135,7 @@ where
     fn batch_size(&self) -> usize {
         self.state.borrow().batch_size()
     }
-    fn temporal_step(&mut self, rows: &[usize], tokens: &[i64]) -> Result<(), LmError> {
+    fn temporal_step(&mut self, rows: &[usize], tokens: &[u32]) -> Result<(), LmError> {
         self.model
             .forward_temporal_rows(self.state.borrow_mut(), rows, tokens, &self.pool)
     }
@@ -148,7 +149,7 @@ where
         &mut self,
         rows: &[usize],
         k: usize,
-        prev_tokens: &[i64],
+        prev_tokens: &[u32],
     ) -> Result<&[f32], LmError> {
         self.model
             .depformer_step_rows(self.state.borrow_mut(), rows, k, prev_tokens, &self.pool)

@@ -1,8 +1,8 @@
 //! The streaming generator: Python `LMGen` (`moshi/models/lm.py`, `moshi` 0.2.13), written once
 //! for any [`LmBackend`] and any set of rows of a batch.
 //!
-//! State: a token cache of `K = 1 + n_q` streams × `CT = max_delay + 2` slots filled with −2
-//! ("ungenerated"), an offset starting at 0, and the initial tokens (`text_card` for text, `card`
+//! State: a token cache of `K = 1 + n_q` streams × `CT = max_delay + 2` slots filled with
+//! [`UNGENERATED`], an offset starting at 0, and the initial tokens (`text_card` for text, `card`
 //! for audio). One call of [`LmGen::step`] with the user's codes:
 //!
 //! 1. writes user code `i` (stream `k = 1 + dep_q + i`) at slot `(offset + delay_k) mod CT`;
@@ -21,7 +21,7 @@ use kernels::Pool;
 use super::backend::{CpuLm, LmBackend};
 use super::model::{LmModel, LmState};
 use super::spec::LmSpec;
-use super::{KvDtype, LmError};
+use super::{KvDtype, LmError, NO_TOKEN, UNGENERATED};
 use crate::sampling::Sampler;
 
 /// Largest number of generated audio codebooks an [`LmFrame`] can hold.
@@ -58,8 +58,8 @@ pub struct StepOptions<'a> {
 /// Observation hooks called during a step (tracing). Every method has an empty default; with
 /// [`NoObserver`] the calls compile to nothing.
 pub trait LmObserver {
-    /// The token column fed to the temporal transformer (length `1 + n_q`).
-    fn input_tokens(&mut self, _tokens: &[i64]) {}
+    /// The token column fed to the temporal transformer (length `1 + n_q`; may hold [`NO_TOKEN`]).
+    fn input_tokens(&mut self, _tokens: &[u32]) {}
     /// Normalised temporal output (length `dim`).
     fn transformer_out(&mut self, _x: &[f32]) {}
     /// Text logits (length `text_card`).
@@ -74,7 +74,8 @@ pub struct NoObserver;
 
 impl LmObserver for NoObserver {}
 
-/// An observer that keeps everything it sees (tracing, tests): flattened per step.
+/// An observer that keeps everything it sees (tracing, tests): flattened per step. Tokens are kept
+/// as the oracle's traces store them (i64, [`NO_TOKEN`] as −1, [`UNGENERATED`] as −2).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LmRecorder {
     /// Input columns, `[steps, 1 + n_q]`.
@@ -101,8 +102,8 @@ impl LmRecorder {
 }
 
 impl LmObserver for LmRecorder {
-    fn input_tokens(&mut self, t: &[i64]) {
-        self.input_tokens.extend_from_slice(t);
+    fn input_tokens(&mut self, t: &[u32]) {
+        self.input_tokens.extend(t.iter().map(|&t| trace_token(t)));
     }
     fn transformer_out(&mut self, x: &[f32]) {
         self.transformer_out.extend_from_slice(x);
@@ -115,26 +116,32 @@ impl LmObserver for LmRecorder {
     }
 }
 
-/// The value the token cache is filled with (Python `ungenerated_token_id`).
-const UNGENERATED: i64 = -2;
+/// A token as Python and the oracle's traces write it: the sentinels are negative there.
+fn trace_token(t: u32) -> i64 {
+    match t {
+        NO_TOKEN => -1,
+        UNGENERATED => -2,
+        t => i64::from(t),
+    }
+}
 
 /// The delayed token cache of one session (steps 1, 2, 5 and 6 of the module docs).
 #[derive(Debug, Clone)]
 struct TokenCache {
     /// `[K][CT]` token cache.
-    cache: Vec<i64>,
+    cache: Vec<u32>,
     ct: usize,
     offset: usize,
-    initial: Vec<i64>,
-    input: Vec<i64>,
+    initial: Vec<u32>,
+    input: Vec<u32>,
 }
 
 impl TokenCache {
     fn new(spec: &LmSpec) -> Self {
         let k = spec.num_streams();
         let ct = spec.max_delay() + 2;
-        let mut initial = vec![spec.card as i64; k];
-        initial[0] = spec.text_card as i64;
+        let mut initial = vec![spec.card as u32; k];
+        initial[0] = spec.text_card as u32;
         TokenCache {
             cache: vec![UNGENERATED; k * ct],
             ct,
@@ -157,25 +164,9 @@ impl TokenCache {
         self.offset = offset;
     }
 
-    /// Checks a call's arguments (nothing is mutated).
-    fn validate(spec: &LmSpec, user_codes: &[i64], opts: &StepOptions<'_>) -> Result<(), LmError> {
-        let (dep_q, n_user) = (spec.dep_q, spec.n_user());
-        if user_codes.len() < n_user {
-            return Err(LmError::Length {
-                what: "user codes",
-                expected: n_user,
-                got: user_codes.len(),
-            });
-        }
-        for (i, &c) in user_codes[..n_user].iter().enumerate() {
-            if !(-1..=spec.card as i64).contains(&c) {
-                return Err(LmError::Token {
-                    stream: 1 + dep_q + i,
-                    token: c,
-                    max: spec.card as i64,
-                });
-            }
-        }
+    /// Checks a call's overrides (nothing is mutated).
+    fn validate(spec: &LmSpec, opts: &StepOptions<'_>) -> Result<(), LmError> {
+        let dep_q = spec.dep_q;
         if let Some(t) = opts.force_text {
             if t as usize > spec.text_card {
                 return Err(LmError::Token {
@@ -205,7 +196,7 @@ impl TokenCache {
     }
 
     /// Steps 1 and 2: stores the user codes at their delayed slots and gathers `self.input`.
-    fn gather(&mut self, spec: &LmSpec, user_codes: &[i64]) {
+    fn gather(&mut self, spec: &LmSpec, user_codes: &[u32]) {
         let (ct, dep_q) = (self.ct, spec.dep_q);
         for (i, &c) in user_codes[..spec.n_user()].iter().enumerate() {
             let k = 1 + dep_q + i;
@@ -225,9 +216,9 @@ impl TokenCache {
         let ct = self.ct;
         self.offset += 1;
         let slot = self.offset % ct;
-        self.cache[slot] = text as i64;
+        self.cache[slot] = text;
         for (k, &a) in audio.iter().enumerate() {
-            self.cache[(1 + k) * ct + slot] = a as i64;
+            self.cache[(1 + k) * ct + slot] = a;
         }
         let max_delay = spec.max_delay();
         if self.offset <= max_delay {
@@ -236,12 +227,12 @@ impl TokenCache {
         let base = self.offset - max_delay;
         let read = |k: usize| self.cache[k * ct + (base + spec.delays[k]) % ct];
         let mut frame = LmFrame {
-            text: read(0) as u32,
+            text: read(0),
             codes: [0; MAX_AUDIO_CODEBOOKS],
             n: audio.len(),
         };
         for k in 0..audio.len() {
-            frame.codes[k] = read(1 + k) as u32;
+            frame.codes[k] = read(1 + k);
         }
         Some(frame)
     }
@@ -263,7 +254,8 @@ fn check_sizes(spec: &LmSpec) -> Result<(), LmError> {
 enum UserCodes<'a> {
     /// Mimi codes, `[rows, n_user]`.
     Codes(&'a [u32]),
-    /// Codes with the LM's sentinels (−1 = no input, `card` = the initial token), `[rows, n_user]`.
+    /// Codes as the oracle's traces hold them (−1 = no input, `card` = the initial token),
+    /// `[rows, n_user]`.
     Raw(&'a [i64]),
 }
 
@@ -283,18 +275,30 @@ impl UserCodes<'_> {
         }
     }
 
-    /// Row `i` widened to the i64 of the token cache.
-    fn row(&self, i: usize, nu: usize) -> [i64; MAX_AUDIO_CODEBOOKS] {
-        let mut codes = [0i64; MAX_AUDIO_CODEBOOKS];
-        match self {
-            UserCodes::Codes(c) => {
-                for (d, &u) in codes.iter_mut().zip(&c[i * nu..(i + 1) * nu]) {
-                    *d = i64::from(u);
+    /// Row `i` (of `n_user` codes) as tokens of the cache, checked against the audio vocabulary:
+    /// a raw −1 becomes [`NO_TOKEN`].
+    fn row(&self, i: usize, spec: &LmSpec) -> Result<[u32; MAX_AUDIO_CODEBOOKS], LmError> {
+        let nu = spec.n_user();
+        let card = spec.card as i64;
+        let mut codes = [0u32; MAX_AUDIO_CODEBOOKS];
+        for (j, d) in codes[..nu].iter_mut().enumerate() {
+            let raw = match self {
+                UserCodes::Codes(c) => i64::from(c[i * nu + j]),
+                UserCodes::Raw(c) => c[i * nu + j],
+            };
+            *d = match raw {
+                -1 => NO_TOKEN,
+                t if (0..=card).contains(&t) => t as u32,
+                token => {
+                    return Err(LmError::Token {
+                        stream: 1 + spec.dep_q + j,
+                        token,
+                        max: card,
+                    })
                 }
-            }
-            UserCodes::Raw(c) => codes[..nu].copy_from_slice(&c[i * nu..(i + 1) * nu]),
+            };
         }
-        codes
+        Ok(codes)
     }
 }
 
@@ -307,8 +311,8 @@ struct Core {
     tcs: Vec<TokenCache>,
     /// `0..n` (the row list of a whole-batch step).
     all_rows: Vec<usize>,
-    input: Vec<i64>,
-    prev: Vec<i64>,
+    input: Vec<u32>,
+    prev: Vec<u32>,
     text: Vec<u32>,
     audio: Vec<u32>,
     /// Per stepped row: the frame of this step.
@@ -400,11 +404,12 @@ impl Core {
             }
         }
         for i in 0..m {
-            TokenCache::validate(s, &user_codes.row(i, nu)[..nu], &opts(i))?;
+            user_codes.row(i, s)?;
+            TokenCache::validate(s, &opts(i))?;
         }
         for (i, &b) in rows.iter().enumerate() {
             let tc = &mut self.tcs[b];
-            tc.gather(s, &user_codes.row(i, nu)[..nu]);
+            tc.gather(s, &user_codes.row(i, s)?[..nu]);
             self.input[i * ks..(i + 1) * ks].copy_from_slice(&tc.input);
             obs.input_tokens(&tc.input);
         }
@@ -430,7 +435,7 @@ impl Core {
             };
             sampler.record_text(t);
             self.text[i] = t;
-            self.prev[i] = i64::from(t);
+            self.prev[i] = t;
         }
         let card = s.card;
         for k in 0..dq {
@@ -451,7 +456,7 @@ impl Core {
                     },
                 };
                 self.audio[i * dq + k] = t;
-                self.prev[i] = i64::from(t);
+                self.prev[i] = t;
             }
         }
         for (i, &b) in rows.iter().enumerate() {

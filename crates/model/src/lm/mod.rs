@@ -37,6 +37,16 @@ pub use spec::LmSpec;
 #[cfg(feature = "bench")]
 pub use synthetic::SyntheticSource;
 
+/// An input slot that holds no token (Python's −1, e.g. a user stream without input): the model
+/// embeds it as a zero vector. Tokens are `u32` everywhere; the two sentinels sit above every
+/// vocabulary.
+pub const NO_TOKEN: u32 = u32::MAX;
+
+/// A token-cache slot that nothing has written yet (Python's `ungenerated_token_id`, −2). Python's
+/// embedding clamps it to id 0, and so does [`LmModel`]; the generator's delays never let it reach
+/// the model.
+pub const UNGENERATED: u32 = u32::MAX - 1;
+
 use crate::checkpoint::CheckpointError;
 use crate::sampling::SamplingError;
 

@@ -5,7 +5,7 @@ use kernels::{ops, Matrix, Pool};
 
 use super::source::TensorSource;
 use super::spec::LmSpec;
-use super::LmError;
+use super::{LmError, NO_TOKEN, UNGENERATED};
 use crate::checkpoint::LmConfig;
 use crate::checkpoint::Weights;
 
@@ -159,21 +159,26 @@ impl LmState {
 
 fn add_embedding(
     table: &Matrix,
-    token: i64,
+    token: u32,
     stream: usize,
     acc: &mut [f32],
     row: &mut [f32],
 ) -> Result<(), LmError> {
-    // Python `ScaledEmbedding`: -1 gives an exact zero vector; other negative ids are clamped to 0
-    // (LMGen never feeds them); ids past the table are an error.
-    if token == -1 {
-        return Ok(());
+    // Python `ScaledEmbedding`: -1 gives an exact zero vector; other negative ids (-2, ungenerated)
+    // are clamped to 0 (LMGen never feeds them); ids past the table are an error.
+    let id = match token {
+        NO_TOKEN => return Ok(()),
+        UNGENERATED => 0,
+        t => t as usize,
+    };
+    if id >= table.rows() {
+        return Err(LmError::Token {
+            stream,
+            token: i64::from(token),
+            max: table.rows() as i64 - 1,
+        });
     }
-    let max = table.rows() as i64 - 1;
-    if token > max {
-        return Err(LmError::Token { stream, token, max });
-    }
-    table.row_f32(token.max(0) as usize, row);
+    table.row_f32(id, row);
     ops::add(acc, row);
     Ok(())
 }
@@ -391,7 +396,7 @@ impl LmModel {
     pub fn forward_temporal(
         &self,
         st: &mut LmState,
-        tokens: &[i64],
+        tokens: &[u32],
         pool: &Pool,
     ) -> Result<(), LmError> {
         let rows = std::mem::take(&mut st.all_rows);
@@ -408,7 +413,7 @@ impl LmModel {
         &self,
         st: &mut LmState,
         rows: &[usize],
-        tokens: &[i64],
+        tokens: &[u32],
         pool: &Pool,
     ) -> Result<(), LmError> {
         let s = &self.spec;
@@ -418,12 +423,12 @@ impl LmModel {
         // Validate everything before touching the state.
         for (i, &t) in tokens.iter().enumerate() {
             let stream = i % k_streams;
-            let max = if stream == 0 { s.text_card } else { s.card } as i64;
-            if t > max {
+            let max = if stream == 0 { s.text_card } else { s.card };
+            if t != NO_TOKEN && t != UNGENERATED && t as usize > max {
                 return Err(LmError::Token {
                     stream,
-                    token: t,
-                    max,
+                    token: i64::from(t),
+                    max: max as i64,
                 });
             }
         }
@@ -494,7 +499,7 @@ impl LmModel {
         &self,
         st: &'s mut LmState,
         k: usize,
-        prev_tokens: &[i64],
+        prev_tokens: &[u32],
         pool: &Pool,
     ) -> Result<&'s [f32], LmError> {
         let rows = std::mem::take(&mut st.all_rows);
@@ -516,7 +521,7 @@ impl LmModel {
         st: &'s mut LmState,
         rows: &[usize],
         k: usize,
-        prev_tokens: &[i64],
+        prev_tokens: &[u32],
         pool: &Pool,
     ) -> Result<&'s [f32], LmError> {
         let s = &self.spec;
