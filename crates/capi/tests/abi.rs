@@ -10,6 +10,7 @@ use std::sync::{mpsc, Arc, Mutex};
 
 use common::*;
 use moshi_native::*;
+use testkit::compare::max_abs_diff;
 
 #[test]
 fn version_is_the_crate_version() {
@@ -170,11 +171,7 @@ fn a_greedy_session_reproduces_the_duplex_trace() {
             }
         }
         assert_eq!(pcm.len(), want_pcm.len());
-        let err = pcm
-            .iter()
-            .zip(&want_pcm)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
+        let err = max_abs_diff(&pcm, &want_pcm);
         assert!(err <= 1e-4, "pcm max abs error {err}");
         expect(mn_session_destroy(session), MnStatus::Ok);
         expect(mn_engine_destroy(engine), MnStatus::Ok);
@@ -503,11 +500,7 @@ fn mimi_matches_the_fixture_and_refuses_misuse() {
                     MnStatus::Ok,
                 );
             }
-            let err = pcm
-                .iter()
-                .zip(&want_pcm)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
+            let err = max_abs_diff(&pcm, &want_pcm);
             assert!(err <= 1e-4, "pcm max abs error {err}");
             expect(mn_mimi_reset(mimi), MnStatus::Ok);
             // After a reset the first frame's codes come back.

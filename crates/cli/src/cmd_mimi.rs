@@ -314,6 +314,9 @@ fn decode(input: &Path, output: &Path, m: &MimiModelArgs) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use testkit::compare::max_abs_diff;
+    use testkit::TensorFile;
+
     use super::*;
 
     #[test]
@@ -343,27 +346,13 @@ mod tests {
             (8, input.len().div_ceil(1920), Some(input.len()))
         );
         // oracle streaming codes and PCM
-        let bytes = std::fs::read(fx.join("trace.safetensors")).unwrap();
-        let hdr = model::checkpoint::safetensors::parse(&bytes).unwrap();
-        let get = |n: &str| hdr.tensors.iter().find(|x| x.name == n).unwrap().clone();
-        let ct = get("codes");
-        let want: Vec<u32> = bytes[ct.offset..ct.offset + ct.len]
-            .chunks_exact(8)
-            .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
-            .collect();
+        let trace = TensorFile::open(fx.join("trace.safetensors"));
+        let want: Vec<u32> = trace.i64("codes").0.iter().map(|&c| c as u32).collect();
         assert_eq!(codes, want);
-        let pt = get("pcm");
-        let want_pcm: Vec<f32> = bytes[pt.offset..pt.offset + pt.len]
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect();
+        let (want_pcm, _) = trace.f32("pcm");
         let got = read_wav_24k_mono(&wav_path).unwrap();
         assert_eq!(got.len(), input.len());
-        let err = got
-            .iter()
-            .zip(&want_pcm)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f32::max);
+        let err = max_abs_diff(&got, &want_pcm[..got.len()]);
         assert!(err < 1e-4, "round-trip pcm {err}");
         let _ = std::fs::remove_dir_all(&dir);
     }

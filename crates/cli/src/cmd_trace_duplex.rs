@@ -211,34 +211,13 @@ pub fn run(args: &TraceDuplexArgs) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use testkit::compare::max_abs_diff;
+    use testkit::TensorFile;
+
     use super::*;
 
     fn root() -> PathBuf {
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-    }
-
-    /// Read one tensor of a safetensors file as raw little-endian bytes plus dtype and shape.
-    fn read_tensor(bytes: &[u8], name: &str) -> (String, Vec<usize>, Vec<u8>) {
-        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-        let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
-        let t = &header[name];
-        let off: Vec<usize> = t["data_offsets"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as usize)
-            .collect();
-        let shape = t["shape"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as usize)
-            .collect();
-        (
-            t["dtype"].as_str().unwrap().to_string(),
-            shape,
-            bytes[8 + n + off[0]..8 + n + off[1]].to_vec(),
-        )
     }
 
     #[test]
@@ -258,28 +237,15 @@ mod tests {
             kv_dtype: "f32".into(),
         };
         run(&args).unwrap();
-        let got = std::fs::read(&out).unwrap();
+        let got = TensorFile::open(&out);
         let _ = std::fs::remove_file(&out);
-        let want = std::fs::read(root().join("fixtures/duplex/trace.safetensors")).unwrap();
+        let want = TensorFile::open(root().join("fixtures/duplex/trace.safetensors"));
         for name in ["text_tokens", "audio_tokens"] {
-            let (gd, gs, gb) = read_tensor(&got, name);
-            let (wd, ws, wb) = read_tensor(&want, name);
-            assert_eq!((gd.as_str(), &gs), (wd.as_str(), &ws), "{name}");
-            assert_eq!(gb, wb, "{name} must match exactly");
+            assert_eq!(got.i64(name), want.i64(name), "{name} must match exactly");
         }
-        let (gd, gs, gb) = read_tensor(&got, "pcm");
-        let (_, ws, wb) = read_tensor(&want, "pcm");
-        assert_eq!((gd.as_str(), &gs), ("F32", &ws));
-        let f = |b: &[u8]| {
-            b.chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                .collect::<Vec<_>>()
-        };
-        let max_err = f(&gb)
-            .iter()
-            .zip(f(&wb))
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
+        let ((gp, gs), (wp, ws)) = (got.f32("pcm"), want.f32("pcm"));
+        assert_eq!(gs, ws);
+        let max_err = max_abs_diff(&gp, &wp);
         assert!(max_err <= 1e-4, "pcm max abs error {max_err}");
     }
 }

@@ -240,6 +240,8 @@ pub fn run(args: &TraceLmArgs) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use testkit::compare::max_abs_diff;
+
     use super::*;
 
     fn fixtures() -> PathBuf {
@@ -282,11 +284,7 @@ mod tests {
         }
         for name in ["text_logits", "depformer_logits", "transformer_out"] {
             assert_eq!(ours[name].shape, theirs[name].shape, "{name}");
-            let d = f32s(&ours[name])
-                .iter()
-                .zip(f32s(&theirs[name]))
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0f32, f32::max);
+            let d = max_abs_diff(&f32s(&ours[name]), &f32s(&theirs[name]));
             assert!(d < 1e-4, "{name}: max diff {d}");
         }
         std::fs::remove_file(&out).ok();

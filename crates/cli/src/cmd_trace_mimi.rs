@@ -139,26 +139,10 @@ pub fn trace(model_dir: &Path, input: &Path, out: &Path, codebooks: usize) -> Re
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use testkit::compare::max_abs_diff;
+    use testkit::TensorFile;
 
-    fn read_f32(bytes: &[u8], name: &str) -> Vec<f32> {
-        let hdr = model::checkpoint::safetensors::parse(bytes).unwrap();
-        let t = hdr
-            .tensors
-            .iter()
-            .find(|t| t.name == name)
-            .unwrap_or_else(|| panic!("{name}"));
-        let data = &bytes[t.offset..t.offset + t.len];
-        if t.dtype.name().eq_ignore_ascii_case("i64") {
-            data.chunks_exact(8)
-                .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f32)
-                .collect()
-        } else {
-            data.chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                .collect()
-        }
-    }
+    use super::*;
 
     #[test]
     fn trace_matches_oracle_fixture() {
@@ -173,9 +157,9 @@ mod tests {
         std::fs::write(dir.join("config.json"), cfg).unwrap();
         let out = dir.join("trace.safetensors");
         trace(&dir, &fx.join("input.wav"), &out, 8).unwrap();
-        let got = std::fs::read(&out).unwrap();
-        let want = std::fs::read(fx.join("trace.safetensors")).unwrap();
-        assert_eq!(read_f32(&got, "codes"), read_f32(&want, "codes"));
+        let got = TensorFile::open(&out);
+        let want = TensorFile::open(fx.join("trace.safetensors"));
+        assert_eq!(got.i64("codes"), want.i64("codes"));
         for name in [
             "pcm",
             "enc_seanet",
@@ -185,13 +169,9 @@ mod tests {
             "dec_upsample",
             "dec_transformer",
         ] {
-            let (g, w) = (read_f32(&got, name), read_f32(&want, name));
+            let (g, w) = (got.f32(name).0, want.f32(name).0);
             assert_eq!(g.len(), w.len(), "{name}");
-            let err = g
-                .iter()
-                .zip(&w)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f32::max);
+            let err = max_abs_diff(&g, &w);
             assert!(err < 1e-4, "{name}: {err}");
         }
         // refusals: stereo / wrong rate

@@ -35,20 +35,7 @@ fn run(model: &LmModel, steps: usize, pool: &Pool) -> LmRecorder {
 
 /// (max |Δ|, RMS Δ / std of the exact run) of two logit sets.
 fn drift(fast: &[f32], exact: &[f32]) -> (f32, f32) {
-    let n = exact.len() as f64;
-    let mean = exact.iter().map(|&x| x as f64).sum::<f64>() / n;
-    let var = exact
-        .iter()
-        .map(|&x| (x as f64 - mean).powi(2))
-        .sum::<f64>()
-        / n;
-    let mut max = 0f32;
-    let mut sq = 0f64;
-    for (a, b) in fast.iter().zip(exact) {
-        max = max.max((a - b).abs());
-        sq += ((a - b) as f64).powi(2);
-    }
-    (max, ((sq / n) / var).sqrt() as f32)
+    testkit::compare::diff_stats(fast, exact)
 }
 
 /// Fraction of steps whose argmax differs.

@@ -5,6 +5,7 @@ mod mimi_common;
 
 use mimi_common::*;
 use model::mimi::{Layout, MimiDecoder, MimiEncoder, Stage, StreamEncoder};
+use testkit::compare::max_abs_diff;
 
 const TOL: f32 = 1e-4;
 

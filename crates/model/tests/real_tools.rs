@@ -14,26 +14,17 @@ mod real_tools_common;
 use model::checkpoint::Bundle;
 use model::lm::LmModel;
 use real_tools_common::*;
-use safetensors::SafeTensors;
 
 /// Dequantized weights, f32 kernels: every file matches its tool's trace like float noise, and
 /// the greedy tokens are the tool's.
 #[test]
 fn dequantized_runs_match_the_tools_traces() {
-    for name in FORMATS {
-        let model = load(name, true);
-        for (file, forced) in [
-            ("trace.safetensors", false),
-            ("trace_forced.safetensors", true),
-        ] {
-            let trace = Trace::open(&dir(name).join(file));
-            let rec = run(&model, &trace, forced);
-            let (max, rel) = compare(&rec, &trace);
-            eprintln!("{name}/{file}: dequantized max |Δ| {max:e}, rel RMS {rel:e}");
-            assert!(max < DEQUANTIZED_MAX_ABS, "{name}/{file}: {max}");
-            assert_eq!(first_token_difference(&rec, &trace), None, "{name}/{file}");
-        }
-    }
+    for_each_run(true, |name, file, rec, trace| {
+        let (max, rel) = compare(rec, trace);
+        eprintln!("{name}/{file}: dequantized max |Δ| {max:e}, rel RMS {rel:e}");
+        assert!(max < DEQUANTIZED_MAX_ABS, "{name}/{file}: {max}");
+        assert_eq!(first_token_difference(rec, trace), None, "{name}/{file}");
+    });
 }
 
 /// Dequantized-path bound: f32 summation order only (MLX sums per group and scales once).
@@ -85,8 +76,7 @@ fn gguf_files_dequantize_like_their_tools() {
         let b = Bundle::open(&dir(name)).unwrap();
         let w = b.lm_weights().unwrap();
         let sample = Trace::open(&dir(name).join("dequant_sample.safetensors"));
-        let st = SafeTensors::deserialize(&sample.0).unwrap();
-        for (tensor, _) in st.tensors() {
+        for tensor in sample.names() {
             let (ours, _) = w.f32(&tensor).unwrap();
             assert!(
                 ours == sample.f32(&tensor),

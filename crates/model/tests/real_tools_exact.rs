@@ -15,22 +15,14 @@ const EXACT_MAX_ABS: f32 = 1e-3;
 fn f32_activation_kernels_match_the_tools_traces() {
     kernels::set_f32_activations(true);
     assert!(kernels::f32_activations());
-    for name in FORMATS {
-        let model = load(name, false);
-        for (file, forced) in [
-            ("trace.safetensors", false),
-            ("trace_forced.safetensors", true),
-        ] {
-            let trace = Trace::open(&dir(name).join(file));
-            let rec = run(&model, &trace, forced);
-            let (max, rel) = compare(&rec, &trace);
-            eprintln!("{name}/{file}: f32 activations max |Δ| {max:e}, rel RMS {rel:e}");
-            assert!(max < EXACT_MAX_ABS, "{name}/{file}: {max}");
-            assert_eq!(
-                first_token_difference(&rec, &trace),
-                None,
-                "{name}/{file}: tokens"
-            );
-        }
-    }
+    for_each_run(false, |name, file, rec, trace| {
+        let (max, rel) = compare(rec, trace);
+        eprintln!("{name}/{file}: f32 activations max |Δ| {max:e}, rel RMS {rel:e}");
+        assert!(max < EXACT_MAX_ABS, "{name}/{file}: {max}");
+        assert_eq!(
+            first_token_difference(rec, trace),
+            None,
+            "{name}/{file}: tokens"
+        );
+    });
 }

@@ -323,10 +323,7 @@ fn join_leave_reuse_and_errors() {
     assert_eq!(m.s.stop().unwrap().frames_processed, 2);
     // Bad options are typed errors.
     assert!(matches!(
-        r.open(SessionOptions {
-            max_queued_frames: 0,
-            ..greedy()
-        }),
+        r.open(queued_greedy(0)),
         Err(RuntimeError::InvalidOption(_))
     ));
     assert!(matches!(

@@ -6,51 +6,25 @@ mod common;
 use std::path::PathBuf;
 
 use common::*;
-use runtime::{Session, SessionOptions, Step};
-use safetensors::SafeTensors;
+use runtime::{Session, Step};
+use testkit::TensorFile;
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures/duplex")
-        .join(name)
-}
-
-fn i64s(st: &SafeTensors<'_>, name: &str) -> (Vec<i64>, Vec<usize>) {
-    let t = st.tensor(name).unwrap();
-    assert_eq!(t.dtype(), safetensors::Dtype::I64, "{name}");
-    let v = t
-        .data()
-        .chunks_exact(8)
-        .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
-        .collect();
-    (v, t.shape().to_vec())
-}
-
-fn f32s(st: &SafeTensors<'_>, name: &str) -> Vec<f32> {
-    let t = st.tensor(name).unwrap();
-    assert_eq!(t.dtype(), safetensors::Dtype::F32, "{name}");
-    t.data()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-        .collect()
+    testkit::fixtures_dir("duplex").join(name)
 }
 
 #[test]
 fn server_loop_matches_the_python_server_emulation() {
-    let bytes = std::fs::read(fixture("trace.safetensors")).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    let (text, text_shape) = i64s(&st, "text_tokens");
-    let (audio, audio_shape) = i64s(&st, "audio_tokens");
-    let want_pcm = f32s(&st, "pcm");
+    let trace = TensorFile::open(fixture("trace.safetensors"));
+    let (text, text_shape) = trace.i64("text_tokens");
+    let (audio, audio_shape) = trace.i64("audio_tokens");
+    let (want_pcm, _) = trace.f32("pcm");
     let s_out = text_shape[0];
     assert_eq!(audio_shape, [8, s_out]);
     let input = runtime::audio::read_wav_strict(fixture("input.wav")).unwrap();
 
     // Same message sizes as the emulated WebSocket client; a queue large enough that nothing is dropped.
-    let opts = SessionOptions {
-        max_queued_frames: 64,
-        ..greedy()
-    };
+    let opts = queued_greedy(64);
     let mut s = Session::new(engine(), opts).unwrap();
     let mut got = Collected::default();
     let sizes = [960usize, 1500, 2000, 1920, 700, 3840];

@@ -10,8 +10,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{assert_same, engine, greedy, run, signal, Collected};
-use runtime::{Event, Session, SessionOptions, Step, FRAME_SIZE};
+use common::{assert_same, engine, greedy, greedy_session, queued_greedy, run, signal, Collected};
+use runtime::{Event, Session, Step, FRAME_SIZE};
 
 /// The documented input rule, written independently of the runtime's code.
 fn sanitised(x: f32) -> f32 {
@@ -83,7 +83,7 @@ fn empty_and_one_sample_chunks_equal_whole_frames() {
     let pcm = signal(frames, 5);
     let want = run(greedy(), &pcm);
 
-    let mut s = Session::new(engine(), greedy()).unwrap();
+    let mut s = greedy_session();
     let mut got = Collected::default();
     let mut completed = 0u32;
     for (i, &x) in pcm.iter().enumerate() {
@@ -141,10 +141,7 @@ fn long_silence_then_speech_stays_healthy() {
 #[test]
 fn producer_at_ten_times_real_time_is_bounded_and_counted() {
     let max_q = 4;
-    let opts = SessionOptions {
-        max_queued_frames: max_q,
-        ..greedy()
-    };
+    let opts = queued_greedy(max_q);
     let mut runner = Session::new(engine(), opts).unwrap().spawn(8).unwrap();
     let mut producer = runner.producer().unwrap();
     let events = runner.events().unwrap();

@@ -7,17 +7,14 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
-use runtime::{Event, Phase, Session, SessionOptions, SessionRunner, StopReason};
+use runtime::{Event, Phase, Session, SessionRunner, StopReason};
 
 const T: Duration = Duration::from_secs(30);
 
 #[test]
 fn runner_output_equals_stepping_by_hand() {
     let pcm = signal(8, 21);
-    let opts = SessionOptions {
-        max_queued_frames: 16,
-        ..greedy()
-    };
+    let opts = queued_greedy(16);
     let reference = run(opts.clone(), &pcm);
     let mut r = SessionRunner::spawn(Session::new(engine(), opts).unwrap(), 4).unwrap();
     let mut mic = r.producer().unwrap();
@@ -48,14 +45,7 @@ fn runner_output_equals_stepping_by_hand() {
 #[test]
 fn interrupted_epochs_are_not_delivered() {
     let pcm = signal(6, 22);
-    let mut s = Session::new(
-        engine(),
-        SessionOptions {
-            max_queued_frames: 16,
-            ..greedy()
-        },
-    )
-    .unwrap();
+    let mut s = Session::new(engine(), queued_greedy(16)).unwrap();
     // Hold the worker at the start of frame 3 until the test has sent the interrupt.
     let (at3_tx, at3_rx) = mpsc::channel::<()>();
     let (go_tx, go_rx) = mpsc::channel::<()>();
@@ -97,7 +87,7 @@ fn interrupted_epochs_are_not_delivered() {
 /// Stop requested while the worker is inside `phase`: the pass completes, then the worker ends; stop joins once.
 fn stop_during(phase: Phase) {
     let pcm = signal(4, 23);
-    let mut s = Session::new(engine(), greedy()).unwrap();
+    let mut s = greedy_session();
     let (tx, rx) = mpsc::channel::<()>();
     let tx = Mutex::new(tx);
     let entered = Arc::new(AtomicUsize::new(0));
@@ -133,46 +123,26 @@ fn stop_during(phase: Phase) {
 }
 
 #[test]
-fn stop_during_encode() {
-    stop_during(Phase::Encode);
-}
-
-#[test]
-fn stop_during_lm() {
-    stop_during(Phase::Lm);
-}
-
-#[test]
-fn stop_during_depformer() {
-    stop_during(Phase::Depformer);
-}
-
-#[test]
-fn stop_during_decode() {
-    stop_during(Phase::Decode);
+fn stop_during_every_phase() {
+    for phase in [Phase::Encode, Phase::Lm, Phase::Depformer, Phase::Decode] {
+        stop_during(phase);
+    }
 }
 
 #[test]
 fn stop_while_idle_paused_or_with_a_full_event_queue() {
     // idle
-    let mut r = SessionRunner::spawn(Session::new(engine(), greedy()).unwrap(), 1).unwrap();
+    let mut r = SessionRunner::spawn(greedy_session(), 1).unwrap();
     std::thread::sleep(Duration::from_millis(20));
     assert_eq!(r.stop().unwrap().frames_processed, 0);
     // paused with queued input
-    let mut r = SessionRunner::spawn(Session::new(engine(), greedy()).unwrap(), 1).unwrap();
+    let mut r = SessionRunner::spawn(greedy_session(), 1).unwrap();
     r.control().pause();
     r.producer().unwrap().push(&signal(3, 24));
     std::thread::sleep(Duration::from_millis(20));
     assert_eq!(r.stop().unwrap().frames_processed, 0);
     // event queue full (capacity 1), nobody reading, receiver alive
-    let mut session = Session::new(
-        engine(),
-        SessionOptions {
-            max_queued_frames: 8,
-            ..greedy()
-        },
-    )
-    .unwrap();
+    let mut session = Session::new(engine(), queued_greedy(8)).unwrap();
     let started = Arc::new(AtomicUsize::new(0));
     let s2 = started.clone();
     session.set_phase_hook(Some(Arc::new(move |p| {
@@ -205,6 +175,6 @@ fn stop_while_idle_paused_or_with_a_full_event_queue() {
         "the pending frame and Stopped could not be queued"
     );
     // dropping a running runner stops and joins it
-    let r = SessionRunner::spawn(Session::new(engine(), greedy()).unwrap(), 1).unwrap();
+    let r = SessionRunner::spawn(greedy_session(), 1).unwrap();
     drop(r);
 }

@@ -71,7 +71,7 @@ fn first_frame_rule_is_the_python_server_loop() {
 fn interrupt_bumps_epoch_and_leaves_model_state_untouched() {
     let pcm = signal(10, 2);
     let reference = run(greedy(), &pcm);
-    let mut s = Session::new(engine(), greedy()).unwrap();
+    let mut s = greedy_session();
     let mut c = Collected::default();
     feed(&mut s, &pcm[..4 * FRAME_SIZE], &mut c);
     assert_eq!(s.interrupt(), 1);
@@ -88,7 +88,7 @@ fn interrupt_bumps_epoch_and_leaves_model_state_untouched() {
 fn pause_does_not_advance_the_model_and_resume_continues_the_stream() {
     let pcm = signal(10, 3);
     let reference = run(greedy(), &pcm);
-    let mut s = Session::new(engine(), greedy()).unwrap();
+    let mut s = greedy_session();
     let mut c = Collected::default();
     feed(&mut s, &pcm[..5 * FRAME_SIZE], &mut c);
     s.pause();
@@ -136,10 +136,7 @@ fn sampling_is_reproducible_for_a_seed() {
 #[test]
 fn full_queue_drops_oldest_frames_without_resetting_the_stream() {
     let pcm = signal(10, 8);
-    let opts = SessionOptions {
-        max_queued_frames: 3,
-        ..greedy()
-    };
+    let opts = queued_greedy(3);
     let mut s = Session::new(engine(), opts.clone()).unwrap();
     let mut c = Collected::default();
     feed(&mut s, &pcm[..2 * FRAME_SIZE], &mut c);
@@ -185,7 +182,7 @@ fn stop_and_max_steps() {
     let mut again = Collected::default();
     feed(&mut s, &pcm, &mut again);
     assert_eq!(again.frame_index, [0, 1, 2, 3]);
-    let mut s = Session::new(engine(), greedy()).unwrap();
+    let mut s = greedy_session();
     s.push_pcm(&pcm[..FRAME_SIZE]).unwrap();
     s.stop();
     assert!(matches!(
@@ -198,21 +195,8 @@ fn stop_and_max_steps() {
 #[test]
 fn producer_works_from_another_thread_in_any_chunk_size() {
     let pcm = signal(6, 10);
-    let reference = run(
-        SessionOptions {
-            max_queued_frames: 8,
-            ..greedy()
-        },
-        &pcm,
-    );
-    let mut s = Session::new(
-        engine(),
-        SessionOptions {
-            max_queued_frames: 8,
-            ..greedy()
-        },
-    )
-    .unwrap();
+    let reference = run(queued_greedy(8), &pcm);
+    let mut s = Session::new(engine(), queued_greedy(8)).unwrap();
     let mut p = s.take_producer().unwrap();
     assert!(s.push_pcm(&[0.0]).is_err());
     let data = pcm.clone();
@@ -231,7 +215,7 @@ fn producer_works_from_another_thread_in_any_chunk_size() {
 #[test]
 fn forced_text_enters_the_text_stream() {
     let pcm = signal(8, 12);
-    let mut s = Session::new(engine(), greedy()).unwrap();
+    let mut s = greedy_session();
     // LMGen returns the text sampled at call t at call t + 1.
     s.force_text(&[5, 6, 7]).unwrap();
     let mut c = Collected::default();

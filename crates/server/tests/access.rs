@@ -39,14 +39,7 @@ async fn refused_status(request: tungstenite::handshake::client::Request) -> Opt
 /// A short conversation: some audio in, some echoed audio and text out.
 async fn talks(mut ws: Ws) {
     expect_ready(&mut ws).await;
-    let r = converse(
-        ws,
-        20,
-        Duration::from_millis(10),
-        false,
-        Duration::from_millis(300),
-    )
-    .await;
+    let r = converse_briefly(ws, 20, Duration::from_millis(10)).await;
     let (_, packets) = decode_all(&r.audio_bytes);
     assert!(packets >= 10, "{packets} packets");
     assert!(r.errors.is_empty(), "{:?}", r.errors);

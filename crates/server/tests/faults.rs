@@ -14,15 +14,6 @@ use std::time::Duration;
 use common::*;
 use server::backend::{BackendInfo, RuntimeBackend};
 use server::testing::EchoBackend;
-use server::ServeConfig;
-
-fn cfg(max_sessions: usize, max_queue: usize) -> ServeConfig {
-    ServeConfig {
-        max_sessions,
-        max_queue,
-        ..ServeConfig::default()
-    }
-}
 
 fn tiny_backend() -> Arc<RuntimeBackend> {
     let engine = tiny_engine();

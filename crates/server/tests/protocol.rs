@@ -13,14 +13,6 @@ use server::testing::EchoBackend;
 use server::ServeConfig;
 use tokio_tungstenite::tungstenite::Message;
 
-fn cfg(max_sessions: usize, max_queue: usize) -> ServeConfig {
-    ServeConfig {
-        max_sessions,
-        max_queue,
-        ..ServeConfig::default()
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conversation_roundtrip_both_framings() {
     let srv = start(cfg(2, 2), Arc::new(EchoBackend::default())).await;
@@ -101,14 +93,7 @@ async fn bad_query_values_get_error_and_close() {
     // The server still serves a good client, with the slot untouched.
     let mut ws = connect(&srv.url("?max_steps=5")).await;
     expect_ready(&mut ws).await;
-    let r = converse(
-        ws,
-        10,
-        Duration::from_millis(5),
-        false,
-        Duration::from_millis(300),
-    )
-    .await;
+    let r = converse_briefly(ws, 10, Duration::from_millis(5)).await;
     assert!(r.closed, "max_steps ends the session");
     assert_eq!(srv.metrics.sessions_rejected.load(Relaxed), 5);
     srv.shutdown().await.unwrap();
@@ -228,14 +213,7 @@ async fn admission_waits_then_refuses() {
         .expect("handshake for B");
     assert_eq!(h, vec![0u8; 9]);
     assert_eq!(srv.metrics.sessions_waiting.load(Relaxed), 0);
-    let r = converse(
-        b,
-        20,
-        Duration::from_millis(5),
-        false,
-        Duration::from_millis(300),
-    )
-    .await;
+    let r = converse_briefly(b, 20, Duration::from_millis(5)).await;
     assert!(r.audio_messages > 5);
     srv.shutdown().await.unwrap();
 }

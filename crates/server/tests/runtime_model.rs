@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use common::*;
 use server::backend::{BackendInfo, RuntimeBackend};
-use server::ServeConfig;
 
 fn backend() -> Arc<RuntimeBackend> {
     let engine = tiny_engine();
@@ -22,14 +21,6 @@ fn backend() -> Arc<RuntimeBackend> {
             ..Default::default()
         },
     ))
-}
-
-fn cfg(max_sessions: usize, max_queue: usize) -> ServeConfig {
-    ServeConfig {
-        max_sessions,
-        max_queue,
-        ..ServeConfig::default()
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

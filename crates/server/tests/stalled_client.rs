@@ -15,17 +15,8 @@ use server::backend::{
     InputReport, OpenSession, Stopper,
 };
 use server::protocol::SessionParams;
-use server::ServeConfig;
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
-
-fn cfg(max_sessions: usize, max_queue: usize) -> ServeConfig {
-    ServeConfig {
-        max_sessions,
-        max_queue,
-        ..ServeConfig::default()
-    }
-}
 
 /// Resident set size of this process (server and clients), bytes.
 fn rss() -> u64 {

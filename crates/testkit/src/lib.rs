@@ -29,9 +29,17 @@
 //! ```
 //!
 //! The meters read zero (or stay still) in a binary that did not install it.
+//!
+//! [`compare`] measures how far a run's floats are from a reference's; [`TensorFile`] reads the
+//! oracle's fixture files.
 
 #![forbid(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
+
+pub mod compare;
+mod fixture;
+
+pub use fixture::{fixtures_dir, TensorFile};
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;

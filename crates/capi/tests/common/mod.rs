@@ -83,24 +83,9 @@ pub fn signal(frames: usize) -> Vec<f32> {
 }
 
 pub fn read_f32_tensor(path: PathBuf, name: &str) -> Vec<f32> {
-    let bytes = std::fs::read(path).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    st.tensor(name)
-        .unwrap()
-        .data()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-        .collect()
+    testkit::TensorFile::open(path).f32(name).0
 }
 
 pub fn read_i64_tensor(path: PathBuf, name: &str) -> (Vec<i64>, Vec<usize>) {
-    let bytes = std::fs::read(path).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let t = st.tensor(name).unwrap();
-    let v = t
-        .data()
-        .chunks_exact(8)
-        .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
-        .collect();
-    (v, t.shape().to_vec())
+    testkit::TensorFile::open(path).i64(name)
 }

@@ -32,6 +32,8 @@ pub use gen::{
 };
 pub use kernels::attention::KvDtype;
 pub use model::{LayerWeights, LmModel, LmState};
+#[cfg(feature = "bench")]
+pub use source::DequantizedSource;
 pub use source::TensorSource;
 pub use spec::LmSpec;
 #[cfg(feature = "bench")]

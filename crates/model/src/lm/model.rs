@@ -267,8 +267,12 @@ impl LmModel {
             let mut steps = Vec::with_capacity(k);
             for s in 0..k {
                 steps.push(DepStepWeights {
-                    in_proj: src.matrix_rows(&in_name, k * 3 * dd, dd, s * 3 * dd, 3 * dd)?,
-                    out_proj: src.matrix_rows(&out_name, k * dd, dd, s * dd, dd)?,
+                    in_proj: src.matrix_rows(
+                        &in_name,
+                        [k * 3 * dd, dd],
+                        s * 3 * dd..(s + 1) * 3 * dd,
+                    )?,
+                    out_proj: src.matrix_rows(&out_name, [k * dd, dd], s * dd..(s + 1) * dd)?,
                     lin_in: src.matrix(
                         &format!("{p}.gating.{s}.linear_in.weight"),
                         2 * spec.dep_hidden,

@@ -1,28 +1,27 @@
 //! Where LM tensors come from: a checkpoint ([`Weights`]), or (feature `bench`) synthetic random
-//! values (`SyntheticSource`, in `synthetic.rs`).
+//! values (`SyntheticSource`, in `synthetic.rs`) and any source dequantized to f32
+//! (`DequantizedSource`).
+
+use std::ops::Range;
 
 use kernels::Matrix;
 
 use super::LmError;
 use crate::checkpoint::Weights;
 
+/// The results of a [`TensorSource`].
+pub(super) type Result<T> = std::result::Result<T, LmError>;
+
 /// A provider of named LM tensors (canonical Kyutai PyTorch names). The loader states the shape
 /// it expects; implementations return a typed error on a mismatch.
 pub trait TensorSource {
     /// The whole matrix `name` of shape `[rows, cols]`.
-    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix, LmError>;
-    /// Rows `start..start + n` of the matrix `name` of shape `[rows, cols]` (per-step slices of the
-    /// stacked Depformer attention weights).
-    fn matrix_rows(
-        &self,
-        name: &str,
-        rows: usize,
-        cols: usize,
-        start: usize,
-        n: usize,
-    ) -> Result<Matrix, LmError>;
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix>;
+    /// Rows `take` of the matrix `name` of shape `[rows, cols]` (per-step slices of the stacked
+    /// Depformer attention weights).
+    fn matrix_rows(&self, name: &str, shape: [usize; 2], take: Range<usize>) -> Result<Matrix>;
     /// A vector of `len` values (norm weights; `[1, 1, len]` tensors are accepted).
-    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LmError>;
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>>;
 }
 
 pub(super) fn shape_err(name: &str, expected: &[usize], got: &[usize]) -> LmError {
@@ -34,7 +33,7 @@ pub(super) fn shape_err(name: &str, expected: &[usize], got: &[usize]) -> LmErro
 }
 
 impl TensorSource for Weights {
-    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix, LmError> {
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
         let m = Weights::matrix(self, name)?;
         if m.rows() != rows || m.cols() != cols {
             return Err(shape_err(name, &[rows, cols], &[m.rows(), m.cols()]));
@@ -42,14 +41,8 @@ impl TensorSource for Weights {
         Ok(m)
     }
 
-    fn matrix_rows(
-        &self,
-        name: &str,
-        rows: usize,
-        cols: usize,
-        start: usize,
-        n: usize,
-    ) -> Result<Matrix, LmError> {
+    fn matrix_rows(&self, name: &str, shape: [usize; 2], take: Range<usize>) -> Result<Matrix> {
+        let ([rows, cols], start, n) = (shape, take.start, take.len());
         let shape = self.shape(name).map(|s| s.to_vec()).unwrap_or_default();
         let flat_cols: usize = shape.iter().skip(1).product();
         if shape.first() != Some(&rows) || flat_cols != cols || start + n > rows {
@@ -62,11 +55,44 @@ impl TensorSource for Weights {
         Ok(m)
     }
 
-    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LmError> {
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
         let (v, shape) = Weights::f32(self, name)?;
         if v.len() != len {
             return Err(shape_err(name, &[1, 1, len], &shape));
         }
         Ok(v)
+    }
+}
+
+/// Every matrix of another source dequantized to f32: a run on it isolates loading and name mapping
+/// from the kernels' activation quantization (feature `bench`).
+#[cfg(feature = "bench")]
+#[derive(Debug, Clone, Copy)]
+pub struct DequantizedSource<'a, S: ?Sized>(pub &'a S);
+
+#[cfg(feature = "bench")]
+impl<S: TensorSource + ?Sized> DequantizedSource<'_, S> {
+    fn dequantize(m: Matrix) -> Result<Matrix> {
+        let (r, c) = (m.rows(), m.cols());
+        let mut v = vec![0.0; r * c];
+        for (i, row) in v.chunks_exact_mut(c).enumerate() {
+            m.row_f32(i, row);
+        }
+        Ok(Matrix::from_f32(r, c, v)?)
+    }
+}
+
+#[cfg(feature = "bench")]
+impl<S: TensorSource + ?Sized> TensorSource for DequantizedSource<'_, S> {
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
+        Self::dequantize(self.0.matrix(name, rows, cols)?)
+    }
+
+    fn matrix_rows(&self, name: &str, shape: [usize; 2], take: Range<usize>) -> Result<Matrix> {
+        Self::dequantize(self.0.matrix_rows(name, shape, take)?)
+    }
+
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        self.0.vector(name, len)
     }
 }

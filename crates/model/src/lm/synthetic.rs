@@ -1,9 +1,11 @@
 //! Random LM weights at any dimensions ([`SyntheticSource`]), for benchmarks and smoke tests without a
 //! checkpoint (feature `bench`).
 
+use std::ops::Range;
+
 use kernels::{Matrix, Storage, WeightFormat};
 
-use super::source::{shape_err, TensorSource};
+use super::source::{shape_err, Result, TensorSource};
 use super::LmError;
 use crate::sampling::Rng;
 
@@ -41,7 +43,7 @@ fn fill_bytes(rng: &mut Rng, out: &mut [u8]) {
 }
 
 impl SyntheticSource {
-    fn build(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix, LmError> {
+    fn build(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
         let mut rng = Rng::new(self.seed ^ name_hash(name));
         let amp = 1.0 / (cols as f32).sqrt();
         let uniform = |rng: &mut Rng| ((rng.next_f64() * 2.0 - 1.0) as f32) * amp;
@@ -120,25 +122,19 @@ impl SyntheticSource {
 }
 
 impl TensorSource for SyntheticSource {
-    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix, LmError> {
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
         self.build(name, rows, cols)
     }
 
-    fn matrix_rows(
-        &self,
-        name: &str,
-        rows: usize,
-        cols: usize,
-        start: usize,
-        n: usize,
-    ) -> Result<Matrix, LmError> {
+    fn matrix_rows(&self, name: &str, shape: [usize; 2], take: Range<usize>) -> Result<Matrix> {
+        let ([rows, cols], start, n) = (shape, take.start, take.len());
         if start + n > rows {
             return Err(shape_err(name, &[rows, cols], &[start + n, cols]));
         }
         self.build(&format!("{name}[{start}..]"), n, cols)
     }
 
-    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LmError> {
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
         let mut rng = Rng::new(self.seed ^ name_hash(name));
         Ok((0..len).map(|_| 0.5 + rng.next_f64() as f32).collect())
     }

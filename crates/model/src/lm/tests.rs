@@ -1,9 +1,10 @@
 //! Parity with the oracle fixtures (`fixtures/lm/`, moshi 0.2.13, f32, greedy `LMGen`).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use kernels::Pool;
-use safetensors::SafeTensors;
+use testkit::compare::{diff_stats, max_abs_diff};
+use testkit::TensorFile;
 
 use super::*;
 use crate::checkpoint::Component;
@@ -12,44 +13,14 @@ use crate::checkpoint::Weights;
 use crate::sampling::{Sampler, SamplerConfig};
 
 pub(crate) fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/lm")
+    testkit::fixtures_dir("lm")
 }
 
-/// A tensor of a fixture file: raw values and shape.
-pub(crate) struct Tensors {
-    bytes: Vec<u8>,
-}
+/// A fixture file of `fixtures/lm/`.
+pub(crate) type Tensors = TensorFile;
 
-impl Tensors {
-    pub(crate) fn open(name: &str) -> Tensors {
-        let path = fixture_dir().join(name);
-        Tensors {
-            bytes: std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
-        }
-    }
-    fn view(&self, name: &str) -> (Vec<u8>, Vec<usize>, safetensors::Dtype) {
-        let st = SafeTensors::deserialize(&self.bytes).unwrap();
-        let t = st.tensor(name).unwrap_or_else(|e| panic!("{name}: {e}"));
-        (t.data().to_vec(), t.shape().to_vec(), t.dtype())
-    }
-    pub(crate) fn f32(&self, name: &str) -> (Vec<f32>, Vec<usize>) {
-        let (d, s, dt) = self.view(name);
-        assert_eq!(dt, safetensors::Dtype::F32, "{name}");
-        let v = d
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect();
-        (v, s)
-    }
-    pub(crate) fn i64(&self, name: &str) -> (Vec<i64>, Vec<usize>) {
-        let (d, s, dt) = self.view(name);
-        assert_eq!(dt, safetensors::Dtype::I64, "{name}");
-        let v = d
-            .chunks_exact(8)
-            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-            .collect();
-        (v, s)
-    }
+fn fixture(name: &str) -> Tensors {
+    TensorFile::open(fixture_dir().join(name))
 }
 
 pub(crate) fn tiny_config() -> LmConfig {
@@ -103,14 +74,6 @@ pub(crate) fn run(
     rec
 }
 
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
-
 /// `[8, S]` (codebook-major) to frame-major.
 fn transpose_audio(v: &[i64], s: usize) -> Vec<i64> {
     (0..s)
@@ -142,13 +105,13 @@ fn check_against(rec: &Recorded, trace: &Tensors, tol: f32) {
 }
 
 fn codes() -> Vec<i64> {
-    Tensors::open("CODES.safetensors").i64("codes").0
+    fixture("CODES.safetensors").i64("codes").0
 }
 
 #[test]
 fn greedy_parity_with_oracle() {
     let model = tiny_model("model.safetensors");
-    let trace = Tensors::open("trace.safetensors");
+    let trace = fixture("trace.safetensors");
     let steps = trace.i64("input_tokens").1[0];
     assert!(
         steps >= 24 && steps > model.spec().context + 2,
@@ -162,7 +125,7 @@ fn greedy_parity_with_oracle() {
 #[test]
 fn teacher_forced_parity_with_oracle() {
     let model = tiny_model("model.safetensors");
-    let trace = Tensors::open("trace_forced.safetensors");
+    let trace = fixture("trace_forced.safetensors");
     let steps = trace.i64("input_tokens").1[0];
     let (ft, _) = trace.i64("forced_text");
     let (fa, _) = trace.i64("forced_audio");
@@ -260,7 +223,7 @@ fn plain_step_matches_step_with() {
     let pool = Pool::new(2);
     let mut s1 = Sampler::new(SamplerConfig::greedy(), 128, 64).unwrap();
     let mut g = LmGen::new(&model, KvDtype::F32).unwrap();
-    let trace = Tensors::open("trace.safetensors");
+    let trace = fixture("trace.safetensors");
     let (t_ref, _) = trace.i64("out_text");
     let mut texts = Vec::new();
     for t in 0..t_total {
@@ -311,7 +274,7 @@ fn bad_inputs_are_typed_errors() {
 fn bf16_kv_cache_stays_close() {
     let model = tiny_model("model.safetensors");
     let c = codes();
-    let trace = Tensors::open("trace_forced.safetensors");
+    let trace = fixture("trace_forced.safetensors");
     let (ft, _) = trace.i64("forced_text");
     let (fa, _) = trace.i64("forced_audio");
     let steps = ft.len();
@@ -357,57 +320,7 @@ fn bundle_model(dir: &str) -> LmModel {
 }
 
 fn bundle_trace(dir: &str, file: &str) -> Tensors {
-    Tensors::open(&format!("../{dir}/{file}"))
-}
-
-/// Every matrix of a checkpoint dequantized to f32 (isolates loading/mapping from the kernels'
-/// activation quantization).
-struct Dequantized<'a>(&'a Weights);
-
-fn dequant(m: kernels::Matrix) -> kernels::Matrix {
-    let (r, c) = (m.rows(), m.cols());
-    let mut v = vec![0.0; r * c];
-    for (i, row) in v.chunks_exact_mut(c).enumerate() {
-        m.row_f32(i, row);
-    }
-    kernels::Matrix::from_f32(r, c, v).unwrap()
-}
-
-impl TensorSource for Dequantized<'_> {
-    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<kernels::Matrix, LmError> {
-        TensorSource::matrix(self.0, name, rows, cols).map(dequant)
-    }
-    fn matrix_rows(
-        &self,
-        name: &str,
-        rows: usize,
-        cols: usize,
-        start: usize,
-        n: usize,
-    ) -> Result<kernels::Matrix, LmError> {
-        TensorSource::matrix_rows(self.0, name, rows, cols, start, n).map(dequant)
-    }
-    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LmError> {
-        TensorSource::vector(self.0, name, len)
-    }
-}
-
-/// Max abs and RMS difference (relative to the reference's standard deviation).
-fn diff_stats(ours: &[f32], reference: &[f32]) -> (f32, f32) {
-    let n = reference.len() as f64;
-    let mean = reference.iter().map(|&x| x as f64).sum::<f64>() / n;
-    let var = reference
-        .iter()
-        .map(|&x| (x as f64 - mean).powi(2))
-        .sum::<f64>()
-        / n;
-    let mse = ours
-        .iter()
-        .zip(reference)
-        .map(|(&a, &b)| (a as f64 - b as f64).powi(2))
-        .sum::<f64>()
-        / n;
-    (max_abs_diff(ours, reference), (mse / var).sqrt() as f32)
+    fixture(&format!("../{dir}/{file}"))
 }
 
 /// Teacher-forced run of `model` on the forced tokens of `trace`; (text, depformer) logits stats.
@@ -447,7 +360,7 @@ fn other_formats_dequantized_match_their_oracle_traces() {
         let b = crate::checkpoint::Bundle::open(&fixture_dir().join("..").join(dir)).unwrap();
         let w = b.lm_weights().unwrap();
         let spec = LmSpec::from_config(&b.config.lm).unwrap();
-        let model = LmModel::from_source(&Dequantized(&w), spec).unwrap();
+        let model = LmModel::from_source(&DequantizedSource(&w), spec).unwrap();
         for file in ["trace.safetensors", "trace_forced.safetensors"] {
             let trace = bundle_trace(dir, file);
             let forced = file.contains("forced");
@@ -485,7 +398,7 @@ fn other_formats_native_kernels_within_documented_bounds() {
     for dir in OTHER_FORMATS {
         let model = bundle_model(dir);
         let own = forced_stats(&model, &bundle_trace(dir, "trace_forced.safetensors"));
-        let f32_run = forced_stats(&model, &Tensors::open("trace_forced.safetensors"));
+        let f32_run = forced_stats(&model, &fixture("trace_forced.safetensors"));
         eprintln!("{dir}: vs dequantized oracle {own:?}; vs f32 oracle {f32_run:?}");
         let bf16 = dir.contains("bf16");
         for (max, rel) in &own[1..] {
@@ -558,7 +471,7 @@ fn batched_sessions_match_separate_generators() {
         }
     }
     assert_eq!(batch.offset(1), t_total - 5);
-    let trace = Tensors::open("trace.safetensors");
+    let trace = fixture("trace.safetensors");
     assert_eq!(texts0, trace.i64("out_text").0);
 }
 
@@ -674,7 +587,7 @@ fn active_subsets_match_separate_generators() {
     assert!(stepped.iter().all(|&s| s >= 8), "{stepped:?}");
     assert_eq!(batch.offset(2), calls[2]);
     // Session 0 (greedy, the oracle's codes at offset 0) reproduces the oracle trace.
-    let trace = Tensors::open("trace.safetensors");
+    let trace = fixture("trace.safetensors");
     assert_eq!(texts0, trace.i64("out_text").0);
 }
 

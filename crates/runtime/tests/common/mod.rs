@@ -48,6 +48,19 @@ pub fn greedy() -> SessionOptions {
     }
 }
 
+/// A greedy session on the tiny bundle.
+pub fn greedy_session() -> Session {
+    Session::new(engine(), greedy()).unwrap()
+}
+
+/// [`greedy`] with room for `max_queued_frames` input frames.
+pub fn queued_greedy(max_queued_frames: usize) -> SessionOptions {
+    SessionOptions {
+        max_queued_frames,
+        ..greedy()
+    }
+}
+
 /// Sampling options with a fixed seed.
 pub fn sampled(seed: u64) -> SessionOptions {
     SessionOptions {

@@ -47,6 +47,15 @@ impl Running {
     }
 }
 
+/// A server configuration with `max_sessions` slots and `max_queue` waiting places.
+pub fn cfg(max_sessions: usize, max_queue: usize) -> ServeConfig {
+    ServeConfig {
+        max_sessions,
+        max_queue,
+        ..ServeConfig::default()
+    }
+}
+
 pub async fn start(config: ServeConfig, backend: Arc<dyn Backend>) -> Running {
     let config = ServeConfig {
         host: "127.0.0.1".into(),
@@ -279,6 +288,11 @@ pub struct Received {
     pub text_messages: usize,
     pub errors: Vec<String>,
     pub closed: bool,
+}
+
+/// [`converse`] with Python-client framing and a 300 ms tail.
+pub async fn converse_briefly(ws: Ws, frames: usize, pace: Duration) -> Received {
+    converse(ws, frames, pace, false, Duration::from_millis(300)).await
 }
 
 /// Sends `frames` 80 ms frames of a tone (browser framing when `browser`, else Python-client
