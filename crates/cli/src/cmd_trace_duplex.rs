@@ -13,25 +13,21 @@
 //! S' = frames − 1 (LMGen returns nothing at call 0). Compare with the oracle's `fixtures/duplex/trace.safetensors`.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use model::sampling::SamplerConfig;
 use runtime::{Engine, EngineOptions, Session, SessionOptions, Step, FRAME_SIZE, N_AUDIO};
 
+use crate::cmd_trace_mimi::TraceFiles;
+
 /// Flags of `moshi-native trace duplex`.
 #[derive(Args, Debug, Clone)]
 pub struct TraceDuplexArgs {
-    /// Bundle directory (config.json + LM + Mimi weights + tokenizer).
-    #[arg(long, value_name = "DIR")]
-    pub model_dir: PathBuf,
-    /// Input WAV, 24 kHz mono, 16-bit PCM or 32-bit float.
-    #[arg(long, value_name = "IN.wav")]
-    pub input: PathBuf,
-    /// Output safetensors file.
-    #[arg(long, value_name = "OUT.safetensors")]
-    pub out: PathBuf,
+    /// Bundle (config.json + LM + Mimi weights + tokenizer), input and output.
+    #[command(flatten)]
+    pub files: TraceFiles,
     /// Argmax for text and audio (the default).
     #[arg(long, conflicts_with = "seed")]
     pub greedy: bool,
@@ -159,7 +155,7 @@ pub fn run(args: &TraceDuplexArgs) -> Result<()> {
         bail!("--threads must be at least 1");
     }
     let engine = Engine::open(
-        &args.model_dir,
+        &args.files.model_dir,
         EngineOptions {
             device: runtime::Device::Cpu {
                 threads: args.threads,
@@ -167,9 +163,14 @@ pub fn run(args: &TraceDuplexArgs) -> Result<()> {
             kv_dtype,
         },
     )
-    .with_context(|| format!("cannot open the model bundle {}", args.model_dir.display()))?;
-    let input = runtime::audio::read_wav_strict(&args.input)
-        .with_context(|| format!("cannot read {}", args.input.display()))?;
+    .with_context(|| {
+        format!(
+            "cannot open the model bundle {}",
+            args.files.model_dir.display()
+        )
+    })?;
+    let input = runtime::audio::read_wav_strict(&args.files.input)
+        .with_context(|| format!("cannot read {}", args.files.input.display()))?;
     let sampling = match args.seed {
         Some(seed) => SamplerConfig::seeded(seed),
         None => SamplerConfig::greedy(),
@@ -192,7 +193,7 @@ pub fn run(args: &TraceDuplexArgs) -> Result<()> {
             .map_or("greedy".to_string(), |s| format!("seed {s}")),
     );
     write_safetensors(
-        &args.out,
+        &args.files.out,
         &[
             ("text_tokens", vec![n], Data::I64(&t.text_tokens)),
             ("audio_tokens", vec![N_AUDIO, n], Data::I64(&t.audio_tokens)),
@@ -204,13 +205,15 @@ pub fn run(args: &TraceDuplexArgs) -> Result<()> {
         "{} frames in, {n} LM outputs, {} samples out → {}",
         t.frames_in,
         t.pcm.len(),
-        args.out.display()
+        args.files.out.display()
     );
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
     use testkit::compare::max_abs_diff;
     use testkit::TensorFile;
 
@@ -227,9 +230,11 @@ mod tests {
             std::process::id()
         ));
         let args = TraceDuplexArgs {
-            model_dir: root().join("fixtures/lm"),
-            input: root().join("fixtures/duplex/input.wav"),
-            out: out.clone(),
+            files: TraceFiles {
+                model_dir: root().join("fixtures/lm"),
+                input: root().join("fixtures/duplex/input.wav"),
+                out: out.clone(),
+            },
             greedy: true,
             seed: None,
             chunk: 1500,

@@ -18,31 +18,31 @@ use crate::cmd_mimi::{
     f32_bytes, i64_bytes, open_mimi, read_wav_24k_mono, write_safetensors, OutTensor,
 };
 
-/// Flags of `moshi-native trace mimi`.
+/// The files of `trace mimi` and `trace duplex`.
 #[derive(Args, Debug, Clone)]
-pub struct TraceMimiArgs {
-    /// Bundle directory (`config.json` with `mimi_name`, optional `mimi_config_name`).
+pub struct TraceFiles {
+    /// Bundle directory: `config.json` naming the weights (`trace mimi` reads only `mimi_name` and
+    /// the optional `mimi_config_name`).
     #[arg(long, value_name = "DIR")]
     pub model_dir: PathBuf,
     /// Input WAV, 24 kHz mono, 16-bit PCM or 32-bit float.
     #[arg(long, value_name = "IN.wav")]
     pub input: PathBuf,
-    /// Output safetensors.
+    /// Output safetensors file.
     #[arg(long, value_name = "OUT.safetensors")]
     pub out: PathBuf,
+}
+
+/// Flags of `moshi-native trace mimi`.
+#[derive(Args, Debug, Clone)]
+pub struct TraceMimiArgs {
+    /// Bundle, input and output.
+    #[command(flatten)]
+    pub files: TraceFiles,
     /// Number of codebooks.
     #[arg(long, default_value_t = 8)]
     pub codebooks: usize,
 }
-
-const STAGES: [(Stage, &str); 6] = [
-    (Stage::EncSeanet, "enc_seanet"),
-    (Stage::EncTransformer, "enc_transformer"),
-    (Stage::Latent, "latent"),
-    (Stage::DecLatent, "dec_latent"),
-    (Stage::DecUpsample, "dec_upsample"),
-    (Stage::DecTransformer, "dec_transformer"),
-];
 
 /// Per-stage accumulation of `[C, t]` chunks into `[C, total]`.
 struct Acc {
@@ -51,7 +51,7 @@ struct Acc {
 
 impl Acc {
     fn push(&mut self, s: Stage, x: &[f32]) {
-        if let Some(i) = STAGES.iter().position(|(st, _)| *st == s) {
+        if let Some(i) = Stage::ALL.iter().position(|&st| st == s) {
             self.chunks[i].push(x.to_vec());
         }
     }
@@ -73,7 +73,8 @@ impl Acc {
 
 /// Runs `trace mimi`.
 pub fn run(args: &TraceMimiArgs) -> Result<()> {
-    trace(&args.model_dir, &args.input, &args.out, args.codebooks)
+    let f = &args.files;
+    trace(&f.model_dir, &f.input, &f.out, args.codebooks)
 }
 
 /// The trace itself (also callable from tests).
@@ -90,7 +91,7 @@ pub fn trace(model_dir: &Path, input: &Path, out: &Path, codebooks: usize) -> Re
     let mut padded = pcm;
     padded.resize(t * fs, 0.0);
     let mut acc = Acc {
-        chunks: vec![Vec::new(); STAGES.len()],
+        chunks: vec![Vec::new(); Stage::ALL.len()],
     };
     let mut enc = MimiEncoder::new(mimi.clone());
     let mut codes = vec![0u32; nq * t];
@@ -125,7 +126,7 @@ pub fn trace(model_dir: &Path, input: &Path, out: &Path, codebooks: usize) -> Re
         ),
         ("pcm".into(), "F32", vec![t * fs], f32_bytes(&out_pcm)),
     ];
-    for (i, (_, name)) in STAGES.iter().enumerate() {
+    for (i, name) in Stage::ALL.map(Stage::name).iter().enumerate() {
         let (v, total) = acc.join(i, d);
         tensors.push((name.to_string(), "F32", vec![d, total], f32_bytes(&v)));
     }
@@ -160,15 +161,7 @@ mod tests {
         let got = TensorFile::open(&out);
         let want = TensorFile::open(fx.join("trace.safetensors"));
         assert_eq!(got.i64("codes"), want.i64("codes"));
-        for name in [
-            "pcm",
-            "enc_seanet",
-            "enc_transformer",
-            "latent",
-            "dec_latent",
-            "dec_upsample",
-            "dec_transformer",
-        ] {
+        for name in ["pcm"].into_iter().chain(Stage::ALL.map(Stage::name)) {
             let (g, w) = (got.f32(name).0, want.f32(name).0);
             assert_eq!(g.len(), w.len(), "{name}");
             let err = max_abs_diff(&g, &w);

@@ -308,15 +308,7 @@ impl Sampler {
 
     /// Samples a text token from `logits` (length `text_vocab`).
     pub fn sample_text(&mut self, logits: &[f32]) -> Result<u32, SamplingError> {
-        if logits.len() != self.text_vocab {
-            return Err(SamplingError::LogitsLength {
-                expected: self.text_vocab,
-                got: logits.len(),
-            });
-        }
-        check_finite("text", logits)?;
-        let n = logits.len();
-        self.buf[..n].copy_from_slice(logits);
+        let n = self.take_logits("text", logits, self.text_vocab)?;
         if let Some(rp) = self.config.repetition_penalty {
             self.apply_penalty(rp.penalty);
         }
@@ -336,15 +328,7 @@ impl Sampler {
 
     /// Samples an audio token from `logits` (length `audio_vocab`).
     pub fn sample_audio(&mut self, logits: &[f32]) -> Result<u32, SamplingError> {
-        if logits.len() != self.audio_vocab {
-            return Err(SamplingError::LogitsLength {
-                expected: self.audio_vocab,
-                got: logits.len(),
-            });
-        }
-        check_finite("audio", logits)?;
-        let n = logits.len();
-        self.buf[..n].copy_from_slice(logits);
+        let n = self.take_logits("audio", logits, self.audio_vocab)?;
         let settings = self.config.audio;
         Ok(draw(
             &mut self.buf[..n],
@@ -353,6 +337,25 @@ impl Sampler {
             None,
             &mut self.audio_rng,
         ))
+    }
+
+    /// Checks `logits` (length `vocab`, finite) and copies them into the work buffer; returns
+    /// their count.
+    fn take_logits(
+        &mut self,
+        stream: &'static str,
+        logits: &[f32],
+        vocab: usize,
+    ) -> Result<usize, SamplingError> {
+        if logits.len() != vocab {
+            return Err(SamplingError::LogitsLength {
+                expected: vocab,
+                got: logits.len(),
+            });
+        }
+        check_finite(stream, logits)?;
+        self.buf[..vocab].copy_from_slice(logits);
+        Ok(vocab)
     }
 
     fn apply_penalty(&mut self, penalty: f32) {

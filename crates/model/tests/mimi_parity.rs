@@ -61,14 +61,7 @@ fn streaming_matches_oracle() {
     assert!(t >= 24);
     assert_eq!(run.codes, want_codes, "codes differ");
     let d = spec.seanet.dimension;
-    for name in [
-        "enc_seanet",
-        "enc_transformer",
-        "latent",
-        "dec_latent",
-        "dec_upsample",
-        "dec_transformer",
-    ] {
+    for name in Stage::ALL.map(Stage::name) {
         let got = run.tr.get(name, d);
         let err = max_abs_diff(&got, &tr[name].0);
         eprintln!("{name}: max abs diff {err:e}");

@@ -90,6 +90,30 @@ pub enum Stage {
     DecTransformer,
 }
 
+impl Stage {
+    /// Every stage, in the order a frame passes them.
+    pub const ALL: [Stage; 6] = [
+        Stage::EncSeanet,
+        Stage::EncTransformer,
+        Stage::Latent,
+        Stage::DecLatent,
+        Stage::DecUpsample,
+        Stage::DecTransformer,
+    ];
+
+    /// The stage's tensor name in the oracle's traces (`enc_seanet`, ..., `dec_transformer`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::EncSeanet => "enc_seanet",
+            Stage::EncTransformer => "enc_transformer",
+            Stage::Latent => "latent",
+            Stage::DecLatent => "dec_latent",
+            Stage::DecUpsample => "dec_upsample",
+            Stage::DecTransformer => "dec_transformer",
+        }
+    }
+}
+
 /// Optional trace callback (costs nothing when `None`).
 pub type Trace<'a> = Option<&'a mut dyn FnMut(Stage, &[f32])>;
 

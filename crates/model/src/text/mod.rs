@@ -36,7 +36,7 @@ pub use detok::Detokenizer;
 pub use normalizer::SPACE_SYMBOL;
 
 use normalizer::{CharsMap, Normalizer};
-use proto::{field, Reader};
+use proto::{field, Reader, Value};
 
 /// Moshi's "end of padding" text token (EPAD), never printed.
 pub const EPAD_ID: u32 = 0;
@@ -183,6 +183,12 @@ fn invalid(msg: impl Into<String>) -> TextError {
     TextError::Invalid(msg.into())
 }
 
+/// The bytes of a length-delimited field; `what` names the field in the error.
+fn bytes_of<'v>(v: &'v Value<'_>, what: &str) -> Result<&'v [u8], TextError> {
+    v.as_bytes()
+        .ok_or_else(|| invalid(format!("{what}: wrong wire type")))
+}
+
 fn parse_byte_piece(s: &str) -> Option<u8> {
     let hex = s.strip_prefix("<0x")?.strip_suffix('>')?;
     if hex.len() != 2 {
@@ -221,15 +227,11 @@ impl SentencePiece {
         while let Some((num, value, at)) = top.next_field()? {
             match num {
                 field::MODEL_PIECES => {
-                    let body = value
-                        .as_bytes()
-                        .ok_or_else(|| invalid("pieces: wrong wire type"))?;
+                    let body = bytes_of(&value, "pieces")?;
                     pieces.push(Self::parse_piece(body, at, pieces.len())?);
                 }
                 field::MODEL_TRAINER_SPEC => {
-                    let body = value
-                        .as_bytes()
-                        .ok_or_else(|| invalid("trainer_spec: wrong wire type"))?;
+                    let body = bytes_of(&value, "trainer_spec")?;
                     let mut r = Reader::new(body, at);
                     while let Some((n, v, _)) = r.next_field()? {
                         match n {
@@ -250,9 +252,7 @@ impl SentencePiece {
                                     .ok_or_else(|| invalid("byte_fallback: wrong wire type"))?;
                             }
                             field::TRAINER_UNK_SURFACE => {
-                                let b = v
-                                    .as_bytes()
-                                    .ok_or_else(|| invalid("unk_surface: wrong wire type"))?;
+                                let b = bytes_of(&v, "unk_surface")?;
                                 unk_surface = std::str::from_utf8(b)
                                     .map_err(|_| invalid("unk_surface is not UTF-8"))?
                                     .to_string();
@@ -268,9 +268,7 @@ impl SentencePiece {
                     }
                 }
                 field::MODEL_NORMALIZER_SPEC => {
-                    let body = value
-                        .as_bytes()
-                        .ok_or_else(|| invalid("normalizer_spec: wrong wire type"))?;
+                    let body = bytes_of(&value, "normalizer_spec")?;
                     let mut r = Reader::new(body, at);
                     while let Some((n, v, _)) = r.next_field()? {
                         let flag = |what: &str| {
@@ -279,15 +277,11 @@ impl SentencePiece {
                         };
                         match n {
                             field::NORM_NAME => {
-                                let b = v
-                                    .as_bytes()
-                                    .ok_or_else(|| invalid("normalizer name: wrong wire type"))?;
+                                let b = bytes_of(&v, "normalizer name")?;
                                 normalizer_name = String::from_utf8_lossy(b).into_owned();
                             }
                             field::NORM_CHARSMAP => {
-                                let b = v
-                                    .as_bytes()
-                                    .ok_or_else(|| invalid("charsmap: wrong wire type"))?;
+                                let b = bytes_of(&v, "charsmap")?;
                                 norm.charsmap = CharsMap::parse(b)?;
                             }
                             field::NORM_ADD_DUMMY_PREFIX => {

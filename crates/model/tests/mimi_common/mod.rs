@@ -87,23 +87,9 @@ pub struct Collector {
     pub parts: HashMap<&'static str, Vec<Vec<f32>>>,
 }
 
-pub fn stage_name(s: Stage) -> &'static str {
-    match s {
-        Stage::EncSeanet => "enc_seanet",
-        Stage::EncTransformer => "enc_transformer",
-        Stage::Latent => "latent",
-        Stage::DecLatent => "dec_latent",
-        Stage::DecUpsample => "dec_upsample",
-        Stage::DecTransformer => "dec_transformer",
-    }
-}
-
 impl Collector {
     pub fn push(&mut self, s: Stage, x: &[f32]) {
-        self.parts
-            .entry(stage_name(s))
-            .or_default()
-            .push(x.to_vec());
+        self.parts.entry(s.name()).or_default().push(x.to_vec());
     }
 
     /// Concatenates along time, given the channel count.
