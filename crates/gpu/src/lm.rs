@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use model::lm::{LayerWeights, LmBackend, LmError, LmModel, LmSpec};
+use model::lm::{LayerWeights, LmBackend, LmError, LmModel, LmSpec, NO_TOKEN, UNGENERATED};
 
 use crate::context::GpuContext;
 use crate::matrix::{f32_bytes, Dispatch, GpuMatrix, Grid, MatParams};
@@ -726,6 +726,16 @@ fn read_split(
     Ok(())
 }
 
+/// A token as the shaders read it: −1 ([`NO_TOKEN`]) embeds as zeros; [`UNGENERATED`] reads row 0
+/// (as on the CPU).
+fn shader_token(t: u32) -> i32 {
+    match t {
+        NO_TOKEN => -1,
+        UNGENERATED => 0,
+        t => t as i32,
+    }
+}
+
 impl LmBackend for GpuLm {
     fn spec(&self) -> &LmSpec {
         &self.w.spec
@@ -735,7 +745,7 @@ impl LmBackend for GpuLm {
         self.rows
     }
 
-    fn temporal_step(&mut self, rows: &[usize], tokens: &[i64]) -> Result<(), LmError> {
+    fn temporal_step(&mut self, rows: &[usize], tokens: &[u32]) -> Result<(), LmError> {
         self.check_rows(rows)?;
         let s = &self.w.spec;
         let (n, k_streams) = (rows.len(), s.num_streams());
@@ -748,12 +758,12 @@ impl LmBackend for GpuLm {
         }
         for (i, &t) in tokens.iter().enumerate() {
             let stream = i % k_streams;
-            let max = if stream == 0 { s.text_card } else { s.card } as i64;
-            if t > max {
+            let max = if stream == 0 { s.text_card } else { s.card };
+            if t != NO_TOKEN && t != UNGENERATED && t as usize > max {
                 return Err(LmError::Token {
                     stream,
-                    token: t,
-                    max,
+                    token: i64::from(t),
+                    max: max as i64,
                 });
             }
         }
@@ -772,8 +782,7 @@ impl LmBackend for GpuLm {
             }
         }
         for (i, &t) in tokens.iter().enumerate() {
-            // −1 embeds as zeros; other negative ids read row 0 (as on the CPU).
-            self.step_host[step::TOKENS + i] = if t == -1 { -1 } else { t.max(0) as i32 };
+            self.step_host[step::TOKENS + i] = shader_token(t);
         }
         let ctx = self.w.ctx.clone();
         fill_bytes(
@@ -813,7 +822,7 @@ impl LmBackend for GpuLm {
         &mut self,
         rows: &[usize],
         k: usize,
-        prev_tokens: &[i64],
+        prev_tokens: &[u32],
     ) -> Result<&[f32], LmError> {
         self.check_rows(rows)?;
         let s = &self.w.spec;
@@ -831,17 +840,17 @@ impl LmBackend for GpuLm {
                 self.dep_next
             )));
         }
-        let max = if k == 0 { s.text_card } else { s.card } as i64;
+        let max = if k == 0 { s.text_card } else { s.card };
         let mut prev = [0i32; MAX_ROWS];
         for (i, &t) in prev_tokens.iter().enumerate() {
-            if t > max {
+            if t != NO_TOKEN && t != UNGENERATED && t as usize > max {
                 return Err(LmError::Token {
                     stream: k,
-                    token: t,
-                    max,
+                    token: i64::from(t),
+                    max: max as i64,
                 });
             }
-            prev[i] = if t == -1 { -1 } else { t.max(0) as i32 };
+            prev[i] = shader_token(t);
         }
         let prev_base = step::TOKENS + MAX_ROWS * s.num_streams();
         let ctx = self.w.ctx.clone();

@@ -165,13 +165,13 @@ fn batch_rows_are_independent_and_reset() {
     let w = GpuLmWeights::upload(&ctx, &m).unwrap();
     let s = m.spec().clone();
     let k = s.num_streams();
-    let col = |t: usize, salt: i64| -> Vec<i64> {
+    let col = |t: usize, salt: u32| -> Vec<u32> {
         (0..k)
             .map(|i| {
                 if i == 0 {
-                    (t as i64 * 7 + salt) % 128
+                    (t as u32 * 7 + salt) % 128
                 } else {
-                    (t as i64 * 3 + i as i64 + salt) % 64
+                    (t as u32 * 3 + i as u32 + salt) % 64
                 }
             })
             .collect()
@@ -236,7 +236,7 @@ fn bad_tokens_are_refused() {
     let m = load("lm");
     let mut g = gpu_backend(&ctx, &m, 1);
     let k = m.spec().num_streams();
-    let mut col = vec![0i64; k];
+    let mut col = vec![0u32; k];
     col[0] = 129;
     assert!(matches!(
         g.temporal_step(&[0], &col),
@@ -309,18 +309,14 @@ impl model::lm::TensorSource for Reencoded {
     fn matrix_rows(
         &self,
         name: &str,
-        rows: usize,
-        cols: usize,
-        start: usize,
-        n: usize,
+        shape: [usize; 2],
+        take: std::ops::Range<usize>,
     ) -> Result<kernels::Matrix, LmError> {
         Ok(self.convert(model::lm::TensorSource::matrix_rows(
             &self.inner,
             name,
-            rows,
-            cols,
-            start,
-            n,
+            shape,
+            take,
         )?))
     }
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LmError> {
