@@ -32,7 +32,9 @@ impl Request {
     fn build<S: TensorSource + ?Sized>(&self, src: &S) -> Result<Matrix, LmError> {
         match self.take {
             None => src.matrix(&self.name, self.rows, self.cols),
-            Some((start, n)) => src.matrix_rows(&self.name, self.rows, self.cols, start, n),
+            Some((start, n)) => {
+                src.matrix_rows(&self.name, [self.rows, self.cols], start..start + n)
+            }
         }
     }
 }
@@ -62,11 +64,10 @@ impl TensorSource for Recorder {
     fn matrix_rows(
         &self,
         name: &str,
-        rows: usize,
-        cols: usize,
-        start: usize,
-        n: usize,
+        [rows, cols]: [usize; 2],
+        take: std::ops::Range<usize>,
     ) -> Result<Matrix, LmError> {
+        let (start, n) = (take.start, take.len());
         self.requests.borrow_mut().push(Request {
             name: name.to_string(),
             rows,
@@ -120,11 +121,10 @@ impl<S: TensorSource + ?Sized> TensorSource for Replay<'_, S> {
     fn matrix_rows(
         &self,
         name: &str,
-        rows: usize,
-        cols: usize,
-        start: usize,
-        n: usize,
+        [rows, cols]: [usize; 2],
+        take: std::ops::Range<usize>,
     ) -> Result<Matrix, LmError> {
+        let (start, n) = (take.start, take.len());
         self.take(Request {
             name: name.to_string(),
             rows,
@@ -264,15 +264,13 @@ mod tests {
             fn matrix_rows(
                 &self,
                 name: &str,
-                rows: usize,
-                cols: usize,
-                start: usize,
-                n: usize,
+                shape: [usize; 2],
+                take: std::ops::Range<usize>,
             ) -> Result<Matrix, LmError> {
                 if self.1.contains(&name) {
                     return Err(LmError::Config(format!("refused {name}")));
                 }
-                TensorSource::matrix_rows(self.0, name, rows, cols, start, n)
+                TensorSource::matrix_rows(self.0, name, shape, take)
             }
             fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LmError> {
                 TensorSource::vector(self.0, name, len)
