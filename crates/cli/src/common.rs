@@ -86,7 +86,19 @@ pub enum KvDtypeArg {
     Bf16,
 }
 
-/// Engine flags: model selection, threads, KV dtype.
+/// Where the LM runs.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DeviceArg {
+    /// A discrete or integrated GPU when one is present, else the CPU (software adapters such as
+    /// Mesa's lavapipe are never taken: they are slower than the CPU backend).
+    Auto,
+    /// The CPU.
+    Cpu,
+    /// The GPU: adapter `--gpu N`, or the best adapter of any type (software ones included).
+    Gpu,
+}
+
+/// Engine flags: model selection, threads, KV dtype, device.
 #[derive(Args, Clone, Debug)]
 pub struct EngineArgs {
     #[command(flatten)]
@@ -98,6 +110,12 @@ pub struct EngineArgs {
     /// Element type of the LM KV cache.
     #[arg(long, value_enum, default_value_t = KvDtypeArg::F32)]
     pub kv_dtype: KvDtypeArg,
+    /// Where the LM runs (Mimi stays on the CPU). Default: cpu, or gpu when --gpu is given.
+    #[arg(long, value_enum)]
+    pub device: Option<DeviceArg>,
+    /// GPU adapter number (`moshi-native devices` lists them); implies --device gpu.
+    #[arg(long = "gpu", value_name = "N")]
+    pub gpu: Option<usize>,
 }
 
 /// An opened engine and whether it is the demo model.
@@ -130,6 +148,45 @@ impl EngineArgs {
         self.threads.unwrap_or(default)
     }
 
+    /// The device the flags name, with `auto` resolved (and said) here.
+    pub fn device(&self, threads: usize) -> Result<runtime::Device> {
+        let want = self.device.unwrap_or(if self.gpu.is_some() {
+            DeviceArg::Gpu
+        } else {
+            DeviceArg::Cpu
+        });
+        Ok(match want {
+            DeviceArg::Cpu if self.gpu.is_some() => {
+                bail!("--gpu N selects a GPU adapter: use it with --device gpu or auto")
+            }
+            DeviceArg::Cpu => runtime::Device::Cpu { threads },
+            DeviceArg::Gpu => runtime::Device::Gpu {
+                adapter: self.gpu,
+                threads,
+            },
+            DeviceArg::Auto => {
+                let list = gpu::adapters();
+                let pick = match self.gpu {
+                    Some(i) => list.get(i).filter(|a| a.is_hardware_gpu()).map(|a| a.index),
+                    None => gpu::choose_adapter(&list, gpu::AdapterChoice::Auto)?,
+                };
+                match pick {
+                    Some(i) => runtime::Device::Gpu {
+                        adapter: Some(i),
+                        threads,
+                    },
+                    None => {
+                        eprintln!(
+                            "moshi-native: --device auto: no discrete or integrated GPU among {} adapter(s); the LM runs on the CPU",
+                            list.len()
+                        );
+                        runtime::Device::Cpu { threads }
+                    }
+                }
+            }
+        })
+    }
+
     /// Resolves the model and opens the engine (`--threads` or `default_threads` per session, printed),
     /// printing the demo label when relevant.
     pub fn open(&self, default_threads: usize) -> Result<Opened> {
@@ -146,7 +203,7 @@ impl EngineArgs {
             eprintln!("{}", embed::demo::LABEL);
         }
         let opts = runtime::EngineOptions {
-            device: runtime::Device::Cpu { threads },
+            device: self.device(threads)?,
             kv_dtype: match self.kv_dtype {
                 KvDtypeArg::F32 => model::lm::KvDtype::F32,
                 KvDtypeArg::Bf16 => model::lm::KvDtype::Bf16,
@@ -155,6 +212,10 @@ impl EngineArgs {
         let (engine, timings) = runtime::Engine::open_timed(&dir, opts)
             .with_context(|| format!("cannot open the model bundle {}", dir.display()))?;
         eprintln!("moshi-native: {}", load_line(&timings));
+        match engine.gpu_adapter() {
+            Some(a) => eprintln!("moshi-native: device gpu: the LM runs on adapter {a}"),
+            None => eprintln!("moshi-native: device cpu"),
+        }
         Ok(Opened { engine, demo, dir })
     }
 }

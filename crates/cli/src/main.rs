@@ -2,6 +2,7 @@
 
 mod bench_batch;
 mod cmd_bench;
+mod cmd_devices;
 mod cmd_inspect;
 mod cmd_mimi;
 mod cmd_serve;
@@ -52,6 +53,8 @@ enum Command {
     Mimi(cmd_mimi::MimiCmd),
     /// Benchmarks at full moshiko dimensions with synthetic weights (ratios to the same-run roofline).
     Bench(cmd_bench::BenchArgs),
+    /// List the GPU adapters (numbers for --gpu N) and what --device auto takes.
+    Devices(cmd_devices::DevicesArgs),
     /// Dump every intermediate of a component for parity checks against Kyutai's Python package.
     #[command(subcommand)]
     Trace(TraceCmd),
@@ -126,6 +129,7 @@ fn dispatch(cmd: Command) -> Result<()> {
         Command::Synth(a) => cmd_synth::run(&a),
         Command::Mimi(c) => cmd_mimi::run(&c),
         Command::Bench(a) => cmd_bench::run(&a),
+        Command::Devices(a) => cmd_devices::run(&a),
         Command::Trace(TraceCmd::Mimi(a)) => cmd_trace_mimi::run(&a),
         Command::Trace(TraceCmd::Lm(a)) => cmd_trace_lm::run(&a),
         Command::Trace(TraceCmd::Duplex(a)) => cmd_trace_duplex::run(&a),

@@ -20,6 +20,16 @@ pub enum Device {
         /// Threads per session, >= 1.
         threads: usize,
     },
+    /// A GPU through wgpu (Vulkan, Metal, DX12; the `gpu` cargo feature): the LM runs on adapter
+    /// `adapter` of `gpu::adapters()` (`None`: the best adapter of any type, software ones included),
+    /// Mimi on the CPU with `threads` threads per session. The LM weights are uploaded once, at
+    /// [`Engine::open`].
+    Gpu {
+        /// Adapter index, or `None` for the best one.
+        adapter: Option<usize>,
+        /// CPU threads per session for Mimi, >= 1.
+        threads: usize,
+    },
 }
 
 impl Device {
@@ -30,10 +40,10 @@ impl Device {
         }
     }
 
-    /// Threads per session.
+    /// CPU threads per session (on the GPU, Mimi's).
     pub fn threads(&self) -> usize {
         match self {
-            Device::Cpu { threads } => *threads,
+            Device::Cpu { threads } | Device::Gpu { threads, .. } => *threads,
         }
     }
 }
@@ -108,7 +118,8 @@ impl EngineOptions {
 }
 
 /// The compute context of one driver (a session, or a batch of them): what its LM backend and its codec
-/// backends share. On the CPU, the worker pool.
+/// backends share. On the CPU, the worker pool (on the GPU device, Mimi's pool; the LM's device state is
+/// created per driver by [`Engine::lm_backend`] over the engine's uploaded weights).
 pub(crate) enum Compute {
     Cpu(Arc<Pool>),
 }
@@ -123,6 +134,9 @@ pub struct Engine {
     mimi: Arc<Mimi>,
     tokenizer: Option<Arc<SentencePiece>>,
     opts: EngineOptions,
+    /// The LM weights on the GPU ([`Device::Gpu`]).
+    #[cfg(feature = "gpu")]
+    gpu_lm: Option<Arc<gpu::GpuLmWeights>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -194,26 +208,75 @@ impl Engine {
                 crate::FRAME_SIZE
             )));
         }
+        #[cfg(feature = "gpu")]
+        let gpu_lm = match opts.device {
+            Device::Gpu { adapter, .. } => {
+                let choice = gpu::AdapterChoice::Gpu(adapter);
+                let ctx = gpu::GpuContext::new(choice, gpu::GpuOptions::default())
+                    .map_err(|e| RuntimeError::Device(e.to_string()))?;
+                let w = gpu::GpuLmWeights::upload(&ctx, &lm)
+                    .map_err(|e| RuntimeError::Device(e.to_string()))?;
+                Some(w)
+            }
+            Device::Cpu { .. } => None,
+        };
+        #[cfg(not(feature = "gpu"))]
+        if let Device::Gpu { .. } = opts.device {
+            return Err(RuntimeError::Device(
+                "this build has no GPU support (hint: build with the runtime's `gpu` feature, as the \
+                 moshi-native binary is, or use the CPU)"
+                    .into(),
+            ));
+        }
         Ok(Arc::new(Engine {
             lm: Arc::new(lm),
             mimi,
             tokenizer,
             opts,
+            #[cfg(feature = "gpu")]
+            gpu_lm,
         }))
     }
 
     /// The same resident components with other options (another thread count, say): nothing is copied
-    /// or reloaded, the new engine shares the weights with this one.
+    /// or reloaded, the new engine shares the weights with this one (on the GPU too; an engine opened
+    /// for the CPU cannot be moved to the GPU this way).
     pub fn with_options(&self, opts: EngineOptions) -> Result<Arc<Engine>, RuntimeError> {
         if opts.device.threads() == 0 {
             return Err(RuntimeError::InvalidOption("threads must be >= 1".into()));
+        }
+        #[cfg(feature = "gpu")]
+        let gpu_lm = match opts.device {
+            Device::Gpu { .. } if self.gpu_lm.is_none() => {
+                return Err(RuntimeError::InvalidOption(
+                    "with_options cannot move an engine to the GPU: open it with Device::Gpu"
+                        .into(),
+                ))
+            }
+            Device::Gpu { .. } => self.gpu_lm.clone(),
+            Device::Cpu { .. } => None,
+        };
+        #[cfg(not(feature = "gpu"))]
+        if let Device::Gpu { .. } = opts.device {
+            return Err(RuntimeError::Device("this build has no GPU support".into()));
         }
         Ok(Arc::new(Engine {
             lm: self.lm.clone(),
             mimi: self.mimi.clone(),
             tokenizer: self.tokenizer.clone(),
             opts,
+            #[cfg(feature = "gpu")]
+            gpu_lm,
         }))
+    }
+
+    /// The GPU adapter the LM runs on (`None` on the CPU).
+    pub fn gpu_adapter(&self) -> Option<String> {
+        #[cfg(feature = "gpu")]
+        if let Some(w) = &self.gpu_lm {
+            return Some(w.context().adapter().to_string());
+        }
+        None
     }
 
     /// The options the engine was opened with.
@@ -239,7 +302,9 @@ impl Engine {
     /// A fresh compute context for one driver.
     pub(crate) fn compute(&self) -> Compute {
         match self.opts.device {
-            Device::Cpu { threads } => Compute::Cpu(Arc::new(Pool::new(threads))),
+            Device::Cpu { threads } | Device::Gpu { threads, .. } => {
+                Compute::Cpu(Arc::new(Pool::new(threads)))
+            }
         }
     }
 
@@ -249,6 +314,12 @@ impl Engine {
         compute: &Compute,
         rows: usize,
     ) -> Result<Box<dyn LmBackend>, RuntimeError> {
+        #[cfg(feature = "gpu")]
+        if let Some(w) = &self.gpu_lm {
+            let lm = gpu::GpuLm::new(w.clone(), rows)
+                .map_err(|e| RuntimeError::Device(e.to_string()))?;
+            return Ok(Box::new(lm));
+        }
         match compute {
             Compute::Cpu(pool) => Ok(Box::new(
                 CpuLm::new(self.lm.clone(), rows, self.opts.kv_dtype, pool.clone())

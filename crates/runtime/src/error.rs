@@ -8,6 +8,10 @@ pub enum RuntimeError {
     /// A session or engine option is out of range.
     #[error("invalid option: {0}")]
     InvalidOption(String),
+    /// The compute device could not be used (no GPU adapter, a format or size the device refuses;
+    /// the message carries a hint).
+    #[error("device: {0}")]
+    Device(String),
     /// The bundle could not be opened or a component could not be built from it.
     #[error("model: {0}")]
     Model(String),

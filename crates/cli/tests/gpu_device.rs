@@ -1,0 +1,79 @@
+//! `--device gpu` on the binary: full duplex on the fixture bundle gives the same reply (WAV and
+//! transcript, i.e. the same tokens) as the CPU, and the choice is said at start. Skips with a
+//! printed reason when no adapter exists; `MOSHI_REQUIRE_GPU=1` (CI) makes that a failure.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn duplex(device: &[&str], tag: &str) -> (String, Vec<u8>) {
+    let dir = std::env::temp_dir().join(format!("mn-gpu-cli-{}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("reply.wav");
+    let o = Command::new(env!("CARGO_BIN_EXE_moshi-native"))
+        .env("XDG_CACHE_HOME", dir.join("xdg"))
+        .env_remove("MOSHI_MODEL_DIR")
+        .args(["duplex", "--greedy", "--threads", "1", "--model-dir"])
+        .arg(root().join("fixtures/lm"))
+        .args(device)
+        .arg("--in")
+        .arg(root().join("fixtures/audio/hello.wav"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "{device:?}: {stderr}");
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    (stderr + &stdout, std::fs::read(&out).unwrap())
+}
+
+#[test]
+fn duplex_on_gpu_matches_cpu() {
+    if gpu::adapters().is_empty() {
+        assert!(
+            !gpu::gpu_required(),
+            "MOSHI_REQUIRE_GPU=1 but wgpu finds no adapter"
+        );
+        eprintln!("skipping: no GPU adapter");
+        return;
+    }
+    let (cpu_log, cpu_wav) = duplex(&["--device", "cpu"], "cpu");
+    let (gpu_log, gpu_wav) = duplex(&["--device", "gpu"], "gpu");
+    assert!(cpu_log.contains("device cpu"), "{cpu_log}");
+    assert!(
+        gpu_log.contains("device gpu: the LM runs on adapter #"),
+        "{gpu_log}"
+    );
+    assert_eq!(gpu_wav, cpu_wav, "reply WAV differs between GPU and CPU");
+}
+
+#[test]
+fn auto_never_takes_a_software_adapter() {
+    let list = gpu::adapters();
+    let (log, _) = duplex(&["--device", "auto"], "auto");
+    if list.iter().any(|a| a.is_hardware_gpu()) {
+        assert!(log.contains("device gpu"), "{log}");
+    } else {
+        assert!(log.contains("device cpu"), "{log}");
+    }
+}
+
+#[test]
+fn gpu_flag_with_cpu_device_is_refused() {
+    let o = Command::new(env!("CARGO_BIN_EXE_moshi-native"))
+        .args(["duplex", "--device", "cpu", "--gpu", "0", "--model-dir"])
+        .arg(root().join("fixtures/lm"))
+        .arg("--in")
+        .arg(root().join("fixtures/audio/hello.wav"))
+        .arg("--out")
+        .arg(std::env::temp_dir().join(format!("mn-gpu-cli-{}-refused.wav", std::process::id())))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{stderr}");
+    assert!(stderr.contains("--gpu N"), "{stderr}");
+}
