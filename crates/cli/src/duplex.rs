@@ -88,10 +88,15 @@ fn run_frames(
                     } else {
                         if first_audio {
                             first_audio = false;
-                            progress.println(format!(
-                                "moshi-native: first audio frame out {:.2} s after process start",
-                                crate::common::process_start().elapsed().as_secs_f64()
-                            ));
+                            // `suspend` rather than `println`: a hidden bar (stderr not a
+                            // terminal) drops `println` output.
+                            let since_start = crate::common::process_start().elapsed();
+                            progress.suspend(|| {
+                                eprintln!(
+                                    "moshi-native: first audio frame out {:.2} s after process start",
+                                    since_start.as_secs_f64()
+                                )
+                            });
                         }
                         moshi.extend_from_slice(&out.pcm);
                     }
