@@ -748,25 +748,8 @@ impl LmBackend for GpuLm {
     fn temporal_step(&mut self, rows: &[usize], tokens: &[u32]) -> Result<(), LmError> {
         self.check_rows(rows)?;
         let s = &self.w.spec;
-        let (n, k_streams) = (rows.len(), s.num_streams());
-        if tokens.len() != n * k_streams {
-            return Err(LmError::Length {
-                what: "input tokens",
-                expected: n * k_streams,
-                got: tokens.len(),
-            });
-        }
-        for (i, &t) in tokens.iter().enumerate() {
-            let stream = i % k_streams;
-            let max = if stream == 0 { s.text_card } else { s.card };
-            if t != NO_TOKEN && t != UNGENERATED && t as usize > max {
-                return Err(LmError::Token {
-                    stream,
-                    token: i64::from(t),
-                    max: max as i64,
-                });
-            }
-        }
+        let n = rows.len();
+        s.check_input_tokens(n, tokens)?;
         let (ctx_len, half) = (s.context, s.head_dim / 2);
         self.step_host.fill(0);
         self.step_host[0] = n as i32;

@@ -423,19 +423,8 @@ impl LmModel {
         let s = &self.spec;
         let (n, k_streams) = (rows.len(), s.num_streams());
         check_rows(rows, st.n)?;
-        ensure_len("input tokens", n * k_streams, tokens.len())?;
         // Validate everything before touching the state.
-        for (i, &t) in tokens.iter().enumerate() {
-            let stream = i % k_streams;
-            let max = if stream == 0 { s.text_card } else { s.card };
-            if t != NO_TOKEN && t != UNGENERATED && t as usize > max {
-                return Err(LmError::Token {
-                    stream,
-                    token: i64::from(t),
-                    max: max as i64,
-                });
-            }
-        }
+        s.check_input_tokens(n, tokens)?;
         let d = s.dim;
         // Embedding sum in Python order: audio tables 0..n_q, then text.
         st.x[..n * d].fill(0.0);

@@ -94,6 +94,37 @@ impl LmSpec {
         1 + self.n_q
     }
 
+    /// Checks the input token columns of `rows` rows of a temporal step (`rows × num_streams`
+    /// tokens, row-major): each is a valid id of its stream's vocabulary or one of the sentinels
+    /// [`NO_TOKEN`](super::NO_TOKEN) / [`UNGENERATED`](super::UNGENERATED). Every backend calls it
+    /// before touching its state.
+    pub fn check_input_tokens(&self, rows: usize, tokens: &[u32]) -> Result<(), LmError> {
+        let k_streams = self.num_streams();
+        if tokens.len() != rows * k_streams {
+            return Err(LmError::Length {
+                what: "input tokens",
+                expected: rows * k_streams,
+                got: tokens.len(),
+            });
+        }
+        for (i, &t) in tokens.iter().enumerate() {
+            let stream = i % k_streams;
+            let max = if stream == 0 {
+                self.text_card
+            } else {
+                self.card
+            };
+            if t != super::NO_TOKEN && t != super::UNGENERATED && t as usize > max {
+                return Err(LmError::Token {
+                    stream,
+                    token: i64::from(t),
+                    max: max as i64,
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Number of user audio streams (`n_q - dep_q` = 8).
     pub fn n_user(&self) -> usize {
         self.n_q - self.dep_q
