@@ -85,9 +85,12 @@ type Case = (&'static str, Vec<u8>, fn(&Malformed) -> bool);
 #[test]
 fn safetensors_hostile_headers_are_typed_and_bounded() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    // The meter works: a 1 MiB allocation shows up as at least 1 MiB of peak growth.
+    // The meter works: a 1 MiB allocation shows up as about 1 MiB of peak growth. Not exactly:
+    // the meter counts all threads, and the previous test's thread and the harness may still be
+    // freeing (thread-locals, captured output) after that test released `SERIAL`, so the growth
+    // can read a few bytes short of 1 MiB (seen under qemu: 1 MiB - 58 B). A broken meter reads 0.
     let ((), probe) = peak_during(|| drop(std::hint::black_box(vec![1u8; 1 << 20])));
-    assert!(probe >= 1 << 20, "allocator meter broken: {probe}");
+    assert!(probe >= 1 << 19, "allocator meter broken: {probe}");
     let huge = 1u64 << 30; // 2^30 x 2^30 = 2^60 elements
     let cases: Vec<Case> = vec![
         (
