@@ -354,7 +354,8 @@ impl GpuContext {
             })
     }
 
-    fn layout(&self, access: &'static [Access]) -> Arc<wgpu::BindGroupLayout> {
+    /// The bind group layout of a kernel binding buffers as `access` (one per access list).
+    pub(crate) fn layout(&self, access: &'static [Access]) -> Arc<wgpu::BindGroupLayout> {
         let mut map = self.inner.layouts.lock().unwrap_or_else(|p| p.into_inner());
         map.entry(access)
             .or_insert_with(|| {
@@ -428,6 +429,16 @@ impl GpuContext {
     /// A bind group of `module`'s layout over `buffers` (binding `i` = `buffers[i]`, whole).
     pub(crate) fn bind(&self, module: Module, buffers: &[&wgpu::Buffer]) -> wgpu::BindGroup {
         let layout = self.layout(module_access(module));
+        self.bind_layout(&layout, buffers)
+    }
+
+    /// A bind group of `layout` over `buffers` (binding `i` = `buffers[i]`, whole), counted in
+    /// [`GpuContext::bind_groups_created`].
+    pub(crate) fn bind_layout(
+        &self,
+        layout: &wgpu::BindGroupLayout,
+        buffers: &[&wgpu::Buffer],
+    ) -> wgpu::BindGroup {
         self.inner.bind_groups.fetch_add(1, Ordering::Relaxed);
         let entries: Vec<wgpu::BindGroupEntry> = buffers
             .iter()
@@ -439,7 +450,7 @@ impl GpuContext {
             .collect();
         self.device().create_bind_group(&wgpu::BindGroupDescriptor {
             label: None,
-            layout: &layout,
+            layout,
             entries: &entries,
         })
     }

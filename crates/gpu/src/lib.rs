@@ -12,6 +12,10 @@
 //!   [`GpuLm`] implements [`model::lm::LmBackend`]: temporal transformer, text head and Depformer
 //!   with their KV rings in device memory; the logits come back through a readback ring.
 //!
+//! * [`GpuMimiWeights`] is the Mimi codec on the device and [`GpuMimi`] implements
+//!   [`model::mimi::CodecBackend`]: encoder and decoder with their streaming state in device
+//!   memory; only PCM and codes cross the bus.
+//!
 //! Every buffer and bind group is created at load ([`GpuContext::buffers_created`] counts them); a
 //! step records one command buffer (wgpu creates command encoders per submission by design),
 //! writes its tokens with `Queue::write_buffer` and maps one readback buffer of a fixed ring.
@@ -19,11 +23,13 @@
 mod context;
 mod lm;
 mod matrix;
+mod mimi;
 pub mod shaders;
 
 pub use context::{adapters, choose_adapter, AdapterChoice, AdapterDesc, GpuContext, GpuOptions};
 pub use lm::{GpuLm, GpuLmWeights};
 pub use matrix::GpuMatrix;
+pub use mimi::{GpuMimi, GpuMimiWeights, MimiKernel};
 
 use kernels::WeightFormat;
 

@@ -496,6 +496,11 @@ impl ConvTranspose1d {
         }
     }
 
+    /// The weight `[in_ch, out_ch / groups, k]` as given to [`ConvTranspose1d::new`].
+    pub fn weight(&self) -> &[f32] {
+        &self.weight
+    }
+
     entry_points!(
         "conv_transpose1d",
         "`output [out, (t−1)·stride + k] = conv_transpose(input [in, t])` (bias included)"

@@ -345,6 +345,16 @@ impl Conv1d {
         }
     }
 
+    /// The weight `[cout, cin, k]` as f32.
+    pub fn weight_f32(&self) -> Vec<f32> {
+        let kk = self.cin * self.k;
+        let mut w = vec![0.0; self.cout * kk];
+        for (o, row) in w.chunks_exact_mut(kk).enumerate() {
+            self.mat.row_f32(o, row);
+        }
+        w
+    }
+
     fn run_packed(
         &self,
         input: &[f32],
@@ -433,6 +443,17 @@ impl ConvTr1d {
             kc,
             mat,
         })
+    }
+
+    /// Depthwise (groups = channels).
+    pub fn depthwise(&self) -> bool {
+        // Only groups = 1 keeps the matmul form.
+        self.mat.is_none()
+    }
+
+    /// The PyTorch weight `[cin, cout / groups, k]`.
+    pub fn weight_f32(&self) -> Vec<f32> {
+        self.kc.weight().to_vec()
     }
 
     fn overlap(&self) -> usize {

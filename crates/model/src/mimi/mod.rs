@@ -15,6 +15,7 @@
 
 mod backend;
 mod conv;
+mod export;
 mod load;
 mod quantizer;
 mod seanet;
@@ -25,6 +26,10 @@ mod transformer;
 pub mod bench;
 
 pub use backend::{BatchCodecBackend, CodecBackend, CpuMimi, CpuMimiBatch};
+pub use export::{
+    ConvTrWeights, ConvWeights, DecoderWeights, EncoderWeights, ResBlockWeights,
+    TransformerLayerWeights, TransformerWeights,
+};
 pub use load::{F32Tensor, Layout, MimiTensors};
 pub use stream::StreamEncoder;
 

@@ -183,8 +183,30 @@ impl Codebook {
         }
     }
 
-    fn row(&self, i: usize) -> &[f32] {
+    pub(crate) fn row(&self, i: usize) -> &[f32] {
         &self.centroids[i * self.dim..(i + 1) * self.dim]
+    }
+
+    /// The nearest centroid to `x` by the f64-evaluated `½‖c‖² − x·c` over all centroids (first
+    /// index on ties; 0 for a non-finite `x`): the answer [`Codebook::decide`] gives, without
+    /// the screen.
+    pub(crate) fn nearest_exact(&self, x: &[f32]) -> usize {
+        let mut best = 0;
+        let mut bv = f64::INFINITY;
+        for i in 0..self.bins {
+            let dot: f64 = self
+                .row(i)
+                .iter()
+                .zip(x)
+                .map(|(&c, &v)| c as f64 * v as f64)
+                .sum();
+            let v = self.half_norms64[i] - dot;
+            if v < bv {
+                bv = v;
+                best = i;
+            }
+        }
+        best
     }
 }
 

@@ -1,0 +1,1039 @@
+//! Mimi on the device: [`GpuMimiWeights`] (every codec weight, uploaded once per engine, and the
+//! compiled kernels) and [`GpuMimi`] (one conversation's streaming state and the recorded
+//! launches of a frame; a [`CodecBackend`]).
+//!
+//! A frame is one submission: the decoder takes the frame's codes (a `Queue::write_buffer` of
+//! `n_codebooks` words) and returns its PCM through one mapped readback buffer; the encoder
+//! takes the PCM and returns the codes. Every buffer and bind group is created by
+//! [`GpuMimi::new`]; the streaming state (convolution histories, transposed-convolution tails,
+//! the transformers' K/V rings, positions) stays in device memory.
+//!
+//! **Exact codes.** The split-RVQ search runs on the device in f32 and carries a rigorous bound
+//! on its own rounding error (see [`MimiKernel::RvqSearch`]): a level's code is proven when no
+//! other centroid's lower bound reaches the winner's upper bound, and then it is the argmin of
+//! the exactly evaluated distance, the same code the CPU's f64 decision gives for the same
+//! latent. When a level cannot be proven (a near-tie within ~1e-5 relative), the frame's two
+//! projected latents (still in device memory) are read back and the host decides every level
+//! with the CPU's exact f64 search ([`Mimi::rvq_codes_exact`]).
+
+mod shaders;
+
+pub use shaders::MimiKernel;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use model::mimi::{
+    CodecBackend, ConvTrWeights, ConvWeights, Mimi, MimiError, ResBlockWeights, TransformerWeights,
+};
+
+use crate::context::GpuContext;
+use crate::GpuError;
+
+impl From<GpuError> for MimiError {
+    fn from(e: GpuError) -> Self {
+        MimiError::Config(e.to_string())
+    }
+}
+
+/// Counter slots (`u32` each) of a [`GpuMimi`]'s counter buffer.
+const DEC_POS: u32 = 0;
+const ENC_POS: u32 = 2;
+const ENC_FRAMES: u32 = 3;
+const COUNTERS: usize = 4;
+
+/// Longest attention head the attention kernel holds (its private accumulator).
+const MAX_HEAD_DIM: usize = 128;
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn storage_usage() -> wgpu::BufferUsages {
+    wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC
+}
+
+/// A convolution's weights on the device.
+#[derive(Debug)]
+struct ConvGpu {
+    shape: ConvWeights,
+    weight: wgpu::Buffer,
+    bias: wgpu::Buffer,
+}
+
+/// A transposed convolution's weights on the device.
+#[derive(Debug)]
+struct ConvTrGpu {
+    shape: ConvTrWeights,
+    weight: wgpu::Buffer,
+    bias: wgpu::Buffer,
+}
+
+#[derive(Debug)]
+struct ResGpu {
+    c1: ConvGpu,
+    c2: ConvGpu,
+}
+
+#[derive(Debug)]
+struct LayerGpu {
+    norm1_w: wgpu::Buffer,
+    norm1_b: wgpu::Buffer,
+    in_proj: wgpu::Buffer,
+    out_proj: wgpu::Buffer,
+    ls1: wgpu::Buffer,
+    norm2_w: wgpu::Buffer,
+    norm2_b: wgpu::Buffer,
+    linear1: wgpu::Buffer,
+    linear2: wgpu::Buffer,
+    ls2: wgpu::Buffer,
+}
+
+#[derive(Debug)]
+struct TransformerGpu {
+    d: usize,
+    heads: usize,
+    ff: usize,
+    context: usize,
+    /// RoPE frequencies `[head_dim / 2]`, computed as the CPU computes them.
+    freqs: wgpu::Buffer,
+    layers: Vec<LayerGpu>,
+}
+
+#[derive(Debug)]
+struct DecoderGpu {
+    centroids: wgpu::Buffer,
+    first_output_proj: wgpu::Buffer,
+    rest_output_proj: wgpu::Buffer,
+    upsample: ConvTrGpu,
+    transformer: TransformerGpu,
+    conv0: ConvGpu,
+    stages: Vec<(ConvTrGpu, Vec<ResGpu>)>,
+    last: ConvGpu,
+}
+
+#[derive(Debug)]
+struct EncoderGpu {
+    /// Per centroid: `½‖c‖²` (rounded from f64) and `‖c‖`.
+    stats: wgpu::Buffer,
+    first_input_proj: wgpu::Buffer,
+    rest_input_proj: wgpu::Buffer,
+    conv0: ConvGpu,
+    stages: Vec<(Vec<ResGpu>, ConvGpu)>,
+    last: ConvGpu,
+    transformer: TransformerGpu,
+    downsample: ConvGpu,
+    /// Relative error bound of the search's f32 dot products (see [`rvq_bound`]).
+    bound: f32,
+}
+
+/// Every Mimi weight in device memory (f32) and the compiled kernels; shared (behind an `Arc`)
+/// by the [`GpuMimi`] backends of one engine.
+pub struct GpuMimiWeights {
+    ctx: GpuContext,
+    mimi: Arc<Mimi>,
+    kernels: HashMap<MimiKernel, (Arc<wgpu::ComputePipeline>, Arc<wgpu::BindGroupLayout>)>,
+    cb_dim: usize,
+    dec: DecoderGpu,
+    enc: EncoderGpu,
+}
+
+impl std::fmt::Debug for GpuMimiWeights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuMimiWeights")
+            .field("adapter", self.ctx.adapter())
+            .field("n_codebooks", &self.mimi.n_codebooks())
+            .finish()
+    }
+}
+
+/// Relative error bound of an f32 dot product of `n` terms in any summation order, as a multiple
+/// of `‖c‖·‖x‖`: γₙ = n·u / (1 − n·u) with u = 2⁻²⁴ (Cauchy–Schwarz bounds Σ|cⱼxⱼ|), plus the
+/// f64 evaluation's own γₙ (so a proven code is also the f64 argmin), doubled to cover the f32
+/// arithmetic of `‖x‖` and of the bound itself.
+fn rvq_bound(n: usize) -> f32 {
+    let gamma = |u: f64| {
+        let nu = n as f64 * u;
+        nu / (1.0 - nu).max(0.5)
+    };
+    (2.0 * (gamma(f32::EPSILON as f64 / 2.0) + gamma(f64::EPSILON / 2.0))) as f32
+}
+
+struct Uploader<'a> {
+    ctx: &'a GpuContext,
+}
+
+impl Uploader<'_> {
+    fn f32s(&self, label: &str, v: &[f32]) -> Result<wgpu::Buffer, GpuError> {
+        self.ctx.storage_init(label, &f32_bytes(v))
+    }
+
+    fn conv(&self, c: &ConvWeights) -> Result<ConvGpu, GpuError> {
+        Ok(ConvGpu {
+            weight: self.f32s("conv weight", &c.weight)?,
+            bias: self.f32s("conv bias", &c.bias)?,
+            shape: ConvWeights {
+                weight: Vec::new(),
+                bias: Vec::new(),
+                ..c.clone()
+            },
+        })
+    }
+
+    fn conv_tr(&self, c: &ConvTrWeights) -> Result<ConvTrGpu, GpuError> {
+        if c.k < c.stride || c.k - c.stride > c.stride {
+            return Err(GpuError::Unsupported {
+                format: "Mimi transposed convolution".into(),
+                why: format!(
+                    "kernel {} with stride {} (the device keeps a tail of at most one stride)",
+                    c.k, c.stride
+                ),
+            });
+        }
+        Ok(ConvTrGpu {
+            weight: self.f32s("convtr weight", &c.weight)?,
+            bias: self.f32s("convtr bias", &c.bias)?,
+            shape: ConvTrWeights {
+                weight: Vec::new(),
+                bias: Vec::new(),
+                ..c.clone()
+            },
+        })
+    }
+
+    fn res(&self, r: &[ResBlockWeights]) -> Result<Vec<ResGpu>, GpuError> {
+        r.iter()
+            .map(|b| {
+                Ok(ResGpu {
+                    c1: self.conv(&b.c1)?,
+                    c2: self.conv(&b.c2)?,
+                })
+            })
+            .collect()
+    }
+
+    fn transformer(&self, t: &TransformerWeights) -> Result<TransformerGpu, GpuError> {
+        let hd = t.d / t.heads.max(1);
+        if t.heads == 0
+            || !t.d.is_multiple_of(t.heads)
+            || !hd.is_multiple_of(2)
+            || hd > MAX_HEAD_DIM
+        {
+            return Err(GpuError::Unsupported {
+                format: "Mimi transformer".into(),
+                why: format!(
+                    "width {} over {} heads (head size must be even and at most {MAX_HEAD_DIM})",
+                    t.d, t.heads
+                ),
+            });
+        }
+        // As the CPU: freq_i = exp(i · (−ln(max_period)·2/hd)) in f32.
+        let scale = (-(t.max_period.ln()) * 2.0 / hd as f64) as f32;
+        let freqs: Vec<f32> = (0..hd / 2).map(|i| (i as f32 * scale).exp()).collect();
+        let layers = t
+            .layers
+            .iter()
+            .map(|l| {
+                Ok(LayerGpu {
+                    norm1_w: self.f32s("norm1 w", &l.norm1_w)?,
+                    norm1_b: self.f32s("norm1 b", &l.norm1_b)?,
+                    in_proj: self.f32s("in_proj", &l.in_proj)?,
+                    out_proj: self.f32s("out_proj", &l.out_proj)?,
+                    ls1: self.f32s("ls1", &l.ls1)?,
+                    norm2_w: self.f32s("norm2 w", &l.norm2_w)?,
+                    norm2_b: self.f32s("norm2 b", &l.norm2_b)?,
+                    linear1: self.f32s("linear1", &l.linear1)?,
+                    linear2: self.f32s("linear2", &l.linear2)?,
+                    ls2: self.f32s("ls2", &l.ls2)?,
+                })
+            })
+            .collect::<Result<Vec<_>, GpuError>>()?;
+        Ok(TransformerGpu {
+            d: t.d,
+            heads: t.heads,
+            ff: t.ff,
+            context: t.context,
+            freqs: self.f32s("rope freqs", &freqs)?,
+            layers,
+        })
+    }
+}
+
+impl GpuMimiWeights {
+    /// Uploads every weight of `mimi` (as f32) and compiles the kernels (load time).
+    pub fn upload(ctx: &GpuContext, mimi: Arc<Mimi>) -> Result<Arc<GpuMimiWeights>, GpuError> {
+        // Both directions read the same centroids (one device copy, the decoder's).
+        let dw = mimi.decoder_weights();
+        let ew = mimi.encoder_weights();
+        let up = Uploader { ctx };
+        let dec = DecoderGpu {
+            centroids: up.f32s("centroids", &dw.centroids)?,
+            first_output_proj: up.f32s("rvq first output", &dw.first_output_proj)?,
+            rest_output_proj: up.f32s("rvq rest output", &dw.rest_output_proj)?,
+            upsample: up.conv_tr(&dw.upsample)?,
+            transformer: up.transformer(&dw.transformer)?,
+            conv0: up.conv(&dw.conv0)?,
+            stages: dw
+                .stages
+                .iter()
+                .map(|(u, r)| Ok((up.conv_tr(u)?, up.res(r)?)))
+                .collect::<Result<Vec<_>, GpuError>>()?,
+            last: up.conv(&dw.last)?,
+        };
+        let cb = ew.cb_dim;
+        let stats: Vec<f32> = ew
+            .centroids
+            .chunks_exact(cb)
+            .flat_map(|c| {
+                let sq: f64 = c.iter().map(|&v| v as f64 * v as f64).sum();
+                [(0.5 * sq) as f32, sq.sqrt() as f32]
+            })
+            .collect();
+        let enc = EncoderGpu {
+            stats: up.f32s("centroid stats", &stats)?,
+            first_input_proj: up.f32s("rvq first input", &ew.first_input_proj)?,
+            rest_input_proj: up.f32s("rvq rest input", &ew.rest_input_proj)?,
+            conv0: up.conv(&ew.conv0)?,
+            stages: ew
+                .stages
+                .iter()
+                .map(|(r, d)| Ok((up.res(r)?, up.conv(d)?)))
+                .collect::<Result<Vec<_>, GpuError>>()?,
+            last: up.conv(&ew.last)?,
+            transformer: up.transformer(&ew.transformer)?,
+            downsample: up.conv(&ew.downsample)?,
+            bound: rvq_bound(cb),
+        };
+        let kernels = MimiKernel::ALL
+            .iter()
+            .map(|&k| (k, compile(ctx, k)))
+            .collect();
+        Ok(Arc::new(GpuMimiWeights {
+            ctx: ctx.clone(),
+            mimi,
+            kernels,
+            cb_dim: cb,
+            dec,
+            enc,
+        }))
+    }
+
+    /// The device context.
+    pub fn context(&self) -> &GpuContext {
+        &self.ctx
+    }
+
+    /// The CPU model the weights came from.
+    pub fn mimi(&self) -> &Arc<Mimi> {
+        &self.mimi
+    }
+}
+
+fn compile(
+    ctx: &GpuContext,
+    k: MimiKernel,
+) -> (Arc<wgpu::ComputePipeline>, Arc<wgpu::BindGroupLayout>) {
+    let layout = ctx.layout(k.access());
+    let device = ctx.device();
+    let label = format!("mimi {k:?}");
+    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some(&label),
+        source: wgpu::ShaderSource::Wgsl(k.source().into()),
+    });
+    let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+        label: None,
+        bind_group_layouts: &[Some(&layout)],
+        immediate_size: 0,
+    });
+    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some(&label),
+        layout: Some(&pl),
+        module: &module,
+        entry_point: Some("main"),
+        compilation_options: Default::default(),
+        cache: None,
+    });
+    (Arc::new(pipeline), layout)
+}
+
+/// One recorded kernel launch.
+#[derive(Debug)]
+struct Launch {
+    pipeline: Arc<wgpu::ComputePipeline>,
+    bind: wgpu::BindGroup,
+    groups: (u32, u32),
+    _uniform: wgpu::Buffer,
+}
+
+/// Builds the launches and state of one direction.
+struct Recorder<'a> {
+    w: &'a GpuMimiWeights,
+    launches: Vec<Launch>,
+    /// Streaming state zeroed by a reset.
+    state: Vec<wgpu::Buffer>,
+    counters: &'a wgpu::Buffer,
+}
+
+impl Recorder<'_> {
+    fn buffer(&self, label: &str, floats: usize) -> Result<wgpu::Buffer, GpuError> {
+        self.w
+            .ctx
+            .buffer(label, (floats * 4) as u64, storage_usage())
+    }
+
+    fn state(&mut self, label: &str, floats: usize) -> Result<wgpu::Buffer, GpuError> {
+        let b = self.buffer(label, floats)?;
+        self.state.push(b.clone());
+        Ok(b)
+    }
+
+    fn launch(&mut self, k: MimiKernel, words: &[u32], bufs: &[&wgpu::Buffer], threads: usize) {
+        let ctx = &self.w.ctx;
+        let mut block = [0u32; 16];
+        block[..words.len()].copy_from_slice(words);
+        let bytes: Vec<u8> = block.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let uniform = ctx.uniform("mimi params", &bytes);
+        let (pipeline, layout) = &self.w.kernels[&k];
+        let mut all = vec![&uniform];
+        all.extend_from_slice(bufs);
+        let bind = ctx.bind_layout(layout, &all);
+        let groups = threads.div_ceil(64).max(1) as u32;
+        let x = groups.min(32768);
+        self.launches.push(Launch {
+            pipeline: pipeline.clone(),
+            bind,
+            groups: (x, groups.div_ceil(x)),
+            _uniform: uniform,
+        });
+    }
+
+    /// `y [cout, tin/stride] (+)= conv(x [cin, tin])` with the convolution's history.
+    #[allow(clippy::too_many_arguments)]
+    fn conv(
+        &mut self,
+        c: &ConvGpu,
+        x: &wgpu::Buffer,
+        tin: usize,
+        elu: bool,
+        y: &wgpu::Buffer,
+        accumulate: bool,
+        frames_counter: u32,
+    ) -> Result<(), GpuError> {
+        let s = &c.shape;
+        let pad = s.pad();
+        let tout = tin / s.stride;
+        let hist = self.state("conv history", s.cin * pad)?;
+        let words = [
+            s.cin as u32,
+            s.cout as u32,
+            s.k as u32,
+            s.stride as u32,
+            s.dilation as u32,
+            pad as u32,
+            tin as u32,
+            tout as u32,
+            elu as u32,
+            s.replicate as u32,
+            frames_counter,
+            accumulate as u32,
+        ];
+        let counters = self.counters;
+        self.launch(
+            MimiKernel::Conv,
+            &words,
+            &[x, &hist, &c.weight, &c.bias, y, counters],
+            s.cout * tout,
+        );
+        if pad > 0 {
+            let words = [
+                s.cin as u32,
+                pad as u32,
+                tin as u32,
+                s.replicate as u32,
+                frames_counter,
+            ];
+            self.launch(
+                MimiKernel::ConvHistory,
+                &words,
+                &[x, &hist, counters],
+                s.cin,
+            );
+        }
+        Ok(())
+    }
+
+    /// `y [cout, tin·stride] = convtr(x [cin, tin])` with its tail.
+    fn conv_tr(
+        &mut self,
+        c: &ConvTrGpu,
+        x: &wgpu::Buffer,
+        tin: usize,
+        elu: bool,
+        y: &wgpu::Buffer,
+    ) -> Result<(), GpuError> {
+        let s = &c.shape;
+        let tout = tin * s.stride;
+        let pt = s.k - s.stride;
+        let tail = self.state("convtr tail", s.cout * pt)?;
+        let words = [
+            s.cin as u32,
+            s.cout as u32,
+            s.k as u32,
+            s.stride as u32,
+            tin as u32,
+            tout as u32,
+            pt as u32,
+            elu as u32,
+            s.depthwise as u32,
+        ];
+        self.launch(
+            MimiKernel::ConvTranspose,
+            &words,
+            &[x, &tail, &c.weight, &c.bias, y],
+            s.cout * tout,
+        );
+        Ok(())
+    }
+
+    /// A residual unit in place on `a` (`[dim, t]`), `h` its hidden scratch.
+    fn res(
+        &mut self,
+        r: &ResGpu,
+        a: &wgpu::Buffer,
+        h: &wgpu::Buffer,
+        t: usize,
+    ) -> Result<(), GpuError> {
+        self.conv(&r.c1, a, t, true, h, false, 0)?;
+        self.conv(&r.c2, h, t, true, a, true, 0)
+    }
+
+    /// The transformer on `io` (`[d, t]` channel-major, in place), its position at `pos`.
+    fn transformer(
+        &mut self,
+        tr: &TransformerGpu,
+        io: &wgpu::Buffer,
+        t: usize,
+        pos: u32,
+    ) -> Result<(), GpuError> {
+        let (d, ff) = (tr.d, tr.ff);
+        let hd = d / tr.heads;
+        if t > tr.context {
+            return Err(GpuError::Unsupported {
+                format: "Mimi transformer".into(),
+                why: format!("{t} steps per frame exceed the context {}", tr.context),
+            });
+        }
+        let x = self.buffer("tr x", t * d)?;
+        let h = self.buffer("tr h", t * d)?;
+        let qkv = self.buffer("tr qkv", t * 3 * d)?;
+        let att = self.buffer("tr att", t * d)?;
+        let f = self.buffer("tr ff", t * ff)?;
+        let counters = self.counters;
+        self.launch(
+            MimiKernel::Transpose,
+            &[d as u32, t as u32],
+            &[io, &x],
+            t * d,
+        );
+        let eps = 1e-5f32.to_bits();
+        let cap = tr.context;
+        for l in &tr.layers {
+            let kc = self.state("k ring", cap * d)?;
+            let vc = self.state("v ring", cap * d)?;
+            self.launch(
+                MimiKernel::LayerNorm,
+                &[t as u32, d as u32, eps],
+                &[&x, &l.norm1_w, &l.norm1_b, &h],
+                t,
+            );
+            self.launch(
+                MimiKernel::Linear,
+                &[t as u32, d as u32, 3 * d as u32, 0],
+                &[&h, &l.in_proj, &qkv, &l.ls1],
+                t * 3 * d,
+            );
+            let rope = [
+                t as u32,
+                d as u32,
+                tr.heads as u32,
+                hd as u32,
+                cap as u32,
+                pos,
+            ];
+            self.launch(
+                MimiKernel::RopeStore,
+                &rope,
+                &[&qkv, &kc, &vc, &tr.freqs, counters],
+                t * d / 2,
+            );
+            let scale = 1.0 / (hd as f32).sqrt();
+            let attn = [
+                t as u32,
+                d as u32,
+                tr.heads as u32,
+                hd as u32,
+                cap as u32,
+                tr.context as u32,
+                pos,
+                scale.to_bits(),
+            ];
+            self.launch(
+                MimiKernel::Attention,
+                &attn,
+                &[&qkv, &kc, &vc, &att, counters],
+                t * tr.heads,
+            );
+            self.launch(
+                MimiKernel::Linear,
+                &[t as u32, d as u32, d as u32, 1],
+                &[&att, &l.out_proj, &x, &l.ls1],
+                t * d,
+            );
+            self.launch(
+                MimiKernel::LayerNorm,
+                &[t as u32, d as u32, eps],
+                &[&x, &l.norm2_w, &l.norm2_b, &h],
+                t,
+            );
+            self.launch(
+                MimiKernel::Linear,
+                &[t as u32, d as u32, ff as u32, 2],
+                &[&h, &l.linear1, &f, &l.ls2],
+                t * ff,
+            );
+            self.launch(
+                MimiKernel::Linear,
+                &[t as u32, ff as u32, d as u32, 1],
+                &[&f, &l.linear2, &x, &l.ls2],
+                t * d,
+            );
+        }
+        self.launch(MimiKernel::Advance, &[pos, t as u32], &[counters], 1);
+        self.launch(
+            MimiKernel::Transpose,
+            &[t as u32, d as u32],
+            &[&x, io],
+            t * d,
+        );
+        Ok(())
+    }
+}
+
+/// One direction's recorded frame.
+#[derive(Debug)]
+struct Direction {
+    launches: Vec<Launch>,
+    state: Vec<wgpu::Buffer>,
+}
+
+/// The device codec of one conversation: its streaming state in device memory and every launch
+/// of an encoder frame and of a decoder frame recorded at construction.
+pub struct GpuMimi {
+    w: Arc<GpuMimiWeights>,
+    counters: wgpu::Buffer,
+    dec: Direction,
+    enc: Direction,
+    codes_in: wgpu::Buffer,
+    pcm_out: wgpu::Buffer,
+    pcm_in: wgpu::Buffer,
+    /// Codes of every level, then the number of levels the device could not prove.
+    codes_out: wgpu::Buffer,
+    /// The projected latents of the last encoder frame (semantic, acoustic).
+    u_first: wgpu::Buffer,
+    u_rest: wgpu::Buffer,
+    readback: wgpu::Buffer,
+    codes_bytes: Vec<u8>,
+    codes: Vec<u32>,
+    latents: Vec<f32>,
+    host_decisions: u64,
+    force_host_decision: bool,
+}
+
+impl std::fmt::Debug for GpuMimi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuMimi")
+            .field("adapter", self.w.ctx.adapter())
+            .finish()
+    }
+}
+
+impl GpuMimi {
+    /// Fresh streams over the uploaded weights: allocates the state, work and readback buffers
+    /// and records both directions' launches.
+    pub fn new(w: Arc<GpuMimiWeights>) -> Result<GpuMimi, GpuError> {
+        let ctx = w.ctx.clone();
+        let m = w.mimi.clone();
+        let fs = m.frame_size();
+        let nq = m.n_codebooks();
+        let d = m.dimension();
+        let s = m.config().resample_stride();
+        let t2 = s;
+        let counters = ctx.buffer("mimi counters", (COUNTERS * 4) as u64, storage_usage())?;
+        let codes_in = ctx.buffer("codes in", (nq * 4) as u64, storage_usage())?;
+        let pcm_out = ctx.buffer("pcm out", (fs * 4) as u64, storage_usage())?;
+        let pcm_in = ctx.buffer("pcm in", (fs * 4) as u64, storage_usage())?;
+        let codes_out = ctx.buffer("codes out", ((nq + 1) * 4) as u64, storage_usage())?;
+        let cb = w.cb_dim;
+        let u_first = ctx.buffer("u first", (cb * 4) as u64, storage_usage())?;
+        let u_rest = ctx.buffer("u rest", (cb * 4) as u64, storage_usage())?;
+        let rb_bytes = (fs.max(nq + 1).max(2 * cb) * 4) as u64;
+        let readback = ctx.buffer(
+            "mimi readback",
+            rb_bytes,
+            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        )?;
+
+        // Decoder: codes → latent [d, 1] → upsample [d, s] → transformer → SEANet → PCM.
+        let dec = {
+            let g = &w.dec;
+            let mut r = Recorder {
+                w: &w,
+                launches: Vec::new(),
+                state: Vec::new(),
+                counters: &counters,
+            };
+            let lat = r.buffer("dec latent", d)?;
+            let emb = r.buffer("dec emb", d * t2)?;
+            let (bins, cbd) = (m.cardinality(), w.cb_dim);
+            r.launch(
+                MimiKernel::RvqDecode,
+                &[d as u32, cbd as u32, bins as u32, nq as u32],
+                &[
+                    &codes_in,
+                    &g.centroids,
+                    &g.first_output_proj,
+                    &g.rest_output_proj,
+                    &lat,
+                ],
+                d,
+            );
+            r.conv_tr(&g.upsample, &lat, 1, false, &emb)?;
+            r.transformer(&g.transformer, &emb, t2, DEC_POS)?;
+            let (amax, hmax) = seanet_dec_sizes(g, t2);
+            let mut a = r.buffer("dec a", amax)?;
+            let mut b = r.buffer("dec b", amax)?;
+            let h = r.buffer("dec h", hmax)?;
+            let mut t = t2;
+            r.conv(&g.conv0, &emb, t, false, &a, false, 0)?;
+            for (up, res) in &g.stages {
+                r.conv_tr(up, &a, t, true, &b)?;
+                t *= up.shape.stride;
+                std::mem::swap(&mut a, &mut b);
+                for blk in res {
+                    r.res(blk, &a, &h, t)?;
+                }
+            }
+            if t != fs {
+                return Err(GpuError::Unsupported {
+                    format: "Mimi".into(),
+                    why: format!("the decoder gives {t} samples per frame, not {fs}"),
+                });
+            }
+            r.conv(&g.last, &a, t, true, &pcm_out, false, 0)?;
+            Direction {
+                launches: r.launches,
+                state: r.state,
+            }
+        };
+
+        // Encoder: PCM → SEANet [d, s] → transformer → downsample [d, 1] → projections → search.
+        let enc = {
+            let g = &w.enc;
+            let mut r = Recorder {
+                w: &w,
+                launches: Vec::new(),
+                state: Vec::new(),
+                counters: &counters,
+            };
+            let (amax, hmax) = seanet_enc_sizes(g, fs);
+            let mut a = r.buffer("enc a", amax)?;
+            let mut b = r.buffer("enc b", amax)?;
+            let h = r.buffer("enc h", hmax)?;
+            let emb = r.buffer("enc emb", d * t2)?;
+            let lat = r.buffer("enc latent", d)?;
+            let resid = r.buffer("rvq residual", cb)?;
+            let mut t = fs;
+            r.conv(&g.conv0, &pcm_in, t, false, &a, false, 0)?;
+            for (res, down) in &g.stages {
+                for blk in res {
+                    r.res(blk, &a, &h, t)?;
+                }
+                r.conv(down, &a, t, true, &b, false, 0)?;
+                t /= down.shape.stride;
+                std::mem::swap(&mut a, &mut b);
+            }
+            if t != t2 {
+                return Err(GpuError::Unsupported {
+                    format: "Mimi".into(),
+                    why: format!("the encoder gives {t} steps per frame, not {t2}"),
+                });
+            }
+            r.conv(&g.last, &a, t, true, &emb, false, 0)?;
+            r.transformer(&g.transformer, &emb, t2, ENC_POS)?;
+            r.conv(&g.downsample, &emb, t2, false, &lat, false, ENC_FRAMES)?;
+            // [d, 1] is also the row [1, d].
+            r.launch(
+                MimiKernel::Linear,
+                &[1, d as u32, cb as u32, 0],
+                &[&lat, &g.first_input_proj, &u_first, &g.stats],
+                cb,
+            );
+            r.launch(
+                MimiKernel::Linear,
+                &[1, d as u32, cb as u32, 0],
+                &[&lat, &g.rest_input_proj, &u_rest, &g.stats],
+                cb,
+            );
+            r.launch(
+                MimiKernel::RvqSearch,
+                &[
+                    cb as u32,
+                    m.cardinality() as u32,
+                    nq as u32,
+                    g.bound.to_bits(),
+                ],
+                &[
+                    &u_first,
+                    &u_rest,
+                    &w.dec.centroids,
+                    &g.stats,
+                    &resid,
+                    &codes_out,
+                ],
+                64,
+            );
+            r.launch(MimiKernel::Advance, &[ENC_FRAMES, 1], &[&counters], 1);
+            Direction {
+                launches: r.launches,
+                state: r.state,
+            }
+        };
+        Ok(GpuMimi {
+            counters,
+            dec,
+            enc,
+            codes_in,
+            pcm_out,
+            pcm_in,
+            codes_out,
+            u_first,
+            u_rest,
+            readback,
+            codes_bytes: vec![0; nq * 4],
+            codes: vec![0; nq],
+            latents: vec![0.0; 2 * cb],
+            host_decisions: 0,
+            force_host_decision: false,
+            w,
+        })
+    }
+
+    /// The device context.
+    pub fn context(&self) -> &GpuContext {
+        &self.w.ctx
+    }
+
+    /// Kernel launches of a decoder frame and of an encoder frame.
+    pub fn launches_per_frame(&self) -> (usize, usize) {
+        (self.dec.launches.len(), self.enc.launches.len())
+    }
+
+    /// Encoder frames whose codes the host decided (a level the device's bound could not prove,
+    /// or [`GpuMimi::force_host_decision`]).
+    pub fn host_decisions(&self) -> u64 {
+        self.host_decisions
+    }
+
+    /// Makes every encoder frame take the host's exact decision path (tests compare it with the
+    /// device's proven codes).
+    pub fn force_host_decision(&mut self, on: bool) {
+        self.force_host_decision = on;
+    }
+
+    fn run(&self, launches: &[Launch], copies: &[(&wgpu::Buffer, u64)]) {
+        let ctx = &self.w.ctx;
+        let mut enc = ctx
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+            for l in launches {
+                pass.set_pipeline(&l.pipeline);
+                pass.set_bind_group(0, &l.bind, &[]);
+                pass.dispatch_workgroups(l.groups.0, l.groups.1, 1);
+            }
+        }
+        let mut off = 0;
+        for (b, len) in copies {
+            enc.copy_buffer_to_buffer(b, 0, &self.readback, off, *len);
+            off += len;
+        }
+        ctx.queue().submit([enc.finish()]);
+    }
+
+    /// Maps the readback buffer's first `out.len()` words into `out` (as raw bits).
+    fn read_words(&self, out: &mut [u32]) -> Result<(), GpuError> {
+        let slice = self.readback.slice(..(out.len() * 4).max(4) as u64);
+        slice.map_async(wgpu::MapMode::Read, |_| {});
+        self.w.ctx.wait()?;
+        {
+            let view = slice
+                .get_mapped_range()
+                .map_err(|e| GpuError::Runtime(format!("readback: {e:?}")))?;
+            for (o, c) in out.iter_mut().zip(view.chunks_exact(4)) {
+                *o = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        self.readback.unmap();
+        Ok(())
+    }
+
+    fn encode(&mut self, pcm: &[f32]) -> Result<(), GpuError> {
+        let nq = self.codes.len();
+        let q = self.w.ctx.queue();
+        q.write_buffer(&self.pcm_in, 0, bytes_of_f32(pcm));
+        self.run(
+            &self.enc.launches,
+            &[(&self.codes_out, ((nq + 1) * 4) as u64)],
+        );
+        let mut words = [0u32; 64];
+        let words = if nq < 64 {
+            &mut words[..nq + 1]
+        } else {
+            return Err(GpuError::Unsupported {
+                format: "Mimi".into(),
+                why: format!("{nq} codebooks (at most 63 on the device)"),
+            });
+        };
+        self.read_words(words)?;
+        self.codes.copy_from_slice(&words[..nq]);
+        if words[nq] != 0 || self.force_host_decision {
+            // The exact decision on the host, from the latents still in device memory.
+            let cb = self.latents.len() / 2;
+            let bytes = (cb * 4) as u64;
+            self.run(&[], &[(&self.u_first, bytes), (&self.u_rest, bytes)]);
+            let mut lat = [0u32; 2 * MAX_CB];
+            let lat = lat.get_mut(..2 * cb).ok_or_else(|| GpuError::Unsupported {
+                format: "Mimi".into(),
+                why: format!("codebook width {cb} (at most {MAX_CB} on the device)"),
+            })?;
+            self.read_words(lat)?;
+            for (v, b) in self.latents.iter_mut().zip(lat.iter()) {
+                *v = f32::from_bits(*b);
+            }
+            let (first, rest) = self.latents.split_at_mut(cb);
+            self.w.mimi.rvq_codes_exact(first, rest, &mut self.codes);
+            self.host_decisions += 1;
+        }
+        Ok(())
+    }
+
+    fn decode(&mut self, codes: &[u32], out: &mut [f32]) -> Result<(), GpuError> {
+        let nq = self.codes.len();
+        for (b, c) in self.codes_bytes.chunks_exact_mut(4).zip(&codes[..nq]) {
+            b.copy_from_slice(&c.to_le_bytes());
+        }
+        self.w
+            .ctx
+            .queue()
+            .write_buffer(&self.codes_in, 0, &self.codes_bytes);
+        let bytes = (out.len() * 4) as u64;
+        self.run(&self.dec.launches, &[(&self.pcm_out, bytes)]);
+        crate::lm::read_mapped(&self.w.ctx, &self.readback, out)
+    }
+}
+
+/// Widest codebook the host fallback reads back without allocating.
+const MAX_CB: usize = 1024;
+
+fn bytes_of_f32(v: &[f32]) -> &[u8] {
+    // SAFETY: f32 has no padding and any byte is a valid u8; the length covers exactly `v`.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+}
+
+/// Largest activation (`[C, T]`) and hidden buffer of the SEANet decoder for `t` latent steps.
+fn seanet_dec_sizes(g: &DecoderGpu, t: usize) -> (usize, usize) {
+    let mut t = t;
+    let mut amax = g.conv0.shape.cout * t;
+    let mut hmax = 1;
+    for (up, res) in &g.stages {
+        t *= up.shape.stride;
+        amax = amax.max(up.shape.cout * t);
+        for r in res {
+            hmax = hmax.max(r.c1.shape.cout * t);
+        }
+    }
+    (amax, hmax)
+}
+
+/// Largest activation and hidden buffer of the SEANet encoder for `t` samples.
+fn seanet_enc_sizes(g: &EncoderGpu, t: usize) -> (usize, usize) {
+    let mut t = t;
+    let mut amax = g.conv0.shape.cout * t;
+    let mut hmax = 1;
+    for (res, down) in &g.stages {
+        for r in res {
+            hmax = hmax.max(r.c1.shape.cout * t);
+        }
+        t /= down.shape.stride;
+        amax = amax.max(down.shape.cout * t);
+    }
+    (amax, hmax)
+}
+
+impl CodecBackend for GpuMimi {
+    fn frame_size(&self) -> usize {
+        self.w.mimi.frame_size()
+    }
+
+    fn n_codebooks(&self) -> usize {
+        self.w.mimi.n_codebooks()
+    }
+
+    fn encode_frame(&mut self, pcm: &[f32]) -> Result<&[u32], MimiError> {
+        let fs = self.frame_size();
+        if pcm.len() != fs {
+            return Err(MimiError::Input(format!(
+                "encode_frame needs {fs} samples, got {}",
+                pcm.len()
+            )));
+        }
+        self.encode(pcm)?;
+        Ok(&self.codes)
+    }
+
+    fn decode_frame(&mut self, codes: &[u32], out: &mut [f32]) -> Result<(), MimiError> {
+        let (fs, nq) = (self.frame_size(), self.n_codebooks());
+        if out.len() != fs {
+            return Err(MimiError::Input(format!(
+                "decode_frame writes {fs} samples, buffer has {}",
+                out.len()
+            )));
+        }
+        if codes.len() < nq {
+            return Err(MimiError::Input(format!(
+                "decode_frame needs {nq} codes, got {}",
+                codes.len()
+            )));
+        }
+        let bins = self.w.mimi.cardinality() as u32;
+        if let Some(bad) = codes[..nq].iter().find(|&&c| c >= bins) {
+            return Err(MimiError::Input(format!(
+                "code {bad} out of range (codebook size {bins})"
+            )));
+        }
+        Ok(self.decode(codes, out)?)
+    }
+
+    fn reset(&mut self) {
+        let ctx = &self.w.ctx;
+        let mut enc = ctx
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        enc.clear_buffer(&self.counters, 0, None);
+        for b in self.dec.state.iter().chain(&self.enc.state) {
+            enc.clear_buffer(b, 0, None);
+        }
+        ctx.queue().submit([enc.finish()]);
+    }
+}
