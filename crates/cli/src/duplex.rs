@@ -183,9 +183,12 @@ pub fn run_duplex(a: &DuplexArgs) -> Result<()> {
     let frames = user.len().div_ceil(FRAME_SIZE);
     user.resize(frames * FRAME_SIZE, 0.0);
     let opened = a.engine.open(EngineArgs::all_cores())?;
-    let measured = crate::realtime::measure(&opened.engine)?;
-    eprintln!("moshi-native: {}", crate::realtime::notice(&measured));
     let mut s = session(&opened, &a.sampling, frames)?;
+    // The real-time check times one frame of the session that will run, which also faults in what
+    // its first frame touches; the session is back at its start afterwards.
+    let warm = s.warm_up().context("timing a warm-up frame")?;
+    let measured = crate::realtime::measured(&opened.engine, warm);
+    eprintln!("moshi-native: {}", crate::realtime::notice(&measured));
     let bar = progress_bar(frames);
     let r = run_frames(&mut s, &user, &bar, |_| {})?;
     bar.finish_and_clear();

@@ -86,15 +86,21 @@ pub fn notice(m: &Measured) -> String {
     )
 }
 
-/// Times a warm-up frame pass of `engine` and returns what was measured (the caller prints the notice).
-pub fn measure(engine: &std::sync::Arc<Engine>) -> Result<Measured> {
-    let w = warm_up(engine).context("timing a warm-up frame")?;
-    Ok(Measured {
-        frame: w.full,
+/// What was measured for a frame pass `frame` of a session of `engine`.
+pub fn measured(engine: &Engine, frame: runtime::FrameTimings) -> Measured {
+    Measured {
+        frame,
         format: engine.lm().weight_format(),
         threads: engine.options().device.threads(),
         cores: runtime::physical_cores(),
-    })
+    }
+}
+
+/// Times one frame pass of a short-lived session of `engine` (no session exists yet: `serve` at
+/// start-up) and returns what was measured (the caller prints the notice).
+pub fn measure(engine: &std::sync::Arc<Engine>) -> Result<Measured> {
+    let frame = warm_up(engine).context("timing a warm-up frame")?;
+    Ok(measured(engine, frame))
 }
 
 #[cfg(test)]

@@ -382,7 +382,7 @@ impl Worker {
     /// A worker of `n` empty slots on a compute context of its own, with its shared table and join queue.
     fn new(engine: &Engine, n: usize) -> Result<(Worker, Arc<Shared>, Sender<Join>), RuntimeError> {
         let compute = engine.compute();
-        let stepper = Stepper::new(engine, &compute, n)?;
+        let stepper = Stepper::new(engine, &compute, n, None)?;
         let codec = engine.batch_codec_backend(&compute, n);
         let nq = codec.n_codebooks();
         let shared = Arc::new(Shared {

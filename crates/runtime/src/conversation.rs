@@ -238,11 +238,31 @@ impl Conversation {
     /// New stream: codec streams, detokenizer, resampler, buffers and forced text back to fresh. Allocates
     /// nothing.
     pub(crate) fn reset(&mut self) {
+        self.reset_streams();
+        self.forced.clear();
+        self.forced_pos = 0;
+    }
+
+    /// [`Conversation::reset`] except the forced text, which stays pending (the warm-up runs before
+    /// the stream starts and consumes none of it).
+    pub(crate) fn reset_streams(&mut self) {
         self.reset_codec();
         self.interrupt();
         self.frame.pcm.clear();
         self.frame.text.clear();
-        self.forced.clear();
-        self.forced_pos = 0;
+    }
+
+    /// Decodes one frame of `codes` into the decoded-frame buffer and resamples it into the frame's
+    /// PCM, as [`Conversation::finish`] does, without detokenizing or counting a frame (the warm-up:
+    /// LM call 0 has no audio to decode, so it decodes placeholder codes to time and touch the
+    /// decode path). The caller resets the streams afterwards.
+    pub(crate) fn decode_only(&mut self, codes: &[u32; N_AUDIO]) -> Result<(), RuntimeError> {
+        if let Some(codec) = self.codec.as_mut() {
+            codec
+                .decode_frame(codes, &mut self.decoded)
+                .map_err(|e| RuntimeError::Model(e.to_string()))?;
+        }
+        self.frame.pcm.clear();
+        self.resampler.process(&self.decoded, &mut self.frame.pcm)
     }
 }

@@ -308,11 +308,13 @@ impl Engine {
         }
     }
 
-    /// The LM backend of a driver with `rows` conversation slots.
+    /// The LM backend of a driver with `rows` conversation slots; `kv_capacity` (CPU only) shortens
+    /// its temporal KV caches below the model's context (see `CpuLm::with_kv_capacity`).
     pub(crate) fn lm_backend(
         &self,
         compute: &Compute,
         rows: usize,
+        kv_capacity: Option<usize>,
     ) -> Result<Box<dyn LmBackend>, RuntimeError> {
         #[cfg(feature = "gpu")]
         if let Some(w) = &self.gpu_lm {
@@ -321,10 +323,16 @@ impl Engine {
             return Ok(Box::new(lm));
         }
         match compute {
-            Compute::Cpu(pool) => Ok(Box::new(
-                CpuLm::new(self.lm.clone(), rows, self.opts.kv_dtype, pool.clone())
-                    .map_err(|e| RuntimeError::Model(e.to_string()))?,
-            )),
+            Compute::Cpu(pool) => {
+                let (lm, kv, pool) = (self.lm.clone(), self.opts.kv_dtype, pool.clone());
+                let backend = match kv_capacity {
+                    Some(c) => CpuLm::with_kv_capacity(lm, rows, kv, c, pool),
+                    None => CpuLm::new(lm, rows, kv, pool),
+                };
+                Ok(Box::new(
+                    backend.map_err(|e| RuntimeError::Model(e.to_string()))?,
+                ))
+            }
         }
     }
 

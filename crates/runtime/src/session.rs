@@ -1,18 +1,19 @@
 //! A conversation: input queue, commands, epochs and the frame pass.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use model::sampling::SamplerConfig;
 
 use crate::control::SessionControl;
-use crate::conversation::Conversation;
+use crate::conversation::{micros, Conversation};
 use crate::engine::Compute;
-use crate::events::{Counters, FrameEvent, Step};
+use crate::events::{Counters, FrameEvent, FrameTimings, Step};
 use crate::inlet::Inlet;
 use crate::ring::{FrameRing, PcmProducer, PushReport};
 use crate::runner::{Drive, Driven, SessionRunner};
-use crate::stepper::{new_sampler, PhaseHook, Prepared, Stepper};
-use crate::{Engine, RuntimeError, SAMPLE_RATE};
+use crate::stepper::{lm_error, new_sampler, PhaseHook, Prepared, Stepper};
+use crate::{Engine, RuntimeError, N_AUDIO, SAMPLE_RATE};
 
 /// Options of [`Session::new`].
 #[derive(Clone, Debug)]
@@ -75,13 +76,33 @@ impl std::fmt::Debug for Session {
 impl Session {
     /// Create a session; every buffer and stream state is allocated here.
     pub fn new(engine: Arc<Engine>, opts: SessionOptions) -> Result<Session, RuntimeError> {
+        Self::build(engine, opts, None)
+    }
+
+    /// A session whose LM keeps `kv_capacity` temporal KV entries instead of the model's context
+    /// (on the CPU; a GPU LM keeps its full cache): its frames are the same as a full session's for the
+    /// first `kv_capacity` frames. For a timing pass at start-up that should not allocate and touch a
+    /// second full-context cache (3.1 GB in f32 for Moshi).
+    pub(crate) fn with_kv_capacity(
+        engine: Arc<Engine>,
+        opts: SessionOptions,
+        kv_capacity: usize,
+    ) -> Result<Session, RuntimeError> {
+        Self::build(engine, opts, Some(kv_capacity))
+    }
+
+    fn build(
+        engine: Arc<Engine>,
+        opts: SessionOptions,
+        kv_capacity: Option<usize>,
+    ) -> Result<Session, RuntimeError> {
         if opts.max_queued_frames == 0 {
             return Err(RuntimeError::InvalidOption(
                 "max_queued_frames must be >= 1".into(),
             ));
         }
         let compute = engine.compute();
-        let mut stepper = Stepper::new(&engine, &compute, 1)?;
+        let mut stepper = Stepper::new(&engine, &compute, 1, kv_capacity)?;
         stepper.set_sampler(0, new_sampler(&engine, opts.sampling.clone())?);
         let ring = FrameRing::new(opts.max_queued_frames);
         let producer = Some(PcmProducer::new(ring.clone()));
@@ -196,6 +217,71 @@ impl Session {
         Ok(Step::Frame(&self.conv.frame))
     }
 
+    /// Runs one frame pass of quiet noise through this session and puts the session back exactly as
+    /// it was: at the start of its stream, with the same queued input, pending forced text, counters
+    /// and epoch (the tests compare a warmed-up session's output with a fresh one's, bit for bit).
+    /// It faults in the weights and buffers a frame touches, so the first real frame does not pay for
+    /// them, and returns the pass's timings, for the real-time check ([`crate::realtime`]).
+    ///
+    /// LM call 0 produces no audio (the acoustic delay), so the decode phase decodes a frame of
+    /// placeholder codes: the returned timings are those of a full pass (encode, LM, decode). Only at
+    /// the start of a stream (before the first frame, or right after a reset was applied); otherwise
+    /// [`RuntimeError::InvalidOption`].
+    pub fn warm_up(&mut self) -> Result<FrameTimings, RuntimeError> {
+        if self.conv.inlet.frame_index != 0 {
+            return Err(RuntimeError::InvalidOption(format!(
+                "warm_up runs at the start of a stream (this session is at frame {})",
+                self.conv.inlet.frame_index
+            )));
+        }
+        // Low-level noise from a fixed LCG, not silence: the pass does the same work either way, but
+        // nothing downstream special-cases noise. Written straight into the popped-frame buffer, not
+        // through the input queue, so the counters and the queued input do not move.
+        let mut x = 0x2545_f491u32;
+        for v in self.conv.inlet.input.iter_mut() {
+            x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            *v = ((x >> 8) as f32 / (1u32 << 24) as f32 - 0.5) * 0.01;
+        }
+        let start = Instant::now();
+        let result = self.warm_up_pass();
+        // Back to the fresh stream whatever happened: LM row (token cache, KV positions), sampler
+        // (seeds, history), codec streams, detokenizer, resampler.
+        self.stepper.reset_row(0);
+        self.conv.reset_streams();
+        let (encode_us, lm_us, decode_us) = result?;
+        Ok(FrameTimings {
+            encode_us,
+            lm_us,
+            decode_us,
+            total_us: encode_us.saturating_add(lm_us).saturating_add(decode_us),
+            lag_us: micros(start.elapsed()),
+            ..FrameTimings::default()
+        })
+    }
+
+    /// The pass of [`Session::warm_up`]: encode, LM step (no forced text), decode; returns the
+    /// microseconds of each.
+    fn warm_up_pass(&mut self) -> Result<(u32, u32, u32), RuntimeError> {
+        self.stepper.begin_tick();
+        let t0 = Instant::now();
+        let codes = *self.conv.encode()?;
+        let encode_us = micros(t0.elapsed());
+        self.stepper.admit_with(0, &codes, None, encode_us);
+        self.stepper.step_lm()?;
+        let lm_us = self.stepper.lm_us();
+        let audio = match self.stepper.take_result(0).map_err(|e| lm_error(e, 0))? {
+            Some(f) => {
+                let mut a = [0u32; N_AUDIO];
+                a.copy_from_slice(f.audio());
+                a
+            }
+            None => [0; N_AUDIO],
+        };
+        let t1 = Instant::now();
+        self.conv.decode_only(&audio)?;
+        Ok((encode_us, lm_us, micros(t1.elapsed())))
+    }
+
     /// Move this session onto a worker thread (see [`SessionRunner`]).
     pub fn spawn(self, event_capacity: usize) -> Result<SessionRunner, RuntimeError> {
         SessionRunner::spawn_driver(self, event_capacity)
@@ -238,6 +324,96 @@ mod tests {
     use super::*;
     use crate::stepper::Phase;
     use crate::{EngineOptions, FRAME_SIZE};
+
+    fn fixture_engine(threads: usize) -> Arc<Engine> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/lm");
+        Engine::open(&dir, EngineOptions::cpu(threads)).unwrap()
+    }
+
+    /// Every frame of `frames` frames of speech-like input, all fields but the timings.
+    fn run(s: &mut Session, frames: usize) -> Vec<FrameEvent> {
+        let pcm: Vec<f32> = (0..frames * FRAME_SIZE)
+            .map(|i| 0.3 * (i as f32 * 0.031).sin() * (1.0 + (i as f32 * 0.0007).cos()))
+            .collect();
+        s.push_pcm(&pcm).unwrap();
+        let mut out = Vec::new();
+        while let Step::Frame(f) = s.step().unwrap() {
+            let mut f = f.clone();
+            f.timings = Default::default();
+            out.push(f);
+        }
+        assert_eq!(out.len(), frames);
+        out
+    }
+
+    /// A warmed-up session is a fresh session: with seeded sampling (the random streams are part of
+    /// the state), forced text set before the warm-up, more frames than the fixture's KV context (10),
+    /// and with the first-frame rule off too (it resets the codec after frame 0's encode, which would
+    /// hide a codec left dirty by the warm-up), its frames (tokens, text, PCM bit for bit, counters,
+    /// epochs) equal a fresh session's.
+    #[test]
+    fn a_warmed_up_session_runs_as_a_fresh_one() {
+        for (threads, first_frame_reset) in [(1, true), (2, false)] {
+            let engine = fixture_engine(threads);
+            let opts = SessionOptions {
+                sampling: SamplerConfig::seeded(7),
+                max_queued_frames: 16,
+                first_frame_reset,
+                ..Default::default()
+            };
+            let frames = 14;
+            let mut fresh = Session::new(engine.clone(), opts.clone()).unwrap();
+            fresh.force_text(&[5, 9, 3]).unwrap();
+            let want = run(&mut fresh, frames);
+            let mut warmed = Session::new(engine, opts).unwrap();
+            warmed.force_text(&[5, 9, 3]).unwrap();
+            let before = warmed.counters();
+            let t = warmed.warm_up().unwrap();
+            assert_eq!(t.total_us, t.encode_us + t.lm_us + t.decode_us);
+            assert_eq!(warmed.counters(), before, "the warm-up is not counted");
+            assert_eq!(warmed.frame_index(), 0);
+            let got = run(&mut warmed, frames);
+            assert!(want.iter().any(|f| !f.pcm.is_empty()));
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(g.pcm.len(), w.pcm.len(), "threads {threads} frame {i}");
+                let bits = |f: &FrameEvent| f.pcm.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(g), bits(w), "threads {threads} frame {i}: PCM");
+                assert_eq!(g, w, "threads {threads} frame {i}");
+            }
+        }
+    }
+
+    /// A session with a short KV cache runs as a full one for as many frames as the cache holds (the
+    /// fixture's context is 10; with 4 entries, frame 5 attends to 5 entries and must differ, which
+    /// shows the comparison can fail).
+    #[test]
+    fn a_short_kv_cache_matches_the_full_one_while_it_holds_every_step() {
+        let engine = fixture_engine(1);
+        let opts = SessionOptions {
+            sampling: SamplerConfig::greedy(),
+            max_queued_frames: 16,
+            ..Default::default()
+        };
+        let want = run(&mut Session::new(engine.clone(), opts.clone()).unwrap(), 8);
+        let got = run(&mut Session::with_kv_capacity(engine, opts, 4).unwrap(), 8);
+        assert_eq!(got[..4], want[..4]);
+        assert_ne!(got[4..], want[4..]);
+    }
+
+    /// The warm-up leaves queued input queued, and runs only at the start of a stream.
+    #[test]
+    fn warm_up_keeps_queued_input_and_refuses_mid_stream() {
+        let mut s = Session::new(fixture_engine(1), SessionOptions::default()).unwrap();
+        s.push_pcm(&vec![0.1; 2 * FRAME_SIZE]).unwrap();
+        s.warm_up().unwrap();
+        assert_eq!(s.counters().queued, 2);
+        assert!(matches!(s.step().unwrap(), Step::Frame(_)));
+        assert!(matches!(s.warm_up(), Err(RuntimeError::InvalidOption(_))));
+        // After a reset the stream starts again: the warm-up is allowed once the reset is applied.
+        s.reset();
+        assert!(matches!(s.step().unwrap(), Step::Idle));
+        s.warm_up().unwrap();
+    }
 
     /// Mimi runs on the session's pool: the pool's count of parallel calls moves during the encode and
     /// the decode phase of every frame, not only during the LM phases.

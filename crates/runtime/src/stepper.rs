@@ -37,7 +37,7 @@ pub enum Phase {
 pub type PhaseHook = Arc<dyn Fn(Phase) + Send + Sync>;
 
 /// Maps an LM step error; non-finite logits keep their own typed variant.
-fn lm_error(e: LmError, frame: u64) -> RuntimeError {
+pub(crate) fn lm_error(e: LmError, frame: u64) -> RuntimeError {
     match e {
         LmError::Sampling(SamplingError::NonFiniteLogits {
             stream,
@@ -107,13 +107,15 @@ pub(crate) struct Stepper {
 }
 
 impl Stepper {
-    /// A generator of `rows` fresh rows on `compute` (greedy samplers until [`Stepper::set_sampler`]).
+    /// A generator of `rows` fresh rows on `compute` (greedy samplers until [`Stepper::set_sampler`]);
+    /// `kv_capacity`: see [`Engine::lm_backend`].
     pub(crate) fn new(
         engine: &Engine,
         compute: &Compute,
         rows: usize,
+        kv_capacity: Option<usize>,
     ) -> Result<Stepper, RuntimeError> {
-        let backend = engine.lm_backend(compute, rows)?;
+        let backend = engine.lm_backend(compute, rows, kv_capacity)?;
         let gen = Generator::new(backend).map_err(|e| RuntimeError::Model(e.to_string()))?;
         let samplers = (0..rows)
             .map(|_| new_sampler(engine, SamplerConfig::greedy()))
@@ -203,11 +205,35 @@ impl Stepper {
         codes: &[u32; N_AUDIO],
         encode_us: u32,
     ) {
+        let forced = conv.next_forced();
+        self.admit_with(row, codes, forced, encode_us);
+    }
+
+    /// [`Stepper::admit`] with the forced text token given (the warm-up forces none and consumes none of
+    /// the conversation's).
+    pub(crate) fn admit_with(
+        &mut self,
+        row: usize,
+        codes: &[u32; N_AUDIO],
+        forced: Option<u32>,
+        encode_us: u32,
+    ) {
         let i = self.active.len();
         self.codes[i * N_AUDIO..(i + 1) * N_AUDIO].copy_from_slice(codes);
-        self.forced[i] = conv.next_forced();
+        self.forced[i] = forced;
         self.encode_us[i] = encode_us;
         self.active.push(row);
+    }
+
+    /// Takes result `i` of this tick's LM step (leaving `Ok(None)`), for a driver that does not
+    /// [`Stepper::finish`] it (the warm-up). The LM time of the step is [`Stepper::lm_us`].
+    pub(crate) fn take_result(&mut self, i: usize) -> Result<Option<LmFrame>, LmError> {
+        std::mem::replace(&mut self.out[i], Ok(None))
+    }
+
+    /// Microseconds of this tick's LM step.
+    pub(crate) fn lm_us(&self) -> u32 {
+        self.lm_us
     }
 
     /// Mark the start of the encode phase (test hook) for a driver that encodes itself.
@@ -259,8 +285,9 @@ impl Stepper {
     /// Finish result `i` of this tick into `conv` (the conversation of row `active()[i]`): decode,
     /// detokenize, resample and fill `conv.frame`.
     pub(crate) fn finish(&mut self, i: usize, conv: &mut Conversation) -> Result<(), RuntimeError> {
-        let out = std::mem::replace(&mut self.out[i], Ok(None));
-        let frame = out.map_err(|e| lm_error(e, conv.inlet.frame_index))?;
+        let frame = self
+            .take_result(i)
+            .map_err(|e| lm_error(e, conv.inlet.frame_index))?;
         self.phase(Phase::Decode);
         let t0 = Instant::now();
         let (encode_us, lm_us) = (self.encode_us[i], self.lm_us);

@@ -96,6 +96,20 @@ impl CpuLm {
         let state = model.new_batch_state(rows, kv_dtype)?;
         Ok(CpuLm { model, state, pool })
     }
+
+    /// [`CpuLm::new`] with temporal KV caches of `kv_capacity` entries instead of the model's context
+    /// (see [`LmModel::new_batch_state_with_capacity`]: the same steps for the first `kv_capacity`
+    /// calls).
+    pub fn with_kv_capacity(
+        model: Arc<LmModel>,
+        rows: usize,
+        kv_dtype: KvDtype,
+        kv_capacity: usize,
+        pool: Arc<Pool>,
+    ) -> Result<CpuLm, LmError> {
+        let state = model.new_batch_state_with_capacity(rows, kv_dtype, kv_capacity)?;
+        Ok(CpuLm { model, state, pool })
+    }
 }
 
 impl<'a> CpuLm<&'a LmModel, &'a mut LmState, &'a Pool> {

@@ -353,12 +353,25 @@ impl LmModel {
     /// A state for `n >= 1` sessions stepped together (each matrix is read once per step for all
     /// of them through [`Pool::matmul`]).
     pub fn new_batch_state(&self, n: usize, kv_dtype: KvDtype) -> Result<LmState, LmError> {
+        self.new_batch_state_with_capacity(n, kv_dtype, self.spec.context)
+    }
+
+    /// [`LmModel::new_batch_state`] with temporal KV rings of `kv_capacity` entries instead of the
+    /// model's context. Its steps match the model's for the first `kv_capacity` calls; after that it
+    /// forgets entries the model would still attend to. For short-lived states (a start-up timing
+    /// pass of one frame) that should not pay for a full-context cache.
+    pub fn new_batch_state_with_capacity(
+        &self,
+        n: usize,
+        kv_dtype: KvDtype,
+        kv_capacity: usize,
+    ) -> Result<LmState, LmError> {
         if n == 0 {
             return Err(LmError::Config("batch size must be >= 1".into()));
         }
         let s = &self.spec;
         let kv = (0..n * s.num_layers)
-            .map(|_| KvRing::new(s.context, s.num_heads, s.head_dim, kv_dtype))
+            .map(|_| KvRing::new(kv_capacity, s.num_heads, s.head_dim, kv_dtype))
             .collect::<Result<Vec<_>, _>>()?;
         let dep_kv = (0..n * s.dep_layers)
             .map(|_| KvRing::new(s.dep_q, s.dep_heads, s.dep_head_dim, KvDtype::F32))
