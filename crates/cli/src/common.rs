@@ -233,12 +233,15 @@ pub fn load_line(t: &model::LoadTimings) -> String {
     let s = |d: std::time::Duration| d.as_secs_f64();
     format!(
         "model loaded in {:.2} s: map + check {:.2} s, LM read + repack {:.2} s on {} thread(s) \
-         ({:.2} GB file, {:.2} GB/s), Mimi {:.2} s, tokenizer {:.2} s; {:.2} s since process start",
+         ({:.2} GB file{}, {:.2} GB/s), Mimi {:.2} s, tokenizer {:.2} s; {:.2} s since process start",
         s(t.total()),
         s(t.map),
         s(t.lm),
         t.threads,
         t.lm_file_bytes as f64 / 1e9,
+        t.lm_resident
+            .map(|r| format!(", {:.0} % in the page cache", 100.0 * r))
+            .unwrap_or_default(),
         t.lm_file_bytes as f64 / 1e9 / s(t.lm).max(1e-9),
         s(t.mimi),
         s(t.tokenizer),

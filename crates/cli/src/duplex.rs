@@ -183,10 +183,19 @@ pub fn run_duplex(a: &DuplexArgs) -> Result<()> {
     let frames = user.len().div_ceil(FRAME_SIZE);
     user.resize(frames * FRAME_SIZE, 0.0);
     let opened = a.engine.open(EngineArgs::all_cores())?;
+    let t0 = Instant::now();
     let mut s = session(&opened, &a.sampling, frames)?;
+    let created = t0.elapsed();
     // The real-time check times one frame of the session that will run, which also faults in what
     // its first frame touches; the session is back at its start afterwards.
     let warm = s.warm_up().context("timing a warm-up frame")?;
+    eprintln!(
+        "moshi-native: session created in {:.2} s (its KV cache backed), warm-up frame {:.2} s; {:.2} s since \
+         process start",
+        created.as_secs_f64(),
+        f64::from(warm.lag_us) / 1e6,
+        crate::common::process_start().elapsed().as_secs_f64()
+    );
     let measured = crate::realtime::measured(&opened.engine, warm);
     eprintln!("moshi-native: {}", crate::realtime::notice(&measured));
     let bar = progress_bar(frames);

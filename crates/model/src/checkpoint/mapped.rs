@@ -69,6 +69,47 @@ impl Backing {
         }
     }
 
+    /// Share of the file mapping's pages that are in the page cache (0.0..=1.0), from `mincore(2)` on
+    /// up to `samples` pages spread evenly over the file; `None` for bytes in memory, off Unix, or when
+    /// the OS refuses the call. Reads no byte of the file.
+    pub(super) fn resident_share(&self, samples: usize) -> Option<f64> {
+        let BackingKind::Map(map) = &self.kind else {
+            return None;
+        };
+        #[cfg(unix)]
+        {
+            // SAFETY: sysconf has no preconditions.
+            let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).ok()?;
+            let pages = map.len().div_ceil(page.max(1));
+            let samples = samples.clamp(1, pages.max(1));
+            let mut resident = 0usize;
+            for i in 0..samples {
+                let p = i * pages / samples;
+                let mut vec = 0u8;
+                // SAFETY: the address is page `p` of our own live mapping (page aligned: the
+                // mapping starts on a page boundary), the length one page inside it, and `vec`
+                // holds the one byte mincore writes for one page.
+                let ret = unsafe {
+                    libc::mincore(
+                        map.as_ptr().add(p * page) as *mut libc::c_void,
+                        page.min(map.len() - p * page),
+                        &mut vec as *mut u8 as _,
+                    )
+                };
+                if ret != 0 {
+                    return None;
+                }
+                resident += usize::from(vec & 1);
+            }
+            Some(resident as f64 / samples as f64)
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = (map, samples);
+            None
+        }
+    }
+
     /// Drops this process's resident pages that lie wholly inside `[offset, offset + len)` of a file
     /// mapping (no-op for bytes in memory and off Unix). The mapping is read-only and never written,
     /// so this changes no byte: a later read faults the page in again from the file (page cache).

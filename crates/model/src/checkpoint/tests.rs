@@ -564,3 +564,19 @@ fn weights_and_bundle_are_shareable_across_threads() {
     assert_send_sync::<Bundle>();
     assert_send_sync::<CheckpointError>();
 }
+
+/// A file just read is in the page cache (evicting a 1.5 MB file's pages read a moment before would
+/// take memory pressure no test run has); weights in memory have no page-cache share.
+#[test]
+fn resident_share_of_a_read_file_is_whole_and_of_bytes_in_memory_none() {
+    let path = fixtures().join("lm/model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let w = Weights::open(&path, Component::Lm).unwrap();
+    #[cfg(unix)]
+    assert_eq!(w.resident_share(), Some(1.0));
+    #[cfg(not(unix))]
+    assert_eq!(w.resident_share(), None);
+    let m =
+        Weights::from_bytes("model.safetensors", bytes, &OpenOptions::new(Component::Lm)).unwrap();
+    assert_eq!(m.resident_share(), None);
+}

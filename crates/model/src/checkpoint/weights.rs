@@ -289,6 +289,12 @@ impl Weights {
     pub fn file_len(&self) -> usize {
         self.file_len
     }
+    /// Share of the weights file that is in the page cache (0.0..=1.0), sampled with `mincore(2)` over
+    /// 1024 pages spread across the file; `None` for weights in memory ([`Weights::from_bytes`]), off
+    /// Unix, or when the OS refuses the call. Reads no weight byte.
+    pub fn resident_share(&self) -> Option<f64> {
+        self.backing.resident_share(1024)
+    }
     /// Bytes of the file mapping given back to the OS so far (`MADV_DONTNEED`; a range released
     /// twice counts twice). Pages of a tensor are released once no matrix reads them in place: right
     /// after a quantized tensor is repacked (or an unaligned one copied) by [`Weights::matrix`], after

@@ -85,15 +85,17 @@ pub struct CpuLm<M = Arc<LmModel>, S = LmState, P = Arc<Pool>> {
 }
 
 impl CpuLm {
-    /// A backend for `rows` sessions of `model`, temporal KV caches stored as `kv_dtype`, running on
-    /// `pool` (which the caller may share with other work of the same thread, e.g. the codec).
+    /// A backend for `rows` sessions of `model`, temporal KV caches stored as `kv_dtype` (built, and
+    /// their pages backed, on the threads of `pool`), running on `pool` (which the caller may share
+    /// with other work of the same thread, e.g. the codec).
     pub fn new(
         model: Arc<LmModel>,
         rows: usize,
         kv_dtype: KvDtype,
         pool: Arc<Pool>,
     ) -> Result<CpuLm, LmError> {
-        let state = model.new_batch_state(rows, kv_dtype)?;
+        let context = model.spec().context;
+        let state = model.batch_state_on(rows, kv_dtype, context, Some(&pool))?;
         Ok(CpuLm { model, state, pool })
     }
 
@@ -107,7 +109,7 @@ impl CpuLm {
         kv_capacity: usize,
         pool: Arc<Pool>,
     ) -> Result<CpuLm, LmError> {
-        let state = model.new_batch_state_with_capacity(rows, kv_dtype, kv_capacity)?;
+        let state = model.batch_state_on(rows, kv_dtype, kv_capacity, Some(&pool))?;
         Ok(CpuLm { model, state, pool })
     }
 }

@@ -1,5 +1,7 @@
 //! LM weights and the two forward passes (temporal step, Depformer step).
 
+use std::sync::Mutex;
+
 use kernels::attention::{KvDtype, KvRing};
 use kernels::{ops, Matrix, Pool};
 
@@ -366,13 +368,44 @@ impl LmModel {
         kv_dtype: KvDtype,
         kv_capacity: usize,
     ) -> Result<LmState, LmError> {
+        self.batch_state_on(n, kv_dtype, kv_capacity, None)
+    }
+
+    /// [`LmModel::new_batch_state_with_capacity`], the temporal KV rings built on the threads of `pool`:
+    /// each ring backs all its pages when it is built (so no frame faults), which for Moshi in f32 is
+    /// 3.1 GB of fresh memory the OS zeroes, on the path to a session's first frame.
+    pub(crate) fn batch_state_on(
+        &self,
+        n: usize,
+        kv_dtype: KvDtype,
+        kv_capacity: usize,
+        pool: Option<&Pool>,
+    ) -> Result<LmState, LmError> {
         if n == 0 {
             return Err(LmError::Config("batch size must be >= 1".into()));
         }
         let s = &self.spec;
-        let kv = (0..n * s.num_layers)
-            .map(|_| KvRing::new(kv_capacity, s.num_heads, s.head_dim, kv_dtype))
-            .collect::<Result<Vec<_>, _>>()?;
+        let new_ring = || KvRing::new(kv_capacity, s.num_heads, s.head_dim, kv_dtype);
+        let rings = n * s.num_layers;
+        let kv = match pool.filter(|p| p.n_threads() > 1) {
+            None => (0..rings)
+                .map(|_| new_ring())
+                .collect::<Result<Vec<_>, _>>()?,
+            Some(pool) => {
+                let built: Vec<Mutex<Option<_>>> = (0..rings).map(|_| Mutex::new(None)).collect();
+                pool.run(rings, &|i| {
+                    let r = new_ring();
+                    *built[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+                });
+                built
+                    .into_iter()
+                    .map(|m| {
+                        let r = m.into_inner().unwrap_or_else(|e| e.into_inner());
+                        r.unwrap_or_else(new_ring)
+                    })
+                    .collect::<Result<Vec<_>, _>>()?
+            }
+        };
         let dep_kv = (0..n * s.dep_layers)
             .map(|_| KvRing::new(s.dep_q, s.dep_heads, s.dep_head_dim, KvDtype::F32))
             .collect::<Result<Vec<_>, _>>()?;
