@@ -218,10 +218,14 @@ pub async fn shutdown_signal() {
     }
 }
 
+/// Worker threads of the tokio runtime that [`run_blocking`] builds (the connections' socket tasks;
+/// the model and the Opus encoding have threads of their own).
+pub const WORKER_THREADS: usize = 2;
+
 /// Builds a multi-threaded tokio runtime, serves until ctrl-c/SIGTERM, and returns.
 pub fn run_blocking(config: ServeConfig, backend: Arc<dyn Backend>) -> Result<(), ServerError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(WORKER_THREADS)
         .enable_all()
         .thread_name("moshi-http")
         .build()

@@ -18,6 +18,8 @@ pub mod testing;
 pub mod tls;
 mod ws;
 
-pub use app::{run_blocking, shutdown_signal, ServeConfig, Server, MAX_MESSAGE_BYTES};
+pub use app::{
+    run_blocking, shutdown_signal, ServeConfig, Server, MAX_MESSAGE_BYTES, WORKER_THREADS,
+};
 pub use error::ServerError;
-pub use ws::OUT_QUEUE;
+pub use ws::{OUT_QUEUE, WIRE_BUFFER};

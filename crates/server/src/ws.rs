@@ -1,11 +1,15 @@
 //! One `/api/chat` connection: parameters, admission, handshake, audio in, audio and text out.
 //!
 //! Threads per active session: the backend's worker (frame passes) and one output thread that
-//! receives frames and does the Opus encoding; the tokio tasks only move bytes (and decode the
-//! client's Opus, which costs microseconds per packet).
+//! receives frames and does the Opus encoding. One tokio task per connection owns the socket: it
+//! reads and writes it (and decodes the client's Opus, which costs microseconds per packet), so the
+//! two directions never contend for the socket.
 
+use std::future::{poll_fn, Future};
+use std::pin::pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
@@ -51,71 +55,145 @@ impl Drop for Gauge<'_> {
     }
 }
 
+/// The client's socket and the queue of messages for it, owned by the connection's one task.
+///
+/// Incoming messages are read on demand ([`Conn::recv`]); queued outgoing ones are written whenever
+/// the task waits, on anything ([`Conn::recv`], [`Conn::drive`]). Reading and writing one socket from
+/// one task needs no lock (splitting it into halves polled by two tasks does: a lock whose waiting
+/// side boxes a waker, an allocation whenever the two meet), and a client that stops reading still
+/// has its input read, while its output queue fills and drops.
+struct Conn {
+    socket: WebSocket,
+    queue: mpsc::Receiver<Out>,
+    /// A message taken from the queue that the socket had no room for yet.
+    pending: Option<Message>,
+    /// A message was handed to the socket and not flushed yet.
+    unflushed: bool,
+    /// The close frame was taken from the queue (or made when the queue closed): nothing follows it.
+    closing: bool,
+    /// The socket failed on a write: nothing more can be written.
+    broken: bool,
+}
+
+impl Conn {
+    fn new(socket: WebSocket, queue: mpsc::Receiver<Out>) -> Self {
+        Conn {
+            socket,
+            queue,
+            pending: None,
+            unflushed: false,
+            closing: false,
+            broken: false,
+        }
+    }
+
+    /// Writes queued messages as far as the socket takes them, each flushed before the next is taken:
+    /// the socket's write buffer never holds more than one message, so it stops growing once it held
+    /// the largest. Ready once writing is over: the close frame is flushed (the queue closes with a
+    /// normal close when its senders are gone without one), or the socket failed.
+    fn poll_write(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            if self.broken {
+                return Poll::Ready(());
+            }
+            if let Some(m) = self.pending.take() {
+                match self.socket.poll_ready_unpin(cx) {
+                    Poll::Ready(Ok(())) => {
+                        self.broken = self.socket.start_send_unpin(m).is_err();
+                        self.unflushed = true;
+                    }
+                    Poll::Ready(Err(_)) => self.broken = true,
+                    Poll::Pending => {
+                        self.pending = Some(m);
+                        return Poll::Pending;
+                    }
+                }
+            } else if self.unflushed {
+                match self.socket.poll_flush_unpin(cx) {
+                    Poll::Ready(Ok(())) => self.unflushed = false,
+                    Poll::Ready(Err(_)) => self.broken = true,
+                    Poll::Pending => return Poll::Pending,
+                }
+            } else if self.closing {
+                return Poll::Ready(());
+            } else {
+                let (code, reason) = match self.queue.poll_recv(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Some(Out::Bin(b))) => {
+                        self.pending = Some(Message::Binary(b));
+                        continue;
+                    }
+                    Poll::Ready(Some(Out::Close(code, reason))) => (code, reason),
+                    Poll::Ready(None) => (CLOSE_NORMAL, String::new()),
+                };
+                self.closing = true;
+                self.pending = Some(Message::Close(Some(CloseFrame {
+                    code,
+                    reason: reason.into(),
+                })));
+            }
+        }
+    }
+
+    /// The next message from the client (`None` once the socket is closed), writing meanwhile.
+    /// Cancel-safe: a message is either returned or left in the socket.
+    async fn recv(&mut self) -> Option<Result<Message, axum::Error>> {
+        poll_fn(|cx| {
+            let _ = self.poll_write(cx);
+            self.socket.poll_next_unpin(cx)
+        })
+        .await
+    }
+
+    /// Runs `work` to completion, writing meanwhile (the client is not read).
+    async fn drive<F: Future>(&mut self, work: F) -> F::Output {
+        let mut work = pin!(work);
+        poll_fn(|cx| {
+            let _ = self.poll_write(cx);
+            work.as_mut().poll(cx)
+        })
+        .await
+    }
+
+    /// Queues a message that must not be dropped (metadata, handshake, error, close), waiting a
+    /// bounded time for room: a client that stopped reading cannot hold its connection task.
+    async fn send_ctrl(&mut self, out: &mpsc::Sender<Out>, m: Out) {
+        let _ = self
+            .drive(tokio::time::timeout(Duration::from_secs(1), out.send(m)))
+            .await;
+    }
+
+    async fn send_error(&mut self, out: &mpsc::Sender<Out>, text: &str) {
+        let m = protocol::message(protocol::KIND_ERROR, text.as_bytes());
+        self.send_ctrl(out, Out::Bin(m.into())).await;
+    }
+
+    /// Writes out the queue and the close frame once every sender is gone (bounded: a client that
+    /// never reads cannot hold the task).
+    async fn finish(mut self) {
+        let _ =
+            tokio::time::timeout(Duration::from_secs(2), poll_fn(|cx| self.poll_write(cx))).await;
+    }
+}
+
 /// Serves one upgraded WebSocket until it closes, the session ends or the server shuts down.
 pub(crate) async fn handle_socket(socket: WebSocket, query: Option<String>, state: Arc<AppState>) {
     let metrics = state.metrics.clone();
     let _open = Gauge::inc(&metrics.connections_open);
     let _conn = state.tracker.clone();
-    let (mut sink, mut stream) = socket.split();
-    let (out_tx, mut out_rx) = mpsc::channel::<Out>(OUT_QUEUE);
-    let writer = tokio::spawn(async move {
-        while let Some(m) = out_rx.recv().await {
-            match m {
-                Out::Bin(b) => {
-                    if sink.send(Message::Binary(b)).await.is_err() {
-                        return;
-                    }
-                }
-                Out::Close(code, reason) => {
-                    let _ = sink
-                        .send(Message::Close(Some(CloseFrame {
-                            code,
-                            reason: reason.into(),
-                        })))
-                        .await;
-                    return;
-                }
-            }
-        }
-        let _ = sink
-            .send(Message::Close(Some(CloseFrame {
-                code: CLOSE_NORMAL,
-                reason: "".into(),
-            })))
-            .await;
-    });
-
-    let end = run_connection(&mut stream, &out_tx, query, &state).await;
+    let (out_tx, out_rx) = mpsc::channel::<Out>(OUT_QUEUE);
+    let mut conn = Conn::new(socket, out_rx);
+    let end = run_connection(&mut conn, &out_tx, query, &state).await;
     if let Some((code, reason)) = end {
-        send_ctrl(&out_tx, Out::Close(code, reason)).await;
+        conn.send_ctrl(&out_tx, Out::Close(code, reason)).await;
     }
     drop(out_tx);
-    // Let the writer flush (bounded: a client that never reads cannot hold us forever).
-    let mut writer = writer;
-    if tokio::time::timeout(Duration::from_secs(2), &mut writer)
-        .await
-        .is_err()
-    {
-        writer.abort();
-    }
+    conn.finish().await;
 }
-
-/// Queues a message that must not be dropped (metadata, handshake, error, close), waiting a
-/// bounded time for room: a client that stopped reading cannot hold its connection task.
-async fn send_ctrl(out: &mpsc::Sender<Out>, m: Out) {
-    let _ = tokio::time::timeout(Duration::from_secs(1), out.send(m)).await;
-}
-
-async fn send_error(out: &mpsc::Sender<Out>, text: &str) {
-    let m = protocol::message(protocol::KIND_ERROR, text.as_bytes());
-    send_ctrl(out, Out::Bin(m.into())).await;
-}
-
-type Stream = futures_util::stream::SplitStream<WebSocket>;
 
 /// Returns the close frame to send, if any.
 async fn run_connection(
-    stream: &mut Stream,
+    conn: &mut Conn,
     out: &mpsc::Sender<Out>,
     query: Option<String>,
     state: &Arc<AppState>,
@@ -127,12 +205,12 @@ async fn run_connection(
         Err(e) => {
             metrics.sessions_rejected.fetch_add(1, Relaxed);
             tracing::info!("refusing client: {e}");
-            send_error(out, &e.to_string()).await;
+            conn.send_error(out, &e.to_string()).await;
             return Some((CLOSE_POLICY, "invalid query parameter".into()));
         }
     };
     let info = state.backend.info();
-    send_ctrl(
+    conn.send_ctrl(
         out,
         Out::Bin(Metadata::new(&params, &info).to_message().into()),
     )
@@ -147,7 +225,8 @@ async fn run_connection(
             let _waiting = WaitGuard(metrics);
             if waiting as usize >= state.max_queue {
                 metrics.sessions_rejected.fetch_add(1, Relaxed);
-                send_error(out, "server busy: all slots taken and the queue is full").await;
+                conn.send_error(out, "server busy: all slots taken and the queue is full")
+                    .await;
                 return Some((CLOSE_TRY_AGAIN, "server busy".into()));
             }
             let acquire = state.slots.clone().acquire_owned();
@@ -163,7 +242,7 @@ async fn run_connection(
                     _ = tick.tick() => {
                         let _ = out.try_send(Out::Bin(Bytes::from_static(&[protocol::KIND_PING])));
                     }
-                    m = stream.next() => match m {
+                    m = conn.recv() => match m {
                         None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return None,
                         Some(Ok(_)) => {} // audio before the handshake is discarded
                     },
@@ -181,16 +260,20 @@ async fn run_connection(
     // ---- open the conversation (allocation-heavy: off the async workers)
     let backend = state.backend.clone();
     let p2 = params.clone();
-    let opened = match tokio::task::spawn_blocking(move || backend.open(&p2)).await {
+    let opened = match conn
+        .drive(tokio::task::spawn_blocking(move || backend.open(&p2)))
+        .await
+    {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
             metrics.sessions_rejected.fetch_add(1, Relaxed);
             tracing::warn!("cannot open a session: {e}");
-            send_error(out, &format!("cannot open a session: {e}")).await;
+            conn.send_error(out, &format!("cannot open a session: {e}"))
+                .await;
             return Some((CLOSE_ERROR, "session error".into()));
         }
         Err(_) => {
-            send_error(out, "cannot open a session").await;
+            conn.send_error(out, "cannot open a session").await;
             return Some((CLOSE_ERROR, "session error".into()));
         }
     };
@@ -211,11 +294,13 @@ async fn run_connection(
         Ok(t) => t,
         Err(e) => {
             stopper.stop();
-            send_error(out, &format!("cannot start a session thread: {e}")).await;
+            conn.send_error(out, &format!("cannot start a session thread: {e}"))
+                .await;
             return Some((CLOSE_ERROR, "session error".into()));
         }
     };
-    send_ctrl(out, Out::Bin(protocol::handshake().into())).await;
+    conn.send_ctrl(out, Out::Bin(protocol::handshake().into()))
+        .await;
     tracing::debug!("session started");
 
     // ---- input loop
@@ -230,11 +315,11 @@ async fn run_connection(
     let mut last_stats = crate::codec::DecodeStats::default();
     let end = loop {
         tokio::select! {
-            m = stream.next() => match m {
+            m = conn.recv() => match m {
                 None | Some(Ok(Message::Close(_))) => break None,
                 Some(Err(e)) => {
                     tracing::info!("client stream error: {e}");
-                    send_error(out, &format!("protocol error: {e}")).await;
+                    conn.send_error(out, &format!("protocol error: {e}")).await;
                     break Some((CLOSE_POLICY, "protocol error".into()));
                 }
                 Some(Ok(Message::Binary(data))) => match protocol::parse_client_message(&data) {
@@ -277,11 +362,12 @@ async fn run_connection(
     };
 
     // ---- teardown: stop the worker (joins it), then the output thread ends on its own.
-    let _ = tokio::task::spawn_blocking(move || {
-        stopper.stop();
-        let _ = out_thread.join();
-    })
-    .await;
+    let _ = conn
+        .drive(tokio::task::spawn_blocking(move || {
+            stopper.stop();
+            let _ = out_thread.join();
+        }))
+        .await;
     drop(input);
     drop(permit);
     tracing::debug!("session ended");
@@ -296,7 +382,7 @@ impl Drop for WaitGuard<'_> {
 }
 
 /// Size of the output thread's message buffer (≈ 250 frames of audio and text messages).
-const WIRE_BUFFER: usize = 64 * 1024;
+pub const WIRE_BUFFER: usize = 64 * 1024;
 
 /// One protocol message (`kind` + the concatenated `parts`) cut from `wire`.
 fn carve(wire: &mut BytesMut, kind: u8, parts: &[&[u8]]) -> Bytes {

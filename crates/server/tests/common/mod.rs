@@ -282,6 +282,8 @@ pub async fn eventually(secs: u64, mut f: impl FnMut() -> bool) -> bool {
 /// What a client collected during a conversation.
 #[derive(Debug, Default)]
 pub struct Received {
+    /// Bytes of all binary messages, kind bytes included.
+    pub message_bytes: usize,
     pub audio_messages: usize,
     pub audio_bytes: Vec<u8>,
     pub text: String,
@@ -305,23 +307,38 @@ pub async fn converse(
     browser: bool,
     tail: Duration,
 ) -> Received {
+    converse_until(ws, frames, pace, browser, tail, || false).await
+}
+
+/// [`converse`] that stops sending early, before the first frame after which `enough()` holds.
+pub async fn converse_until(
+    ws: Ws,
+    frames: usize,
+    pace: Duration,
+    browser: bool,
+    tail: Duration,
+    enough: impl Fn() -> bool,
+) -> Received {
     let (mut tx, mut rx) = ws.split();
     let reader = tokio::spawn(async move {
         let mut r = Received::default();
         while let Some(m) = rx.next().await {
             match m {
-                Ok(Message::Binary(b)) => match b.first() {
-                    Some(1) => {
-                        r.audio_messages += 1;
-                        r.audio_bytes.extend_from_slice(&b[1..]);
+                Ok(Message::Binary(b)) => {
+                    r.message_bytes += b.len();
+                    match b.first() {
+                        Some(1) => {
+                            r.audio_messages += 1;
+                            r.audio_bytes.extend_from_slice(&b[1..]);
+                        }
+                        Some(2) => {
+                            r.text_messages += 1;
+                            r.text.push_str(&String::from_utf8_lossy(&b[1..]));
+                        }
+                        Some(5) => r.errors.push(String::from_utf8_lossy(&b[1..]).into_owned()),
+                        _ => {}
                     }
-                    Some(2) => {
-                        r.text_messages += 1;
-                        r.text.push_str(&String::from_utf8_lossy(&b[1..]));
-                    }
-                    Some(5) => r.errors.push(String::from_utf8_lossy(&b[1..]).into_owned()),
-                    _ => {}
-                },
+                }
                 Ok(Message::Close(_)) | Err(_) => {
                     r.closed = true;
                     break;
@@ -335,6 +352,9 @@ pub async fn converse(
     let mut py_enc = server::codec::OggOpusEncoder::new().unwrap();
     let mut next = tokio::time::Instant::now();
     for i in 0..frames {
+        if enough() {
+            break;
+        }
         let pcm = tone(1920, i * 1920, 440.0);
         let bytes = if browser {
             browser_enc.push(&pcm)
