@@ -7,6 +7,17 @@
 //! over a [`Recorder`] that only notes the matrices it asks for (in order, answering with placeholders),
 //! then, after those matrices were built in parallel, over a [`Replay`] that hands them back in the same
 //! order. Errors come out exactly as from a sequential load: the first failing request in order.
+//!
+//! What bounds the load from a warm page cache is the copy itself: a `perf` profile of a q8_0 load
+//! (`BENCHMARKS.md`, issue 18) spent half its samples in the kernel zeroing the fresh anonymous pages of
+//! the 8.7 GB repacked copy and a fifth in the repack shuffle. Huge pages are already advised before
+//! the first write (one fault per 2 MiB), so populating the destination ahead (`MAP_POPULATE`) would
+//! zero the same bytes. Using tensors in place from the mapping is not open to the matrices (the kernels
+//! read the tile layout, not GGUF's row blocks); what is left in row layout (embedding tables) is a few
+//! per cent of the bytes. Only a repacked image kept on disk and mapped would skip both the zeroing and
+//! the shuffle; it is not built: it costs a second copy of the model on disk and in the page cache next
+//! to the checkpoint, and a file mapping streams from 4 KiB pages (q8_0 frames ~13 % slower than from
+//! the huge pages of the copy).
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
