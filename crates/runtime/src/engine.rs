@@ -20,14 +20,14 @@ pub enum Device {
         /// Threads per session, >= 1.
         threads: usize,
     },
-    /// A GPU through wgpu (Vulkan, Metal, DX12; the `gpu` cargo feature): the LM runs on adapter
-    /// `adapter` of `gpu::adapters()` (`None`: the best adapter of any type, software ones included),
-    /// Mimi on the CPU with `threads` threads per session. The LM weights are uploaded once, at
-    /// [`Engine::open`].
+    /// A GPU through wgpu (Vulkan, Metal, DX12; the `gpu` cargo feature): the LM and a session's Mimi
+    /// (`gpu::GpuMimi`) run on adapter `adapter` of `gpu::adapters()` (`None`: the best adapter of any
+    /// type, software ones included); a batch driver's Mimi (all slots coded together) runs on the CPU
+    /// with `threads` threads. The LM and Mimi weights are uploaded once, at [`Engine::open`].
     Gpu {
         /// Adapter index, or `None` for the best one.
         adapter: Option<usize>,
-        /// CPU threads per session for Mimi, >= 1.
+        /// CPU threads of a batch driver's Mimi, >= 1.
         threads: usize,
     },
 }
@@ -40,7 +40,7 @@ impl Device {
         }
     }
 
-    /// CPU threads per session (on the GPU, Mimi's).
+    /// CPU threads per session (on the GPU, a batch driver's Mimi's).
     pub fn threads(&self) -> usize {
         match self {
             Device::Cpu { threads } | Device::Gpu { threads, .. } => *threads,
@@ -118,8 +118,9 @@ impl EngineOptions {
 }
 
 /// The compute context of one driver (a session, or a batch of them): what its LM backend and its codec
-/// backends share. On the CPU, the worker pool (on the GPU device, Mimi's pool; the LM's device state is
-/// created per driver by [`Engine::lm_backend`] over the engine's uploaded weights).
+/// backends share. On the CPU, the worker pool (on the GPU device, the pool of a batch driver's Mimi; the
+/// device state of the LM and of a session's Mimi is created per driver by [`Engine::lm_backend`] and
+/// [`Engine::codec_backend`] over the engine's uploaded weights).
 pub(crate) enum Compute {
     Cpu(Arc<Pool>),
 }
@@ -137,6 +138,9 @@ pub struct Engine {
     /// The LM weights on the GPU ([`Device::Gpu`]).
     #[cfg(feature = "gpu")]
     gpu_lm: Option<Arc<gpu::GpuLmWeights>>,
+    /// The Mimi weights on the GPU ([`Device::Gpu`]), on the LM's device.
+    #[cfg(feature = "gpu")]
+    gpu_mimi: Option<Arc<gpu::GpuMimiWeights>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -209,16 +213,16 @@ impl Engine {
             )));
         }
         #[cfg(feature = "gpu")]
-        let gpu_lm = match opts.device {
+        let (gpu_lm, gpu_mimi) = match opts.device {
             Device::Gpu { adapter, .. } => {
                 let choice = gpu::AdapterChoice::Gpu(adapter);
-                let ctx = gpu::GpuContext::new(choice, gpu::GpuOptions::default())
-                    .map_err(|e| RuntimeError::Device(e.to_string()))?;
-                let w = gpu::GpuLmWeights::upload(&ctx, &lm)
-                    .map_err(|e| RuntimeError::Device(e.to_string()))?;
-                Some(w)
+                let dev = |e: gpu::GpuError| RuntimeError::Device(e.to_string());
+                let ctx = gpu::GpuContext::new(choice, gpu::GpuOptions::default()).map_err(dev)?;
+                let lm_w = gpu::GpuLmWeights::upload(&ctx, &lm).map_err(dev)?;
+                let mimi_w = gpu::GpuMimiWeights::upload(&ctx, mimi.clone()).map_err(dev)?;
+                (Some(lm_w), Some(mimi_w))
             }
-            Device::Cpu { .. } => None,
+            Device::Cpu { .. } => (None, None),
         };
         #[cfg(not(feature = "gpu"))]
         if let Device::Gpu { .. } = opts.device {
@@ -235,6 +239,8 @@ impl Engine {
             opts,
             #[cfg(feature = "gpu")]
             gpu_lm,
+            #[cfg(feature = "gpu")]
+            gpu_mimi,
         }))
     }
 
@@ -246,15 +252,15 @@ impl Engine {
             return Err(RuntimeError::InvalidOption("threads must be >= 1".into()));
         }
         #[cfg(feature = "gpu")]
-        let gpu_lm = match opts.device {
+        let (gpu_lm, gpu_mimi) = match opts.device {
             Device::Gpu { .. } if self.gpu_lm.is_none() => {
                 return Err(RuntimeError::InvalidOption(
                     "with_options cannot move an engine to the GPU: open it with Device::Gpu"
                         .into(),
                 ))
             }
-            Device::Gpu { .. } => self.gpu_lm.clone(),
-            Device::Cpu { .. } => None,
+            Device::Gpu { .. } => (self.gpu_lm.clone(), self.gpu_mimi.clone()),
+            Device::Cpu { .. } => (None, None),
         };
         #[cfg(not(feature = "gpu"))]
         if let Device::Gpu { .. } = opts.device {
@@ -267,6 +273,8 @@ impl Engine {
             opts,
             #[cfg(feature = "gpu")]
             gpu_lm,
+            #[cfg(feature = "gpu")]
+            gpu_mimi,
         }))
     }
 
@@ -336,10 +344,20 @@ impl Engine {
         }
     }
 
-    /// The codec backend of one conversation.
-    pub(crate) fn codec_backend(&self, compute: &Compute) -> Box<dyn CodecBackend> {
+    /// The codec backend of one conversation: on the GPU device, Mimi on the device (its streaming state
+    /// allocated here).
+    pub(crate) fn codec_backend(
+        &self,
+        compute: &Compute,
+    ) -> Result<Box<dyn CodecBackend>, RuntimeError> {
+        #[cfg(feature = "gpu")]
+        if let Some(w) = &self.gpu_mimi {
+            let codec =
+                gpu::GpuMimi::new(w.clone()).map_err(|e| RuntimeError::Device(e.to_string()))?;
+            return Ok(Box::new(codec));
+        }
         match compute {
-            Compute::Cpu(pool) => Box::new(CpuMimi::new(self.mimi.clone(), pool.clone())),
+            Compute::Cpu(pool) => Ok(Box::new(CpuMimi::new(self.mimi.clone(), pool.clone()))),
         }
     }
 

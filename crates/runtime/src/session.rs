@@ -107,7 +107,7 @@ impl Session {
         let ring = FrameRing::new(opts.max_queued_frames);
         let producer = Some(PcmProducer::new(ring.clone()));
         let inlet = Inlet::new(ring, opts.max_steps);
-        let codec = engine.codec_backend(&compute);
+        let codec = engine.codec_backend(&compute)?;
         let conv = Conversation::new(
             &engine,
             codec,
