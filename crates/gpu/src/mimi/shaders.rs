@@ -330,13 +330,26 @@ fn x_at(q: u32, j: u32) -> f32 {
     return resid[j];
 }
 
+// Centroid i of level q: (v, e) = (½‖c‖² − x·c in f32, its error bound) for ‖x‖ = xn.
+fn value_and_error(q: u32, i: u32, xn: f32) -> vec2<f32> {
+    let cb = P.w0;
+    let k = q * P.w1 + i;
+    var dot = 0.0;
+    for (var j = 0u; j < cb; j++) {
+        dot += centroids[k * cb + j] * x_at(q, j);
+    }
+    let h = stats[2u * k];
+    let v = h - dot;
+    let u = 5.9604645e-8;
+    let e = bitcast<f32>(P.w3) * stats[2u * k + 1u] * xn + 4.0 * u * (abs(h) + abs(v)) + 1e-30;
+    return vec2<f32>(v, e);
+}
+
 @compute @workgroup_size(64)
 fn main(@builtin(local_invocation_index) lid: u32) {
     let cb = P.w0;
     let bins = P.w1;
     let nq = P.w2;
-    let rel = bitcast<f32>(P.w3);
-    let u = 5.9604645e-8;
     for (var j = lid; j < cb; j += 64u) {
         resid[j] = x_rest[j];
     }
@@ -363,15 +376,9 @@ fn main(@builtin(local_invocation_index) lid: u32) {
         var bi = 0xffffffffu;
         var up = 3.0e38;
         for (var i = lid; i < bins; i += 64u) {
-            let base = (q * bins + i) * cb;
-            var dot = 0.0;
-            for (var j = 0u; j < cb; j++) {
-                dot += centroids[base + j] * x_at(q, j);
-            }
-            let h = stats[2u * (q * bins + i)];
-            let cn = stats[2u * (q * bins + i) + 1u];
-            let v = h - dot;
-            let e = rel * cn * xn + 4.0 * u * (abs(h) + abs(v)) + 1e-30;
+            let ve = value_and_error(q, i, xn);
+            let v = ve.x;
+            let e = ve.y;
             if (v < bv) {
                 bv = v;
                 bi = i;
@@ -399,16 +406,8 @@ fn main(@builtin(local_invocation_index) lid: u32) {
         // Centroids that the bound cannot rule out.
         var hits = 0u;
         for (var i = lid; i < bins; i += 64u) {
-            let base = (q * bins + i) * cb;
-            var dot = 0.0;
-            for (var j = 0u; j < cb; j++) {
-                dot += centroids[base + j] * x_at(q, j);
-            }
-            let h = stats[2u * (q * bins + i)];
-            let cn = stats[2u * (q * bins + i) + 1u];
-            let v = h - dot;
-            let e = rel * cn * xn + 4.0 * u * (abs(h) + abs(v)) + 1e-30;
-            if (v - e <= top) {
+            let ve = value_and_error(q, i, xn);
+            if (ve.x - ve.y <= top) {
                 hits += 1u;
             }
         }

@@ -141,13 +141,7 @@ impl Codebook {
         let mut bv = f64::INFINITY;
         for (i, (&s, &h)) in scores.iter().zip(&self.half_norms).enumerate() {
             if h - s - err(i, s) <= upper {
-                let dot: f64 = self
-                    .row(i)
-                    .iter()
-                    .zip(x)
-                    .map(|(&c, &v)| c as f64 * v as f64)
-                    .sum();
-                let v = self.half_norms64[i] - dot;
+                let v = self.value_exact(i, x);
                 if v < bv {
                     bv = v;
                     best = i;
@@ -183,6 +177,17 @@ impl Codebook {
         }
     }
 
+    /// `½‖c_i‖² − x·c_i` evaluated in f64 (the products of two f32 are exact in f64).
+    fn value_exact(&self, i: usize, x: &[f32]) -> f64 {
+        let dot: f64 = self
+            .row(i)
+            .iter()
+            .zip(x)
+            .map(|(&c, &v)| c as f64 * v as f64)
+            .sum();
+        self.half_norms64[i] - dot
+    }
+
     pub(crate) fn row(&self, i: usize) -> &[f32] {
         &self.centroids[i * self.dim..(i + 1) * self.dim]
     }
@@ -194,13 +199,7 @@ impl Codebook {
         let mut best = 0;
         let mut bv = f64::INFINITY;
         for i in 0..self.bins {
-            let dot: f64 = self
-                .row(i)
-                .iter()
-                .zip(x)
-                .map(|(&c, &v)| c as f64 * v as f64)
-                .sum();
-            let v = self.half_norms64[i] - dot;
+            let v = self.value_exact(i, x);
             if v < bv {
                 bv = v;
                 best = i;
