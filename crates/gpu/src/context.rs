@@ -498,6 +498,13 @@ const ATTN: &[Access] = &[
     Access::Read,
 ];
 const GATE: &[Access] = &[Access::Uniform, Access::Read, Access::Write, Access::Read];
+const SAMPLE: &[Access] = &[
+    Access::Uniform,
+    Access::Read,
+    Access::Write,
+    Access::Write,
+    Access::Write,
+];
 
 fn module_access(m: Module) -> &'static [Access] {
     match m {
@@ -506,5 +513,6 @@ fn module_access(m: Module) -> &'static [Access] {
         Module::RopeStore => ROPE,
         Module::Attention => ATTN,
         Module::Gate => GATE,
+        Module::Sample => SAMPLE,
     }
 }

@@ -24,12 +24,14 @@ mod context;
 mod lm;
 mod matrix;
 mod mimi;
+pub mod sample;
 pub mod shaders;
 
 pub use context::{adapters, choose_adapter, AdapterChoice, AdapterDesc, GpuContext, GpuOptions};
 pub use lm::{GpuLm, GpuLmWeights};
 pub use matrix::GpuMatrix;
 pub use mimi::{GpuMimi, GpuMimiWeights, MimiKernel};
+pub use sample::GpuSampler;
 
 use kernels::WeightFormat;
 

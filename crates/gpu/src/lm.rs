@@ -4,9 +4,11 @@
 use std::sync::Arc;
 
 use model::lm::{LayerWeights, LmBackend, LmError, LmModel, LmSpec, NO_TOKEN, UNGENERATED};
+use model::sampling::{Sampler, SamplingError};
 
 use crate::context::GpuContext;
 use crate::matrix::{f32_bytes, Dispatch, GpuMatrix, Grid, MatParams};
+use crate::sample::{device_samples, SampleStage};
 use crate::shaders::{step, Module, MAX_ROWS};
 use crate::GpuError;
 
@@ -361,6 +363,12 @@ impl LayerBinds<'_> {
 /// The GPU LM backend of `rows` sessions: their KV rings and work buffers in device memory, every
 /// dispatch of a temporal step and of each Depformer step recorded at construction (pipelines,
 /// bind groups, uniforms), a readback ring for the logits, and the host copies the seam returns.
+///
+/// A generator step without an observer runs as [`LmBackend::sampled_step`]: temporal transformer,
+/// text head, text sampling and the Depformer steps each sampling its code on the device
+/// ([`crate::sample`]), one submission and one readback of the rows' sampling records (tokens
+/// and generator states). With an observer (tracing) it runs piecewise, the logits of each part
+/// read back and sampled on the host.
 pub struct GpuLm {
     w: Arc<GpuLmWeights>,
     rows: usize,
@@ -374,6 +382,9 @@ pub struct GpuLm {
     rope: wgpu::Buffer,
     readback: [wgpu::Buffer; 2],
     next_readback: usize,
+    sample: SampleStage,
+    submissions: u64,
+    readbacks: u64,
     // Buffers only the dispatches reference (kept alive with them).
     _keep: Vec<wgpu::Buffer>,
     _work: [Work; 2],
@@ -408,6 +419,15 @@ impl GpuLm {
             return Err(GpuError::Unsupported {
                 format: format!("a batch of {rows} rows"),
                 why: format!("the GPU backend steps 1 to {MAX_ROWS} rows"),
+            });
+        }
+        if s.dep_q > model::lm::MAX_AUDIO_CODEBOOKS {
+            return Err(GpuError::Unsupported {
+                format: format!("{} Depformer codebooks", s.dep_q),
+                why: format!(
+                    "the GPU backend samples at most {}",
+                    model::lm::MAX_AUDIO_CODEBOOKS
+                ),
             });
         }
         let ctx = w.ctx.clone();
@@ -569,7 +589,18 @@ impl GpuLm {
         keep.push(scores);
         keep.push(dummy);
 
-        let rb_len = (rows * (s.text_card + s.dim).max(s.card) * 4) as u64;
+        let sample = SampleStage::new(
+            &ctx,
+            rows,
+            1 + s.dep_q,
+            s.text_card,
+            s.card,
+            &text_logits_dev,
+            &dep_logits_dev,
+            &step_buf,
+            prev_base,
+        )?;
+        let rb_len = (rows * (s.text_card + s.dim).max(s.card).max(sample.stride) * 4) as u64;
         let rb = || {
             ctx.buffer(
                 "readback",
@@ -591,6 +622,9 @@ impl GpuLm {
             rope,
             readback,
             next_readback: 0,
+            sample,
+            submissions: 0,
+            readbacks: 0,
             _keep: keep,
             _work: [tw, dw],
             temporal,
@@ -618,6 +652,54 @@ impl GpuLm {
     /// Number of kernel launches of a temporal step and of one Depformer step.
     pub fn dispatches_per_step(&self) -> (usize, usize) {
         (self.temporal.len(), self.dep.first().map_or(0, |d| d.len()))
+    }
+
+    /// Kernel launches of a whole sampled frame ([`LmBackend::sampled_step`]).
+    pub fn dispatches_per_frame(&self) -> usize {
+        let (t, d) = self.dispatches_per_step();
+        t + 1 + self.w.spec.dep_q * (d + 1)
+    }
+
+    /// Command buffers submitted since construction.
+    pub fn submissions(&self) -> u64 {
+        self.submissions
+    }
+
+    /// Readback buffers mapped since construction.
+    pub fn readbacks(&self) -> u64 {
+        self.readbacks
+    }
+
+    /// Writes the step buffer (rows, ring slots, tokens) and the RoPE angles of a temporal step.
+    fn upload_step(&mut self, rows: &[usize], tokens: &[u32]) {
+        let s = &self.w.spec;
+        let n = rows.len();
+        let (ctx_len, half) = (s.context, s.head_dim / 2);
+        self.step_host.fill(0);
+        self.step_host[0] = n as i32;
+        for (i, &b) in rows.iter().enumerate() {
+            let pos = self.pos[b];
+            self.step_host[step::SESS + i] = b as i32;
+            self.step_host[step::SLOT + i] = (pos % ctx_len) as i32;
+            self.step_host[step::COUNT + i] = (pos + 1).min(ctx_len) as i32;
+            for (f, &freq) in self.freqs.iter().enumerate() {
+                let (sn, c) = (freq as f64 * pos as f64).sin_cos();
+                self.rope_host[(i * half + f) * 2] = c as f32;
+                self.rope_host[(i * half + f) * 2 + 1] = sn as f32;
+            }
+        }
+        for (i, &t) in tokens.iter().enumerate() {
+            self.step_host[step::TOKENS + i] = shader_token(t);
+        }
+        let q = self.w.ctx.queue();
+        fill_bytes(
+            &mut self.bytes_host,
+            self.step_host.iter().map(|v| v.to_le_bytes()),
+        );
+        q.write_buffer(&self.step, 0, &self.bytes_host);
+        let rope = &self.rope_host[..n * half * 2];
+        fill_bytes(&mut self.bytes_host, rope.iter().map(|v| v.to_le_bytes()));
+        q.write_buffer(&self.rope, 0, &self.bytes_host);
     }
 
     fn check_rows(&self, rows: &[usize]) -> Result<(), LmError> {
@@ -675,6 +757,7 @@ impl GpuLm {
             off += *len as u64;
         }
         ctx.queue().submit([enc.finish()]);
+        self.submissions += 1;
         Ok(used)
     }
 }
@@ -747,35 +830,11 @@ impl LmBackend for GpuLm {
 
     fn temporal_step(&mut self, rows: &[usize], tokens: &[u32]) -> Result<(), LmError> {
         self.check_rows(rows)?;
-        let s = &self.w.spec;
         let n = rows.len();
-        s.check_input_tokens(n, tokens)?;
-        let (ctx_len, half) = (s.context, s.head_dim / 2);
-        self.step_host.fill(0);
-        self.step_host[0] = n as i32;
-        for (i, &b) in rows.iter().enumerate() {
-            let pos = self.pos[b];
-            self.step_host[step::SESS + i] = b as i32;
-            self.step_host[step::SLOT + i] = (pos % ctx_len) as i32;
-            self.step_host[step::COUNT + i] = (pos + 1).min(ctx_len) as i32;
-            for (f, &freq) in self.freqs.iter().enumerate() {
-                let (sn, c) = (freq as f64 * pos as f64).sin_cos();
-                self.rope_host[(i * half + f) * 2] = c as f32;
-                self.rope_host[(i * half + f) * 2 + 1] = sn as f32;
-            }
-        }
-        for (i, &t) in tokens.iter().enumerate() {
-            self.step_host[step::TOKENS + i] = shader_token(t);
-        }
+        self.w.spec.check_input_tokens(n, tokens)?;
+        self.upload_step(rows, tokens);
         let ctx = self.w.ctx.clone();
-        fill_bytes(
-            &mut self.bytes_host,
-            self.step_host.iter().map(|v| v.to_le_bytes()),
-        );
-        ctx.queue().write_buffer(&self.step, 0, &self.bytes_host);
-        let rope = &self.rope_host[..n * half * 2];
-        fill_bytes(&mut self.bytes_host, rope.iter().map(|v| v.to_le_bytes()));
-        ctx.queue().write_buffer(&self.rope, 0, &self.bytes_host);
+        let s = &self.w.spec;
         let (tl, td) = (n * s.text_card, n * s.dim);
         let (a, b) = (self.text_logits_dev.clone(), self.tout.clone());
         let i = self.run(true, 0, n, &[(&a, tl * 4), (&b, td * 4)])?;
@@ -785,6 +844,7 @@ impl LmBackend for GpuLm {
             &rb,
             &mut [&mut self.text_logits[..tl], &mut self.tout_host[..td]],
         )?;
+        self.readbacks += 1;
         for &b in rows {
             self.pos[b] += 1;
         }
@@ -848,8 +908,108 @@ impl LmBackend for GpuLm {
         let i = self.run(false, k, n, &[(&dl, len * 4)])?;
         let rb = self.readback[i].clone();
         read_split(&ctx, &rb, &mut [&mut self.dep_logits[..len]])?;
+        self.readbacks += 1;
         self.dep_next = k + 1;
         Ok(&self.dep_logits)
+    }
+
+    fn sampled_step(
+        &mut self,
+        rows: &[usize],
+        tokens: &[u32],
+        samplers: &mut [Sampler],
+        force_text: &[Option<u32>],
+        text: &mut [u32],
+        audio: &mut [u32],
+        errors: &mut [Option<SamplingError>],
+    ) -> Result<bool, LmError> {
+        self.check_rows(rows)?;
+        let n = rows.len();
+        let s = &self.w.spec;
+        let (dq, vocab) = (s.dep_q, (s.text_card, s.card));
+        s.check_input_tokens(n, tokens)?;
+        for (what, expected, got) in [
+            ("samplers", self.rows, samplers.len()),
+            ("forced text tokens", n, force_text.len()),
+            ("text tokens", n, text.len()),
+            ("audio tokens", n * dq, audio.len()),
+            ("sampling errors", n, errors.len()),
+        ] {
+            if expected != got {
+                return Err(LmError::Length {
+                    what,
+                    expected,
+                    got,
+                });
+            }
+        }
+        if !rows
+            .iter()
+            .all(|&b| device_samples(&samplers[b], vocab.0, vocab.1))
+        {
+            return Ok(false);
+        }
+        self.upload_step(rows, tokens);
+        let ctx = self.w.ctx.clone();
+        self.sample.upload(&ctx, rows, samplers, force_text, vocab);
+        let rb = self.readback[self.next_readback].clone();
+        self.next_readback = (self.next_readback + 1) % self.readback.len();
+        let mut enc = ctx
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        enc.clear_buffer(&self.x, 0, None);
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+            let m = n as u32;
+            for d in &self.temporal {
+                d.record(&mut pass, m);
+            }
+            self.sample.text.record(&mut pass, m);
+            for dep in &self.dep {
+                for d in dep {
+                    d.record(&mut pass, m);
+                }
+                self.sample.audio.record(&mut pass, m);
+            }
+        }
+        let len = (n * self.sample.stride * 4) as u64;
+        enc.copy_buffer_to_buffer(&self.sample.records, 0, &rb, 0, len);
+        ctx.queue().submit([enc.finish()]);
+        self.submissions += 1;
+        let slice = rb.slice(..len);
+        slice.map_async(wgpu::MapMode::Read, |_| {});
+        ctx.wait()?;
+        {
+            let view = slice
+                .get_mapped_range()
+                .map_err(|e| GpuError::Runtime(format!("readback: {e:?}")))?;
+            // Tokens per row: text, then the dep_q codes; split into the caller's slices.
+            let per_row = 1 + dq;
+            let mut all = [0u32; (1 + model::lm::MAX_AUDIO_CODEBOOKS) * MAX_ROWS];
+            self.sample.download(
+                &view,
+                rows,
+                samplers,
+                &mut all[..n * per_row],
+                per_row,
+                errors,
+            );
+            for i in 0..n {
+                text[i] = all[i * per_row];
+                audio[i * dq..(i + 1) * dq]
+                    .copy_from_slice(&all[i * per_row + 1..(i + 1) * per_row]);
+            }
+        }
+        rb.unmap();
+        self.readbacks += 1;
+        for &b in rows {
+            self.pos[b] += 1;
+        }
+        self.n_active = n;
+        // The Depformer of this step has run: a piecewise depformer_step must follow a new
+        // temporal step.
+        self.dep_next = dq;
+        Ok(true)
     }
 
     fn reset_row(&mut self, b: usize) {

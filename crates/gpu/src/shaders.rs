@@ -465,6 +465,8 @@ pub enum Module {
     Attention,
     /// Gated SiLU.
     Gate,
+    /// Token sampling ([`crate::sample`]).
+    Sample,
 }
 
 impl Module {
@@ -480,6 +482,7 @@ impl Module {
             Module::RopeStore,
             Module::Attention,
             Module::Gate,
+            Module::Sample,
         ]);
         v
     }
@@ -493,6 +496,7 @@ impl Module {
             Module::RopeStore => [PRELUDE, MISC_PARAMS, ROPE_STORE].concat(),
             Module::Attention => [PRELUDE, MISC_PARAMS, ATTENTION].concat(),
             Module::Gate => [PRELUDE, MISC_PARAMS, GATE].concat(),
+            Module::Sample => crate::sample::SAMPLE_WGSL.to_string(),
         }
     }
 }

@@ -369,3 +369,245 @@ fn every_format_on_one_model_matches_cpu() {
         }
     }
 }
+
+/// Tokens and generator states of `steps` calls of one session through the generator without an
+/// observer: on the GPU backend, every call is one `sampled_step` (sampling on the device).
+struct Sampled {
+    text: Vec<i64>,
+    audio: Vec<i64>,
+    states: Vec<[[u64; 4]; 2]>,
+    results: Vec<Result<(), LmError>>,
+}
+
+fn run_sampled<B: LmBackend + ?Sized>(
+    gen: &mut Generator<B>,
+    steps: usize,
+    config: SamplerConfig,
+) -> Sampled {
+    let (codes, t_total) = user_codes();
+    let spec = gen.backend().spec().clone();
+    let mut samplers = [Sampler::new(config, spec.text_card, spec.card).unwrap()];
+    let mut out = Sampled {
+        text: Vec::new(),
+        audio: Vec::new(),
+        states: Vec::new(),
+        results: Vec::new(),
+    };
+    for t in 0..steps {
+        let user: Vec<u32> = (0..8)
+            .map(|k| codes[k * t_total + t % t_total] as u32)
+            .collect();
+        let mut o: [Result<Option<LmFrame>, LmError>; 1] = [Ok(None)];
+        gen.step(
+            &[0],
+            &user,
+            &mut samplers,
+            None,
+            &mut o,
+            &mut model::lm::NoObserver,
+        )
+        .unwrap();
+        let [o] = o;
+        match o {
+            Ok(Some(f)) => {
+                out.text.push(f.text as i64);
+                out.audio.extend(f.audio().iter().map(|&x| x as i64));
+                out.results.push(Ok(()));
+            }
+            Ok(None) => out.results.push(Ok(())),
+            Err(e) => out.results.push(Err(e)),
+        }
+        out.states.push(samplers[0].stream_states());
+    }
+    out
+}
+
+/// Greedy frames sampled on the device (one submission per frame) give the oracle's tokens and
+/// the CPU's on every fixture.
+#[test]
+fn device_sampled_greedy_frames_match_oracle_and_cpu_on_every_fixture() {
+    let Some(ctx) = common::context() else { return };
+    kernels::set_f32_activations(true);
+    for dir in [
+        "lm",
+        "lm_candle_bf16",
+        "lm_gguf_q8",
+        "lm_mlx_bf16",
+        "lm_mlx_q4",
+        "lm_mlx_q8",
+        "tools/ggufpy_q4_0",
+        "tools/candle_q8_0",
+    ] {
+        let trace = read(&fixtures().join(dir).join("trace.safetensors"));
+        let (_, shape) = tensor_i64(&trace, "input_tokens");
+        let steps = shape[0];
+        let m = load(dir);
+        let mut gen = Generator::new(Box::new(gpu_backend(&ctx, &m, 1))).unwrap();
+        let g = run_sampled(&mut gen, steps, SamplerConfig::greedy());
+        assert_eq!(
+            gen.backend().submissions(),
+            steps as u64,
+            "{dir}: one submission per frame"
+        );
+        let mut cpu = Generator::new(cpu_backend(m)).unwrap();
+        let c = run_sampled(&mut cpu, steps, SamplerConfig::greedy());
+        let (out_text, _) = tensor_i64(&trace, "out_text");
+        let (a, s) = tensor_i64(&trace, "out_audio");
+        let frames = s[1];
+        let audio: Vec<i64> = (0..frames)
+            .flat_map(|t| (0..8).map(move |k| (t, k)))
+            .map(|(t, k)| a[k * frames + t])
+            .collect();
+        assert_eq!(g.text, out_text, "{dir}: text tokens");
+        assert_eq!(g.audio, audio, "{dir}: audio tokens");
+        assert_eq!((&g.text, &g.audio), (&c.text, &c.audio), "{dir}: vs CPU");
+    }
+}
+
+/// Sampling settings on the device against the piecewise path of the same backend (the same
+/// logits, sampled on the host): top-k 1 makes every draw's token the most probable one, so the
+/// tokens must agree exactly, while each draw still advances the streams, whose states must agree
+/// after every frame; the repetition penalty and `pad_mult` change which token is most probable.
+#[test]
+fn device_sampling_matches_host_sampling_of_the_same_logits() {
+    let Some(ctx) = common::context() else { return };
+    let m = load("lm");
+    let w = GpuLmWeights::upload(&ctx, &m).unwrap();
+    let mut cfg = SamplerConfig::seeded(7);
+    cfg.text.top_k = 1;
+    cfg.audio.top_k = 1;
+    cfg.pad_mult = Some(1.5);
+    cfg.repetition_penalty = Some(model::sampling::RepetitionPenalty {
+        penalty: 3.0,
+        context: 8,
+    });
+    let mut dev = Generator::new(Box::new(GpuLm::new(w.clone(), 1).unwrap())).unwrap();
+    let d = run_sampled(&mut dev, 40, cfg.clone());
+    // The same backend run piecewise: an observer that observes nothing but asks for tensors.
+    struct Piecewise;
+    impl model::lm::LmObserver for Piecewise {}
+    let mut host = Generator::new(Box::new(GpuLm::new(w, 1).unwrap())).unwrap();
+    let (codes, t_total) = user_codes();
+    let spec = m.spec().clone();
+    let mut samplers = [Sampler::new(cfg, spec.text_card, spec.card).unwrap()];
+    let (mut text, mut audio) = (Vec::new(), Vec::new());
+    for t in 0..40 {
+        let user: Vec<u32> = (0..8)
+            .map(|k| codes[k * t_total + t % t_total] as u32)
+            .collect();
+        let mut o: [Result<Option<LmFrame>, LmError>; 1] = [Ok(None)];
+        host.step(&[0], &user, &mut samplers, None, &mut o, &mut Piecewise)
+            .unwrap();
+        if let Ok(Some(f)) = &o[0] {
+            text.push(f.text as i64);
+            audio.extend(f.audio().iter().map(|&x| x as i64));
+        }
+        assert_eq!(
+            samplers[0].stream_states(),
+            d.states[t],
+            "states after call {t}"
+        );
+    }
+    assert_eq!(host.backend().submissions(), 40 * (1 + spec.dep_q as u64));
+    assert_eq!(dev.backend().submissions(), 40);
+    assert_eq!((&d.text, &d.audio), (&text, &audio));
+    // The penalty and PAD boost moved the tokens away from plain argmax somewhere.
+    let mut greedy = Generator::new(Box::new(
+        GpuLm::new(GpuLmWeights::upload(&ctx, &m).unwrap(), 1).unwrap(),
+    ))
+    .unwrap();
+    let g = run_sampled(&mut greedy, 40, SamplerConfig::greedy());
+    assert_ne!(g.text, d.text);
+}
+
+/// A frame sampled on the device is one submission and one readback, and creates no buffer or
+/// bind group: counted over 100 frames (the KV ring of context 10 wraps many times).
+#[test]
+fn one_submission_and_one_readback_per_sampled_frame() {
+    let Some(ctx) = common::context() else { return };
+    let m = load("lm");
+    let g = gpu_backend(&ctx, &m, 1);
+    let (buffers, binds) = (ctx.buffers_created(), ctx.bind_groups_created());
+    let mut gen = Generator::new(Box::new(g)).unwrap();
+    let out = run_sampled(&mut gen, 100, SamplerConfig::seeded(3));
+    assert_eq!(out.text.len(), 99);
+    assert_eq!(
+        gen.backend().submissions(),
+        100,
+        "submissions in 100 frames"
+    );
+    assert_eq!(gen.backend().readbacks(), 100, "readbacks in 100 frames");
+    assert_eq!(
+        ctx.buffers_created(),
+        buffers,
+        "buffers created during 100 frames"
+    );
+    assert_eq!(
+        ctx.bind_groups_created(),
+        binds,
+        "bind groups created during 100 frames"
+    );
+}
+
+/// The fixture LM with text-head row 7 set to NaN: the device refuses the text logits with the
+/// CPU's typed error (never a token), every frame, on both backends.
+#[test]
+fn non_finite_text_logits_are_the_cpus_typed_error() {
+    let Some(ctx) = common::context() else { return };
+    let m = nan_head_model();
+    let mut gen = Generator::new(Box::new(gpu_backend(&ctx, &m, 1))).unwrap();
+    let g = run_sampled(&mut gen, 5, SamplerConfig::seeded(1));
+    let mut cpu = Generator::new(cpu_backend(nan_head_model())).unwrap();
+    let c = run_sampled(&mut cpu, 5, SamplerConfig::seeded(1));
+    for (a, b) in g.results.iter().zip(&c.results) {
+        let e = |r: &Result<(), LmError>| match r {
+            Err(LmError::Sampling(model::sampling::SamplingError::NonFiniteLogits {
+                stream,
+                index,
+                value,
+            })) => Some((*stream, *index, value.is_nan())),
+            _ => None,
+        };
+        assert_eq!(e(a), Some(("text", 7, true)), "{a:?}");
+        assert_eq!(e(a), e(b));
+    }
+    assert_eq!(gen.backend().submissions(), 5);
+}
+
+/// The f32 fixture LM whose text head's row 7 is NaN.
+struct NanHead(model::checkpoint::Weights);
+
+impl model::lm::TensorSource for NanHead {
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<kernels::Matrix, LmError> {
+        let m = model::lm::TensorSource::matrix(&self.0, name, rows, cols)?;
+        if !name.contains("text_linear") {
+            return Ok(m);
+        }
+        let mut v = vec![0f32; rows * cols];
+        for (r, row) in v.chunks_exact_mut(cols).enumerate() {
+            m.row_f32(r, row);
+        }
+        v[7 * cols] = f32::NAN;
+        Ok(kernels::Matrix::encode(kernels::WeightFormat::F32, rows, cols, &v).unwrap())
+    }
+    fn matrix_rows(
+        &self,
+        name: &str,
+        shape: [usize; 2],
+        take: std::ops::Range<usize>,
+    ) -> Result<kernels::Matrix, LmError> {
+        model::lm::TensorSource::matrix_rows(&self.0, name, shape, take)
+    }
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LmError> {
+        model::lm::TensorSource::vector(&self.0, name, len)
+    }
+}
+
+fn nan_head_model() -> LmModel {
+    use model::checkpoint::{Component, LmConfig, Weights};
+    let dir = fixtures().join("lm");
+    let cfg =
+        LmConfig::from_json(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let src = NanHead(Weights::open(&dir.join("model.safetensors"), Component::Lm).unwrap());
+    LmModel::from_source(&src, model::lm::LmSpec::from_config(&cfg).unwrap()).unwrap()
+}

@@ -55,10 +55,7 @@ fn every_module_translates_to_hlsl() {
         naga::back::hlsl::Writer::new(&mut out, &opts, &popts)
             .write(&module, &info, None)
             .unwrap_or_else(|e| panic!("{m}: HLSL: {e}"));
-        assert!(
-            out.contains("[numthreads(64, 1, 1)]"),
-            "{m}: no HLSL entry point"
-        );
+        assert!(out.contains("[numthreads("), "{m}: no HLSL entry point");
     }
 }
 

@@ -36,7 +36,7 @@
 use std::cmp::Ordering;
 
 /// Errors from building or using a [`Sampler`].
-#[derive(Debug, thiserror::Error, PartialEq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq)]
 pub enum SamplingError {
     /// A temperature, `pad_mult` or penalty was NaN or infinite.
     #[error("sampling parameter {name} is not finite: {value}")]
@@ -112,6 +112,16 @@ impl Rng {
         self.s[2] ^= t;
         self.s[3] = self.s[3].rotate_left(45);
         result
+    }
+
+    /// The 256-bit state (what a device sampler continues from).
+    pub fn state(&self) -> [u64; 4] {
+        self.s
+    }
+
+    /// The generator at `state` (as [`Rng::state`] returns it).
+    pub fn from_state(state: [u64; 4]) -> Self {
+        Rng { s: state }
     }
 
     /// Uniform `f64` in `[0, 1)` from the top 53 bits of [`Rng::next_u64`].
@@ -280,6 +290,31 @@ impl Sampler {
     /// The configuration.
     pub fn config(&self) -> &SamplerConfig {
         &self.config
+    }
+
+    /// Vocabulary sizes `(text, audio)` the sampler was built for.
+    pub fn vocab_sizes(&self) -> (usize, usize) {
+        (self.text_vocab, self.audio_vocab)
+    }
+
+    /// The states of the text and audio generators, `[text, audio]`: a device sampler continues
+    /// these streams and hands the advanced states back ([`Sampler::set_stream_states`]), so host
+    /// and device draws form one stream.
+    pub fn stream_states(&self) -> [[u64; 4]; 2] {
+        [self.text_rng.state(), self.audio_rng.state()]
+    }
+
+    /// Sets the generator states (`[text, audio]`, as [`Sampler::stream_states`] returns them).
+    pub fn set_stream_states(&mut self, states: [[u64; 4]; 2]) {
+        self.text_rng = Rng::from_state(states[0]);
+        self.audio_rng = Rng::from_state(states[1]);
+    }
+
+    /// The recorded text tokens the repetition penalty applies to at the next text sample, newest
+    /// first, repeats included (empty without a penalty).
+    pub fn penalized_text(&self) -> impl Iterator<Item = u32> + '_ {
+        let cap = self.history.len();
+        (0..self.hist_len).map(move |i| self.history[(self.hist_next + cap - 1 - i) % cap])
     }
 
     /// Restores the fresh state: random streams back to their seeds, text history cleared.

@@ -67,6 +67,9 @@ pub(crate) fn new_sampler(
 struct HookObserver<'a>(Option<&'a PhaseHook>);
 
 impl LmObserver for HookObserver<'_> {
+    fn observes(&self) -> bool {
+        self.0.is_some()
+    }
     fn depformer_logits(&mut self, k: usize, _logits: &[f32]) {
         if let (0, Some(h)) = (k, self.0) {
             h(Phase::Depformer);

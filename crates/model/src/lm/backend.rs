@@ -14,6 +14,7 @@ use kernels::Pool;
 use super::model::{LmModel, LmState};
 use super::spec::LmSpec;
 use super::{KvDtype, LmError};
+use crate::sampling::{Sampler, SamplingError};
 
 /// One LM step for a batch of `batch_size()` sessions ("rows"), in two parts: the temporal step of a
 /// set of rows, then the `dep_q` Depformer steps of the same rows.
@@ -31,6 +32,8 @@ use super::{KvDtype, LmError};
 ///   device and copies these logits back once per call, never per matrix product.
 /// * **Order:** `depformer_step(rows, k, ..)` is called for `k = 0..dep_q` in order after
 ///   `temporal_step(rows, ..)`, with the same `rows`.
+/// * **Sampling on the device:** a backend may also run a whole step with sampling
+///   ([`LmBackend::sampled_step`]); the generator tries it first when nobody observes the tensors.
 pub trait LmBackend: Send {
     /// The sizes of the model this backend runs.
     fn spec(&self) -> &LmSpec;
@@ -61,6 +64,32 @@ pub trait LmBackend: Send {
         k: usize,
         prev_tokens: &[u32],
     ) -> Result<&[f32], LmError>;
+
+    /// The whole step of `rows` on the backend, sampling where the logits are (a device backend:
+    /// one submission and one small readback instead of a host round trip per Depformer step):
+    /// the temporal step with `tokens` as in [`LmBackend::temporal_step`], the text token sampled
+    /// with `samplers[b]` (session `b`'s sampler) or `force_text[i]` when set, then the `dep_q`
+    /// Depformer steps, each sampling its code and feeding it to the next. Writes `text[i]`,
+    /// `audio[i * dep_q + k]` and `errors[i]` (row `i`'s first sampling error, the text stream's
+    /// before the audio stream's, its token 0, as the generator's host sampling does) and advances
+    /// the samplers' random streams as host sampling would; the caller records the text tokens
+    /// ([`Sampler::record_text`]).
+    ///
+    /// Returns `Ok(false)` having changed nothing when the backend does not sample (the default)
+    /// or cannot with these samplers' settings: the generator then runs the step piecewise.
+    #[allow(clippy::too_many_arguments)]
+    fn sampled_step(
+        &mut self,
+        _rows: &[usize],
+        _tokens: &[u32],
+        _samplers: &mut [Sampler],
+        _force_text: &[Option<u32>],
+        _text: &mut [u32],
+        _audio: &mut [u32],
+        _errors: &mut [Option<SamplingError>],
+    ) -> Result<bool, LmError> {
+        Ok(false)
+    }
 
     /// Session `b` back to position 0 with empty caches (the others continue). Allocates nothing.
     fn reset_row(&mut self, b: usize);

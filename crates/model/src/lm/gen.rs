@@ -22,7 +22,7 @@ use super::backend::{CpuLm, LmBackend};
 use super::model::{LmModel, LmState};
 use super::spec::LmSpec;
 use super::{KvDtype, LmError, NO_TOKEN, UNGENERATED};
-use crate::sampling::Sampler;
+use crate::sampling::{Sampler, SamplingError};
 
 /// Largest number of generated audio codebooks an [`LmFrame`] can hold.
 pub const MAX_AUDIO_CODEBOOKS: usize = 16;
@@ -58,6 +58,12 @@ pub struct StepOptions<'a> {
 /// Observation hooks called during a step (tracing). Every method has an empty default; with
 /// [`NoObserver`] the calls compile to nothing.
 pub trait LmObserver {
+    /// Whether the observer reads the tensors of a step. `false` lets a backend that samples on
+    /// its device ([`LmBackend::sampled_step`]) keep them there; the methods below are then not
+    /// called.
+    fn observes(&self) -> bool {
+        true
+    }
     /// The token column fed to the temporal transformer (length `1 + n_q`; may hold [`NO_TOKEN`]).
     fn input_tokens(&mut self, _tokens: &[u32]) {}
     /// Normalised temporal output (length `dim`).
@@ -72,7 +78,11 @@ pub trait LmObserver {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NoObserver;
 
-impl LmObserver for NoObserver {}
+impl LmObserver for NoObserver {
+    fn observes(&self) -> bool {
+        false
+    }
+}
 
 /// An observer that keeps everything it sees (tracing, tests): flattened per step. Tokens are kept
 /// as the oracle's traces store them (i64, [`NO_TOKEN`] as −1, [`UNGENERATED`] as −2).
@@ -319,6 +329,10 @@ struct Core {
     frames: Vec<Option<LmFrame>>,
     /// Per stepped row: the sampling error of this step, if any.
     errors: Vec<Option<LmError>>,
+    /// Per stepped row: the forced text token of a [`LmBackend::sampled_step`].
+    forced: Vec<Option<u32>>,
+    /// Per stepped row: the sampling error a [`LmBackend::sampled_step`] reports.
+    sample_errors: Vec<Option<SamplingError>>,
 }
 
 impl Core {
@@ -338,6 +352,8 @@ impl Core {
             audio: vec![0; n * spec.dep_q],
             frames: vec![None; n],
             errors: (0..n).map(|_| None).collect(),
+            forced: vec![None; n],
+            sample_errors: vec![None; n],
             spec: spec.clone(),
         })
     }
@@ -412,6 +428,28 @@ impl Core {
             tc.gather(s, &user_codes.row(i, s)?[..nu]);
             self.input[i * ks..(i + 1) * ks].copy_from_slice(&tc.input);
             obs.input_tokens(&tc.input);
+        }
+        if !obs.observes() && (0..m).all(|i| opts(i).force_audio.is_none()) {
+            for i in 0..m {
+                self.forced[i] = opts(i).force_text;
+            }
+            if backend.sampled_step(
+                rows,
+                &self.input[..m * ks],
+                samplers,
+                &self.forced[..m],
+                &mut self.text[..m],
+                &mut self.audio[..m * dq],
+                &mut self.sample_errors[..m],
+            )? {
+                for (i, &b) in rows.iter().enumerate() {
+                    self.errors[i] = self.sample_errors[i].take().map(LmError::from);
+                    samplers[b].record_text(self.text[i]);
+                    self.frames[i] =
+                        self.tcs[b].commit(s, self.text[i], &self.audio[i * dq..(i + 1) * dq]);
+                }
+                return Ok(());
+            }
         }
         backend.temporal_step(rows, &self.input[..m * ks])?;
         let (tcard, d) = (s.text_card, s.dim);
