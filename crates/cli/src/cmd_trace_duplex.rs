@@ -21,6 +21,7 @@ use model::sampling::SamplerConfig;
 use runtime::{Engine, EngineOptions, Session, SessionOptions, Step, FRAME_SIZE, N_AUDIO};
 
 use crate::cmd_trace_mimi::TraceFiles;
+use crate::common::{resolve_device, DeviceArg};
 
 /// Flags of `moshi-native trace duplex`.
 #[derive(Args, Debug, Clone)]
@@ -43,6 +44,12 @@ pub struct TraceDuplexArgs {
     /// Storage of the temporal KV cache: f32 (parity) or bf16.
     #[arg(long, default_value = "f32")]
     pub kv_dtype: String,
+    /// Where the LM runs (Mimi stays on the CPU). Default: cpu, or gpu when --gpu is given.
+    #[arg(long, value_enum)]
+    pub device: Option<DeviceArg>,
+    /// GPU adapter number (`moshi-native devices` lists them); implies --device gpu.
+    #[arg(long = "gpu", value_name = "N")]
+    pub gpu: Option<usize>,
 }
 
 /// What the server-style loop produced.
@@ -157,9 +164,7 @@ pub fn run(args: &TraceDuplexArgs) -> Result<()> {
     let engine = Engine::open(
         &args.files.model_dir,
         EngineOptions {
-            device: runtime::Device::Cpu {
-                threads: args.threads,
-            },
+            device: resolve_device(args.device, args.gpu, args.threads)?,
             kv_dtype,
         },
     )
@@ -225,8 +230,24 @@ mod tests {
 
     #[test]
     fn trace_duplex_matches_the_python_server_emulation() {
+        check_against_emulation(None);
+    }
+
+    /// The same file with the LM on the GPU (any adapter: lavapipe here); skipped without one
+    /// unless `MOSHI_REQUIRE_GPU=1`.
+    #[test]
+    fn gpu_trace_duplex_matches_the_python_server_emulation() {
+        if gpu::adapters().is_empty() {
+            assert!(!gpu::gpu_required(), "MOSHI_REQUIRE_GPU=1 but no adapter");
+            eprintln!("skipping: no GPU adapter");
+            return;
+        }
+        check_against_emulation(Some(DeviceArg::Gpu));
+    }
+
+    fn check_against_emulation(device: Option<DeviceArg>) {
         let out = std::env::temp_dir().join(format!(
-            "moshi-trace-duplex-{}.safetensors",
+            "moshi-trace-duplex-{}-{device:?}.safetensors",
             std::process::id()
         ));
         let args = TraceDuplexArgs {
@@ -240,6 +261,8 @@ mod tests {
             chunk: 1500,
             threads: 1,
             kv_dtype: "f32".into(),
+            device,
+            gpu: None,
         };
         run(&args).unwrap();
         let got = TensorFile::open(&out);

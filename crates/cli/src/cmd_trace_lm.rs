@@ -18,8 +18,10 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use kernels::Pool;
 use model::checkpoint::Bundle;
-use model::lm::{KvDtype, LmGen, LmModel, LmRecorder, StepOptions};
+use model::lm::{Generator, KvDtype, LmGen, LmModel, LmRecorder, StepOptions};
 use model::sampling::{Sampler, SamplerConfig};
+
+use crate::common::{resolve_device, DeviceArg};
 
 /// Flags of `moshi-native trace lm`.
 #[derive(Args, Debug, Clone)]
@@ -48,6 +50,20 @@ pub struct TraceLmArgs {
     /// Threads for the matrix products.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
+    /// Where the LM runs. Default: cpu, or gpu when --gpu is given.
+    #[arg(long, value_enum)]
+    pub device: Option<DeviceArg>,
+    /// GPU adapter number (`moshi-native devices` lists them); implies --device gpu.
+    #[arg(long = "gpu", value_name = "N")]
+    pub gpu: Option<usize>,
+}
+
+/// The generator of one traced session on the chosen device.
+enum Traced {
+    /// The CPU: the model, the session and its pool.
+    Cpu(Box<LmGen>, Pool),
+    /// The GPU backend of one row.
+    Gpu(Box<Generator<gpu::GpuLm>>),
 }
 
 /// One tensor read from a safetensors file.
@@ -170,8 +186,21 @@ pub fn run(args: &TraceLmArgs) -> Result<()> {
         _ => SamplerConfig::greedy(),
     };
     let mut sampler = Sampler::new(sampler_cfg, spec.text_card, spec.card)?;
-    let pool = Pool::new(args.threads.max(1));
-    let mut gen = LmGen::new(&model, kv)?;
+    let mut gen = match resolve_device(args.device, args.gpu, args.threads.max(1))? {
+        runtime::Device::Cpu { threads } => {
+            Traced::Cpu(Box::new(LmGen::new(&model, kv)?), Pool::new(threads))
+        }
+        runtime::Device::Gpu { adapter, .. } => {
+            if kv != KvDtype::F32 {
+                bail!("--device gpu keeps the KV cache in f32: use --kv-dtype f32");
+            }
+            let ctx =
+                gpu::GpuContext::new(gpu::AdapterChoice::Gpu(adapter), gpu::GpuOptions::default())?;
+            eprintln!("trace lm: the LM runs on {}", ctx.adapter());
+            let lm = gpu::GpuLm::new(gpu::GpuLmWeights::upload(&ctx, &model)?, 1)?;
+            Traced::Gpu(Box::new(Generator::new(Box::new(lm))?))
+        }
+    };
     let mut rec = LmRecorder::default();
     let n_user = spec.n_user();
     let mut user = vec![0i64; n_user];
@@ -179,17 +208,18 @@ pub fn run(args: &TraceLmArgs) -> Result<()> {
         for (k, u) in user.iter_mut().enumerate() {
             *u = codes[k * t_total + t];
         }
-        if let Some(frame) = gen
-            .step_with(
-                &model,
+        let opts = StepOptions::default();
+        let frame = match &mut gen {
+            Traced::Cpu(g, pool) => g.step_with(&model, &user, &mut sampler, pool, &opts, &mut rec),
+            Traced::Gpu(g) => g.step_raw(
+                0,
                 &user,
-                &mut sampler,
-                &pool,
-                &StepOptions::default(),
+                std::slice::from_mut(&mut sampler),
+                &opts,
                 &mut rec,
-            )
-            .with_context(|| format!("step {t}"))?
-        {
+            ),
+        };
+        if let Some(frame) = frame.with_context(|| format!("step {t}"))? {
             rec.record_frame(&frame);
         }
     }
@@ -258,6 +288,8 @@ mod tests {
             seed,
             kv_dtype: "f32".into(),
             threads: 2,
+            device: None,
+            gpu: None,
         }
     }
 
@@ -288,6 +320,40 @@ mod tests {
             assert!(d < 1e-4, "{name}: max diff {d}");
         }
         std::fs::remove_file(&out).ok();
+    }
+
+    /// `--device gpu` writes the CPU's file: the same tensors, tokens identical, floats within
+    /// 1e-4 (any adapter: lavapipe here; skipped without one unless `MOSHI_REQUIRE_GPU=1`).
+    #[test]
+    fn gpu_trace_matches_cpu_trace() {
+        if gpu::adapters().is_empty() {
+            assert!(!gpu::gpu_required(), "MOSHI_REQUIRE_GPU=1 but no adapter");
+            eprintln!("skipping: no GPU adapter");
+            return;
+        }
+        for seed in [None, Some(77)] {
+            let (c, g) = (tmp("cpu.safetensors"), tmp("gpu.safetensors"));
+            run(&args(&c, seed)).unwrap();
+            run(&TraceLmArgs {
+                device: Some(DeviceArg::Gpu),
+                ..args(&g, seed)
+            })
+            .unwrap();
+            let (tc, tg) = (read_safetensors(&c).unwrap(), read_safetensors(&g).unwrap());
+            assert_eq!(tc.keys().collect::<Vec<_>>(), tg.keys().collect::<Vec<_>>());
+            for name in ["input_tokens", "out_text", "out_audio"] {
+                assert_eq!(tg[name].shape, tc[name].shape, "{name}");
+                assert_eq!(tg[name].data, tc[name].data, "{seed:?} {name}");
+            }
+            for name in ["text_logits", "depformer_logits", "transformer_out"] {
+                assert_eq!(tg[name].shape, tc[name].shape, "{name}");
+                let d = max_abs_diff(&f32s(&tg[name]), &f32s(&tc[name]));
+                assert!(d < 1e-4, "{seed:?} {name}: max diff {d}");
+            }
+            for p in [c, g] {
+                std::fs::remove_file(p).ok();
+            }
+        }
     }
 
     #[test]

@@ -150,41 +150,7 @@ impl EngineArgs {
 
     /// The device the flags name, with `auto` resolved (and said) here.
     pub fn device(&self, threads: usize) -> Result<runtime::Device> {
-        let want = self.device.unwrap_or(if self.gpu.is_some() {
-            DeviceArg::Gpu
-        } else {
-            DeviceArg::Cpu
-        });
-        Ok(match want {
-            DeviceArg::Cpu if self.gpu.is_some() => {
-                bail!("--gpu N selects a GPU adapter: use it with --device gpu or auto")
-            }
-            DeviceArg::Cpu => runtime::Device::Cpu { threads },
-            DeviceArg::Gpu => runtime::Device::Gpu {
-                adapter: self.gpu,
-                threads,
-            },
-            DeviceArg::Auto => {
-                let list = gpu::adapters();
-                let pick = match self.gpu {
-                    Some(i) => list.get(i).filter(|a| a.is_hardware_gpu()).map(|a| a.index),
-                    None => gpu::choose_adapter(&list, gpu::AdapterChoice::Auto)?,
-                };
-                match pick {
-                    Some(i) => runtime::Device::Gpu {
-                        adapter: Some(i),
-                        threads,
-                    },
-                    None => {
-                        eprintln!(
-                            "moshi-native: --device auto: no discrete or integrated GPU among {} adapter(s); the LM runs on the CPU",
-                            list.len()
-                        );
-                        runtime::Device::Cpu { threads }
-                    }
-                }
-            }
-        })
+        resolve_device(self.device, self.gpu, threads)
     }
 
     /// Resolves the model and opens the engine (`--threads` or `default_threads` per session, printed),
@@ -269,4 +235,45 @@ pub fn huge_page_share() -> String {
         ),
         _ => String::new(),
     }
+}
+
+/// The device `--device` / `--gpu N` name, with `auto` resolved (and said) here: `--gpu` alone
+/// means the GPU.
+pub fn resolve_device(
+    device: Option<DeviceArg>,
+    adapter: Option<usize>,
+    threads: usize,
+) -> Result<runtime::Device> {
+    let want = device.unwrap_or(if adapter.is_some() {
+        DeviceArg::Gpu
+    } else {
+        DeviceArg::Cpu
+    });
+    Ok(match want {
+        DeviceArg::Cpu if adapter.is_some() => {
+            bail!("--gpu N selects a GPU adapter: use it with --device gpu or auto")
+        }
+        DeviceArg::Cpu => runtime::Device::Cpu { threads },
+        DeviceArg::Gpu => runtime::Device::Gpu { adapter, threads },
+        DeviceArg::Auto => {
+            let list = gpu::adapters();
+            let pick = match adapter {
+                Some(i) => list.get(i).filter(|a| a.is_hardware_gpu()).map(|a| a.index),
+                None => gpu::choose_adapter(&list, gpu::AdapterChoice::Auto)?,
+            };
+            match pick {
+                Some(i) => runtime::Device::Gpu {
+                    adapter: Some(i),
+                    threads,
+                },
+                None => {
+                    eprintln!(
+                        "moshi-native: --device auto: no discrete or integrated GPU among {} adapter(s); the LM runs on the CPU",
+                        list.len()
+                    );
+                    runtime::Device::Cpu { threads }
+                }
+            }
+        }
+    })
 }

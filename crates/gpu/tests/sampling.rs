@@ -161,7 +161,7 @@ fn device_continues_the_host_stream_draw_by_draw() {
     let Some(ctx) = common::context() else { return };
     let (tv, av, draws, rows) = (1000, 300, 40, 4);
     let mut gs = GpuSampler::new(&ctx, rows, draws, tv, av).unwrap();
-    let mut configs = vec![
+    let mut configs = [
         SamplerConfig::seeded(1),
         config(2, (0.5, 0), (1.0, 0)),
         config(3, (0.0, 25), (0.9, 250)),

@@ -575,6 +575,38 @@ impl<B: LmBackend + ?Sized> Generator<B> {
         )
     }
 
+    /// One call of session `b` alone, with its user codes as the oracle's traces hold them (i64:
+    /// −1 = no input, `card` = the initial token; at least `n_q − dep_q`, extra ones ignored),
+    /// per-call overrides and an observer: [`LmGen::step_with`] on any backend (tracing).
+    /// Returns the session's frame (`None` during its first `max_delay` calls) or its sampling
+    /// error.
+    pub fn step_raw<O: LmObserver>(
+        &mut self,
+        b: usize,
+        user_codes: &[i64],
+        samplers: &mut [Sampler],
+        opts: &StepOptions<'_>,
+        obs: &mut O,
+    ) -> Result<Option<LmFrame>, LmError> {
+        let n = self.core.spec.n_user();
+        if user_codes.len() < n {
+            return Err(LmError::Length {
+                what: "user codes",
+                expected: n,
+                got: user_codes.len(),
+            });
+        }
+        self.core.step(
+            &mut *self.backend,
+            &[b],
+            UserCodes::Raw(&user_codes[..n]),
+            samplers,
+            &|_| *opts,
+            obs,
+        )?;
+        self.core.take_result(0)
+    }
+
     /// Benchmark helper: every session jumps to call `offset` (see [`LmGen::seek_for_bench`]).
     #[cfg(feature = "bench")]
     pub fn seek_for_bench(&mut self, offset: usize) {
