@@ -8,7 +8,9 @@
 //!   i.e. one [`LmGen::step`]) per weight format, thread count and temporal KV position P (reached
 //!   with `LmGen::seek_for_bench`), and the batched step of several sessions ([`LmBatchGen`]).
 //!   Roofline = (streamed weight bytes + KV bytes read at P) ÷ read-probe bandwidth measured in
-//!   the same round and thread count.
+//!   the same round and thread count. With `--device gpu` (`--gpu N`): the frame on the adapter as
+//!   one sampled step (one submission), against a device copy kernel's bandwidth measured in the
+//!   same round, with the dispatches and submissions per frame ([`crate::bench_gpu`]).
 //! * `mimi`: streaming encode and decode, ms per 80 ms frame.
 //! * `duplex`: the product frame pass (a [`runtime::Session`] on its [`runtime::SessionRunner`] worker
 //!   thread, fed through its input ring, answered through its event queue), per phase, next to the LM
@@ -113,6 +115,13 @@ pub struct BenchArgs {
     /// (`kernels::set_avx512_allowed`, interleaved), reported as `simd=avx512` / `simd=avx2`.
     #[arg(long)]
     pub ab_avx512: bool,
+    /// Where `bench lm` runs the LM (`gpu`: one frame per submission on the adapter, against a
+    /// device copy kernel). Default: cpu, or gpu when --gpu is given.
+    #[arg(long, value_enum)]
+    pub device: Option<crate::common::DeviceArg>,
+    /// GPU adapter number (`moshi-native devices` lists them); implies --device gpu.
+    #[arg(long = "gpu", value_name = "N")]
+    pub gpu: Option<usize>,
 }
 
 /// The AVX-512 settings each cell is timed with: allowed and forbidden with `--ab-avx512`
@@ -240,6 +249,19 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     if args.rounds == 0 {
         bail!("--rounds must be at least 1");
+    }
+    if let runtime::Device::Gpu { adapter, .. } =
+        crate::common::resolve_device(args.device, args.gpu, 1)?
+    {
+        if args.what != What::Lm {
+            bail!("bench --device gpu measures `lm` only");
+        }
+        print_machine();
+        println!("\n## lm on the GPU: one frame = one sampled step (LmBackend::sampled_step), ms");
+        for (label, fmt) in lm_sources(args)? {
+            crate::bench_gpu::bench_lm_gpu(args, adapter, &label, build_lm(args, &label, fmt)?)?;
+        }
+        return Ok(());
     }
     print_machine();
     let pools: Vec<Pool> = args.threads.iter().map(|&t| Pool::new(t)).collect();
@@ -413,9 +435,9 @@ struct Cell {
     probe: Vec<f64>,
 }
 
-fn bench_lm(args: &BenchArgs, pools: &[Pool], probe: &Probe) -> Result<()> {
-    let spec = LmSpec::moshiko();
-    let sources: Vec<(String, Option<WeightFormat>)> = match &args.bundle {
+/// The LMs `bench lm` times: the bundle's, else one synthetic LM per format (label, format).
+fn lm_sources(args: &BenchArgs) -> Result<Vec<(String, Option<WeightFormat>)>> {
+    Ok(match &args.bundle {
         Some(dir) => {
             let lm = model::checkpoint::Bundle::open(dir)?.files.lm;
             let name = lm.file_name().map(|n| n.to_string_lossy().into_owned());
@@ -426,7 +448,38 @@ fn bench_lm(args: &BenchArgs, pools: &[Pool], probe: &Probe) -> Result<()> {
             .iter()
             .map(|f| Ok((f.clone(), Some(parse_format(f)?))))
             .collect::<Result<_>>()?,
+    })
+}
+
+/// Builds one of [`lm_sources`]: synthetic weights of `format` at moshiko's sizes, or the bundle's
+/// LM as the product loads it.
+fn build_lm(args: &BenchArgs, label: &str, format: Option<WeightFormat>) -> Result<LmModel> {
+    let t0 = Instant::now();
+    let model = match format {
+        Some(format) => {
+            LmModel::from_source(&SyntheticSource { format, seed: 1 }, LmSpec::moshiko())
+                .with_context(|| format!("building synthetic {label} LM"))?
+        }
+        None => {
+            let dir = args.bundle.as_ref().expect("bundle source");
+            let b = model::checkpoint::Bundle::open(dir)?;
+            let w = b.lm_weights()?;
+            // As the product loads it (`Engine::open`): matrices built on every physical core.
+            LmModel::load_on(&w, &b.config.lm, &Pool::new(runtime::physical_cores()))?
+        }
     };
+    eprintln!(
+        "lm {label}: built in {:.1} s, {:.3} GB streamed per frame{}",
+        t0.elapsed().as_secs_f64(),
+        model.streamed_weight_bytes() as f64 / 1e9,
+        crate::common::huge_page_share()
+    );
+    Ok(model)
+}
+
+fn bench_lm(args: &BenchArgs, pools: &[Pool], probe: &Probe) -> Result<()> {
+    let spec = LmSpec::moshiko();
+    let sources = lm_sources(args)?;
     let kvs: Vec<KvDtype> = args.kv.iter().map(|k| parse_kv(k)).collect::<Result<_>>()?;
     let mut positions = args.positions.clone();
     if positions.is_empty() {
@@ -436,27 +489,8 @@ fn bench_lm(args: &BenchArgs, pools: &[Pool], probe: &Probe) -> Result<()> {
         "\n## lm: one frame = temporal step + text sampling + 8 Depformer steps (LmGen::step), ms"
     );
     for (label, fmt) in sources {
-        let t0 = Instant::now();
-        let model = match fmt {
-            Some(format) => {
-                LmModel::from_source(&SyntheticSource { format, seed: 1 }, spec.clone())
-                    .with_context(|| format!("building synthetic {label} LM"))?
-            }
-            None => {
-                let dir = args.bundle.as_ref().expect("bundle source");
-                let b = model::checkpoint::Bundle::open(dir)?;
-                let w = b.lm_weights()?;
-                // As the product loads it (`Engine::open`): matrices built on every physical core.
-                LmModel::load_on(&w, &b.config.lm, &Pool::new(runtime::physical_cores()))?
-            }
-        };
+        let model = build_lm(args, &label, fmt)?;
         let wbytes = model.streamed_weight_bytes();
-        eprintln!(
-            "lm {label}: built in {:.1} s, {:.3} GB streamed per frame{}",
-            t0.elapsed().as_secs_f64(),
-            wbytes as f64 / 1e9,
-            crate::common::huge_page_share()
-        );
         let user: Vec<u32> = (0..spec.n_user() as u32).map(|i| 100 + 37 * i).collect();
         let n = pools.len();
         // One generator per KV type in turn (a 3000-entry temporal cache is 1.6 GB in bf16,

@@ -1,6 +1,7 @@
 //! The `moshi-native` binary: talk to Moshi, run Mimi, inspect and trace models.
 
 mod bench_batch;
+mod bench_gpu;
 mod cmd_bench;
 mod cmd_devices;
 mod cmd_inspect;

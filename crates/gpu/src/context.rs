@@ -498,6 +498,7 @@ const ATTN: &[Access] = &[
     Access::Read,
 ];
 const GATE: &[Access] = &[Access::Uniform, Access::Read, Access::Write, Access::Read];
+const COPY: &[Access] = &[Access::Uniform, Access::Read, Access::Write];
 const SAMPLE: &[Access] = &[
     Access::Uniform,
     Access::Read,
@@ -514,5 +515,6 @@ fn module_access(m: Module) -> &'static [Access] {
         Module::Attention => ATTN,
         Module::Gate => GATE,
         Module::Sample => SAMPLE,
+        Module::Copy => COPY,
     }
 }

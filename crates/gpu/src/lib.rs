@@ -11,7 +11,11 @@
 //! * [`GpuLmWeights`] is a whole LM on the device (shared by the backends of one engine) and
 //!   [`GpuLm`] implements [`model::lm::LmBackend`]: temporal transformer, text head and Depformer
 //!   with their KV rings in device memory; the logits come back through a readback ring.
-//!
+//! * [`sample`] is token sampling in WGSL: [`GpuLm`]'s sampled step runs a whole frame (temporal
+//!   transformer, text head, text sampling, each Depformer step sampling its code) in one
+//!   submission and reads back only the tokens and the random generators' states. The device
+//!   continues the host sampler's own streams; [`sample`]'s docs say exactly how its draws relate
+//!   to the host's. [`BandwidthProbe`] is a copy kernel, the roofline of the GPU benchmarks.
 //! * [`GpuMimiWeights`] is the Mimi codec on the device and [`GpuMimi`] implements
 //!   [`model::mimi::CodecBackend`]: encoder and decoder with their streaming state in device
 //!   memory; only PCM and codes cross the bus.
@@ -24,6 +28,7 @@ mod context;
 mod lm;
 mod matrix;
 mod mimi;
+mod probe;
 pub mod sample;
 pub mod shaders;
 
@@ -31,6 +36,7 @@ pub use context::{adapters, choose_adapter, AdapterChoice, AdapterDesc, GpuConte
 pub use lm::{GpuLm, GpuLmWeights};
 pub use matrix::GpuMatrix;
 pub use mimi::{GpuMimi, GpuMimiWeights, MimiKernel};
+pub use probe::BandwidthProbe;
 pub use sample::GpuSampler;
 
 use kernels::WeightFormat;

@@ -467,6 +467,8 @@ pub enum Module {
     Gate,
     /// Token sampling ([`crate::sample`]).
     Sample,
+    /// The bandwidth probe's copy ([`crate::BandwidthProbe`]).
+    Copy,
 }
 
 impl Module {
@@ -483,6 +485,7 @@ impl Module {
             Module::Attention,
             Module::Gate,
             Module::Sample,
+            Module::Copy,
         ]);
         v
     }
@@ -497,6 +500,7 @@ impl Module {
             Module::Attention => [PRELUDE, MISC_PARAMS, ATTENTION].concat(),
             Module::Gate => [PRELUDE, MISC_PARAMS, GATE].concat(),
             Module::Sample => crate::sample::SAMPLE_WGSL.to_string(),
+            Module::Copy => crate::probe::COPY_WGSL.to_string(),
         }
     }
 }
