@@ -277,6 +277,19 @@ impl UserCodes<'_> {
         }
     }
 
+    /// One session's codes: at least `n_user`, extra ones ignored as in Python.
+    fn of_one_session(self, spec: &LmSpec) -> Result<Self, LmError> {
+        let n = spec.n_user();
+        if self.len() < n {
+            return Err(LmError::Length {
+                what: "user codes",
+                expected: n,
+                got: self.len(),
+            });
+        }
+        Ok(self.first(n))
+    }
+
     /// The first `n` codes.
     fn first(self, n: usize) -> Self {
         match self {
@@ -588,22 +601,9 @@ impl<B: LmBackend + ?Sized> Generator<B> {
         opts: &StepOptions<'_>,
         obs: &mut O,
     ) -> Result<Option<LmFrame>, LmError> {
-        let n = self.core.spec.n_user();
-        if user_codes.len() < n {
-            return Err(LmError::Length {
-                what: "user codes",
-                expected: n,
-                got: user_codes.len(),
-            });
-        }
-        self.core.step(
-            &mut *self.backend,
-            &[b],
-            UserCodes::Raw(&user_codes[..n]),
-            samplers,
-            &|_| *opts,
-            obs,
-        )?;
+        let codes = UserCodes::Raw(user_codes).of_one_session(&self.core.spec)?;
+        self.core
+            .step(&mut *self.backend, &[b], codes, samplers, &|_| *opts, obs)?;
         self.core.take_result(0)
     }
 
@@ -743,20 +743,12 @@ impl LmGen {
         opts: &StepOptions<'_>,
         obs: &mut O,
     ) -> Result<Option<LmFrame>, LmError> {
-        // One session's codes: at least `n_user`, extra ones ignored as in Python.
-        let n = self.core.spec.n_user();
-        if user_codes.len() < n {
-            return Err(LmError::Length {
-                what: "user codes",
-                expected: n,
-                got: user_codes.len(),
-            });
-        }
+        let user_codes = user_codes.of_one_session(&self.core.spec)?;
         let mut backend = CpuLm::borrowed(&self.core.spec, model, &mut self.state, pool)?;
         self.core.step(
             &mut backend,
             &[0],
-            user_codes.first(n),
+            user_codes,
             std::slice::from_mut(sampler),
             &|_| *opts,
             obs,
