@@ -305,6 +305,13 @@ const BATCH_FRAMES: usize = 16;
 /// The one stream of the single-stream types.
 const ONE: [usize; 1] = [0];
 
+/// Hands `x`, the output of `stage`, to the trace callback when there is one.
+fn report(trace: &mut Trace<'_>, stage: Stage, x: &[f32]) {
+    if let Some(f) = trace.as_mut() {
+        f(stage, x);
+    }
+}
+
 /// Checks a set of stream indices: distinct, each below `streams`.
 fn check_active(active: &[usize], streams: usize) -> Result<(), MimiError> {
     for (j, &s) in active.iter().enumerate() {
@@ -316,6 +323,26 @@ fn check_active(active: &[usize], streams: usize) -> Result<(), MimiError> {
         if active[..j].contains(&s) {
             return Err(MimiError::Input(format!("stream {s} listed twice")));
         }
+    }
+    Ok(())
+}
+
+/// Checks a several-stream call (`what`): `active` as [`check_active`], and `samples` (the
+/// length of its audio, in or out) `frame_size` per listed stream.
+fn check_batch(
+    active: &[usize],
+    streams: usize,
+    frame_size: usize,
+    samples: usize,
+    what: &str,
+) -> Result<(), MimiError> {
+    check_active(active, streams)?;
+    let want = active.len() * frame_size;
+    if samples != want {
+        return Err(MimiError::Input(format!(
+            "{what} needs {want} samples for {} streams, got {samples}",
+            active.len()
+        )));
     }
     Ok(())
 }
@@ -386,27 +413,13 @@ impl EncoderCore {
             emb,
             pool,
         );
-        if let Some(f) = trace.as_mut() {
-            f(Stage::EncSeanet, emb);
-        }
+        report(&mut trace, Stage::EncSeanet, emb);
         m.enc_tr.forward(&mut self.tr, active, emb, t2, pool);
-        if let Some(f) = trace.as_mut() {
-            f(Stage::EncTransformer, emb);
-        }
+        report(&mut trace, Stage::EncTransformer, emb);
         let lat = &mut self.lat[..d * k * n];
-        m.down.forward(
-            &mut self.down,
-            active,
-            &mut self.down_work,
-            emb,
-            t2,
-            false,
-            lat,
-            pool,
-        );
-        if let Some(f) = trace.as_mut() {
-            f(Stage::Latent, lat);
-        }
+        let (down, work) = (&m.down, &mut self.down_work);
+        down.forward(&mut self.down, active, work, emb, t2, false, lat, pool);
+        report(&mut trace, Stage::Latent, lat);
         let codes = &mut self.codes[..m.n_codebooks() * k * n];
         m.quant.encode(&mut self.quant, lat, k, n, codes, pool);
         codes
@@ -487,28 +500,14 @@ impl DecoderCore {
         let d = m.dimension();
         let lat = &mut self.lat[..d * k * n];
         m.quant.decode(&mut self.quant, codes, k, n, lat, pool);
-        if let Some(f) = trace.as_mut() {
-            f(Stage::DecLatent, lat);
-        }
+        report(&mut trace, Stage::DecLatent, lat);
         let t2 = n * s;
         let emb = &mut self.emb[..d * k * t2];
-        m.up.forward(
-            &mut self.up,
-            active,
-            &mut self.up_work,
-            lat,
-            n,
-            false,
-            emb,
-            pool,
-        );
-        if let Some(f) = trace.as_mut() {
-            f(Stage::DecUpsample, emb);
-        }
+        let (up, work) = (&m.up, &mut self.up_work);
+        up.forward(&mut self.up, active, work, lat, n, false, emb, pool);
+        report(&mut trace, Stage::DecUpsample, emb);
         m.dec_tr.forward(&mut self.tr, active, emb, t2, pool);
-        if let Some(f) = trace.as_mut() {
-            f(Stage::DecTransformer, emb);
-        }
+        report(&mut trace, Stage::DecTransformer, emb);
         m.decoder
             .forward(&mut self.seanet, active, emb, t2, out, pool);
         Ok(())
@@ -521,29 +520,74 @@ impl DecoderCore {
     }
 }
 
+/// The constructor, model accessor and reset of a one-stream wrapper around a core.
+macro_rules! single_stream {
+    ($ty:ident, $core:ident, $what:literal) => {
+        impl $ty {
+            #[doc = concat!("A fresh streaming ", $what, " fed one frame per call.")]
+            pub fn new(mimi: Arc<Mimi>) -> Self {
+                Self::with_chunk(mimi, 1, false)
+            }
+
+            fn with_chunk(mimi: Arc<Mimi>, chunk: usize, exact_window: bool) -> Self {
+                $ty {
+                    core: $core::new(mimi, chunk, exact_window, 1),
+                }
+            }
+
+            /// The model.
+            pub fn mimi(&self) -> &Arc<Mimi> {
+                &self.core.mimi
+            }
+
+            #[doc = concat!("Back to the fresh state (bit-identical results to a new ", $what, ").")]
+            pub fn reset(&mut self) {
+                self.core.reset(0);
+            }
+        }
+    };
+}
+
+/// The constructor, accessors and per-stream reset of a several-stream wrapper around a core.
+macro_rules! batch_streams {
+    ($ty:ident, $core:ident) => {
+        impl $ty {
+            /// `streams` fresh streams.
+            pub fn new(mimi: Arc<Mimi>, streams: usize) -> Self {
+                $ty {
+                    core: $core::new(mimi, 1, false, streams.max(1)),
+                }
+            }
+
+            /// The model.
+            pub fn mimi(&self) -> &Arc<Mimi> {
+                &self.core.mimi
+            }
+
+            /// Number of streams.
+            pub fn streams(&self) -> usize {
+                self.core.streams
+            }
+
+            /// Stream `stream` back to fresh (the others are untouched). Allocates nothing.
+            pub fn reset(&mut self, stream: usize) {
+                if stream < self.core.streams {
+                    self.core.reset(stream);
+                }
+            }
+        }
+    };
+}
+
 /// Streaming encoder state (PyTorch `mimi.streaming(1)` + `encode` per frame).
 #[derive(Debug)]
 pub struct MimiEncoder {
     core: EncoderCore,
 }
 
+single_stream!(MimiEncoder, EncoderCore, "encoder");
+
 impl MimiEncoder {
-    /// A fresh streaming encoder fed one frame per call.
-    pub fn new(mimi: Arc<Mimi>) -> Self {
-        Self::with_chunk(mimi, 1, false)
-    }
-
-    fn with_chunk(mimi: Arc<Mimi>, chunk: usize, exact_window: bool) -> Self {
-        MimiEncoder {
-            core: EncoderCore::new(mimi, chunk, exact_window, 1),
-        }
-    }
-
-    /// The model.
-    pub fn mimi(&self) -> &Arc<Mimi> {
-        &self.core.mimi
-    }
-
     /// Encodes one frame of `frame_size` samples; returns its `n_codebooks` codes
     /// (borrowed from the state). Allocation-free.
     pub fn encode_frame(&mut self, pcm: &[f32]) -> Result<&[u32], MimiError> {
@@ -567,11 +611,6 @@ impl MimiEncoder {
         }
         Ok(self.core.encode_chunk(&ONE, pcm, 1, pool, trace))
     }
-
-    /// Back to the fresh state (bit-identical results to a new encoder).
-    pub fn reset(&mut self) {
-        self.core.reset(0);
-    }
 }
 
 /// Streaming decoder state (PyTorch `mimi.streaming(1)` + `decode` per frame).
@@ -580,23 +619,9 @@ pub struct MimiDecoder {
     core: DecoderCore,
 }
 
+single_stream!(MimiDecoder, DecoderCore, "decoder");
+
 impl MimiDecoder {
-    /// A fresh streaming decoder fed one frame per call.
-    pub fn new(mimi: Arc<Mimi>) -> Self {
-        Self::with_chunk(mimi, 1, false)
-    }
-
-    fn with_chunk(mimi: Arc<Mimi>, chunk: usize, exact_window: bool) -> Self {
-        MimiDecoder {
-            core: DecoderCore::new(mimi, chunk, exact_window, 1),
-        }
-    }
-
-    /// The model.
-    pub fn mimi(&self) -> &Arc<Mimi> {
-        &self.core.mimi
-    }
-
     /// Decodes one frame of `n_codebooks` codes into `out` (`frame_size` samples).
     /// Allocation-free. Codes ≥ the codebook size are refused.
     pub fn decode_frame(&mut self, codes: &[u32], out: &mut [f32]) -> Result<(), MimiError> {
@@ -621,11 +646,6 @@ impl MimiDecoder {
         }
         self.core.decode_chunk(&ONE, codes, 1, out, pool, trace)
     }
-
-    /// Back to the fresh state (bit-identical results to a new decoder).
-    pub fn reset(&mut self) {
-        self.core.reset(0);
-    }
 }
 
 /// Streaming encoders of several independent streams (e.g. a server's conversation slots),
@@ -637,24 +657,9 @@ pub struct MimiBatchEncoder {
     core: EncoderCore,
 }
 
+batch_streams!(MimiBatchEncoder, EncoderCore);
+
 impl MimiBatchEncoder {
-    /// `streams` fresh streams.
-    pub fn new(mimi: Arc<Mimi>, streams: usize) -> Self {
-        MimiBatchEncoder {
-            core: EncoderCore::new(mimi, 1, false, streams.max(1)),
-        }
-    }
-
-    /// The model.
-    pub fn mimi(&self) -> &Arc<Mimi> {
-        &self.core.mimi
-    }
-
-    /// Number of streams.
-    pub fn streams(&self) -> usize {
-        self.core.streams
-    }
-
     /// Encodes one frame of each stream in `active` (distinct indices below
     /// [`MimiBatchEncoder::streams`]; the others do not move): `pcm` holds their frames one
     /// after the other, in the order of `active`. Returns `n_codebooks` codes per stream, in
@@ -677,27 +682,12 @@ impl MimiBatchEncoder {
         pool: Option<&Pool>,
         trace: Trace<'_>,
     ) -> Result<&[u32], MimiError> {
-        check_active(active, self.core.streams)?;
         let fs = self.core.mimi.frame_size();
-        if pcm.len() != active.len() * fs {
-            return Err(MimiError::Input(format!(
-                "encode_frames needs {} samples for {} streams, got {}",
-                active.len() * fs,
-                active.len(),
-                pcm.len()
-            )));
-        }
+        check_batch(active, self.core.streams, fs, pcm.len(), "encode_frames")?;
         if active.is_empty() {
             return Ok(&[]);
         }
         Ok(self.core.encode_chunk(active, pcm, 1, pool, trace))
-    }
-
-    /// Stream `stream` back to fresh (the others are untouched). Allocates nothing.
-    pub fn reset(&mut self, stream: usize) {
-        if stream < self.core.streams {
-            self.core.reset(stream);
-        }
     }
 }
 
@@ -710,24 +700,9 @@ pub struct MimiBatchDecoder {
     core: DecoderCore,
 }
 
+batch_streams!(MimiBatchDecoder, DecoderCore);
+
 impl MimiBatchDecoder {
-    /// `streams` fresh streams.
-    pub fn new(mimi: Arc<Mimi>, streams: usize) -> Self {
-        MimiBatchDecoder {
-            core: DecoderCore::new(mimi, 1, false, streams.max(1)),
-        }
-    }
-
-    /// The model.
-    pub fn mimi(&self) -> &Arc<Mimi> {
-        &self.core.mimi
-    }
-
-    /// Number of streams.
-    pub fn streams(&self) -> usize {
-        self.core.streams
-    }
-
     /// Decodes one frame of each stream in `active` (distinct, below
     /// [`MimiBatchDecoder::streams`]): `codes` holds `n_codebooks` codes per stream and `out`
     /// receives `frame_size` samples per stream, both in the order of `active`. Codes out of
@@ -752,26 +727,11 @@ impl MimiBatchDecoder {
         pool: Option<&Pool>,
         trace: Trace<'_>,
     ) -> Result<(), MimiError> {
-        check_active(active, self.core.streams)?;
         let fs = self.core.mimi.frame_size();
-        if out.len() != active.len() * fs {
-            return Err(MimiError::Input(format!(
-                "decode_frames writes {} samples for {} streams, buffer has {}",
-                active.len() * fs,
-                active.len(),
-                out.len()
-            )));
-        }
+        check_batch(active, self.core.streams, fs, out.len(), "decode_frames")?;
         if active.is_empty() {
             return Ok(());
         }
         self.core.decode_chunk(active, codes, 1, out, pool, trace)
-    }
-
-    /// Stream `stream` back to fresh (the others are untouched). Allocates nothing.
-    pub fn reset(&mut self, stream: usize) {
-        if stream < self.core.streams {
-            self.core.reset(stream);
-        }
     }
 }

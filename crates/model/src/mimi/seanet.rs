@@ -16,7 +16,7 @@ pub(crate) struct ResBlock {
 
 /// Per-stream states of one residual unit.
 #[derive(Debug)]
-struct ResState {
+pub(crate) struct ResState {
     s1: Vec<ConvState>,
     s2: Vec<ConvState>,
 }
@@ -52,27 +52,12 @@ impl ResBlock {
         let mt = active.len() * t;
         let dim = self.c1.cin;
         let hid = self.c1.cout;
-        self.c1.forward(
-            &mut st.s1,
-            active,
-            work,
-            &a[..dim * mt],
-            t,
-            true,
-            &mut h[..hid * mt],
-            pool,
-        );
-        self.c2.forward(
-            &mut st.s2,
-            active,
-            work,
-            &h[..hid * mt],
-            t,
-            true,
-            &mut r[..dim * mt],
-            pool,
-        );
-        for (x, y) in a[..dim * mt].iter_mut().zip(&r[..dim * mt]) {
+        let (a, h, r) = (&mut a[..dim * mt], &mut h[..hid * mt], &mut r[..dim * mt]);
+        self.c1
+            .forward(&mut st.s1, active, work, a, t, true, h, pool);
+        self.c2
+            .forward(&mut st.s2, active, work, h, t, true, r, pool);
+        for (x, y) in a.iter_mut().zip(r.iter()) {
             *x += *y;
         }
     }
@@ -82,43 +67,41 @@ impl ResBlock {
         st.s2[i].reset();
     }
 }
+/// A SEANet stack: conv0, the stages (one per ratio), last conv. `S` is one stage: the
+/// encoder's residual blocks + strided conv, or the decoder's transposed conv + residual blocks.
+#[derive(Debug)]
+pub(crate) struct Seanet<S> {
+    pub conv0: Conv1d,
+    pub stages: Vec<S>,
+    pub last: Conv1d,
+}
 
 /// Encoder: conv0, then per ratio (reversed) residual blocks + ELU + strided conv, then
 /// ELU + last conv.
-#[derive(Debug)]
-pub(crate) struct SeanetEncoder {
-    pub conv0: Conv1d,
-    pub stages: Vec<(Vec<ResBlock>, Conv1d)>,
-    pub last: Conv1d,
-}
+pub(crate) type SeanetEncoder = Seanet<(Vec<ResBlock>, Conv1d)>;
 
 /// Decoder: conv0, then per ratio ELU + transposed conv + residual blocks, then ELU + last conv.
+pub(crate) type SeanetDecoder = Seanet<(ConvTr1d, Vec<ResBlock>)>;
+
+/// Streaming state of a stack's streams for chunks of at most `max_t` input frames each.
 #[derive(Debug)]
-pub(crate) struct SeanetDecoder {
-    pub conv0: Conv1d,
-    pub stages: Vec<(ConvTr1d, Vec<ResBlock>)>,
-    pub last: Conv1d,
+pub(crate) struct SeanetState<S: SeanetStage> {
+    conv0: Vec<ConvState>,
+    stages: Vec<S::State>,
+    last: Vec<ConvState>,
+    scratch: Scratch,
 }
 
 /// Streaming state of the encoder's streams for chunks of at most `max_t` samples each.
-#[derive(Debug)]
-pub(crate) struct SeanetEncState {
-    conv0: Vec<ConvState>,
-    stages: Vec<(Vec<ResState>, Vec<ConvState>)>,
-    last: Vec<ConvState>,
-    work: ConvWork,
-    a: Vec<f32>,
-    b: Vec<f32>,
-    h: Vec<f32>,
-    r: Vec<f32>,
-}
+pub(crate) type SeanetEncState = SeanetState<(Vec<ResBlock>, Conv1d)>;
 
 /// Streaming state of the decoder's streams for chunks of at most `max_t` latent frames each.
+pub(crate) type SeanetDecState = SeanetState<(ConvTr1d, Vec<ResBlock>)>;
+
+/// Work buffers of one call: `a`/`b` the activations (ping-pong), `h`/`r` a residual unit's
+/// scratch.
 #[derive(Debug)]
-pub(crate) struct SeanetDecState {
-    conv0: Vec<ConvState>,
-    stages: Vec<(Vec<ConvTrState>, Vec<ResState>)>,
-    last: Vec<ConvState>,
+pub(crate) struct Scratch {
     work: ConvWork,
     a: Vec<f32>,
     b: Vec<f32>,
@@ -126,174 +109,218 @@ pub(crate) struct SeanetDecState {
     r: Vec<f32>,
 }
 
-impl SeanetEncoder {
-    /// Fresh states of `streams` streams for chunks of at most `max_t` samples (a multiple of
-    /// the hop).
-    pub fn state(&self, max_t: usize, streams: usize) -> SeanetEncState {
-        let mut t = max_t;
-        let mut amax = self.conv0.cout * t;
-        let mut hmax = 0;
-        let mut stages = Vec::new();
-        let mut work = ConvWork::default();
-        let conv0 = conv_states(&self.conv0, max_t, streams, &mut work);
-        for (res, down) in &self.stages {
-            let rs: Vec<ResState> = res.iter().map(|r| r.state(t, streams, &mut work)).collect();
-            for r in res {
-                hmax = hmax.max(r.c1.cout * t);
-            }
-            let ds = conv_states(down, t, streams, &mut work);
-            t /= down.stride;
-            amax = amax.max(down.cout * t);
-            stages.push((rs, ds));
+/// Walks a stack while its states are built: the frame count `t` at the current stage and the
+/// largest activation (`amax`) and residual hidden (`hmax`) sizes seen so far.
+pub(crate) struct Sizer {
+    t: usize,
+    streams: usize,
+    amax: usize,
+    hmax: usize,
+    work: ConvWork,
+}
+
+impl Sizer {
+    fn conv(&mut self, conv: &Conv1d) -> Vec<ConvState> {
+        conv_states(conv, self.t, self.streams, &mut self.work)
+    }
+
+    fn res(&mut self, res: &[ResBlock]) -> Vec<ResState> {
+        for r in res {
+            self.hmax = self.hmax.max(r.c1.cout * self.t);
         }
-        let last = conv_states(&self.last, t, streams, &mut work);
-        SeanetEncState {
+        res.iter()
+            .map(|r| r.state(self.t, self.streams, &mut self.work))
+            .collect()
+    }
+
+    /// The frame count becomes `t`, with `cout` channels after the resampling conv.
+    fn resampled(&mut self, t: usize, cout: usize) {
+        self.t = t;
+        self.amax = self.amax.max(cout * t);
+    }
+}
+
+/// One stage of a stack (the encoder's and the decoder's differ in order and resampling).
+pub(crate) trait SeanetStage {
+    /// Per-stream states of the stage.
+    type State: std::fmt::Debug;
+    fn state(&self, z: &mut Sizer) -> Self::State;
+    /// Runs the stage on `s.a` (`t` frames per stream), leaving its output in `s.a`; returns the
+    /// new frame count.
+    fn forward(
+        &self,
+        st: &mut Self::State,
+        active: &[usize],
+        s: &mut Scratch,
+        t: usize,
+        pool: Option<&Pool>,
+    ) -> usize;
+    fn reset(st: &mut Self::State, i: usize);
+}
+
+/// Residual blocks on `s.a` in place.
+fn res_forward(
+    res: &[ResBlock],
+    rs: &mut [ResState],
+    active: &[usize],
+    s: &mut Scratch,
+    t: usize,
+    pool: Option<&Pool>,
+) {
+    for (blk, bs) in res.iter().zip(rs.iter_mut()) {
+        blk.forward(
+            bs,
+            active,
+            &mut s.work,
+            &mut s.a,
+            t,
+            &mut s.h,
+            &mut s.r,
+            pool,
+        );
+    }
+}
+
+fn res_reset(rs: &mut [ResState], i: usize) {
+    for r in rs {
+        ResBlock::reset(r, i);
+    }
+}
+
+impl SeanetStage for (Vec<ResBlock>, Conv1d) {
+    type State = (Vec<ResState>, Vec<ConvState>);
+
+    fn state(&self, z: &mut Sizer) -> Self::State {
+        let (res, down) = self;
+        let rs = z.res(res);
+        let ds = z.conv(down);
+        z.resampled(z.t / down.stride, down.cout);
+        (rs, ds)
+    }
+
+    fn forward(
+        &self,
+        (rs, ds): &mut Self::State,
+        active: &[usize],
+        s: &mut Scratch,
+        t: usize,
+        pool: Option<&Pool>,
+    ) -> usize {
+        let (res, down) = self;
+        res_forward(res, rs, active, s, t, pool);
+        let x = &s.a[..down.cin * active.len() * t];
+        down.forward(ds, active, &mut s.work, x, t, true, &mut s.b, pool);
+        std::mem::swap(&mut s.a, &mut s.b);
+        t / down.stride
+    }
+
+    fn reset((rs, ds): &mut Self::State, i: usize) {
+        res_reset(rs, i);
+        ds[i].reset();
+    }
+}
+
+impl SeanetStage for (ConvTr1d, Vec<ResBlock>) {
+    type State = (Vec<ConvTrState>, Vec<ResState>);
+
+    fn state(&self, z: &mut Sizer) -> Self::State {
+        let (up, res) = self;
+        z.work.fit_tr(up, z.t, z.streams);
+        let us = (0..z.streams).map(|_| up.state(z.t)).collect();
+        z.resampled(z.t * up.stride, up.cout);
+        (us, z.res(res))
+    }
+
+    fn forward(
+        &self,
+        (us, rs): &mut Self::State,
+        active: &[usize],
+        s: &mut Scratch,
+        t: usize,
+        pool: Option<&Pool>,
+    ) -> usize {
+        let (up, res) = self;
+        let x = &s.a[..up.cin * active.len() * t];
+        up.forward(us, active, &mut s.work, x, t, true, &mut s.b, pool);
+        std::mem::swap(&mut s.a, &mut s.b);
+        let t = t * up.stride;
+        res_forward(res, rs, active, s, t, pool);
+        t
+    }
+
+    fn reset((us, rs): &mut Self::State, i: usize) {
+        us[i].reset();
+        res_reset(rs, i);
+    }
+}
+
+impl<S: SeanetStage> Seanet<S> {
+    /// Fresh states of `streams` streams for chunks of at most `max_t` input frames (for the
+    /// encoder samples, a multiple of the hop; for the decoder latent frames at the encoder rate).
+    pub fn state(&self, max_t: usize, streams: usize) -> SeanetState<S> {
+        let mut z = Sizer {
+            t: max_t,
+            streams,
+            amax: self.conv0.cout * max_t,
+            hmax: 0,
+            work: ConvWork::default(),
+        };
+        let conv0 = z.conv(&self.conv0);
+        let stages = self.stages.iter().map(|s| s.state(&mut z)).collect();
+        let last = z.conv(&self.last);
+        SeanetState {
             conv0,
             stages,
             last,
-            work,
-            a: vec![0.0; amax * streams],
-            b: vec![0.0; amax * streams],
-            h: vec![0.0; hmax * streams],
-            r: vec![0.0; amax * streams],
+            scratch: Scratch {
+                work: z.work,
+                a: vec![0.0; z.amax * streams],
+                b: vec![0.0; z.amax * streams],
+                h: vec![0.0; z.hmax * streams],
+                r: vec![0.0; z.amax * streams],
+            },
         }
     }
 
-    /// `x` `[1, m·t]` samples (stream j's `t` at `j·t`) → `out` `[dim, m·(t / hop)]`.
+    /// `x` `[cin, m·t]` (stream j's `t` frames at `j·t`) → `out` `[cout, m·t']`: for the encoder
+    /// samples → latents (`t' = t / hop`), for the decoder latents → samples (`t' = t·hop`).
     pub fn forward(
         &self,
-        st: &mut SeanetEncState,
+        st: &mut SeanetState<S>,
         active: &[usize],
         x: &[f32],
         t: usize,
         out: &mut [f32],
         pool: Option<&Pool>,
     ) {
-        let SeanetEncState {
-            conv0,
-            stages,
-            last,
-            work,
-            a,
-            b,
-            h,
-            r,
-        } = st;
+        let s = &mut st.scratch;
         let m = active.len();
         let mut t = t;
-        self.conv0
-            .forward(conv0, active, work, x, t, false, a, pool);
-        for ((res, down), (rs, ds)) in self.stages.iter().zip(stages.iter_mut()) {
-            for (blk, bs) in res.iter().zip(rs.iter_mut()) {
-                blk.forward(bs, active, work, a, t, h, r, pool);
-            }
-            let cin = down.cin;
-            down.forward(ds, active, work, &a[..cin * m * t], t, true, b, pool);
-            t /= down.stride;
-            std::mem::swap(a, b);
+        self.conv0.forward(
+            &mut st.conv0,
+            active,
+            &mut s.work,
+            x,
+            t,
+            false,
+            &mut s.a,
+            pool,
+        );
+        for (stage, ss) in self.stages.iter().zip(st.stages.iter_mut()) {
+            t = stage.forward(ss, active, s, t, pool);
         }
-        let cin = self.last.cin;
+        let x = &s.a[..self.last.cin * m * t];
         self.last
-            .forward(last, active, work, &a[..cin * m * t], t, true, out, pool);
+            .forward(&mut st.last, active, &mut s.work, x, t, true, out, pool);
     }
 }
 
-impl SeanetEncState {
+impl<S: SeanetStage> SeanetState<S> {
     /// Stream `i` back to the fresh state.
     pub fn reset(&mut self, i: usize) {
         self.conv0[i].reset();
-        for (rs, ds) in &mut self.stages {
-            for r in rs {
-                ResBlock::reset(r, i);
-            }
-            ds[i].reset();
-        }
-        self.last[i].reset();
-    }
-}
-
-impl SeanetDecoder {
-    /// Fresh states of `streams` streams for chunks of at most `max_t` latent frames
-    /// (encoder rate).
-    pub fn state(&self, max_t: usize, streams: usize) -> SeanetDecState {
-        let mut t = max_t;
-        let mut amax = self.conv0.cout * t;
-        let mut hmax = 0;
-        let mut stages = Vec::new();
-        let mut work = ConvWork::default();
-        let conv0 = conv_states(&self.conv0, max_t, streams, &mut work);
-        for (up, res) in &self.stages {
-            work.fit_tr(up, t, streams);
-            let us = (0..streams).map(|_| up.state(t)).collect();
-            t *= up.stride;
-            amax = amax.max(up.cout * t);
-            let rs: Vec<ResState> = res.iter().map(|r| r.state(t, streams, &mut work)).collect();
-            for r in res {
-                hmax = hmax.max(r.c1.cout * t);
-            }
-            stages.push((us, rs));
-        }
-        let last = conv_states(&self.last, t, streams, &mut work);
-        SeanetDecState {
-            conv0,
-            stages,
-            last,
-            work,
-            a: vec![0.0; amax * streams],
-            b: vec![0.0; amax * streams],
-            h: vec![0.0; hmax * streams],
-            r: vec![0.0; amax * streams],
-        }
-    }
-
-    /// `z` `[dim, m·t]` → `out` `[1, m·t·hop]` (stream j's samples at `j·t·hop`).
-    pub fn forward(
-        &self,
-        st: &mut SeanetDecState,
-        active: &[usize],
-        z: &[f32],
-        t: usize,
-        out: &mut [f32],
-        pool: Option<&Pool>,
-    ) {
-        let SeanetDecState {
-            conv0,
-            stages,
-            last,
-            work,
-            a,
-            b,
-            h,
-            r,
-        } = st;
-        let m = active.len();
-        let mut t = t;
-        self.conv0
-            .forward(conv0, active, work, z, t, false, a, pool);
-        for ((up, res), (us, rs)) in self.stages.iter().zip(stages.iter_mut()) {
-            let cin = up.cin;
-            up.forward(us, active, work, &a[..cin * m * t], t, true, b, pool);
-            t *= up.stride;
-            std::mem::swap(a, b);
-            for (blk, bs) in res.iter().zip(rs.iter_mut()) {
-                blk.forward(bs, active, work, a, t, h, r, pool);
-            }
-        }
-        let cin = self.last.cin;
-        self.last
-            .forward(last, active, work, &a[..cin * m * t], t, true, out, pool);
-    }
-}
-
-impl SeanetDecState {
-    /// Stream `i` back to the fresh state.
-    pub fn reset(&mut self, i: usize) {
-        self.conv0[i].reset();
-        for (us, rs) in &mut self.stages {
-            us[i].reset();
-            for r in rs {
-                ResBlock::reset(r, i);
-            }
+        for ss in &mut self.stages {
+            S::reset(ss, i);
         }
         self.last[i].reset();
     }
