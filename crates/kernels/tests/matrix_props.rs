@@ -15,18 +15,7 @@ use kernels::quant::{encode_mlx, encode_q4_0, encode_q8_0};
 use kernels::{Matrix, Pool, Scratch, Storage, WeightFormat};
 use proptest::prelude::*;
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.next() * scale).collect()
-    }
-}
+use testkit::rng::XorShift as Rng;
 
 fn build(fmt: WeightFormat, rows: usize, cols: usize, w: &[f32]) -> Matrix {
     Matrix::encode(fmt, rows, cols, w).unwrap()

@@ -6,6 +6,7 @@
 
 use crate::protocol::SessionParams;
 pub use crate::protocol::{BackendInfo, SessionCommand};
+pub use runtime::FrameEvent;
 
 /// A conversation could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -29,32 +30,12 @@ pub trait AudioInput: Send {
     fn push(&mut self, pcm: &[f32]) -> InputReport;
 }
 
-/// One frame pass of the model.
-#[derive(Debug, Clone, Default)]
-pub struct FrameOut {
-    /// Output audio, 24 kHz mono (may be empty, e.g. the first frame).
-    pub pcm: Vec<f32>,
-    /// Text produced by this frame ("" if none).
-    pub text: String,
-    /// Wall time of the frame pass (µs).
-    pub step_us: u64,
-    /// Of `step_us`: the Mimi encode (µs).
-    pub encode_us: u64,
-    /// Of `step_us`: the LM step with sampling and the Depformer (µs).
-    pub lm_us: u64,
-    /// Of `step_us`: the Mimi decode, detokenization and resampling (µs).
-    pub decode_us: u64,
-    /// From the frame's arrival (the input that completed it) to the end of its pass (µs).
-    pub lag_us: u64,
-    /// Input frames waiting after this frame (the lag behind real time, in frames).
-    pub queued: usize,
-}
-
 /// An event from a running conversation.
 #[derive(Debug)]
 pub enum BackendEvent {
-    /// A frame was processed.
-    Frame(FrameOut),
+    /// A frame was processed: its output audio (24 kHz mono, may be empty, e.g. the first
+    /// frame), text, phase timings and the input backlog after it.
+    Frame(FrameEvent),
     /// The conversation ended (`max_steps` reached, or stop requested). Last event.
     Stopped {
         /// Whether `max_steps` was the reason.
@@ -70,7 +51,7 @@ pub trait EventSource: Send {
     fn recv(&mut self) -> Option<BackendEvent>;
     /// Hands a frame's buffers back for reuse by a later frame (optional; the default drops them). With it the
     /// runtime backend allocates nothing per frame.
-    fn recycle(&mut self, frame: FrameOut) {
+    fn recycle(&mut self, frame: FrameEvent) {
         drop(frame);
     }
 }

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use crate::backend::FrameOut;
+use crate::backend::FrameEvent;
 use crate::protocol::SessionCommand;
 
 /// Upper bounds (seconds) of the latency histogram buckets: from a Mimi encode on many cores (a few ms)
@@ -122,12 +122,13 @@ impl Metrics {
     }
 
     /// Records every latency of one frame pass: the whole pass, each phase and the arrival-to-answer lag.
-    pub fn observe_frame(&self, f: &FrameOut) {
-        self.step.observe_us(f.step_us);
-        for (h, us) in self.phases.iter().zip([f.encode_us, f.lm_us, f.decode_us]) {
-            h.observe_us(us);
+    pub fn observe_frame(&self, f: &FrameEvent) {
+        let t = &f.timings;
+        self.step.observe_us(u64::from(t.total_us));
+        for (h, us) in self.phases.iter().zip([t.encode_us, t.lm_us, t.decode_us]) {
+            h.observe_us(u64::from(us));
         }
-        self.lag.observe_us(f.lag_us);
+        self.lag.observe_us(u64::from(t.lag_us));
     }
 
     /// Records the current input backlog of one session.
@@ -288,12 +289,15 @@ mod tests {
     #[test]
     fn a_frame_counts_once_in_every_histogram() {
         let m = Metrics::default();
-        let f = FrameOut {
-            step_us: 90_000,
-            encode_us: 3_000,
-            lm_us: 70_000,
-            decode_us: 17_000,
-            lag_us: 250_000,
+        let f = FrameEvent {
+            timings: runtime::FrameTimings {
+                total_us: 90_000,
+                encode_us: 3_000,
+                lm_us: 70_000,
+                decode_us: 17_000,
+                lag_us: 250_000,
+                ..Default::default()
+            },
             ..Default::default()
         };
         m.observe_frame(&f);

@@ -7,7 +7,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::backend::{
-    AudioInput, Backend, BackendError, BackendEvent, BackendInfo, EventSource, FrameOut,
+    AudioInput, Backend, BackendError, BackendEvent, BackendInfo, EventSource, FrameEvent,
     InputReport, OpenSession, Stopper,
 };
 use crate::protocol::{SessionCommand, SessionParams};
@@ -129,11 +129,17 @@ impl EventSource for Events {
         } else {
             String::new()
         };
-        Some(BackendEvent::Frame(FrameOut {
+        Some(BackendEvent::Frame(FrameEvent {
             pcm,
             text,
-            step_us: t0.elapsed().as_micros() as u64,
-            queued,
+            timings: runtime::FrameTimings {
+                total_us: t0.elapsed().as_micros() as u32,
+                ..Default::default()
+            },
+            counters: runtime::Counters {
+                queued,
+                ..Default::default()
+            },
             ..Default::default()
         }))
     }

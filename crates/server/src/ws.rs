@@ -433,7 +433,7 @@ fn output_loop(
             BackendEvent::Frame(f) => {
                 metrics.frames_processed.fetch_add(1, Relaxed);
                 metrics.observe_frame(&f);
-                metrics.observe_lag(f.queued as u64);
+                metrics.observe_lag(f.counters.queued as u64);
                 bytes.clear();
                 if let Err(e) = encoder.push(&f.pcm, &mut bytes) {
                     tracing::warn!("opus encode: {e}");

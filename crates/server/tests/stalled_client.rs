@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use futures_util::StreamExt;
 use server::backend::{
-    AudioInput, Backend, BackendError, BackendEvent, BackendInfo, EventSource, FrameOut,
+    AudioInput, Backend, BackendError, BackendEvent, BackendInfo, EventSource, FrameEvent,
     InputReport, OpenSession, Stopper,
 };
 use server::protocol::SessionParams;
@@ -61,11 +61,13 @@ impl EventSource for ChattyEvents {
         }
         self.left -= 1;
         self.produced.fetch_add(1, Relaxed);
-        Some(BackendEvent::Frame(FrameOut {
+        Some(BackendEvent::Frame(FrameEvent {
             pcm: vec![0.0; 1920],
             text: self.text.clone(),
-            step_us: 100,
-            queued: 0,
+            timings: runtime::FrameTimings {
+                total_us: 100,
+                ..Default::default()
+            },
             ..Default::default()
         }))
     }

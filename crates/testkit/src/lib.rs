@@ -38,6 +38,7 @@
 
 pub mod compare;
 mod fixture;
+pub mod rng;
 
 pub use fixture::{fixtures_dir, TensorFile};
 

@@ -26,13 +26,5 @@ pub fn context() -> Option<GpuContext> {
 
 /// Deterministic values in about [-1, 1] (xorshift), for weights and activations.
 pub fn values(seed: u64, n: usize) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
+    testkit::rng::values(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15), n)
 }

@@ -371,15 +371,7 @@ impl SplitRvq {
 mod tests {
     use super::*;
 
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> f32 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        }
-    }
+    use testkit::rng::XorShift as Rng;
 
     /// argmin over all centroids of ½‖c‖² − c·x in f64 (first index on ties).
     fn brute(cb: &Codebook, x: &[f32]) -> usize {
@@ -403,7 +395,7 @@ mod tests {
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         // Centroids of very different scales, plus pairs that differ in one low bit only.
         let mut c: Vec<f32> = (0..bins * dim)
-            .map(|i| rng.next() * if (i / dim) % 3 == 0 { 8.0 } else { 0.5 })
+            .map(|i| rng.next_f32() * if (i / dim) % 3 == 0 { 8.0 } else { 0.5 })
             .collect();
         for p in 0..32 {
             let (a, b) = (2 * p, 2 * p + 1);
@@ -420,19 +412,19 @@ mod tests {
         for trial in 0..600 {
             let x: Vec<f32> = match trial % 3 {
                 // random points
-                0 => (0..dim).map(|_| rng.next() * 4.0).collect(),
+                0 => (0..dim).map(|_| rng.next_f32() * 4.0).collect(),
                 // right next to a centroid
                 1 => {
                     let i = (trial * 7) % bins;
                     (0..dim)
-                        .map(|j| c[i * dim + j] + rng.next() * 1e-3)
+                        .map(|j| c[i * dim + j] + rng.next_f32() * 1e-3)
                         .collect()
                 }
                 // midpoint of two centroids (a near tie) plus a tiny nudge
                 _ => {
                     let (a, b) = ((trial * 13) % bins, (trial * 31 + 1) % bins);
                     (0..dim)
-                        .map(|j| 0.5 * (c[a * dim + j] + c[b * dim + j]) + rng.next() * 1e-6)
+                        .map(|j| 0.5 * (c[a * dim + j] + c[b * dim + j]) + rng.next_f32() * 1e-6)
                         .collect()
                 }
             };

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use model::sampling::{RepetitionPenalty, SamplerConfig};
 
 use super::{
-    AudioInput, Backend, BackendError, BackendEvent, BackendInfo, EventSource, FrameOut,
+    AudioInput, Backend, BackendError, BackendEvent, BackendInfo, EventSource, FrameEvent,
     InputReport, OpenSession, SessionCommand, Stopper,
 };
 use crate::protocol::SessionParams;
@@ -165,16 +165,7 @@ impl AudioInput for runtime::PcmProducer {
 impl EventSource for runtime::EventReceiver {
     fn recv(&mut self) -> Option<BackendEvent> {
         Some(match runtime::EventReceiver::recv(self)? {
-            runtime::Event::Frame(f) => BackendEvent::Frame(FrameOut {
-                pcm: f.pcm,
-                text: f.text,
-                step_us: u64::from(f.timings.total_us),
-                encode_us: u64::from(f.timings.encode_us),
-                lm_us: u64::from(f.timings.lm_us),
-                decode_us: u64::from(f.timings.decode_us),
-                lag_us: u64::from(f.timings.lag_us),
-                queued: f.counters.queued,
-            }),
+            runtime::Event::Frame(f) => BackendEvent::Frame(f),
             runtime::Event::Stopped(r) => BackendEvent::Stopped {
                 max_steps: r == runtime::StopReason::MaxSteps,
             },
@@ -182,21 +173,8 @@ impl EventSource for runtime::EventReceiver {
         })
     }
 
-    fn recycle(&mut self, frame: FrameOut) {
-        // Every other field is overwritten when the worker reuses the event.
-        runtime::EventReceiver::recycle(
-            self,
-            runtime::FrameEvent {
-                epoch: 0,
-                frame_index: 0,
-                text_token: None,
-                audio_tokens: None,
-                text: frame.text,
-                pcm: frame.pcm,
-                timings: Default::default(),
-                counters: Default::default(),
-            },
-        );
+    fn recycle(&mut self, frame: FrameEvent) {
+        runtime::EventReceiver::recycle(self, frame);
     }
 }
 
