@@ -137,21 +137,17 @@ pub fn describe(path: &Path) -> Result<Value, EmbedError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::PathBuf;
-
-    fn fixtures() -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
-    }
+    use testkit::fixtures_dir;
 
     #[test]
     fn describes_bundles_and_files() {
-        let d = describe(&fixtures().join("lm")).unwrap();
+        let d = describe(&fixtures_dir("lm")).unwrap();
         assert_eq!(d["kind"], "bundle");
         assert_eq!(d["lm"]["dim"], 64);
         assert_eq!(d["mimi_weights"]["variant"], "pytorch-f32");
-        let f = describe(&fixtures().join("mimi/mimi_hf.safetensors")).unwrap();
+        let f = describe(&fixtures_dir("mimi/mimi_hf.safetensors")).unwrap();
         assert_eq!(f["component"], "mimi");
         assert_eq!(f["weights"]["variant"], "hf-transformers-f32");
-        assert!(describe(&fixtures().join("missing")).is_err());
+        assert!(describe(&fixtures_dir("missing")).is_err());
     }
 }

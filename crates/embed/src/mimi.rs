@@ -94,26 +94,23 @@ pub fn open_mimi(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn fixtures() -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
-    }
+    use testkit::fixtures_dir;
 
     #[test]
     fn opens_from_a_bundle_or_a_file_and_refuses_what_is_missing() {
-        let a = open_mimi(&fixtures().join("lm"), None, 8).unwrap();
+        let a = open_mimi(&fixtures_dir("lm"), None, 8).unwrap();
         let b = open_mimi(
-            &fixtures().join("mimi/mimi.safetensors"),
-            Some(&fixtures().join("mimi/mimi_config.json")),
+            &fixtures_dir("mimi/mimi.safetensors"),
+            Some(&fixtures_dir("mimi/mimi_config.json")),
             8,
         )
         .unwrap();
         assert_eq!(a.config(), b.config());
         assert_eq!(a.n_codebooks(), 8);
         // Without a config, the released dimensions apply and the tiny weights are refused.
-        let e = open_mimi(&fixtures().join("mimi/mimi.safetensors"), None, 8).unwrap_err();
+        let e = open_mimi(&fixtures_dir("mimi/mimi.safetensors"), None, 8).unwrap_err();
         assert!(matches!(e, EmbedError::Model { .. }), "{e}");
-        let e = open_mimi(&fixtures().join("nope"), None, 8).unwrap_err();
+        let e = open_mimi(&fixtures_dir("nope"), None, 8).unwrap_err();
         assert!(matches!(e, EmbedError::NotFound(_)), "{e}");
     }
 }

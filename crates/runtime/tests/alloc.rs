@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use runtime::{EngineOptions, Event, Session, SessionOptions, SessionRunner, Step, FRAME_SIZE};
+use runtime::{EngineOptions, Session, SessionOptions, SessionRunner, Step, FRAME_SIZE};
 use testkit::all_thread_allocations_during as allocations;
 
 #[global_allocator]
@@ -80,15 +80,8 @@ fn steady_state_frames_do_not_allocate() {
     let mut run_frames = |frames: std::ops::Range<usize>| {
         let mut n = 0;
         for f in frames {
-            mic.push(&pcm[f * FRAME_SIZE..(f + 1) * FRAME_SIZE]);
-            match ev.recv() {
-                Some(Event::Frame(e)) => {
-                    std::hint::black_box(e.pcm.len());
-                    ev.recycle(e);
-                    n += 1;
-                }
-                other => panic!("{other:?}"),
-            }
+            push_and_recycle(&mut mic, &ev, &pcm[f * FRAME_SIZE..(f + 1) * FRAME_SIZE]);
+            n += 1;
         }
         n
     };

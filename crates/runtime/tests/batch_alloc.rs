@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use runtime::{BatchOptions, BatchRunner, EngineOptions, Event, SessionOptions, FRAME_SIZE};
+use runtime::{BatchOptions, BatchRunner, EngineOptions, SessionOptions, FRAME_SIZE};
 use testkit::all_thread_allocations_during as allocations;
 
 #[global_allocator]
@@ -54,15 +54,8 @@ fn batched_ticks_do_not_allocate() {
                     if k == 1 && f % 2 == 1 {
                         continue;
                     }
-                    mic.push(x);
-                    match ev.recv() {
-                        Some(Event::Frame(e)) => {
-                            std::hint::black_box(e.pcm.len());
-                            ev.recycle(e);
-                            n += 1;
-                        }
-                        other => panic!("{other:?}"),
-                    }
+                    push_and_recycle(mic, ev, x);
+                    n += 1;
                 }
             }
             n

@@ -5,7 +5,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use model::sampling::SamplerConfig;
-use runtime::{Engine, EngineOptions, FrameEvent, Session, SessionOptions, Step, FRAME_SIZE};
+use runtime::{
+    Engine, EngineOptions, Event, EventReceiver, FrameEvent, PcmProducer, Session, SessionOptions,
+    Step, FRAME_SIZE,
+};
 
 /// The tiny Moshi bundle produced by the oracle.
 pub fn bundle_dir() -> PathBuf {
@@ -144,4 +147,17 @@ pub fn assert_same(got: &Collected, want: &Collected) {
         );
     }
     assert_eq!(got.text, want.text, "text");
+}
+
+/// Pushes one input frame into `mic`, waits for its output frame and hands the frame's buffers
+/// back for reuse (any other event panics).
+pub fn push_and_recycle(mic: &mut PcmProducer, ev: &EventReceiver, frame: &[f32]) {
+    mic.push(frame);
+    match ev.recv() {
+        Some(Event::Frame(e)) => {
+            std::hint::black_box(e.pcm.len());
+            ev.recycle(e);
+        }
+        other => panic!("{other:?}"),
+    }
 }
