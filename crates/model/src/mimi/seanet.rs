@@ -147,37 +147,22 @@ pub(crate) trait SeanetStage {
     fn state(&self, z: &mut Sizer) -> Self::State;
     /// Runs the stage on `s.a` (`t` frames per stream), leaving its output in `s.a`; returns the
     /// new frame count.
-    fn forward(
-        &self,
-        st: &mut Self::State,
-        active: &[usize],
-        s: &mut Scratch,
-        t: usize,
-        pool: Option<&Pool>,
-    ) -> usize;
+    fn forward(&self, st: &mut Self::State, c: Call<'_>, s: &mut Scratch, t: usize) -> usize;
     fn reset(st: &mut Self::State, i: usize);
 }
 
+/// The streams one call runs (`active`) and the pool that splits its products.
+#[derive(Clone, Copy)]
+pub(crate) struct Call<'a> {
+    active: &'a [usize],
+    pool: Option<&'a Pool>,
+}
+
 /// Residual blocks on `s.a` in place.
-fn res_forward(
-    res: &[ResBlock],
-    rs: &mut [ResState],
-    active: &[usize],
-    s: &mut Scratch,
-    t: usize,
-    pool: Option<&Pool>,
-) {
+fn res_forward(res: &[ResBlock], rs: &mut [ResState], c: Call<'_>, s: &mut Scratch, t: usize) {
+    let Scratch { work, a, h, r, .. } = s;
     for (blk, bs) in res.iter().zip(rs.iter_mut()) {
-        blk.forward(
-            bs,
-            active,
-            &mut s.work,
-            &mut s.a,
-            t,
-            &mut s.h,
-            &mut s.r,
-            pool,
-        );
+        blk.forward(bs, c.active, work, a, t, h, r, c.pool);
     }
 }
 
@@ -198,18 +183,11 @@ impl SeanetStage for (Vec<ResBlock>, Conv1d) {
         (rs, ds)
     }
 
-    fn forward(
-        &self,
-        (rs, ds): &mut Self::State,
-        active: &[usize],
-        s: &mut Scratch,
-        t: usize,
-        pool: Option<&Pool>,
-    ) -> usize {
-        let (res, down) = self;
-        res_forward(res, rs, active, s, t, pool);
-        let x = &s.a[..down.cin * active.len() * t];
-        down.forward(ds, active, &mut s.work, x, t, true, &mut s.b, pool);
+    fn forward(&self, st: &mut Self::State, c: Call<'_>, s: &mut Scratch, t: usize) -> usize {
+        let ((res, down), (rs, ds)) = (self, st);
+        res_forward(res, rs, c, s, t);
+        let x = &s.a[..down.cin * c.active.len() * t];
+        down.forward(ds, c.active, &mut s.work, x, t, true, &mut s.b, c.pool);
         std::mem::swap(&mut s.a, &mut s.b);
         t / down.stride
     }
@@ -231,20 +209,13 @@ impl SeanetStage for (ConvTr1d, Vec<ResBlock>) {
         (us, z.res(res))
     }
 
-    fn forward(
-        &self,
-        (us, rs): &mut Self::State,
-        active: &[usize],
-        s: &mut Scratch,
-        t: usize,
-        pool: Option<&Pool>,
-    ) -> usize {
-        let (up, res) = self;
-        let x = &s.a[..up.cin * active.len() * t];
-        up.forward(us, active, &mut s.work, x, t, true, &mut s.b, pool);
+    fn forward(&self, st: &mut Self::State, c: Call<'_>, s: &mut Scratch, t: usize) -> usize {
+        let ((up, res), (us, rs)) = (self, st);
+        let x = &s.a[..up.cin * c.active.len() * t];
+        up.forward(us, c.active, &mut s.work, x, t, true, &mut s.b, c.pool);
         std::mem::swap(&mut s.a, &mut s.b);
         let t = t * up.stride;
-        res_forward(res, rs, active, s, t, pool);
+        res_forward(res, rs, c, s, t);
         t
     }
 
@@ -306,8 +277,9 @@ impl<S: SeanetStage> Seanet<S> {
             &mut s.a,
             pool,
         );
+        let c = Call { active, pool };
         for (stage, ss) in self.stages.iter().zip(st.stages.iter_mut()) {
-            t = stage.forward(ss, active, s, t, pool);
+            t = stage.forward(ss, c, s, t);
         }
         let x = &s.a[..self.last.cin * m * t];
         self.last
