@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use embed::{guess_component, variant};
 use model::checkpoint::Schema;
-use model::checkpoint::{Bundle, CheckpointError, Component};
+use model::checkpoint::{Bundle, Component};
 use model::checkpoint::{LmConfig, MimiConfig};
 use model::checkpoint::{Quant, Weights};
 
@@ -173,22 +173,18 @@ fn inspect_bundle(dir: &Path, list: bool) -> Result<()> {
                 .unwrap_or(0)
         )
     );
-    print_component("LM", &b.files.lm, || b.lm_weights(), list)?;
-    print_component("Mimi", &b.files.mimi, || b.mimi_weights(), list)
-}
-
-/// Opens one component's weights (`what`, read from `path`) and prints them and its schema
-/// check.
-fn print_component(
-    what: &str,
-    path: &Path,
-    open: impl FnOnce() -> Result<Weights, CheckpointError>,
-    list: bool,
-) -> Result<()> {
-    println!("{what} weights:");
-    let w = open().with_context(|| format!("refused: {what} weights {}", path.display()))?;
-    print_weights(&w, list);
-    println!("  schema:    complete ({} tensors)", w.len());
+    println!("LM weights:");
+    let lm = b
+        .lm_weights()
+        .with_context(|| format!("refused: LM weights {}", b.files.lm.display()))?;
+    print_weights(&lm, list);
+    println!("  schema:    complete ({} tensors)", lm.len());
+    println!("Mimi weights:");
+    let mimi = b
+        .mimi_weights()
+        .with_context(|| format!("refused: Mimi weights {}", b.files.mimi.display()))?;
+    print_weights(&mimi, list);
+    println!("  schema:    complete ({} tensors)", mimi.len());
     Ok(())
 }
 

@@ -217,10 +217,16 @@ pub fn run(args: &TraceDuplexArgs) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
     use testkit::compare::max_abs_diff;
-    use testkit::{fixtures_dir, TensorFile};
+    use testkit::TensorFile;
 
     use super::*;
+
+    fn root() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+    }
 
     #[test]
     fn trace_duplex_matches_the_python_server_emulation() {
@@ -246,8 +252,8 @@ mod tests {
         ));
         let args = TraceDuplexArgs {
             files: TraceFiles {
-                model_dir: fixtures_dir("lm"),
-                input: fixtures_dir("duplex/input.wav"),
+                model_dir: root().join("fixtures/lm"),
+                input: root().join("fixtures/duplex/input.wav"),
                 out: out.clone(),
             },
             greedy: true,
@@ -261,7 +267,7 @@ mod tests {
         run(&args).unwrap();
         let got = TensorFile::open(&out);
         let _ = std::fs::remove_file(&out);
-        let want = TensorFile::open(fixtures_dir("duplex/trace.safetensors"));
+        let want = TensorFile::open(root().join("fixtures/duplex/trace.safetensors"));
         for name in ["text_tokens", "audio_tokens"] {
             assert_eq!(got.i64(name), want.i64(name), "{name} must match exactly");
         }

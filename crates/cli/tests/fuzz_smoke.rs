@@ -47,7 +47,18 @@ fn regressions(target: &str) -> Vec<Vec<u8>> {
     v.iter().filter_map(|p| std::fs::read(p).ok()).collect()
 }
 
-use testkit::rng::XorShift as Rng;
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
 
 fn mutate(seed: &[u8], rng: &mut Rng) -> Vec<u8> {
     let mut v = seed.to_vec();
@@ -78,9 +89,7 @@ fn mutate(seed: &[u8], rng: &mut Rng) -> Vec<u8> {
             2 if span > 0 => v.truncate(rng.below(v.len())),
             3 => {
                 let i = rng.below(span + 1).min(v.len());
-                let junk: Vec<u8> = (0..1 + rng.below(16))
-                    .map(|_| rng.next_u64() as u8)
-                    .collect();
+                let junk: Vec<u8> = (0..1 + rng.below(16)).map(|_| rng.next() as u8).collect();
                 v.splice(i..i, junk);
             }
             4 if span > 0 => {
