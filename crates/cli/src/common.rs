@@ -179,7 +179,9 @@ impl EngineArgs {
             .with_context(|| format!("cannot open the model bundle {}", dir.display()))?;
         eprintln!("moshi-native: {}", load_line(&timings));
         match engine.gpu_adapter() {
-            Some(a) => eprintln!("moshi-native: device gpu: the LM runs on adapter {a}"),
+            Some(a) => eprintln!(
+                "moshi-native: device gpu: the LM and Mimi run on adapter {a} (with --batch, Mimi runs on the CPU)"
+            ),
             None => eprintln!("moshi-native: device cpu"),
         }
         Ok(Opened { engine, demo, dir })

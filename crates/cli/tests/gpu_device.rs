@@ -46,7 +46,7 @@ fn duplex_on_gpu_matches_cpu() {
     let (gpu_log, gpu_wav) = duplex(&["--device", "gpu"], "gpu");
     assert!(cpu_log.contains("device cpu"), "{cpu_log}");
     assert!(
-        gpu_log.contains("device gpu: the LM runs on adapter #"),
+        gpu_log.contains("device gpu: the LM and Mimi run on adapter #"),
         "{gpu_log}"
     );
     // Mimi runs on the device too: the user's codes are exact (same tokens, same transcript) and the

@@ -419,7 +419,8 @@ impl Worker {
         self.ready.extend(0..n);
         self.pcm.fill(0.0);
         self.audio.fill(0);
-        // Two frames, as the single-stream warm-ups take.
+        // Two frames, so buffers that a stream's second frame touches first are sized too (a single
+        // session's warm-up is one frame; one has not been shown enough for the joint codec here).
         for _ in 0..2 {
             if self.codec.encode_frames(&self.ready, &self.pcm).is_ok() {
                 let _ = self

@@ -84,10 +84,13 @@ pub async fn connect(url: &str) -> Ws {
     ws
 }
 
-/// Next binary message (skipping pings of kind 6), or None on close/timeout.
+/// Next binary message (skipping pings of kind 6), or None on close/timeout. `timeout` is one
+/// deadline for the whole wait: the server's keep-alive pings (every few seconds) must not restart
+/// it, or a server that never answers would keep the caller waiting forever instead of failing.
 pub async fn next_bin(ws: &mut Ws, timeout: Duration) -> Option<Vec<u8>> {
+    let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        match tokio::time::timeout(timeout, ws.next()).await {
+        match tokio::time::timeout_at(deadline, ws.next()).await {
             Ok(Some(Ok(Message::Binary(b)))) => {
                 if b.first() == Some(&6) {
                     continue;
