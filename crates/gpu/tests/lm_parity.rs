@@ -138,20 +138,23 @@ fn f32_weights_match_oracle_and_cpu() {
     check_format(&ctx, "lm");
 }
 
+/// The oracle's LM fixtures in a weight format other than f32 (`lm`).
+const FORMAT_FIXTURES: [&str; 7] = [
+    "lm_candle_bf16",
+    "lm_gguf_q8",
+    "lm_mlx_bf16",
+    "lm_mlx_q4",
+    "lm_mlx_q8",
+    // Written by the real tools (gguf-py's Q4_0, candle's Q8_0); traces from moshi on the
+    // tools' own dequantization.
+    "tools/ggufpy_q4_0",
+    "tools/candle_q8_0",
+];
+
 #[test]
 fn every_weight_format_matches_oracle_and_cpu() {
     let Some(ctx) = common::context() else { return };
-    for dir in [
-        "lm_candle_bf16",
-        "lm_gguf_q8",
-        "lm_mlx_bf16",
-        "lm_mlx_q4",
-        "lm_mlx_q8",
-        // Written by the real tools (gguf-py's Q4_0, candle's Q8_0); traces from moshi on the
-        // tools' own dequantization.
-        "tools/ggufpy_q4_0",
-        "tools/candle_q8_0",
-    ] {
+    for dir in FORMAT_FIXTURES {
         check_format(&ctx, dir);
     }
 }
@@ -433,16 +436,7 @@ fn run_sampled<B: LmBackend + ?Sized>(
 fn device_sampled_greedy_frames_match_oracle_and_cpu_on_every_fixture() {
     let Some(ctx) = common::context() else { return };
     kernels::set_f32_activations(true);
-    for dir in [
-        "lm",
-        "lm_candle_bf16",
-        "lm_gguf_q8",
-        "lm_mlx_bf16",
-        "lm_mlx_q4",
-        "lm_mlx_q8",
-        "tools/ggufpy_q4_0",
-        "tools/candle_q8_0",
-    ] {
+    for dir in std::iter::once("lm").chain(FORMAT_FIXTURES) {
         let trace = read(&fixtures().join(dir).join("trace.safetensors"));
         let (_, shape) = tensor_i64(&trace, "input_tokens");
         let steps = shape[0];
