@@ -21,7 +21,7 @@ use model::mimi::bench::{stage_breakdown_slots, time_slot_ticks, SlotMode};
 use model::mimi::Mimi;
 use runtime::{BatchBench, Engine, EngineOptions, Session, SessionOptions, FRAME_SIZE};
 
-use crate::cmd_bench::{settle, stats, BenchArgs};
+use crate::bench_args::{settle, stats, BenchArgs};
 
 /// One timed configuration: its samples (ms per tick) and its per-round ratios to the one-stream cell.
 #[derive(Default, Clone)]

@@ -8,7 +8,7 @@ use anyhow::Result;
 use model::lm::{Generator, LmError, LmFrame, LmModel, NoObserver};
 use model::sampling::{Sampler, SamplerConfig};
 
-use crate::cmd_bench::{stats, BenchArgs};
+use crate::bench_args::{stats, BenchArgs};
 
 /// One measured cell (tests read it; the bench prints it).
 #[derive(Debug, Clone, PartialEq)]

@@ -23,106 +23,18 @@
 //! Every result is also printed as one machine-readable line starting with `result ` (key=value
 //! pairs), which `tools/bench/compare.sh` reads to interleave ours with the baselines.
 
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, ValueEnum};
 use kernels::attention::KvDtype;
 use kernels::{Pool, WeightFormat};
 use model::lm::{LmBatchGen, LmFrame, LmGen, LmModel, LmSpec, SyntheticSource};
 use model::mimi::Mimi;
 use model::sampling::{Sampler, SamplerConfig};
 
-/// What `moshi-native bench` measures.
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum What {
-    /// Everything below except `batch` and `duplex`, in one run.
-    All,
-    /// Streaming read bandwidth only.
-    Probe,
-    /// Kernel matvec GB/s and the Mimi conv stack.
-    Kernels,
-    /// LM frame per format, thread count and KV position.
-    Lm,
-    /// Mimi encode/decode per frame.
-    Mimi,
-    /// Conversation slots coded together against one by one (`--slots`; the server tick with `--bundle`).
-    Batch,
-    /// The whole frame pass through the runtime's session, worker thread and input ring, per phase, with
-    /// its overhead over the LM frame and the Mimi encode + decode timed alone.
-    Duplex,
-}
-
-/// Flags of `moshi-native bench`.
-#[derive(Args, Debug, Clone)]
-pub struct BenchArgs {
-    /// What to measure.
-    #[arg(value_enum, default_value = "all")]
-    pub what: What,
-    /// Thread counts (interleaved within each round).
-    #[arg(long, value_delimiter = ',', default_value = "1,2")]
-    pub threads: Vec<usize>,
-    /// LM weight formats (synthetic, in memory): q8_0, q4_0, bf16, f32, mlx-q4, mlx-q8.
-    /// Ignored with `--bundle`.
-    #[arg(long, value_delimiter = ',', default_value = "q8_0,q4_0,bf16")]
-    pub formats: Vec<String>,
-    /// Temporal KV positions to time the LM frame at (the generator jumps there with
-    /// `LmGen::seek_for_bench`: the KV rings hold that many entries, so attention reads the real
-    /// window).
-    #[arg(long, value_delimiter = ',', default_value = "0,375,3000")]
-    pub positions: Vec<usize>,
-    /// Temporal KV cache element types, each timed with its own generator: bf16, f32 (the runtime
-    /// default; a 3000-entry cache is 3.1 GB).
-    #[arg(long, value_delimiter = ',', default_value = "bf16")]
-    pub kv: Vec<String>,
-    /// Rounds (each round runs every thread count once).
-    #[arg(long, default_value_t = 3)]
-    pub rounds: usize,
-    /// Timed LM frames per (round, threads).
-    #[arg(long, default_value_t = 2)]
-    pub lm_frames: usize,
-    /// Timed Mimi frames per (round, threads).
-    #[arg(long, default_value_t = 20)]
-    pub mimi_frames: usize,
-    /// Load the LM and Mimi from this bundle (e.g. written by `moshi-native synth`) instead of
-    /// building synthetic weights in memory.
-    #[arg(long, value_name = "DIR")]
-    pub bundle: Option<PathBuf>,
-    /// Sessions in the batched LM step (`LmBatchGen`), timed interleaved with the single-session
-    /// frame and reported as a ratio to it; 0 or 1 = skip. Only for formats of at most 8.5 bits
-    /// per weight (the batch's KV caches cost 1.6 GB per session in bf16).
-    #[arg(long, default_value_t = 4)]
-    pub batch: usize,
-    /// `bench batch`: conversation slots per tick.
-    #[arg(long, default_value_t = 4)]
-    pub slots: usize,
-    /// Read-probe buffer size in MiB (well above the last-level cache).
-    #[arg(long, default_value_t = 512)]
-    pub probe_mb: usize,
-    /// Duplex: frames through the session per (round, threads).
-    #[arg(long, default_value_t = 6)]
-    pub duplex_frames: usize,
-    /// Duplex: output rate of the session (24000 = the model's, no resampling, as `serve` and
-    /// `duplex` run).
-    #[arg(long, default_value_t = 24_000)]
-    pub output_rate: u32,
-    /// Duplex: print every frame's phases (stderr).
-    #[arg(long)]
-    pub per_frame: bool,
-    /// LM and Mimi: time every cell twice per round, with the AVX-512 kernels allowed and forbidden
-    /// (`kernels::set_avx512_allowed`, interleaved), reported as `simd=avx512` / `simd=avx2`.
-    #[arg(long)]
-    pub ab_avx512: bool,
-    /// Where `bench lm` runs the LM (`gpu`: one frame per submission on the adapter, against a
-    /// device copy kernel). Default: cpu, or gpu when --gpu is given.
-    #[arg(long, value_enum)]
-    pub device: Option<crate::common::DeviceArg>,
-    /// GPU adapter number (`moshi-native devices` lists them); implies --device gpu.
-    #[arg(long = "gpu", value_name = "N")]
-    pub gpu: Option<usize>,
-}
+use crate::bench_args::{settle, stats};
+pub use crate::bench_args::{BenchArgs, What};
 
 /// The AVX-512 settings each cell is timed with: allowed and forbidden with `--ab-avx512`
 /// (interleaved), else one cell with the default.
@@ -141,22 +53,6 @@ fn simd_label(mode: Option<bool>) -> &'static str {
         Some(false) => " simd=avx2",
         None => "",
     }
-}
-
-/// Median (mean of the two middle values for an even count), min and max.
-pub(crate) fn stats(v: &[f64]) -> (f64, f64, f64) {
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
-    if s.is_empty() {
-        return (f64::NAN, f64::NAN, f64::NAN);
-    }
-    let n = s.len();
-    let med = if n % 2 == 1 {
-        s[n / 2]
-    } else {
-        0.5 * (s[n / 2 - 1] + s[n / 2])
-    };
-    (med, s[0], s[n - 1])
 }
 
 /// A buffer for the streaming-read probe.
@@ -201,11 +97,6 @@ impl Probe {
         std::hint::black_box(sink.load(std::sync::atomic::Ordering::Relaxed));
         (self.buf.len() * 8) as f64 / dt / 1e9
     }
-}
-
-/// Lets a multi-thread pool's worker finish spinning and park before a 1-thread measurement.
-pub(crate) fn settle() {
-    std::thread::sleep(Duration::from_millis(3));
 }
 
 fn parse_format(s: &str) -> Result<WeightFormat> {
@@ -901,13 +792,6 @@ mod tests {
         }
         std::hint::black_box(&v);
         assert!(minor_faults() >= before + 16);
-    }
-
-    #[test]
-    fn stats_are_median_min_max() {
-        assert_eq!(stats(&[3.0, 1.0, 2.0]), (2.0, 1.0, 3.0));
-        assert_eq!(stats(&[4.0, 1.0]), (2.5, 1.0, 4.0));
-        assert!(stats(&[]).0.is_nan());
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The `moshi-native` binary: talk to Moshi, run Mimi, inspect and trace models.
 
+mod bench_args;
 mod bench_batch;
 mod bench_gpu;
 mod cmd_bench;

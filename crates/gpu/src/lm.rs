@@ -762,28 +762,6 @@ impl GpuLm {
     }
 }
 
-/// Maps `rb`, copies its first `out.len()` f32 into `out`, unmaps.
-pub(crate) fn read_mapped(
-    ctx: &GpuContext,
-    rb: &wgpu::Buffer,
-    out: &mut [f32],
-) -> Result<(), GpuError> {
-    let bytes = (out.len() * 4) as u64;
-    let slice = rb.slice(..bytes.max(4));
-    slice.map_async(wgpu::MapMode::Read, |_| {});
-    ctx.wait()?;
-    {
-        let view = slice
-            .get_mapped_range()
-            .map_err(|e| GpuError::Runtime(format!("readback: {e:?}")))?;
-        for (o, c) in out.iter_mut().zip(view.chunks_exact(4)) {
-            *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-        }
-    }
-    rb.unmap();
-    Ok(())
-}
-
 /// Maps `rb` and splits its content into `outs` (back to back).
 fn read_split(
     ctx: &GpuContext,

@@ -9,27 +9,6 @@ use crate::matrix::{Dispatch, Grid};
 use crate::shaders::Module;
 use crate::GpuError;
 
-/// The copy kernel: `dst[i] = src[i]` over `C.n` 16-byte words.
-pub(crate) const COPY_WGSL: &str = r#"
-struct CopyParams {
-    n: u32,
-    pad0: u32,
-    pad1: u32,
-    pad2: u32,
-};
-@group(0) @binding(0) var<uniform> C: CopyParams;
-@group(0) @binding(1) var<storage, read> src: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read_write> dst: array<vec4<u32>>;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let stride = nwg.x * 256u;
-    for (var i = gid.x; i < C.n; i += stride) {
-        dst[i] = src[i];
-    }
-}
-"#;
-
 /// Workgroups of one copy (enough to fill any current GPU; the loop covers the rest).
 const COPY_GROUPS: u32 = 4096;
 
@@ -110,7 +89,7 @@ impl BandwidthProbe {
         enc.copy_buffer_to_buffer(&self.dst, 0, &rb, 0, len);
         self.ctx.queue().submit([enc.finish()]);
         let mut out = vec![0f32; len as usize / 4];
-        crate::lm::read_mapped(&self.ctx, &rb, &mut out)?;
+        crate::context::read_mapped(&self.ctx, &rb, &mut out)?;
         Ok(out.iter().map(|v| v.to_bits()).collect())
     }
 

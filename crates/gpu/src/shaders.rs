@@ -499,8 +499,422 @@ impl Module {
             Module::RopeStore => [PRELUDE, MISC_PARAMS, ROPE_STORE].concat(),
             Module::Attention => [PRELUDE, MISC_PARAMS, ATTENTION].concat(),
             Module::Gate => [PRELUDE, MISC_PARAMS, GATE].concat(),
-            Module::Sample => crate::sample::SAMPLE_WGSL.to_string(),
-            Module::Copy => crate::probe::COPY_WGSL.to_string(),
+            Module::Sample => SAMPLE_WGSL.to_string(),
+            Module::Copy => COPY_WGSL.to_string(),
         }
     }
 }
+
+/// The sampling kernel. One workgroup per active row `wid.y`, for stream `S.stream` (0 text,
+/// 1 audio) over `logits[b · S.ld ..][.. S.vocab]`; writes its token at the row's cursor and into
+/// the step buffer at `S.prev + b` (the next Depformer step's input).
+pub(crate) const SAMPLE_WGSL: &str = r#"
+const SWG: u32 = 256u;
+const MAXK: u32 = 1024u;
+const NONE: u32 = 0xffffffffu;
+const R_STREAM: u32 = 3u;
+const R_PAD_ID: u32 = 6u;
+const R_PAD_MUL: u32 = 7u;
+const R_PENALTY: u32 = 8u;
+const R_HIST_LEN: u32 = 9u;
+const R_FORCED: u32 = 10u;
+const R_CURSOR: u32 = 11u;
+const R_ERR: u32 = 12u;
+const R_RNG: u32 = 16u;
+const R_HIST: u32 = 32u;
+const R_OUT: u32 = 96u;
+
+struct SampleParams {
+    stream: u32,
+    vocab: u32,
+    ld: u32,
+    stride: u32,
+    prev: u32,
+    pad0: u32,
+    pad1: u32,
+    pad2: u32,
+};
+@group(0) @binding(0) var<uniform> S: SampleParams;
+@group(0) @binding(1) var<storage, read> logits: array<f32>;
+@group(0) @binding(2) var<storage, read_write> prob: array<f32>;
+@group(0) @binding(3) var<storage, read_write> rec: array<u32>;
+@group(0) @binding(4) var<storage, read_write> stepb: array<i32>;
+
+var<workgroup> shared_word: u32;
+var<workgroup> first_bad: atomic<u32>;
+var<workgroup> fill: atomic<u32>;
+var<workgroup> hist: array<atomic<u32>, 256>;
+var<workgroup> rv: array<f32, SWG>;
+var<workgroup> ri: array<u32, SWG>;
+var<workgroup> cand: array<vec2<u32>, MAXK>;
+
+// Exponent all ones: inf or NaN (a bit test, which no fast-math setting folds away).
+fn is_finite(v: f32) -> bool {
+    return (bitcast<u32>(v) & 0x7f800000u) != 0x7f800000u;
+}
+
+fn is_nan(v: f32) -> bool {
+    return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u;
+}
+
+// Thread 0's `v`, seen by every thread as a uniform value (branches before barriers need one).
+fn share(v: u32, lid: u32) -> u32 {
+    if (lid == 0u) {
+        shared_word = v;
+    }
+    return workgroupUniformLoad(&shared_word);
+}
+
+// 64-bit words as (low, high).
+fn mul_small(a: vec2<u32>, c: u32) -> vec2<u32> {
+    let lo = (a.x & 0xffffu) * c;
+    let hi = (a.x >> 16u) * c;
+    let carry = (hi + (lo >> 16u)) >> 16u;
+    return vec2<u32>(a.x * c, a.y * c + carry);
+}
+
+// Rotation left by 0 < k < 32.
+fn rotl_small(a: vec2<u32>, k: u32) -> vec2<u32> {
+    return vec2<u32>((a.x << k) | (a.y >> (32u - k)), (a.y << k) | (a.x >> (32u - k)));
+}
+
+fn load64(o: u32) -> vec2<u32> {
+    return vec2<u32>(rec[o], rec[o + 1u]);
+}
+
+fn store64(o: u32, v: vec2<u32>) {
+    rec[o] = v.x;
+    rec[o + 1u] = v.y;
+}
+
+// xoshiro256** (the host's `Rng::next_u64`) on the state at rec[o .. o + 8].
+fn next_u64(o: u32) -> vec2<u32> {
+    var s0 = load64(o);
+    var s1 = load64(o + 2u);
+    var s2 = load64(o + 4u);
+    var s3 = load64(o + 6u);
+    let result = mul_small(rotl_small(mul_small(s1, 5u), 7u), 9u);
+    let t = vec2<u32>(s1.x << 17u, (s1.y << 17u) | (s1.x >> 15u));
+    s2 = s2 ^ s0;
+    s3 = s3 ^ s1;
+    s1 = s1 ^ s2;
+    s0 = s0 ^ s3;
+    s2 = s2 ^ t;
+    // Rotation by 45 = swap the halves (32), then 13.
+    s3 = rotl_small(vec2<u32>(s3.y, s3.x), 13u);
+    store64(o, s0);
+    store64(o + 2u, s1);
+    store64(o + 4u, s2);
+    store64(o + 6u, s3);
+    return result;
+}
+
+// The row's token: at its cursor, and as the next Depformer step's input.
+fn emit(b: u32, r: u32, t: u32) {
+    let c = rec[r + R_CURSOR];
+    rec[r + R_OUT + c] = t;
+    rec[r + R_CURSOR] = c + 1u;
+    stepb[S.prev + b] = i32(t);
+}
+
+// Index of the largest prob[lo ..][.. n], the first on ties (the host's `argmax`; no NaN here).
+fn argmax(lo: u32, n: u32, lid: u32) -> u32 {
+    var bv = bitcast<f32>(0xff800000u);
+    var bi = NONE;
+    for (var i = lid; i < n; i += SWG) {
+        let v = prob[lo + i];
+        if (bi == NONE || v > bv) {
+            bv = v;
+            bi = i;
+        }
+    }
+    rv[lid] = bv;
+    ri[lid] = bi;
+    workgroupBarrier();
+    for (var s = SWG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            let v = rv[lid + s];
+            let i = ri[lid + s];
+            if (i != NONE && (ri[lid] == NONE || v > rv[lid] || (v == rv[lid] && i < ri[lid]))) {
+                rv[lid] = v;
+                ri[lid] = i;
+            }
+        }
+        workgroupBarrier();
+    }
+    return share(ri[0], lid);
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let b = wid.y;
+    let r = b * S.stride;
+    let text = S.stream == 0u;
+    let n = S.vocab;
+    let lo = b * S.ld;
+    let cfg = r + R_STREAM * S.stream;
+
+    // A forced text token: no check, no draw (as on the host).
+    let forced = share(select(NONE, rec[r + R_FORCED], text), lid);
+    if (forced != NONE) {
+        if (lid == 0u) {
+            emit(b, r, forced);
+        }
+        return;
+    }
+
+    // Copy to the work row, refusing non-finite logits (first bad index).
+    if (lid == 0u) {
+        atomicStore(&first_bad, NONE);
+    }
+    workgroupBarrier();
+    for (var i = lid; i < n; i += SWG) {
+        let v = logits[lo + i];
+        if (!is_finite(v)) {
+            atomicMin(&first_bad, i);
+        }
+        prob[lo + i] = v;
+    }
+    workgroupBarrier();
+    let bad = share(atomicLoad(&first_bad), lid);
+    if (bad != NONE) {
+        if (lid == 0u) {
+            let e = r + R_ERR + 2u * S.stream;
+            if (rec[e] == NONE) {
+                rec[e] = bad;
+                rec[e + 1u] = bitcast<u32>(logits[lo + bad]);
+            }
+            emit(b, r, 0u);
+        }
+        return;
+    }
+
+    // Repetition penalty (text): each distinct history token once.
+    let h = share(select(0u, rec[r + R_HIST_LEN], text), lid);
+    if (h > 0u) {
+        storageBarrier();
+        if (lid < h) {
+            let t = rec[r + R_HIST + lid];
+            var first = t < n;
+            for (var j = 0u; j < lid; j++) {
+                if (rec[r + R_HIST + j] == t) {
+                    first = false;
+                }
+            }
+            if (first) {
+                let pen = bitcast<f32>(rec[r + R_PENALTY]);
+                let l = prob[lo + t];
+                prob[lo + t] = select(l * pen, l / pen, l >= 0.0);
+            }
+        }
+    }
+    storageBarrier();
+
+    if (share(rec[cfg], lid) != 0u) {
+        let t = argmax(lo, n, lid);
+        if (lid == 0u) {
+            emit(b, r, t);
+        }
+        return;
+    }
+
+    // Softmax of logits / temperature (max-subtracted), as the host computes it.
+    let inv_t = bitcast<f32>(rec[cfg + 1u]);
+    var mx = bitcast<f32>(0xff800000u);
+    for (var i = lid; i < n; i += SWG) {
+        let v = prob[lo + i] * inv_t;
+        prob[lo + i] = v;
+        mx = max(mx, v);
+    }
+    rv[lid] = mx;
+    workgroupBarrier();
+    for (var s = SWG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            rv[lid] = max(rv[lid], rv[lid + s]);
+        }
+        workgroupBarrier();
+    }
+    let m = bitcast<f32>(share(bitcast<u32>(rv[0]), lid));
+    storageBarrier();
+    if (!is_finite(m)) {
+        let t = argmax(lo, n, lid);
+        if (lid == 0u) {
+            emit(b, r, t);
+        }
+        return;
+    }
+    var sum = 0.0;
+    for (var i = lid; i < n; i += SWG) {
+        var e = exp(prob[lo + i] - m);
+        if (is_nan(e)) {
+            e = 0.0;
+        }
+        prob[lo + i] = e;
+        sum += e;
+    }
+    rv[lid] = sum;
+    workgroupBarrier();
+    for (var s = SWG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            rv[lid] += rv[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let inv_sum = 1.0 / rv[0];
+    for (var i = lid; i < n; i += SWG) {
+        prob[lo + i] = prob[lo + i] * inv_sum;
+    }
+    storageBarrier();
+    if (lid == 0u && text) {
+        let pad = rec[r + R_PAD_ID];
+        if (pad < n) {
+            prob[lo + pad] = prob[lo + pad] * bitcast<f32>(rec[r + R_PAD_MUL]);
+        }
+    }
+    storageBarrier();
+
+    // The k-th largest key (probabilities are >= 0, so their bits order as u32), 8 bits a pass:
+    // `prefix` is its key and `need` how many of the entries equal to it are candidates.
+    let k = share(rec[cfg + 2u], lid);
+    var prefix = 0u;
+    var mask = 0u;
+    var need = k;
+    for (var digit = 0u; digit < 4u; digit++) {
+        let shift = 24u - 8u * digit;
+        atomicStore(&hist[lid], 0u);
+        workgroupBarrier();
+        for (var i = lid; i < n; i += SWG) {
+            let key = bitcast<u32>(prob[lo + i]);
+            if ((key & mask) == prefix) {
+                atomicAdd(&hist[(key >> shift) & 255u], 1u);
+            }
+        }
+        workgroupBarrier();
+        if (lid == 0u) {
+            var d = 255u;
+            var left = need;
+            loop {
+                let c = atomicLoad(&hist[d]);
+                if (c >= left || d == 0u) {
+                    break;
+                }
+                left -= c;
+                d -= 1u;
+            }
+            ri[0] = prefix | (d << shift);
+            ri[1] = left;
+        }
+        workgroupBarrier();
+        prefix = ri[0];
+        need = ri[1];
+        mask = mask | (255u << shift);
+        workgroupBarrier();
+    }
+
+    // Candidates: every key above `prefix`, and the `need` lowest indices among those equal to it
+    // (contiguous chunks per thread, so a tie's rank is the ties of the chunks before plus its own).
+    let chunk = (n + SWG - 1u) / SWG;
+    let c0 = min(n, lid * chunk);
+    let c1 = min(n, c0 + chunk);
+    var ties = 0u;
+    for (var i = c0; i < c1; i++) {
+        if (bitcast<u32>(prob[lo + i]) == prefix) {
+            ties++;
+        }
+    }
+    ri[lid] = ties;
+    if (lid == 0u) {
+        atomicStore(&fill, 0u);
+    }
+    workgroupBarrier();
+    var rank = 0u;
+    for (var j = 0u; j < lid; j++) {
+        rank += ri[j];
+    }
+    for (var i = c0; i < c1; i++) {
+        let key = bitcast<u32>(prob[lo + i]);
+        var take = key > prefix;
+        if (key == prefix) {
+            take = rank < need;
+            rank++;
+        }
+        if (take) {
+            let slot = atomicAdd(&fill, 1u);
+            cand[slot] = vec2<u32>(key, i);
+        }
+    }
+    workgroupBarrier();
+
+    // Bitonic sort: descending probability, ascending index (the host's candidate order).
+    var p2 = 1u;
+    while (p2 < k) {
+        p2 <<= 1u;
+    }
+    for (var i = k + lid; i < p2; i += SWG) {
+        cand[i] = vec2<u32>(0u, NONE);
+    }
+    workgroupBarrier();
+    for (var size = 2u; size <= p2; size <<= 1u) {
+        for (var stride = size >> 1u; stride > 0u; stride >>= 1u) {
+            for (var i = lid; i < p2; i += SWG) {
+                let j = i ^ stride;
+                if (j > i) {
+                    let a = cand[i];
+                    let c = cand[j];
+                    let a_first = a.x > c.x || (a.x == c.x && a.y < c.y);
+                    if (a_first != ((i & size) == 0u)) {
+                        cand[i] = c;
+                        cand[j] = a;
+                    }
+                }
+            }
+            workgroupBarrier();
+        }
+    }
+
+    // One draw: the first candidate whose running sum exceeds u · total.
+    if (lid == 0u) {
+        var total = 0.0;
+        for (var j = 0u; j < k; j++) {
+            total += bitcast<f32>(cand[j].x);
+        }
+        var t = cand[0].y;
+        if (is_finite(total) && total > 0.0) {
+            let x = next_u64(r + R_RNG + 8u * S.stream);
+            let u = f32(x.y >> 8u) * 5.9604644775390625e-8;
+            let goal = u * total;
+            var acc = 0.0;
+            t = cand[k - 1u].y;
+            for (var j = 0u; j < k; j++) {
+                acc += bitcast<f32>(cand[j].x);
+                if (acc > goal) {
+                    t = cand[j].y;
+                    break;
+                }
+            }
+        }
+        emit(b, r, t);
+    }
+}
+"#;
+
+/// The copy kernel: `dst[i] = src[i]` over `C.n` 16-byte words.
+pub(crate) const COPY_WGSL: &str = r#"
+struct CopyParams {
+    n: u32,
+    pad0: u32,
+    pad1: u32,
+    pad2: u32,
+};
+@group(0) @binding(0) var<uniform> C: CopyParams;
+@group(0) @binding(1) var<storage, read> src: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read_write> dst: array<vec4<u32>>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let stride = nwg.x * 256u;
+    for (var i = gid.x; i < C.n; i += stride) {
+        dst[i] = src[i];
+    }
+}
+"#;

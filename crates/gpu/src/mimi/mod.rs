@@ -939,7 +939,7 @@ impl GpuMimi {
             .write_buffer(&self.codes_in, 0, &self.codes_bytes);
         let bytes = (out.len() * 4) as u64;
         self.run(&self.dec.launches, &[(&self.pcm_out, bytes)]);
-        crate::lm::read_mapped(&self.w.ctx, &self.readback, out)
+        crate::context::read_mapped(&self.w.ctx, &self.readback, out)
     }
 }
 
