@@ -68,18 +68,10 @@ pub struct LoadTimings {
     /// Threads the LM matrices were built on.
     pub threads: usize,
     /// Share of the LM weights file found in the page cache before the build (`None` where it cannot
-    /// be told); below [`PARALLEL_BUILD_MIN_RESIDENT`] the build ran on one thread.
+    /// be told): a load far slower than a warm one is a cold (or partly evicted) file, and the load line
+    /// says so.
     pub lm_resident: Option<f64>,
 }
-
-/// Smallest share of the LM weights file in the page cache for which [`MoshiModel::open_on`] builds the
-/// LM on every thread of its pool. From a cold page cache the parallel build was measured slower than
-/// the sequential one on the 2-vCPU KVM guest of `BENCHMARKS.md` (issue 18: 9–22 s against 5–6 s; the
-/// same zeroing and repacking took ~3× the CPU time, with two threads faulting in fresh file pages and
-/// fresh anonymous pages at once), while from a warm cache it is faster (1.4–1.9 s against 2.6–3.1 s).
-/// What the file reads cost is not settled, so a file mostly outside the page cache is built the
-/// measured faster way.
-pub const PARALLEL_BUILD_MIN_RESIDENT: f64 = 0.5;
 
 impl LoadTimings {
     /// The whole load.
@@ -114,21 +106,19 @@ impl MoshiModel {
                 what: "LM weights",
                 source,
             })?;
-        // mincore on a sample of pages: reads nothing, costs ~1 ms.
+        // mincore on a sample of pages: reads nothing, costs ~1 ms. Reported only: the build runs on
+        // every thread of the pool whatever the share. A one-thread build for a mostly evicted file was
+        // tried and measured slower on the 2-vCPU KVM guest of BENCHMARKS.md ("Start-up", quiet rerun:
+        // 35 s cold and 39 s at 28 % resident, against 6.3 s cold and 3.5 s warm on two threads).
         let lm_resident = lm_weights.resident_share();
-        let parallel = lm_resident.is_none_or(|r| r >= PARALLEL_BUILD_MIN_RESIDENT);
         let mut timings = LoadTimings {
             lm_file_bytes: lm_weights.file_len() as u64,
-            threads: if parallel { pool.n_threads() } else { 1 },
+            threads: pool.n_threads(),
             lm_resident,
             ..LoadTimings::default()
         };
         let t1 = Instant::now();
-        let lm = if parallel {
-            LmModel::load_on(&lm_weights, &bundle.config.lm, pool)?
-        } else {
-            LmModel::load(&lm_weights, &bundle.config.lm)?
-        };
+        let lm = LmModel::load_on(&lm_weights, &bundle.config.lm, pool)?;
         drop(lm_weights);
         let t2 = Instant::now();
         let mimi_weights = bundle.mimi_weights().map_err(refused("Mimi weights"))?;

@@ -9,4 +9,4 @@ pub mod sampling;
 pub mod tensor_stats;
 pub mod text;
 
-pub use assembly::{LoadError, LoadTimings, MoshiModel, PARALLEL_BUILD_MIN_RESIDENT};
+pub use assembly::{LoadError, LoadTimings, MoshiModel};
