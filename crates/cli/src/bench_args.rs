@@ -87,8 +87,8 @@ pub struct BenchArgs {
     /// (`kernels::set_avx512_allowed`, interleaved), reported as `simd=avx512` / `simd=avx2`.
     #[arg(long)]
     pub ab_avx512: bool,
-    /// Where `bench lm` runs the LM (`gpu`: one frame per submission on the adapter, against a
-    /// device copy kernel). Default: cpu, or gpu when --gpu is given.
+    /// Where `bench lm` / `bench mimi` run (`gpu`: on the adapter, one submission per LM frame or
+    /// per Mimi direction, against a device copy kernel). Default: cpu, or gpu when --gpu is given.
     #[arg(long, value_enum)]
     pub device: Option<crate::common::DeviceArg>,
     /// GPU adapter number (`moshi-native devices` lists them); implies --device gpu.

@@ -1,11 +1,14 @@
-//! `moshi-native bench lm --device gpu`: the LM frame on a GPU adapter, one
+//! `moshi-native bench lm|mimi --device gpu`: the LM frame on a GPU adapter, one
 //! [`LmBackend::sampled_step`](model::lm::LmBackend::sampled_step) per frame (one submission),
-//! against a same-run device bandwidth probe (a copy kernel) as the roofline.
+//! and Mimi's streaming encode + decode of one frame ([`gpu::GpuMimi`], one submission per
+//! direction), each against a same-run device bandwidth probe (a copy kernel) as the roofline.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Result;
 use model::lm::{Generator, LmError, LmFrame, LmModel, NoObserver};
+use model::mimi::{CodecBackend, Mimi};
 use model::sampling::{Sampler, SamplerConfig};
 
 use crate::bench_args::{stats, BenchArgs};
@@ -128,6 +131,125 @@ pub(crate) fn bench_lm_gpu(
     Ok(cells)
 }
 
+/// One measured Mimi run on the device (tests read it; the bench prints it).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct GpuMimiCell {
+    /// Encoder frame times, ms.
+    pub enc_ms: Vec<f64>,
+    /// Decoder frame times, ms.
+    pub dec_ms: Vec<f64>,
+    /// Probe GB/s, one per timed frame (measured once per round).
+    pub probe: Vec<f64>,
+    /// Kernel launches of an encoder frame plus a decoder frame.
+    pub dispatches: usize,
+    /// Submissions per frame, encode + decode (2 when each direction is one submission).
+    pub submissions_per_frame: f64,
+    /// Encoder frames whose codes the host decided (each one more submission).
+    pub host_decisions: u64,
+    /// Codec weight bytes on the device (read at least once per encode + decode).
+    pub weight_bytes: u64,
+}
+
+/// Times `mimi`'s streaming encode and decode on the adapter (`None`: the best of any type), one
+/// frame each way per step (the decoder takes the codes the encoder just gave), and prints the
+/// `result` lines.
+pub(crate) fn bench_mimi_gpu(
+    args: &BenchArgs,
+    adapter: Option<usize>,
+    label: &str,
+    mimi: Arc<Mimi>,
+) -> Result<GpuMimiCell> {
+    let ctx = gpu::GpuContext::new(gpu::AdapterChoice::Gpu(adapter), gpu::GpuOptions::default())?;
+    let probe = gpu::BandwidthProbe::new(&ctx, args.probe_mb)?;
+    let t0 = Instant::now();
+    let weights = gpu::GpuMimiWeights::upload(&ctx, mimi.clone())?;
+    let weight_bytes = weights.weight_bytes();
+    let mut codec = gpu::GpuMimi::new(weights)?;
+    let (dec_l, enc_l) = codec.launches_per_frame();
+    eprintln!(
+        "mimi {label} on {}: uploaded in {:.1} s, {} + {} dispatches per frame (encode + decode), probe {} MiB",
+        ctx.adapter(),
+        t0.elapsed().as_secs_f64(),
+        enc_l,
+        dec_l,
+        probe.bytes() >> 20
+    );
+    let fs = codec.frame_size();
+    let pcm: Vec<f32> = (0..fs)
+        .map(|i| 0.3 * (i as f32 * 0.031).sin() + 0.1 * (i as f32 * 0.17).sin())
+        .collect();
+    let mut codes = vec![0u32; codec.n_codebooks()];
+    let mut out = vec![0.0f32; fs];
+    let mut frame = |codec: &mut gpu::GpuMimi| -> Result<(f64, f64)> {
+        let t = Instant::now();
+        codes.copy_from_slice(codec.encode_frame(&pcm)?);
+        let e = t.elapsed().as_secs_f64() * 1e3;
+        let t = Instant::now();
+        codec.decode_frame(&codes, &mut out)?;
+        Ok((e, t.elapsed().as_secs_f64() * 1e3))
+    };
+    frame(&mut codec)?;
+    probe.measure()?;
+    let mut cell = GpuMimiCell {
+        enc_ms: Vec::new(),
+        dec_ms: Vec::new(),
+        probe: Vec::new(),
+        dispatches: enc_l + dec_l,
+        submissions_per_frame: 0.0,
+        host_decisions: 0,
+        weight_bytes,
+    };
+    let (subs0, host0) = (codec.submissions(), codec.host_decisions());
+    for _ in 0..args.rounds {
+        let bw = probe.measure()?;
+        for _ in 0..args.mimi_frames {
+            let (e, d) = frame(&mut codec)?;
+            cell.enc_ms.push(e);
+            cell.dec_ms.push(d);
+            cell.probe.push(bw);
+        }
+    }
+    let n = cell.enc_ms.len().max(1) as f64;
+    cell.submissions_per_frame = (codec.submissions() - subs0) as f64 / n;
+    cell.host_decisions = codec.host_decisions() - host0;
+    let sum: Vec<f64> = cell
+        .enc_ms
+        .iter()
+        .zip(&cell.dec_ms)
+        .map(|(a, b)| a + b)
+        .collect();
+    let (bw, bwlo, bwhi) = stats(&cell.probe);
+    let roof = weight_bytes as f64 / bw / 1e6;
+    for (what, v) in [
+        ("mimi_encode", &cell.enc_ms),
+        ("mimi_decode", &cell.dec_ms),
+        ("mimi_encdec", &sum),
+    ] {
+        let (m, lo, hi) = stats(v);
+        let extra = if what == "mimi_encdec" {
+            format!(
+                " weight_gb={:.3} probe_gbps={bw:.2} probe_min={bwlo:.2} probe_max={bwhi:.2} \
+                 roofline_ms={roof:.2} ratio={:.2} dispatches_per_frame={} submissions_per_frame={:.2} \
+                 host_decisions={}",
+                weight_bytes as f64 / 1e9,
+                m / roof,
+                cell.dispatches,
+                cell.submissions_per_frame,
+                cell.host_decisions,
+            )
+        } else {
+            String::new()
+        };
+        println!(
+            "result impl=ours what={what} device=gpu adapter=\"{}\" source=\"{label}\" ms={m:.3} \
+             min={lo:.3} max={hi:.3} n={}{extra}",
+            ctx.adapter().name,
+            v.len(),
+        );
+    }
+    Ok(cell)
+}
+
 #[cfg(test)]
 mod tests {
     use clap::Parser;
@@ -181,5 +303,53 @@ mod tests {
             assert!(c.ms.iter().all(|&m| m > 0.0) && c.probe.iter().all(|&b| b > 0.0));
         }
         assert!(cells[1].kv_bytes > cells[0].kv_bytes);
+    }
+
+    /// The GPU Mimi bench on the fixture codec: each direction of a frame is one submission, the
+    /// dispatch count is the codec's own, times and a probe bandwidth come out (any adapter;
+    /// skipped without one unless `MOSHI_REQUIRE_GPU=1`).
+    #[test]
+    fn gpu_mimi_bench_is_one_submission_per_direction() {
+        if gpu::adapters().is_empty() {
+            assert!(!gpu::gpu_required(), "MOSHI_REQUIRE_GPU=1 but no adapter");
+            eprintln!("skipping: no GPU adapter");
+            return;
+        }
+        let args = Cli::parse_from([
+            "bench",
+            "mimi",
+            "--device",
+            "gpu",
+            "--rounds",
+            "2",
+            "--mimi-frames",
+            "3",
+            "--probe-mb",
+            "4",
+        ])
+        .bench;
+        let fx = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/mimi");
+        let dir = std::env::temp_dir().join(format!("mimi-bench-gpu-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = format!(
+            r#"{{"mimi_name": "{}", "mimi_config_name": "{}"}}"#,
+            fx.join("mimi.safetensors").display(),
+            fx.join("mimi_config.json").display()
+        );
+        std::fs::write(dir.join("config.json"), cfg).unwrap();
+        let mimi = crate::cmd_mimi::open_mimi(&dir, 8).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let ctx = gpu::GpuContext::new(gpu::AdapterChoice::Gpu(None), gpu::GpuOptions::default())
+            .unwrap();
+        let g =
+            gpu::GpuMimi::new(gpu::GpuMimiWeights::upload(&ctx, mimi.clone()).unwrap()).unwrap();
+        let (d, e) = g.launches_per_frame();
+        let cell = bench_mimi_gpu(&args, None, "fixture", mimi).unwrap();
+        assert_eq!(cell.dispatches, d + e);
+        assert_eq!(cell.host_decisions, 0, "{cell:?}");
+        assert_eq!(cell.submissions_per_frame, 2.0, "{cell:?}");
+        assert_eq!((cell.enc_ms.len(), cell.dec_ms.len()), (6, 6));
+        assert!(cell.enc_ms.iter().chain(&cell.dec_ms).all(|&m| m > 0.0));
+        assert!(cell.probe.iter().all(|&b| b > 0.0) && cell.weight_bytes > 0);
     }
 }

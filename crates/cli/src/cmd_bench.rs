@@ -11,7 +11,9 @@
 //!   the same round and thread count. With `--device gpu` (`--gpu N`): the frame on the adapter as
 //!   one sampled step (one submission), against a device copy kernel's bandwidth measured in the
 //!   same round, with the dispatches and submissions per frame ([`crate::bench_gpu`]).
-//! * `mimi`: streaming encode and decode, ms per 80 ms frame.
+//! * `mimi`: streaming encode and decode, ms per 80 ms frame. With `--device gpu`: the codec on
+//!   the adapter, one submission per direction, with its dispatches per frame and the device copy
+//!   kernel's bandwidth as a weights-only roofline ([`crate::bench_gpu`]).
 //! * `duplex`: the product frame pass (a [`runtime::Session`] on its [`runtime::SessionRunner`] worker
 //!   thread, fed through its input ring, answered through its event queue), per phase, next to the LM
 //!   frame and the Mimi encode + decode timed alone in the same rounds: the overhead ratio.
@@ -144,13 +146,26 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if let runtime::Device::Gpu { adapter, .. } =
         crate::common::resolve_device(args.device, args.gpu, 1)?
     {
-        if args.what != What::Lm {
-            bail!("bench --device gpu measures `lm` only");
-        }
-        print_machine();
-        println!("\n## lm on the GPU: one frame = one sampled step (LmBackend::sampled_step), ms");
-        for (label, fmt) in lm_sources(args)? {
-            crate::bench_gpu::bench_lm_gpu(args, adapter, &label, build_lm(args, &label, fmt)?)?;
+        match args.what {
+            What::Lm => {
+                print_machine();
+                println!(
+                    "\n## lm on the GPU: one frame = one sampled step (LmBackend::sampled_step), ms"
+                );
+                for (label, fmt) in lm_sources(args)? {
+                    let lm = build_lm(args, &label, fmt)?;
+                    crate::bench_gpu::bench_lm_gpu(args, adapter, &label, lm)?;
+                }
+            }
+            What::Mimi => {
+                print_machine();
+                let (mimi, src) = mimi_source(args)?;
+                println!(
+                    "\n## mimi on the GPU ({src}): streaming ms per 80 ms frame, one submission per direction"
+                );
+                crate::bench_gpu::bench_mimi_gpu(args, adapter, &src, mimi)?;
+            }
+            _ => bail!("bench --device gpu measures `lm` and `mimi`"),
         }
         return Ok(());
     }
@@ -240,7 +255,9 @@ fn bench_kernels(args: &BenchArgs) {
     }
 }
 
-fn bench_mimi(args: &BenchArgs, pools: &[Pool]) -> Result<()> {
+/// The codec `bench mimi` times: the bundle's, else synthetic weights at the released Mimi's
+/// sizes (8 codebooks); with its label.
+fn mimi_source(args: &BenchArgs) -> Result<(Arc<Mimi>, String)> {
     let t0 = Instant::now();
     let (mimi, src) = match &args.bundle {
         Some(dir) => {
@@ -260,6 +277,11 @@ fn bench_mimi(args: &BenchArgs, pools: &[Pool]) -> Result<()> {
         "mimi: loaded ({src}) in {:.1} s",
         t0.elapsed().as_secs_f64()
     );
+    Ok((mimi, src))
+}
+
+fn bench_mimi(args: &BenchArgs, pools: &[Pool]) -> Result<()> {
+    let (mimi, src) = mimi_source(args)?;
     // The 1-thread path runs without a pool, as the runtime does for threads = 1.
     let pool_of = |pi: usize| (args.threads[pi] > 1).then_some(&pools[pi]);
     for pi in 0..pools.len() {

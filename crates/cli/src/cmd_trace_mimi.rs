@@ -7,6 +7,10 @@
 //! `codes` i64 `[n_codebooks, T]`, `pcm` f32 `[T * frame_size]`, `enc_seanet` `[C, 2T]`,
 //! `enc_transformer` `[C, 2T]`, `latent` `[C, T]`, `dec_latent` `[C, T]`,
 //! `dec_upsample` `[C, 2T]`, `dec_transformer` `[C, 2T]` (2 = encoder steps per frame).
+//!
+//! With `--device gpu` (`--gpu N`) the codec runs on the adapter ([`gpu::GpuMimi`]) and the file
+//! holds the same tensors: the intermediates are read back from device memory at each stage
+//! ([`gpu::GpuMimi::encode_frame_traced`]).
 
 use std::path::{Path, PathBuf};
 
@@ -17,6 +21,7 @@ use model::mimi::{MimiDecoder, MimiEncoder, Stage};
 use crate::cmd_mimi::{
     f32_bytes, i64_bytes, open_mimi, read_wav_24k_mono, write_safetensors, OutTensor,
 };
+use crate::common::{resolve_device, DeviceArg};
 
 /// The files of `trace mimi` and `trace duplex`.
 #[derive(Args, Debug, Clone)]
@@ -42,6 +47,12 @@ pub struct TraceMimiArgs {
     /// Number of codebooks.
     #[arg(long, default_value_t = 8)]
     pub codebooks: usize,
+    /// Where the codec runs. Default: cpu, or gpu when --gpu is given.
+    #[arg(long, value_enum)]
+    pub device: Option<DeviceArg>,
+    /// GPU adapter number (`moshi-native devices` lists them); implies --device gpu.
+    #[arg(long = "gpu", value_name = "N")]
+    pub gpu: Option<usize>,
 }
 
 /// Per-stage accumulation of `[C, t]` chunks into `[C, total]`.
@@ -74,16 +85,69 @@ impl Acc {
 /// Runs `trace mimi`.
 pub fn run(args: &TraceMimiArgs) -> Result<()> {
     let f = &args.files;
-    trace(&f.model_dir, &f.input, &f.out, args.codebooks)
+    let gpu = match resolve_device(args.device, args.gpu, 1)? {
+        runtime::Device::Cpu { .. } => None,
+        runtime::Device::Gpu { adapter, .. } => Some(adapter),
+    };
+    trace_on(&f.model_dir, &f.input, &f.out, args.codebooks, gpu)
 }
 
-/// The trace itself (also callable from tests).
-pub fn trace(model_dir: &Path, input: &Path, out: &Path, codebooks: usize) -> Result<()> {
+/// The streaming codec a trace runs: the CPU's encoder and decoder, or the device's.
+enum Codec {
+    Cpu(Box<(MimiEncoder, MimiDecoder)>),
+    Gpu(Box<gpu::GpuMimi>),
+}
+
+impl Codec {
+    fn encode(&mut self, pcm: &[f32], cb: &mut dyn FnMut(Stage, &[f32])) -> Result<&[u32]> {
+        Ok(match self {
+            Codec::Cpu(c) => c.0.encode_frame_with(pcm, None, Some(cb))?,
+            Codec::Gpu(g) => g.encode_frame_traced(pcm, cb)?,
+        })
+    }
+
+    fn decode(
+        &mut self,
+        codes: &[u32],
+        out: &mut [f32],
+        cb: &mut dyn FnMut(Stage, &[f32]),
+    ) -> Result<()> {
+        match self {
+            Codec::Cpu(c) => c.1.decode_frame_with(codes, out, None, Some(cb))?,
+            Codec::Gpu(g) => g.decode_frame_traced(codes, out, cb)?,
+        }
+        Ok(())
+    }
+}
+
+/// The trace itself (also callable from tests), on the CPU (`gpu` = `None`) or on GPU adapter `gpu` (`Some(None)`: the best
+/// adapter of any type). The decoder starts fresh either way (a [`gpu::GpuMimi`] keeps its
+/// encoder and decoder streams apart).
+pub fn trace_on(
+    model_dir: &Path,
+    input: &Path,
+    out: &Path,
+    codebooks: usize,
+    gpu: Option<Option<usize>>,
+) -> Result<()> {
     let pcm = read_wav_24k_mono(input)?;
     if pcm.is_empty() {
         bail!("{}: no samples", input.display());
     }
     let mimi = open_mimi(model_dir, codebooks)?;
+    let mut codec = match gpu {
+        None => Codec::Cpu(Box::new((
+            MimiEncoder::new(mimi.clone()),
+            MimiDecoder::new(mimi.clone()),
+        ))),
+        Some(adapter) => {
+            let ctx =
+                gpu::GpuContext::new(gpu::AdapterChoice::Gpu(adapter), gpu::GpuOptions::default())?;
+            eprintln!("trace mimi: the codec runs on {}", ctx.adapter());
+            let w = gpu::GpuMimiWeights::upload(&ctx, mimi.clone())?;
+            Codec::Gpu(Box::new(gpu::GpuMimi::new(w)?))
+        }
+    };
     let fs = mimi.frame_size();
     let nq = mimi.n_codebooks();
     let d = mimi.dimension();
@@ -93,16 +157,14 @@ pub fn trace(model_dir: &Path, input: &Path, out: &Path, codebooks: usize) -> Re
     let mut acc = Acc {
         chunks: vec![Vec::new(); Stage::ALL.len()],
     };
-    let mut enc = MimiEncoder::new(mimi.clone());
     let mut codes = vec![0u32; nq * t];
     for f in 0..t {
         let mut cb = |s: Stage, x: &[f32]| acc.push(s, x);
-        let c = enc.encode_frame_with(&padded[f * fs..(f + 1) * fs], None, Some(&mut cb))?;
+        let c = codec.encode(&padded[f * fs..(f + 1) * fs], &mut cb)?;
         for q in 0..nq {
             codes[q * t + f] = c[q];
         }
     }
-    let mut dec = MimiDecoder::new(mimi.clone());
     let mut out_pcm = vec![0.0f32; t * fs];
     let mut col = vec![0u32; nq];
     for f in 0..t {
@@ -110,12 +172,7 @@ pub fn trace(model_dir: &Path, input: &Path, out: &Path, codebooks: usize) -> Re
             col[q] = codes[q * t + f];
         }
         let mut cb = |s: Stage, x: &[f32]| acc.push(s, x);
-        dec.decode_frame_with(
-            &col,
-            &mut out_pcm[f * fs..(f + 1) * fs],
-            None,
-            Some(&mut cb),
-        )?;
+        codec.decode(&col, &mut out_pcm[f * fs..(f + 1) * fs], &mut cb)?;
     }
     let mut tensors: Vec<OutTensor> = vec![
         (
@@ -145,10 +202,11 @@ mod tests {
 
     use super::*;
 
-    #[test]
-    fn trace_matches_oracle_fixture() {
+    /// The fixture codec as a bundle directory of its own (`tag` keeps tests apart), and the
+    /// fixture directory.
+    fn bundle(tag: &str) -> (PathBuf, PathBuf) {
         let fx = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/mimi");
-        let dir = std::env::temp_dir().join(format!("mimi-trace-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("mimi-trace-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let cfg = format!(
             r#"{{"mimi_name": "{}", "mimi_config_name": "{}"}}"#,
@@ -156,8 +214,57 @@ mod tests {
             fx.join("mimi_config.json").display()
         );
         std::fs::write(dir.join("config.json"), cfg).unwrap();
+        (dir, fx)
+    }
+
+    /// `--device gpu` writes the CPU's file: the same tensors and shapes, codes identical, every
+    /// float within 1e-4 (any adapter: lavapipe here; skipped without one unless
+    /// `MOSHI_REQUIRE_GPU=1`).
+    #[test]
+    fn gpu_trace_matches_cpu_trace() {
+        if gpu::adapters().is_empty() {
+            assert!(!gpu::gpu_required(), "MOSHI_REQUIRE_GPU=1 but no adapter");
+            eprintln!("skipping: no GPU adapter");
+            return;
+        }
+        let (dir, fx) = bundle("gpu");
+        let (c, g) = (dir.join("cpu.safetensors"), dir.join("gpu.safetensors"));
+        trace_on(&dir, &fx.join("input.wav"), &c, 8, None).unwrap();
+        run(&TraceMimiArgs {
+            files: TraceFiles {
+                model_dir: dir.clone(),
+                input: fx.join("input.wav"),
+                out: g.clone(),
+            },
+            codebooks: 8,
+            device: Some(DeviceArg::Gpu),
+            gpu: None,
+        })
+        .unwrap();
+        let (tc, tg) = (TensorFile::open(&c), TensorFile::open(&g));
+        let (mut nc, mut ng) = (tc.names(), tg.names());
+        nc.sort();
+        ng.sort();
+        assert_eq!(ng, nc, "tensor names");
+        let (cc, cshape) = tc.i64("codes");
+        let (gc, gshape) = tg.i64("codes");
+        assert_eq!(gshape, cshape);
+        assert_eq!(gc, cc, "GPU codes differ from the CPU's");
+        for name in ["pcm"].into_iter().chain(Stage::ALL.map(Stage::name)) {
+            let ((gv, gs), (cv, cs)) = (tg.f32(name), tc.f32(name));
+            assert_eq!(gs, cs, "{name}");
+            let err = max_abs_diff(&gv, &cv);
+            eprintln!("{name}: GPU vs CPU max abs diff {err:e}");
+            assert!(err < 1e-4, "{name}: {err}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn trace_matches_oracle_fixture() {
+        let (dir, fx) = bundle("cpu");
         let out = dir.join("trace.safetensors");
-        trace(&dir, &fx.join("input.wav"), &out, 8).unwrap();
+        trace_on(&dir, &fx.join("input.wav"), &out, 8, None).unwrap();
         let got = TensorFile::open(&out);
         let want = TensorFile::open(fx.join("trace.safetensors"));
         assert_eq!(got.i64("codes"), want.i64("codes"));
@@ -180,7 +287,7 @@ mod tests {
             w.write_sample(0i16).unwrap();
         }
         w.finalize().unwrap();
-        assert!(trace(&dir, &bad, &out, 8).is_err());
+        assert!(trace_on(&dir, &bad, &out, 8, None).is_err());
         let spec = hound::WavSpec {
             channels: 1,
             sample_rate: 16000,
@@ -190,7 +297,7 @@ mod tests {
         let mut w = hound::WavWriter::create(&bad, spec).unwrap();
         w.write_sample(0i16).unwrap();
         w.finalize().unwrap();
-        assert!(trace(&dir, &bad, &out, 8).is_err());
+        assert!(trace_on(&dir, &bad, &out, 8, None).is_err());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

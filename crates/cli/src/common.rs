@@ -86,7 +86,7 @@ pub enum KvDtypeArg {
     Bf16,
 }
 
-/// Where the LM runs.
+/// Where the LM and Mimi run.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
 pub enum DeviceArg {
     /// A discrete or integrated GPU when one is present, else the CPU (software adapters such as
@@ -110,7 +110,8 @@ pub struct EngineArgs {
     /// Element type of the LM KV cache.
     #[arg(long, value_enum, default_value_t = KvDtypeArg::F32)]
     pub kv_dtype: KvDtypeArg,
-    /// Where the LM runs (Mimi stays on the CPU). Default: cpu, or gpu when --gpu is given.
+    /// Where the LM and Mimi run (on the GPU, with --batch too: all slots' codecs in one
+    /// submission per tick). Default: cpu, or gpu when --gpu is given.
     #[arg(long, value_enum)]
     pub device: Option<DeviceArg>,
     /// GPU adapter number (`moshi-native devices` lists them); implies --device gpu.
@@ -179,9 +180,7 @@ impl EngineArgs {
             .with_context(|| format!("cannot open the model bundle {}", dir.display()))?;
         eprintln!("moshi-native: {}", load_line(&timings));
         match engine.gpu_adapter() {
-            Some(a) => eprintln!(
-                "moshi-native: device gpu: the LM and Mimi run on adapter {a} (with --batch, Mimi runs on the CPU)"
-            ),
+            Some(a) => eprintln!("moshi-native: device gpu: the LM and Mimi run on adapter {a}"),
             None => eprintln!("moshi-native: device cpu"),
         }
         Ok(Opened { engine, demo, dir })
@@ -270,7 +269,7 @@ pub fn resolve_device(
                 },
                 None => {
                     eprintln!(
-                        "moshi-native: --device auto: no discrete or integrated GPU among {} adapter(s); the LM runs on the CPU",
+                        "moshi-native: --device auto: no discrete or integrated GPU among {} adapter(s); the LM and Mimi run on the CPU",
                         list.len()
                     );
                     runtime::Device::Cpu { threads }

@@ -18,7 +18,9 @@
 //!   to the host's. [`BandwidthProbe`] is a copy kernel, the roofline of the GPU benchmarks.
 //! * [`GpuMimiWeights`] is the Mimi codec on the device and [`GpuMimi`] implements
 //!   [`model::mimi::CodecBackend`]: encoder and decoder with their streaming state in device
-//!   memory; only PCM and codes cross the bus.
+//!   memory; only PCM and codes cross the bus. [`GpuMimiBatch`] implements
+//!   [`model::mimi::BatchCodecBackend`]: every slot of a batch driver, one submission per call for
+//!   all listed slots.
 //!
 //! Every buffer and bind group is created at load ([`GpuContext::buffers_created`] counts them); a
 //! step records one command buffer (wgpu creates command encoders per submission by design),
@@ -35,7 +37,7 @@ pub mod shaders;
 pub use context::{adapters, choose_adapter, AdapterChoice, AdapterDesc, GpuContext, GpuOptions};
 pub use lm::{GpuLm, GpuLmWeights};
 pub use matrix::GpuMatrix;
-pub use mimi::{GpuMimi, GpuMimiWeights, MimiKernel};
+pub use mimi::{GpuMimi, GpuMimiBatch, GpuMimiWeights, MimiKernel};
 pub use probe::BandwidthProbe;
 pub use sample::GpuSampler;
 

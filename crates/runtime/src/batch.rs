@@ -383,7 +383,7 @@ impl Worker {
     fn new(engine: &Engine, n: usize) -> Result<(Worker, Arc<Shared>, Sender<Join>), RuntimeError> {
         let compute = engine.compute();
         let stepper = Stepper::new(engine, &compute, n, None)?;
-        let codec = engine.batch_codec_backend(&compute, n);
+        let codec = engine.batch_codec_backend(&compute, n)?;
         let nq = codec.n_codebooks();
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),

@@ -20,14 +20,15 @@ pub enum Device {
         /// Threads per session, >= 1.
         threads: usize,
     },
-    /// A GPU through wgpu (Vulkan, Metal, DX12; the `gpu` cargo feature): the LM and a session's Mimi
-    /// (`gpu::GpuMimi`) run on adapter `adapter` of `gpu::adapters()` (`None`: the best adapter of any
-    /// type, software ones included); a batch driver's Mimi (all slots coded together) runs on the CPU
-    /// with `threads` threads. The LM and Mimi weights are uploaded once, at [`Engine::open`].
+    /// A GPU through wgpu (Vulkan, Metal, DX12; the `gpu` cargo feature): the LM and Mimi run on
+    /// adapter `adapter` of `gpu::adapters()` (`None`: the best adapter of any type, software ones
+    /// included): a session's Mimi as `gpu::GpuMimi`, a batch driver's (all slots coded together) as
+    /// `gpu::GpuMimiBatch`. The LM and Mimi weights are uploaded once, at [`Engine::open`].
     Gpu {
         /// Adapter index, or `None` for the best one.
         adapter: Option<usize>,
-        /// CPU threads of a batch driver's Mimi, >= 1.
+        /// Threads of the driver's CPU worker pool, >= 1 (with the LM and Mimi on the device, the
+        /// model's work does not use it).
         threads: usize,
     },
 }
@@ -40,7 +41,7 @@ impl Device {
         }
     }
 
-    /// CPU threads per session (on the GPU, a batch driver's Mimi's).
+    /// CPU threads per session (on the GPU, the size of the driver's worker pool, unused by the model).
     pub fn threads(&self) -> usize {
         match self {
             Device::Cpu { threads } | Device::Gpu { threads, .. } => *threads,
@@ -118,9 +119,9 @@ impl EngineOptions {
 }
 
 /// The compute context of one driver (a session, or a batch of them): what its LM backend and its codec
-/// backends share. On the CPU, the worker pool (on the GPU device, the pool of a batch driver's Mimi; the
-/// device state of the LM and of a session's Mimi is created per driver by [`Engine::lm_backend`] and
-/// [`Engine::codec_backend`] over the engine's uploaded weights).
+/// backends share. On the CPU, the worker pool (on the GPU device the pool is unused by the model: the
+/// device state of the LM and of the codecs is created per driver by [`Engine::lm_backend`],
+/// [`Engine::codec_backend`] and [`Engine::batch_codec_backend`] over the engine's uploaded weights).
 pub(crate) enum Compute {
     Cpu(Arc<Pool>),
 }
@@ -361,16 +362,26 @@ impl Engine {
         }
     }
 
-    /// The codec of a batch driver with `slots` conversation slots (every slot's streams, coded together).
+    /// The codec of a batch driver with `slots` conversation slots (every slot's streams, coded together):
+    /// on the GPU device, every slot's Mimi streams on the device (`gpu::GpuMimiBatch`, its state
+    /// allocated here; one submission per tick and direction).
     pub(crate) fn batch_codec_backend(
         &self,
         compute: &Compute,
         slots: usize,
-    ) -> Box<dyn BatchCodecBackend> {
+    ) -> Result<Box<dyn BatchCodecBackend>, RuntimeError> {
+        #[cfg(feature = "gpu")]
+        if let Some(w) = &self.gpu_mimi {
+            let codec = gpu::GpuMimiBatch::new(w.clone(), slots)
+                .map_err(|e| RuntimeError::Device(e.to_string()))?;
+            return Ok(Box::new(codec));
+        }
         match compute {
-            Compute::Cpu(pool) => {
-                Box::new(CpuMimiBatch::new(self.mimi.clone(), slots, pool.clone()))
-            }
+            Compute::Cpu(pool) => Ok(Box::new(CpuMimiBatch::new(
+                self.mimi.clone(),
+                slots,
+                pool.clone(),
+            ))),
         }
     }
 }

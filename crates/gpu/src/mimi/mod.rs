@@ -16,15 +16,18 @@
 //! projected latents (still in device memory) are read back and the host decides every level
 //! with the CPU's exact f64 search ([`Mimi::rvq_codes_exact`]).
 
+mod batch;
 mod shaders;
 
+pub use batch::GpuMimiBatch;
 pub use shaders::MimiKernel;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use model::mimi::{
-    CodecBackend, ConvTrWeights, ConvWeights, Mimi, MimiError, ResBlockWeights, TransformerWeights,
+    CodecBackend, ConvTrWeights, ConvWeights, Mimi, MimiError, ResBlockWeights, Stage,
+    TransformerWeights,
 };
 
 use crate::context::GpuContext;
@@ -136,6 +139,7 @@ pub struct GpuMimiWeights {
     cb_dim: usize,
     dec: DecoderGpu,
     enc: EncoderGpu,
+    weight_bytes: u64,
 }
 
 impl std::fmt::Debug for GpuMimiWeights {
@@ -265,6 +269,7 @@ impl GpuMimiWeights {
         // Both directions read the same centroids (one device copy, the decoder's).
         let dw = mimi.decoder_weights();
         let ew = mimi.encoder_weights();
+        let before = ctx.bytes_allocated();
         let up = Uploader { ctx };
         let dec = DecoderGpu {
             centroids: up.f32s("centroids", &dw.centroids)?,
@@ -304,6 +309,7 @@ impl GpuMimiWeights {
             downsample: up.conv(&ew.downsample)?,
             bound: rvq_bound(cb),
         };
+        let weight_bytes = ctx.bytes_allocated() - before;
         let kernels = MimiKernel::ALL
             .iter()
             .map(|&k| (k, compile(ctx, k)))
@@ -315,7 +321,14 @@ impl GpuMimiWeights {
             cb_dim: cb,
             dec,
             enc,
+            weight_bytes,
         }))
+    }
+
+    /// Bytes of the codec's weights on the device (f32): what an encoder frame plus a decoder
+    /// frame read at least once (the centroids, shared by both directions, counted once).
+    pub fn weight_bytes(&self) -> u64 {
+        self.weight_bytes
     }
 
     /// The device context.
@@ -372,13 +385,43 @@ struct Recorder<'a> {
     /// Streaming state zeroed by a reset.
     state: Vec<wgpu::Buffer>,
     counters: &'a wgpu::Buffer,
+    taps: Vec<Tap>,
 }
 
-impl Recorder<'_> {
+impl<'a> Recorder<'a> {
+    fn new(w: &'a GpuMimiWeights, counters: &'a wgpu::Buffer) -> Recorder<'a> {
+        Recorder {
+            w,
+            launches: Vec::new(),
+            state: Vec::new(),
+            counters,
+            taps: Vec::new(),
+        }
+    }
+
     fn buffer(&self, label: &str, floats: usize) -> Result<wgpu::Buffer, GpuError> {
         self.w
             .ctx
             .buffer(label, (floats * 4) as u64, storage_usage())
+    }
+
+    /// Marks `buffer`'s first `floats` values, as they stand after the launches recorded so
+    /// far, as the frame's `stage` (read back by a traced frame only).
+    fn tap(&mut self, stage: Stage, buffer: &wgpu::Buffer, floats: usize) {
+        self.taps.push(Tap {
+            after: self.launches.len(),
+            stage,
+            buffer: buffer.clone(),
+            floats,
+        });
+    }
+
+    fn finish(self) -> Direction {
+        Direction {
+            launches: self.launches,
+            state: self.state,
+            taps: self.taps,
+        }
     }
 
     fn state(&mut self, label: &str, floats: usize) -> Result<wgpu::Buffer, GpuError> {
@@ -619,17 +662,62 @@ impl Recorder<'_> {
     }
 }
 
+/// A point of a frame whose intermediate a traced frame reads back.
+#[derive(Debug)]
+struct Tap {
+    /// The tap reads the buffer after this many launches of the direction.
+    after: usize,
+    stage: Stage,
+    buffer: wgpu::Buffer,
+    floats: usize,
+}
+
 /// One direction's recorded frame.
 #[derive(Debug)]
 struct Direction {
     launches: Vec<Launch>,
     state: Vec<wgpu::Buffer>,
+    taps: Vec<Tap>,
 }
 
-/// The device codec of one conversation: its streaming state in device memory and every launch
-/// of an encoder frame and of a decoder frame recorded at construction.
-pub struct GpuMimi {
-    w: Arc<GpuMimiWeights>,
+impl Direction {
+    /// Floats a traced frame of this direction reads back (every tap, back to back).
+    fn tap_floats(&self) -> usize {
+        self.taps.iter().map(|t| t.floats).sum()
+    }
+}
+
+/// Records `launches` into an open compute pass.
+fn dispatch(pass: &mut wgpu::ComputePass<'_>, launches: &[Launch]) {
+    for l in launches {
+        pass.set_pipeline(&l.pipeline);
+        pass.set_bind_group(0, &l.bind, &[]);
+        pass.dispatch_workgroups(l.groups.0, l.groups.1, 1);
+    }
+}
+
+/// Maps `rb`'s first `out.len()` words into `out` (as raw bits).
+fn read_words(ctx: &GpuContext, rb: &wgpu::Buffer, out: &mut [u32]) -> Result<(), GpuError> {
+    let slice = rb.slice(..(out.len() * 4).max(4) as u64);
+    slice.map_async(wgpu::MapMode::Read, |_| {});
+    ctx.wait()?;
+    {
+        let view = slice
+            .get_mapped_range()
+            .map_err(|e| GpuError::Runtime(format!("readback: {e:?}")))?;
+        for (o, c) in out.iter_mut().zip(view.chunks_exact(4)) {
+            *o = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+    }
+    rb.unmap();
+    Ok(())
+}
+
+/// One conversation's streaming state in device memory and the recorded launches of its
+/// encoder and decoder frames: the device part of a [`GpuMimi`], and one slot of a
+/// [`GpuMimiBatch`].
+#[derive(Debug)]
+struct Streams {
     counters: wgpu::Buffer,
     dec: Direction,
     enc: Direction,
@@ -641,28 +729,14 @@ pub struct GpuMimi {
     /// The projected latents of the last encoder frame (semantic, acoustic).
     u_first: wgpu::Buffer,
     u_rest: wgpu::Buffer,
-    readback: wgpu::Buffer,
-    codes_bytes: Vec<u8>,
-    codes: Vec<u32>,
-    latents: Vec<f32>,
-    host_decisions: u64,
-    force_host_decision: bool,
 }
 
-impl std::fmt::Debug for GpuMimi {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GpuMimi")
-            .field("adapter", self.w.ctx.adapter())
-            .finish()
-    }
-}
-
-impl GpuMimi {
-    /// Fresh streams over the uploaded weights: allocates the state, work and readback buffers
-    /// and records both directions' launches.
-    pub fn new(w: Arc<GpuMimiWeights>) -> Result<GpuMimi, GpuError> {
-        let ctx = w.ctx.clone();
-        let m = w.mimi.clone();
+impl Streams {
+    /// Fresh streams over the uploaded weights: allocates the state and work buffers and records
+    /// both directions' launches.
+    fn new(w: &GpuMimiWeights) -> Result<Streams, GpuError> {
+        let ctx = &w.ctx;
+        let m = &w.mimi;
         let fs = m.frame_size();
         let nq = m.n_codebooks();
         let d = m.dimension();
@@ -676,22 +750,11 @@ impl GpuMimi {
         let cb = w.cb_dim;
         let u_first = ctx.buffer("u first", (cb * 4) as u64, storage_usage())?;
         let u_rest = ctx.buffer("u rest", (cb * 4) as u64, storage_usage())?;
-        let rb_bytes = (fs.max(nq + 1).max(2 * cb) * 4) as u64;
-        let readback = ctx.buffer(
-            "mimi readback",
-            rb_bytes,
-            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        )?;
 
         // Decoder: codes → latent [d, 1] → upsample [d, s] → transformer → SEANet → PCM.
         let dec = {
             let g = &w.dec;
-            let mut r = Recorder {
-                w: &w,
-                launches: Vec::new(),
-                state: Vec::new(),
-                counters: &counters,
-            };
+            let mut r = Recorder::new(w, &counters);
             let lat = r.buffer("dec latent", d)?;
             let emb = r.buffer("dec emb", d * t2)?;
             let (bins, cbd) = (m.cardinality(), w.cb_dim);
@@ -707,8 +770,11 @@ impl GpuMimi {
                 ],
                 d,
             );
+            r.tap(Stage::DecLatent, &lat, d);
             r.conv_tr(&g.upsample, &lat, 1, false, &emb)?;
+            r.tap(Stage::DecUpsample, &emb, d * t2);
             r.transformer(&g.transformer, &emb, t2, DEC_POS)?;
+            r.tap(Stage::DecTransformer, &emb, d * t2);
             let (amax, hmax) = seanet_dec_sizes(g, t2);
             let mut a = r.buffer("dec a", amax)?;
             let mut b = r.buffer("dec b", amax)?;
@@ -730,21 +796,13 @@ impl GpuMimi {
                 });
             }
             r.conv(&g.last, &a, t, true, &pcm_out, false, 0)?;
-            Direction {
-                launches: r.launches,
-                state: r.state,
-            }
+            r.finish()
         };
 
         // Encoder: PCM → SEANet [d, s] → transformer → downsample [d, 1] → projections → search.
         let enc = {
             let g = &w.enc;
-            let mut r = Recorder {
-                w: &w,
-                launches: Vec::new(),
-                state: Vec::new(),
-                counters: &counters,
-            };
+            let mut r = Recorder::new(w, &counters);
             let (amax, hmax) = seanet_enc_sizes(g, fs);
             let mut a = r.buffer("enc a", amax)?;
             let mut b = r.buffer("enc b", amax)?;
@@ -769,8 +827,11 @@ impl GpuMimi {
                 });
             }
             r.conv(&g.last, &a, t, true, &emb, false, 0)?;
+            r.tap(Stage::EncSeanet, &emb, d * t2);
             r.transformer(&g.transformer, &emb, t2, ENC_POS)?;
+            r.tap(Stage::EncTransformer, &emb, d * t2);
             r.conv(&g.downsample, &emb, t2, false, &lat, false, ENC_FRAMES)?;
+            r.tap(Stage::Latent, &lat, d);
             // [d, 1] is also the row [1, d].
             r.launch(
                 MimiKernel::Linear,
@@ -803,12 +864,9 @@ impl GpuMimi {
                 64,
             );
             r.launch(MimiKernel::Advance, &[ENC_FRAMES, 1], &[&counters], 1);
-            Direction {
-                launches: r.launches,
-                state: r.state,
-            }
+            r.finish()
         };
-        Ok(GpuMimi {
+        Ok(Streams {
             counters,
             dec,
             enc,
@@ -818,11 +876,110 @@ impl GpuMimi {
             codes_out,
             u_first,
             u_rest,
+        })
+    }
+
+    /// Records the zeroing of every streaming buffer (back to a fresh stream).
+    fn clear(&self, enc: &mut wgpu::CommandEncoder) {
+        enc.clear_buffer(&self.counters, 0, None);
+        for b in self.dec.state.iter().chain(&self.enc.state) {
+            enc.clear_buffer(b, 0, None);
+        }
+    }
+}
+
+/// The codes of one encoder frame from its readback words (`nq` codes, then the number of levels
+/// the device could not prove): the device's when proven, else the host's exact decision on the
+/// frame's latents (read back from `s` through `readback` in one more submission).
+#[allow(clippy::too_many_arguments)]
+fn decide_codes(
+    w: &GpuMimiWeights,
+    s: &Streams,
+    readback: &wgpu::Buffer,
+    words: &[u32],
+    force_host: bool,
+    lat_words: &mut [u32],
+    latents: &mut [f32],
+    codes: &mut [u32],
+    submissions: &mut u64,
+) -> Result<bool, GpuError> {
+    let nq = codes.len();
+    codes.copy_from_slice(&words[..nq]);
+    if words[nq] == 0 && !force_host {
+        return Ok(false);
+    }
+    // The exact decision on the host, from the latents still in device memory.
+    let cb = latents.len() / 2;
+    let bytes = (cb * 4) as u64;
+    let ctx = &w.ctx;
+    let mut enc = ctx
+        .device()
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+    enc.copy_buffer_to_buffer(&s.u_first, 0, readback, 0, bytes);
+    enc.copy_buffer_to_buffer(&s.u_rest, 0, readback, bytes, bytes);
+    ctx.queue().submit([enc.finish()]);
+    *submissions += 1;
+    read_words(ctx, readback, lat_words)?;
+    for (v, b) in latents.iter_mut().zip(lat_words.iter()) {
+        *v = f32::from_bits(*b);
+    }
+    let (first, rest) = latents.split_at_mut(cb);
+    w.mimi.rvq_codes_exact(first, rest, codes);
+    Ok(true)
+}
+
+/// The device codec of one conversation: its streaming state in device memory and every launch
+/// of an encoder frame and of a decoder frame recorded at construction.
+pub struct GpuMimi {
+    w: Arc<GpuMimiWeights>,
+    s: Streams,
+    readback: wgpu::Buffer,
+    /// Where a traced frame's intermediates land (see [`GpuMimi::encode_frame_traced`]).
+    trace_readback: wgpu::Buffer,
+    codes_bytes: Vec<u8>,
+    /// Codes of every level, then the number of unproven levels (as read back).
+    words: Vec<u32>,
+    codes: Vec<u32>,
+    lat_words: Vec<u32>,
+    latents: Vec<f32>,
+    host_decisions: u64,
+    submissions: u64,
+    force_host_decision: bool,
+}
+
+impl std::fmt::Debug for GpuMimi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuMimi")
+            .field("adapter", self.w.ctx.adapter())
+            .finish()
+    }
+}
+
+impl GpuMimi {
+    /// Fresh streams over the uploaded weights: allocates the state, work and readback buffers
+    /// and records both directions' launches.
+    pub fn new(w: Arc<GpuMimiWeights>) -> Result<GpuMimi, GpuError> {
+        let s = Streams::new(&w)?;
+        let m = &w.mimi;
+        let (fs, nq, cb) = (m.frame_size(), m.n_codebooks(), w.cb_dim);
+        let rb_bytes = (fs.max(nq + 1).max(2 * cb) * 4) as u64;
+        let read = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
+        let readback = w.ctx.buffer("mimi readback", rb_bytes, read)?;
+        let tap_floats = s.enc.tap_floats().max(s.dec.tap_floats());
+        let trace_readback = w
+            .ctx
+            .buffer("mimi trace readback", (tap_floats * 4) as u64, read)?;
+        Ok(GpuMimi {
+            s,
             readback,
+            trace_readback,
             codes_bytes: vec![0; nq * 4],
+            words: vec![0; nq + 1],
             codes: vec![0; nq],
+            lat_words: vec![0; 2 * cb],
             latents: vec![0.0; 2 * cb],
             host_decisions: 0,
+            submissions: 0,
             force_host_decision: false,
             w,
         })
@@ -835,7 +992,13 @@ impl GpuMimi {
 
     /// Kernel launches of a decoder frame and of an encoder frame.
     pub fn launches_per_frame(&self) -> (usize, usize) {
-        (self.dec.launches.len(), self.enc.launches.len())
+        (self.s.dec.launches.len(), self.s.enc.launches.len())
+    }
+
+    /// Queue submissions so far (one per frame, one more for a frame whose codes the host
+    /// decided, one per reset).
+    pub fn submissions(&self) -> u64 {
+        self.submissions
     }
 
     /// Encoder frames whose codes the host decided (a level the device's bound could not prove,
@@ -850,18 +1013,36 @@ impl GpuMimi {
         self.force_host_decision = on;
     }
 
-    fn run(&self, launches: &[Launch], copies: &[(&wgpu::Buffer, u64)]) {
+    /// Records one direction's frame in one submission: its launches (split into one compute
+    /// pass per tap when `traced`, each tap's buffer copied to the trace readback), then
+    /// `copies` to the readback buffer, back to back.
+    fn run(&mut self, encoder_side: bool, traced: bool, copies: &[(&wgpu::Buffer, u64)]) {
         let ctx = &self.w.ctx;
+        let d = if encoder_side {
+            &self.s.enc
+        } else {
+            &self.s.dec
+        };
         let mut enc = ctx
             .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        let mut from = 0;
+        if traced {
+            let mut off = 0;
+            for tap in &d.taps {
+                {
+                    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+                    dispatch(&mut pass, &d.launches[from..tap.after]);
+                }
+                let bytes = (tap.floats * 4) as u64;
+                enc.copy_buffer_to_buffer(&tap.buffer, 0, &self.trace_readback, off, bytes);
+                off += bytes;
+                from = tap.after;
+            }
+        }
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-            for l in launches {
-                pass.set_pipeline(&l.pipeline);
-                pass.set_bind_group(0, &l.bind, &[]);
-                pass.dispatch_workgroups(l.groups.0, l.groups.1, 1);
-            }
+            dispatch(&mut pass, &d.launches[from..]);
         }
         let mut off = 0;
         for (b, len) in copies {
@@ -869,66 +1050,55 @@ impl GpuMimi {
             off += len;
         }
         ctx.queue().submit([enc.finish()]);
+        self.submissions += 1;
     }
 
-    /// Maps the readback buffer's first `out.len()` words into `out` (as raw bits).
-    fn read_words(&self, out: &mut [u32]) -> Result<(), GpuError> {
-        let slice = self.readback.slice(..(out.len() * 4).max(4) as u64);
-        slice.map_async(wgpu::MapMode::Read, |_| {});
-        self.w.ctx.wait()?;
-        {
-            let view = slice
-                .get_mapped_range()
-                .map_err(|e| GpuError::Runtime(format!("readback: {e:?}")))?;
-            for (o, c) in out.iter_mut().zip(view.chunks_exact(4)) {
-                *o = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            }
-        }
-        self.readback.unmap();
-        Ok(())
-    }
-
-    fn encode(&mut self, pcm: &[f32]) -> Result<(), GpuError> {
-        let nq = self.codes.len();
-        let q = self.w.ctx.queue();
-        q.write_buffer(&self.pcm_in, 0, bytes_of_f32(pcm));
-        self.run(
-            &self.enc.launches,
-            &[(&self.codes_out, ((nq + 1) * 4) as u64)],
-        );
-        let mut words = [0u32; 64];
-        let words = if nq < 64 {
-            &mut words[..nq + 1]
+    /// Reads a traced frame's intermediates back and reports each to `trace`.
+    fn report_taps(
+        &self,
+        encoder_side: bool,
+        trace: &mut dyn FnMut(Stage, &[f32]),
+    ) -> Result<(), GpuError> {
+        let d = if encoder_side {
+            &self.s.enc
         } else {
-            return Err(GpuError::Unsupported {
-                format: "Mimi".into(),
-                why: format!("{nq} codebooks (at most 63 on the device)"),
-            });
+            &self.s.dec
         };
-        self.read_words(words)?;
-        self.codes.copy_from_slice(&words[..nq]);
-        if words[nq] != 0 || self.force_host_decision {
-            // The exact decision on the host, from the latents still in device memory.
-            let cb = self.latents.len() / 2;
-            let bytes = (cb * 4) as u64;
-            self.run(&[], &[(&self.u_first, bytes), (&self.u_rest, bytes)]);
-            let mut lat = [0u32; 2 * MAX_CB];
-            let lat = lat.get_mut(..2 * cb).ok_or_else(|| GpuError::Unsupported {
-                format: "Mimi".into(),
-                why: format!("codebook width {cb} (at most {MAX_CB} on the device)"),
-            })?;
-            self.read_words(lat)?;
-            for (v, b) in self.latents.iter_mut().zip(lat.iter()) {
-                *v = f32::from_bits(*b);
-            }
-            let (first, rest) = self.latents.split_at_mut(cb);
-            self.w.mimi.rvq_codes_exact(first, rest, &mut self.codes);
-            self.host_decisions += 1;
+        let mut all = vec![0.0f32; d.tap_floats()];
+        crate::context::read_mapped(&self.w.ctx, &self.trace_readback, &mut all)?;
+        let mut off = 0;
+        for tap in &d.taps {
+            trace(tap.stage, &all[off..off + tap.floats]);
+            off += tap.floats;
         }
         Ok(())
     }
 
-    fn decode(&mut self, codes: &[u32], out: &mut [f32]) -> Result<(), GpuError> {
+    fn encode(&mut self, pcm: &[f32], traced: bool) -> Result<(), GpuError> {
+        let nq = self.codes.len();
+        self.w
+            .ctx
+            .queue()
+            .write_buffer(&self.s.pcm_in, 0, bytes_of_f32(pcm));
+        let codes_out = self.s.codes_out.clone();
+        self.run(true, traced, &[(&codes_out, ((nq + 1) * 4) as u64)]);
+        read_words(&self.w.ctx, &self.readback, &mut self.words)?;
+        let host = decide_codes(
+            &self.w,
+            &self.s,
+            &self.readback,
+            &self.words,
+            self.force_host_decision,
+            &mut self.lat_words,
+            &mut self.latents,
+            &mut self.codes,
+            &mut self.submissions,
+        )?;
+        self.host_decisions += host as u64;
+        Ok(())
+    }
+
+    fn decode(&mut self, codes: &[u32], out: &mut [f32], traced: bool) -> Result<(), GpuError> {
         let nq = self.codes.len();
         for (b, c) in self.codes_bytes.chunks_exact_mut(4).zip(&codes[..nq]) {
             b.copy_from_slice(&c.to_le_bytes());
@@ -936,15 +1106,81 @@ impl GpuMimi {
         self.w
             .ctx
             .queue()
-            .write_buffer(&self.codes_in, 0, &self.codes_bytes);
+            .write_buffer(&self.s.codes_in, 0, &self.codes_bytes);
         let bytes = (out.len() * 4) as u64;
-        self.run(&self.dec.launches, &[(&self.pcm_out, bytes)]);
+        let pcm_out = self.s.pcm_out.clone();
+        self.run(false, traced, &[(&pcm_out, bytes)]);
         crate::context::read_mapped(&self.w.ctx, &self.readback, out)
+    }
+
+    fn check_pcm(&self, pcm: &[f32]) -> Result<(), MimiError> {
+        let fs = self.frame_size();
+        if pcm.len() != fs {
+            return Err(MimiError::Input(format!(
+                "encode_frame needs {fs} samples, got {}",
+                pcm.len()
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_codes(&self, codes: &[u32], out: &[f32]) -> Result<(), MimiError> {
+        let (fs, nq) = (self.frame_size(), self.n_codebooks());
+        if out.len() != fs {
+            return Err(MimiError::Input(format!(
+                "decode_frame writes {fs} samples, buffer has {}",
+                out.len()
+            )));
+        }
+        if codes.len() < nq {
+            return Err(MimiError::Input(format!(
+                "decode_frame needs {nq} codes, got {}",
+                codes.len()
+            )));
+        }
+        check_code_range(&codes[..nq], self.w.mimi.cardinality())
+    }
+
+    /// [`CodecBackend::encode_frame`], also reporting the frame's encoder intermediates
+    /// ([`Stage::EncSeanet`], [`Stage::EncTransformer`], [`Stage::Latent`], each `[dim, t]`
+    /// channel-major) to `trace`, as the CPU encoder's traced frame does. For parity tooling:
+    /// the frame is split into one compute pass per stage and the intermediates are read back
+    /// into a vector allocated per call.
+    pub fn encode_frame_traced(
+        &mut self,
+        pcm: &[f32],
+        trace: &mut dyn FnMut(Stage, &[f32]),
+    ) -> Result<&[u32], MimiError> {
+        self.check_pcm(pcm)?;
+        self.encode(pcm, true)?;
+        self.report_taps(true, trace)?;
+        Ok(&self.codes)
+    }
+
+    /// [`CodecBackend::decode_frame`], also reporting the decoder intermediates
+    /// ([`Stage::DecLatent`], [`Stage::DecUpsample`], [`Stage::DecTransformer`]) to `trace`
+    /// (see [`GpuMimi::encode_frame_traced`]).
+    pub fn decode_frame_traced(
+        &mut self,
+        codes: &[u32],
+        out: &mut [f32],
+        trace: &mut dyn FnMut(Stage, &[f32]),
+    ) -> Result<(), MimiError> {
+        self.check_codes(codes, out)?;
+        self.decode(codes, out, true)?;
+        Ok(self.report_taps(false, trace)?)
     }
 }
 
-/// Widest codebook the host fallback reads back without allocating.
-const MAX_CB: usize = 1024;
+/// Refuses a code at or above the codebook size `bins`.
+fn check_code_range(codes: &[u32], bins: usize) -> Result<(), MimiError> {
+    match codes.iter().find(|&&c| c as usize >= bins) {
+        Some(bad) => Err(MimiError::Input(format!(
+            "code {bad} out of range (codebook size {bins})"
+        ))),
+        None => Ok(()),
+    }
+}
 
 fn bytes_of_f32(v: &[f32]) -> &[u8] {
     // SAFETY: f32 has no padding and any byte is a valid u8; the length covers exactly `v`.
@@ -991,38 +1227,14 @@ impl CodecBackend for GpuMimi {
     }
 
     fn encode_frame(&mut self, pcm: &[f32]) -> Result<&[u32], MimiError> {
-        let fs = self.frame_size();
-        if pcm.len() != fs {
-            return Err(MimiError::Input(format!(
-                "encode_frame needs {fs} samples, got {}",
-                pcm.len()
-            )));
-        }
-        self.encode(pcm)?;
+        self.check_pcm(pcm)?;
+        self.encode(pcm, false)?;
         Ok(&self.codes)
     }
 
     fn decode_frame(&mut self, codes: &[u32], out: &mut [f32]) -> Result<(), MimiError> {
-        let (fs, nq) = (self.frame_size(), self.n_codebooks());
-        if out.len() != fs {
-            return Err(MimiError::Input(format!(
-                "decode_frame writes {fs} samples, buffer has {}",
-                out.len()
-            )));
-        }
-        if codes.len() < nq {
-            return Err(MimiError::Input(format!(
-                "decode_frame needs {nq} codes, got {}",
-                codes.len()
-            )));
-        }
-        let bins = self.w.mimi.cardinality() as u32;
-        if let Some(bad) = codes[..nq].iter().find(|&&c| c >= bins) {
-            return Err(MimiError::Input(format!(
-                "code {bad} out of range (codebook size {bins})"
-            )));
-        }
-        Ok(self.decode(codes, out)?)
+        self.check_codes(codes, out)?;
+        Ok(self.decode(codes, out, false)?)
     }
 
     fn reset(&mut self) {
@@ -1030,10 +1242,8 @@ impl CodecBackend for GpuMimi {
         let mut enc = ctx
             .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-        enc.clear_buffer(&self.counters, 0, None);
-        for b in self.dec.state.iter().chain(&self.enc.state) {
-            enc.clear_buffer(b, 0, None);
-        }
+        self.s.clear(&mut enc);
         ctx.queue().submit([enc.finish()]);
+        self.submissions += 1;
     }
 }

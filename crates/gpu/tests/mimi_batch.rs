@@ -1,0 +1,231 @@
+//! The batch codec on the device ([`GpuMimiBatch`]) against one CPU codec per slot and the
+//! oracle fixture (`fixtures/mimi/`): slots fed different inputs, joining late, skipping ticks,
+//! listed in varying order, one reset mid-stream; each slot's codes identical and samples within
+//! 1e-4, one submission per call, nothing created per tick.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use gpu::{GpuMimiBatch, GpuMimiWeights};
+use model::checkpoint::MimiConfig;
+use model::mimi::{BatchCodecBackend, CodecBackend, CpuMimi, Mimi};
+use testkit::compare::max_abs_diff;
+
+const TOL: f32 = 1e-4;
+const SLOTS: usize = 3;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/mimi")
+        .join(name)
+}
+
+fn mimi() -> Arc<Mimi> {
+    let cfg = MimiConfig::from_json(&std::fs::read_to_string(fixture("mimi_config.json")).unwrap())
+        .unwrap();
+    let bytes = std::fs::read(fixture("mimi.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let weights: std::collections::HashMap<String, model::mimi::F32Tensor> = st
+        .tensors()
+        .into_iter()
+        .filter(|(_, t)| t.dtype() == safetensors::Dtype::F32)
+        .map(|(n, t)| {
+            let v = t
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            (n, (v, t.shape().to_vec()))
+        })
+        .collect();
+    Arc::new(Mimi::from_tensors(&weights, &cfg, 8).unwrap())
+}
+
+/// The oracle's streaming codes `[8, T]` and T.
+fn oracle_codes() -> (Vec<u32>, usize) {
+    let (c, shape) = testkit::TensorFile::open(fixture("trace.safetensors")).i64("codes");
+    (c.iter().map(|&v| v as u32).collect(), shape[1])
+}
+
+/// The fixture's input samples (IEEE f32 `data` chunk), zero-padded to whole frames.
+fn input_frames(fs: usize) -> Vec<f32> {
+    let b = std::fs::read(fixture("input.wav")).unwrap();
+    let mut i = 12;
+    while i + 8 <= b.len() {
+        let n = u32::from_le_bytes(b[i + 4..i + 8].try_into().unwrap()) as usize;
+        if &b[i..i + 4] == b"data" {
+            let mut pcm: Vec<f32> = b[i + 8..i + 8 + n]
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            pcm.resize(pcm.len().div_ceil(fs) * fs, 0.0);
+            return pcm;
+        }
+        i += 8 + n + (n & 1);
+    }
+    panic!("input.wav has no data chunk");
+}
+
+/// Slot `s`'s `f`-th input frame: the fixture's frames as they are (slot 0), in reverse order
+/// (slot 1), at half amplitude and shifted by 7 frames (slot 2).
+fn slot_frame(pcm: &[f32], fs: usize, s: usize, f: usize) -> Vec<f32> {
+    let t = pcm.len() / fs;
+    let (g, scale) = match s {
+        0 => (f % t, 1.0),
+        1 => (t - 1 - f % t, 1.0),
+        _ => ((f + 7) % t, 0.5),
+    };
+    pcm[g * fs..(g + 1) * fs]
+        .iter()
+        .map(|v| v * scale)
+        .collect()
+}
+
+/// The slots listed at tick `k` (in this order): slot 2 joins at tick 3, slot 1 sits out every
+/// fifth tick, the order turns around on odd ticks.
+fn listed(k: usize) -> Vec<usize> {
+    let mut v: Vec<usize> = (0..SLOTS)
+        .filter(|&s| !(s == 2 && k < 3) && !(s == 1 && k % 5 == 4))
+        .collect();
+    if k % 2 == 1 {
+        v.reverse();
+    }
+    v
+}
+
+#[test]
+fn slots_match_one_cpu_codec_each_with_a_reset_mid_stream() {
+    let Some(ctx) = common::context() else {
+        return;
+    };
+    let m = mimi();
+    let (fs, nq) = (m.frame_size(), m.n_codebooks());
+    let w = GpuMimiWeights::upload(&ctx, m.clone()).unwrap();
+    let mut g = GpuMimiBatch::new(w, SLOTS).unwrap();
+    assert_eq!(
+        (g.slots(), g.frame_size(), g.n_codebooks()),
+        (SLOTS, fs, nq)
+    );
+    let pool = Arc::new(kernels::Pool::new(1));
+    let mut cpu: Vec<CpuMimi> = (0..SLOTS)
+        .map(|_| CpuMimi::new(m.clone(), pool.clone()))
+        .collect();
+    let pcm = input_frames(fs);
+    let (oracle, t) = oracle_codes();
+    let reset_at = 10;
+    // Frames each slot has seen since it started (or was reset).
+    let mut seen = [0usize; SLOTS];
+    let (mut worst, mut checked_oracle) = (0.0f32, 0);
+    for k in 0..t + 4 {
+        if k == reset_at {
+            let before = g.submissions();
+            g.reset(0);
+            cpu[0].reset();
+            seen[0] = 0;
+            assert_eq!(g.submissions(), before + 1);
+        }
+        let slots = listed(k);
+        let mut frames = Vec::new();
+        for &s in &slots {
+            frames.extend(slot_frame(&pcm, fs, s, seen[s]));
+        }
+        // Refused calls move nothing (checked by the next frames' parity).
+        assert!(g.encode_frames(&[0, 0], &frames[..2 * fs]).is_err());
+        assert!(g.encode_frames(&[SLOTS], &frames[..fs]).is_err());
+        assert!(g
+            .encode_frames(&slots, &frames[..frames.len() - 1])
+            .is_err());
+        let (subs, host) = (g.submissions(), g.host_decisions());
+        let got = g.encode_frames(&slots, &frames).unwrap().to_vec();
+        assert_eq!(
+            g.submissions() - subs,
+            1 + (g.host_decisions() - host),
+            "one submission for every listed slot"
+        );
+        assert_eq!(got.len(), slots.len() * nq);
+        let mut codes = Vec::new();
+        for (i, &s) in slots.iter().enumerate() {
+            let want = cpu[s].encode_frame(&frames[i * fs..(i + 1) * fs]).unwrap();
+            assert_eq!(&got[i * nq..(i + 1) * nq], want, "tick {k} slot {s}: codes");
+            if s == 0 && seen[0] < t {
+                // Slot 0 runs the fixture's input from the start (again after its reset).
+                let f = seen[0];
+                let o: Vec<u32> = (0..nq).map(|q| oracle[q * t + f]).collect();
+                assert_eq!(&got[i * nq..(i + 1) * nq], &o[..], "tick {k}: oracle codes");
+                checked_oracle += 1;
+            }
+            codes.extend_from_slice(want);
+        }
+        let bins = m.cardinality() as u32;
+        let mut bad = codes.clone();
+        bad[0] = bins;
+        let mut out = vec![0.0f32; slots.len() * fs];
+        assert!(g.decode_frames(&slots, &bad, &mut out).is_err());
+        assert!(g.decode_frames(&slots, &codes, &mut out[..fs]).is_err() || slots.len() == 1);
+        let subs = g.submissions();
+        g.decode_frames(&slots, &codes, &mut out).unwrap();
+        assert_eq!(g.submissions() - subs, 1);
+        for (i, &s) in slots.iter().enumerate() {
+            let mut want = vec![0.0f32; fs];
+            cpu[s]
+                .decode_frame(&codes[i * nq..(i + 1) * nq], &mut want)
+                .unwrap();
+            let err = max_abs_diff(&out[i * fs..(i + 1) * fs], &want);
+            worst = worst.max(err);
+            assert!(err < TOL, "tick {k} slot {s}: samples differ by {err}");
+        }
+        for &s in &slots {
+            seen[s] += 1;
+        }
+    }
+    eprintln!("GPU batch decoder vs CPU: max abs diff {worst:e}; {checked_oracle} oracle frames");
+    assert!(checked_oracle >= t, "slot 0 compared with the oracle");
+}
+
+#[test]
+fn no_buffer_or_bind_group_created_per_tick() {
+    let Some(ctx) = common::context() else {
+        return;
+    };
+    let m = mimi();
+    let (fs, nq) = (m.frame_size(), m.n_codebooks());
+    let w = GpuMimiWeights::upload(&ctx, m.clone()).unwrap();
+    let mut g = GpuMimiBatch::new(w, SLOTS).unwrap();
+    let pcm = input_frames(fs);
+    let mut out = vec![0.0f32; SLOTS * fs];
+    let mut tick = |g: &mut GpuMimiBatch, k: usize| {
+        let slots = listed(k);
+        let mut frames = Vec::new();
+        for &s in &slots {
+            frames.extend(slot_frame(&pcm, fs, s, k));
+        }
+        let codes = g.encode_frames(&slots, &frames).unwrap().to_vec();
+        g.decode_frames(&slots, &codes, &mut out[..slots.len() * fs])
+            .unwrap();
+        if k % 37 == 36 {
+            g.reset(k % SLOTS);
+        }
+        assert_eq!(codes.len(), slots.len() * nq);
+    };
+    tick(&mut g, 0);
+    let (buffers, binds) = (ctx.buffers_created(), ctx.bind_groups_created());
+    for k in 1..=100 {
+        tick(&mut g, k);
+    }
+    assert_eq!(
+        (ctx.buffers_created(), ctx.bind_groups_created()),
+        (buffers, binds),
+        "buffers or bind groups created over 100 ticks"
+    );
+}
+
+#[test]
+fn zero_slots_is_refused() {
+    let Some(ctx) = common::context() else {
+        return;
+    };
+    let w = GpuMimiWeights::upload(&ctx, mimi()).unwrap();
+    assert!(GpuMimiBatch::new(w, 0).is_err());
+}
