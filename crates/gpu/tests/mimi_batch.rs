@@ -87,7 +87,7 @@ fn slot_frame(pcm: &[f32], fs: usize, s: usize, f: usize) -> Vec<f32> {
 /// fifth tick, the order turns around on odd ticks.
 fn listed(k: usize) -> Vec<usize> {
     let mut v: Vec<usize> = (0..SLOTS)
-        .filter(|&s| !(s == 2 && k < 3) && !(s == 1 && k % 5 == 4))
+        .filter(|&s| (s != 2 || k >= 3) && (s != 1 || k % 5 != 4))
         .collect();
     if k % 2 == 1 {
         v.reverse();
