@@ -10,14 +10,7 @@ use kernels::{KernelSet, Pool};
 use proptest::prelude::*;
 
 mod common;
-use common::vals;
-
-fn close(a: &[f32], b: &[f32], tol: f32, what: &str) {
-    assert_eq!(a.len(), b.len());
-    for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        assert!((x - y).abs() <= tol, "{what}: index {i}: {x} vs {y}");
-    }
-}
+use common::{close, conv1d_case, conv_transpose_case, vals};
 
 fn bitwise(a: &[f32], b: &[f32], what: &str) {
     assert_eq!(a.len(), b.len());
@@ -72,17 +65,9 @@ proptest! {
     fn conv1d_kernels_agree(ig in 1usize..12, og in 1usize..40, groups in 1usize..3, k in 1usize..6,
                             stride in 1usize..4, dilation in 1usize..3, t_extra in 0usize..80,
                             seed in any::<u64>()) {
-        let (inc, outc) = (ig * groups, og * groups);
-        let conv = Conv1d::new(vals(seed, outc * ig * k), Some(vals(seed ^ 7, outc)), inc, outc,
-                               k, stride, dilation, groups).unwrap();
-        let t_in = conv.effective_kernel() + t_extra;
-        let x = vals(seed ^ 99, inc * t_in);
-        let t_out = conv.out_len(t_in);
-        let mut want = vec![0f32; outc * t_out];
-        conv.forward_reference(&x, &mut want).unwrap();
-        let tol = 1e-5 * (ig * k) as f32 + 1e-6;
-        check_all(&want, tol, t_out > 4, &|kern, pool, out| {
-            conv.forward_kernel(kern, &x, out, pool).unwrap();
+        let c = conv1d_case(ig, og, groups, k, stride, dilation, t_extra, seed);
+        check_all(&c.want, c.tol, c.t_out > 4, &|kern, pool, out| {
+            c.conv.forward_kernel(kern, &c.x, out, pool).unwrap();
         });
     }
 
@@ -90,16 +75,9 @@ proptest! {
     fn conv_transpose_kernels_agree(ig in 1usize..12, og in 1usize..12, groups in 1usize..3,
                                     k in 1usize..9, stride in 1usize..5, t_in in 1usize..70,
                                     seed in any::<u64>()) {
-        let (inc, outc) = (ig * groups, og * groups);
-        let conv = ConvTranspose1d::new(vals(seed, inc * og * k), Some(vals(seed ^ 3, outc)),
-                                        inc, outc, k, stride, groups).unwrap();
-        let x = vals(seed ^ 5, inc * t_in);
-        let t_out = conv.out_len(t_in);
-        let mut want = vec![0f32; outc * t_out];
-        conv.forward_reference(&x, &mut want).unwrap();
-        let tol = 1e-5 * (ig * k) as f32 + 1e-6;
-        check_all(&want, tol, t_in > 4, &|kern, pool, out| {
-            conv.forward_kernel(kern, &x, out, pool).unwrap();
+        let c = conv_transpose_case(ig, og, groups, k, stride, t_in, seed);
+        check_all(&c.want, c.tol, t_in > 4, &|kern, pool, out| {
+            c.conv.forward_kernel(kern, &c.x, out, pool).unwrap();
         });
     }
 }

@@ -6,13 +6,25 @@ use kernels::Pool;
 use proptest::prelude::*;
 
 mod common;
-use common::vals;
+use common::{close, conv1d_case, conv_transpose_case, vals, ConvCase};
 
-fn close(a: &[f32], b: &[f32], tol: f32) {
-    assert_eq!(a.len(), b.len());
-    for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        assert!((x - y).abs() <= tol, "index {i}: {x} vs {y}");
-    }
+/// Runs the three public paths of a [`common::ConvCase`] (`forward`, `forward_scalar_gemm`,
+/// `forward_pool` on two threads) and checks each against the reference output. A macro: the
+/// two convolution types share these methods but no trait.
+macro_rules! check_paths {
+    ($case:expr) => {{
+        let ConvCase {
+            conv, x, want, tol, ..
+        } = $case;
+        let mut got = vec![0f32; want.len()];
+        conv.forward(&x, &mut got).unwrap();
+        close(&got, &want, tol, "forward");
+        conv.forward_scalar_gemm(&x, &mut got).unwrap();
+        close(&got, &want, tol, "scalar gemm");
+        let pool = Pool::new(2);
+        conv.forward_pool(&x, &mut got, &pool).unwrap();
+        close(&got, &want, tol, "pool");
+    }};
 }
 
 proptest! {
@@ -21,46 +33,13 @@ proptest! {
     #[test]
     fn conv1d_paths_agree(ig in 1usize..6, og in 1usize..9, groups in 1usize..3, k in 1usize..6,
                           stride in 1usize..4, dilation in 1usize..3, t_extra in 0usize..40, seed in any::<u64>()) {
-        let (inc, outc) = (ig * groups, og * groups);
-        let w = vals(seed, outc * ig * k);
-        let bias = vals(seed ^ 7, outc);
-        let conv = Conv1d::new(w, Some(bias), inc, outc, k, stride, dilation, groups).unwrap();
-        let t_in = conv.effective_kernel() + t_extra;
-        let x = vals(seed ^ 99, inc * t_in);
-        let t_out = conv.out_len(t_in);
-        let mut want = vec![0f32; outc * t_out];
-        conv.forward_reference(&x, &mut want).unwrap();
-        let tol = 1e-5 * (ig * k) as f32 + 1e-6;
-        let mut got = vec![0f32; outc * t_out];
-        conv.forward(&x, &mut got).unwrap();
-        close(&got, &want, tol);
-        conv.forward_scalar_gemm(&x, &mut got).unwrap();
-        close(&got, &want, tol);
-        let pool = Pool::new(2);
-        conv.forward_pool(&x, &mut got, &pool).unwrap();
-        close(&got, &want, tol);
+        check_paths!(conv1d_case(ig, og, groups, k, stride, dilation, t_extra, seed));
     }
 
     #[test]
     fn conv_transpose_paths_agree(ig in 1usize..8, og in 1usize..8, groups in 1usize..3, k in 1usize..9,
                                   stride in 1usize..5, t_in in 1usize..30, seed in any::<u64>()) {
-        let (inc, outc) = (ig * groups, og * groups);
-        let w = vals(seed, inc * og * k);
-        let bias = vals(seed ^ 3, outc);
-        let conv = ConvTranspose1d::new(w, Some(bias), inc, outc, k, stride, groups).unwrap();
-        let x = vals(seed ^ 5, inc * t_in);
-        let t_out = conv.out_len(t_in);
-        let mut want = vec![0f32; outc * t_out];
-        conv.forward_reference(&x, &mut want).unwrap();
-        let tol = 1e-5 * (ig * k) as f32 + 1e-6;
-        let mut got = vec![0f32; outc * t_out];
-        conv.forward(&x, &mut got).unwrap();
-        close(&got, &want, tol);
-        conv.forward_scalar_gemm(&x, &mut got).unwrap();
-        close(&got, &want, tol);
-        let pool = Pool::new(2);
-        conv.forward_pool(&x, &mut got, &pool).unwrap();
-        close(&got, &want, tol);
+        check_paths!(conv_transpose_case(ig, og, groups, k, stride, t_in, seed));
     }
 }
 
@@ -74,7 +53,7 @@ fn large_convs_threaded_match_reference() {
     let (mut a, mut b) = (vec![0f32; 48 * t], vec![0f32; 48 * t]);
     conv.forward_reference(&x, &mut a).unwrap();
     conv.forward_pool(&x, &mut b, &pool).unwrap();
-    close(&a, &b, 1e-3);
+    close(&a, &b, 1e-3, "threaded conv1d");
     let ct =
         ConvTranspose1d::new(vals(4, 64 * 40 * 8), Some(vals(5, 40)), 64, 40, 8, 4, 1).unwrap();
     let x = vals(6, 64 * 100);
@@ -82,7 +61,7 @@ fn large_convs_threaded_match_reference() {
     let (mut a, mut b) = (vec![0f32; 40 * t], vec![0f32; 40 * t]);
     ct.forward_reference(&x, &mut a).unwrap();
     ct.forward_pool(&x, &mut b, &pool).unwrap();
-    close(&a, &b, 1e-3);
+    close(&a, &b, 1e-3, "threaded conv transpose");
 }
 
 #[test]

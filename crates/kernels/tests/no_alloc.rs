@@ -5,32 +5,9 @@
 
 use kernels::attention::{KvDtype, KvRing};
 use kernels::conv::{Conv1d, ConvTranspose1d};
-use kernels::quant::{encode_mlx, encode_q4_0, encode_q8_0};
-use kernels::{ops, Matrix, Pool, Scratch, Storage, WeightFormat};
+use kernels::{ops, Matrix, Pool, Scratch, WeightFormat};
 
 use testkit::all_thread_allocations_during as allocations;
-
-fn half_bytes(vals: &[f32], to_bits: impl Fn(f32) -> u16) -> Storage {
-    Storage::from_vec(
-        vals.iter()
-            .flat_map(|&v| to_bits(v).to_le_bytes())
-            .collect(),
-    )
-}
-
-fn mlx(bits: u8, group: usize, rows: usize, cols: usize, vals: &[f32]) -> Matrix {
-    let (w, s, b) = encode_mlx(bits, group, rows, cols, vals).unwrap();
-    Matrix::from_mlx(
-        bits,
-        group,
-        rows,
-        cols,
-        Storage::from_vec(w),
-        Storage::from_vec(s),
-        Storage::from_vec(b),
-    )
-    .unwrap()
-}
 
 #[global_allocator]
 static GLOBAL: testkit::CountingAlloc = testkit::CountingAlloc;
@@ -42,50 +19,21 @@ fn hot_calls_do_not_allocate_after_warm_up() {
         .map(|i| (i % 9) as f32 * 0.1 - 0.4)
         .collect();
     let mats = [
-        Matrix::from_f32(rows, cols, vals.clone()).unwrap(),
-        Matrix::from_bytes(
-            WeightFormat::Q8_0,
-            rows,
-            cols,
-            Storage::from_vec(encode_q8_0(&vals).unwrap()),
-        )
-        .unwrap(),
-        Matrix::from_bytes(
-            WeightFormat::Q4_0,
-            rows,
-            cols,
-            Storage::from_vec(encode_q4_0(&vals).unwrap()),
-        )
-        .unwrap(),
-        Matrix::from_bytes(
-            WeightFormat::Bf16,
-            rows,
-            cols,
-            half_bytes(&vals, |v| half::bf16::from_f32(v).to_bits()),
-        )
-        .unwrap(),
-        Matrix::from_bytes(
-            WeightFormat::F16,
-            rows,
-            cols,
-            half_bytes(&vals, |v| half::f16::from_f32(v).to_bits()),
-        )
-        .unwrap(),
-        mlx(4, 32, rows, cols, &vals),
-        mlx(8, 64, rows, cols, &vals),
-    ];
+        WeightFormat::F32,
+        WeightFormat::Q8_0,
+        WeightFormat::Q4_0,
+        WeightFormat::Bf16,
+        WeightFormat::F16,
+        WeightFormat::MlxAffine { bits: 4, group: 32 },
+        WeightFormat::MlxAffine { bits: 8, group: 64 },
+    ]
+    .map(|f| Matrix::encode(f, rows, cols, &vals).unwrap());
     // Large enough that the pool's worker wakes up in time to claim shares.
     let (big_rows, big_cols) = (2048, 1024);
     let big_vals: Vec<f32> = (0..big_rows * big_cols)
         .map(|i| (i % 13) as f32 * 0.05 - 0.3)
         .collect();
-    let big = Matrix::from_bytes(
-        WeightFormat::Q8_0,
-        big_rows,
-        big_cols,
-        Storage::from_vec(encode_q8_0(&big_vals).unwrap()),
-    )
-    .unwrap();
+    let big = Matrix::encode(WeightFormat::Q8_0, big_rows, big_cols, &big_vals).unwrap();
     let big_x: Vec<f32> = (0..big_cols * 4).map(|i| (i % 7) as f32 - 3.0).collect();
     let mut big_y = vec![0f32; big_rows * 4];
     let x: Vec<f32> = (0..cols * 4).map(|i| (i % 5) as f32 - 2.0).collect();

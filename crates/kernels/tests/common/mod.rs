@@ -1,4 +1,93 @@
-//! Helpers shared by the convolution property tests.
+//! Helpers shared by the kernel property tests (each test binary uses a part of them).
+#![allow(dead_code)]
+
+use kernels::conv::{Conv1d, ConvTranspose1d};
 
 /// `n` deterministic pseudo-random values in `[-1, 1)` (xorshift64 seeded by `seed`).
 pub use testkit::rng::values as vals;
+
+/// Asserts that `a` and `b` have the same length and differ by at most `tol` anywhere (`what`
+/// names the case in the failure message).
+pub fn close(a: &[f32], b: &[f32], tol: f32, what: &str) {
+    assert_eq!(a.len(), b.len());
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!((x - y).abs() <= tol, "{what}: index {i}: {x} vs {y}");
+    }
+}
+
+/// A random convolution with biases, an input for it and the output of the direct definition
+/// (`forward_reference`), with the summation-order tolerance `1e-5 · in·k + 1e-6` of any GEMM
+/// path against it.
+pub struct ConvCase<C> {
+    /// The convolution (weights from `seed`).
+    pub conv: C,
+    /// The input, `[in_channels, t_in]`.
+    pub x: Vec<f32>,
+    /// The reference output, `[out_channels, t_out]`.
+    pub want: Vec<f32>,
+    /// Output steps.
+    pub t_out: usize,
+    /// Tolerance of a GEMM path against `want`.
+    pub tol: f32,
+}
+
+/// A [`ConvCase`] of a `Conv1d` with `groups` groups of `ig` inputs and `og` outputs each, on an
+/// input `t_extra` steps longer than the effective kernel.
+#[allow(clippy::too_many_arguments)]
+pub fn conv1d_case(
+    ig: usize,
+    og: usize,
+    groups: usize,
+    k: usize,
+    stride: usize,
+    dilation: usize,
+    t_extra: usize,
+    seed: u64,
+) -> ConvCase<Conv1d> {
+    let (inc, outc) = (ig * groups, og * groups);
+    let w = vals(seed, outc * ig * k);
+    let bias = vals(seed ^ 7, outc);
+    let conv = Conv1d::new(w, Some(bias), inc, outc, k, stride, dilation, groups).unwrap();
+    let t_in = conv.effective_kernel() + t_extra;
+    let x = vals(seed ^ 99, inc * t_in);
+    let t_out = conv.out_len(t_in);
+    let mut want = vec![0f32; outc * t_out];
+    conv.forward_reference(&x, &mut want).unwrap();
+    let tol = 1e-5 * (ig * k) as f32 + 1e-6;
+    ConvCase {
+        conv,
+        x,
+        want,
+        t_out,
+        tol,
+    }
+}
+
+/// A [`ConvCase`] of a `ConvTranspose1d` with `groups` groups of `ig` inputs and `og` outputs
+/// each, on an input of `t_in` steps.
+pub fn conv_transpose_case(
+    ig: usize,
+    og: usize,
+    groups: usize,
+    k: usize,
+    stride: usize,
+    t_in: usize,
+    seed: u64,
+) -> ConvCase<ConvTranspose1d> {
+    let (inc, outc) = (ig * groups, og * groups);
+    let w = vals(seed, inc * og * k);
+    let bias = vals(seed ^ 3, outc);
+    let conv = ConvTranspose1d::new(w, Some(bias), inc, outc, k, stride, groups).unwrap();
+    let x = vals(seed ^ 5, inc * t_in);
+    let t_out = conv.out_len(t_in);
+    let mut want = vec![0f32; outc * t_out];
+    conv.forward_reference(&x, &mut want).unwrap();
+    let tol = 1e-5 * (ig * k) as f32 + 1e-6;
+    ConvCase {
+        conv,
+        x,
+        want,
+        t_out,
+        tol,
+    }
+}
