@@ -79,8 +79,9 @@ fn synth(rows: usize, cols: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-/// Streaming read probe: sums `buf` split over the pool's threads; returns GB/s.
-fn read_probe(pool: &Pool, buf: &[f32]) -> f64 {
+/// Streaming read probe: sums `buf` split over the pool's threads; returns GB/s (the memory
+/// bandwidth a weight-streaming kernel can reach with that many threads).
+pub fn read_probe(pool: &Pool, buf: &[f32]) -> f64 {
     let t0 = Instant::now();
     let nt = pool.n_threads();
     let chunk = buf.len().div_ceil(nt);

@@ -12,6 +12,7 @@
 
 use std::time::Instant;
 
+use kernels::bench::read_probe;
 use kernels::{Pool, WeightFormat};
 use model::lm::{KvDtype, LmGen, LmModel, LmSpec, SyntheticSource};
 use model::sampling::{Sampler, SamplerConfig};
@@ -34,28 +35,6 @@ where
     T::Err: std::fmt::Debug,
 {
     s.split(',').map(|x| x.trim().parse().unwrap()).collect()
-}
-
-/// Streaming read of `buf` split over the pool's threads; GB/s.
-fn read_probe(pool: &Pool, buf: &[f32]) -> f64 {
-    let t0 = Instant::now();
-    let nt = pool.n_threads();
-    let chunk = buf.len().div_ceil(nt);
-    let sink = std::sync::atomic::AtomicU32::new(0);
-    pool.run(nt, &|i| {
-        let part = &buf[(i * chunk).min(buf.len())..((i + 1) * chunk).min(buf.len())];
-        let mut acc = [0f32; 32];
-        for c in part.chunks_exact(32) {
-            for k in 0..32 {
-                acc[k] += c[k];
-            }
-        }
-        let s: f32 = acc.iter().sum();
-        sink.fetch_add(s.to_bits() & 1, std::sync::atomic::Ordering::Relaxed);
-    });
-    let dt = t0.elapsed().as_secs_f64();
-    std::hint::black_box(sink.load(std::sync::atomic::Ordering::Relaxed));
-    (buf.len() * 4) as f64 / dt / 1e9
 }
 
 fn median(v: &mut [f64]) -> f64 {
