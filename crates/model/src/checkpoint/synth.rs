@@ -472,41 +472,29 @@ fn lm_header(format: SynthFormat, infos: &Infos<'_>) -> (Vec<u8>, Vec<u64>, u64)
     }
 }
 
-/// Write a safetensors file of `outs`, streaming each tensor.
-fn write_safetensors(
+/// Write the file of `outs` in `format` (safetensors, or GGUF with F32 / Q8_0 / Q4_0 / BF16
+/// tensors only), streaming each tensor to the offset the header gives its first file tensor and
+/// zero-filling the alignment gaps (GGUF's; safetensors has none).
+fn write_tensor_file(
     path: &Path,
     format: SynthFormat,
     outs: &[Out],
     seed: u64,
 ) -> Result<u64, CheckpointError> {
-    let infos: Infos<'_> = outs.iter().flat_map(expand).collect();
-    let (header, _, total) = lm_header(format, &infos);
-    let f = File::create(path).map_err(io_err(path))?;
-    let mut w = BufWriter::with_capacity(1 << 22, f);
-    w.write_all(&header).map_err(io_err(path))?;
-    let mut rng = Rng(seed);
-    for o in outs {
-        stream_tensor(o, &mut rng, |_, b| w.write_all(b)).map_err(io_err(path))?;
-    }
-    w.flush().map_err(io_err(path))?;
-    Ok(total)
-}
-
-/// Write the GGUF file of `outs` (F32 / Q8_0 / Q4_0 / BF16 tensors only), streaming each tensor.
-fn write_gguf(
-    path: &Path,
-    format: SynthFormat,
-    outs: &[Out],
-    seed: u64,
-) -> Result<u64, CheckpointError> {
-    let infos: Infos<'_> = outs.iter().flat_map(expand).collect();
+    let per_out: Vec<Infos<'_>> = outs.iter().map(expand).collect();
+    let infos: Infos<'_> = per_out.concat();
     let (header, offsets, total) = lm_header(format, &infos);
     let f = File::create(path).map_err(io_err(path))?;
     let mut w = BufWriter::with_capacity(1 << 22, f);
     w.write_all(&header).map_err(io_err(path))?;
     let mut rng = Rng(seed);
     let mut pos = 0u64;
-    for (o, off) in outs.iter().zip(offsets) {
+    // Index in `offsets` of the next tensor's first file tensor (an MLX matrix has three, written
+    // one after the other by `stream_tensor`).
+    let mut first = 0;
+    for (o, parts) in outs.iter().zip(&per_out) {
+        let off = offsets[first];
+        first += parts.len();
         let pad = off - pos;
         w.write_all(&vec![0u8; pad as usize])
             .map_err(io_err(path))?;
@@ -693,10 +681,7 @@ pub fn write_bundle(
     let released = *lm == LmConfig::moshiko_v0_1() && *mimi == MimiConfig::v0_1();
     let lm_path = dir.join(format.lm_file());
     let outs = lm_outputs(lm, format);
-    let lm_size = match format {
-        SynthFormat::Q8Gguf | SynthFormat::Q4Gguf => write_gguf(&lm_path, format, &outs, seed)?,
-        _ => write_safetensors(&lm_path, format, &outs, seed)?,
-    };
+    let lm_size = write_tensor_file(&lm_path, format, &outs, seed)?;
     let mimi_outs: Vec<Out> = Schema::mimi(mimi)
         .tensors
         .iter()
@@ -709,7 +694,7 @@ pub fn write_bundle(
         .collect();
     let mimi_path = dir.join(MIMI_NAME);
     // The released Mimi file is a plain PyTorch safetensors file (padded header, no metadata).
-    let mimi_size = write_safetensors(&mimi_path, SynthFormat::Bf16, &mimi_outs, seed ^ 0x5eed)?;
+    let mimi_size = write_tensor_file(&mimi_path, SynthFormat::Bf16, &mimi_outs, seed ^ 0x5eed)?;
     let spm = dir.join(TOKENIZER_NAME);
     std::fs::write(&spm, tiny_spm(lm.text_card)).map_err(io_err(&spm))?;
     // No released repository holds a Q4_0 GGUF, so no file-name default finds it: name it in config.json.
