@@ -40,6 +40,17 @@ struct Request {
 }
 
 impl Request {
+    /// The request of [`TensorSource::matrix`] (`take` `None`) or of
+    /// [`TensorSource::matrix_rows`] (the rows `take` of a `[rows, cols]` tensor).
+    fn new(name: &str, rows: usize, cols: usize, take: Option<std::ops::Range<usize>>) -> Self {
+        Request {
+            name: name.to_string(),
+            rows,
+            cols,
+            take: take.map(|t| (t.start, t.len())),
+        }
+    }
+
     fn build<S: TensorSource + ?Sized>(&self, src: &S) -> Result<Matrix, LmError> {
         match self.take {
             None => src.matrix(&self.name, self.rows, self.cols),
@@ -63,12 +74,9 @@ fn placeholder() -> Matrix {
 
 impl TensorSource for Recorder {
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix, LmError> {
-        self.requests.borrow_mut().push(Request {
-            name: name.to_string(),
-            rows,
-            cols,
-            take: None,
-        });
+        self.requests
+            .borrow_mut()
+            .push(Request::new(name, rows, cols, None));
         Ok(placeholder())
     }
 
@@ -78,13 +86,9 @@ impl TensorSource for Recorder {
         [rows, cols]: [usize; 2],
         take: std::ops::Range<usize>,
     ) -> Result<Matrix, LmError> {
-        let (start, n) = (take.start, take.len());
-        self.requests.borrow_mut().push(Request {
-            name: name.to_string(),
-            rows,
-            cols,
-            take: Some((start, n)),
-        });
+        self.requests
+            .borrow_mut()
+            .push(Request::new(name, rows, cols, Some(take)));
         Ok(placeholder())
     }
 
@@ -121,12 +125,7 @@ impl<S: TensorSource + ?Sized> Replay<'_, S> {
 
 impl<S: TensorSource + ?Sized> TensorSource for Replay<'_, S> {
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix, LmError> {
-        self.take(Request {
-            name: name.to_string(),
-            rows,
-            cols,
-            take: None,
-        })
+        self.take(Request::new(name, rows, cols, None))
     }
 
     fn matrix_rows(
@@ -135,13 +134,7 @@ impl<S: TensorSource + ?Sized> TensorSource for Replay<'_, S> {
         [rows, cols]: [usize; 2],
         take: std::ops::Range<usize>,
     ) -> Result<Matrix, LmError> {
-        let (start, n) = (take.start, take.len());
-        self.take(Request {
-            name: name.to_string(),
-            rows,
-            cols,
-            take: Some((start, n)),
-        })
+        self.take(Request::new(name, rows, cols, Some(take)))
     }
 
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LmError> {
