@@ -40,23 +40,29 @@ impl TensorFile {
         (t.data().to_vec(), t.shape().to_vec())
     }
 
-    /// An f32 tensor: values and shape.
-    pub fn f32(&self, name: &str) -> (Vec<f32>, Vec<usize>) {
-        let (d, shape) = self.raw(name, Dtype::F32);
+    /// The values of `name` (which must be of dtype `want`), each decoded from its `N`
+    /// little-endian bytes by `from_le`, and its shape.
+    fn values<T, const N: usize>(
+        &self,
+        name: &str,
+        want: Dtype,
+        from_le: fn([u8; N]) -> T,
+    ) -> (Vec<T>, Vec<usize>) {
+        let (d, shape) = self.raw(name, want);
         let v = d
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .chunks_exact(N)
+            .map(|c| from_le(c.try_into().unwrap()))
             .collect();
         (v, shape)
     }
 
+    /// An f32 tensor: values and shape.
+    pub fn f32(&self, name: &str) -> (Vec<f32>, Vec<usize>) {
+        self.values(name, Dtype::F32, f32::from_le_bytes)
+    }
+
     /// An i64 tensor: values and shape.
     pub fn i64(&self, name: &str) -> (Vec<i64>, Vec<usize>) {
-        let (d, shape) = self.raw(name, Dtype::I64);
-        let v = d
-            .chunks_exact(8)
-            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-            .collect();
-        (v, shape)
+        self.values(name, Dtype::I64, i64::from_le_bytes)
     }
 }
