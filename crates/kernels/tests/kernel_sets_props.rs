@@ -8,18 +8,7 @@ use kernels::{KernelSet, Matrix, Scratch, WeightFormat};
 use proptest::prelude::*;
 
 mod common;
-use common::vals;
-
-const FORMATS: [WeightFormat; 8] = [
-    WeightFormat::F32,
-    WeightFormat::Bf16,
-    WeightFormat::F16,
-    WeightFormat::Q8_0,
-    WeightFormat::Q4_0,
-    WeightFormat::MlxAffine { bits: 4, group: 32 },
-    WeightFormat::MlxAffine { bits: 4, group: 64 },
-    WeightFormat::MlxAffine { bits: 8, group: 64 },
-];
+use common::{vals, FORMATS};
 
 fn exact(set: KernelSet, fmt: WeightFormat) -> bool {
     let neon = matches!(

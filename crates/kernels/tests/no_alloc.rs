@@ -9,6 +9,9 @@ use kernels::{ops, Matrix, Pool, Scratch, WeightFormat};
 
 use testkit::all_thread_allocations_during as allocations;
 
+mod common;
+use common::FORMATS;
+
 #[global_allocator]
 static GLOBAL: testkit::CountingAlloc = testkit::CountingAlloc;
 
@@ -18,16 +21,7 @@ fn hot_calls_do_not_allocate_after_warm_up() {
     let vals: Vec<f32> = (0..rows * cols)
         .map(|i| (i % 9) as f32 * 0.1 - 0.4)
         .collect();
-    let mats = [
-        WeightFormat::F32,
-        WeightFormat::Q8_0,
-        WeightFormat::Q4_0,
-        WeightFormat::Bf16,
-        WeightFormat::F16,
-        WeightFormat::MlxAffine { bits: 4, group: 32 },
-        WeightFormat::MlxAffine { bits: 8, group: 64 },
-    ]
-    .map(|f| Matrix::encode(f, rows, cols, &vals).unwrap());
+    let mats = FORMATS.map(|f| Matrix::encode(f, rows, cols, &vals).unwrap());
     // Large enough that the pool's worker wakes up in time to claim shares.
     let (big_rows, big_cols) = (2048, 1024);
     let big_vals: Vec<f32> = (0..big_rows * big_cols)
