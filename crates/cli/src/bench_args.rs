@@ -67,7 +67,7 @@ pub struct BenchArgs {
     /// per weight (the batch's KV caches cost 1.6 GB per session in bf16).
     #[arg(long, default_value_t = 4)]
     pub batch: usize,
-    /// `bench batch`: conversation slots per tick.
+    /// `bench batch` (and `bench mimi --device gpu`, 0 or 1 = skip): conversation slots per tick.
     #[arg(long, default_value_t = 4)]
     pub slots: usize,
     /// Read-probe buffer size in MiB (well above the last-level cache).

@@ -148,10 +148,17 @@ pub(crate) struct GpuMimiCell {
     pub host_decisions: u64,
     /// Codec weight bytes on the device (read at least once per encode + decode).
     pub weight_bytes: u64,
+    /// Slots of the batch codec timed beside ([`gpu::GpuMimiBatch`]; `--slots`, 0 when skipped).
+    pub slots: usize,
+    /// Batch ticks (encode + decode of every slot), ms.
+    pub batch_ms: Vec<f64>,
+    /// Submissions per batch tick (2 when each direction is one submission for all slots).
+    pub batch_submissions_per_tick: f64,
 }
 
 /// Times `mimi`'s streaming encode and decode on the adapter (`None`: the best of any type), one
-/// frame each way per step (the decoder takes the codes the encoder just gave), and prints the
+/// frame each way per step (the decoder takes the codes the encoder just gave), and, with
+/// `--slots` above 1, the batch codec's tick for that many slots in the same rounds; prints the
 /// `result` lines.
 pub(crate) fn bench_mimi_gpu(
     args: &BenchArgs,
@@ -164,7 +171,12 @@ pub(crate) fn bench_mimi_gpu(
     let t0 = Instant::now();
     let weights = gpu::GpuMimiWeights::upload(&ctx, mimi.clone())?;
     let weight_bytes = weights.weight_bytes();
-    let mut codec = gpu::GpuMimi::new(weights)?;
+    let mut codec = gpu::GpuMimi::new(weights.clone())?;
+    let slots = if args.slots > 1 { args.slots } else { 0 };
+    let mut batch = match slots {
+        0 => None,
+        n => Some(gpu::GpuMimiBatch::new(weights, n)?),
+    };
     let (dec_l, enc_l) = codec.launches_per_frame();
     eprintln!(
         "mimi {label} on {}: uploaded in {:.1} s, {} + {} dispatches per frame (encode + decode), probe {} MiB",
@@ -178,7 +190,8 @@ pub(crate) fn bench_mimi_gpu(
     let pcm: Vec<f32> = (0..fs)
         .map(|i| 0.3 * (i as f32 * 0.031).sin() + 0.1 * (i as f32 * 0.17).sin())
         .collect();
-    let mut codes = vec![0u32; codec.n_codebooks()];
+    let nq = codec.n_codebooks();
+    let mut codes = vec![0u32; nq];
     let mut out = vec![0.0f32; fs];
     let mut frame = |codec: &mut gpu::GpuMimi| -> Result<(f64, f64)> {
         let t = Instant::now();
@@ -189,6 +202,20 @@ pub(crate) fn bench_mimi_gpu(
         Ok((e, t.elapsed().as_secs_f64() * 1e3))
     };
     frame(&mut codec)?;
+    let all: Vec<usize> = (0..slots).collect();
+    let batch_pcm: Vec<f32> = (0..slots).flat_map(|_| pcm.iter().copied()).collect();
+    let mut batch_codes = vec![0u32; slots * nq];
+    let mut batch_out = vec![0.0f32; slots * fs];
+    let mut tick = |b: &mut gpu::GpuMimiBatch| -> Result<f64> {
+        use model::mimi::BatchCodecBackend;
+        let t = Instant::now();
+        batch_codes.copy_from_slice(b.encode_frames(&all, &batch_pcm)?);
+        b.decode_frames(&all, &batch_codes, &mut batch_out)?;
+        Ok(t.elapsed().as_secs_f64() * 1e3)
+    };
+    if let Some(b) = batch.as_mut() {
+        tick(b)?;
+    }
     probe.measure()?;
     let mut cell = GpuMimiCell {
         enc_ms: Vec::new(),
@@ -198,7 +225,11 @@ pub(crate) fn bench_mimi_gpu(
         submissions_per_frame: 0.0,
         host_decisions: 0,
         weight_bytes,
+        slots,
+        batch_ms: Vec::new(),
+        batch_submissions_per_tick: 0.0,
     };
+    let batch_subs0 = batch.as_ref().map_or(0, |b| b.submissions());
     let (subs0, host0) = (codec.submissions(), codec.host_decisions());
     for _ in 0..args.rounds {
         let bw = probe.measure()?;
@@ -208,6 +239,15 @@ pub(crate) fn bench_mimi_gpu(
             cell.dec_ms.push(d);
             cell.probe.push(bw);
         }
+        if let Some(b) = batch.as_mut() {
+            for _ in 0..args.mimi_frames {
+                cell.batch_ms.push(tick(b)?);
+            }
+        }
+    }
+    if let Some(b) = &batch {
+        cell.batch_submissions_per_tick =
+            (b.submissions() - batch_subs0) as f64 / cell.batch_ms.len().max(1) as f64;
     }
     let n = cell.enc_ms.len().max(1) as f64;
     cell.submissions_per_frame = (codec.submissions() - subs0) as f64 / n;
@@ -245,6 +285,22 @@ pub(crate) fn bench_mimi_gpu(
              min={lo:.3} max={hi:.3} n={}{extra}",
             ctx.adapter().name,
             v.len(),
+        );
+    }
+    if let Some(b) = &batch {
+        let (m, lo, hi) = stats(&cell.batch_ms);
+        let (single, _, _) = stats(&sum);
+        let (dec_l, enc_l) = b.launches_per_slot();
+        println!(
+            "result impl=ours what=mimi_batch_encdec device=gpu adapter=\"{}\" source=\"{label}\" slots={slots} \
+             ms={m:.3} min={lo:.3} max={hi:.3} n={} ms_per_slot={:.3} ratio_to_single={:.2} \
+             dispatches_per_tick={} submissions_per_tick={:.2}",
+            ctx.adapter().name,
+            cell.batch_ms.len(),
+            m / slots as f64,
+            m / single,
+            slots * (enc_l + dec_l),
+            cell.batch_submissions_per_tick,
         );
     }
     Ok(cell)
@@ -326,6 +382,8 @@ mod tests {
             "3",
             "--probe-mb",
             "4",
+            "--slots",
+            "2",
         ])
         .bench;
         let fx = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/mimi");
@@ -351,5 +409,9 @@ mod tests {
         assert_eq!((cell.enc_ms.len(), cell.dec_ms.len()), (6, 6));
         assert!(cell.enc_ms.iter().chain(&cell.dec_ms).all(|&m| m > 0.0));
         assert!(cell.probe.iter().all(|&b| b > 0.0) && cell.weight_bytes > 0);
+        // The batch codec: one submission per direction for both slots.
+        assert_eq!(cell.slots, 2);
+        assert_eq!(cell.batch_ms.len(), 6);
+        assert_eq!(cell.batch_submissions_per_tick, 2.0, "{cell:?}");
     }
 }
