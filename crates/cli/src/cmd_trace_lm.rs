@@ -304,21 +304,31 @@ mod tests {
             .collect()
     }
 
+    /// Asserts that two LM traces agree: the same shapes, tokens and codes identical, logits and
+    /// transformer outputs within 1e-4 (`what` names the comparison in the failure messages).
+    fn assert_traces_agree(
+        ours: &BTreeMap<String, RawTensor>,
+        theirs: &BTreeMap<String, RawTensor>,
+        what: &str,
+    ) {
+        for name in ["input_tokens", "out_text", "out_audio"] {
+            assert_eq!(ours[name].shape, theirs[name].shape, "{what} {name}");
+            assert_eq!(ours[name].data, theirs[name].data, "{what} {name}");
+        }
+        for name in ["text_logits", "depformer_logits", "transformer_out"] {
+            assert_eq!(ours[name].shape, theirs[name].shape, "{what} {name}");
+            let d = max_abs_diff(&f32s(&ours[name]), &f32s(&theirs[name]));
+            assert!(d < 1e-4, "{what} {name}: max diff {d}");
+        }
+    }
+
     #[test]
     fn greedy_trace_matches_oracle_fixture() {
         let out = tmp("greedy.safetensors");
         run(&args(&out, None)).unwrap();
         let ours = read_safetensors(&out).unwrap();
         let theirs = read_safetensors(&fixtures().join("trace.safetensors")).unwrap();
-        for name in ["input_tokens", "out_text", "out_audio"] {
-            assert_eq!(ours[name].shape, theirs[name].shape, "{name}");
-            assert_eq!(ours[name].data, theirs[name].data, "{name}");
-        }
-        for name in ["text_logits", "depformer_logits", "transformer_out"] {
-            assert_eq!(ours[name].shape, theirs[name].shape, "{name}");
-            let d = max_abs_diff(&f32s(&ours[name]), &f32s(&theirs[name]));
-            assert!(d < 1e-4, "{name}: max diff {d}");
-        }
+        assert_traces_agree(&ours, &theirs, "oracle");
         std::fs::remove_file(&out).ok();
     }
 
@@ -341,15 +351,7 @@ mod tests {
             .unwrap();
             let (tc, tg) = (read_safetensors(&c).unwrap(), read_safetensors(&g).unwrap());
             assert_eq!(tc.keys().collect::<Vec<_>>(), tg.keys().collect::<Vec<_>>());
-            for name in ["input_tokens", "out_text", "out_audio"] {
-                assert_eq!(tg[name].shape, tc[name].shape, "{name}");
-                assert_eq!(tg[name].data, tc[name].data, "{seed:?} {name}");
-            }
-            for name in ["text_logits", "depformer_logits", "transformer_out"] {
-                assert_eq!(tg[name].shape, tc[name].shape, "{name}");
-                let d = max_abs_diff(&f32s(&tg[name]), &f32s(&tc[name]));
-                assert!(d < 1e-4, "{seed:?} {name}: max diff {d}");
-            }
+            assert_traces_agree(&tg, &tc, &format!("gpu vs cpu, seed {seed:?}"));
             for p in [c, g] {
                 std::fs::remove_file(p).ok();
             }
