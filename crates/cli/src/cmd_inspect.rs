@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use embed::{guess_component, variant};
 use model::checkpoint::Schema;
-use model::checkpoint::{Bundle, Component};
+use model::checkpoint::{Bundle, CheckpointError, Component};
 use model::checkpoint::{LmConfig, MimiConfig};
 use model::checkpoint::{Quant, Weights};
 
@@ -173,18 +173,22 @@ fn inspect_bundle(dir: &Path, list: bool) -> Result<()> {
                 .unwrap_or(0)
         )
     );
-    println!("LM weights:");
-    let lm = b
-        .lm_weights()
-        .with_context(|| format!("refused: LM weights {}", b.files.lm.display()))?;
-    print_weights(&lm, list);
-    println!("  schema:    complete ({} tensors)", lm.len());
-    println!("Mimi weights:");
-    let mimi = b
-        .mimi_weights()
-        .with_context(|| format!("refused: Mimi weights {}", b.files.mimi.display()))?;
-    print_weights(&mimi, list);
-    println!("  schema:    complete ({} tensors)", mimi.len());
+    print_bundle_weights("LM", &b.files.lm, b.lm_weights(), list)?;
+    print_bundle_weights("Mimi", &b.files.mimi, b.mimi_weights(), list)
+}
+
+/// One weights file of a bundle under `title`: `opened` is what the bundle made of `file` (an
+/// error when the file does not match the schema).
+fn print_bundle_weights(
+    title: &str,
+    file: &Path,
+    opened: Result<Weights, CheckpointError>,
+    list: bool,
+) -> Result<()> {
+    println!("{title} weights:");
+    let w = opened.with_context(|| format!("refused: {title} weights {}", file.display()))?;
+    print_weights(&w, list);
+    println!("  schema:    complete ({} tensors)", w.len());
     Ok(())
 }
 
