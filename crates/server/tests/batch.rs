@@ -8,20 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use server::backend::{BackendInfo, RuntimeBackend};
+use server::backend::RuntimeBackend;
 use server::ServeConfig;
 
 fn backend(batch: usize) -> Arc<RuntimeBackend> {
-    let engine = tiny_engine();
-    let mut b = RuntimeBackend::new(
-        engine,
-        BackendInfo {
-            lm_model_file: "model.safetensors".into(),
-            mimi_model_file: String::new(),
-            instance_name: "test".into(),
-            ..Default::default()
-        },
-    );
+    let mut b = tiny_backend("test");
     b.batch = batch;
     // Room for the whole input: no frame may be dropped, or the runs could not be compared.
     b.max_queued_frames = 64;

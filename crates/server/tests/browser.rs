@@ -18,7 +18,6 @@ use std::time::Duration;
 
 use common::*;
 use futures_util::{SinkExt, StreamExt};
-use server::backend::{BackendInfo, RuntimeBackend};
 use server::ServeConfig;
 use tokio_tungstenite::tungstenite::Message;
 
@@ -162,18 +161,7 @@ async fn browser_talks_to_the_server() {
         return;
     };
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let engine =
-        runtime::Engine::open(&root.join("fixtures/lm"), runtime::EngineOptions::default())
-            .expect("tiny bundle");
-    let backend = Arc::new(RuntimeBackend::new(
-        engine,
-        BackendInfo {
-            lm_model_file: "tiny test bundle".into(),
-            mimi_model_file: String::new(),
-            instance_name: "browser-test".into(),
-            ..Default::default()
-        },
-    ));
+    let backend = Arc::new(tiny_backend("browser-test"));
     let srv = start(
         ServeConfig {
             max_sessions: 1,

@@ -15,26 +15,13 @@ use common::*;
 use server::backend::{BackendInfo, RuntimeBackend};
 use server::testing::EchoBackend;
 
-fn tiny_backend() -> Arc<RuntimeBackend> {
-    let engine = tiny_engine();
-    Arc::new(RuntimeBackend::new(
-        engine,
-        BackendInfo {
-            lm_model_file: "model.safetensors".into(),
-            mimi_model_file: "mimi".into(),
-            instance_name: "faults".into(),
-            ..Default::default()
-        },
-    ))
-}
-
 /// All `--max-sessions` slots busy at once on the real tiny model, one more client queued and one
 /// refused: every admitted conversation gets its audio, the queued one is admitted when a slot
 /// frees, and every slot is released at the end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_slot_busy_on_the_tiny_model() {
     let slots = 3;
-    let srv = start(cfg(slots, 1), tiny_backend()).await;
+    let srv = start(cfg(slots, 1), Arc::new(tiny_backend("faults"))).await;
     let mut clients = Vec::new();
     for _ in 0..slots {
         let mut ws = connect(&srv.url("")).await;

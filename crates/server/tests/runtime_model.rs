@@ -8,24 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use server::backend::{BackendInfo, RuntimeBackend};
-
-fn backend() -> Arc<RuntimeBackend> {
-    let engine = tiny_engine();
-    Arc::new(RuntimeBackend::new(
-        engine,
-        BackendInfo {
-            lm_model_file: "model.safetensors".into(),
-            mimi_model_file: "tokenizer-e351c8d8-checkpoint125.safetensors".into(),
-            instance_name: "test".into(),
-            ..Default::default()
-        },
-    ))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_conversation_on_tiny_model() {
-    let srv = start(cfg(2, 2), backend()).await;
+    let srv = start(cfg(2, 2), Arc::new(tiny_backend("test"))).await;
     let mut ws = connect(&srv.url("?text_temperature=0.7&text_topk=25&audio_temperature=0.8&audio_topk=250&pad_mult=0&repetition_penalty_context=64&repetition_penalty=1.0&text_seed=1&audio_seed=2")).await;
     let meta = expect_ready(&mut ws).await;
     assert_eq!(meta["instance_name"], "test");
@@ -62,7 +48,7 @@ async fn full_conversation_on_tiny_model() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admission_and_disconnect_on_tiny_model() {
-    let srv = start(cfg(1, 1), backend()).await;
+    let srv = start(cfg(1, 1), Arc::new(tiny_backend("test"))).await;
     let mut a = connect(&srv.url("")).await;
     expect_ready(&mut a).await;
     // A streams a little, then vanishes in the middle of an Ogg page.
@@ -120,7 +106,7 @@ fn metric(body: &str, name: &str) -> f64 {
 /// answer) is never shorter than the pass it contains.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_histograms_count_every_frame() {
-    let srv = start(cfg(1, 1), backend()).await;
+    let srv = start(cfg(1, 1), Arc::new(tiny_backend("test"))).await;
     let ws = connect(&srv.url("")).await;
     let mut ws = ws;
     expect_ready(&mut ws).await;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
-use server::backend::Backend;
+use server::backend::{Backend, BackendInfo, RuntimeBackend};
 use server::{ServeConfig, Server};
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
@@ -21,6 +21,20 @@ pub type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 pub fn tiny_engine() -> Arc<runtime::Engine> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/lm");
     runtime::Engine::open(&dir, runtime::EngineOptions::default()).expect("tiny bundle")
+}
+
+/// A runtime backend on [`tiny_engine`]: its metadata names the bundle's files and
+/// `instance_name`; the other settings are the defaults.
+pub fn tiny_backend(instance_name: &str) -> RuntimeBackend {
+    RuntimeBackend::new(
+        tiny_engine(),
+        BackendInfo {
+            lm_model_file: "model.safetensors".into(),
+            mimi_model_file: "tokenizer-e351c8d8-checkpoint125.safetensors".into(),
+            instance_name: instance_name.into(),
+            ..Default::default()
+        },
+    )
 }
 
 pub struct Running {
