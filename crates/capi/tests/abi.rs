@@ -430,6 +430,44 @@ fn a_panic_stops_at_the_boundary_and_poisons_the_handle() {
 }
 
 /// Mimi on its own: the fixture's streaming codes and PCM, and every misuse.
+/// `mn_mimi_encode_frame` or `mn_mimi_decode_frame`: `(mimi, input, n_in, out, capacity)`.
+type FrameCall<I, O> =
+    unsafe extern "C" fn(*mut MnMimi, *const I, usize, *mut O, usize) -> MnStatus;
+
+/// The argument checks of a Mimi frame call, in call order: an input one value short or one too
+/// long, an output one value short, a NULL input, a NULL output; each is refused with its status
+/// (before anything is read or the stream moves). `n_in` and `cap` are a frame's sizes.
+///
+/// # Safety
+/// `mimi` is a live Mimi handle; `input` is readable for `n_in` values, `out` writable for `cap`.
+unsafe fn frame_call_refusals<I, O>(
+    f: FrameCall<I, O>,
+    what: &str,
+    mimi: *mut MnMimi,
+    (input, n_in): (*const I, usize),
+    (out, cap): (*mut O, usize),
+) {
+    // SAFETY: the caller's contract; every size the calls get wrong is refused before any access.
+    let cases = unsafe {
+        [
+            (
+                f(mimi, input, n_in - 1, out, cap),
+                MnStatus::InvalidArgument,
+            ),
+            (
+                f(mimi, input, n_in + 1, out, cap),
+                MnStatus::InvalidArgument,
+            ),
+            (f(mimi, input, n_in, out, cap - 1), MnStatus::BufferTooSmall),
+            (f(mimi, null(), n_in, out, cap), MnStatus::Null),
+            (f(mimi, input, n_in, null_mut(), cap), MnStatus::Null),
+        ]
+    };
+    for (i, (got, want)) in cases.into_iter().enumerate() {
+        assert_eq!(got, want, "{what} case {i}");
+    }
+}
+
 #[test]
 fn mimi_matches_the_fixture_and_refuses_misuse() {
     let input = runtime::audio::read_wav_strict(fixtures().join("mimi/input.wav")).unwrap();
@@ -514,43 +552,14 @@ fn mimi_matches_the_fixture_and_refuses_misuse() {
             let p = padded.as_ptr();
             let c = frame_codes.as_mut_ptr();
             let out = pcm.as_mut_ptr();
-            let cases = [
-                (
-                    mn_mimi_encode_frame(mimi, p, fs - 1, c, nq),
-                    MnStatus::InvalidArgument,
-                ),
-                (
-                    mn_mimi_encode_frame(mimi, p, fs, c, nq - 1),
-                    MnStatus::BufferTooSmall,
-                ),
-                (
-                    mn_mimi_encode_frame(mimi, null(), fs, c, nq),
-                    MnStatus::Null,
-                ),
-                (
-                    mn_mimi_encode_frame(mimi, p, fs, null_mut(), nq),
-                    MnStatus::Null,
-                ),
-                (
-                    mn_mimi_decode_frame(mimi, c, nq + 1, out, fs),
-                    MnStatus::InvalidArgument,
-                ),
-                (
-                    mn_mimi_decode_frame(mimi, c, nq, out, fs - 1),
-                    MnStatus::BufferTooSmall,
-                ),
-                (
-                    mn_mimi_decode_frame(mimi, null(), nq, out, fs),
-                    MnStatus::Null,
-                ),
-                (
-                    mn_mimi_decode_frame(mimi, c, nq, null_mut(), fs),
-                    MnStatus::Null,
-                ),
-            ];
-            for (i, (got, want)) in cases.into_iter().enumerate() {
-                assert_eq!(got, want, "case {i}");
-            }
+            frame_call_refusals(mn_mimi_encode_frame, "encode", mimi, (p, fs), (c, nq));
+            frame_call_refusals(
+                mn_mimi_decode_frame,
+                "decode",
+                mimi,
+                (c.cast_const(), nq),
+                (out, fs),
+            );
             frame_codes[0] = 1 << 20;
             expect(
                 mn_mimi_decode_frame(mimi, c, nq, out, fs),
