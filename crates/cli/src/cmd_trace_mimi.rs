@@ -222,9 +222,7 @@ mod tests {
     /// `MOSHI_REQUIRE_GPU=1`).
     #[test]
     fn gpu_trace_matches_cpu_trace() {
-        if gpu::adapters().is_empty() {
-            assert!(!gpu::gpu_required(), "MOSHI_REQUIRE_GPU=1 but no adapter");
-            eprintln!("skipping: no GPU adapter");
+        if gpu::skip_test_without_adapter() {
             return;
         }
         let (dir, fx) = bundle("gpu");

@@ -24,18 +24,6 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-fn no_adapter() -> bool {
-    if gpu::adapters().is_empty() {
-        assert!(
-            !gpu::gpu_required(),
-            "MOSHI_REQUIRE_GPU=1 but wgpu finds no adapter"
-        );
-        eprintln!("skipping: no GPU adapter");
-        return true;
-    }
-    false
-}
-
 /// A chirp with a little pseudo-random noise, different per `seed`.
 fn signal(frames: usize, seed: u64) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -147,7 +135,7 @@ fn run_batch(device: Device, frames: usize, reset_after: usize) -> Vec<Got> {
 
 #[test]
 fn batch_runner_on_gpu_matches_the_cpu_batch_path() {
-    if no_adapter() {
+    if gpu::skip_test_without_adapter() {
         return;
     }
     let (frames, reset_after) = (14, 5);
@@ -182,7 +170,7 @@ fn batch_runner_on_gpu_matches_the_cpu_batch_path() {
 
 #[test]
 fn serve_gpu_batch_starts_and_says_where_the_model_runs() {
-    if no_adapter() {
+    if gpu::skip_test_without_adapter() {
         return;
     }
     let port = TcpListener::bind("127.0.0.1:0")

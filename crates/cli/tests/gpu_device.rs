@@ -34,12 +34,7 @@ fn duplex(device: &[&str], tag: &str) -> (String, Vec<u8>) {
 
 #[test]
 fn duplex_on_gpu_matches_cpu() {
-    if gpu::adapters().is_empty() {
-        assert!(
-            !gpu::gpu_required(),
-            "MOSHI_REQUIRE_GPU=1 but wgpu finds no adapter"
-        );
-        eprintln!("skipping: no GPU adapter");
+    if gpu::skip_test_without_adapter() {
         return;
     }
     let (cpu_log, cpu_wav) = duplex(&["--device", "cpu"], "cpu");

@@ -142,3 +142,18 @@ impl From<GpuError> for model::lm::LmError {
 pub fn gpu_required() -> bool {
     std::env::var("MOSHI_REQUIRE_GPU").is_ok_and(|v| v == "1")
 }
+
+/// For tests that need an adapter: `true` (after printing why) when wgpu finds none and a GPU is not
+/// required, so the caller returns early; panics, failing the test, when `MOSHI_REQUIRE_GPU=1` asks for
+/// one and there is none (CI sets it, so a missing driver cannot pass as a skip there).
+pub fn skip_test_without_adapter() -> bool {
+    if !adapters().is_empty() {
+        return false;
+    }
+    assert!(
+        !gpu_required(),
+        "MOSHI_REQUIRE_GPU=1 but wgpu finds no adapter"
+    );
+    eprintln!("skipping: no GPU adapter");
+    true
+}
