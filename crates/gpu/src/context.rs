@@ -525,6 +525,17 @@ pub(crate) fn read_mapped(
     rb: &wgpu::Buffer,
     out: &mut [f32],
 ) -> Result<(), GpuError> {
+    read_mapped_as(ctx, rb, out, f32::from_le_bytes)
+}
+
+/// Maps `rb`, decodes its first `out.len()` little-endian 4-byte words into `out` with `decode`
+/// (`f32::from_le_bytes`, `u32::from_le_bytes`), unmaps.
+pub(crate) fn read_mapped_as<T>(
+    ctx: &GpuContext,
+    rb: &wgpu::Buffer,
+    out: &mut [T],
+    decode: fn([u8; 4]) -> T,
+) -> Result<(), GpuError> {
     let bytes = (out.len() * 4) as u64;
     let slice = rb.slice(..bytes.max(4));
     slice.map_async(wgpu::MapMode::Read, |_| {});
@@ -534,7 +545,7 @@ pub(crate) fn read_mapped(
             .get_mapped_range()
             .map_err(|e| GpuError::Runtime(format!("readback: {e:?}")))?;
         for (o, c) in out.iter_mut().zip(view.chunks_exact(4)) {
-            *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            *o = decode([c[0], c[1], c[2], c[3]]);
         }
     }
     rb.unmap();

@@ -698,19 +698,7 @@ fn dispatch(pass: &mut wgpu::ComputePass<'_>, launches: &[Launch]) {
 
 /// Maps `rb`'s first `out.len()` words into `out` (as raw bits).
 fn read_words(ctx: &GpuContext, rb: &wgpu::Buffer, out: &mut [u32]) -> Result<(), GpuError> {
-    let slice = rb.slice(..(out.len() * 4).max(4) as u64);
-    slice.map_async(wgpu::MapMode::Read, |_| {});
-    ctx.wait()?;
-    {
-        let view = slice
-            .get_mapped_range()
-            .map_err(|e| GpuError::Runtime(format!("readback: {e:?}")))?;
-        for (o, c) in out.iter_mut().zip(view.chunks_exact(4)) {
-            *o = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-        }
-    }
-    rb.unmap();
-    Ok(())
+    crate::context::read_mapped_as(ctx, rb, out, u32::from_le_bytes)
 }
 
 /// One conversation's streaming state in device memory and the recorded launches of its
