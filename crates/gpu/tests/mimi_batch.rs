@@ -5,7 +5,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use common::{
+    mimi_fixture as fixture, mimi_input_frames as input_frames, mimi_oracle_codes as oracle_codes,
+};
+
 use std::sync::Arc;
 
 use gpu::{GpuMimiBatch, GpuMimiWeights};
@@ -15,12 +18,6 @@ use testkit::compare::max_abs_diff;
 
 const TOL: f32 = 1e-4;
 const SLOTS: usize = 3;
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures/mimi")
-        .join(name)
-}
 
 fn mimi() -> Arc<Mimi> {
     let cfg = MimiConfig::from_json(&std::fs::read_to_string(fixture("mimi_config.json")).unwrap())
@@ -41,31 +38,6 @@ fn mimi() -> Arc<Mimi> {
         })
         .collect();
     Arc::new(Mimi::from_tensors(&weights, &cfg, 8).unwrap())
-}
-
-/// The oracle's streaming codes `[8, T]` and T.
-fn oracle_codes() -> (Vec<u32>, usize) {
-    let (c, shape) = testkit::TensorFile::open(fixture("trace.safetensors")).i64("codes");
-    (c.iter().map(|&v| v as u32).collect(), shape[1])
-}
-
-/// The fixture's input samples (IEEE f32 `data` chunk), zero-padded to whole frames.
-fn input_frames(fs: usize) -> Vec<f32> {
-    let b = std::fs::read(fixture("input.wav")).unwrap();
-    let mut i = 12;
-    while i + 8 <= b.len() {
-        let n = u32::from_le_bytes(b[i + 4..i + 8].try_into().unwrap()) as usize;
-        if &b[i..i + 4] == b"data" {
-            let mut pcm: Vec<f32> = b[i + 8..i + 8 + n]
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                .collect();
-            pcm.resize(pcm.len().div_ceil(fs) * fs, 0.0);
-            return pcm;
-        }
-        i += 8 + n + (n & 1);
-    }
-    panic!("input.wav has no data chunk");
 }
 
 /// Slot `s`'s `f`-th input frame: the fixture's frames as they are (slot 0), in reverse order

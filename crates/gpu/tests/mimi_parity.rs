@@ -5,8 +5,11 @@
 
 mod common;
 
+use common::{
+    mimi_fixture as fixture, mimi_input_frames as input_frames, mimi_oracle_codes as oracle_codes,
+};
+
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use gpu::{GpuContext, GpuMimi, GpuMimiWeights};
@@ -16,12 +19,6 @@ use safetensors::{Dtype, SafeTensors};
 use testkit::compare::max_abs_diff;
 
 const TOL: f32 = 1e-4;
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures/mimi")
-        .join(name)
-}
 
 /// The f32 tensors of the fixture's checkpoint.
 fn weights() -> HashMap<String, F32Tensor> {
@@ -49,32 +46,6 @@ fn mimi() -> Arc<Mimi> {
 
 fn trace() -> testkit::TensorFile {
     testkit::TensorFile::open(fixture("trace.safetensors"))
-}
-
-/// The oracle's streaming codes `[8, T]` and T.
-fn oracle_codes() -> (Vec<u32>, usize) {
-    let (c, shape) = trace().i64("codes");
-    (c.iter().map(|&v| v as u32).collect(), shape[1])
-}
-
-/// The fixture's input (`input.wav`, 24 kHz mono IEEE f32): the samples of its `data` chunk,
-/// zero-padded to whole frames.
-fn input_frames(fs: usize) -> Vec<f32> {
-    let b = std::fs::read(fixture("input.wav")).unwrap();
-    let mut i = 12;
-    while i + 8 <= b.len() {
-        let n = u32::from_le_bytes(b[i + 4..i + 8].try_into().unwrap()) as usize;
-        if &b[i..i + 4] == b"data" {
-            let mut pcm: Vec<f32> = b[i + 8..i + 8 + n]
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                .collect();
-            pcm.resize(pcm.len().div_ceil(fs) * fs, 0.0);
-            return pcm;
-        }
-        i += 8 + n + (n & 1);
-    }
-    panic!("input.wav has no data chunk");
 }
 
 fn setup() -> Option<(GpuContext, Arc<Mimi>, GpuMimi)> {

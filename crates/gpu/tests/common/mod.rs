@@ -28,3 +28,36 @@ pub fn context() -> Option<GpuContext> {
 pub fn values(seed: u64, n: usize) -> Vec<f32> {
     testkit::rng::values(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15), n)
 }
+
+/// A file of the Mimi oracle fixture (`fixtures/mimi`).
+pub fn mimi_fixture(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/mimi")
+        .join(name)
+}
+
+/// The Mimi oracle's streaming codes `[8, T]` and T.
+pub fn mimi_oracle_codes() -> (Vec<u32>, usize) {
+    let (c, shape) = testkit::TensorFile::open(mimi_fixture("trace.safetensors")).i64("codes");
+    (c.iter().map(|&v| v as u32).collect(), shape[1])
+}
+
+/// The Mimi fixture's input (`input.wav`, 24 kHz mono IEEE f32): the samples of its `data` chunk,
+/// zero-padded to whole frames of `fs` samples.
+pub fn mimi_input_frames(fs: usize) -> Vec<f32> {
+    let b = std::fs::read(mimi_fixture("input.wav")).unwrap();
+    let mut i = 12;
+    while i + 8 <= b.len() {
+        let n = u32::from_le_bytes(b[i + 4..i + 8].try_into().unwrap()) as usize;
+        if &b[i..i + 4] == b"data" {
+            let mut pcm: Vec<f32> = b[i + 8..i + 8 + n]
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            pcm.resize(pcm.len().div_ceil(fs) * fs, 0.0);
+            return pcm;
+        }
+        i += 8 + n + (n & 1);
+    }
+    panic!("input.wav has no data chunk");
+}
