@@ -20,7 +20,7 @@
 #
 # Environment: THEIRS (candle baseline binary, default benches/baselines/target/release/moshi-native-baselines;
 # build it with benches/baselines/build.sh), VENV (PyTorch env for the Mimi side by side, see
-# tools/oracle/README.md; default ../venv-oracle; skipped when missing), LOCK (default /tmp/moshi-bench.lock:
+# tools/oracle/README.md; default ../venv-oracle; skipped when missing), PY_VENV (part 10), LOCK (default /tmp/moshi-bench.lock:
 # held for the whole run, so nothing else full-size runs meanwhile).
 #
 # Parts, in priority order, and the BENCHMARKS.md tables each one fills (full-mode rounds chosen so that
@@ -39,10 +39,11 @@
 #              only); warm start-up of `duplex` (to first audio) and `serve` (to its listening line).
 #   8 server   "Server": the loopback load test on the tiny fixture bundle (release build).
 #   9 drift    "Quantized fast path vs exact mode" (accuracy, not speed; full-size test, ~2 min).
+#  10 rustymimi "Mimi through the Python package vs rustymimi" (needs PY_VENV, see part 10).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
-LOG=""; QUICK=0; BUDGET=35; DATA=${BENCH_DATA:-}; PARTS=1,2,3,4,5,6,7,8,9; PREPARE=0
+LOG=""; QUICK=0; BUDGET=35; DATA=${BENCH_DATA:-}; PARTS=1,2,3,4,5,6,7,8,9,10; PREPARE=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1; shift;;
@@ -132,14 +133,14 @@ done_part() { echo "################ part $1 took $(( $(now) - PART_T0 )) s"; }
 
 if [ "$QUICK" = 1 ]; then
   R=1; LMF=1; POS=0,3000; MIF=3; DR=1; DLF=1; DMF=2; DDF=2; BR=1; BMF=3; BT_R=1; KR_HOT=1; KR_ATTN=1; CR=1; CLF=1; CMF=5
-  SRV_S=5; SRV2_S=3; DRIFT=1; DRIFT_F=q8_0; LM_FORMATS="q4_0"; LM_BF16=0; STARTS=1
+  SRV_S=5; SRV2_S=3; RM_F=3; RM_R=1; DRIFT=1; DRIFT_F=q8_0; LM_FORMATS="q4_0"; LM_BF16=0; STARTS=1
 else
   # Rounds chosen from a smoke run's per-part wall times (2 vCPUs, Intel Xeon, loaded machine): part 1
   # ~45 s per format and round-1 process there, i.e. ~1-1.5 min per format at 5 rounds on a quiet machine;
   # compare ~95 s per LM round (the model loads dominate: ours, candle, our q4_0); duplex ~20 s of load per
   # bundle + ~8 s per round; kernel hot ~35 s per round. Sum of the estimates in `part` below: ~30 min.
   R=5; LMF=1; POS=0,3000; MIF=20; DR=6; DLF=3; DMF=10; DDF=6; BR=5; BMF=20; BT_R=3; KR_HOT=3; KR_ATTN=5; CR=3; CLF=2; CMF=20
-  SRV_S=30; SRV2_S=15; DRIFT=6; DRIFT_F=q8_0,mlx-q4; LM_FORMATS="q8_0 q4_0 mlx-q4"; LM_BF16=1; STARTS=2
+  SRV_S=30; SRV2_S=15; RM_F=30; RM_R=3; DRIFT=6; DRIFT_F=q8_0,mlx-q4; LM_FORMATS="q8_0 q4_0 mlx-q4"; LM_BF16=1; STARTS=2
 fi
 
 if part 1 lm 7; then
@@ -236,6 +237,16 @@ fi
 if part 9 drift 3; then
   run env MOSHI_DRIFT_STEPS=$DRIFT MOSHI_DRIFT_FORMATS=$DRIFT_F cargo test --release -p moshi-model --test fast_path_drift -- --ignored --nocapture
   done_part 9
+fi
+
+if part 10 rustymimi 1; then
+  # Needs a Python env with the package and rustymimi: python3.11 -m venv $PY_VENV &&
+  # $PY_VENV/bin/pip install numpy rustymimi ./crates/python (a release build of the package, ~5-10 min).
+  if [ -x "${PY_VENV:-/nonexistent}/bin/python" ] && have "$Q8"; then
+    run "$PY_VENV/bin/python" crates/python/bench/mimi_vs_rustymimi.py --mimi "$(ls "$Q8"/tokenizer-*.safetensors | head -1)" \
+      --frames $RM_F --rounds $RM_R --threads 1 2
+  else echo "## SKIPPED part 10: no PY_VENV with moshi_native + rustymimi, or bundle $Q8 missing"; fi
+  done_part 10
 fi
 
 echo; echo "# full-run ended $(date -u +%FT%TZ) after $(( $(now) - START )) s; load $(cat /proc/loadavg)"
