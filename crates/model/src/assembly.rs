@@ -108,8 +108,9 @@ impl MoshiModel {
             })?;
         // mincore on a sample of pages: reads nothing, costs ~1 ms. Reported only: the build runs on
         // every thread of the pool whatever the share. A one-thread build for a mostly evicted file was
-        // tried and measured slower on the 2-vCPU KVM guest of BENCHMARKS.md ("Start-up", quiet rerun:
-        // 35 s cold and 39 s at 28 % resident, against 6.3 s cold and 3.5 s warm on two threads).
+        // tried and measured slower on a 2-vCPU KVM guest (`git show 17b5486:BENCHMARKS.md`, "Start-up",
+        // quiet rerun: 35 s cold and 39 s at 28 % resident, against 6.3 s cold and 3.5 s warm on two
+        // threads).
         let lm_resident = lm_weights.resident_share();
         let mut timings = LoadTimings {
             lm_file_bytes: lm_weights.file_len() as u64,
