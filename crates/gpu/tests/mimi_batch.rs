@@ -6,39 +6,18 @@
 mod common;
 
 use common::{
-    mimi_fixture as fixture, mimi_input_frames as input_frames, mimi_oracle_codes as oracle_codes,
+    mimi_fixture_codec as mimi, mimi_input_frames as input_frames,
+    mimi_oracle_codes as oracle_codes,
 };
 
 use std::sync::Arc;
 
 use gpu::{GpuMimiBatch, GpuMimiWeights};
-use model::checkpoint::MimiConfig;
-use model::mimi::{BatchCodecBackend, CodecBackend, CpuMimi, Mimi};
+use model::mimi::{BatchCodecBackend, CodecBackend, CpuMimi};
 use testkit::compare::max_abs_diff;
 
 const TOL: f32 = 1e-4;
 const SLOTS: usize = 3;
-
-fn mimi() -> Arc<Mimi> {
-    let cfg = MimiConfig::from_json(&std::fs::read_to_string(fixture("mimi_config.json")).unwrap())
-        .unwrap();
-    let bytes = std::fs::read(fixture("mimi.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let weights: std::collections::HashMap<String, model::mimi::F32Tensor> = st
-        .tensors()
-        .into_iter()
-        .filter(|(_, t)| t.dtype() == safetensors::Dtype::F32)
-        .map(|(n, t)| {
-            let v = t
-                .data()
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                .collect();
-            (n, (v, t.shape().to_vec()))
-        })
-        .collect();
-    Arc::new(Mimi::from_tensors(&weights, &cfg, 8).unwrap())
-}
 
 /// Slot `s`'s `f`-th input frame: the fixture's frames as they are (slot 0), in reverse order
 /// (slot 1), at half amplitude and shifted by 7 frames (slot 2).

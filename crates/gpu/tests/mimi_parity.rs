@@ -6,43 +6,17 @@
 mod common;
 
 use common::{
-    mimi_fixture as fixture, mimi_input_frames as input_frames, mimi_oracle_codes as oracle_codes,
+    mimi_fixture as fixture, mimi_fixture_codec as mimi, mimi_input_frames as input_frames,
+    mimi_oracle_codes as oracle_codes,
 };
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use gpu::{GpuContext, GpuMimi, GpuMimiWeights};
-use model::checkpoint::MimiConfig;
-use model::mimi::{CodecBackend, CpuMimi, F32Tensor, Mimi};
-use safetensors::{Dtype, SafeTensors};
+use model::mimi::{CodecBackend, CpuMimi, Mimi};
 use testkit::compare::max_abs_diff;
 
 const TOL: f32 = 1e-4;
-
-/// The f32 tensors of the fixture's checkpoint.
-fn weights() -> HashMap<String, F32Tensor> {
-    let bytes = std::fs::read(fixture("mimi.safetensors")).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    st.tensors()
-        .into_iter()
-        .filter(|(_, t)| t.dtype() == Dtype::F32)
-        .map(|(n, t)| {
-            let v = t
-                .data()
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                .collect();
-            (n, (v, t.shape().to_vec()))
-        })
-        .collect()
-}
-
-fn mimi() -> Arc<Mimi> {
-    let cfg = MimiConfig::from_json(&std::fs::read_to_string(fixture("mimi_config.json")).unwrap())
-        .unwrap();
-    Arc::new(Mimi::from_tensors(&weights(), &cfg, 8).unwrap())
-}
 
 fn trace() -> testkit::TensorFile {
     testkit::TensorFile::open(fixture("trace.safetensors"))

@@ -61,3 +61,27 @@ pub fn mimi_input_frames(fs: usize) -> Vec<f32> {
     }
     panic!("input.wav has no data chunk");
 }
+
+/// The Mimi fixture's codec, built on the CPU from the f32 tensors of its checkpoint.
+pub fn mimi_fixture_codec() -> std::sync::Arc<model::mimi::Mimi> {
+    let cfg = model::checkpoint::MimiConfig::from_json(
+        &std::fs::read_to_string(mimi_fixture("mimi_config.json")).unwrap(),
+    )
+    .unwrap();
+    let bytes = std::fs::read(mimi_fixture("mimi.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let weights: std::collections::HashMap<String, model::mimi::F32Tensor> = st
+        .tensors()
+        .into_iter()
+        .filter(|(_, t)| t.dtype() == safetensors::Dtype::F32)
+        .map(|(n, t)| {
+            let v = t
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            (n, (v, t.shape().to_vec()))
+        })
+        .collect();
+    std::sync::Arc::new(model::mimi::Mimi::from_tensors(&weights, &cfg, 8).unwrap())
+}
