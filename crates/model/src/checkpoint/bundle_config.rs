@@ -177,7 +177,7 @@ fn refuse_unsupported_keys(obj: &Map<String, Value>) -> Result<(), CheckpointErr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::{ffn_hidden, Gating};
+    use crate::checkpoint::{err_variant, ffn_hidden, Gating};
 
     #[test]
     fn moshiko_derived_sizes() {
@@ -229,73 +229,48 @@ mod tests {
 
     #[test]
     fn refusals_are_typed() {
-        assert!(matches!(
-            with(r#""lora": true"#),
-            Err(CheckpointError::Lora { .. })
-        ));
-        assert!(matches!(
-            with(r#""lora_name": "x.safetensors""#),
-            Err(CheckpointError::Lora { .. })
-        ));
-        assert!(matches!(
-            with(r#""conditioners": {}"#),
-            Err(CheckpointError::Conditioning { .. })
-        ));
-        assert!(matches!(
-            with(r#""fuser": {"sum": ["x"]}"#),
-            Err(CheckpointError::Conditioning { .. })
-        ));
-        assert!(matches!(
-            with(r#""cross_attention": true"#),
-            Err(CheckpointError::CrossAttention { .. })
-        ));
-        assert!(matches!(
-            with(r#""quantize": true"#),
-            Err(CheckpointError::BitsAndBytes { .. })
-        ));
-        assert!(matches!(
-            with(r#""demux_second_stream": true"#),
-            Err(CheckpointError::Demux { .. })
-        ));
-        assert!(matches!(
-            with(r#""extra_heads_num_heads": 2"#),
-            Err(CheckpointError::ExtraHeads { .. })
-        ));
-        assert!(matches!(
-            with(r#""depformer_low_rank_embeddings": 64"#),
-            Err(CheckpointError::LowRankEmbeddings { .. })
-        ));
-        assert!(matches!(
-            with(r#""frobnicate": 1"#),
-            Err(CheckpointError::UnknownConfigKeys { .. })
-        ));
-        assert!(matches!(
-            with(r#""kv_repeat": 2"#),
-            Err(CheckpointError::UnsupportedArchitecture { .. })
-        ));
-        assert!(matches!(
-            with(r#""stt_config": {"audio_delay_seconds": 2.5}"#),
-            Err(CheckpointError::TaskConfig { .. })
-        ));
-        // Accepted when explicitly off.
-        assert!(with(r#""lora": false, "cross_attention": false, "quantize": false"#).is_ok());
-        let t = MOSHIKO_JSON.replace(r#""model_type": "moshi""#, r#""model_type": "hibiki""#);
-        assert!(matches!(
-            BundleConfig::from_json(&t),
-            Err(CheckpointError::UnsupportedModelType { .. })
-        ));
-        let t = MOSHIKO_JSON.replace(r#""temp": 0.6"#, r#""cfg_coef": 3.0"#);
-        assert!(matches!(
-            BundleConfig::from_json(&t),
-            Err(CheckpointError::Conditioning { .. })
-        ));
-        assert!(matches!(
-            BundleConfig::from_json("[1, 2]"),
-            Err(CheckpointError::ConfigJson { .. })
-        ));
-        assert!(matches!(
-            BundleConfig::from_json("{\"dim\": -3}"),
-            Err(CheckpointError::ConfigValue { .. })
-        ));
+        for (extra, want) in [
+            (r#""lora": true"#, "Lora"),
+            (r#""lora_name": "x.safetensors""#, "Lora"),
+            (r#""conditioners": {}"#, "Conditioning"),
+            (r#""fuser": {"sum": ["x"]}"#, "Conditioning"),
+            (r#""cross_attention": true"#, "CrossAttention"),
+            (r#""quantize": true"#, "BitsAndBytes"),
+            (r#""demux_second_stream": true"#, "Demux"),
+            (r#""extra_heads_num_heads": 2"#, "ExtraHeads"),
+            (
+                r#""depformer_low_rank_embeddings": 64"#,
+                "LowRankEmbeddings",
+            ),
+            (r#""frobnicate": 1"#, "UnknownConfigKeys"),
+            (r#""kv_repeat": 2"#, "UnsupportedArchitecture"),
+            (
+                r#""stt_config": {"audio_delay_seconds": 2.5}"#,
+                "TaskConfig",
+            ),
+            // Accepted when explicitly off.
+            (
+                r#""lora": false, "cross_attention": false, "quantize": false"#,
+                "Ok",
+            ),
+        ] {
+            assert_eq!(err_variant(&with(extra)), want, "{extra}");
+        }
+        let replaced =
+            |from: &str, to: &str| BundleConfig::from_json(&MOSHIKO_JSON.replace(from, to));
+        for (result, want) in [
+            (
+                replaced(r#""model_type": "moshi""#, r#""model_type": "hibiki""#),
+                "UnsupportedModelType",
+            ),
+            (
+                replaced(r#""temp": 0.6"#, r#""cfg_coef": 3.0"#),
+                "Conditioning",
+            ),
+            (BundleConfig::from_json("[1, 2]"), "ConfigJson"),
+            (BundleConfig::from_json("{\"dim\": -3}"), "ConfigValue"),
+        ] {
+            assert_eq!(err_variant(&result), want);
+        }
     }
 }

@@ -283,3 +283,17 @@ pub(crate) fn checked_size(
 
 #[cfg(test)]
 mod tests;
+
+/// The variant name of a result's error as the derived `Debug` prints it (`"Ok"` for a success),
+/// so that a refusal test can list its cases as (input, expected variant) rows checked by one loop.
+#[cfg(test)]
+pub(crate) fn err_variant<T, E: std::fmt::Debug>(r: &Result<T, E>) -> String {
+    match r {
+        Ok(_) => "Ok".into(),
+        Err(e) => format!("{e:?}")
+            .split(|c: char| !c.is_alphanumeric() && c != '_')
+            .next()
+            .unwrap_or_default()
+            .to_string(),
+    }
+}

@@ -524,6 +524,7 @@ pub fn hf_rope_source_rows(rows: usize, num_heads: usize) -> Option<Vec<usize>> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::err_variant;
 
     fn canon(t: Target) -> (String, usize) {
         match t {
@@ -532,81 +533,86 @@ mod tests {
         }
     }
 
+    /// Asserts that each `(source, canonical, part)` row maps as listed under `layout`.
+    fn assert_lm_maps(layout: Layout, rows: &[(&str, &str, usize)]) {
+        for &(src, want, part) in rows {
+            assert_eq!(
+                canon(map_lm(layout, src)),
+                (want.to_string(), part),
+                "{src}"
+            );
+        }
+    }
+
     #[test]
     fn candle_names() {
         let l = Layout::Candle;
-        assert_eq!(
-            canon(map_lm(l, "depformer.3.linear_in.weight")),
-            ("depformer_in.3.weight".into(), 0)
-        );
-        assert_eq!(
-            canon(map_lm(l, "depformer.0.emb.weight")),
-            ("depformer_text_emb.weight".into(), 0)
-        );
-        assert_eq!(
-            canon(map_lm(l, "depformer.2.emb.weight")),
-            ("depformer_emb.1.weight".into(), 0)
-        );
-        assert_eq!(
-            canon(map_lm(
-                l,
-                "depformer.5.transformer.layers.1.self_attn.in_proj_weight"
-            )),
-            ("depformer.layers.1.self_attn.in_proj_weight".into(), 5)
-        );
-        assert_eq!(
-            canon(map_lm(
-                l,
-                "depformer.5.transformer.layers.1.gating.linear_out.weight"
-            )),
-            ("depformer.layers.1.gating.5.linear_out.weight".into(), 0)
+        assert_lm_maps(
+            l,
+            &[
+                ("depformer.3.linear_in.weight", "depformer_in.3.weight", 0),
+                ("depformer.0.emb.weight", "depformer_text_emb.weight", 0),
+                ("depformer.2.emb.weight", "depformer_emb.1.weight", 0),
+                (
+                    "depformer.5.transformer.layers.1.self_attn.in_proj_weight",
+                    "depformer.layers.1.self_attn.in_proj_weight",
+                    5,
+                ),
+                (
+                    "depformer.5.transformer.layers.1.gating.linear_out.weight",
+                    "depformer.layers.1.gating.5.linear_out.weight",
+                    0,
+                ),
+                (
+                    "transformer.layers.0.norm1.alpha",
+                    "transformer.layers.0.norm1.alpha",
+                    0,
+                ),
+            ],
         );
         assert_eq!(
             map_lm(l, "depformer.5.transformer.layers.1.norm1.alpha"),
             Target::Duplicate
-        );
-        assert_eq!(
-            canon(map_lm(l, "transformer.layers.0.norm1.alpha")),
-            ("transformer.layers.0.norm1.alpha".into(), 0)
         );
     }
 
     #[test]
     fn mlx_names() {
         let l = Layout::Mlx;
-        assert_eq!(
-            canon(map_lm(l, "audio_embs.4.weight")),
-            ("emb.4.weight".into(), 0)
+        assert_lm_maps(
+            l,
+            &[
+                ("audio_embs.4.weight", "emb.4.weight", 0),
+                (
+                    "transformer.layers.3.self_attn.in_proj.weight",
+                    "transformer.layers.3.self_attn.in_proj_weight",
+                    0,
+                ),
+                (
+                    "depformer.slices.2.transformer.layers.0.self_attn.in_proj.weight",
+                    "depformer.layers.0.self_attn.in_proj_weight",
+                    2,
+                ),
+            ],
         );
-        assert_eq!(
-            map_lm(l, "out_norm.weight"),
-            Target::To {
-                name: "out_norm.alpha".into(),
-                part: 0,
-                reshape_norm: true,
-                unpermute_rope: false
-            }
-        );
-        assert_eq!(
-            canon(map_lm(l, "transformer.layers.3.self_attn.in_proj.weight")),
-            ("transformer.layers.3.self_attn.in_proj_weight".into(), 0)
-        );
-        assert_eq!(
-            canon(map_lm(
-                l,
-                "depformer.slices.2.transformer.layers.0.self_attn.in_proj.weight"
-            )),
-            ("depformer.layers.0.self_attn.in_proj_weight".into(), 2)
-        );
-        assert_eq!(
-            map_lm(l, "depformer.slices.0.transformer.layers.0.norm2.weight"),
-            Target::To {
-                name: "depformer.layers.0.norm2.alpha".into(),
-                part: 0,
-                reshape_norm: true,
-                unpermute_rope: false
-            }
-        );
+        // MLX squeezes norms to `[d]`; the canonical schema wants `[1, 1, d]`.
+        for (src, want) in [
+            ("out_norm.weight", "out_norm.alpha"),
+            (
+                "depformer.slices.0.transformer.layers.0.norm2.weight",
+                "depformer.layers.0.norm2.alpha",
+            ),
+        ] {
+            assert_eq!(
+                map_lm(l, src),
+                Target::To {
+                    name: want.into(),
+                    part: 0,
+                    reshape_norm: true,
+                    unpermute_rope: false
+                }
+            );
+        }
         assert_eq!(
             map_lm(l, "depformer.slices.1.transformer.layers.0.norm2.weight"),
             Target::Duplicate
@@ -639,36 +645,40 @@ mod tests {
     fn hf_mimi_names() {
         let l = Layout::HfMimi;
         let m = |n| canon(map_mimi(l, n, Some(14)));
-        assert_eq!(
-            m("decoder.layers.2.conv.weight").0,
-            "decoder.model.2.convtr.convtr.weight"
-        );
-        assert_eq!(
-            m("decoder.layers.14.conv.bias").0,
-            "decoder.model.14.conv.conv.bias"
-        );
-        assert_eq!(
-            m("decoder.layers.0.conv.bias").0,
-            "decoder.model.0.conv.conv.bias"
-        );
-        assert_eq!(
-            m("encoder.layers.1.block.3.conv.weight").0,
-            "encoder.model.1.block.3.conv.conv.weight"
-        );
+        for (src, want) in [
+            (
+                "decoder.layers.2.conv.weight",
+                "decoder.model.2.convtr.convtr.weight",
+            ),
+            (
+                "decoder.layers.14.conv.bias",
+                "decoder.model.14.conv.conv.bias",
+            ),
+            (
+                "decoder.layers.0.conv.bias",
+                "decoder.model.0.conv.conv.bias",
+            ),
+            (
+                "encoder.layers.1.block.3.conv.weight",
+                "encoder.model.1.block.3.conv.conv.weight",
+            ),
+            (
+                "quantizer.acoustic_residual_vector_quantizer.layers.30.codebook.embed_sum",
+                "quantizer.rvq_rest.vq.layers.30._codebook.embedding_sum",
+            ),
+            (
+                "upsample.conv.weight",
+                "upsample.convtr.convtr.convtr.weight",
+            ),
+        ] {
+            assert_eq!(m(src).0, want, "{src}");
+        }
         assert_eq!(
             m("encoder_transformer.layers.5.self_attn.k_proj.weight"),
             (
                 "encoder_transformer.transformer.layers.5.self_attn.in_proj_weight".into(),
                 1
             )
-        );
-        assert_eq!(
-            m("quantizer.acoustic_residual_vector_quantizer.layers.30.codebook.embed_sum").0,
-            "quantizer.rvq_rest.vq.layers.30._codebook.embedding_sum"
-        );
-        assert_eq!(
-            m("upsample.conv.weight").0,
-            "upsample.convtr.convtr.convtr.weight"
         );
     }
 
@@ -690,19 +700,12 @@ mod tests {
         let names: Vec<&str> = hf.iter().map(|x| x.1.as_str()).collect();
         let last = hf_last_decoder_conv(&names);
         assert_eq!(last, Some(14));
-        for (canon, h, k) in &hf {
+        for (want, h, k) in &hf {
             assert_eq!(
-                canon_of(map_mimi(Layout::HfMimi, h, last)),
-                (canon.clone(), *k),
+                canon(map_mimi(Layout::HfMimi, h, last)),
+                (want.clone(), *k),
                 "{h}"
             );
-        }
-    }
-
-    fn canon_of(t: Target) -> (String, usize) {
-        match t {
-            Target::To { name, part, .. } => (name, part),
-            Target::Duplicate => ("<dup>".into(), 0),
         }
     }
 
@@ -726,43 +729,35 @@ mod tests {
 
     #[test]
     fn refusals() {
-        let r = |names: &[&str]| refuse_tensors(names.iter().map(|n| (*n, false)));
-        assert!(matches!(
-            r(&["transformer.layers.0.gating.linear_in.lora_A.weight"]),
-            Err(CheckpointError::Lora { .. })
-        ));
-        assert!(matches!(
-            r(&["condition_provider.conditioners.x.embed.weight"]),
-            Err(CheckpointError::Conditioning { .. })
-        ));
-        assert!(matches!(
-            r(&["fuser.cfg"]),
-            Err(CheckpointError::Conditioning { .. })
-        ));
-        assert!(matches!(
-            r(&["transformer.layers.0.cross_attention.in_proj_weight"]),
-            Err(CheckpointError::CrossAttention { .. })
-        ));
-        assert!(matches!(
-            r(&["transformer.layers.0.gating.linear_in.weight_scb"]),
-            Err(CheckpointError::BitsAndBytes { .. })
-        ));
-        assert!(matches!(
-            r(&["text_emb.out1.weight"]),
-            Err(CheckpointError::Demux { .. })
-        ));
-        assert!(matches!(
-            r(&["extra_heads.0.weight"]),
-            Err(CheckpointError::ExtraHeads { .. })
-        ));
-        assert!(matches!(
-            r(&["depformer_emb.0.low_rank.weight"]),
-            Err(CheckpointError::LowRankEmbeddings { .. })
-        ));
+        let r = |names: &[&str]| err_variant(&refuse_tensors(names.iter().map(|n| (*n, false))));
+        for (name, want) in [
+            (
+                "transformer.layers.0.gating.linear_in.lora_A.weight",
+                "Lora",
+            ),
+            (
+                "condition_provider.conditioners.x.embed.weight",
+                "Conditioning",
+            ),
+            ("fuser.cfg", "Conditioning"),
+            (
+                "transformer.layers.0.cross_attention.in_proj_weight",
+                "CrossAttention",
+            ),
+            (
+                "transformer.layers.0.gating.linear_in.weight_scb",
+                "BitsAndBytes",
+            ),
+            ("text_emb.out1.weight", "Demux"),
+            ("extra_heads.0.weight", "ExtraHeads"),
+            ("depformer_emb.0.low_rank.weight", "LowRankEmbeddings"),
+        ] {
+            assert_eq!(r(&[name]), want, "{name}");
+        }
         assert!(matches!(
             refuse_tensors([("transformer.layers.0.gating.linear_in.weight", true)].into_iter()),
             Err(CheckpointError::BitsAndBytes { .. })
         ));
-        assert!(r(&["text_emb.weight", "emb.0.weight"]).is_ok());
+        assert_eq!(r(&["text_emb.weight", "emb.0.weight"]), "Ok");
     }
 }

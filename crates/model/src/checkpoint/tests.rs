@@ -316,22 +316,22 @@ fn tensor_level_refusals() {
     assert!(
         matches!(f(&[("text_emb.weight", "F32"), ("x.lora_A.weight", "F32")]), Err(CheckpointError::Lora { keys }) if keys == ["x.lora_A.weight"])
     );
-    assert!(matches!(
-        f(&[("transformer.layers.0.gating.linear_in.weight", "I8")]),
-        Err(CheckpointError::BitsAndBytes { .. })
-    ));
-    assert!(matches!(
-        f(&[("condition_provider.x.weight", "F32")]),
-        Err(CheckpointError::Conditioning { .. })
-    ));
-    assert!(matches!(
-        f(&[("extra_heads.0.weight", "F32")]),
-        Err(CheckpointError::ExtraHeads { .. })
-    ));
-    assert!(matches!(
-        f(&[("decoder.model.layers.0.self_attn.q_proj.weight", "F32")]),
-        Err(CheckpointError::UnsupportedLayout { .. })
-    ));
+    for (name, dtype, want) in [
+        (
+            "transformer.layers.0.gating.linear_in.weight",
+            "I8",
+            "BitsAndBytes",
+        ),
+        ("condition_provider.x.weight", "F32", "Conditioning"),
+        ("extra_heads.0.weight", "F32", "ExtraHeads"),
+        (
+            "decoder.model.layers.0.self_attn.q_proj.weight",
+            "F32",
+            "UnsupportedLayout",
+        ),
+    ] {
+        assert_eq!(err_variant(&f(&[(name, dtype)])), want, "{name}");
+    }
     assert!(matches!(
         crate::checkpoint::BundleConfig::from_json(
             r#"{"architectures": ["MoshiForConditionalGeneration"], "model_type": "moshi"}"#
