@@ -534,21 +534,20 @@ mod tests {
         for cfg in [SamplerConfig::default(), SamplerConfig::greedy()] {
             let mut s = Sampler::new(cfg, 8, 4).unwrap();
             for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
-                let mut t = [0.5f32; 8];
-                t[5] = bad;
-                match s.sample_text(&t) {
-                    Err(SamplingError::NonFiniteLogits { stream, index, .. }) => {
-                        assert_eq!((stream, index), ("text", 5));
+                for (want_stream, len, at) in [("text", 8, 5), ("audio", 4, 0)] {
+                    let mut l = vec![0.5f32; len];
+                    l[at] = bad;
+                    let r = if want_stream == "text" {
+                        s.sample_text(&l)
+                    } else {
+                        s.sample_audio(&l)
+                    };
+                    match r {
+                        Err(SamplingError::NonFiniteLogits { stream, index, .. }) => {
+                            assert_eq!((stream, index), (want_stream, at));
+                        }
+                        other => panic!("{want_stream} {bad}: {other:?}"),
                     }
-                    other => panic!("text {bad}: {other:?}"),
-                }
-                let mut a = [0.5f32; 4];
-                a[0] = bad;
-                match s.sample_audio(&a) {
-                    Err(SamplingError::NonFiniteLogits { stream, index, .. }) => {
-                        assert_eq!((stream, index), ("audio", 0));
-                    }
-                    other => panic!("audio {bad}: {other:?}"),
                 }
             }
             // Large but finite logits still sample.

@@ -110,33 +110,27 @@ fn reset_reproduces_first_run_exactly() {
     let nq = mimi.n_codebooks();
     let mut enc = MimiEncoder::new(mimi.clone());
     let mut dec = MimiDecoder::new(mimi.clone());
-    let go = |enc: &mut MimiEncoder, dec: &mut MimiDecoder| {
+    // Encodes then decodes input frames `frames`, returning their codes and decoded samples.
+    let go = |enc: &mut MimiEncoder, dec: &mut MimiDecoder, frames: std::ops::Range<usize>| {
         let mut codes = Vec::new();
-        let mut pcm = vec![0.0; 12 * fs];
-        for f in 0..12 {
+        let mut pcm = vec![0.0; frames.len() * fs];
+        for (i, f) in frames.enumerate() {
             let c = enc
                 .encode_frame(&input[f * fs..(f + 1) * fs])
                 .unwrap()
                 .to_vec();
-            dec.decode_frame(&c, &mut pcm[f * fs..(f + 1) * fs])
+            dec.decode_frame(&c, &mut pcm[i * fs..(i + 1) * fs])
                 .unwrap();
             codes.extend(c);
         }
         (codes, pcm)
     };
-    let (c1, p1) = go(&mut enc, &mut dec);
+    let (c1, p1) = go(&mut enc, &mut dec, 0..12);
     // run further so the state (ring, positions, conv tails) is far from fresh
-    for f in 12..30 {
-        let c = enc
-            .encode_frame(&input[f * fs..(f + 1) * fs])
-            .unwrap()
-            .to_vec();
-        let mut o = vec![0.0; fs];
-        dec.decode_frame(&c, &mut o).unwrap();
-    }
+    go(&mut enc, &mut dec, 12..30);
     enc.reset();
     dec.reset();
-    let (c2, p2) = go(&mut enc, &mut dec);
+    let (c2, p2) = go(&mut enc, &mut dec, 0..12);
     assert_eq!(c1.len(), 12 * nq);
     assert_eq!(c1, c2);
     assert!(

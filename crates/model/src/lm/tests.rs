@@ -418,6 +418,32 @@ fn other_formats_native_kernels_within_documented_bounds() {
     }
 }
 
+/// A batch generator of `n` sessions, its samplers (session `b` with `cfg(b)`), and for each
+/// session a separate generator with its own fresh sampler of the same configuration: the two sides
+/// the batched tests compare.
+fn batch_and_singles(
+    model: &LmModel,
+    n: usize,
+    cfg: impl Fn(usize) -> SamplerConfig,
+) -> (LmBatchGen, Vec<Sampler>, Vec<(LmGen, Sampler)>) {
+    let sampler = |b| Sampler::new(cfg(b), 128, 64).unwrap();
+    let batch = LmBatchGen::new(model, n, KvDtype::F32).unwrap();
+    let samplers = (0..n).map(sampler).collect();
+    let singles = (0..n)
+        .map(|b| (LmGen::new(model, KvDtype::F32).unwrap(), sampler(b)))
+        .collect();
+    (batch, samplers, singles)
+}
+
+/// The oracle's user codes of call `t`, shifted by `shift` (mod the card 64) so that each session
+/// of a batch sees its own input.
+fn session_codes(c: &[i64], t_total: usize, t: usize, shift: usize) -> Vec<u32> {
+    column(c, 8, t_total, t)
+        .iter()
+        .map(|&x| ((x as usize + shift) % 64) as u32)
+        .collect()
+}
+
 #[test]
 fn batched_sessions_match_separate_generators() {
     let model = tiny_model("model.safetensors");
@@ -425,27 +451,14 @@ fn batched_sessions_match_separate_generators() {
     let t_total = c.len() / 8;
     let pool = Pool::new(2);
     let n = 3;
-    let mut batch = LmBatchGen::new(&model, n, KvDtype::F32).unwrap();
-    let mut samplers: Vec<Sampler> = (0..n)
-        .map(|b| {
-            let cfg = if b == 0 {
-                SamplerConfig::greedy()
-            } else {
-                SamplerConfig::seeded(b as u64)
-            };
-            Sampler::new(cfg, 128, 64).unwrap()
-        })
-        .collect();
-    let mut singles: Vec<(LmGen, Sampler)> = samplers
-        .iter()
-        .map(|s| (LmGen::new(&model, KvDtype::F32).unwrap(), s.clone()))
-        .collect();
-    let user = |b: usize, t: usize| -> Vec<u32> {
-        column(&c, 8, t_total, t)
-            .iter()
-            .map(|&x| ((x as usize + 7 * b) % 64) as u32)
-            .collect()
-    };
+    let (mut batch, mut samplers, mut singles) = batch_and_singles(&model, n, |b| {
+        if b == 0 {
+            SamplerConfig::greedy()
+        } else {
+            SamplerConfig::seeded(b as u64)
+        }
+    });
+    let user = |b: usize, t: usize| session_codes(&c, t_total, t, 7 * b);
     let mut out = vec![None; n];
     let mut texts0 = Vec::new();
     for t in 0..t_total {
@@ -484,33 +497,16 @@ fn active_subsets_match_separate_generators() {
     let t_total = c.len() / 8;
     let pool = Pool::new(2);
     let n = 4;
-    let mut batch = LmBatchGen::new(&model, n, KvDtype::F32).unwrap();
-    let cfg = |b: usize| {
+    let (mut batch, mut samplers, mut singles) = batch_and_singles(&model, n, |b| {
         if b.is_multiple_of(2) {
             SamplerConfig::greedy()
         } else {
             SamplerConfig::seeded(10 + b as u64)
         }
-    };
-    let mut samplers: Vec<Sampler> = (0..n)
-        .map(|b| Sampler::new(cfg(b), 128, 64).unwrap())
-        .collect();
-    let mut singles: Vec<(LmGen, Sampler)> = (0..n)
-        .map(|b| {
-            (
-                LmGen::new(&model, KvDtype::F32).unwrap(),
-                Sampler::new(cfg(b), 128, 64).unwrap(),
-            )
-        })
-        .collect();
+    });
     // Per session: how many calls it made so far (its own time axis).
     let mut calls = [0usize; 4];
-    let user = |b: usize, t: usize| -> Vec<u32> {
-        column(&c, 8, t_total, t % t_total)
-            .iter()
-            .map(|&x| ((x as usize + 5 * b) % 64) as u32)
-            .collect()
-    };
+    let user = |b: usize, t: usize| session_codes(&c, t_total, t % t_total, 5 * b);
     let mut texts0 = Vec::new();
     let mut stepped = [0usize; 4];
     for tick in 0..3 * t_total {
