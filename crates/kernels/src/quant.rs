@@ -39,17 +39,30 @@ pub fn quantize_activations(x: &[f32]) -> (Vec<i8>, Vec<f32>, Vec<f32>, Vec<i32>
     (q, d, s, qs)
 }
 
-/// Encodes f32 values (row-major, each row a multiple of 32 long) as GGUF Q8_0 blocks
-/// (f16 scale `max|x|/127` + 32 signed codes, rounded half away from zero).
-pub fn encode_q8_0(values: &[f32]) -> Result<Vec<u8>, KernelError> {
+/// Encodes `values` as GGUF blocks of 32 (`block_bytes` each, written by `block`), after
+/// checking that they are whole blocks.
+fn encode_blocks(
+    values: &[f32],
+    block_bytes: usize,
+    mut block: impl FnMut(&[f32], &mut Vec<u8>),
+) -> Result<Vec<u8>, KernelError> {
     if !values.len().is_multiple_of(QK) {
         return Err(KernelError::BadShape(format!(
             "{} values is not a multiple of 32",
             values.len()
         )));
     }
-    let mut out = Vec::with_capacity(values.len() / QK * 34);
+    let mut out = Vec::with_capacity(values.len() / QK * block_bytes);
     for xb in values.chunks_exact(QK) {
+        block(xb, &mut out);
+    }
+    Ok(out)
+}
+
+/// Encodes f32 values (row-major, each row a multiple of 32 long) as GGUF Q8_0 blocks
+/// (f16 scale `max|x|/127` + 32 signed codes, rounded half away from zero).
+pub fn encode_q8_0(values: &[f32]) -> Result<Vec<u8>, KernelError> {
+    encode_blocks(values, 34, |xb, out| {
         let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
         let id = if d > 0.0 { 1.0 / d } else { 0.0 };
@@ -57,22 +70,14 @@ pub fn encode_q8_0(values: &[f32]) -> Result<Vec<u8>, KernelError> {
         for &v in xb {
             out.push(((v * id).round().clamp(-127.0, 127.0) as i8) as u8);
         }
-    }
-    Ok(out)
+    })
 }
 
 /// Encodes f32 values as GGUF Q4_0 blocks (f16 scale `d`, 16 bytes: element j in the
 /// low nibble of byte j, element j+16 in the high nibble; value = `d·(q−8)`).
 /// Scale choice: the element of largest magnitude maps to code 0 (`d = max/−8`).
 pub fn encode_q4_0(values: &[f32]) -> Result<Vec<u8>, KernelError> {
-    if !values.len().is_multiple_of(QK) {
-        return Err(KernelError::BadShape(format!(
-            "{} values is not a multiple of 32",
-            values.len()
-        )));
-    }
-    let mut out = Vec::with_capacity(values.len() / QK * 18);
-    for xb in values.chunks_exact(QK) {
+    encode_blocks(values, 18, |xb, out| {
         let mut max = 0f32;
         for &v in xb {
             if v.abs() > max.abs() {
@@ -86,8 +91,7 @@ pub fn encode_q4_0(values: &[f32]) -> Result<Vec<u8>, KernelError> {
         for j in 0..16 {
             out.push(code(xb[j]) | (code(xb[j + 16]) << 4));
         }
-    }
-    Ok(out)
+    })
 }
 
 /// MLX affine quantization of a row-major `[rows, cols]` f32 matrix: returns
