@@ -257,8 +257,9 @@ pub fn quantize_act_row(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32], q
     }
 }
 
-/// No SIMD attention here: the caller runs the reference loop of `attention.rs`.
-unsafe fn attend_head(
+/// No SIMD attention here: the caller runs the reference loop of `attention.rs` (also what
+/// the x86 kernels answer for head sizes they do not take).
+pub(crate) unsafe fn attend_head(
     _bf16: bool,
     _hd: usize,
     _q: &[f32],

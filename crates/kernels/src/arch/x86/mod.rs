@@ -44,7 +44,7 @@ const AVX2_BASE: Kernels = Kernels {
     dense_f16: matvec::dense_f16,
     quant: matvec::plain::quant,
     quantize_act: super::scalar::quantize_act_row,
-    attend_head: attention::attend_head_avx2,
+    attend_head: attention::avx2::attend_head,
     gemm_tile: gemm::kernel_avx2,
     gemm_skinny: gemm::skinny_avx2,
     gemm_wide: None,
@@ -74,7 +74,7 @@ pub(crate) static AVX512: Kernels = AVX512_BASE;
 const AVX512_BASE: Kernels = Kernels {
     quant: matvec::avx512q::quant::<false>,
     quantize_act: ops::quantize_act_avx512,
-    attend_head: attention::attend_head_avx512,
+    attend_head: attention::avx512::attend_head,
     gemm_wide: Some(gemm::blocks),
     to_bf16: ops::rows_avx512::to_bf16,
     gelu_erf: ops::gelu_erf_avx512,
