@@ -104,8 +104,9 @@ macro_rules! values_pass {
 /// Instantiates the attention kernel of one level in module `$module`: vectors of `$lanes`
 /// f32 (operations from `$ops`), head sizes a multiple of `2·$lanes` dispatched to a
 /// const-generic body per chunk count (`$nc`, then `$last` for the rest), at most `$vchunks`
-/// chunks of values accumulated per pass (the register budget), KV rows prefetched when
-/// `$prefetch`; other head sizes go to `$fallback`.
+/// chunks of values accumulated per pass (the register budget), the permuted query kept in
+/// registers when `$hoist`, KV rows prefetched when `$prefetch`; other head sizes go to
+/// `$fallback`.
 macro_rules! head_kernel {
     (
         $(#[$doc:meta])*
@@ -237,7 +238,8 @@ head_kernel! {
     /// # Safety
     /// AVX-512 F/BW/DQ/VL, AVX2 and FMA available; as [`crate::arch::table::HeadFn`].
     mod avx512: "avx512f,avx512bw,avx512dq,avx512vl,fma", zmm, lanes 16,
-    chunks [1 2 3 4 5 6 7] 8, values 8, query in registers true, prefetch true, fallback super::avx2::attend_head
+    chunks [1 2 3 4 5 6 7] 8, values 8, query in registers true, prefetch true,
+    fallback super::avx2::attend_head
 }
 
 head_kernel! {
@@ -249,6 +251,5 @@ head_kernel! {
     /// AVX2/FMA/F16C available; as [`crate::arch::table::HeadFn`].
     mod avx2: "avx2,fma,f16c", ymm, lanes 8,
     chunks [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15] 16, values 4, query in registers false,
-    prefetch false,
-    fallback crate::arch::scalar::attend_head
+    prefetch false, fallback crate::arch::scalar::attend_head
 }
