@@ -64,58 +64,60 @@ fn to(name: String, part: usize) -> Target {
     }
 }
 
+/// One unsupported variant: whether a tensor (name, is int8) belongs to it, and the refusal that
+/// lists its tensors.
+type Refusal = (fn(&str, bool) -> bool, fn(Vec<String>) -> CheckpointError);
+
+/// The unsupported variants in the order they are tested and reported: a tensor counts for the
+/// first variant it matches, and the first variant with any tensor is the one refused.
+const REFUSALS: [Refusal; 7] = [
+    (
+        |n, _| n.contains("lora_A") || n.contains("lora_B") || n.contains(".lora."),
+        |keys| CheckpointError::Lora { keys },
+    ),
+    (
+        |n, _| n.starts_with("condition_provider.") || n.starts_with("fuser."),
+        |keys| CheckpointError::Conditioning { keys },
+    ),
+    (
+        |n, _| n.contains("cross_attention.") || n.contains("norm_cross."),
+        |keys| CheckpointError::CrossAttention { keys },
+    ),
+    (
+        |n, int8| {
+            n.ends_with("_scb") || n.ends_with(".SCB") || n.ends_with("weight_format") || int8
+        },
+        |keys| CheckpointError::BitsAndBytes { keys },
+    ),
+    (
+        |n, _| n.contains("text_emb.out1") || n.contains("text_emb.out2"),
+        |keys| CheckpointError::Demux { keys },
+    ),
+    (
+        |n, _| n.starts_with("extra_heads."),
+        |keys| CheckpointError::ExtraHeads { keys },
+    ),
+    (
+        |n, _| n.contains(".low_rank."),
+        |keys| CheckpointError::LowRankEmbeddings { keys },
+    ),
+];
+
 /// Typed refusal if `names` contain tensors of an unsupported variant (LoRA, conditioners, ...).
 pub fn refuse_tensors<'a>(
     names: impl Iterator<Item = (&'a str, bool)>,
 ) -> Result<(), CheckpointError> {
     // (name, is_int8)
-    let mut lora = Vec::new();
-    let mut cond = Vec::new();
-    let mut cross = Vec::new();
-    let mut bnb = Vec::new();
-    let mut demux = Vec::new();
-    let mut extra = Vec::new();
-    let mut low_rank = Vec::new();
+    let mut found: [Vec<String>; REFUSALS.len()] = Default::default();
     for (n, int8) in names {
-        let s = n.to_string();
-        if n.contains("lora_A") || n.contains("lora_B") || n.contains(".lora.") {
-            lora.push(s);
-        } else if n.starts_with("condition_provider.") || n.starts_with("fuser.") {
-            cond.push(s);
-        } else if n.contains("cross_attention.") || n.contains("norm_cross.") {
-            cross.push(s);
-        } else if n.ends_with("_scb") || n.ends_with(".SCB") || n.ends_with("weight_format") || int8
-        {
-            bnb.push(s);
-        } else if n.contains("text_emb.out1") || n.contains("text_emb.out2") {
-            demux.push(s);
-        } else if n.starts_with("extra_heads.") {
-            extra.push(s);
-        } else if n.contains(".low_rank.") {
-            low_rank.push(s);
+        if let Some(i) = REFUSALS.iter().position(|(belongs, _)| belongs(n, int8)) {
+            found[i].push(n.to_string());
         }
     }
-    let keys = |v: Vec<String>| v;
-    if !lora.is_empty() {
-        return Err(CheckpointError::Lora { keys: keys(lora) });
-    }
-    if !cond.is_empty() {
-        return Err(CheckpointError::Conditioning { keys: cond });
-    }
-    if !cross.is_empty() {
-        return Err(CheckpointError::CrossAttention { keys: cross });
-    }
-    if !bnb.is_empty() {
-        return Err(CheckpointError::BitsAndBytes { keys: bnb });
-    }
-    if !demux.is_empty() {
-        return Err(CheckpointError::Demux { keys: demux });
-    }
-    if !extra.is_empty() {
-        return Err(CheckpointError::ExtraHeads { keys: extra });
-    }
-    if !low_rank.is_empty() {
-        return Err(CheckpointError::LowRankEmbeddings { keys: low_rank });
+    for ((_, refuse), keys) in REFUSALS.iter().zip(found) {
+        if !keys.is_empty() {
+            return Err(refuse(keys));
+        }
     }
     Ok(())
 }
@@ -341,37 +343,14 @@ fn map_hf_mimi(name: &str, last_decoder_conv: Option<usize>) -> Option<Target> {
                     });
                 }
             }
-            let canon = match leaf {
-                "self_attn.o_proj.weight" => "self_attn.out_proj.weight",
-                "mlp.fc1.weight" => "linear1.weight",
-                "mlp.fc2.weight" => "linear2.weight",
-                "input_layernorm.weight" => "norm1.weight",
-                "input_layernorm.bias" => "norm1.bias",
-                "post_attention_layernorm.weight" => "norm2.weight",
-                "post_attention_layernorm.bias" => "norm2.bias",
-                "self_attn_layer_scale.scale" => "layer_scale_1.scale",
-                "mlp_layer_scale.scale" => "layer_scale_2.scale",
-                _ => return None,
-            };
+            let canon = hf_to_canon(&HF_LAYER_LEAVES, leaf)?;
             return Some(to(format!("{base}{canon}"), 0));
         }
     }
-    if name == "downsample.conv.weight" {
-        return Some(to("downsample.conv.conv.conv.weight".into(), 0));
+    if let Some(canon) = hf_to_canon(&HF_RESAMPLERS, name) {
+        return Some(to(canon.into(), 0));
     }
-    if name == "upsample.conv.weight" {
-        return Some(to("upsample.convtr.convtr.convtr.weight".into(), 0));
-    }
-    for (hf, canon) in [
-        (
-            "quantizer.semantic_residual_vector_quantizer.",
-            "quantizer.rvq_first.",
-        ),
-        (
-            "quantizer.acoustic_residual_vector_quantizer.",
-            "quantizer.rvq_rest.",
-        ),
-    ] {
+    for &(hf, canon) in &HF_RVQ_PREFIXES {
         if let Some(rest) = name.strip_prefix(hf) {
             if rest.starts_with("input_proj.") || rest.starts_with("output_proj.") {
                 return Some(to(format!("{canon}{rest}"), 0));
@@ -379,16 +358,64 @@ fn map_hf_mimi(name: &str, last_decoder_conv: Option<usize>) -> Option<Target> {
             let l = rest.strip_prefix("layers.")?;
             let (n, leaf) = split1(l)?;
             let n = parse_idx(n)?;
-            let leaf = match leaf {
-                "codebook.embed_sum" => "embedding_sum",
-                "codebook.initialized" => "_initialized",
-                "codebook.cluster_usage" => "cluster_usage",
-                _ => return None,
-            };
-            return Some(to(format!("{canon}vq.layers.{n}._codebook.{leaf}"), 0));
+            let leaf = hf_to_canon(&HF_CODEBOOK_LEAVES, leaf)?;
+            return Some(to(format!("{canon}vq.layers.{n}.{leaf}"), 0));
         }
     }
     None
+}
+
+/// Hugging Face Mimi names against canonical ones, as `(hf, canonical)` rows: one table serves the
+/// mapping and its inverse, so the two cannot drift apart.
+type NameTable = [(&'static str, &'static str)];
+
+/// Leaves of a transformer layer (after `…layers.{l}.`).
+const HF_LAYER_LEAVES: [(&str, &str); 9] = [
+    ("self_attn.o_proj.weight", "self_attn.out_proj.weight"),
+    ("mlp.fc1.weight", "linear1.weight"),
+    ("mlp.fc2.weight", "linear2.weight"),
+    ("input_layernorm.weight", "norm1.weight"),
+    ("input_layernorm.bias", "norm1.bias"),
+    ("post_attention_layernorm.weight", "norm2.weight"),
+    ("post_attention_layernorm.bias", "norm2.bias"),
+    ("self_attn_layer_scale.scale", "layer_scale_1.scale"),
+    ("mlp_layer_scale.scale", "layer_scale_2.scale"),
+];
+
+/// The learnt down- and upsample convolutions (whole names).
+const HF_RESAMPLERS: [(&str, &str); 2] = [
+    ("downsample.conv.weight", "downsample.conv.conv.conv.weight"),
+    (
+        "upsample.conv.weight",
+        "upsample.convtr.convtr.convtr.weight",
+    ),
+];
+
+/// The two residual quantizers (name prefixes).
+const HF_RVQ_PREFIXES: [(&str, &str); 2] = [
+    (
+        "quantizer.semantic_residual_vector_quantizer.",
+        "quantizer.rvq_first.",
+    ),
+    (
+        "quantizer.acoustic_residual_vector_quantizer.",
+        "quantizer.rvq_rest.",
+    ),
+];
+
+/// Codebook leaves (after `layers.{n}.` / `vq.layers.{n}.`).
+const HF_CODEBOOK_LEAVES: [(&str, &str); 3] = [
+    ("codebook.embed_sum", "_codebook.embedding_sum"),
+    ("codebook.initialized", "_codebook._initialized"),
+    ("codebook.cluster_usage", "_codebook.cluster_usage"),
+];
+
+fn hf_to_canon(table: &NameTable, hf: &str) -> Option<&'static str> {
+    table.iter().find(|(h, _)| *h == hf).map(|(_, c)| *c)
+}
+
+fn canon_to_hf(table: &NameTable, canon: &str) -> Option<&'static str> {
+    table.iter().find(|(_, c)| *c == canon).map(|(h, _)| *h)
 }
 
 /// Hugging Face `kyutai/mimi` name(s) of a canonical Mimi tensor (the inverse of the mapping above;
@@ -420,48 +447,21 @@ pub fn to_hf_mimi(canonical: &str) -> Option<Vec<String>> {
                         .collect(),
                 );
             }
-            let hf = match leaf {
-                "self_attn.out_proj.weight" => "self_attn.o_proj.weight",
-                "linear1.weight" => "mlp.fc1.weight",
-                "linear2.weight" => "mlp.fc2.weight",
-                "norm1.weight" => "input_layernorm.weight",
-                "norm1.bias" => "input_layernorm.bias",
-                "norm2.weight" => "post_attention_layernorm.weight",
-                "norm2.bias" => "post_attention_layernorm.bias",
-                "layer_scale_1.scale" => "self_attn_layer_scale.scale",
-                "layer_scale_2.scale" => "mlp_layer_scale.scale",
-                _ => return None,
-            };
+            let hf = canon_to_hf(&HF_LAYER_LEAVES, leaf)?;
             return Some(vec![format!("{base}{hf}")]);
         }
     }
-    match canonical {
-        "downsample.conv.conv.conv.weight" => return Some(vec!["downsample.conv.weight".into()]),
-        "upsample.convtr.convtr.convtr.weight" => return Some(vec!["upsample.conv.weight".into()]),
-        _ => {}
+    if let Some(hf) = canon_to_hf(&HF_RESAMPLERS, canonical) {
+        return Some(vec![hf.into()]);
     }
-    for (canon, hf) in [
-        (
-            "quantizer.rvq_first.",
-            "quantizer.semantic_residual_vector_quantizer.",
-        ),
-        (
-            "quantizer.rvq_rest.",
-            "quantizer.acoustic_residual_vector_quantizer.",
-        ),
-    ] {
+    for &(hf, canon) in &HF_RVQ_PREFIXES {
         if let Some(rest) = canonical.strip_prefix(canon) {
             if rest.starts_with("input_proj.") || rest.starts_with("output_proj.") {
                 return Some(vec![format!("{hf}{rest}")]);
             }
             let l = rest.strip_prefix("vq.layers.")?;
             let (n, leaf) = split1(l)?;
-            let leaf = match leaf {
-                "_codebook.embedding_sum" => "codebook.embed_sum",
-                "_codebook._initialized" => "codebook.initialized",
-                "_codebook.cluster_usage" => "codebook.cluster_usage",
-                _ => return None,
-            };
+            let leaf = canon_to_hf(&HF_CODEBOOK_LEAVES, leaf)?;
             return Some(vec![format!("{hf}layers.{n}.{leaf}")]);
         }
     }
