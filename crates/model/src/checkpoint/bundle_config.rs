@@ -98,6 +98,34 @@ impl BundleConfig {
     }
 }
 
+/// Config keys that select an unsupported variant, in the order they are checked, each group with
+/// the refusal that lists the keys present.
+const REFUSED_KEYS: [(&[&str], fn(Vec<String>) -> CheckpointError); 8] = [
+    (&["lora", "lora_name"], |keys| CheckpointError::Lora {
+        keys,
+    }),
+    (&["conditioners", "fuser", "condition_provider"], |keys| {
+        CheckpointError::Conditioning { keys }
+    }),
+    (&["cross_attention"], |keys| {
+        CheckpointError::CrossAttention { keys }
+    }),
+    (&["quantize"], |keys| CheckpointError::BitsAndBytes { keys }),
+    (
+        &["demux_second_stream", "demux_second_text_stream"],
+        |keys| CheckpointError::Demux { keys },
+    ),
+    (&["extra_heads_num_heads"], |keys| {
+        CheckpointError::ExtraHeads { keys }
+    }),
+    (&["depformer_low_rank_embeddings"], |keys| {
+        CheckpointError::LowRankEmbeddings { keys }
+    }),
+    (&["tts_config", "stt_config"], |keys| {
+        CheckpointError::TaskConfig { keys }
+    }),
+];
+
 /// Typed refusals on config keys (LoRA, conditioning, cross-attention, int8, demux, extra heads, ...).
 fn refuse_unsupported_keys(obj: &Map<String, Value>) -> Result<(), CheckpointError> {
     // Hugging Face `transformers` configs (`MoshiConfig`: `architectures`, `hidden_size`, ...) are a
@@ -125,41 +153,18 @@ fn refuse_unsupported_keys(obj: &Map<String, Value>) -> Result<(), CheckpointErr
             .map(|k| k.to_string())
             .collect()
     };
-    let k = present(&["lora", "lora_name"]);
-    if !k.is_empty() {
-        return Err(CheckpointError::Lora { keys: k });
-    }
-    let mut k = present(&["conditioners", "fuser", "condition_provider"]);
-    if obj.contains_key("conditioners") && !k.contains(&"conditioners".to_string()) {
-        // `conditioners` present at all makes Python build a condition provider.
-        k.push("conditioners".into());
-    }
-    if !k.is_empty() {
-        return Err(CheckpointError::Conditioning { keys: k });
-    }
-    let k = present(&["cross_attention"]);
-    if !k.is_empty() {
-        return Err(CheckpointError::CrossAttention { keys: k });
-    }
-    let k = present(&["quantize"]);
-    if !k.is_empty() {
-        return Err(CheckpointError::BitsAndBytes { keys: k });
-    }
-    let k = present(&["demux_second_stream", "demux_second_text_stream"]);
-    if !k.is_empty() {
-        return Err(CheckpointError::Demux { keys: k });
-    }
-    let k = present(&["extra_heads_num_heads"]);
-    if !k.is_empty() {
-        return Err(CheckpointError::ExtraHeads { keys: k });
-    }
-    let k = present(&["depformer_low_rank_embeddings"]);
-    if !k.is_empty() {
-        return Err(CheckpointError::LowRankEmbeddings { keys: k });
-    }
-    let k = present(&["tts_config", "stt_config"]);
-    if !k.is_empty() {
-        return Err(CheckpointError::TaskConfig { keys: k });
+    for (keys, refuse) in REFUSED_KEYS {
+        let mut k = present(keys);
+        if keys.contains(&"conditioners")
+            && obj.contains_key("conditioners")
+            && !k.iter().any(|x| x == "conditioners")
+        {
+            // `conditioners` present at all makes Python build a condition provider.
+            k.push("conditioners".into());
+        }
+        if !k.is_empty() {
+            return Err(refuse(k));
+        }
     }
     if obj
         .get("depformer_weights_per_step_schedule")

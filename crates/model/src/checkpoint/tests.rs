@@ -1,7 +1,7 @@
 //! Tests against the oracle fixtures (`fixtures/`): every released layout maps completely onto the
 //! canonical names, and the values agree with the canonical PyTorch file.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::*;
 use crate::checkpoint::Schema;
@@ -10,6 +10,11 @@ use crate::checkpoint::{OpenOptions, Quant, Weights};
 
 fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
+}
+
+/// The fixture weights file at `rel` (below `fixtures/`).
+fn open_fixture(rel: impl AsRef<Path>, component: Component) -> Weights {
+    Weights::open(&fixtures().join(rel), component).unwrap()
 }
 
 fn tiny_lm_config() -> LmConfig {
@@ -75,12 +80,8 @@ fn tiny_bundle_opens_and_matches_schema() {
 
 #[test]
 fn new_layout_equals_legacy() {
-    let legacy = Weights::open(&fixtures().join("lm/model.safetensors"), Component::Lm).unwrap();
-    let new = Weights::open(
-        &fixtures().join("lm/model_new_layout.safetensors"),
-        Component::Lm,
-    )
-    .unwrap();
+    let legacy = open_fixture("lm/model.safetensors", Component::Lm);
+    let new = open_fixture("lm/model_new_layout.safetensors", Component::Lm);
     assert_eq!(new.layout(), names::Layout::PytorchNew);
     new.check(&Schema::lm(&tiny_lm_config())).unwrap();
     assert_close(&legacy, &new, 0.0, false);
@@ -98,7 +99,7 @@ fn new_layout_equals_legacy() {
 #[test]
 fn hf_mimi_equals_kyutai() {
     let cfg = tiny_mimi_config();
-    let k = Weights::open(&fixtures().join("mimi/mimi.safetensors"), Component::Mimi).unwrap();
+    let k = open_fixture("mimi/mimi.safetensors", Component::Mimi);
     let mut o = OpenOptions::new(Component::Mimi);
     o.mimi_num_heads = cfg.transformer.num_heads;
     let hf = Weights::open_with(&fixtures().join("mimi/mimi_hf.safetensors"), &o).unwrap();
@@ -111,17 +112,13 @@ fn hf_mimi_equals_kyutai() {
 
 #[test]
 fn candle_and_mlx_bf16_equal_legacy() {
-    let legacy = Weights::open(&fixtures().join("lm/model.safetensors"), Component::Lm).unwrap();
+    let legacy = open_fixture("lm/model.safetensors", Component::Lm);
     let schema = Schema::lm(&tiny_lm_config());
     for (dir, layout) in [
         ("lm_candle_bf16", names::Layout::Candle),
         ("lm_mlx_bf16", names::Layout::Mlx),
     ] {
-        let w = Weights::open(
-            &fixtures().join(dir).join("model.safetensors"),
-            Component::Lm,
-        )
-        .unwrap();
+        let w = open_fixture(Path::new(dir).join("model.safetensors"), Component::Lm);
         assert_eq!(w.layout(), layout, "{dir}");
         w.check(&schema).unwrap();
         assert_close(&legacy, &w, 0.0, true);
@@ -132,7 +129,7 @@ fn candle_and_mlx_bf16_equal_legacy() {
 
 #[test]
 fn quantized_layouts_map_completely() {
-    let legacy = Weights::open(&fixtures().join("lm/model.safetensors"), Component::Lm).unwrap();
+    let legacy = open_fixture("lm/model.safetensors", Component::Lm);
     let schema = Schema::lm(&tiny_lm_config());
     // (dir, file, layout, tolerance relative to the row max)
     for (dir, file, layout, rel) in [
@@ -150,7 +147,7 @@ fn quantized_layouts_map_completely() {
             0.15,
         ),
     ] {
-        let w = Weights::open(&fixtures().join(dir).join(file), Component::Lm).unwrap();
+        let w = open_fixture(Path::new(dir).join(file), Component::Lm);
         assert_eq!(w.layout(), layout, "{dir}");
         w.check(&schema).unwrap();
         assert_close(&legacy, &w, rel, false);
@@ -188,12 +185,8 @@ fn quantized_layouts_map_completely() {
 
 #[test]
 fn crafted_gguf_matches_expected() {
-    let g = Weights::open(&fixtures().join("quant/crafted.gguf"), Component::Lm).unwrap();
-    let e = Weights::open(
-        &fixtures().join("quant/crafted_gguf_expected.safetensors"),
-        Component::Lm,
-    )
-    .unwrap();
+    let g = open_fixture("quant/crafted.gguf", Component::Lm);
+    let e = open_fixture("quant/crafted_gguf_expected.safetensors", Component::Lm);
     assert_eq!(g.format(), FileFormat::Gguf);
     assert_close(&e, &g, 0.0, false);
     let bytes = std::fs::read(fixtures().join("quant/crafted.gguf")).unwrap();
@@ -339,7 +332,7 @@ fn tensor_level_refusals() {
         Err(CheckpointError::UnsupportedLayout { .. })
     ));
     // Missing / unexpected / shape / dtype against the schema.
-    let legacy = Weights::open(&fixtures().join("lm/model.safetensors"), Component::Lm).unwrap();
+    let legacy = open_fixture("lm/model.safetensors", Component::Lm);
     let mut cfg = tiny_lm_config();
     assert!(legacy.check(&Schema::lm(&cfg)).is_ok());
     cfg.num_layers = 3;
