@@ -98,9 +98,11 @@ impl BundleConfig {
     }
 }
 
-/// Config keys that select an unsupported variant, in the order they are checked, each group with
-/// the refusal that lists the keys present.
-const REFUSED_KEYS: [(&[&str], fn(Vec<String>) -> CheckpointError); 8] = [
+/// Config keys that select one unsupported variant, and the refusal that lists those present.
+type KeyRefusal = (&'static [&'static str], fn(Vec<String>) -> CheckpointError);
+
+/// The unsupported variants' config keys, in the order they are checked.
+const REFUSED_KEYS: [KeyRefusal; 8] = [
     (&["lora", "lora_name"], |keys| CheckpointError::Lora {
         keys,
     }),
