@@ -132,6 +132,21 @@ pub(crate) fn tile_chunks(
     })
 }
 
+/// Calls `$f::<K>(args)` for a chunk of `$k` activation rows, `K` its const row count (1 to 3,
+/// else 4): the one dispatch from [`tile_chunks`]-sized chunks to the const-generic tile
+/// kernels.
+macro_rules! with_rows {
+    ($k:expr, $f:ident($($arg:expr),* $(,)?)) => {
+        match $k {
+            1 => $f::<1>($($arg),*),
+            2 => $f::<2>($($arg),*),
+            3 => $f::<3>($($arg),*),
+            _ => $f::<4>($($arg),*),
+        }
+    };
+}
+pub(crate) use with_rows;
+
 /// Scale group of consecutive blocks without an integer division per block (`b / per`
 /// was a `div` in the kernels' inner loop).
 pub(crate) struct GroupCounter {

@@ -7,7 +7,7 @@
 use std::arch::aarch64::*;
 use std::arch::asm;
 
-use crate::arch::table::GroupCounter;
+use crate::arch::table::{with_rows, GroupCounter};
 use crate::layout::{Act, QKind, QPacked, QK, TILE};
 
 /// f16 → f32 of 4 lanes (`fcvtl`, base ARMv8 floating point).
@@ -217,12 +217,7 @@ macro_rules! dot_kernels {
                 y: *mut f32,
             ) {
                 for (t, i0, k) in crate::arch::table::tile_chunks(n, r0, r1, 4) {
-                    match k {
-                        1 => tile::<1>(q, rows, cols, act, t, i0, y),
-                        2 => tile::<2>(q, rows, cols, act, t, i0, y),
-                        3 => tile::<3>(q, rows, cols, act, t, i0, y),
-                        _ => tile::<4>(q, rows, cols, act, t, i0, y),
-                    }
+                    with_rows!(k, tile(q, rows, cols, act, t, i0, y));
                 }
             }
         }

@@ -11,8 +11,7 @@
 
 #![allow(clippy::too_many_arguments, clippy::needless_range_loop)]
 
-use std::arch::x86_64::*;
-
+use super::prefetch_lines;
 use crate::arch::table::Seg;
 
 /// Largest head dimension the SIMD kernels take (registers / stack arrays).
@@ -27,16 +26,6 @@ fn pos<const BF16: bool, const L: usize>(c: usize, h: usize, i: usize) -> usize 
         2 * L * c + 2 * i + h
     } else {
         2 * L * c + L * h + i
-    }
-}
-
-/// Prefetches the `bytes` of a KV row `pf` bytes ahead (nothing when `pf` is 0).
-#[inline(always)]
-unsafe fn prefetch_row(row: *const u8, pf: usize, bytes: usize) {
-    if pf > 0 {
-        for l in 0..bytes / 64 {
-            _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(pf + 64 * l) as *const i8);
-        }
     }
 }
 
@@ -78,7 +67,7 @@ macro_rules! values_pass {
         for seg in $segs {
             let mut row = seg.v;
             for _ in 0..seg.n {
-                prefetch_row(row, $pf, $row_bytes);
+                prefetch_lines(row, $pf, $row_bytes / 64);
                 let p = set1(*$sp.add(j));
                 for c in 0..cn {
                     let (e, o) = load::<BF16>(row, c0 + c);
@@ -167,7 +156,7 @@ macro_rules! head_kernel {
                 for seg in segs {
                     let mut row = seg.k;
                     for _ in 0..seg.n {
-                        prefetch_row(row, pf, row_bytes);
+                        prefetch_lines(row, pf, row_bytes / 64);
                         let mut a0 = zero();
                         let mut a1 = zero();
                         for c in 0..NC {

@@ -5,7 +5,8 @@
 use std::arch::x86_64::*;
 
 use super::hsum;
-use crate::arch::table::{GroupCounter, PREFETCH};
+use super::prefetch_lines;
+use crate::arch::table::{with_rows, GroupCounter, PREFETCH};
 use crate::layout::{Act, QKind, QPacked, QK, TILE};
 
 #[inline]
@@ -50,10 +51,7 @@ macro_rules! dense_kernel {
             while c < main {
                 if pf > 0 && c % 32 == 0 {
                     for r in 0..4 {
-                        let p = w0.add(r * cols + c) as *const u8;
-                        for l in 0..lines {
-                            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(pf + 64 * l) as *const i8);
-                        }
+                        prefetch_lines(w0.add(r * cols + c) as *const u8, pf, lines);
                     }
                 }
                 let wv = [
@@ -209,11 +207,7 @@ macro_rules! quant_kernels {
                 };
                 let mut gc = GroupCounter::new(q.group_blocks);
                 for b in 0..nb {
-                    if pf > 0 {
-                        for j in 0..8 {
-                            _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(pf + 64 * j) as *const i8);
-                        }
-                    }
+                    prefetch_lines(wp, pf, 8);
                     let mut isum = [[_mm256_setzero_si256(); 4]; N];
                     for j in 0..8 {
                         let w = _mm256_loadu_si256(wp.add(64 * j) as *const __m256i);
@@ -293,11 +287,7 @@ macro_rules! quant_kernels {
                 };
                 let mut gc = GroupCounter::new(q.group_blocks);
                 for b in 0..nb {
-                    if pf > 0 {
-                        for j in 0..4 {
-                            _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(pf + 64 * j) as *const i8);
-                        }
-                    }
+                    prefetch_lines(wp, pf, 4);
                     // Each i16 lane sums at most 8 products of at most 15·127·2: no saturation.
                     let mut s16 = [[_mm256_setzero_si256(); 4]; N];
                     for k in 0..4 {
@@ -418,12 +408,7 @@ macro_rules! quant_kernels {
             ) {
                 debug_assert_eq!(r0 % TILE, 0);
                 for (t, i0, k) in crate::arch::table::tile_chunks(n, r0, r1, 4) {
-                    match k {
-                        1 => tile_n::<1>(q, rows, cols, act, t, i0, y),
-                        2 => tile_n::<2>(q, rows, cols, act, t, i0, y),
-                        3 => tile_n::<3>(q, rows, cols, act, t, i0, y),
-                        _ => tile_n::<4>(q, rows, cols, act, t, i0, y),
-                    }
+                    with_rows!(k, tile_n(q, rows, cols, act, t, i0, y));
                 }
             }
         }
@@ -493,11 +478,7 @@ pub(super) mod avx512q {
         let pf = PREFETCH.load(std::sync::atomic::Ordering::Relaxed);
         let mut gc = GroupCounter::new(q.group_blocks);
         for b in 0..nb {
-            if pf > 0 {
-                for j in 0..8 {
-                    _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(pf + 64 * j) as *const i8);
-                }
-            }
+            prefetch_lines(wp, pf, 8);
             let mut isum = [[_mm512_setzero_si512(); 4]; N];
             let mut ws0 = _mm512_setzero_si512();
             let mut ws1 = _mm512_setzero_si512();
@@ -569,11 +550,7 @@ pub(super) mod avx512q {
         let pf = PREFETCH.load(std::sync::atomic::Ordering::Relaxed);
         let mut gc = GroupCounter::new(q.group_blocks);
         for b in 0..nb {
-            if pf > 0 {
-                for j in 0..4 {
-                    _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(pf + 64 * j) as *const i8);
-                }
-            }
+            prefetch_lines(wp, pf, 4);
             let mut lo_s = [[_mm512_setzero_si512(); 2]; N];
             let mut hi_s = [[_mm512_setzero_si512(); 2]; N];
             for k in 0..4 {
@@ -672,12 +649,7 @@ pub(super) mod avx512q {
             let p = t / 2;
             let mut i0 = 0;
             while i0 < n {
-                match n - i0 {
-                    1 => pair_n::<1>(q, rows, cols, act, p, i0, y),
-                    2 => pair_n::<2>(q, rows, cols, act, p, i0, y),
-                    3 => pair_n::<3>(q, rows, cols, act, p, i0, y),
-                    _ => pair_n::<4>(q, rows, cols, act, p, i0, y),
-                }
+                with_rows!(n - i0, pair_n(q, rows, cols, act, p, i0, y));
                 i0 += 4;
             }
             t += 2;

@@ -35,6 +35,18 @@ pub(crate) fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
+/// Prefetches `lines` cache lines from `pf` bytes past `p` into L1; nothing when `pf` is 0
+/// (software prefetch off). The address may lie past the end of the stream.
+#[inline(always)]
+pub(crate) fn prefetch_lines(p: *const u8, pf: usize, lines: usize) {
+    if pf > 0 {
+        for l in 0..lines {
+            // SAFETY: a prefetch never faults, whatever the address.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(pf + 64 * l) as *const i8) };
+        }
+    }
+}
+
 /// AVX2 + FMA + F16C.
 pub(crate) static AVX2: Kernels = AVX2_BASE;
 
