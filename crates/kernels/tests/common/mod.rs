@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use kernels::conv::{Conv1d, ConvTranspose1d};
-use kernels::WeightFormat;
+use kernels::{KernelError, WeightFormat};
 
 /// `n` deterministic pseudo-random values in `[-1, 1)` (xorshift64 seeded by `seed`).
 pub use testkit::rng::values as vals;
@@ -44,6 +44,29 @@ pub struct ConvCase<C> {
     pub tol: f32,
 }
 
+impl<C> ConvCase<C> {
+    /// The case of `conv` on `x` (`t_out` steps of `out_ch` channels out, `in_k` products per
+    /// output for the tolerance), `want` from the layer's `forward_reference`.
+    fn new(
+        conv: C,
+        x: Vec<f32>,
+        out_ch: usize,
+        t_out: usize,
+        in_k: usize,
+        forward_reference: impl Fn(&C, &[f32], &mut [f32]) -> Result<usize, KernelError>,
+    ) -> Self {
+        let mut want = vec![0f32; out_ch * t_out];
+        forward_reference(&conv, &x, &mut want).unwrap();
+        ConvCase {
+            conv,
+            x,
+            want,
+            t_out,
+            tol: 1e-5 * in_k as f32 + 1e-6,
+        }
+    }
+}
+
 /// A [`ConvCase`] of a `Conv1d` with `groups` groups of `ig` inputs and `og` outputs each, on an
 /// input `t_extra` steps longer than the effective kernel.
 #[allow(clippy::too_many_arguments)]
@@ -64,16 +87,7 @@ pub fn conv1d_case(
     let t_in = conv.effective_kernel() + t_extra;
     let x = vals(seed ^ 99, inc * t_in);
     let t_out = conv.out_len(t_in);
-    let mut want = vec![0f32; outc * t_out];
-    conv.forward_reference(&x, &mut want).unwrap();
-    let tol = 1e-5 * (ig * k) as f32 + 1e-6;
-    ConvCase {
-        conv,
-        x,
-        want,
-        t_out,
-        tol,
-    }
+    ConvCase::new(conv, x, outc, t_out, ig * k, Conv1d::forward_reference)
 }
 
 /// A [`ConvCase`] of a `ConvTranspose1d` with `groups` groups of `ig` inputs and `og` outputs
@@ -93,14 +107,12 @@ pub fn conv_transpose_case(
     let conv = ConvTranspose1d::new(w, Some(bias), inc, outc, k, stride, groups).unwrap();
     let x = vals(seed ^ 5, inc * t_in);
     let t_out = conv.out_len(t_in);
-    let mut want = vec![0f32; outc * t_out];
-    conv.forward_reference(&x, &mut want).unwrap();
-    let tol = 1e-5 * (ig * k) as f32 + 1e-6;
-    ConvCase {
+    ConvCase::new(
         conv,
         x,
-        want,
+        outc,
         t_out,
-        tol,
-    }
+        ig * k,
+        ConvTranspose1d::forward_reference,
+    )
 }
