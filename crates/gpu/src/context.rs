@@ -175,6 +175,33 @@ pub(crate) enum Access {
     Write,
 }
 
+/// The WGSL declarations of a kernel's bindings, written from the list its bind group layout is
+/// made from ([`GpuContext::layout`]) so that the shader cannot declare a binding otherwise than
+/// it is bound: binding 0 (`access[0]`, a uniform) is the block `uniform` (`"name: Struct"`),
+/// binding `i ≥ 1` the `i`-th of `buffers` (`"name: element type"`, comma separated), an array
+/// read-only or read-write as `access[i]` says. Runs when a pipeline is built, never per frame.
+pub(crate) fn declare_bindings(access: &[Access], uniform: &str, buffers: &str) -> String {
+    let all: Vec<&str> = std::iter::once(uniform)
+        .chain(buffers.split(','))
+        .map(str::trim)
+        .collect();
+    assert_eq!(all.len(), access.len(), "one name per binding: {all:?}");
+    let mut out = String::new();
+    for (i, (a, b)) in access.iter().zip(all).enumerate() {
+        let (name, ty) = b
+            .split_once(':')
+            .map(|(n, t)| (n.trim(), t.trim()))
+            .unwrap_or_else(|| panic!("binding {i} is not `name: type`: {b:?}"));
+        let var = match a {
+            Access::Uniform => format!("var<uniform> {name}: {ty}"),
+            Access::Read => format!("var<storage, read> {name}: array<{ty}>"),
+            Access::Write => format!("var<storage, read_write> {name}: array<{ty}>"),
+        };
+        out.push_str(&format!("@group(0) @binding({i}) {var};\n"));
+    }
+    out
+}
+
 impl GpuContext {
     /// Opens a device on the adapter `choice` selects. `Auto` finding no hardware GPU is an
     /// error here (callers that fall back to the CPU check [`choose_adapter`] first).
@@ -401,34 +428,44 @@ impl GpuContext {
             .unwrap_or_else(|p| p.into_inner());
         map.entry(module)
             .or_insert_with(|| {
-                let layout = self.layout(module_access(module));
-                let device = self.device();
-                let shader = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                    label: Some(&format!("{module:?}")),
-                    source: wgpu::ShaderSource::Wgsl(module.source().into()),
-                });
-                let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-                    label: None,
-                    bind_group_layouts: &[Some(&layout)],
-                    immediate_size: 0,
-                });
-                Arc::new(
-                    device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                        label: Some(&format!("{module:?}")),
-                        layout: Some(&pl),
-                        module: &shader,
-                        entry_point: Some("main"),
-                        compilation_options: Default::default(),
-                        cache: None,
-                    }),
-                )
+                let label = format!("{module:?}");
+                Arc::new(self.compile(&label, module.access(), &module.source()))
             })
             .clone()
     }
 
+    /// A compute pipeline of WGSL `source` (entry point `main`) over one bind group of the layout
+    /// of `access`.
+    pub(crate) fn compile(
+        &self,
+        label: &str,
+        access: &'static [Access],
+        source: &str,
+    ) -> wgpu::ComputePipeline {
+        let layout = self.layout(access);
+        let device = self.device();
+        let shader = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(label),
+            source: wgpu::ShaderSource::Wgsl(source.into()),
+        });
+        let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: None,
+            bind_group_layouts: &[Some(&layout)],
+            immediate_size: 0,
+        });
+        device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(label),
+            layout: Some(&pl),
+            module: &shader,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        })
+    }
+
     /// A bind group of `module`'s layout over `buffers` (binding `i` = `buffers[i]`, whole).
     pub(crate) fn bind(&self, module: Module, buffers: &[&wgpu::Buffer]) -> wgpu::BindGroup {
-        let layout = self.layout(module_access(module));
+        let layout = self.layout(module.access());
         self.bind_layout(&layout, buffers)
     }
 
@@ -461,61 +498,6 @@ impl GpuContext {
             .poll(wgpu::PollType::wait_indefinitely())
             .map(|_| ())
             .map_err(|e| GpuError::Runtime(e.to_string()))
-    }
-}
-
-const MAT: &[Access] = &[
-    Access::Uniform,
-    Access::Read,
-    Access::Read,
-    Access::Read,
-    Access::Read,
-    Access::Write,
-    Access::Read,
-];
-const NORM: &[Access] = &[
-    Access::Uniform,
-    Access::Read,
-    Access::Read,
-    Access::Write,
-    Access::Read,
-];
-const ROPE: &[Access] = &[
-    Access::Uniform,
-    Access::Write,
-    Access::Write,
-    Access::Write,
-    Access::Read,
-    Access::Read,
-];
-const ATTN: &[Access] = &[
-    Access::Uniform,
-    Access::Read,
-    Access::Read,
-    Access::Read,
-    Access::Write,
-    Access::Write,
-    Access::Read,
-];
-const GATE: &[Access] = &[Access::Uniform, Access::Read, Access::Write, Access::Read];
-const COPY: &[Access] = &[Access::Uniform, Access::Read, Access::Write];
-const SAMPLE: &[Access] = &[
-    Access::Uniform,
-    Access::Read,
-    Access::Write,
-    Access::Write,
-    Access::Write,
-];
-
-fn module_access(m: Module) -> &'static [Access] {
-    match m {
-        Module::Matmul(_) | Module::Embed(_) => MAT,
-        Module::RmsNorm => NORM,
-        Module::RopeStore => ROPE,
-        Module::Attention => ATTN,
-        Module::Gate => GATE,
-        Module::Sample => SAMPLE,
-        Module::Copy => COPY,
     }
 }
 

@@ -6,6 +6,7 @@
 //! Every module is also translated to MSL and HLSL by a test (`tests/naga_targets.rs`), so a shader
 //! only Metal or DX12 would reject fails here.
 
+use crate::context::{declare_bindings, Access};
 use crate::WeightKind;
 
 /// Most activation rows one matrix product handles (the batch of a GPU backend).
@@ -60,8 +61,9 @@ fn half_at(w: u32, i: u32) -> u32 {
 }
 "#;
 
-/// Bindings of the weight-reading kernels (one bind group layout for all formats).
-const MAT_BINDINGS: &str = r#"
+/// The uniform block of the weight-reading kernels (one bind group layout for all formats) and
+/// the group scale and bias of four consecutive weights.
+const MAT_PARAMS: &str = r#"
 struct Params {
     rows: u32,
     cols: u32,
@@ -76,13 +78,6 @@ struct Params {
     tok_stride: u32,
     tok_slot: u32,
 };
-@group(0) @binding(0) var<uniform> P: Params;
-@group(0) @binding(1) var<storage, read> codes: array<u32>;
-@group(0) @binding(2) var<storage, read> scales: array<u32>;
-@group(0) @binding(3) var<storage, read> biases: array<u32>;
-@group(0) @binding(4) var<storage, read> x: array<f32>;
-@group(0) @binding(5) var<storage, read_write> y: array<f32>;
-@group(0) @binding(6) var<storage, read> stepb: array<i32>;
 
 fn scale_of(r: u32, k: u32) -> u32 {
     // Group index of values 4k..4k+3 of row r (groups are multiples of 32 values).
@@ -272,15 +267,10 @@ struct Misc {
     ld_out: u32,
     pad: u32,
 };
-@group(0) @binding(0) var<uniform> M: Misc;
 "#;
 
 /// RMS norm of each active row: `out = x · (w · 1/√(mean(x²) + eps))` (the CPU's grouping).
 const RMS_NORM: &str = r#"
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read> w: array<f32>;
-@group(0) @binding(3) var<storage, read_write> dst: array<f32>;
-@group(0) @binding(4) var<storage, read> stepb: array<i32>;
 var<workgroup> part: array<f32, 64>;
 
 @compute @workgroup_size(64)
@@ -311,12 +301,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 /// row's fused `qkv`, then k and v stored in the row's session's ring at this step's slot. KV ring
 /// layout per layer: `[session][slot][d]`.
 const ROPE_STORE: &str = r#"
-@group(0) @binding(1) var<storage, read_write> qkv: array<f32>;
-@group(0) @binding(2) var<storage, read_write> kc: array<f32>;
-@group(0) @binding(3) var<storage, read_write> vc: array<f32>;
-@group(0) @binding(4) var<storage, read> stepb: array<i32>;
-@group(0) @binding(5) var<storage, read> rope: array<f32>;
-
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let b = gid.y;
@@ -358,12 +342,6 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 /// One head of one active row per workgroup: softmax(q·kᵀ/√hd) v over the row's `count` most
 /// recent ring entries (oldest first), scores in a storage scratch `[MAXN][heads][ctx]`.
 const ATTENTION: &str = r#"
-@group(0) @binding(1) var<storage, read> qkv: array<f32>;
-@group(0) @binding(2) var<storage, read> kc: array<f32>;
-@group(0) @binding(3) var<storage, read> vc: array<f32>;
-@group(0) @binding(4) var<storage, read_write> scores: array<f32>;
-@group(0) @binding(5) var<storage, read_write> dst: array<f32>;
-@group(0) @binding(6) var<storage, read> stepb: array<i32>;
 var<workgroup> red: array<f32, 64>;
 
 @compute @workgroup_size(64)
@@ -434,10 +412,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 
 /// `u = silu(g[.., :hidden]) · g[.., hidden:]` for each active row.
 const GATE: &str = r#"
-@group(0) @binding(1) var<storage, read> g: array<f32>;
-@group(0) @binding(2) var<storage, read_write> u: array<f32>;
-@group(0) @binding(3) var<storage, read> stepb: array<i32>;
-
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let b = gid.y;
@@ -492,15 +466,57 @@ impl Module {
 
     /// The module's WGSL source (entry point `main`).
     pub fn source(self) -> String {
-        match self {
-            Module::Matmul(k) => [PRELUDE, MAT_BINDINGS, load4(k), MATMUL_BODY].concat(),
-            Module::Embed(k) => [PRELUDE, MAT_BINDINGS, load4(k), EMBED_BODY].concat(),
+        let body = match self {
+            Module::Matmul(k) => [PRELUDE, MAT_PARAMS, load4(k), MATMUL_BODY].concat(),
+            Module::Embed(k) => [PRELUDE, MAT_PARAMS, load4(k), EMBED_BODY].concat(),
             Module::RmsNorm => [PRELUDE, MISC_PARAMS, RMS_NORM].concat(),
             Module::RopeStore => [PRELUDE, MISC_PARAMS, ROPE_STORE].concat(),
             Module::Attention => [PRELUDE, MISC_PARAMS, ATTENTION].concat(),
             Module::Gate => [PRELUDE, MISC_PARAMS, GATE].concat(),
             Module::Sample => SAMPLE_WGSL.to_string(),
             Module::Copy => COPY_WGSL.to_string(),
+        };
+        let (uniform, buffers) = self.bindings();
+        declare_bindings(self.access(), uniform, buffers) + &body
+    }
+
+    /// How the module binds its buffers (binding 0 is its uniform block).
+    pub(crate) fn access(self) -> &'static [Access] {
+        use Access::{Read as R, Uniform as U, Write as W};
+        match self {
+            Module::Matmul(_) | Module::Embed(_) => &[U, R, R, R, R, W, R],
+            Module::RmsNorm => &[U, R, R, W, R],
+            Module::RopeStore => &[U, W, W, W, R, R],
+            Module::Attention => &[U, R, R, R, W, W, R],
+            Module::Gate => &[U, R, W, R],
+            Module::Sample => &[U, R, W, W, W],
+            Module::Copy => &[U, R, W],
+        }
+    }
+
+    /// The WGSL name and struct of the module's uniform block, and the names and element types
+    /// of its storage bindings, in the order of [`Module::access`].
+    fn bindings(self) -> (&'static str, &'static str) {
+        match self {
+            Module::Matmul(_) | Module::Embed(_) => (
+                "P: Params",
+                "codes: u32, scales: u32, biases: u32, x: f32, y: f32, stepb: i32",
+            ),
+            Module::RmsNorm => ("M: Misc", "x: f32, w: f32, dst: f32, stepb: i32"),
+            Module::RopeStore => (
+                "M: Misc",
+                "qkv: f32, kc: f32, vc: f32, stepb: i32, rope: f32",
+            ),
+            Module::Attention => (
+                "M: Misc",
+                "qkv: f32, kc: f32, vc: f32, scores: f32, dst: f32, stepb: i32",
+            ),
+            Module::Gate => ("M: Misc", "g: f32, u: f32, stepb: i32"),
+            Module::Sample => (
+                "S: SampleParams",
+                "logits: f32, prob: f32, rec: u32, stepb: i32",
+            ),
+            Module::Copy => ("C: CopyParams", "src: vec4<u32>, dst: vec4<u32>"),
         }
     }
 }
@@ -534,11 +550,6 @@ struct SampleParams {
     pad1: u32,
     pad2: u32,
 };
-@group(0) @binding(0) var<uniform> S: SampleParams;
-@group(0) @binding(1) var<storage, read> logits: array<f32>;
-@group(0) @binding(2) var<storage, read_write> prob: array<f32>;
-@group(0) @binding(3) var<storage, read_write> rec: array<u32>;
-@group(0) @binding(4) var<storage, read_write> stepb: array<i32>;
 
 var<workgroup> shared_word: u32;
 var<workgroup> first_bad: atomic<u32>;
@@ -906,9 +917,6 @@ struct CopyParams {
     pad1: u32,
     pad2: u32,
 };
-@group(0) @binding(0) var<uniform> C: CopyParams;
-@group(0) @binding(1) var<storage, read> src: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read_write> dst: array<vec4<u32>>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {

@@ -346,27 +346,8 @@ fn compile(
     ctx: &GpuContext,
     k: MimiKernel,
 ) -> (Arc<wgpu::ComputePipeline>, Arc<wgpu::BindGroupLayout>) {
-    let layout = ctx.layout(k.access());
-    let device = ctx.device();
-    let label = format!("mimi {k:?}");
-    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-        label: Some(&label),
-        source: wgpu::ShaderSource::Wgsl(k.source().into()),
-    });
-    let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-        label: None,
-        bind_group_layouts: &[Some(&layout)],
-        immediate_size: 0,
-    });
-    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-        label: Some(&label),
-        layout: Some(&pl),
-        module: &module,
-        entry_point: Some("main"),
-        compilation_options: Default::default(),
-        cache: None,
-    });
-    (Arc::new(pipeline), layout)
+    let pipeline = ctx.compile(&format!("mimi {k:?}"), k.access(), &k.source());
+    (Arc::new(pipeline), ctx.layout(k.access()))
 }
 
 /// One recorded kernel launch.

@@ -9,10 +9,10 @@
 //! buffer the transformer positions and frames seen ([`MimiKernel::Advance`] moves them at the
 //! end of a frame).
 
-use crate::context::Access;
+use crate::context::{declare_bindings, Access};
 
 /// One Mimi kernel (each its own WGSL module with entry point `main`, 64 threads per
-/// workgroup).
+/// workgroup; most run one thread per index through [`PER_INDEX_MAIN`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum MimiKernel {
     /// Causal convolution over the kept history and the new input (optional ELU on the input,
@@ -74,7 +74,12 @@ impl MimiKernel {
             MimiKernel::Attention => ATTENTION,
             MimiKernel::Advance => ADVANCE,
         };
-        [PRELUDE, body].concat()
+        let main = match self {
+            MimiKernel::RvqSearch | MimiKernel::Advance => "",
+            _ => PER_INDEX_MAIN,
+        };
+        let bindings = declare_bindings(self.access(), "P: Params", self.buffers());
+        [&bindings, PRELUDE, body, main].concat()
     }
 
     /// How the kernel binds its buffers (binding 0 is always the uniform block).
@@ -94,10 +99,32 @@ impl MimiKernel {
             MimiKernel::Advance => &[U, W],
         }
     }
+
+    /// The WGSL names and element types of the storage bindings of [`MimiKernel::access`], in
+    /// its order (binding 0 is the uniform block `P`).
+    fn buffers(self) -> &'static str {
+        match self {
+            MimiKernel::Conv => "x: f32, hist: f32, w: f32, bias: f32, y: f32, counters: u32",
+            MimiKernel::ConvHistory => "x: f32, hist: f32, counters: u32",
+            MimiKernel::ConvTranspose => "x: f32, tail: f32, w: f32, bias: f32, y: f32",
+            MimiKernel::RvqDecode => {
+                "codes: u32, centroids: f32, w_first: f32, w_rest: f32, y: f32"
+            }
+            MimiKernel::RvqSearch => {
+                "x_first: f32, x_rest: f32, centroids: f32, stats: f32, resid: f32, out: u32"
+            }
+            MimiKernel::Transpose => "src: f32, dst: f32",
+            MimiKernel::LayerNorm => "x: f32, weight: f32, bias: f32, y: f32",
+            MimiKernel::Linear => "x: f32, w: f32, y: f32, scale: f32",
+            MimiKernel::RopeStore => "qkv: f32, kc: f32, vc: f32, freqs: f32, counters: u32",
+            MimiKernel::Attention => "qkv: f32, kc: f32, vc: f32, out: f32, counters: u32",
+            MimiKernel::Advance => "counters: u32",
+        }
+    }
 }
 
-/// The uniform block (16 words; each kernel reads the ones it names) and the thread index of a
-/// 1-D launch folded into two dimensions.
+/// The uniform block (16 words; each kernel reads the ones it names) and the ELU of the
+/// convolutions' inputs.
 const PRELUDE: &str = r#"
 struct Params {
     w0: u32, w1: u32, w2: u32, w3: u32,
@@ -105,14 +132,20 @@ struct Params {
     w8: u32, w9: u32, w10: u32, w11: u32,
     w12: u32, w13: u32, w14: u32, w15: u32,
 };
-@group(0) @binding(0) var<uniform> P: Params;
-
-fn thread_index(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
-    return (wid.y * nwg.x + wid.x) * 64u + lid;
-}
 
 fn elu(v: f32) -> f32 {
     return select(exp(v) - 1.0, v, v > 0.0);
+}
+"#;
+
+/// The entry point of a kernel with one thread per index: the launch's workgroups folded into two
+/// dimensions (one dimension may not hold a large launch's), thread `i` running the kernel's
+/// `body(i)`, which returns at once past the kernel's count.
+const PER_INDEX_MAIN: &str = r#"
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    body((wid.y * nwg.x + wid.x) * 64u + lid);
 }
 "#;
 
@@ -121,16 +154,7 @@ fn elu(v: f32) -> f32 {
 /// (the first input sample on the first frame under replicate padding), else input column
 /// `j − pad`.
 const CONV: &str = r#"
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read> hist: array<f32>;
-@group(0) @binding(3) var<storage, read> w: array<f32>;
-@group(0) @binding(4) var<storage, read> bias: array<f32>;
-@group(0) @binding(5) var<storage, read_write> y: array<f32>;
-@group(0) @binding(6) var<storage, read> counters: array<u32>;
-
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
+fn body(idx: u32) {
     let cin = P.w0;
     let cout = P.w1;
     let k = P.w2;
@@ -139,7 +163,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let pad = P.w5;
     let tin = P.w6;
     let tout = P.w7;
-    let idx = thread_index(wid, nwg, lid);
     if (idx >= cout * tout) {
         return;
     }
@@ -173,17 +196,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 /// Words: cin, pad, tin, replicate, counter. One thread per channel, in increasing column order
 /// (column `i` reads column `i + tin` of the old history, not yet overwritten).
 const CONV_HISTORY: &str = r#"
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> hist: array<f32>;
-@group(0) @binding(3) var<storage, read> counters: array<u32>;
-
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
+fn body(c: u32) {
     let cin = P.w0;
     let pad = P.w1;
     let tin = P.w2;
-    let c = thread_index(wid, nwg, lid);
     if (c >= cin) {
         return;
     }
@@ -205,12 +221,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 /// (without bias) plus the bias plus the kept tail; a thread with `i < tail` also replaces tail
 /// column `i` with column `tout + i` of this call (it alone reads and writes it).
 const CONV_TRANSPOSE: &str = r#"
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> tail: array<f32>;
-@group(0) @binding(3) var<storage, read> w: array<f32>;
-@group(0) @binding(4) var<storage, read> bias: array<f32>;
-@group(0) @binding(5) var<storage, read_write> y: array<f32>;
-
 fn input(c: u32, t: u32) -> f32 {
     let v = x[c * P.w4 + t];
     return select(v, elu(v), P.w7 != 0u);
@@ -242,13 +252,10 @@ fn full(o: u32, i: u32) -> f32 {
     return acc;
 }
 
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
+fn body(idx: u32) {
     let cout = P.w1;
     let tout = P.w5;
     let pt = P.w6;
-    let idx = thread_index(wid, nwg, lid);
     if (idx >= cout * tout) {
         return;
     }
@@ -267,24 +274,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 /// centroid through its output projection plus the sum of the acoustic centroids (in level
 /// order) through theirs.
 const RVQ_DECODE: &str = r#"
-@group(0) @binding(1) var<storage, read> codes: array<u32>;
-@group(0) @binding(2) var<storage, read> centroids: array<f32>;
-@group(0) @binding(3) var<storage, read> w_first: array<f32>;
-@group(0) @binding(4) var<storage, read> w_rest: array<f32>;
-@group(0) @binding(5) var<storage, read_write> y: array<f32>;
-
 fn centroid(q: u32, j: u32) -> f32 {
     let code = min(codes[q], P.w2 - 1u);
     return centroids[(q * P.w2 + code) * P.w1 + j];
 }
 
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
+fn body(c: u32) {
     let dim = P.w0;
     let cb = P.w1;
     let nq = P.w3;
-    let c = thread_index(wid, nwg, lid);
     if (c >= dim) {
         return;
     }
@@ -310,13 +308,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 /// acoustic residual (a copy of its projected latent) loses the chosen centroid after each
 /// level. Output `codes[q]`, then the number of marked levels.
 const RVQ_SEARCH: &str = r#"
-@group(0) @binding(1) var<storage, read> x_first: array<f32>;
-@group(0) @binding(2) var<storage, read> x_rest: array<f32>;
-@group(0) @binding(3) var<storage, read> centroids: array<f32>;
-@group(0) @binding(4) var<storage, read> stats: array<f32>;
-@group(0) @binding(5) var<storage, read_write> resid: array<f32>;
-@group(0) @binding(6) var<storage, read_write> out: array<u32>;
-
 var<workgroup> best_v: array<f32, 64>;
 var<workgroup> best_i: array<u32, 64>;
 var<workgroup> upper: array<f32, 64>;
@@ -443,15 +434,9 @@ fn main(@builtin(local_invocation_index) lid: u32) {
 
 /// Words: a, b. `out[r·a + c] = in[c·b + r]` (channel-major `[a, b]` to row-major `[b, a]`).
 const TRANSPOSE: &str = r#"
-@group(0) @binding(1) var<storage, read> src: array<f32>;
-@group(0) @binding(2) var<storage, read_write> dst: array<f32>;
-
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
+fn body(idx: u32) {
     let a = P.w0;
     let b = P.w1;
-    let idx = thread_index(wid, nwg, lid);
     if (idx >= a * b) {
         return;
     }
@@ -464,18 +449,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 /// Words: rows, d, eps (f32 bits). One thread per row: mean, then variance of the centred
 /// values (two passes).
 const LAYER_NORM: &str = r#"
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read> weight: array<f32>;
-@group(0) @binding(3) var<storage, read> bias: array<f32>;
-@group(0) @binding(4) var<storage, read_write> y: array<f32>;
-
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
+fn body(r: u32) {
     let rows = P.w0;
     let d = P.w1;
     let eps = bitcast<f32>(P.w2);
-    let r = thread_index(wid, nwg, lid);
     if (r >= rows) {
         return;
     }
@@ -500,11 +477,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 /// 2: `y = GELU(acc)` with erf). One thread per output `(r, o)`. The erf is the Chebyshev fit of
 /// `erfc` (fractional error below 1.2e-7) that the CPU kernels use.
 const LINEAR: &str = r#"
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read> w: array<f32>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<storage, read> scale: array<f32>;
-
 fn gelu(a: f32) -> f32 {
     let z = abs(a) * 0.70710678118654752;
     let t = 1.0 / (0.5 * z + 1.0);
@@ -523,14 +495,11 @@ fn gelu(a: f32) -> f32 {
     return 0.5 * a * (1.0 + erf);
 }
 
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
+fn body(idx: u32) {
     let rows = P.w0;
     let cols = P.w1;
     let outs = P.w2;
     let mode = P.w3;
-    let idx = thread_index(wid, nwg, lid);
     if (idx >= rows * outs) {
         return;
     }
@@ -556,12 +525,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 /// Cody–Waite reduction and minimax polynomials (a GPU's native `sin`/`cos` may be far less
 /// accurate); interleaved pairs rotated in Q and K; K and V stored at ring slot `pos % capacity`.
 const ROPE_STORE: &str = r#"
-@group(0) @binding(1) var<storage, read_write> qkv: array<f32>;
-@group(0) @binding(2) var<storage, read_write> kc: array<f32>;
-@group(0) @binding(3) var<storage, read_write> vc: array<f32>;
-@group(0) @binding(4) var<storage, read> freqs: array<f32>;
-@group(0) @binding(5) var<storage, read> counters: array<u32>;
-
 fn cos_sin(a: f32) -> vec2<f32> {
     let k = round(a * 0.63661977236758134);
     var r = a - k * 1.5703125;
@@ -581,16 +544,13 @@ fn cos_sin(a: f32) -> vec2<f32> {
     return vec2<f32>(s, -c);
 }
 
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
+fn body(idx: u32) {
     let rows = P.w0;
     let d = P.w1;
     let heads = P.w2;
     let hd = P.w3;
     let cap = P.w4;
     let half = hd / 2u;
-    let idx = thread_index(wid, nwg, lid);
     if (idx >= rows * heads * half) {
         return;
     }
@@ -625,15 +585,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 /// in the ring (the rows of this call are stored already) within its context, `max(p + 1 −
 /// context, total − capacity) ..= p`; softmax by max, then exponentials and the weighted sum.
 const ATTENTION: &str = r#"
-@group(0) @binding(1) var<storage, read> qkv: array<f32>;
-@group(0) @binding(2) var<storage, read> kc: array<f32>;
-@group(0) @binding(3) var<storage, read> vc: array<f32>;
-@group(0) @binding(4) var<storage, read_write> out: array<f32>;
-@group(0) @binding(5) var<storage, read> counters: array<u32>;
-
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
+fn body(idx: u32) {
     let rows = P.w0;
     let d = P.w1;
     let heads = P.w2;
@@ -641,7 +593,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let cap = P.w4;
     let ctx = P.w5;
     let scale = bitcast<f32>(P.w7);
-    let idx = thread_index(wid, nwg, lid);
     if (idx >= rows * heads) {
         return;
     }
@@ -693,8 +644,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 
 /// Words: counter, amount. One thread.
 const ADVANCE: &str = r#"
-@group(0) @binding(1) var<storage, read_write> counters: array<u32>;
-
 @compute @workgroup_size(64)
 fn main(@builtin(local_invocation_index) lid: u32) {
     if (lid == 0u) {
