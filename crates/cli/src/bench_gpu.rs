@@ -382,15 +382,7 @@ mod tests {
             "2",
         ])
         .bench;
-        let fx = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/mimi");
-        let dir = std::env::temp_dir().join(format!("mimi-bench-gpu-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let cfg = format!(
-            r#"{{"mimi_name": "{}", "mimi_config_name": "{}"}}"#,
-            fx.join("mimi.safetensors").display(),
-            fx.join("mimi_config.json").display()
-        );
-        std::fs::write(dir.join("config.json"), cfg).unwrap();
+        let (dir, _) = crate::cmd_trace_mimi::tests::bundle("bench-gpu");
         let mimi = crate::cmd_mimi::open_mimi(&dir, 8).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
         let ctx = gpu::GpuContext::new(gpu::AdapterChoice::Gpu(None), gpu::GpuOptions::default())

@@ -196,15 +196,15 @@ pub fn trace_on(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use testkit::compare::max_abs_diff;
     use testkit::TensorFile;
 
     use super::*;
 
     /// The fixture codec as a bundle directory of its own (`tag` keeps tests apart), and the
-    /// fixture directory.
-    fn bundle(tag: &str) -> (PathBuf, PathBuf) {
+    /// fixture directory. The caller removes the bundle directory.
+    pub(crate) fn bundle(tag: &str) -> (PathBuf, PathBuf) {
         let fx = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/mimi");
         let dir = std::env::temp_dir().join(format!("mimi-trace-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

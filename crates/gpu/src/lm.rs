@@ -293,11 +293,20 @@ impl LayerBinds<'_> {
         out: &mut Vec<Dispatch>,
     ) {
         let (s, wk, ctx) = (self.stack, self.work, self.ctx);
-        let rows_p = |ld_x: usize, ld_y: usize, accumulate: bool| MatParams {
-            ld_x: ld_x as u32,
-            ld_y: ld_y as u32,
-            accumulate,
-            ..Default::default()
+        // `y (+)= W x` over the step's rows of `x` (stride `ld_x`) and `y` (stride `ld_y`).
+        let matmul = |m: &GpuMatrix,
+                      x: &wgpu::Buffer,
+                      y: &wgpu::Buffer,
+                      ld_x: usize,
+                      ld_y: usize,
+                      accumulate: bool| {
+            let p = MatParams {
+                ld_x: ld_x as u32,
+                ld_y: ld_y as u32,
+                accumulate,
+                ..Default::default()
+            };
+            m.matmul_dispatches(ctx, x, y, self.step, &p)
         };
         let misc = Misc {
             d: s.d as u32,
@@ -310,13 +319,7 @@ impl LayerBinds<'_> {
             ..Default::default()
         };
         out.push(self.norm(&wk.x, &wk.h, w.norm1));
-        out.extend(w.in_proj.matmul_dispatches(
-            ctx,
-            &wk.h,
-            &wk.qkv,
-            self.step,
-            &rows_p(s.d, 3 * s.d, false),
-        ));
+        out.extend(matmul(&w.in_proj, &wk.h, &wk.qkv, s.d, 3 * s.d, false));
         out.push(self.simple(
             Module::RopeStore,
             misc,
@@ -329,34 +332,16 @@ impl LayerBinds<'_> {
             &[&wk.qkv, kc, vc, self.scores, &wk.attn, self.step],
             Grid::HeadsPerRow(s.heads as u32),
         ));
-        out.extend(w.out_proj.matmul_dispatches(
-            ctx,
-            &wk.attn,
-            &wk.x,
-            self.step,
-            &rows_p(s.d, s.d, true),
-        ));
+        out.extend(matmul(&w.out_proj, &wk.attn, &wk.x, s.d, s.d, true));
         out.push(self.norm(&wk.x, &wk.h, w.norm2));
-        out.extend(w.lin_in.matmul_dispatches(
-            ctx,
-            &wk.h,
-            &wk.g,
-            self.step,
-            &rows_p(s.d, 2 * s.hidden, false),
-        ));
+        out.extend(matmul(&w.lin_in, &wk.h, &wk.g, s.d, 2 * s.hidden, false));
         out.push(self.simple(
             Module::Gate,
             misc,
             &[&wk.g, &wk.u, self.step],
             Grid::PerRow(s.hidden.div_ceil(64) as u32),
         ));
-        out.extend(w.lin_out.matmul_dispatches(
-            ctx,
-            &wk.u,
-            &wk.x,
-            self.step,
-            &rows_p(s.hidden, s.d, true),
-        ));
+        out.extend(matmul(&w.lin_out, &wk.u, &wk.x, s.hidden, s.d, true));
     }
 }
 

@@ -90,84 +90,65 @@ fn bias_of(r: u32, k: u32) -> u32 {
 }
 "#;
 
-/// `load4(r, k)`: weights `4k .. 4k+3` of row `r` of the bound chunk, as f32.
-fn load4(kind: WeightKind) -> &'static str {
-    match kind {
+/// `load4(r, k)`: weights `4k .. 4k+3` of row `r` of the bound chunk, as f32 (the signature
+/// written once around each format's body).
+fn load4(kind: WeightKind) -> String {
+    let body = match kind {
         WeightKind::F32 => {
             r#"
-fn load4(r: u32, k: u32) -> vec4<f32> {
     let i = 4u * (r * (P.cols / 4u) + k);
     return vec4<f32>(bitcast<f32>(codes[i]), bitcast<f32>(codes[i + 1u]),
-                     bitcast<f32>(codes[i + 2u]), bitcast<f32>(codes[i + 3u]));
-}
-"#
+                     bitcast<f32>(codes[i + 2u]), bitcast<f32>(codes[i + 3u]));"#
         }
-        WeightKind::F16 => {
+        // Two 16-bit values per word, low half first, decoded by the format's `half_to_f32`.
+        WeightKind::F16 | WeightKind::Bf16 => {
             r#"
-fn load4(r: u32, k: u32) -> vec4<f32> {
     let i = 2u * (r * (P.cols / 4u) + k);
     let a = codes[i];
     let b = codes[i + 1u];
-    return vec4<f32>(f16_bits_to_f32(a & 0xffffu), f16_bits_to_f32(a >> 16u),
-                     f16_bits_to_f32(b & 0xffffu), f16_bits_to_f32(b >> 16u));
-}
-"#
-        }
-        WeightKind::Bf16 => {
-            r#"
-fn load4(r: u32, k: u32) -> vec4<f32> {
-    let i = 2u * (r * (P.cols / 4u) + k);
-    let a = codes[i];
-    let b = codes[i + 1u];
-    return vec4<f32>(bf16_bits_to_f32(a & 0xffffu), bf16_bits_to_f32(a >> 16u),
-                     bf16_bits_to_f32(b & 0xffffu), bf16_bits_to_f32(b >> 16u));
-}
-"#
+    return vec4<f32>(half_to_f32(a & 0xffffu), half_to_f32(a >> 16u),
+                     half_to_f32(b & 0xffffu), half_to_f32(b >> 16u));"#
         }
         WeightKind::Q8_0 => {
             r#"
-fn load4(r: u32, k: u32) -> vec4<f32> {
     // Sign-extend each byte with an arithmetic shift (no extractBits: MSL before 1.2 lacks it).
     let w = codes[r * (P.cols / 4u) + k];
     let q = vec4<f32>(f32(bitcast<i32>(w << 24u) >> 24u), f32(bitcast<i32>(w << 16u) >> 24u),
                       f32(bitcast<i32>(w << 8u) >> 24u), f32(bitcast<i32>(w) >> 24u));
-    return f16_bits_to_f32(scale_of(r, k)) * q;
-}
-"#
+    return f16_bits_to_f32(scale_of(r, k)) * q;"#
         }
+        // Per 32-value block, 4 words; byte j holds value j (low nibble) and j + 16 (high).
         WeightKind::Q4_0 => {
-            // Per 32-value block, 4 words; byte j holds value j (low nibble) and j + 16 (high).
             r#"
-fn load4(r: u32, k: u32) -> vec4<f32> {
     let m = k & 7u;
     let w = codes[r * (P.cols / 8u) + (k >> 3u) * 4u + (m & 3u)];
     let sh = select(0u, 4u, m >= 4u);
     let q = vec4<f32>(f32((w >> sh) & 15u), f32((w >> (8u + sh)) & 15u),
                       f32((w >> (16u + sh)) & 15u), f32((w >> (24u + sh)) & 15u));
-    return f16_bits_to_f32(scale_of(r, k)) * (q - vec4<f32>(8.0));
-}
-"#
+    return f16_bits_to_f32(scale_of(r, k)) * (q - vec4<f32>(8.0));"#
         }
+        // Eight values per word, low bits first.
         WeightKind::Mlx4 => {
-            // Eight values per word, low bits first.
             r#"
-fn load4(r: u32, k: u32) -> vec4<f32> {
     let w = codes[r * (P.cols / 8u) + (k >> 1u)] >> (16u * (k & 1u));
     let q = vec4<f32>(f32(w & 15u), f32((w >> 4u) & 15u), f32((w >> 8u) & 15u), f32((w >> 12u) & 15u));
-    return bf16_bits_to_f32(scale_of(r, k)) * q + vec4<f32>(bf16_bits_to_f32(bias_of(r, k)));
-}
-"#
+    return bf16_bits_to_f32(scale_of(r, k)) * q + vec4<f32>(bf16_bits_to_f32(bias_of(r, k)));"#
         }
         WeightKind::Mlx8 => {
             r#"
-fn load4(r: u32, k: u32) -> vec4<f32> {
     let w = codes[r * (P.cols / 4u) + k];
     let q = vec4<f32>(f32(w & 255u), f32((w >> 8u) & 255u), f32((w >> 16u) & 255u), f32(w >> 24u));
-    return bf16_bits_to_f32(scale_of(r, k)) * q + vec4<f32>(bf16_bits_to_f32(bias_of(r, k)));
-}
-"#
+    return bf16_bits_to_f32(scale_of(r, k)) * q + vec4<f32>(bf16_bits_to_f32(bias_of(r, k)));"#
         }
-    }
+    };
+    let half = match kind {
+        WeightKind::F16 => "\nfn half_to_f32(h: u32) -> f32 {\n    return f16_bits_to_f32(h);\n}\n",
+        WeightKind::Bf16 => {
+            "\nfn half_to_f32(h: u32) -> f32 {\n    return bf16_bits_to_f32(h);\n}\n"
+        }
+        _ => "",
+    };
+    format!("{half}\nfn load4(r: u32, k: u32) -> vec4<f32> {{{body}\n}}\n")
 }
 
 /// `y[b, y_off + row0 + r] (+)= Σ_c W[r, c] · x[b, x_off + c]` for the chunk's rows `r` and the
@@ -467,8 +448,8 @@ impl Module {
     /// The module's WGSL source (entry point `main`).
     pub fn source(self) -> String {
         let body = match self {
-            Module::Matmul(k) => [PRELUDE, MAT_PARAMS, load4(k), MATMUL_BODY].concat(),
-            Module::Embed(k) => [PRELUDE, MAT_PARAMS, load4(k), EMBED_BODY].concat(),
+            Module::Matmul(k) => [PRELUDE, MAT_PARAMS, &load4(k), MATMUL_BODY].concat(),
+            Module::Embed(k) => [PRELUDE, MAT_PARAMS, &load4(k), EMBED_BODY].concat(),
             Module::RmsNorm => [PRELUDE, MISC_PARAMS, RMS_NORM].concat(),
             Module::RopeStore => [PRELUDE, MISC_PARAMS, ROPE_STORE].concat(),
             Module::Attention => [PRELUDE, MISC_PARAMS, ATTENTION].concat(),

@@ -17,17 +17,7 @@ use std::sync::OnceLock;
 use gpu::{GpuContext, GpuOptions};
 use kernels::{Matrix, Scratch, WeightFormat};
 use proptest::prelude::*;
-
-const FORMATS: [WeightFormat; 8] = [
-    WeightFormat::F32,
-    WeightFormat::F16,
-    WeightFormat::Bf16,
-    WeightFormat::Q8_0,
-    WeightFormat::Q4_0,
-    WeightFormat::MlxAffine { bits: 4, group: 32 },
-    WeightFormat::MlxAffine { bits: 8, group: 64 },
-    WeightFormat::MlxAffine { bits: 4, group: 64 },
-];
+use testkit::FORMATS;
 
 /// One shared device; its binding limit is set to 1 KiB so most matrices are split into
 /// several row chunks (each its own binding).

@@ -12,8 +12,8 @@ use common::{
 
 use std::sync::Arc;
 
-use gpu::{GpuMimiBatch, GpuMimiWeights};
-use model::mimi::{BatchCodecBackend, CodecBackend, CpuMimi};
+use gpu::{GpuContext, GpuMimiBatch, GpuMimiWeights};
+use model::mimi::{BatchCodecBackend, CodecBackend, CpuMimi, Mimi};
 use testkit::compare::max_abs_diff;
 
 const TOL: f32 = 1e-4;
@@ -34,6 +34,13 @@ fn slot_frame(pcm: &[f32], fs: usize, s: usize, f: usize) -> Vec<f32> {
         .collect()
 }
 
+/// The fixture codec and a batch codec of `SLOTS` slots of it on `ctx`.
+fn batch_codec(ctx: &GpuContext) -> (Arc<Mimi>, GpuMimiBatch) {
+    let m = mimi();
+    let w = GpuMimiWeights::upload(ctx, m.clone()).unwrap();
+    (m, GpuMimiBatch::new(w, SLOTS).unwrap())
+}
+
 /// The slots listed at tick `k` (in this order): slot 2 joins at tick 3, slot 1 sits out every
 /// fifth tick, the order turns around on odd ticks.
 fn listed(k: usize) -> Vec<usize> {
@@ -51,10 +58,8 @@ fn slots_match_one_cpu_codec_each_with_a_reset_mid_stream() {
     let Some(ctx) = common::context() else {
         return;
     };
-    let m = mimi();
+    let (m, mut g) = batch_codec(&ctx);
     let (fs, nq) = (m.frame_size(), m.n_codebooks());
-    let w = GpuMimiWeights::upload(&ctx, m.clone()).unwrap();
-    let mut g = GpuMimiBatch::new(w, SLOTS).unwrap();
     assert_eq!(
         (g.slots(), g.frame_size(), g.n_codebooks()),
         (SLOTS, fs, nq)
@@ -140,10 +145,8 @@ fn no_buffer_or_bind_group_created_per_tick() {
     let Some(ctx) = common::context() else {
         return;
     };
-    let m = mimi();
+    let (m, mut g) = batch_codec(&ctx);
     let (fs, nq) = (m.frame_size(), m.n_codebooks());
-    let w = GpuMimiWeights::upload(&ctx, m.clone()).unwrap();
-    let mut g = GpuMimiBatch::new(w, SLOTS).unwrap();
     let pcm = input_frames(fs);
     let mut out = vec![0.0f32; SLOTS * fs];
     let mut tick = |g: &mut GpuMimiBatch, k: usize| {

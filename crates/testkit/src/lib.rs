@@ -31,7 +31,7 @@
 //! The meters read zero (or stay still) in a binary that did not install it.
 //!
 //! [`compare`] measures how far a run's floats are from a reference's; [`TensorFile`] reads the
-//! oracle's fixture files.
+//! oracle's fixture files; [`FORMATS`] lists the weight formats the format sweeps cover.
 
 #![forbid(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
@@ -41,6 +41,21 @@ mod fixture;
 pub mod rng;
 
 pub use fixture::{fixtures_dir, TensorFile};
+
+use kernels::WeightFormat;
+
+/// Every weight format the tests sweep (CPU kernels and device kernels alike): each the kernels
+/// dequantize, MLX affine with 4 and 8 bits and groups of 32 and 64.
+pub const FORMATS: [WeightFormat; 8] = [
+    WeightFormat::F32,
+    WeightFormat::Bf16,
+    WeightFormat::F16,
+    WeightFormat::Q8_0,
+    WeightFormat::Q4_0,
+    WeightFormat::MlxAffine { bits: 4, group: 32 },
+    WeightFormat::MlxAffine { bits: 4, group: 64 },
+    WeightFormat::MlxAffine { bits: 8, group: 64 },
+];
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;

@@ -2,22 +2,14 @@
 #![allow(dead_code)]
 
 use kernels::conv::{Conv1d, ConvTranspose1d};
-use kernels::{KernelError, WeightFormat};
+use kernels::KernelError;
 
 /// `n` deterministic pseudo-random values in `[-1, 1)` (xorshift64 seeded by `seed`).
 pub use testkit::rng::values as vals;
 
 /// Every weight format the kernels multiply (MLX affine with 4 and 8 bits, groups of 32 and 64).
-pub const FORMATS: [WeightFormat; 8] = [
-    WeightFormat::F32,
-    WeightFormat::Bf16,
-    WeightFormat::F16,
-    WeightFormat::Q8_0,
-    WeightFormat::Q4_0,
-    WeightFormat::MlxAffine { bits: 4, group: 32 },
-    WeightFormat::MlxAffine { bits: 4, group: 64 },
-    WeightFormat::MlxAffine { bits: 8, group: 64 },
-];
+#[allow(unused_imports)] // like the helpers below, not every test binary uses it
+pub use testkit::FORMATS;
 
 /// Asserts that `a` and `b` have the same length and differ by at most `tol` anywhere (`what`
 /// names the case in the failure message).
