@@ -4,7 +4,7 @@
 use serde_json::{Map, Value};
 
 use super::gen_config::LmGenConfig;
-use super::json::{bad, truthy};
+use super::json::{bad, parse_json, top_object, truthy};
 use super::lm_config::{lm_from_map, LmConfig};
 use super::CheckpointError;
 
@@ -51,14 +51,8 @@ impl Default for BundleConfig {
 impl BundleConfig {
     /// Parse and validate a Kyutai `config.json`.
     pub fn from_json(text: &str) -> Result<Self, CheckpointError> {
-        let v: Value = serde_json::from_str(text).map_err(|e| CheckpointError::ConfigJson {
-            source_name: "config.json".into(),
-            message: e.to_string(),
-        })?;
-        let obj = v.as_object().ok_or_else(|| CheckpointError::ConfigJson {
-            source_name: "config.json".into(),
-            message: "top level is not an object".into(),
-        })?;
+        let v = parse_json(text, "config.json")?;
+        let obj = top_object(&v, "config.json")?;
         Self::from_map(obj)
     }
 

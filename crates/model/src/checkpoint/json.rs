@@ -16,6 +16,27 @@ pub(super) fn truthy(v: &Value) -> bool {
     }
 }
 
+/// `text` parsed as JSON; a syntax error is refused as [`CheckpointError::ConfigJson`] naming
+/// `source_name` (the config the text came from).
+pub(super) fn parse_json(text: &str, source_name: &str) -> Result<Value, CheckpointError> {
+    serde_json::from_str(text).map_err(|e| CheckpointError::ConfigJson {
+        source_name: source_name.into(),
+        message: e.to_string(),
+    })
+}
+
+/// The object a config's JSON must be at its top level, anything else refused as
+/// [`CheckpointError::ConfigJson`] naming `source_name`.
+pub(super) fn top_object<'v>(
+    v: &'v Value,
+    source_name: &str,
+) -> Result<&'v Map<String, Value>, CheckpointError> {
+    v.as_object().ok_or_else(|| CheckpointError::ConfigJson {
+        source_name: source_name.into(),
+        message: "top level is not an object".into(),
+    })
+}
+
 pub(super) fn bad(key: &str, reason: String) -> CheckpointError {
     CheckpointError::ConfigValue {
         key: key.to_string(),

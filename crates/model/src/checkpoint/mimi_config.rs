@@ -2,7 +2,9 @@
 
 use serde_json::{Map, Value};
 
-use super::json::{as_f64, bad, check_unknown, positive, unsupported, Getter};
+use super::json::{
+    as_f64, bad, check_unknown, parse_json, positive, top_object, unsupported, Getter,
+};
 use super::layers::{ffn_hidden, Gating, NormKind, PosEmb};
 use super::CheckpointError;
 
@@ -204,14 +206,8 @@ impl MimiConfig {
     ///
     /// Keys absent from the JSON take the released values ([`MimiConfig::v0_1`]); unknown keys are an error.
     pub fn from_json(text: &str) -> Result<Self, CheckpointError> {
-        let v: Value = serde_json::from_str(text).map_err(|e| CheckpointError::ConfigJson {
-            source_name: "mimi config".into(),
-            message: e.to_string(),
-        })?;
-        let obj = v.as_object().ok_or_else(|| CheckpointError::ConfigJson {
-            source_name: "mimi config".into(),
-            message: "top level is not an object".into(),
-        })?;
+        let v = parse_json(text, "mimi config")?;
+        let obj = top_object(&v, "mimi config")?;
         let d = MimiConfig::v0_1();
         let mut g = Getter {
             obj,
@@ -339,10 +335,7 @@ impl MimiConfig {
     /// Parse either a Kyutai Mimi config ([`MimiConfig::from_json`]) or a Hugging Face `transformers`
     /// Mimi config (`"model_type": "mimi"`, see [`MimiConfig::from_hf_json`]).
     pub fn from_any_json(text: &str) -> Result<Self, CheckpointError> {
-        let v: Value = serde_json::from_str(text).map_err(|e| CheckpointError::ConfigJson {
-            source_name: "mimi config".into(),
-            message: e.to_string(),
-        })?;
+        let v = parse_json(text, "mimi config")?;
         if v.get("model_type").and_then(Value::as_str) == Some("mimi") {
             Self::from_hf_value(&v)
         } else {
@@ -353,18 +346,12 @@ impl MimiConfig {
     /// Parse a Hugging Face `transformers` `MimiConfig` JSON (`hidden_size`, `num_filters`,
     /// `upsampling_ratios`, ...). Keys it does not name take the released values.
     pub fn from_hf_json(text: &str) -> Result<Self, CheckpointError> {
-        let v: Value = serde_json::from_str(text).map_err(|e| CheckpointError::ConfigJson {
-            source_name: "mimi config".into(),
-            message: e.to_string(),
-        })?;
+        let v = parse_json(text, "mimi config")?;
         Self::from_hf_value(&v)
     }
 
     fn from_hf_value(v: &Value) -> Result<Self, CheckpointError> {
-        let obj = v.as_object().ok_or_else(|| CheckpointError::ConfigJson {
-            source_name: "mimi config".into(),
-            message: "top level is not an object".into(),
-        })?;
+        let obj = top_object(v, "mimi config")?;
         let mut c = MimiConfig::v0_1();
         // Read-only: `transformers` configs hold many training-only keys, so unknown keys are not refused.
         let mut g = Getter { obj, used: vec![] };

@@ -417,15 +417,7 @@ impl Weights {
         let mut out = Vec::with_capacity(total);
         for p in &e.parts {
             match e.quant {
-                Quant::Plain(dt) => {
-                    dequant_plain(dt, p.data.as_slice(), &mut out).map_err(|m| {
-                        CheckpointError::DtypeNotAllowed {
-                            name: name.into(),
-                            dtype: dt.name().into(),
-                            allowed: m.into(),
-                        }
-                    })?
-                }
+                Quant::Plain(dt) => dequant_plain_of(name, None, dt, p.data.as_slice(), &mut out)?,
                 Quant::Mlx {
                     bits,
                     group,
@@ -435,20 +427,8 @@ impl Weights {
                     let mut b = Vec::new();
                     let sc = p.scales.as_ref().expect("mlx part has scales");
                     let bi = p.biases.as_ref().expect("mlx part has biases");
-                    dequant_plain(scale_dtype, sc.as_slice(), &mut s).map_err(|m| {
-                        CheckpointError::DtypeNotAllowed {
-                            name: format!("{name} (scales)"),
-                            dtype: scale_dtype.name().into(),
-                            allowed: m.into(),
-                        }
-                    })?;
-                    dequant_plain(scale_dtype, bi.as_slice(), &mut b).map_err(|m| {
-                        CheckpointError::DtypeNotAllowed {
-                            name: format!("{name} (biases)"),
-                            dtype: scale_dtype.name().into(),
-                            allowed: m.into(),
-                        }
-                    })?;
+                    dequant_plain_of(name, Some("scales"), scale_dtype, sc.as_slice(), &mut s)?;
+                    dequant_plain_of(name, Some("biases"), scale_dtype, bi.as_slice(), &mut b)?;
                     dequant_mlx(
                         bits,
                         group,
@@ -583,6 +563,25 @@ fn assemble(
     })
 }
 
+/// [`dequant_plain`] of tensor `name` (or of its `what` companion: MLX scales, biases), a dtype it
+/// cannot read refused with the tensor's name.
+fn dequant_plain_of(
+    name: &str,
+    what: Option<&str>,
+    dtype: DType,
+    bytes: &[u8],
+    out: &mut Vec<f32>,
+) -> Result<(), CheckpointError> {
+    dequant_plain(dtype, bytes, out).map_err(|m| CheckpointError::DtypeNotAllowed {
+        name: match what {
+            Some(w) => format!("{name} ({w})"),
+            None => name.into(),
+        },
+        dtype: dtype.name().into(),
+        allowed: m.into(),
+    })
+}
+
 /// Rows `start..start+n` (each `row_bytes` long) of the concatenation of the parts' chosen buffers.
 /// MLX scales or biases stored as f16 / f32 (MLX writes the model's dtype) converted to the bf16
 /// the kernels hold. Exact for files quantized from a bf16 model; otherwise each value is rounded
@@ -594,13 +593,7 @@ fn mlx_scales_as_bf16(
     bytes: &Bytes,
 ) -> Result<kernels::Storage, CheckpointError> {
     let mut values = Vec::new();
-    dequant_plain(dtype, bytes.as_slice(), &mut values).map_err(|m| {
-        CheckpointError::DtypeNotAllowed {
-            name: format!("{name} (scales)"),
-            dtype: dtype.name().into(),
-            allowed: m.into(),
-        }
-    })?;
+    dequant_plain_of(name, Some("scales"), dtype, bytes.as_slice(), &mut values)?;
     let mut rounded = 0usize;
     let mut out = Vec::with_capacity(values.len() * 2);
     for v in values {
