@@ -824,10 +824,36 @@ mod tests {
         }
     }
 
+    /// A directory of this process under the system temp dir, created empty and removed when
+    /// dropped (a failing test leaves nothing behind either).
+    struct ScratchDir(std::path::PathBuf);
+
+    impl ScratchDir {
+        fn new(tag: &str) -> Self {
+            let dir =
+                std::env::temp_dir().join(format!("moshi-synth-{tag}-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            ScratchDir(dir)
+        }
+    }
+
+    impl std::ops::Deref for ScratchDir {
+        type Target = std::path::Path;
+        fn deref(&self) -> &std::path::Path {
+            &self.0
+        }
+    }
+
+    impl Drop for ScratchDir {
+        fn drop(&mut self) {
+            std::fs::remove_dir_all(&self.0).ok();
+        }
+    }
+
     #[test]
     fn every_format_roundtrips_through_bundle() {
         let (lm, mimi) = tiny();
-        let root = std::env::temp_dir().join(format!("moshi-synth-test-{}", std::process::id()));
+        let root = ScratchDir::new("test");
         for (fmt, layout) in [
             (SynthFormat::Bf16, Layout::PytorchLegacy),
             (SynthFormat::Bf16InProjs, Layout::PytorchNew),
@@ -873,7 +899,6 @@ mod tests {
             let spm = crate::text::SentencePiece::load(&b.files.tokenizer).unwrap();
             let _ = spm;
         }
-        std::fs::remove_dir_all(&root).ok();
     }
 
     /// Full-size moshiko files (header only, sparse) in every layout map completely onto the schema.
@@ -881,8 +906,7 @@ mod tests {
     fn moshiko_header_only_files_map_completely() {
         let cfg = LmConfig::moshiko_v0_1();
         let schema = Schema::lm(&cfg);
-        let root = std::env::temp_dir().join(format!("moshi-synth-hdr-{}", std::process::id()));
-        std::fs::create_dir_all(&root).unwrap();
+        let root = ScratchDir::new("hdr");
         for (fmt, layout, q) in [
             (SynthFormat::Bf16, Layout::PytorchLegacy, "bf16"),
             (SynthFormat::Bf16InProjs, Layout::PytorchNew, "bf16"),
@@ -911,7 +935,6 @@ mod tests {
             assert_eq!(i.shape, vec![24576, 1024]);
             std::fs::remove_file(&p).unwrap();
         }
-        std::fs::remove_dir_all(&root).ok();
     }
 
     /// The released Mimi (Kyutai and Hugging Face layouts, header only) maps onto the schema.
@@ -919,8 +942,7 @@ mod tests {
     fn released_mimi_header_only_both_layouts() {
         let cfg = MimiConfig::v0_1();
         let schema = Schema::mimi(&cfg);
-        let root = std::env::temp_dir().join(format!("moshi-synth-mimi-{}", std::process::id()));
-        std::fs::create_dir_all(&root).unwrap();
+        let root = ScratchDir::new("mimi");
         for (hf, layout) in [(false, Layout::PytorchLegacy), (true, Layout::HfMimi)] {
             let p = root.join(format!("mimi-{hf}.safetensors"));
             write_mimi_header_only(&p, &cfg, hf).unwrap();
@@ -938,7 +960,6 @@ mod tests {
                 );
             }
         }
-        std::fs::remove_dir_all(&root).ok();
     }
 
     #[test]
@@ -1005,8 +1026,7 @@ mod tests {
     #[test]
     fn headers_are_those_of_the_released_files() {
         let cfg = LmConfig::moshiko_v0_1();
-        let root = std::env::temp_dir().join(format!("moshi-synth-inv-{}", std::process::id()));
-        std::fs::create_dir_all(&root).unwrap();
+        let root = ScratchDir::new("inv");
         for fmt in [SynthFormat::Q8Gguf, SynthFormat::MlxQ4, SynthFormat::Bf16] {
             let p = root.join(format!("{fmt:?}"));
             let len = write_lm_header_only(&p, fmt, &cfg).unwrap();
@@ -1039,6 +1059,5 @@ mod tests {
             }
             std::fs::remove_file(&p).unwrap();
         }
-        std::fs::remove_dir_all(&root).ok();
     }
 }
