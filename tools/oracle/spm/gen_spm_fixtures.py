@@ -33,6 +33,16 @@ WORDS_ES = "niño mañana corazón canción años señor".split()
 CJK = ["你好", "世界", "我们", "语言", "模型", "こんにちは", "ありがとう", "東京", "日本語", "안녕하세요"]
 EMOJI = ["😀", "🎉", "👍", "❤️", "🚀", "🐟"]
 NUMBERS = ["1", "2", "42", "2024", "3.14", "100", "7"]
+# Where each corpus word comes from: the first source whose cumulative bound exceeds a uniform draw.
+WORD_MIX = [
+    (0.62, WORDS_EN),
+    (0.74, WORDS_FR),
+    (0.80, WORDS_DE),
+    (0.85, WORDS_ES),
+    (0.91, CJK),
+    (0.95, NUMBERS),
+    (1.0, EMOJI),
+]
 
 
 def corpus_lines(n: int) -> list[str]:
@@ -42,20 +52,8 @@ def corpus_lines(n: int) -> list[str]:
         words = []
         for _ in range(rng.randint(4, 14)):
             r = rng.random()
-            if r < 0.62:
-                words.append(rng.choice(WORDS_EN))
-            elif r < 0.74:
-                words.append(rng.choice(WORDS_FR))
-            elif r < 0.80:
-                words.append(rng.choice(WORDS_DE))
-            elif r < 0.85:
-                words.append(rng.choice(WORDS_ES))
-            elif r < 0.91:
-                words.append(rng.choice(CJK))
-            elif r < 0.95:
-                words.append(rng.choice(NUMBERS))
-            else:
-                words.append(rng.choice(EMOJI))
+            source = next(pool for bound, pool in WORD_MIX if r < bound)
+            words.append(rng.choice(source))
         line = " ".join(words)
         if rng.random() < 0.3:
             line = line[0].upper() + line[1:]
