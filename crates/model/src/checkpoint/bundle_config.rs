@@ -175,6 +175,43 @@ fn refuse_unsupported_keys(obj: &Map<String, Value>) -> Result<(), CheckpointErr
     Ok(())
 }
 
+/// Config members appended to a valid `config.json`, each with the variant it must give
+/// (`err_variant` of the result): the config parser and the bundle opener both check them.
+#[cfg(test)]
+pub(super) const CONFIG_EXTRAS: [(&str, &str); 15] = [
+    (r#""lora": true"#, "Lora"),
+    (r#""lora_name": "x.safetensors""#, "Lora"),
+    (r#""conditioners": {}"#, "Conditioning"),
+    (
+        r#""conditioners": {"description": {"type": "lut"}}"#,
+        "Conditioning",
+    ),
+    (r#""fuser": {"sum": ["x"]}"#, "Conditioning"),
+    (r#""cross_attention": true"#, "CrossAttention"),
+    (r#""quantize": true"#, "BitsAndBytes"),
+    (r#""demux_second_stream": true"#, "Demux"),
+    (r#""extra_heads_num_heads": 2"#, "ExtraHeads"),
+    (
+        r#""depformer_low_rank_embeddings": 64"#,
+        "LowRankEmbeddings",
+    ),
+    (
+        r#""depformer_low_rank_embeddings": 128"#,
+        "LowRankEmbeddings",
+    ),
+    (r#""frobnicate": 1"#, "UnknownConfigKeys"),
+    (r#""kv_repeat": 2"#, "UnsupportedArchitecture"),
+    (
+        r#""stt_config": {"audio_delay_seconds": 2.5}"#,
+        "TaskConfig",
+    ),
+    // Accepted when explicitly off.
+    (
+        r#""lora": false, "cross_attention": false, "quantize": false"#,
+        "Ok",
+    ),
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -230,31 +267,7 @@ mod tests {
 
     #[test]
     fn refusals_are_typed() {
-        for (extra, want) in [
-            (r#""lora": true"#, "Lora"),
-            (r#""lora_name": "x.safetensors""#, "Lora"),
-            (r#""conditioners": {}"#, "Conditioning"),
-            (r#""fuser": {"sum": ["x"]}"#, "Conditioning"),
-            (r#""cross_attention": true"#, "CrossAttention"),
-            (r#""quantize": true"#, "BitsAndBytes"),
-            (r#""demux_second_stream": true"#, "Demux"),
-            (r#""extra_heads_num_heads": 2"#, "ExtraHeads"),
-            (
-                r#""depformer_low_rank_embeddings": 64"#,
-                "LowRankEmbeddings",
-            ),
-            (r#""frobnicate": 1"#, "UnknownConfigKeys"),
-            (r#""kv_repeat": 2"#, "UnsupportedArchitecture"),
-            (
-                r#""stt_config": {"audio_delay_seconds": 2.5}"#,
-                "TaskConfig",
-            ),
-            // Accepted when explicitly off.
-            (
-                r#""lora": false, "cross_attention": false, "quantize": false"#,
-                "Ok",
-            ),
-        ] {
+        for (extra, want) in CONFIG_EXTRAS {
             assert_eq!(err_variant(&with(extra)), want, "{extra}");
         }
         let replaced =
