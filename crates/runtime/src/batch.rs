@@ -35,7 +35,7 @@ use crate::conversation::Conversation;
 use crate::events::{Counters, Event, FrameEvent, StopReason};
 use crate::inlet::Inlet;
 use crate::ring::{FrameRing, PcmProducer};
-use crate::runner::EventReceiver;
+use crate::runner::{handle_accessors, queues, EventReceiver, Handles};
 use crate::stepper::{new_sampler, Prepared, Stepper};
 use crate::{Engine, RuntimeError, SessionOptions, FRAME_SIZE, N_AUDIO};
 
@@ -178,13 +178,8 @@ impl BatchRunner {
             opts.first_frame_reset,
         )?;
         let producer = PcmProducer::new(ring.clone());
-        let (tx, rx) = mpsc::sync_channel(self.event_capacity);
-        let (recycle, recycled) = mpsc::sync_channel(self.event_capacity + 2);
-        let w1 = self.worker.clone();
-        let w2 = self.worker.clone();
-        ring.set_waker(Arc::new(move || w1.unpark()));
-        control.set_waker(Arc::new(move || w2.unpark()));
-        let events = EventReceiver::new(rx, recycle, self.worker.clone(), control.clone());
+        let ((tx, recycled), consumer) = queues(self.event_capacity);
+        let handles = Handles::connect(consumer, &ring, control, Some(producer), &self.worker);
 
         // Reserve a slot and hand the conversation to the worker under the table lock, so that the worker's
         // exit (which sets `done` and drains the queue under the same lock) never strands a join.
@@ -219,9 +214,7 @@ impl BatchRunner {
         Ok(BatchSession {
             slot,
             generation,
-            control,
-            producer: Some(producer),
-            events: Some(events),
+            handles,
             shared: self.shared.clone(),
             result: None,
         })
@@ -251,9 +244,7 @@ impl Drop for BatchRunner {
 pub struct BatchSession {
     slot: usize,
     generation: u64,
-    control: SessionControl,
-    producer: Option<PcmProducer>,
-    events: Option<EventReceiver>,
+    handles: Handles,
     shared: Arc<Shared>,
     result: Option<Counters>,
 }
@@ -262,7 +253,7 @@ impl std::fmt::Debug for BatchSession {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BatchSession")
             .field("slot", &self.slot)
-            .field("control", &self.control)
+            .field("control", &self.handles.control)
             .finish()
     }
 }
@@ -273,20 +264,7 @@ impl BatchSession {
         self.slot
     }
 
-    /// The producer end of the input queue (once). Each completed frame wakes the worker.
-    pub fn producer(&mut self) -> Option<PcmProducer> {
-        self.producer.take()
-    }
-
-    /// The command handle (interrupt / pause / resume / reset / stop, as for a single session).
-    pub fn control(&self) -> SessionControl {
-        self.control.clone()
-    }
-
-    /// The event receiver (once); same events as [`crate::SessionRunner::events`].
-    pub fn events(&mut self) -> Option<EventReceiver> {
-        self.events.take()
-    }
+    handle_accessors!();
 
     /// Whether this conversation has left the batch (stopped, failed, or the runner ended).
     pub fn is_finished(&self) -> bool {
@@ -300,7 +278,7 @@ impl BatchSession {
         if let Some(c) = self.result {
             return Ok(c);
         }
-        self.control.stop();
+        self.handles.control.stop();
         let mut t = self.shared.lock();
         loop {
             let info = t.info[self.slot];

@@ -44,17 +44,83 @@ pub(crate) trait Drive: Send + 'static {
 /// runner.stop()?;                                 // or drop
 /// ```
 pub struct SessionRunner {
-    control: SessionControl,
-    producer: Option<PcmProducer>,
-    events: Option<EventReceiver>,
+    handles: Handles,
     join: Option<JoinHandle<Counters>>,
     result: Option<Counters>,
 }
 
+/// The parts a threaded driver hands out for one conversation: the command handle, and the producer and
+/// event receiver (each taken once). [`SessionRunner`] and [`crate::BatchSession`] each hold one and expose
+/// it with [`handle_accessors`].
+pub(crate) struct Handles {
+    pub(crate) control: SessionControl,
+    pub(crate) producer: Option<PcmProducer>,
+    pub(crate) events: Option<EventReceiver>,
+}
+
+/// A conversation's event queue of `capacity` (>= 1) frames and the queue that brings frame buffers back
+/// for reuse (two more, so that recycling never blocks the consumer): the worker's ends (events in,
+/// recycled frames out), then the consumer's, for [`Handles::connect`].
+pub(crate) fn queues(
+    capacity: usize,
+) -> (
+    (SyncSender<Event>, Receiver<FrameEvent>),
+    (Receiver<Event>, SyncSender<FrameEvent>),
+) {
+    let (tx, rx) = mpsc::sync_channel(capacity.max(1));
+    let (recycle, recycled) = mpsc::sync_channel(capacity.max(1) + 2);
+    ((tx, recycled), (rx, recycle))
+}
+
+impl Handles {
+    /// Connect a conversation (its input `ring`, `control` and `producer`, and the consumer's ends of its
+    /// [`queues`]) to the thread `worker` that drives it: a completed input frame, a command and a taken
+    /// event each unpark that thread, which otherwise sleeps.
+    pub(crate) fn connect(
+        (rx, recycle): (Receiver<Event>, SyncSender<FrameEvent>),
+        ring: &FrameRing,
+        control: SessionControl,
+        producer: Option<PcmProducer>,
+        worker: &Thread,
+    ) -> Handles {
+        let (w1, w2) = (worker.clone(), worker.clone());
+        ring.set_waker(Arc::new(move || w1.unpark()));
+        control.set_waker(Arc::new(move || w2.unpark()));
+        let events = EventReceiver::new(rx, recycle, worker.clone(), control.clone());
+        Handles {
+            control,
+            producer,
+            events: Some(events),
+        }
+    }
+}
+
+/// The accessors of [`Handles`] as methods of a driver's public handle type (a struct with a `handles`
+/// field): one definition for the two drivers, whose handles hand out the same parts.
+macro_rules! handle_accessors {
+    () => {
+        /// The producer end of the input queue (once). Each completed frame wakes the worker.
+        pub fn producer(&mut self) -> Option<PcmProducer> {
+            self.handles.producer.take()
+        }
+
+        /// The command handle (interrupt / pause / resume / reset / stop).
+        pub fn control(&self) -> SessionControl {
+            self.handles.control.clone()
+        }
+
+        /// The event receiver (once).
+        pub fn events(&mut self) -> Option<EventReceiver> {
+            self.handles.events.take()
+        }
+    };
+}
+pub(crate) use handle_accessors;
+
 impl std::fmt::Debug for SessionRunner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SessionRunner")
-            .field("control", &self.control)
+            .field("control", &self.handles.control)
             .field("running", &self.join.is_some())
             .finish()
     }
@@ -158,8 +224,7 @@ impl SessionRunner {
         mut driver: D,
         event_capacity: usize,
     ) -> Result<SessionRunner, RuntimeError> {
-        let (tx, rx) = mpsc::sync_channel(event_capacity.max(1));
-        let (recycle, recycled) = mpsc::sync_channel(event_capacity.max(1) + 2);
+        let ((tx, recycled), consumer) = queues(event_capacity);
         let control = driver.control();
         let ring = driver.ring();
         let producer = driver.take_producer();
@@ -168,36 +233,17 @@ impl SessionRunner {
             .name("moshi-session".into())
             .spawn(move || worker(driver, tx, recycled, wctl))
             .map_err(RuntimeError::Spawn)?;
-        let t = join.thread().clone();
-        let t2 = t.clone();
-        ring.set_waker(Arc::new(move || t.unpark()));
-        control.set_waker(Arc::new(move || t2.unpark()));
+        let handles = Handles::connect(consumer, &ring, control, producer, join.thread());
         // A command or frame that arrived before the wakers were installed must not be missed.
         join.thread().unpark();
-        let events = EventReceiver::new(rx, recycle, join.thread().clone(), control.clone());
         Ok(SessionRunner {
-            control,
-            producer,
-            events: Some(events),
+            handles,
             join: Some(join),
             result: None,
         })
     }
 
-    /// The producer end of the input queue (once). Each completed frame wakes the worker.
-    pub fn producer(&mut self) -> Option<PcmProducer> {
-        self.producer.take()
-    }
-
-    /// The command handle.
-    pub fn control(&self) -> SessionControl {
-        self.control.clone()
-    }
-
-    /// The event receiver (once).
-    pub fn events(&mut self) -> Option<EventReceiver> {
-        self.events.take()
-    }
+    handle_accessors!();
 
     /// Whether the worker thread has ended (stopped, max steps, or error).
     pub fn is_finished(&self) -> bool {
@@ -208,7 +254,7 @@ impl SessionRunner {
     /// deadlocks: the worker never blocks on the event queue, and a frame pass in progress simply completes,
     /// so this blocks at most for the rest of one frame pass (call it off an async executor's worker threads).
     pub fn stop(&mut self) -> Result<Counters, RuntimeError> {
-        self.control.stop();
+        self.handles.control.stop();
         if let Some(j) = self.join.take() {
             match j.join() {
                 Ok(c) => self.result = Some(c),

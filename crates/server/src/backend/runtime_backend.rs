@@ -124,31 +124,31 @@ impl Backend for RuntimeBackend {
             let mut s = self
                 .open_batched(opts)
                 .map_err(|e| BackendError(e.to_string()))?;
-            let (Some(producer), Some(events)) = (s.producer(), s.events()) else {
-                return Err(BackendError("batch slot without producer/events".into()));
-            };
-            return Ok(OpenSession {
-                input: Box::new(producer),
-                events: Box::new(events),
-                stopper: Box::new(s),
-            });
+            return handed_out((s.producer(), s.events()), s);
         }
         let session = runtime::Session::new(self.engine.clone(), opts)
             .map_err(|e| BackendError(e.to_string()))?;
         let mut runner = session
             .spawn(EVENT_CAPACITY)
             .map_err(|e| BackendError(e.to_string()))?;
-        let (Some(producer), Some(events)) = (runner.producer(), runner.events()) else {
-            return Err(BackendError(
-                "session runner without producer/events".into(),
-            ));
-        };
-        Ok(OpenSession {
-            input: Box::new(producer),
-            events: Box::new(events),
-            stopper: Box::new(runner),
-        })
+        handed_out((runner.producer(), runner.events()), runner)
     }
+}
+
+/// A freshly opened conversation as the server sees it: the producer and event receiver just taken from
+/// its driver's `handle`, which stays behind to stop it.
+fn handed_out(
+    taken: (Option<runtime::PcmProducer>, Option<runtime::EventReceiver>),
+    handle: impl Stopper + 'static,
+) -> Result<OpenSession, BackendError> {
+    let (Some(producer), Some(events)) = taken else {
+        return Err(BackendError("driver without producer/events".into()));
+    };
+    Ok(OpenSession {
+        input: Box::new(producer),
+        events: Box::new(events),
+        stopper: Box::new(handle),
+    })
 }
 
 impl AudioInput for runtime::PcmProducer {
@@ -192,28 +192,24 @@ fn apply(control: &runtime::SessionControl, command: SessionCommand) {
     }
 }
 
-impl Stopper for runtime::BatchSession {
-    fn stop(&mut self) {
-        if let Err(e) = runtime::BatchSession::stop(self) {
-            tracing::warn!("batch slot ended badly: {e}");
-        }
-    }
+/// [`Stopper`] for a runtime driver's conversation handle (the two drivers' handles have the same
+/// `stop` and `control`); `what` names the driver in the log.
+macro_rules! runtime_stopper {
+    ($handle:ty, $what:literal) => {
+        impl Stopper for $handle {
+            fn stop(&mut self) {
+                if let Err(e) = <$handle>::stop(self) {
+                    tracing::warn!("{} ended badly: {e}", $what);
+                }
+            }
 
-    fn command(&self, command: SessionCommand) -> bool {
-        apply(&self.control(), command);
-        true
-    }
+            fn command(&self, command: SessionCommand) -> bool {
+                apply(&self.control(), command);
+                true
+            }
+        }
+    };
 }
 
-impl Stopper for runtime::SessionRunner {
-    fn stop(&mut self) {
-        if let Err(e) = runtime::SessionRunner::stop(self) {
-            tracing::warn!("session worker ended badly: {e}");
-        }
-    }
-
-    fn command(&self, command: SessionCommand) -> bool {
-        apply(&self.control(), command);
-        true
-    }
-}
+runtime_stopper!(runtime::BatchSession, "batch slot");
+runtime_stopper!(runtime::SessionRunner, "session worker");
