@@ -115,8 +115,7 @@ async fn control_messages_reach_the_session() {
     let backend = EchoBackend::default();
     let seen = backend.commands.clone();
     let srv = start(ServeConfig::default(), Arc::new(backend)).await;
-    let mut ws = connect(&srv.url("")).await;
-    expect_ready(&mut ws).await;
+    let mut ws = ready(&srv, "").await;
     // Kyutai's Start/EndTurn (0, 1), an unknown code and an empty control are ignored.
     let sent = [
         SessionCommand::Pause,

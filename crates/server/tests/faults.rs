@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use common::*;
 use server::backend::{BackendInfo, RuntimeBackend};
-use server::testing::EchoBackend;
 
 /// All `--max-sessions` slots busy at once on the real tiny model, one more client queued and one
 /// refused: every admitted conversation gets its audio, the queued one is admitted when a slot
@@ -24,8 +23,7 @@ async fn every_slot_busy_on_the_tiny_model() {
     let srv = start(cfg(slots, 1), Arc::new(tiny_backend("faults"))).await;
     let mut clients = Vec::new();
     for _ in 0..slots {
-        let mut ws = connect(&srv.url("")).await;
-        expect_ready(&mut ws).await;
+        let ws = ready(&srv, "").await;
         clients.push(ws);
     }
     assert_eq!(srv.metrics.sessions_active.load(Relaxed), slots as u64);
@@ -106,7 +104,7 @@ async fn every_slot_busy_on_the_tiny_model() {
 /// waiting place or connection is left behind and a new client is served at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_churn_leaks_nothing() {
-    let srv = start(cfg(2, 2), Arc::new(EchoBackend::default())).await;
+    let srv = start_echo(2, 2).await;
     for round in 0..30usize {
         let mut ws = connect(&srv.url("")).await;
         match round % 6 {
@@ -140,8 +138,7 @@ async fn connection_churn_leaks_nothing() {
             _ => {
                 // Occupy both slots, then a third client waits and vanishes while queued.
                 expect_ready(&mut ws).await;
-                let mut other = connect(&srv.url("")).await;
-                expect_ready(&mut other).await;
+                let other = ready(&srv, "").await;
                 let mut queued = connect(&srv.url("")).await;
                 let _ = next_bin(&mut queued, Duration::from_secs(5)).await;
                 assert!(
@@ -173,10 +170,8 @@ async fn connection_churn_leaks_nothing() {
         srv.metrics.connections_open.load(Relaxed)
     );
     // Both slots are free: two new clients are admitted immediately.
-    let mut a = connect(&srv.url("")).await;
-    expect_ready(&mut a).await;
-    let mut b = connect(&srv.url("")).await;
-    expect_ready(&mut b).await;
+    let a = ready(&srv, "").await;
+    let b = ready(&srv, "").await;
     drop((a, b));
     srv.shutdown().await.unwrap();
 }
@@ -210,8 +205,7 @@ async fn nan_weights_reach_the_client_as_an_error() {
     std::fs::remove_dir_all(&dir).ok();
     let backend = Arc::new(RuntimeBackend::new(engine, BackendInfo::default()));
     let srv = start(cfg(1, 0), backend).await;
-    let mut ws = connect(&srv.url("")).await;
-    expect_ready(&mut ws).await;
+    let ws = ready(&srv, "").await;
     let r = converse(
         ws,
         5,

@@ -15,7 +15,7 @@ use tokio_tungstenite::tungstenite::Message;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conversation_roundtrip_both_framings() {
-    let srv = start(cfg(2, 2), Arc::new(EchoBackend::default())).await;
+    let srv = start_echo(2, 2).await;
     for browser in [true, false] {
         let mut ws = connect(&srv.url("?text_temperature=0.7&text_topk=25&audio_topk=250")).await;
         let meta = expect_ready(&mut ws).await;
@@ -70,7 +70,7 @@ async fn conversation_roundtrip_both_framings() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_query_values_get_error_and_close() {
-    let srv = start(cfg(1, 1), Arc::new(EchoBackend::default())).await;
+    let srv = start_echo(1, 1).await;
     for q in [
         "?text_temperature=abc",
         "?audio_topk=0",
@@ -91,8 +91,7 @@ async fn bad_query_values_get_error_and_close() {
         );
     }
     // The server still serves a good client, with the slot untouched.
-    let mut ws = connect(&srv.url("?max_steps=5")).await;
-    expect_ready(&mut ws).await;
+    let ws = ready(&srv, "?max_steps=5").await;
     let r = converse_briefly(ws, 10, Duration::from_millis(5)).await;
     assert!(r.closed, "max_steps ends the session");
     assert_eq!(srv.metrics.sessions_rejected.load(Relaxed), 5);
@@ -101,10 +100,9 @@ async fn bad_query_values_get_error_and_close() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_traffic_is_ignored_or_refused_while_others_run() {
-    let srv = start(cfg(3, 0), Arc::new(EchoBackend::default())).await;
+    let srv = start_echo(3, 0).await;
     // A well-behaved session runs during the abuse.
-    let mut good = connect(&srv.url("")).await;
-    expect_ready(&mut good).await;
+    let good = ready(&srv, "").await;
     let good_task = tokio::spawn(converse(
         good,
         60,
@@ -114,8 +112,7 @@ async fn malformed_traffic_is_ignored_or_refused_while_others_run() {
     ));
 
     // Session 2: text frames, unknown kinds, empty, control, ping, truncated Ogg, garbage Opus.
-    let mut bad = connect(&srv.url("")).await;
-    expect_ready(&mut bad).await;
+    let mut bad = ready(&srv, "").await;
     bad.send(Message::Text("hello".into())).await.unwrap();
     for kind in [0u8, 2, 4, 5, 7, 8, 9, 200, 255] {
         assert!(send_bin(&mut bad, kind, b"xyz").await);
@@ -159,8 +156,7 @@ async fn malformed_traffic_is_ignored_or_refused_while_others_run() {
     assert!(srv.metrics.messages_ignored.load(Relaxed) >= 10);
 
     // Session 3: a 10 MB message is refused (error and/or close), nothing else is affected.
-    let mut huge = connect(&srv.url("")).await;
-    expect_ready(&mut huge).await;
+    let mut huge = ready(&srv, "").await;
     let _ = send_bin(&mut huge, 1, &vec![0x4f; 10 << 20]).await;
     let mut closed = false;
     for _ in 0..10 {
@@ -187,9 +183,8 @@ async fn malformed_traffic_is_ignored_or_refused_while_others_run() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admission_waits_then_refuses() {
-    let srv = start(cfg(1, 1), Arc::new(EchoBackend::default())).await;
-    let mut a = connect(&srv.url("")).await;
-    expect_ready(&mut a).await;
+    let srv = start_echo(1, 1).await;
+    let mut a = ready(&srv, "").await;
     // B waits: metadata, then no handshake while A holds the slot.
     let mut b = connect(&srv.url("")).await;
     let m = next_bin(&mut b, Duration::from_secs(5)).await.unwrap();
@@ -220,9 +215,8 @@ async fn admission_waits_then_refuses() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_clients_get_keepalive_pings() {
-    let srv = start(cfg(1, 4), Arc::new(EchoBackend::default())).await;
-    let mut a = connect(&srv.url("")).await;
-    expect_ready(&mut a).await;
+    let srv = start_echo(1, 4).await;
+    let a = ready(&srv, "").await;
     let mut b = connect(&srv.url("")).await;
     use futures_util::StreamExt;
     let mut pings = 0;
@@ -242,10 +236,9 @@ async fn waiting_clients_get_keepalive_pings() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disconnect_mid_frame_frees_the_slot() {
-    let srv = start(cfg(1, 2), Arc::new(EchoBackend::default())).await;
+    let srv = start_echo(1, 2).await;
     for round in 0..3 {
-        let mut a = connect(&srv.url("")).await;
-        expect_ready(&mut a).await;
+        let mut a = ready(&srv, "").await;
         let mut enc = BrowserEncoder::new(5);
         let bytes = enc.push(&tone(1920 * 3, 0, 200.0));
         let pages = split_pages(&bytes);
@@ -260,17 +253,15 @@ async fn disconnect_mid_frame_frees_the_slot() {
             "round {round}: slot not freed"
         );
     }
-    let mut b = connect(&srv.url("")).await;
-    expect_ready(&mut b).await;
+    let b = ready(&srv, "").await;
     drop(b);
     srv.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceful_shutdown_with_active_and_waiting_sessions() {
-    let srv = start(cfg(1, 2), Arc::new(EchoBackend::default())).await;
-    let mut a = connect(&srv.url("")).await;
-    expect_ready(&mut a).await;
+    let srv = start_echo(1, 2).await;
+    let a = ready(&srv, "").await;
     let mut b = connect(&srv.url("")).await;
     assert_eq!(
         next_bin(&mut b, Duration::from_secs(5)).await.unwrap()[0],
@@ -304,7 +295,7 @@ async fn http_routes() {
     std::fs::create_dir_all(dir.join("assets")).unwrap();
     std::fs::write(dir.join("index.html"), "<html>kyutai dist</html>").unwrap();
     std::fs::write(dir.join("assets/app.js"), "console.log(1)").unwrap();
-    let srv = start(cfg(1, 1), Arc::new(EchoBackend::default())).await;
+    let srv = start_echo(1, 1).await;
     let (s, body) = http_get(srv.addr, "/healthz").await;
     assert_eq!((s, body.trim()), (200, "ok"));
     let (s, body) = http_get(srv.addr, "/metrics").await;

@@ -49,8 +49,7 @@ async fn full_conversation_on_tiny_model() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admission_and_disconnect_on_tiny_model() {
     let srv = start(cfg(1, 1), Arc::new(tiny_backend("test"))).await;
-    let mut a = connect(&srv.url("")).await;
-    expect_ready(&mut a).await;
+    let mut a = ready(&srv, "").await;
     // A streams a little, then vanishes in the middle of an Ogg page.
     let mut enc = BrowserEncoder::new(3);
     let bytes = enc.push(&tone(1920 * 6, 0, 220.0));

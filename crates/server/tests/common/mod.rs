@@ -91,6 +91,16 @@ pub async fn start(config: ServeConfig, backend: Arc<dyn Backend>) -> Running {
     }
 }
 
+/// A loopback server of the echo test double (no model) admitting `max_sessions` conversations
+/// and queueing `max_queue` more.
+pub async fn start_echo(max_sessions: usize, max_queue: usize) -> Running {
+    start(
+        cfg(max_sessions, max_queue),
+        Arc::new(server::testing::EchoBackend::default()),
+    )
+    .await
+}
+
 pub async fn connect(url: &str) -> Ws {
     let (ws, _) = tokio_tungstenite::connect_async(url)
         .await
@@ -129,6 +139,13 @@ pub async fn expect_ready(ws: &mut Ws) -> serde_json::Value {
         .expect("handshake");
     assert_eq!(h, vec![0u8; 9], "handshake");
     meta
+}
+
+/// A client of `srv` (`query`: the URL's query string, or "") that got its metadata and handshake.
+pub async fn ready(srv: &Running, query: &str) -> Ws {
+    let mut ws = connect(&srv.url(query)).await;
+    expect_ready(&mut ws).await;
+    ws
 }
 
 pub fn tone(n: usize, start: usize, f: f32) -> Vec<f32> {
