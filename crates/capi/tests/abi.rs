@@ -131,13 +131,11 @@ fn a_greedy_session_reproduces_the_duplex_trace() {
     let steps = shape[0];
     // SAFETY: valid pointers; frame buffers read before the next pull.
     unsafe {
-        let engine = open_engine(1);
         let mut opts = session_options();
         opts.text_temperature = 0.0;
         opts.audio_temperature = 0.0;
         opts.max_queued_frames = 64;
-        let mut session = null_mut();
-        expect(mn_session_create(engine, &opts, &mut session), MnStatus::Ok);
+        let (engine, session) = open_session(&opts);
         let (mut tokens, mut codes, mut pcm) = (Vec::new(), Vec::new(), Vec::new());
         let mut frame = new_frame();
         for chunk in input.chunks(700) {
@@ -173,8 +171,7 @@ fn a_greedy_session_reproduces_the_duplex_trace() {
         assert_eq!(pcm.len(), want_pcm.len());
         let err = max_abs_diff(&pcm, &want_pcm);
         assert!(err <= 1e-4, "pcm max abs error {err}");
-        expect(mn_session_destroy(session), MnStatus::Ok);
-        expect(mn_engine_destroy(engine), MnStatus::Ok);
+        close_session(engine, session);
     }
 }
 
@@ -192,30 +189,29 @@ fn session_calls_refuse_misuse() {
             mn_session_create(engine, null(), null_mut()),
             MnStatus::Null,
         );
-        let mut opts = session_options();
-        opts.max_queued_frames = 0;
-        expect(
-            mn_session_create(engine, &opts, &mut session),
-            MnStatus::InvalidArgument,
-        );
-        let mut opts = session_options();
-        opts.first_frame_reset = 2;
-        expect(
-            mn_session_create(engine, &opts, &mut session),
-            MnStatus::InvalidArgument,
-        );
-        let mut opts = session_options();
-        opts.struct_size = 8;
-        expect(
-            mn_session_create(engine, &opts, &mut session),
-            MnStatus::InvalidArgument,
-        );
-        let mut opts = session_options();
-        opts.text_temperature = f32::NAN;
-        assert!((mn_session_create(engine, &opts, &mut session) as i32) < 0);
-        let mut opts = session_options();
-        opts.repetition_penalty = 0.0;
-        assert!((mn_session_create(engine, &opts, &mut session) as i32) < 0);
+        // Each a default options struct with one bad field.
+        let invalid: [fn(&mut MnSessionOptions); 3] = [
+            |o| o.max_queued_frames = 0,
+            |o| o.first_frame_reset = 2,
+            |o| o.struct_size = 8,
+        ];
+        for spoil in invalid {
+            let mut opts = session_options();
+            spoil(&mut opts);
+            expect(
+                mn_session_create(engine, &opts, &mut session),
+                MnStatus::InvalidArgument,
+            );
+        }
+        let refused: [fn(&mut MnSessionOptions); 2] = [
+            |o| o.text_temperature = f32::NAN,
+            |o| o.repetition_penalty = 0.0,
+        ];
+        for spoil in refused {
+            let mut opts = session_options();
+            spoil(&mut opts);
+            assert!((mn_session_create(engine, &opts, &mut session) as i32) < 0);
+        }
         assert!(session.is_null());
         let mut opts = session_options();
         (
@@ -342,12 +338,7 @@ fn two_threads_on_one_session_get_busy_not_a_crash() {
     unsafe impl Send for Handle {}
     // SAFETY: valid pointers; the hook blocks the pulling thread inside the session.
     unsafe {
-        let engine = open_engine(1);
-        let mut session = null_mut();
-        expect(
-            mn_session_create(engine, null(), &mut session),
-            MnStatus::Ok,
-        );
+        let (engine, session) = open_session(null());
         let (inside_tx, inside_rx) = mpsc::channel::<()>();
         let (go_tx, go_rx) = mpsc::channel::<()>();
         let (inside_tx, go_rx) = (Mutex::new(inside_tx), Mutex::new(go_rx));
@@ -388,8 +379,7 @@ fn two_threads_on_one_session_get_busy_not_a_crash() {
         drop(go_tx);
         expect(puller.join().unwrap(), MnStatus::Ok);
         while inside_rx.try_recv().is_ok() {}
-        expect(mn_session_destroy(session), MnStatus::Ok);
-        expect(mn_engine_destroy(engine), MnStatus::Ok);
+        close_session(engine, session);
     }
 }
 
@@ -398,12 +388,7 @@ fn two_threads_on_one_session_get_busy_not_a_crash() {
 fn a_panic_stops_at_the_boundary_and_poisons_the_handle() {
     // SAFETY: valid pointers.
     unsafe {
-        let engine = open_engine(1);
-        let mut session = null_mut();
-        expect(
-            mn_session_create(engine, null(), &mut session),
-            MnStatus::Ok,
-        );
+        let (engine, session) = open_session(null());
         test_set_phase_hook(session, Some(Arc::new(|_| panic!("injected test panic"))));
         let pcm = signal(1);
         expect(

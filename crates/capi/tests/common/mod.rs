@@ -46,6 +46,34 @@ pub fn open_engine(threads: u32) -> *mut MnEngine {
     }
 }
 
+/// A session with `options` (NULL: defaults) on a fresh fixture engine (`open_engine(1)`), both created
+/// successfully: `(engine, session)`.
+///
+/// # Safety
+/// `options` is NULL or valid for reads.
+pub unsafe fn open_session(options: *const MnSessionOptions) -> (*mut MnEngine, *mut MnSession) {
+    let engine = open_engine(1);
+    let mut session = std::ptr::null_mut();
+    // SAFETY: valid pointers; `options` by the caller's contract.
+    expect(
+        unsafe { mn_session_create(engine, options, &mut session) },
+        MnStatus::Ok,
+    );
+    (engine, session)
+}
+
+/// Destroys `session`, then `engine`; both must succeed.
+///
+/// # Safety
+/// Both are live handles (or what the ABI refuses with a status, which fails the test).
+pub unsafe fn close_session(engine: *mut MnEngine, session: *mut MnSession) {
+    // SAFETY: by the caller's contract.
+    unsafe {
+        expect(mn_session_destroy(session), MnStatus::Ok);
+        expect(mn_engine_destroy(engine), MnStatus::Ok);
+    }
+}
+
 pub fn session_options() -> MnSessionOptions {
     let mut opts = std::mem::MaybeUninit::<MnSessionOptions>::uninit();
     // SAFETY: valid pointer; initialised by the default function.
