@@ -35,6 +35,13 @@ fn run(c: &mut Command) -> Output {
     o
 }
 
+/// Runs a command that must fail; returns its stderr.
+fn refused(c: &mut Command) -> String {
+    let o = c.output().expect("binary runs");
+    assert!(!o.status.success(), "{c:?} succeeded");
+    String::from_utf8_lossy(&o.stderr).to_string()
+}
+
 fn read_wav(p: &Path) -> (hound::WavSpec, Vec<f32>) {
     let mut r = hound::WavReader::open(p).unwrap();
     let spec = r.spec();
@@ -55,34 +62,51 @@ fn input_frames(p: &Path) -> usize {
     (r.duration() as usize).div_ceil(1920)
 }
 
-fn check_duplex(model_flags: &[&str], tag: &str) -> (String, Vec<f32>) {
+/// What one `duplex` run on `fixtures/audio/hello.wav` wrote.
+struct Reply {
+    spec: hound::WavSpec,
+    pcm: Vec<f32>,
+    text: String,
+    stderr: String,
+}
+
+/// `duplex <flags> --in hello.wav --out … --text-out …` in a fresh folder named after `tag`; checks
+/// that there is one output frame per input frame.
+fn duplex(flags: &[&str], tag: &str) -> Reply {
     let input = root().join("fixtures/audio/hello.wav");
     let dir = tmp(tag);
-    let out = dir.join("reply.wav");
-    let txt = dir.join("reply.txt");
+    let (out, txt) = (dir.join("reply.wav"), dir.join("reply.txt"));
     let o = run(bin()
         .arg("duplex")
-        .args(model_flags)
-        .args(["--greedy", "--in"])
+        .args(flags)
+        .arg("--in")
         .arg(&input)
         .arg("--out")
         .arg(&out)
         .arg("--text-out")
         .arg(&txt));
     let (spec, pcm) = read_wav(&out);
-    assert_eq!(spec.sample_rate, 24_000);
-    assert_eq!(spec.channels, 1);
     assert_eq!(
         pcm.len(),
         input_frames(&input) * 1920,
         "one output frame per input frame"
     );
-    assert!(pcm.iter().any(|&x| x.abs() > 1e-4), "output is all zeros");
-    let text = std::fs::read_to_string(&txt).unwrap();
-    assert!(!text.trim().is_empty(), "empty transcript");
-    let stderr = String::from_utf8_lossy(&o.stderr).to_string();
-    assert!(stderr.contains("frames/s"), "{stderr}");
-    (stderr, pcm)
+    Reply {
+        spec,
+        pcm,
+        text: std::fs::read_to_string(&txt).unwrap(),
+        stderr: String::from_utf8_lossy(&o.stderr).to_string(),
+    }
+}
+
+fn check_duplex(model_flags: &[&str], tag: &str) -> (String, Vec<f32>) {
+    let r = duplex(&[model_flags, &["--greedy"]].concat(), tag);
+    assert_eq!(r.spec.sample_rate, 24_000);
+    assert_eq!(r.spec.channels, 1);
+    assert!(r.pcm.iter().any(|&x| x.abs() > 1e-4), "output is all zeros");
+    assert!(!r.text.trim().is_empty(), "empty transcript");
+    assert!(r.stderr.contains("frames/s"), "{}", r.stderr);
+    (r.stderr, r.pcm)
 }
 
 #[test]
@@ -150,43 +174,35 @@ fn generate_with_prompt_prints_transcript() {
 
 #[test]
 fn bad_inputs_fail_with_one_clear_line_and_nonzero_exit() {
-    let o = bin()
-        .args(["duplex", "--model", "demo", "--out", "/dev/null", "--in"])
-        .arg(root().join("Cargo.toml"))
-        .output()
-        .unwrap();
-    assert!(!o.status.success());
-    let e = String::from_utf8_lossy(&o.stderr);
+    let e = refused(
+        bin()
+            .args(["duplex", "--model", "demo", "--out", "/dev/null", "--in"])
+            .arg(root().join("Cargo.toml")),
+    );
     assert!(
         e.starts_with("error: cannot read") && e.lines().nth(1).unwrap_or("").starts_with("hint:"),
         "{e}"
     );
 
-    let o = bin()
-        .args(["duplex", "--out", "/dev/null", "--in"])
-        .arg(root().join("fixtures/audio/hello.wav"))
-        .output()
-        .unwrap();
-    assert!(!o.status.success());
-    let e = String::from_utf8_lossy(&o.stderr);
+    let e = refused(
+        bin()
+            .args(["duplex", "--out", "/dev/null", "--in"])
+            .arg(root().join("fixtures/audio/hello.wav")),
+    );
     assert!(
         e.contains("not in the Hugging Face cache") && e.contains("moshi-native fetch"),
         "{e}"
     );
 
-    let o = bin()
-        .args([
-            "generate",
-            "--model",
-            "demo",
-            "--seconds",
-            "-1",
-            "--out",
-            "/dev/null",
-        ])
-        .output()
-        .unwrap();
-    assert!(!o.status.success());
+    refused(bin().args([
+        "generate",
+        "--model",
+        "demo",
+        "--seconds",
+        "-1",
+        "--out",
+        "/dev/null",
+    ]));
 }
 
 #[test]
@@ -235,22 +251,12 @@ fn inspect_reports_the_fixture_bundle() {
 /// `duplex` on the fixture bundle with the given sampling / engine flags (no `--greedy`):
 /// (transcript, output samples).
 fn duplex_with(flags: &[&str], tag: &str) -> (String, Vec<f32>) {
-    let input = root().join("fixtures/audio/hello.wav");
-    let dir = tmp(tag);
-    let (out, txt) = (dir.join("reply.wav"), dir.join("reply.txt"));
     let bundle = root().join("fixtures/lm");
-    run(bin()
-        .args(["duplex", "--model-dir", bundle.to_str().unwrap()])
-        .args(flags)
-        .arg("--in")
-        .arg(&input)
-        .arg("--out")
-        .arg(&out)
-        .arg("--text-out")
-        .arg(&txt));
-    let (_, pcm) = read_wav(&out);
-    assert_eq!(pcm.len(), input_frames(&input) * 1920);
-    (std::fs::read_to_string(&txt).unwrap(), pcm)
+    let r = duplex(
+        &[&["--model-dir", bundle.to_str().unwrap()], flags].concat(),
+        tag,
+    );
+    (r.text, r.pcm)
 }
 
 /// Sampling, `--kv-dtype` and `--threads` end to end: a seeded sampled run is reproducible, does
