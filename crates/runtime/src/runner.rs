@@ -58,15 +58,16 @@ pub(crate) struct Handles {
     pub(crate) events: Option<EventReceiver>,
 }
 
+/// The worker's ends of a conversation's queues: events go out, recycled frame buffers come back.
+pub(crate) type WorkerEnds = (SyncSender<Event>, Receiver<FrameEvent>);
+
+/// The consumer's ends of a conversation's queues (they become its [`EventReceiver`]).
+pub(crate) type ConsumerEnds = (Receiver<Event>, SyncSender<FrameEvent>);
+
 /// A conversation's event queue of `capacity` (>= 1) frames and the queue that brings frame buffers back
 /// for reuse (two more, so that recycling never blocks the consumer): the worker's ends (events in,
 /// recycled frames out), then the consumer's, for [`Handles::connect`].
-pub(crate) fn queues(
-    capacity: usize,
-) -> (
-    (SyncSender<Event>, Receiver<FrameEvent>),
-    (Receiver<Event>, SyncSender<FrameEvent>),
-) {
+pub(crate) fn queues(capacity: usize) -> (WorkerEnds, ConsumerEnds) {
     let (tx, rx) = mpsc::sync_channel(capacity.max(1));
     let (recycle, recycled) = mpsc::sync_channel(capacity.max(1) + 2);
     ((tx, recycled), (rx, recycle))
@@ -77,7 +78,7 @@ impl Handles {
     /// [`queues`]) to the thread `worker` that drives it: a completed input frame, a command and a taken
     /// event each unpark that thread, which otherwise sleeps.
     pub(crate) fn connect(
-        (rx, recycle): (Receiver<Event>, SyncSender<FrameEvent>),
+        (rx, recycle): ConsumerEnds,
         ring: &FrameRing,
         control: SessionControl,
         producer: Option<PcmProducer>,
