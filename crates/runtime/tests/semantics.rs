@@ -67,13 +67,20 @@ fn first_frame_rule_is_the_python_server_loop() {
     );
 }
 
+/// The uninterrupted greedy run over `pcm`, and a greedy session fed its first `frames` frames with what
+/// that session emitted so far: the start of a test of a command given mid-stream.
+fn reference_and_started(pcm: &[f32], frames: usize) -> (Collected, Session, Collected) {
+    let reference = run(greedy(), pcm);
+    let mut s = greedy_session();
+    let mut c = Collected::default();
+    feed(&mut s, &pcm[..frames * FRAME_SIZE], &mut c);
+    (reference, s, c)
+}
+
 #[test]
 fn interrupt_bumps_epoch_and_leaves_model_state_untouched() {
     let pcm = signal(10, 2);
-    let reference = run(greedy(), &pcm);
-    let mut s = greedy_session();
-    let mut c = Collected::default();
-    feed(&mut s, &pcm[..4 * FRAME_SIZE], &mut c);
+    let (reference, mut s, mut c) = reference_and_started(&pcm, 4);
     assert_eq!(s.interrupt(), 1);
     feed(&mut s, &pcm[4 * FRAME_SIZE..], &mut c);
     assert_eq!(c.epoch, [0, 0, 0, 0, 1, 1, 1, 1, 1, 1]);
@@ -87,10 +94,7 @@ fn interrupt_bumps_epoch_and_leaves_model_state_untouched() {
 #[test]
 fn pause_does_not_advance_the_model_and_resume_continues_the_stream() {
     let pcm = signal(10, 3);
-    let reference = run(greedy(), &pcm);
-    let mut s = greedy_session();
-    let mut c = Collected::default();
-    feed(&mut s, &pcm[..5 * FRAME_SIZE], &mut c);
+    let (reference, mut s, mut c) = reference_and_started(&pcm, 5);
     s.pause();
     for _ in 0..5 {
         assert!(matches!(s.step().unwrap(), Step::Paused));

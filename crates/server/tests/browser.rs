@@ -314,6 +314,26 @@ async fn page_until(
     s
 }
 
+/// Clicks the page's pause button (a toggle): it must then read `label`, and `command` must reach
+/// the server.
+async fn toggle_pause(
+    cdp: &mut Cdp,
+    srv: &Running,
+    label: &str,
+    command: server::protocol::SessionCommand,
+) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let got = cdp
+        .eval("document.getElementById('pause').click(); document.getElementById('pause').textContent")
+        .await;
+    assert_eq!(got, label);
+    let received = || srv.metrics.commands[command.index()].load(Relaxed);
+    assert!(
+        eventually(5, || received() == 1).await,
+        "{command:?} never arrived"
+    );
+}
+
 /// Pause mic, resume, interrupt and new conversation, clicked on the page; each must reach the
 /// server's session (per-command counters) and have its effect (no input while paused, input
 /// again after resume, the transcript cleared by a new conversation, audio flowing afterwards).
@@ -324,14 +344,7 @@ async fn exercise_controls(cdp: &mut Cdp, srv: &Running) {
     let processed = || srv.metrics.frames_processed.load(Relaxed);
 
     // Pause: the button flips, the server receives the command, and input stops.
-    let label = cdp
-        .eval("document.getElementById('pause').click(); document.getElementById('pause').textContent")
-        .await;
-    assert_eq!(label, "Resume mic");
-    assert!(
-        eventually(5, || count(SessionCommand::Pause) == 1).await,
-        "pause never arrived"
-    );
+    toggle_pause(cdp, srv, "Resume mic", SessionCommand::Pause).await;
     tokio::time::sleep(Duration::from_millis(800)).await; // pages and frames in flight settle
     let (pages0, frames0) = (
         page_stats(cdp).await["pagesOut"].as_u64().unwrap_or(0),
@@ -349,14 +362,7 @@ async fn exercise_controls(cdp: &mut Cdp, srv: &Running) {
     assert_eq!(frames1, frames0, "the model kept running while paused");
 
     // Resume: input and frames flow again.
-    let label = cdp
-        .eval("document.getElementById('pause').click(); document.getElementById('pause').textContent")
-        .await;
-    assert_eq!(label, "Pause mic");
-    assert!(
-        eventually(5, || count(SessionCommand::Resume) == 1).await,
-        "resume never arrived"
-    );
+    toggle_pause(cdp, srv, "Pause mic", SessionCommand::Resume).await;
     assert!(
         eventually(20, || processed() > frames1 + 5).await,
         "no frames after resume ({} then {})",
