@@ -274,27 +274,23 @@ pub(crate) mod tests {
         }
         // refusals: stereo / wrong rate
         let bad = dir.join("bad.wav");
-        let spec = hound::WavSpec {
-            channels: 2,
-            sample_rate: 24000,
-            bits_per_sample: 16,
-            sample_format: hound::SampleFormat::Int,
+        // `samples` silent 16-bit samples at `channels` × `sample_rate` into `bad`.
+        let silence = |channels, sample_rate, samples| {
+            let spec = hound::WavSpec {
+                channels,
+                sample_rate,
+                bits_per_sample: 16,
+                sample_format: hound::SampleFormat::Int,
+            };
+            let mut w = hound::WavWriter::create(&bad, spec).unwrap();
+            for _ in 0..samples {
+                w.write_sample(0i16).unwrap();
+            }
+            w.finalize().unwrap();
         };
-        let mut w = hound::WavWriter::create(&bad, spec).unwrap();
-        for _ in 0..100 {
-            w.write_sample(0i16).unwrap();
-        }
-        w.finalize().unwrap();
+        silence(2, 24000, 100);
         assert!(trace_on(&dir, &bad, &out, 8, None).is_err());
-        let spec = hound::WavSpec {
-            channels: 1,
-            sample_rate: 16000,
-            bits_per_sample: 16,
-            sample_format: hound::SampleFormat::Int,
-        };
-        let mut w = hound::WavWriter::create(&bad, spec).unwrap();
-        w.write_sample(0i16).unwrap();
-        w.finalize().unwrap();
+        silence(1, 16000, 1);
         assert!(trace_on(&dir, &bad, &out, 8, None).is_err());
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -207,10 +207,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 /// this chunk (`row0 .. row0 + rows`); token −1 adds nothing, other negative tokens read row 0
 /// (the host has rejected tokens past the table). `x` is not read.
 const EMBED_BODY: &str = r#"
-@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let b = gid.y;
-    let k = gid.x;
+fn body(b: u32, k: u32) {
     let n = min(u32(stepb[0]), MAXN);
     if (b >= n || k >= P.cols / 4u) {
         return;
@@ -229,6 +226,16 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     y[o + 1u] = y[o + 1u] + w.y;
     y[o + 2u] = y[o + 2u] + w.z;
     y[o + 3u] = y[o + 3u] + w.w;
+}
+"#;
+
+/// The entry point of a kernel with one thread per value of each active row: the grid's `y` is
+/// the row `b`, thread `i` along `x` runs the kernel's `body(b, i)`, which returns at once past
+/// the row's count.
+const PER_ROW_MAIN: &str = r#"
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    body(gid.y, gid.x);
 }
 "#;
 
@@ -282,10 +289,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 /// row's fused `qkv`, then k and v stored in the row's session's ring at this step's slot. KV ring
 /// layout per layer: `[session][slot][d]`.
 const ROPE_STORE: &str = r#"
-@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let b = gid.y;
-    let p = gid.x;
+fn body(b: u32, p: u32) {
     let d = M.d;
     if (p >= d / 2u) {
         return;
@@ -393,10 +397,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 
 /// `u = silu(g[.., :hidden]) · g[.., hidden:]` for each active row.
 const GATE: &str = r#"
-@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let b = gid.y;
-    let j = gid.x;
+fn body(b: u32, j: u32) {
     if (j >= M.hidden) {
         return;
     }
@@ -449,11 +450,11 @@ impl Module {
     pub fn source(self) -> String {
         let body = match self {
             Module::Matmul(k) => [PRELUDE, MAT_PARAMS, &load4(k), MATMUL_BODY].concat(),
-            Module::Embed(k) => [PRELUDE, MAT_PARAMS, &load4(k), EMBED_BODY].concat(),
+            Module::Embed(k) => [PRELUDE, MAT_PARAMS, &load4(k), EMBED_BODY, PER_ROW_MAIN].concat(),
             Module::RmsNorm => [PRELUDE, MISC_PARAMS, RMS_NORM].concat(),
-            Module::RopeStore => [PRELUDE, MISC_PARAMS, ROPE_STORE].concat(),
+            Module::RopeStore => [PRELUDE, MISC_PARAMS, ROPE_STORE, PER_ROW_MAIN].concat(),
             Module::Attention => [PRELUDE, MISC_PARAMS, ATTENTION].concat(),
-            Module::Gate => [PRELUDE, MISC_PARAMS, GATE].concat(),
+            Module::Gate => [PRELUDE, MISC_PARAMS, GATE, PER_ROW_MAIN].concat(),
             Module::Sample => SAMPLE_WGSL.to_string(),
             Module::Copy => COPY_WGSL.to_string(),
         };
