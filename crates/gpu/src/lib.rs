@@ -26,6 +26,7 @@
 //! step records one command buffer (wgpu creates command encoders per submission by design),
 //! writes its tokens with `Queue::write_buffer` and maps one readback buffer of a fixed ring.
 
+mod bindings;
 mod context;
 mod lm;
 mod matrix;

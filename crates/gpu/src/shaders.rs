@@ -6,7 +6,7 @@
 //! Every module is also translated to MSL and HLSL by a test (`tests/naga_targets.rs`), so a shader
 //! only Metal or DX12 would reject fails here.
 
-use crate::context::{declare_bindings, Access};
+use crate::bindings::{declare_bindings, Access};
 use crate::WeightKind;
 
 /// Most activation rows one matrix product handles (the batch of a GPU backend).

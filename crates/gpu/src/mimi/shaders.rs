@@ -9,7 +9,7 @@
 //! buffer the transformer positions and frames seen ([`MimiKernel::Advance`] moves them at the
 //! end of a frame).
 
-use crate::context::{declare_bindings, Access};
+use crate::bindings::{declare_bindings, Access};
 
 /// One Mimi kernel (each its own WGSL module with entry point `main`, 64 threads per
 /// workgroup; most run one thread per index through [`PER_INDEX_MAIN`]).
