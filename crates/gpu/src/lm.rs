@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use model::lm::{LayerWeights, LmBackend, LmError, LmModel, LmSpec, NO_TOKEN, UNGENERATED};
+use model::lm::{
+    check_active_rows, LayerWeights, LmBackend, LmError, LmModel, LmSpec, NO_TOKEN, UNGENERATED,
+};
 use model::sampling::{Sampler, SamplingError};
 
 use crate::context::GpuContext;
@@ -687,25 +689,6 @@ impl GpuLm {
         q.write_buffer(&self.rope, 0, &self.bytes_host);
     }
 
-    fn check_rows(&self, rows: &[usize]) -> Result<(), LmError> {
-        if rows.is_empty() || rows.len() > self.rows {
-            return Err(LmError::Length {
-                what: "active sessions",
-                expected: self.rows,
-                got: rows.len(),
-            });
-        }
-        for (i, &b) in rows.iter().enumerate() {
-            if b >= self.rows || rows[..i].contains(&b) {
-                return Err(LmError::Config(format!(
-                    "session {b} is out of range or repeated (batch of {})",
-                    self.rows
-                )));
-            }
-        }
-        Ok(())
-    }
-
     /// Records `dispatches` for `n` rows, copies `copies` (device buffer, bytes) into the next
     /// readback buffer back to back, submits, waits and maps.
     fn run(
@@ -792,7 +775,7 @@ impl LmBackend for GpuLm {
     }
 
     fn temporal_step(&mut self, rows: &[usize], tokens: &[u32]) -> Result<(), LmError> {
-        self.check_rows(rows)?;
+        check_active_rows(rows, self.rows)?;
         let n = rows.len();
         self.w.spec.check_input_tokens(n, tokens)?;
         self.upload_step(rows, tokens);
@@ -830,7 +813,7 @@ impl LmBackend for GpuLm {
         k: usize,
         prev_tokens: &[u32],
     ) -> Result<&[f32], LmError> {
-        self.check_rows(rows)?;
+        check_active_rows(rows, self.rows)?;
         let s = &self.w.spec;
         let n = rows.len();
         if prev_tokens.len() != n {
@@ -886,7 +869,7 @@ impl LmBackend for GpuLm {
         audio: &mut [u32],
         errors: &mut [Option<SamplingError>],
     ) -> Result<bool, LmError> {
-        self.check_rows(rows)?;
+        check_active_rows(rows, self.rows)?;
         let n = rows.len();
         let s = &self.w.spec;
         let (dq, vocab) = (s.dep_q, (s.text_card, s.card));

@@ -52,6 +52,27 @@ pub const UNGENERATED: u32 = u32::MAX - 1;
 use crate::checkpoint::CheckpointError;
 use crate::sampling::SamplingError;
 
+/// Checks the `rows` argument of a batched LM step (the active conversation slots, see
+/// [`LmBackend`]) against a batch of `batch` slots: at least one, each below `batch`, none
+/// repeated. Every backend refuses a bad list with this same error before it touches any state.
+pub fn check_active_rows(rows: &[usize], batch: usize) -> Result<(), LmError> {
+    if rows.is_empty() || rows.len() > batch {
+        return Err(LmError::Length {
+            what: "active sessions",
+            expected: batch,
+            got: rows.len(),
+        });
+    }
+    for (i, &b) in rows.iter().enumerate() {
+        if b >= batch || rows[..i].contains(&b) {
+            return Err(LmError::Config(format!(
+                "session {b} is out of range or repeated (batch of {batch})"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Errors of the LM: loading (missing or mis-shaped tensors, unsupported configuration) and
 /// stepping (tokens out of range).
 #[derive(Debug, thiserror::Error)]

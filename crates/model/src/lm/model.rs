@@ -7,7 +7,7 @@ use kernels::{ops, Matrix, Pool};
 
 use super::source::TensorSource;
 use super::spec::LmSpec;
-use super::{LmError, NO_TOKEN, UNGENERATED};
+use super::{check_active_rows, LmError, NO_TOKEN, UNGENERATED};
 use crate::checkpoint::LmConfig;
 use crate::checkpoint::Weights;
 
@@ -191,25 +191,6 @@ fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, d: usize, n: usize, out: &mut [
         let r = b * d..(b + 1) * d;
         ops::rms_norm(&x[r.clone()], w, eps, &mut out[r]);
     }
-}
-
-/// `rows` must be distinct session indices below `n` (at least one).
-fn check_rows(rows: &[usize], n: usize) -> Result<(), LmError> {
-    if rows.is_empty() || rows.len() > n {
-        return Err(LmError::Length {
-            what: "active sessions",
-            expected: n,
-            got: rows.len(),
-        });
-    }
-    for (i, &b) in rows.iter().enumerate() {
-        if b >= n || rows[..i].contains(&b) {
-            return Err(LmError::Config(format!(
-                "session {b} is out of range or repeated (batch of {n})"
-            )));
-        }
-    }
-    Ok(())
 }
 
 fn ensure_len(what: &'static str, expected: usize, got: usize) -> Result<(), LmError> {
@@ -468,7 +449,7 @@ impl LmModel {
     ) -> Result<(), LmError> {
         let s = &self.spec;
         let (n, k_streams) = (rows.len(), s.num_streams());
-        check_rows(rows, st.n)?;
+        check_active_rows(rows, st.n)?;
         // Validate everything before touching the state.
         s.check_input_tokens(n, tokens)?;
         let d = s.dim;
@@ -565,7 +546,7 @@ impl LmModel {
     ) -> Result<&'s [f32], LmError> {
         let s = &self.spec;
         let n = rows.len();
-        check_rows(rows, st.n)?;
+        check_active_rows(rows, st.n)?;
         ensure_len("previous tokens", n, prev_tokens.len())?;
         if k >= s.dep_q || (k != 0 && k != st.dep_next) {
             return Err(LmError::Config(format!(
