@@ -212,18 +212,81 @@ pub fn markdown(rows: &[BenchRow]) -> String {
 }
 
 /// One convolution layer of the Mimi SEANet stack at 24 kHz, per 80 ms frame.
-#[derive(Debug, Clone, Copy)]
-struct ConvLayer {
-    transpose: bool,
-    cin: usize,
-    cout: usize,
-    k: usize,
-    stride: usize,
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConvLayer {
+    /// A `ConvTranspose1d` (upsampling) rather than a `Conv1d`.
+    pub transpose: bool,
+    /// Input channels.
+    pub cin: usize,
+    /// Output channels.
+    pub cout: usize,
+    /// Kernel size.
+    pub k: usize,
+    /// Stride.
+    pub stride: usize,
     /// Output steps (Conv1d) or input steps (ConvTranspose1d) per frame.
-    t: usize,
+    pub t: usize,
 }
 
-fn mimi_layers() -> Vec<ConvLayer> {
+impl ConvLayer {
+    /// Multiply-adds per frame, times two.
+    pub fn flops(&self) -> f64 {
+        2.0 * (self.cout * self.cin * self.k * self.t) as f64
+    }
+
+    /// The layer with synthetic weights (seed `seed`) and a constant bias, with a synthetic
+    /// input of one frame and an output buffer of the right size.
+    pub fn build(&self, seed: u64) -> BuiltConv {
+        use crate::conv::{Conv1d, ConvTranspose1d};
+        let w = synth(1, self.cout * self.cin * self.k, seed);
+        let bias = Some(vec![0.1; self.cout]);
+        let (conv, t_in, t_out) = if self.transpose {
+            let m = ConvTranspose1d::new(w, bias, self.cin, self.cout, self.k, self.stride, 1)
+                .expect("bench layer shape");
+            let t_out = m.out_len(self.t);
+            (AnyConv::T(m), self.t, t_out)
+        } else {
+            let m = Conv1d::new(w, bias, self.cin, self.cout, self.k, self.stride, 1, 1)
+                .expect("bench layer shape");
+            (AnyConv::C(m), (self.t - 1) * self.stride + self.k, self.t)
+        };
+        BuiltConv {
+            conv,
+            x: synth(self.cin, t_in, 5),
+            y: vec![0f32; self.cout * t_out],
+        }
+    }
+}
+
+enum AnyConv {
+    C(crate::conv::Conv1d),
+    T(crate::conv::ConvTranspose1d),
+}
+
+/// A [`ConvLayer`] ready to run: the convolution, its input and its output buffer.
+pub struct BuiltConv {
+    conv: AnyConv,
+    x: Vec<f32>,
+    y: Vec<f32>,
+}
+
+impl BuiltConv {
+    /// Runs the layer once on its input, on `pool` when given.
+    pub fn forward(&mut self, pool: Option<&Pool>) {
+        let (x, y) = (&self.x, &mut self.y);
+        match (&self.conv, pool) {
+            (AnyConv::C(m), Some(p)) => m.forward_pool(x, y, p),
+            (AnyConv::C(m), None) => m.forward(x, y),
+            (AnyConv::T(m), Some(p)) => m.forward_pool(x, y, p),
+            (AnyConv::T(m), None) => m.forward(x, y),
+        }
+        .expect("bench conv");
+    }
+}
+
+/// The convolution layers of the Mimi SEANet encoder and decoder, in order (some shapes occur
+/// more than once).
+pub fn mimi_layers() -> Vec<ConvLayer> {
     let c = |cin, cout, k, stride, t| ConvLayer {
         transpose: false,
         cin,
@@ -290,63 +353,16 @@ pub struct ConvBenchRow {
 /// Times the Mimi SEANet convolution stack (encoder + decoder, per 80 ms frame, the
 /// `kernels::conv` GEMM paths; ELUs and transformers excluded) with each thread count.
 pub fn run_mimi_convs(threads: &[usize], rounds: usize) -> Vec<ConvBenchRow> {
-    use crate::conv::{Conv1d, ConvTranspose1d};
-    enum L {
-        C(Conv1d),
-        T(ConvTranspose1d),
-    }
-    let mut flops = 0f64;
-    let layers: Vec<(L, Vec<f32>, Vec<f32>)> = mimi_layers()
-        .into_iter()
-        .enumerate()
-        .map(|(i, l)| {
-            let w = synth(1, l.cout * l.cin * l.k, i as u64 + 1);
-            flops += 2.0 * (l.cout * l.cin * l.k * l.t) as f64;
-            if l.transpose {
-                let m = ConvTranspose1d::new(
-                    w,
-                    Some(vec![0.1; l.cout]),
-                    l.cin,
-                    l.cout,
-                    l.k,
-                    l.stride,
-                    1,
-                )
-                .unwrap();
-                let x = synth(l.cin, l.t, 5);
-                let y = vec![0f32; l.cout * m.out_len(l.t)];
-                (L::T(m), x, y)
-            } else {
-                let m = Conv1d::new(
-                    w,
-                    Some(vec![0.1; l.cout]),
-                    l.cin,
-                    l.cout,
-                    l.k,
-                    l.stride,
-                    1,
-                    1,
-                )
-                .unwrap();
-                let t_in = (l.t - 1) * l.stride + l.k;
-                let x = synth(l.cin, t_in, 5);
-                let y = vec![0f32; l.cout * l.t];
-                (L::C(m), x, y)
-            }
-        })
-        .collect();
-    let mut layers = layers;
+    let layers = mimi_layers();
+    let flops: f64 = layers.iter().map(ConvLayer::flops).sum();
+    let mut layers: Vec<BuiltConv> = (1..).zip(&layers).map(|(seed, l)| l.build(seed)).collect();
     let pools: Vec<Pool> = threads.iter().map(|&t| Pool::new(t)).collect();
     let mut samples = vec![Vec::new(); pools.len()];
     for round in 0..rounds + 1 {
         for (pi, pool) in pools.iter().enumerate() {
             let t0 = Instant::now();
-            for (l, x, y) in layers.iter_mut() {
-                match l {
-                    L::C(m) => m.forward_pool(x, y, pool).map(|_| ()),
-                    L::T(m) => m.forward_pool(x, y, pool).map(|_| ()),
-                }
-                .expect("bench conv");
+            for l in layers.iter_mut() {
+                l.forward(Some(pool));
             }
             if round > 0 {
                 samples[pi].push(t0.elapsed().as_secs_f64() * 1e3);

@@ -24,10 +24,37 @@ fn bad(msg: String) -> KernelError {
     KernelError::BadShape(msg)
 }
 
-/// The public entry points shared by [`Conv1d`] and [`ConvTranspose1d`] (both have `in_ch`,
-/// `out_ch`, `out_len` and a private `run(table, input, t_in, t_out, output, pool)`).
+/// The public entry points and the argument checks shared by [`Conv1d`] and
+/// [`ConvTranspose1d`] (both have `in_ch`, `out_ch`, `out_len`, a private
+/// `run(table, input, t_in, t_out, output, pool)` and a private scalar
+/// `reference(input, t_in, t_out, output)`).
 macro_rules! entry_points {
     ($what:literal, $doc:literal) => {
+        /// The checks both constructors make once the sizes are known to be non-zero: channels
+        /// divisible by `groups`, a weight of `weight_len` values and a bias of `out_ch` values.
+        /// Returns the bias, zeros when none is given.
+        fn checked_bias(
+            (in_ch, out_ch, groups): (usize, usize, usize),
+            weight: &[f32],
+            weight_len: usize,
+            bias: Option<Vec<f32>>,
+        ) -> Result<Vec<f32>, KernelError> {
+            if !in_ch.is_multiple_of(groups) || !out_ch.is_multiple_of(groups) {
+                return Err(bad(format!(
+                    "{} channels {in_ch}/{out_ch} not divisible by groups {groups}",
+                    $what
+                )));
+            }
+            crate::check_len(concat!($what, " weight"), weight_len, weight.len())?;
+            match bias {
+                Some(b) => {
+                    crate::check_len(concat!($what, " bias"), out_ch, b.len())?;
+                    Ok(b)
+                }
+                None => Ok(vec![0.0; out_ch]),
+            }
+        }
+
         /// Input channels.
         pub fn in_channels(&self) -> usize {
             self.in_ch
@@ -101,6 +128,17 @@ macro_rules! entry_points {
             self.forward_with(conv_table(kernel)?, input, output, pool)
         }
 
+        /// Plain scalar definition (direct loops) for tests.
+        pub fn forward_reference(
+            &self,
+            input: &[f32],
+            output: &mut [f32],
+        ) -> Result<usize, KernelError> {
+            let (t_in, t_out) = self.dims(input, output)?;
+            self.reference(input, t_in, t_out, output);
+            Ok(t_out)
+        }
+
         fn forward_with(
             &self,
             kern: &Kernels,
@@ -147,20 +185,8 @@ impl Conv1d {
         if in_ch == 0 || out_ch == 0 || k == 0 || stride == 0 || dilation == 0 || groups == 0 {
             return Err(bad(format!("conv1d in {in_ch} out {out_ch} k {k} stride {stride} dilation {dilation} groups {groups}")));
         }
-        if !in_ch.is_multiple_of(groups) || !out_ch.is_multiple_of(groups) {
-            return Err(bad(format!(
-                "conv1d channels {in_ch}/{out_ch} not divisible by groups {groups}"
-            )));
-        }
         let (ig, og) = (in_ch / groups, out_ch / groups);
-        crate::check_len("conv1d weight", out_ch * ig * k, weight.len())?;
-        let bias = match bias {
-            Some(b) => {
-                crate::check_len("conv1d bias", out_ch, b.len())?;
-                b
-            }
-            None => vec![0.0; out_ch],
-        };
+        let bias = Self::checked_bias((in_ch, out_ch, groups), &weight, out_ch * ig * k, bias)?;
         let kk = ig * k;
         let packed = (0..groups)
             .map(|g| PackedA::new(og, kk, |r, c| weight[(g * og + r) * kk + c]))
@@ -308,13 +334,8 @@ impl Conv1d {
         }
     }
 
-    /// Plain scalar definition (direct loops) for tests.
-    pub fn forward_reference(
-        &self,
-        input: &[f32],
-        output: &mut [f32],
-    ) -> Result<usize, KernelError> {
-        let (t_in, t_out) = self.dims(input, output)?;
+    /// The direct definition behind `forward_reference` (sizes checked).
+    fn reference(&self, input: &[f32], t_in: usize, t_out: usize, output: &mut [f32]) {
         let (ig, og) = (self.in_ch / self.groups, self.out_ch / self.groups);
         for oc in 0..self.out_ch {
             let g = oc / og;
@@ -329,7 +350,6 @@ impl Conv1d {
                 output[oc * t_out + t] = s;
             }
         }
-        Ok(t_out)
     }
 }
 
@@ -456,20 +476,8 @@ impl ConvTranspose1d {
                 "conv_transpose1d in {in_ch} out {out_ch} k {k} stride {stride} groups {groups}"
             )));
         }
-        if !in_ch.is_multiple_of(groups) || !out_ch.is_multiple_of(groups) {
-            return Err(bad(format!(
-                "conv_transpose1d channels {in_ch}/{out_ch} not divisible by groups {groups}"
-            )));
-        }
         let og = out_ch / groups;
-        crate::check_len("conv_transpose1d weight", in_ch * og * k, weight.len())?;
-        let bias = match bias {
-            Some(b) => {
-                crate::check_len("conv_transpose1d bias", out_ch, b.len())?;
-                b
-            }
-            None => vec![0.0; out_ch],
-        };
+        let bias = Self::checked_bias((in_ch, out_ch, groups), &weight, in_ch * og * k, bias)?;
         let packed = (groups == 1).then(|| {
             PackedA::new(out_ch * k, in_ch, |r, ic| {
                 weight[(ic * out_ch + r / k) * k + r % k]
@@ -619,13 +627,8 @@ impl ConvTranspose1d {
         }
     }
 
-    /// Plain scalar definition (direct loops) for tests.
-    pub fn forward_reference(
-        &self,
-        input: &[f32],
-        output: &mut [f32],
-    ) -> Result<usize, KernelError> {
-        let (t_in, t_out) = self.dims(input, output)?;
+    /// The direct definition behind `forward_reference` (sizes checked).
+    fn reference(&self, input: &[f32], t_in: usize, t_out: usize, output: &mut [f32]) {
         let (ig, og) = (self.in_ch / self.groups, self.out_ch / self.groups);
         for oc in 0..self.out_ch {
             let g = oc / og;
@@ -646,6 +649,5 @@ impl ConvTranspose1d {
                 output[oc * t_out + tt] = acc;
             }
         }
-        Ok(t_out)
     }
 }

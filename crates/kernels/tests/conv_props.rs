@@ -43,25 +43,29 @@ proptest! {
     }
 }
 
+/// Checks `forward_pool` on `$pool` against `forward_reference` for `$conv` on an input of
+/// `$t_in` steps drawn from `$seed`. A macro for the same reason as `check_paths!`.
+macro_rules! check_threaded {
+    ($conv:expr, $t_in:expr, $seed:expr, $pool:expr, $what:expr) => {{
+        let conv = $conv;
+        let x = vals($seed, conv.in_channels() * $t_in);
+        let len = conv.out_channels() * conv.out_len($t_in);
+        let (mut a, mut b) = (vec![0f32; len], vec![0f32; len]);
+        conv.forward_reference(&x, &mut a).unwrap();
+        conv.forward_pool(&x, &mut b, $pool).unwrap();
+        close(&a, &b, 1e-3, $what);
+    }};
+}
+
 /// Big enough to take the threaded paths (the small cases above run inline).
 #[test]
 fn large_convs_threaded_match_reference() {
     let pool = Pool::new(2);
     let conv = Conv1d::new(vals(1, 48 * 32 * 3), Some(vals(2, 48)), 32, 48, 3, 1, 2, 1).unwrap();
-    let x = vals(3, 32 * 300);
-    let t = conv.out_len(300);
-    let (mut a, mut b) = (vec![0f32; 48 * t], vec![0f32; 48 * t]);
-    conv.forward_reference(&x, &mut a).unwrap();
-    conv.forward_pool(&x, &mut b, &pool).unwrap();
-    close(&a, &b, 1e-3, "threaded conv1d");
+    check_threaded!(conv, 300, 3, &pool, "threaded conv1d");
     let ct =
         ConvTranspose1d::new(vals(4, 64 * 40 * 8), Some(vals(5, 40)), 64, 40, 8, 4, 1).unwrap();
-    let x = vals(6, 64 * 100);
-    let t = ct.out_len(100);
-    let (mut a, mut b) = (vec![0f32; 40 * t], vec![0f32; 40 * t]);
-    ct.forward_reference(&x, &mut a).unwrap();
-    ct.forward_pool(&x, &mut b, &pool).unwrap();
-    close(&a, &b, 1e-3, "threaded conv transpose");
+    check_threaded!(ct, 100, 6, &pool, "threaded conv transpose");
 }
 
 #[test]

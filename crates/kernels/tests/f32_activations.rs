@@ -8,7 +8,7 @@ use kernels::{Matrix, Pool, Scratch, WeightFormat};
 use proptest::prelude::*;
 
 mod common;
-use common::vals;
+use common::{matmul_cases, vals, MatmulCase};
 
 const FORMATS: [WeightFormat; 4] = [
     WeightFormat::Q8_0,
@@ -21,16 +21,11 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
 
     #[test]
-    fn quantized_times_f32_activations_is_exact(
-        rows in 1usize..40,
-        blocks in 1usize..5,
-        n in 1usize..6,
-        seed in 1u64..1_000_000,
-    ) {
+    fn quantized_times_f32_activations_is_exact(case in matmul_cases(6)) {
         kernels::set_f32_activations(true);
         prop_assert!(kernels::f32_activations());
-        let cols = 64 * blocks;
-        let w = vals(seed, rows * cols);
+        let MatmulCase { rows, cols, n, seed } = case;
+        let w = case.weights();
         // Activations far from any 8-bit grid: a large dynamic range inside each block.
         let x: Vec<f32> = vals(seed ^ 0x9e37, n * cols)
             .iter()

@@ -8,7 +8,7 @@ use kernels::{KernelSet, Matrix, Scratch, WeightFormat};
 use proptest::prelude::*;
 
 mod common;
-use common::{vals, FORMATS};
+use common::{matmul_cases, vals, MatmulCase, FORMATS};
 
 fn exact(set: KernelSet, fmt: WeightFormat) -> bool {
     let neon = matches!(
@@ -26,14 +26,9 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 32, .. ProptestConfig::default() })]
 
     #[test]
-    fn every_set_matches_the_reference(
-        rows in 1usize..40,
-        blocks in 1usize..5,
-        n in 1usize..7,
-        seed in 1u64..1_000_000,
-    ) {
-        let cols = 64 * blocks;
-        let w = vals(seed, rows * cols);
+    fn every_set_matches_the_reference(case in matmul_cases(7)) {
+        let MatmulCase { rows, cols, n, seed } = case;
+        let w = case.weights();
         let x: Vec<f32> = vals(seed ^ 0x51, n * cols).iter().map(|v| v * 3.0).collect();
         let mut sc = Scratch::new();
         for fmt in FORMATS {

@@ -164,6 +164,35 @@ proptest! {
     }
 }
 
+/// Calls `check(r, c, v)` for every value `v` that `row_f32` decodes from `m`.
+fn each_decoded(m: &Matrix, mut check: impl FnMut(usize, usize, f32)) {
+    let mut row = vec![0f32; m.cols()];
+    for r in 0..m.rows() {
+        m.row_f32(r, &mut row);
+        for (c, &v) in row.iter().enumerate() {
+            check(r, c, v);
+        }
+    }
+}
+
+/// Builds the `fmt` matrix over its GGML encoding `bytes` (`block_bytes` per 32 weights, f16
+/// scale first) and calls `check(block, scale, r, c, v)` for every value `v` that `row_f32`
+/// decodes, with the block holding weight `(r, c)` and that block's scale.
+fn each_ggml_decoded(
+    fmt: WeightFormat,
+    block_bytes: usize,
+    (rows, cols): (usize, usize),
+    bytes: &[u8],
+    mut check: impl FnMut(&[u8], f32, usize, usize, f32),
+) {
+    let m = Matrix::from_bytes(fmt, rows, cols, Storage::from_vec(bytes.to_vec())).unwrap();
+    each_decoded(&m, |r, c, v| {
+        let blk = &bytes[(r * cols + c) / 32 * block_bytes..];
+        let d = f16::from_bits(u16::from_le_bytes([blk[0], blk[1]])).to_f32();
+        check(blk, d, r, c, v)
+    });
+}
+
 /// Independent decoders of the on-disk layouts, checked against `row_f32`.
 #[test]
 fn row_f32_matches_on_disk_layouts() {
@@ -172,47 +201,34 @@ fn row_f32_matches_on_disk_layouts() {
     let w = rng.vec(rows * cols, 1.0);
     // Q8_0
     let bytes = encode_q8_0(&w).unwrap();
-    let m = Matrix::from_bytes(
+    each_ggml_decoded(
         WeightFormat::Q8_0,
-        rows,
-        cols,
-        Storage::from_vec(bytes.clone()),
-    )
-    .unwrap();
-    let mut row = vec![0f32; cols];
-    for r in 0..rows {
-        m.row_f32(r, &mut row);
-        for c in 0..cols {
-            let blk = &bytes[(r * 2 + c / 32) * 34..];
-            let d = f16::from_bits(u16::from_le_bytes([blk[0], blk[1]])).to_f32();
-            assert_eq!(row[c], d * (blk[2 + c % 32] as i8) as f32);
-            assert!((row[c] - w[r * cols + c]).abs() <= d * 0.6 + 1e-6);
-        }
-    }
+        34,
+        (rows, cols),
+        &bytes,
+        |blk, d, r, c, v| {
+            assert_eq!(v, d * (blk[2 + c % 32] as i8) as f32);
+            assert!((v - w[r * cols + c]).abs() <= d * 0.6 + 1e-6);
+        },
+    );
     // Q4_0
     let bytes = encode_q4_0(&w).unwrap();
-    let m = Matrix::from_bytes(
+    each_ggml_decoded(
         WeightFormat::Q4_0,
-        rows,
-        cols,
-        Storage::from_vec(bytes.clone()),
-    )
-    .unwrap();
-    for r in 0..rows {
-        m.row_f32(r, &mut row);
-        for c in 0..cols {
-            let blk = &bytes[(r * 2 + c / 32) * 18..];
-            let d = f16::from_bits(u16::from_le_bytes([blk[0], blk[1]])).to_f32();
+        18,
+        (rows, cols),
+        &bytes,
+        |blk, d, r, c, v| {
             let j = c % 32;
             let q = if j < 16 {
                 blk[2 + j] & 15
             } else {
                 blk[2 + j - 16] >> 4
             };
-            assert_eq!(row[c], d * (q as i32 - 8) as f32);
-            assert!((row[c] - w[r * cols + c]).abs() <= d.abs() * 1.01 + 1e-6);
-        }
-    }
+            assert_eq!(v, d * (q as i32 - 8) as f32);
+            assert!((v - w[r * cols + c]).abs() <= d.abs() * 1.01 + 1e-6);
+        },
+    );
     // MLX 4 and 8 bit, group 32
     for bits in [4u8, 8] {
         let (codes, s, b) = encode_mlx(bits, 32, rows, cols, &w).unwrap();
@@ -227,26 +243,23 @@ fn row_f32_matches_on_disk_layouts() {
         )
         .unwrap();
         let per_word = 32 / bits as usize;
-        for r in 0..rows {
-            m.row_f32(r, &mut row);
-            for c in 0..cols {
-                let wi = (r * cols + c) / per_word;
-                let word = u32::from_le_bytes([
-                    codes[4 * wi],
-                    codes[4 * wi + 1],
-                    codes[4 * wi + 2],
-                    codes[4 * wi + 3],
-                ]);
-                let q = (word >> (bits as usize * (c % per_word))) & ((1 << bits) - 1);
-                let gi = (r * cols + c) / 32;
-                let sc = bf16::from_bits(u16::from_le_bytes([s[2 * gi], s[2 * gi + 1]])).to_f32();
-                let bi = bf16::from_bits(u16::from_le_bytes([b[2 * gi], b[2 * gi + 1]])).to_f32();
-                assert!(
-                    (row[c] - (sc * q as f32 + bi)).abs() <= 1e-6 * (1.0 + bi.abs()),
-                    "bits {bits}"
-                );
-            }
-        }
+        each_decoded(&m, |r, c, v| {
+            let wi = (r * cols + c) / per_word;
+            let word = u32::from_le_bytes([
+                codes[4 * wi],
+                codes[4 * wi + 1],
+                codes[4 * wi + 2],
+                codes[4 * wi + 3],
+            ]);
+            let q = (word >> (bits as usize * (c % per_word))) & ((1 << bits) - 1);
+            let gi = (r * cols + c) / 32;
+            let sc = bf16::from_bits(u16::from_le_bytes([s[2 * gi], s[2 * gi + 1]])).to_f32();
+            let bi = bf16::from_bits(u16::from_le_bytes([b[2 * gi], b[2 * gi + 1]])).to_f32();
+            assert!(
+                (v - (sc * q as f32 + bi)).abs() <= 1e-6 * (1.0 + bi.abs()),
+                "bits {bits}"
+            );
+        });
     }
 }
 

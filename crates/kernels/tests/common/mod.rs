@@ -3,6 +3,7 @@
 
 use kernels::conv::{Conv1d, ConvTranspose1d};
 use kernels::KernelError;
+use proptest::strategy::Strategy;
 
 /// `n` deterministic pseudo-random values in `[-1, 1)` (xorshift64 seeded by `seed`).
 pub use testkit::rng::values as vals;
@@ -10,6 +11,40 @@ pub use testkit::rng::values as vals;
 /// Every weight format the kernels multiply (MLX affine with 4 and 8 bits, groups of 32 and 64).
 #[allow(unused_imports)] // like the helpers below, not every test binary uses it
 pub use testkit::FORMATS;
+
+/// A random matrix product of the matmul property tests: `rows` weight rows of `cols` columns
+/// (whole blocks of 64, as every format needs), `n` activation rows, values drawn from `seed`.
+#[derive(Clone, Debug)]
+pub struct MatmulCase {
+    /// Weight rows.
+    pub rows: usize,
+    /// Columns (a multiple of 64).
+    pub cols: usize,
+    /// Activation rows.
+    pub n: usize,
+    /// Seed of the weights (and, mixed with a constant, of the activations).
+    pub seed: u64,
+}
+
+impl MatmulCase {
+    /// The `rows·cols` weights of the case.
+    pub fn weights(&self) -> Vec<f32> {
+        vals(self.seed, self.rows * self.cols)
+    }
+}
+
+/// [`MatmulCase`]s of 1..40 rows, 1..4 blocks of 64 columns and `1..max_n` activation rows:
+/// ragged row counts that end inside a tile, and from a single activation row to a few.
+pub fn matmul_cases(max_n: usize) -> impl Strategy<Value = MatmulCase> {
+    (1usize..40, 1usize..5, 1usize..max_n, 1u64..1_000_000).prop_map(|(rows, blocks, n, seed)| {
+        MatmulCase {
+            rows,
+            cols: 64 * blocks,
+            n,
+            seed,
+        }
+    })
+}
 
 /// Asserts that `a` and `b` have the same length and differ by at most `tol` anywhere (`what`
 /// names the case in the failure message).
