@@ -43,25 +43,39 @@ impl Dense {
     fn f32s(&self) -> &[f32] {
         match self {
             Dense::F32Owned(v) => v,
-            Dense::F32(s) => {
-                let b = s.as_bytes();
-                // SAFETY: alignment to 4 was checked at construction; any bit pattern is a valid f32.
-                unsafe { std::slice::from_raw_parts(b.as_ptr() as *const f32, b.len() / 4) }
-            }
+            // SAFETY: alignment to 4 was checked at construction; any bit pattern is a valid f32.
+            Dense::F32(s) => unsafe { view(s) },
             _ => &[],
         }
     }
     fn u16s(&self) -> &[u16] {
         match self {
             Dense::U16Owned(v) => v,
-            Dense::U16(s) => {
-                let b = s.as_bytes();
-                // SAFETY: alignment to 2 was checked at construction.
-                unsafe { std::slice::from_raw_parts(b.as_ptr() as *const u16, b.len() / 2) }
-            }
+            // SAFETY: alignment to 2 was checked at construction.
+            Dense::U16(s) => unsafe { view(s) },
             _ => &[],
         }
     }
+}
+
+/// The bytes of `s` as `T`s (the tail short of a whole `T` left out).
+///
+/// # Safety
+/// `s` is aligned for `T` and every bit pattern is a valid `T`.
+unsafe fn view<T>(s: &Storage) -> &[T] {
+    let b = s.as_bytes();
+    std::slice::from_raw_parts(b.as_ptr() as *const T, b.len() / std::mem::size_of::<T>())
+}
+
+/// `None` when `bytes` is aligned for `T` (it can be viewed in place), else its `W`-byte
+/// little-endian values decoded into a vector.
+fn unaligned_copy<T, const W: usize>(bytes: &Storage, from_le: fn([u8; W]) -> T) -> Option<Vec<T>> {
+    let b = bytes.as_bytes();
+    if (b.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>()) {
+        return None;
+    }
+    let le = |c: &[u8]| from_le(c.try_into().expect("chunks of W bytes"));
+    Some(b.chunks_exact(W).map(le).collect())
 }
 
 enum Data {
@@ -150,30 +164,16 @@ impl Matrix {
         let data = match format {
             WeightFormat::F32 => {
                 check_len("f32 matrix bytes", n * 4, bytes.len())?;
-                if (bytes.as_bytes().as_ptr() as usize).is_multiple_of(4) {
-                    Dense::F32(bytes)
-                } else {
-                    Dense::F32Owned(
-                        bytes
-                            .as_bytes()
-                            .chunks_exact(4)
-                            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                            .collect(),
-                    )
+                match unaligned_copy(&bytes, f32::from_le_bytes) {
+                    None => Dense::F32(bytes),
+                    Some(v) => Dense::F32Owned(v),
                 }
             }
             WeightFormat::Bf16 | WeightFormat::F16 => {
                 check_len("16-bit matrix bytes", n * 2, bytes.len())?;
-                if (bytes.as_bytes().as_ptr() as usize).is_multiple_of(2) {
-                    Dense::U16(bytes)
-                } else {
-                    Dense::U16Owned(
-                        bytes
-                            .as_bytes()
-                            .chunks_exact(2)
-                            .map(|c| u16::from_le_bytes([c[0], c[1]]))
-                            .collect(),
-                    )
+                match unaligned_copy(&bytes, u16::from_le_bytes) {
+                    None => Dense::U16(bytes),
+                    Some(v) => Dense::U16Owned(v),
                 }
             }
             WeightFormat::Q8_0 | WeightFormat::Q4_0 => {
@@ -192,33 +192,20 @@ impl Matrix {
                     let x = blk(r, g);
                     u16::from_le_bytes([x[0], x[1]])
                 };
-                let q = if format == WeightFormat::Q8_0 {
-                    QPacked::build(
-                        QKind::Q8Sym,
-                        rows,
-                        cols,
-                        QK,
-                        |r, b, out| out.copy_from_slice(&blk(r, b)[2..]),
-                        scale,
-                        None,
-                    )
-                } else {
-                    QPacked::build(
-                        QKind::Q4Sym,
-                        rows,
-                        cols,
-                        QK,
-                        |r, b, out| {
-                            let x = &blk(r, b)[2..];
-                            for j in 0..16 {
-                                out[j] = x[j] & 15;
-                                out[j + 16] = x[j] >> 4;
-                            }
-                        },
-                        scale,
-                        None,
-                    )
+                let q8 = format == WeightFormat::Q8_0;
+                let kind = if q8 { QKind::Q8Sym } else { QKind::Q4Sym };
+                let fill = |r: usize, b: usize, out: &mut [u8; QK]| {
+                    let x = &blk(r, b)[2..];
+                    if q8 {
+                        out.copy_from_slice(x);
+                    } else {
+                        for j in 0..16 {
+                            out[j] = x[j] & 15;
+                            out[j + 16] = x[j] >> 4;
+                        }
+                    }
                 };
+                let q = QPacked::build(kind, rows, cols, QK, fill, scale, None);
                 return Ok(Matrix {
                     rows,
                     cols,
@@ -279,38 +266,27 @@ impl Matrix {
         };
         let scale = |r: usize, g: usize| u16_at(sb, r, g);
         let bias = |r: usize, g: usize| u16_at(bb, r, g);
-        let q = if bits == 4 {
-            QPacked::build(
-                QKind::Affine4,
-                rows,
-                cols,
-                group,
-                |r, b, out| {
-                    let x = &wb[r * row_bytes + b * 16..r * row_bytes + b * 16 + 16];
-                    for j in 0..16 {
-                        out[2 * j] = x[j] & 15;
-                        out[2 * j + 1] = x[j] >> 4;
-                    }
-                },
-                scale,
-                Some(&bias),
-            )
+        let kind = if bits == 4 {
+            QKind::Affine4
         } else {
-            QPacked::build(
-                QKind::Affine8,
-                rows,
-                cols,
-                group,
-                |r, b, out| {
-                    let x = &wb[r * row_bytes + b * 32..r * row_bytes + b * 32 + 32];
-                    for j in 0..32 {
-                        out[j] = x[j] ^ 0x80; // q − 128 as a signed byte
-                    }
-                },
-                scale,
-                Some(&bias),
-            )
+            QKind::Affine8
         };
+        // Bytes of one block of 32 codes.
+        let bb = 4 * bits as usize;
+        let fill = |r: usize, b: usize, out: &mut [u8; QK]| {
+            let x = &wb[r * row_bytes + b * bb..r * row_bytes + (b + 1) * bb];
+            if bits == 4 {
+                for j in 0..16 {
+                    out[2 * j] = x[j] & 15;
+                    out[2 * j + 1] = x[j] >> 4;
+                }
+            } else {
+                for j in 0..32 {
+                    out[j] = x[j] ^ 0x80; // q − 128 as a signed byte
+                }
+            }
+        };
+        let q = QPacked::build(kind, rows, cols, group, fill, scale, Some(&bias));
         Ok(Matrix {
             rows,
             cols,
