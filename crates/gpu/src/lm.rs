@@ -8,6 +8,7 @@ use model::lm::{
 };
 use model::sampling::{Sampler, SamplingError};
 
+use crate::bindings::uniform_block;
 use crate::context::GpuContext;
 use crate::matrix::{f32_bytes, Dispatch, GpuMatrix, Grid, MatParams};
 use crate::sample::{device_samples, SampleStage};
@@ -162,37 +163,21 @@ impl GpuLmWeights {
     }
 }
 
-/// The uniform block of the non-weight kernels (`Misc` in the WGSL).
-#[derive(Debug, Clone, Copy, Default)]
-struct Misc {
-    d: u32,
-    w_off: u32,
-    eps: f32,
-    heads: u32,
-    head_dim: u32,
-    ctx: u32,
-    fixed_slot: i32,
-    rope: bool,
-    hidden: u32,
-}
-
-impl Misc {
-    fn bytes(&self) -> Vec<u8> {
-        let v: [u32; 12] = [
-            self.d,
-            self.w_off,
-            self.eps.to_bits(),
-            self.heads,
-            self.head_dim,
-            self.ctx,
-            self.fixed_slot as u32,
-            self.rope as u32,
-            self.hidden,
-            0,
-            0,
-            0,
-        ];
-        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+uniform_block! {
+    /// The uniform block `M` of the non-weight kernels (RMS norm, RoPE and KV store, attention,
+    /// gated SiLU; [`Module::source`] declares it to them from here); each reads the fields it
+    /// needs. `ctx` is the ring capacity per session, `fixed_slot` the ring slot of a Depformer
+    /// step (−1 for the temporal stack).
+    pub(crate) struct Misc {
+        d: u32,
+        w_off: u32,
+        eps: f32,
+        heads: u32,
+        head_dim: u32,
+        ctx: u32,
+        fixed_slot: i32,
+        rope: bool,
+        hidden: u32,
     }
 }
 

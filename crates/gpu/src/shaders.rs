@@ -7,6 +7,7 @@
 //! only Metal or DX12 would reject fails here.
 
 use crate::bindings::{declare_bindings, Access};
+use crate::lm::Misc;
 use crate::WeightKind;
 
 /// Most activation rows one matrix product handles (the batch of a GPU backend).
@@ -239,24 +240,6 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 "#;
 
-/// Parameters of the non-weight kernels.
-const MISC_PARAMS: &str = r#"
-struct Misc {
-    d: u32,
-    w_off: u32,
-    eps: f32,
-    heads: u32,
-    head_dim: u32,
-    ctx: u32,
-    fixed_slot: i32,
-    rope: u32,
-    hidden: u32,
-    ld_in: u32,
-    ld_out: u32,
-    pad: u32,
-};
-"#;
-
 /// RMS norm of each active row: `out = x · (w · 1/√(mean(x²) + eps))` (the CPU's grouping).
 const RMS_NORM: &str = r#"
 var<workgroup> part: array<f32, 64>;
@@ -451,10 +434,10 @@ impl Module {
         let body = match self {
             Module::Matmul(k) => [PRELUDE, MAT_PARAMS, &load4(k), MATMUL_BODY].concat(),
             Module::Embed(k) => [PRELUDE, MAT_PARAMS, &load4(k), EMBED_BODY, PER_ROW_MAIN].concat(),
-            Module::RmsNorm => [PRELUDE, MISC_PARAMS, RMS_NORM].concat(),
-            Module::RopeStore => [PRELUDE, MISC_PARAMS, ROPE_STORE, PER_ROW_MAIN].concat(),
-            Module::Attention => [PRELUDE, MISC_PARAMS, ATTENTION].concat(),
-            Module::Gate => [PRELUDE, MISC_PARAMS, GATE, PER_ROW_MAIN].concat(),
+            Module::RmsNorm => [PRELUDE, &Misc::wgsl(), RMS_NORM].concat(),
+            Module::RopeStore => [PRELUDE, &Misc::wgsl(), ROPE_STORE, PER_ROW_MAIN].concat(),
+            Module::Attention => [PRELUDE, &Misc::wgsl(), ATTENTION].concat(),
+            Module::Gate => [PRELUDE, &Misc::wgsl(), GATE, PER_ROW_MAIN].concat(),
             Module::Sample => SAMPLE_WGSL.to_string(),
             Module::Copy => COPY_WGSL.to_string(),
         };

@@ -411,10 +411,13 @@ impl<'a> Recorder<'a> {
         Ok(b)
     }
 
+    /// Records `k` over `threads` threads; `words` are its fields of the uniform block in the
+    /// order of [`MimiKernel::params`], after the thread count.
     fn launch(&mut self, k: MimiKernel, words: &[u32], bufs: &[&wgpu::Buffer], threads: usize) {
         let ctx = &self.w.ctx;
         let mut block = [0u32; 16];
-        block[..words.len()].copy_from_slice(words);
+        block[0] = threads as u32;
+        block[1..=words.len()].copy_from_slice(words);
         let bytes: Vec<u8> = block.iter().flat_map(|v| v.to_le_bytes()).collect();
         let uniform = ctx.uniform("mimi params", &bytes);
         let (pipeline, layout) = &self.w.kernels[&k];

@@ -1,7 +1,7 @@
 //! The WGSL kernels of Mimi on the device. Activations are f32; SEANet tensors are channel-major
 //! `[C, T]`, transformer tensors row-major `[T, d]`. Every kernel takes its sizes from a uniform
-//! block of 16 words written once at load (each kernel names the words it reads), so a frame
-//! records the same launches over the same bind groups.
+//! block of at most 16 words written once at load (each kernel declares its own fields,
+//! [`MimiKernel::params`]), so a frame records the same launches over the same bind groups.
 //!
 //! Streaming state lives in device buffers: each convolution keeps its last `pad` input columns
 //! ([`MimiKernel::ConvHistory`] moves them after the convolution has read them), each transposed
@@ -9,7 +9,7 @@
 //! buffer the transformer positions and frames seen ([`MimiKernel::Advance`] moves them at the
 //! end of a frame).
 
-use crate::bindings::{declare_bindings, Access};
+use crate::bindings::{declare_bindings, declare_uniform, Access};
 
 /// One Mimi kernel (each its own WGSL module with entry point `main`, 64 threads per
 /// workgroup; most run one thread per index through [`PER_INDEX_MAIN`]).
@@ -79,7 +79,17 @@ impl MimiKernel {
             _ => PER_INDEX_MAIN,
         };
         let bindings = declare_bindings(self.access(), "P: Params", self.buffers());
-        [&bindings, PRELUDE, body, main].concat()
+        let own = self.params().split(',').map(|f| match f.split_once(':') {
+            Some((name, ty)) => (name.trim(), ty.trim()),
+            None => (f.trim(), "u32"),
+        });
+        let fields: Vec<(&str, &str)> = std::iter::once(("threads", "u32")).chain(own).collect();
+        assert!(
+            fields.len() <= 16,
+            "{self:?}: more fields than the 16-word block"
+        );
+        let params = declare_uniform("Params", fields);
+        [&bindings, &params, ELU, body, main].concat()
     }
 
     /// How the kernel binds its buffers (binding 0 is always the uniform block).
@@ -97,6 +107,29 @@ impl MimiKernel {
             MimiKernel::RopeStore => &[U, W, W, W, R, R],
             MimiKernel::Attention => &[U, R, R, R, W, R],
             MimiKernel::Advance => &[U, W],
+        }
+    }
+
+    /// The kernel's fields of the uniform block `P`, in the order of the words the host writes
+    /// after word 0, the launch's thread count `threads` (at most 15; `u32` unless typed, an
+    /// `f32` written as its bits).
+    pub(crate) fn params(self) -> &'static str {
+        match self {
+            MimiKernel::Conv => {
+                "cin, cout, k, stride, dilation, pad, tin, tout, elu, replicate, counter, accumulate"
+            }
+            MimiKernel::ConvHistory => "cin, pad, tin, replicate, counter",
+            MimiKernel::ConvTranspose => "cin, cout, k, stride, tin, tout, tail_len, elu, depthwise",
+            MimiKernel::RvqDecode => "dim, cb_dim, bins, n_codebooks",
+            MimiKernel::RvqSearch => "cb_dim, bins, n_codebooks, bound: f32",
+            MimiKernel::Transpose => "a, b",
+            MimiKernel::LayerNorm => "rows, d, eps: f32",
+            MimiKernel::Linear => "rows, cols, outs, mode",
+            MimiKernel::RopeStore => "rows, d, heads, head_dim, capacity, counter",
+            MimiKernel::Attention => {
+                "rows, d, heads, head_dim, capacity, context, counter, scale: f32"
+            }
+            MimiKernel::Advance => "counter, amount",
         }
     }
 
@@ -123,87 +156,69 @@ impl MimiKernel {
     }
 }
 
-/// The uniform block (16 words; each kernel reads the ones it names) and the ELU of the
-/// convolutions' inputs.
-const PRELUDE: &str = r#"
-struct Params {
-    w0: u32, w1: u32, w2: u32, w3: u32,
-    w4: u32, w5: u32, w6: u32, w7: u32,
-    w8: u32, w9: u32, w10: u32, w11: u32,
-    w12: u32, w13: u32, w14: u32, w15: u32,
-};
-
+/// The ELU of the convolutions' inputs.
+const ELU: &str = r#"
 fn elu(v: f32) -> f32 {
     return select(exp(v) - 1.0, v, v > 0.0);
 }
 "#;
 
 /// The entry point of a kernel with one thread per index: the launch's workgroups folded into two
-/// dimensions (one dimension may not hold a large launch's), thread `i` running the kernel's
-/// `body(i)`, which returns at once past the kernel's count.
+/// dimensions (one dimension may not hold a large launch's), thread `i` below the launch's
+/// thread count running the kernel's `body(i)` (the threads past it, filling the last
+/// workgroups, do nothing).
 const PER_INDEX_MAIN: &str = r#"
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
-    body((wid.y * nwg.x + wid.x) * 64u + lid);
+    let i = (wid.y * nwg.x + wid.x) * 64u + lid;
+    if (i < P.threads) {
+        body(i);
+    }
 }
 "#;
 
-/// Words: cin, cout, k, stride, dilation, pad, tin, tout, elu, replicate, counter, accumulate.
 /// One thread per output `(o, t)`; padded column `j` is history column `j` for `j < pad`
 /// (the first input sample on the first frame under replicate padding), else input column
 /// `j − pad`.
 const CONV: &str = r#"
 fn body(idx: u32) {
-    let cin = P.w0;
-    let cout = P.w1;
-    let k = P.w2;
-    let stride = P.w3;
-    let dil = P.w4;
-    let pad = P.w5;
-    let tin = P.w6;
-    let tout = P.w7;
-    if (idx >= cout * tout) {
-        return;
-    }
+    let tout = P.tout;
     let o = idx / tout;
     let t = idx % tout;
-    let first = P.w9 != 0u && counters[P.w10] == 0u;
+    let first = P.replicate != 0u && counters[P.counter] == 0u;
+    let pad = P.pad;
     var acc = bias[o];
-    for (var c = 0u; c < cin; c++) {
-        for (var i = 0u; i < k; i++) {
-            let j = t * stride + i * dil;
+    for (var c = 0u; c < P.cin; c++) {
+        for (var i = 0u; i < P.k; i++) {
+            let j = t * P.stride + i * P.dilation;
             var v: f32;
             if (j < pad) {
-                v = select(hist[c * pad + j], x[c * tin], first);
+                v = select(hist[c * pad + j], x[c * P.tin], first);
             } else {
-                v = x[c * tin + j - pad];
+                v = x[c * P.tin + j - pad];
             }
-            if (P.w8 != 0u) {
+            if (P.elu != 0u) {
                 v = elu(v);
             }
-            acc += w[(o * cin + c) * k + i] * v;
+            acc += w[(o * P.cin + c) * P.k + i] * v;
         }
     }
     let at = o * tout + t;
-    if (P.w11 != 0u) {
+    if (P.accumulate != 0u) {
         acc = y[at] + acc;
     }
     y[at] = acc;
 }
 "#;
 
-/// Words: cin, pad, tin, replicate, counter. One thread per channel, in increasing column order
+/// One thread per channel, in increasing column order
 /// (column `i` reads column `i + tin` of the old history, not yet overwritten).
 const CONV_HISTORY: &str = r#"
 fn body(c: u32) {
-    let cin = P.w0;
-    let pad = P.w1;
-    let tin = P.w2;
-    if (c >= cin) {
-        return;
-    }
-    let first = P.w3 != 0u && counters[P.w4] == 0u;
+    let pad = P.pad;
+    let tin = P.tin;
+    let first = P.replicate != 0u && counters[P.counter] == 0u;
     for (var i = 0u; i < pad; i++) {
         var v: f32;
         if (i + tin < pad) {
@@ -216,36 +231,32 @@ fn body(c: u32) {
 }
 "#;
 
-/// Words: cin, cout, k, stride, tin, tout (= tin·stride), tail (= k − stride ≤ tout), elu,
-/// depthwise. One thread per output `(o, i)`: the full transposed convolution's column `i`
+/// `tout = tin·stride`, `tail_len = k − stride ≤ tout`. One thread per output `(o, i)`: the full transposed convolution's column `i`
 /// (without bias) plus the bias plus the kept tail; a thread with `i < tail` also replaces tail
 /// column `i` with column `tout + i` of this call (it alone reads and writes it).
 const CONV_TRANSPOSE: &str = r#"
 fn input(c: u32, t: u32) -> f32 {
-    let v = x[c * P.w4 + t];
-    return select(v, elu(v), P.w7 != 0u);
+    let v = x[c * P.tin + t];
+    return select(v, elu(v), P.elu != 0u);
 }
 
 fn full(o: u32, i: u32) -> f32 {
-    let cin = P.w0;
-    let cout = P.w1;
-    let k = P.w2;
-    let s = P.w3;
-    let tin = P.w4;
+    let k = P.k;
+    let s = P.stride;
     var acc = 0.0;
     // Input steps t with t·s ≤ i < t·s + k.
     var t_lo = 0u;
     if (i >= k) {
         t_lo = (i - k) / s + 1u;
     }
-    let t_hi = min(i / s + 1u, tin);
+    let t_hi = min(i / s + 1u, P.tin);
     for (var t = t_lo; t < t_hi; t++) {
         let j = i - t * s;
-        if (P.w8 != 0u) {
+        if (P.depthwise != 0u) {
             acc += w[o * k + j] * input(o, t);
         } else {
-            for (var c = 0u; c < cin; c++) {
-                acc += w[(c * cout + o) * k + j] * input(c, t);
+            for (var c = 0u; c < P.cin; c++) {
+                acc += w[(c * P.cout + o) * k + j] * input(c, t);
             }
         }
     }
@@ -253,12 +264,8 @@ fn full(o: u32, i: u32) -> f32 {
 }
 
 fn body(idx: u32) {
-    let cout = P.w1;
-    let tout = P.w5;
-    let pt = P.w6;
-    if (idx >= cout * tout) {
-        return;
-    }
+    let tout = P.tout;
+    let pt = P.tail_len;
     let o = idx / tout;
     let i = idx % tout;
     var v = full(o, i) + bias[o];
@@ -270,28 +277,23 @@ fn body(idx: u32) {
 }
 "#;
 
-/// Words: dim, cb_dim, bins, n_codebooks. One thread per latent channel: the semantic
+/// One thread per latent channel: the semantic
 /// centroid through its output projection plus the sum of the acoustic centroids (in level
 /// order) through theirs.
 const RVQ_DECODE: &str = r#"
 fn centroid(q: u32, j: u32) -> f32 {
-    let code = min(codes[q], P.w2 - 1u);
-    return centroids[(q * P.w2 + code) * P.w1 + j];
+    let code = min(codes[q], P.bins - 1u);
+    return centroids[(q * P.bins + code) * P.cb_dim + j];
 }
 
 fn body(c: u32) {
-    let dim = P.w0;
-    let cb = P.w1;
-    let nq = P.w3;
-    if (c >= dim) {
-        return;
-    }
+    let cb = P.cb_dim;
     var first = 0.0;
     var rest = 0.0;
     for (var j = 0u; j < cb; j++) {
         first += w_first[c * cb + j] * centroid(0u, j);
         var acc = 0.0;
-        for (var q = 1u; q < nq; q++) {
+        for (var q = 1u; q < P.n_codebooks; q++) {
             acc += centroid(q, j);
         }
         rest += w_rest[c * cb + j] * acc;
@@ -300,8 +302,8 @@ fn body(c: u32) {
 }
 "#;
 
-/// Words: cb_dim, bins, n_codebooks, bound (f32 bits: the relative error of an f32 dot product of
-/// `cb_dim` terms, γ, with margin). One workgroup. Per level: every centroid's
+/// `bound` is the relative error of an f32 dot product of `cb_dim` terms, γ, with margin. One
+/// workgroup. Per level: every centroid's
 /// `v = ½‖c‖² − x·c` and its error bound `e = bound·‖c‖·‖x‖ + 4u(|½‖c‖²| + |v|)`; the smallest
 /// `v` wins (first index on ties); the level is marked when another centroid's lower bound
 /// `v − e` reaches the smallest upper bound (its code is then decided by the host). The
@@ -311,8 +313,23 @@ const RVQ_SEARCH: &str = r#"
 var<workgroup> best_v: array<f32, 64>;
 var<workgroup> best_i: array<u32, 64>;
 var<workgroup> upper: array<f32, 64>;
-var<workgroup> lower_hits: array<u32, 64>;
-var<workgroup> norm_part: array<f32, 64>;
+var<workgroup> sum_part: array<f32, 64>;
+
+// The sum of the workgroup's `v` by a fixed-order tree, for every thread (call it from uniform
+// control flow; it leaves `sum_part` free for the next call).
+fn workgroup_sum(lid: u32, v: f32) -> f32 {
+    sum_part[lid] = v;
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            sum_part[lid] += sum_part[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let total = sum_part[0];
+    workgroupBarrier();
+    return total;
+}
 
 fn x_at(q: u32, j: u32) -> f32 {
     if (q == 0u) {
@@ -323,8 +340,8 @@ fn x_at(q: u32, j: u32) -> f32 {
 
 // Centroid i of level q: (v, e) = (½‖c‖² − x·c in f32, its error bound) for ‖x‖ = xn.
 fn value_and_error(q: u32, i: u32, xn: f32) -> vec2<f32> {
-    let cb = P.w0;
-    let k = q * P.w1 + i;
+    let cb = P.cb_dim;
+    let k = q * P.bins + i;
     var dot = 0.0;
     for (var j = 0u; j < cb; j++) {
         dot += centroids[k * cb + j] * x_at(q, j);
@@ -332,15 +349,15 @@ fn value_and_error(q: u32, i: u32, xn: f32) -> vec2<f32> {
     let h = stats[2u * k];
     let v = h - dot;
     let u = 5.9604645e-8;
-    let e = bitcast<f32>(P.w3) * stats[2u * k + 1u] * xn + 4.0 * u * (abs(h) + abs(v)) + 1e-30;
+    let e = P.bound * stats[2u * k + 1u] * xn + 4.0 * u * (abs(h) + abs(v)) + 1e-30;
     return vec2<f32>(v, e);
 }
 
 @compute @workgroup_size(64)
 fn main(@builtin(local_invocation_index) lid: u32) {
-    let cb = P.w0;
-    let bins = P.w1;
-    let nq = P.w2;
+    let cb = P.cb_dim;
+    let bins = P.bins;
+    let nq = P.n_codebooks;
     for (var j = lid; j < cb; j += 64u) {
         resid[j] = x_rest[j];
     }
@@ -353,16 +370,7 @@ fn main(@builtin(local_invocation_index) lid: u32) {
             let v = x_at(q, j);
             sq += v * v;
         }
-        norm_part[lid] = sq;
-        workgroupBarrier();
-        for (var s = 32u; s > 0u; s >>= 1u) {
-            if (lid < s) {
-                norm_part[lid] += norm_part[lid + s];
-            }
-            workgroupBarrier();
-        }
-        let xn = sqrt(norm_part[0]);
-        workgroupBarrier();
+        let xn = sqrt(workgroup_sum(lid, sq));
         var bv = 3.0e38;
         var bi = 0xffffffffu;
         var up = 3.0e38;
@@ -394,28 +402,21 @@ fn main(@builtin(local_invocation_index) lid: u32) {
         }
         let win = best_i[0];
         let top = upper[0];
-        // Centroids that the bound cannot rule out.
-        var hits = 0u;
+        // Centroids that the bound cannot rule out (a count, exact in f32).
+        var hits = 0.0;
         for (var i = lid; i < bins; i += 64u) {
             let ve = value_and_error(q, i, xn);
             if (ve.x - ve.y <= top) {
-                hits += 1u;
+                hits += 1.0;
             }
         }
-        lower_hits[lid] = hits;
-        workgroupBarrier();
-        for (var s = 32u; s > 0u; s >>= 1u) {
-            if (lid < s) {
-                lower_hits[lid] += lower_hits[lid + s];
-            }
-            workgroupBarrier();
-        }
+        let lower_hits = workgroup_sum(lid, hits);
         // A non-finite latent gives no winner: code 0, and the host decides.
         let code = select(0u, win, win < bins);
         if (lid == 0u) {
             out[q] = code;
         }
-        if (lower_hits[0] != 1u || win >= bins) {
+        if (lower_hits != 1.0 || win >= bins) {
             marked += 1u;
         }
         workgroupBarrier();
@@ -432,30 +433,20 @@ fn main(@builtin(local_invocation_index) lid: u32) {
 }
 "#;
 
-/// Words: a, b. `out[r·a + c] = in[c·b + r]` (channel-major `[a, b]` to row-major `[b, a]`).
+/// `out[r·a + c] = in[c·b + r]` (channel-major `[a, b]` to row-major `[b, a]`).
 const TRANSPOSE: &str = r#"
 fn body(idx: u32) {
-    let a = P.w0;
-    let b = P.w1;
-    if (idx >= a * b) {
-        return;
-    }
-    let r = idx / a;
-    let c = idx % a;
-    dst[idx] = src[c * b + r];
+    let r = idx / P.a;
+    let c = idx % P.a;
+    dst[idx] = src[c * P.b + r];
 }
 "#;
 
-/// Words: rows, d, eps (f32 bits). One thread per row: mean, then variance of the centred
+/// One thread per row: mean, then variance of the centred
 /// values (two passes).
 const LAYER_NORM: &str = r#"
 fn body(r: u32) {
-    let rows = P.w0;
-    let d = P.w1;
-    let eps = bitcast<f32>(P.w2);
-    if (r >= rows) {
-        return;
-    }
+    let d = P.d;
     var sum = 0.0;
     for (var c = 0u; c < d; c++) {
         sum += x[r * d + c];
@@ -466,15 +457,15 @@ fn body(r: u32) {
         let v = x[r * d + c] - mean;
         var_sum += v * v;
     }
-    let inv = 1.0 / sqrt(var_sum / f32(d) + eps);
+    let inv = 1.0 / sqrt(var_sum / f32(d) + P.eps);
     for (var c = 0u; c < d; c++) {
         y[r * d + c] = (x[r * d + c] - mean) * inv * weight[c] + bias[c];
     }
 }
 "#;
 
-/// Words: rows, cols, outs, mode (0: write, 1: `y += scale[o]·acc` (LayerScale residual),
-/// 2: `y = GELU(acc)` with erf). One thread per output `(r, o)`. The erf is the Chebyshev fit of
+/// `mode` 0: write, 1: `y += scale[o]·acc` (LayerScale residual),
+/// 2: `y = GELU(acc)` with erf. One thread per output `(r, o)`. The erf is the Chebyshev fit of
 /// `erfc` (fractional error below 1.2e-7) that the CPU kernels use.
 const LINEAR: &str = r#"
 fn gelu(a: f32) -> f32 {
@@ -496,13 +487,9 @@ fn gelu(a: f32) -> f32 {
 }
 
 fn body(idx: u32) {
-    let rows = P.w0;
-    let cols = P.w1;
-    let outs = P.w2;
-    let mode = P.w3;
-    if (idx >= rows * outs) {
-        return;
-    }
+    let cols = P.cols;
+    let outs = P.outs;
+    let mode = P.mode;
     let r = idx / outs;
     let o = idx % outs;
     var acc = 0.0;
@@ -519,7 +506,7 @@ fn body(idx: u32) {
 }
 "#;
 
-/// Words: rows, d, heads, head_dim, capacity, counter. One thread per `(row, head, pair)`: the
+/// One thread per `(row, head, pair)`: the
 /// row's position is the counter plus the row; angle `freq[i]·pos` in f32 (frequencies computed
 /// on the host exactly as the CPU computes them), its cosine and sine by a three-part
 /// Cody–Waite reduction and minimax polynomials (a GPU's native `sin`/`cos` may be far less
@@ -545,19 +532,14 @@ fn cos_sin(a: f32) -> vec2<f32> {
 }
 
 fn body(idx: u32) {
-    let rows = P.w0;
-    let d = P.w1;
-    let heads = P.w2;
-    let hd = P.w3;
-    let cap = P.w4;
+    let d = P.d;
+    let heads = P.heads;
+    let hd = P.head_dim;
     let half = hd / 2u;
-    if (idx >= rows * heads * half) {
-        return;
-    }
     let r = idx / (heads * half);
     let h = (idx / half) % heads;
     let i = idx % half;
-    let pos = counters[P.w5] + r;
+    let pos = counters[P.counter] + r;
     let cs = cos_sin(freqs[i] * f32(pos));
     let qo = r * 3u * d + h * hd + 2u * i;
     let ko = qo + d;
@@ -572,7 +554,7 @@ fn body(idx: u32) {
     let kr1 = k0 * cs.y + k1 * cs.x;
     qkv[ko] = kr0;
     qkv[ko + 1u] = kr1;
-    let slot = (pos % cap) * d + h * hd + 2u * i;
+    let slot = (pos % P.capacity) * d + h * hd + 2u * i;
     kc[slot] = kr0;
     kc[slot + 1u] = kr1;
     vc[slot] = qkv[vo];
@@ -580,30 +562,24 @@ fn body(idx: u32) {
 }
 "#;
 
-/// Words: rows, d, heads, head_dim (≤ 128), capacity, context, counter, scale (f32 bits). One
-/// thread per `(row, head)`: query position `p = counter + row` attends to the positions still
+/// `head_dim ≤ 128`. One thread per `(row, head)`: query position `p = counter + row` attends to the positions still
 /// in the ring (the rows of this call are stored already) within its context, `max(p + 1 −
 /// context, total − capacity) ..= p`; softmax by max, then exponentials and the weighted sum.
 const ATTENTION: &str = r#"
 fn body(idx: u32) {
-    let rows = P.w0;
-    let d = P.w1;
-    let heads = P.w2;
-    let hd = P.w3;
-    let cap = P.w4;
-    let ctx = P.w5;
-    let scale = bitcast<f32>(P.w7);
-    if (idx >= rows * heads) {
-        return;
-    }
+    let d = P.d;
+    let heads = P.heads;
+    let hd = P.head_dim;
+    let cap = P.capacity;
+    let scale = P.scale;
     let r = idx / heads;
     let h = idx % heads;
-    let base = counters[P.w6];
+    let base = counters[P.counter];
     let p = base + r;
-    let total = base + rows;
+    let total = base + P.rows;
     var lo = 0u;
-    if (p + 1u > ctx) {
-        lo = p + 1u - ctx;
+    if (p + 1u > P.context) {
+        lo = p + 1u - P.context;
     }
     if (total > cap) {
         lo = max(lo, total - cap);
@@ -642,12 +618,12 @@ fn body(idx: u32) {
 }
 "#;
 
-/// Words: counter, amount. One thread.
+/// One thread.
 const ADVANCE: &str = r#"
 @compute @workgroup_size(64)
 fn main(@builtin(local_invocation_index) lid: u32) {
     if (lid == 0u) {
-        counters[P.w0] = counters[P.w0] + P.w1;
+        counters[P.counter] = counters[P.counter] + P.amount;
     }
 }
 "#;
