@@ -8,7 +8,7 @@
 
 use std::cell::RefCell;
 
-use crate::arch::{Kernels, WideFn, SKINNY};
+use crate::arch::{Kernels, MicroFn, WideFn, SKINNY};
 use crate::layout::{gather, BView, PackedA, MR, NR};
 
 thread_local! {
@@ -91,7 +91,9 @@ pub(crate) unsafe fn gemm<F: Fn(usize) -> usize>(
     let k = a.k;
     if b.n <= SKINNY {
         if q0 < q1 {
-            skinny(kern, a, b, c, ldc, bias, (p0, p1), buf);
+            let bt = transpose_skinny(b, k, buf);
+            // The skinny kernels read 8 floats past a panel (zero padding of the packing).
+            tiles(kern.gemm_skinny, a, bt, 8, c, ldc, bias, (p0, p1), b.n);
         }
         return;
     }
@@ -112,36 +114,54 @@ pub(crate) unsafe fn gemm<F: Fn(usize) -> usize>(
         let t0 = q * NR;
         let nv = (b.n - t0).min(NR);
         gather(b, k, q, 1, bp);
-        for p in p0..p1 {
-            let ap = &a.data[p * k * MR..(p + 1) * k * MR];
-            let mut tile = [[0f32; NR]; MR];
-            (kern.gemm_tile)(k, ap, bp, &mut tile);
-            let mv = (a.m - p * MR).min(MR);
-            for (ri, row) in tile.iter().enumerate().take(mv) {
-                let r = p * MR + ri;
-                let bv = bias.map_or(0.0, |bb| bb[r]);
-                let dst = c.add(r * ldc + t0);
-                for (j, v) in row.iter().enumerate().take(nv) {
-                    *dst.add(j) = v + bv;
-                }
+        tiles(kern.gemm_tile, a, bp, 0, c.add(t0), ldc, bias, (p0, p1), nv);
+    }
+}
+
+/// Row panels `p0..p1` of A against the B block `bp` through the `W`-column micro-kernel
+/// `kernel`: writes the first `nv` columns of each tile, plus `bias[r]`, to row `r` of `c`
+/// (the block's first column). `pad` floats past each A panel go to the kernel too (those
+/// that read ahead).
+///
+/// # Safety
+/// `kernel` belongs to an available table; `c` is valid for the written rows and columns.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn tiles<const W: usize>(
+    kernel: MicroFn<W>,
+    a: &PackedA,
+    bp: &[f32],
+    pad: usize,
+    c: *mut f32,
+    ldc: usize,
+    bias: Option<&[f32]>,
+    (p0, p1): (usize, usize),
+    nv: usize,
+) {
+    let k = a.k;
+    for p in p0..p1 {
+        let ap = &a.data[p * k * MR..(p + 1) * k * MR + pad];
+        let mut tile = [[0f32; W]; MR];
+        kernel(k, ap, bp, &mut tile);
+        let mv = (a.m - p * MR).min(MR);
+        for (ri, row) in tile.iter().enumerate().take(mv) {
+            let r = p * MR + ri;
+            let bv = bias.map_or(0.0, |bb| bb[r]);
+            let dst = c.add(r * ldc);
+            for (j, v) in row.iter().enumerate().take(nv) {
+                *dst.add(j) = v + bv;
             }
         }
     }
 }
 
-/// `n <= SKINNY`: stream the packed A once, B transposed into `[k][SKINNY]`.
-#[allow(clippy::too_many_arguments)]
-unsafe fn skinny<F: Fn(usize) -> usize>(
-    kern: &Kernels,
-    a: &PackedA,
+/// `n <= SKINNY`: B transposed into `[k][SKINNY]` (zero past `n`) at the start of `buf`, so
+/// the skinny kernels stream the packed A once.
+fn transpose_skinny<'a, F: Fn(usize) -> usize>(
     b: &BView<'_, F>,
-    c: *mut f32,
-    ldc: usize,
-    bias: Option<&[f32]>,
-    (p0, p1): (usize, usize),
-    buf: &mut [f32],
-) {
-    let k = a.k;
+    k: usize,
+    buf: &'a mut [f32],
+) -> &'a [f32] {
     let bt = &mut buf[..k * SKINNY];
     for (cc, dst) in bt.chunks_exact_mut(SKINNY).enumerate() {
         let base = (b.row_off)(cc);
@@ -153,19 +173,7 @@ unsafe fn skinny<F: Fn(usize) -> usize>(
             };
         }
     }
-    for p in p0..p1 {
-        let ap = &a.data[p * k * MR..(p + 1) * k * MR + 8];
-        let mut tile = [[0f32; SKINNY]; MR];
-        (kern.gemm_skinny)(k, ap, bt, &mut tile);
-        let mv = (a.m - p * MR).min(MR);
-        for (ri, row) in tile.iter().enumerate().take(mv) {
-            let r = p * MR + ri;
-            let bv = bias.map_or(0.0, |bb| bb[r]);
-            for (j, v) in row.iter().enumerate().take(b.n) {
-                *c.add(r * ldc + j) = v + bv;
-            }
-        }
-    }
+    bt
 }
 
 /// Floats of B gathered once for all column panels ([`gather_groups`]): groups of two

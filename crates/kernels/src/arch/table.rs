@@ -54,13 +54,16 @@ pub(crate) struct Seg {
 pub(crate) type HeadFn =
     unsafe fn(bool, usize, &[f32], &[Seg; 2], f32, &mut [f32], &mut [f32]) -> bool;
 
-/// The GEMM micro-kernel `(k, a, b, tile)` keeping an `MR × NR` block of C: `k` steps of packed
-/// A (`MR` per step) against gathered B (`NR` per step).
-pub(crate) type TileFn = unsafe fn(usize, &[f32], &[f32], &mut [[f32; NR]; MR]);
+/// A GEMM micro-kernel `(k, a, b, tile)` keeping an `MR × W` block of C: `k` steps of packed
+/// A (`MR` per step) against B (`W` per step).
+pub(crate) type MicroFn<const W: usize> = unsafe fn(usize, &[f32], &[f32], &mut [[f32; W]; MR]);
+
+/// The GEMM micro-kernel against gathered B (`NR` columns per step).
+pub(crate) type TileFn = MicroFn<NR>;
 
 /// The skinny GEMM kernel `(k, a, bt, tile)`: packed A (plus 8 floats of padding) against B
 /// transposed to `[k][SKINNY]`.
-pub(crate) type SkinnyFn = unsafe fn(usize, &[f32], &[f32], &mut [[f32; SKINNY]; MR]);
+pub(crate) type SkinnyFn = MicroFn<SKINNY>;
 
 /// Wide GEMM blocks `(a, b, q, w, b_n, c, ldc, bias, (p0, p1))`: rows of panels `p0..p1`
 /// against the `w` (1 or 2) gathered column panels `q..q + w` at `b`, of a B `b_n` wide.
