@@ -143,12 +143,16 @@ fn bench_server_tick(args: &BenchArgs, dir: &std::path::Path, threads: usize) ->
         t0.elapsed().as_secs_f64()
     );
     let opts = SessionOptions::default();
-    let mut batch = BatchBench::new(&engine, slots, &opts)?;
-    let mut sessions: Vec<Session> = (0..slots)
-        .map(|_| Session::new(engine.clone(), opts.clone()))
-        .collect::<Result<_, _>>()?;
     let ticks = args.lm_frames.max(1);
     let total = 2 + args.rounds * ticks;
+    // KV caches sized to the run: positions stay below the capacity, so every step attends over the
+    // same entries as in a full-context session, while 2 × slots full f32 caches (3.1 GB each for
+    // Moshi) would not fit next to the weights on a small machine.
+    let kv_capacity = total + 1;
+    let mut batch = BatchBench::new(&engine, slots, &opts, kv_capacity)?;
+    let mut sessions: Vec<Session> = (0..slots)
+        .map(|_| Session::with_kv_capacity(engine.clone(), opts.clone(), kv_capacity))
+        .collect::<Result<_, _>>()?;
     let signal = model::mimi::bench::test_signal((total + slots) * FRAME_SIZE, 24_000);
     // Slot j's frame of tick k: the signal from frame k + j on.
     let mut frames = vec![0.0; slots * FRAME_SIZE];

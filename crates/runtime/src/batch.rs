@@ -127,7 +127,7 @@ impl BatchRunner {
         if opts.slots == 0 {
             return Err(RuntimeError::InvalidOption("slots must be >= 1".into()));
         }
-        let (worker, shared, jtx) = Worker::new(&engine, opts.slots)?;
+        let (worker, shared, jtx) = Worker::new(&engine, opts.slots, None)?;
         let join = thread::Builder::new()
             .name("moshi-batch".into())
             .spawn(move || worker.run())
@@ -358,9 +358,14 @@ impl Drop for DoneGuard {
 
 impl Worker {
     /// A worker of `n` empty slots on a compute context of its own, with its shared table and join queue.
-    fn new(engine: &Engine, n: usize) -> Result<(Worker, Arc<Shared>, Sender<Join>), RuntimeError> {
+    /// `kv_capacity` as in [`crate::Session::with_kv_capacity`]; `None` keeps the model's context.
+    fn new(
+        engine: &Engine,
+        n: usize,
+        kv_capacity: Option<usize>,
+    ) -> Result<(Worker, Arc<Shared>, Sender<Join>), RuntimeError> {
         let compute = engine.compute();
-        let stepper = Stepper::new(engine, &compute, n, None)?;
+        let stepper = Stepper::new(engine, &compute, n, kv_capacity)?;
         let codec = engine.batch_codec_backend(&compute, n)?;
         let nq = codec.n_codebooks();
         let shared = Arc::new(Shared {
@@ -680,16 +685,19 @@ pub struct BatchBench {
 }
 
 impl BatchBench {
-    /// `slots` conversations with options `opts` in a fresh batch of `engine`.
+    /// `slots` conversations with options `opts` in a fresh batch of `engine`, whose LM keeps `kv_capacity`
+    /// temporal KV entries per slot (see [`crate::Session::with_kv_capacity`]): a benchmark of a few hundred ticks
+    /// then holds a few hundred entries per slot instead of the model's full context.
     pub fn new(
         engine: &Arc<Engine>,
         slots: usize,
         opts: &SessionOptions,
+        kv_capacity: usize,
     ) -> Result<BatchBench, RuntimeError> {
         if slots == 0 {
             return Err(RuntimeError::InvalidOption("slots must be >= 1".into()));
         }
-        let (mut worker, shared, joins) = Worker::new(engine, slots)?;
+        let (mut worker, shared, joins) = Worker::new(engine, slots, Some(kv_capacity))?;
         worker.warm_up_codec();
         let (mut mics, mut events, mut recycle) = (Vec::new(), Vec::new(), Vec::new());
         for slot in 0..slots {

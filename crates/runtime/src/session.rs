@@ -81,9 +81,9 @@ impl Session {
 
     /// A session whose LM keeps `kv_capacity` temporal KV entries instead of the model's context
     /// (on the CPU; a GPU LM keeps its full cache): its frames are the same as a full session's for the
-    /// first `kv_capacity` frames. For a timing pass at start-up that should not allocate and touch a
-    /// second full-context cache (3.1 GB in f32 for Moshi).
-    pub(crate) fn with_kv_capacity(
+    /// first `kv_capacity` frames. For a timing pass at start-up, or a benchmark of a few hundred frames,
+    /// that should not allocate and touch a full-context cache (3.1 GB in f32 for Moshi) per session.
+    pub fn with_kv_capacity(
         engine: Arc<Engine>,
         opts: SessionOptions,
         kv_capacity: usize,

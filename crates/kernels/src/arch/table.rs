@@ -137,14 +137,15 @@ pub(crate) fn tile_chunks(
 
 /// Calls `$f::<K>(args)` for a chunk of `$k` activation rows, `K` its const row count (1 to 3,
 /// else 4): the one dispatch from [`tile_chunks`]-sized chunks to the const-generic tile
-/// kernels.
+/// kernels. `with_rows!(k, f<A>(args))` calls `f::<A, K>(args)`, for kernels with a leading
+/// const parameter of their own.
 macro_rules! with_rows {
-    ($k:expr, $f:ident($($arg:expr),* $(,)?)) => {
+    ($k:expr, $f:ident $(<$($pre:literal),*>)? ($($arg:expr),* $(,)?)) => {
         match $k {
-            1 => $f::<1>($($arg),*),
-            2 => $f::<2>($($arg),*),
-            3 => $f::<3>($($arg),*),
-            _ => $f::<4>($($arg),*),
+            1 => $f::<$($($pre,)*)? 1>($($arg),*),
+            2 => $f::<$($($pre,)*)? 2>($($arg),*),
+            3 => $f::<$($($pre,)*)? 3>($($arg),*),
+            _ => $f::<$($($pre,)*)? 4>($($arg),*),
         }
     };
 }

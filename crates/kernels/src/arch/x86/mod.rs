@@ -6,6 +6,7 @@ use std::arch::x86_64::*;
 use super::table::{Features, Kernels};
 
 mod attention;
+mod dense512;
 mod gemm;
 mod matvec;
 pub(crate) mod ops;
@@ -84,6 +85,7 @@ pub(crate) static AVX2_VNNI: Kernels = Kernels {
 pub(crate) static AVX512: Kernels = AVX512_BASE;
 
 const AVX512_BASE: Kernels = Kernels {
+    dense_f32: dense512::dense_f32,
     quant: matvec::avx512q::quant::<false>,
     quantize_act: ops::quantize_act_avx512,
     attend_head: attention::avx512::attend_head,
