@@ -61,23 +61,16 @@ impl Request {
     }
 }
 
-/// Notes every matrix request and answers it with a 1×1 placeholder; vectors are zeros of the asked
-/// length (the recording pass reads nothing).
-#[derive(Default)]
-struct Recorder {
-    requests: std::cell::RefCell<Vec<Request>>,
+/// A source that answers every matrix call through one [`Request`]: the two passes of
+/// [`LmModel::from_source_on`] differ only in what they do with it.
+trait ByRequest {
+    fn serve(&self, req: Request) -> Result<Matrix, LmError>;
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LmError>;
 }
 
-fn placeholder() -> Matrix {
-    Matrix::from_f32(1, 1, vec![0.0]).expect("a 1x1 matrix is valid")
-}
-
-impl TensorSource for Recorder {
+impl<T: ByRequest> TensorSource for T {
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix, LmError> {
-        self.requests
-            .borrow_mut()
-            .push(Request::new(name, rows, cols, None));
-        Ok(placeholder())
+        self.serve(Request::new(name, rows, cols, None))
     }
 
     fn matrix_rows(
@@ -86,10 +79,25 @@ impl TensorSource for Recorder {
         [rows, cols]: [usize; 2],
         take: std::ops::Range<usize>,
     ) -> Result<Matrix, LmError> {
-        self.requests
-            .borrow_mut()
-            .push(Request::new(name, rows, cols, Some(take)));
-        Ok(placeholder())
+        self.serve(Request::new(name, rows, cols, Some(take)))
+    }
+
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LmError> {
+        ByRequest::vector(self, name, len)
+    }
+}
+
+/// Notes every matrix request and answers it with a 1×1 placeholder; vectors are zeros of the asked
+/// length (the recording pass reads nothing).
+#[derive(Default)]
+struct Recorder {
+    requests: std::cell::RefCell<Vec<Request>>,
+}
+
+impl ByRequest for Recorder {
+    fn serve(&self, req: Request) -> Result<Matrix, LmError> {
+        self.requests.borrow_mut().push(req);
+        Ok(Matrix::from_f32(1, 1, vec![0.0]).expect("a 1x1 matrix is valid"))
     }
 
     fn vector(&self, _name: &str, len: usize) -> Result<Vec<f32>, LmError> {
@@ -106,8 +114,8 @@ struct Replay<'a, S: ?Sized> {
     next: Cell<usize>,
 }
 
-impl<S: TensorSource + ?Sized> Replay<'_, S> {
-    fn take(&self, req: Request) -> Result<Matrix, LmError> {
+impl<S: TensorSource + ?Sized> ByRequest for Replay<'_, S> {
+    fn serve(&self, req: Request) -> Result<Matrix, LmError> {
         let i = self.next.get();
         if self.requests.get(i) == Some(&req) {
             self.next.set(i + 1);
@@ -120,21 +128,6 @@ impl<S: TensorSource + ?Sized> Replay<'_, S> {
             }
         }
         req.build(self.src)
-    }
-}
-
-impl<S: TensorSource + ?Sized> TensorSource for Replay<'_, S> {
-    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix, LmError> {
-        self.take(Request::new(name, rows, cols, None))
-    }
-
-    fn matrix_rows(
-        &self,
-        name: &str,
-        [rows, cols]: [usize; 2],
-        take: std::ops::Range<usize>,
-    ) -> Result<Matrix, LmError> {
-        self.take(Request::new(name, rows, cols, Some(take)))
     }
 
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LmError> {
