@@ -240,13 +240,15 @@ impl Conv1d {
         let (k, d) = (self.k, self.dilation);
         let out = SendPtr(output.as_mut_ptr());
         let npanels_n = t_out.div_ceil(NR);
+        // Group g's input as the GEMM's B: row c = input channel c / k at tap c % k.
+        let view = |g: usize| BView {
+            src: input,
+            row_off: move |c: usize| (g * ig + c / k) * t_in + (c % k) * d,
+            stride: self.stride,
+            n: t_out,
+        };
         let work = |g: usize, pr: (usize, usize), qr: (usize, usize), buf: &mut [f32]| {
-            let b = BView {
-                src: input,
-                row_off: |c: usize| (g * ig + c / k) * t_in + (c % k) * d,
-                stride: self.stride,
-                n: t_out,
-            };
+            let b = view(g);
             let out = &out;
             // SAFETY: output holds out_ch·t_out values; shares write disjoint rows/cols.
             unsafe {
@@ -306,12 +308,7 @@ impl Conv1d {
                     work(g, (0, mp), share_units(npanels_n, qu, chunks, c), buf)
                 });
             } else if let (Some(wf), true) = (level.gemm_wide, t_out > SKINNY) {
-                let b = BView {
-                    src: input,
-                    row_off: |c: usize| (g * ig + c / k) * t_in + (c % k) * d,
-                    stride: self.stride,
-                    n: t_out,
-                };
+                let b = view(g);
                 // SAFETY: output holds out_ch·t_out values; shares write disjoint rows.
                 unsafe {
                     rows_pregathered(
