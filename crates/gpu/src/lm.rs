@@ -293,7 +293,7 @@ impl LayerBinds<'_> {
                 accumulate,
                 ..Default::default()
             };
-            m.matmul_dispatches(ctx, x, y, self.step, &p)
+            m.dispatches(ctx, Module::Matmul, x, y, self.step, &p)
         };
         let misc = Misc {
             d: s.d as u32,
@@ -471,16 +471,18 @@ impl GpuLm {
         };
         // Python order: audio tables, then text (the sum is rounded in this order).
         for (i, m) in w.audio_emb.iter().enumerate() {
-            temporal.extend(m.embed_dispatches(
+            temporal.extend(m.dispatches(
                 &ctx,
+                Module::Embed,
                 &dummy,
                 &tw.x,
                 &step_buf,
                 &emb_p(1 + i, s.dim),
             ));
         }
-        temporal.extend(w.text_emb.embed_dispatches(
+        temporal.extend(w.text_emb.dispatches(
             &ctx,
+            Module::Embed,
             &dummy,
             &tw.x,
             &step_buf,
@@ -499,8 +501,9 @@ impl GpuLm {
             ld_y: ld_y as u32,
             ..Default::default()
         };
-        temporal.extend(w.text_linear.matmul_dispatches(
+        temporal.extend(w.text_linear.dispatches(
             &ctx,
+            Module::Matmul,
             &tout,
             &text_logits_dev,
             &step_buf,
@@ -527,8 +530,9 @@ impl GpuLm {
         let mut dep = Vec::with_capacity(s.dep_q);
         for k in 0..s.dep_q {
             let mut d = Vec::new();
-            d.extend(w.dep_in[k].matmul_dispatches(
+            d.extend(w.dep_in[k].dispatches(
                 &ctx,
+                Module::Matmul,
                 &tout,
                 &dw.x,
                 &step_buf,
@@ -541,12 +545,20 @@ impl GpuLm {
                 tok_slot: 0,
                 ..Default::default()
             };
-            d.extend(w.dep_tok_emb[k].embed_dispatches(&ctx, &dummy, &dw.x, &step_buf, &p));
+            d.extend(w.dep_tok_emb[k].dispatches(
+                &ctx,
+                Module::Embed,
+                &dummy,
+                &dw.x,
+                &step_buf,
+                &p,
+            ));
             for (j, steps) in w.dep_layers.iter().enumerate() {
                 db.layer(&steps[k], &dep_kv[j].0, &dep_kv[j].1, Some(k), &mut d);
             }
-            d.extend(w.dep_linear[k].matmul_dispatches(
+            d.extend(w.dep_linear[k].dispatches(
                 &ctx,
+                Module::Matmul,
                 &dw.x,
                 &dep_logits_dev,
                 &step_buf,

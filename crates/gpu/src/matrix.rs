@@ -2,6 +2,7 @@
 
 use kernels::{Matrix, WeightFormat};
 
+use crate::bindings::uniform_block;
 use crate::context::GpuContext;
 use crate::shaders::{Module, MAX_ROWS};
 use crate::{GpuError, WeightKind};
@@ -29,17 +30,24 @@ pub struct GpuMatrix {
     pub(crate) chunks: Vec<Chunk>,
 }
 
-/// The uniform parameters of a weight-reading dispatch (`Params` in the WGSL).
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct MatParams {
-    pub(crate) ld_x: u32,
-    pub(crate) x_off: u32,
-    pub(crate) ld_y: u32,
-    pub(crate) y_off: u32,
-    pub(crate) accumulate: bool,
-    pub(crate) tok_base: u32,
-    pub(crate) tok_stride: u32,
-    pub(crate) tok_slot: u32,
+uniform_block! {
+    /// The uniform block `P` of a weight-reading dispatch: the chunk's shape (set per chunk by
+    /// [`GpuMatrix::dispatches`], whatever the caller gave), then the caller's strides, offsets
+    /// and token columns.
+    pub(crate) struct MatParams {
+        pub(crate) rows: u32,
+        pub(crate) cols: u32,
+        pub(crate) group: u32,
+        pub(crate) row0: u32,
+        pub(crate) ld_x: u32,
+        pub(crate) x_off: u32,
+        pub(crate) ld_y: u32,
+        pub(crate) y_off: u32,
+        pub(crate) accumulate: bool,
+        pub(crate) tok_base: u32,
+        pub(crate) tok_stride: u32,
+        pub(crate) tok_slot: u32,
+    }
 }
 
 impl GpuMatrix {
@@ -138,65 +146,32 @@ impl GpuMatrix {
         self.chunks.len()
     }
 
-    /// The uniform block of chunk `c` (`Params` in the WGSL, 12 × u32).
-    pub(crate) fn params_bytes(&self, c: usize, p: &MatParams) -> Vec<u8> {
-        let ch = &self.chunks[c];
-        let v: [u32; 12] = [
-            ch.rows as u32,
-            self.cols as u32,
-            self.group as u32,
-            ch.row0 as u32,
-            p.ld_x,
-            p.x_off,
-            p.ld_y,
-            p.y_off,
-            p.accumulate as u32,
-            p.tok_base,
-            p.tok_stride,
-            p.tok_slot,
-        ];
-        v.iter().flat_map(|x| x.to_le_bytes()).collect()
-    }
-
-    /// The dispatches of `y (+)= W x` (one per chunk) over `x` / `y` with `step` (the step buffer),
-    /// created once: each is a pipeline, a bind group and a grid.
-    pub(crate) fn matmul_dispatches(
+    /// The dispatches of one of the matrix's kernels (one per chunk) over `x` / `y` with `step`
+    /// (the step buffer), created once: each is a pipeline, a bind group and a grid. `op` is
+    /// [`Module::Matmul`], `y (+)= W x`, or [`Module::Embed`], `y[b] += row(token(b))` (`x` is
+    /// bound but not read).
+    pub(crate) fn dispatches(
         &self,
         ctx: &GpuContext,
+        op: fn(WeightKind) -> Module,
         x: &wgpu::Buffer,
         y: &wgpu::Buffer,
         step: &wgpu::Buffer,
         p: &MatParams,
     ) -> Vec<Dispatch> {
-        self.dispatches(ctx, Module::Matmul(self.kind), x, y, step, p)
-    }
-
-    /// The dispatches of `y[b] += row(token(b))` (one per chunk; `x` is bound but not read).
-    pub(crate) fn embed_dispatches(
-        &self,
-        ctx: &GpuContext,
-        dummy: &wgpu::Buffer,
-        y: &wgpu::Buffer,
-        step: &wgpu::Buffer,
-        p: &MatParams,
-    ) -> Vec<Dispatch> {
-        self.dispatches(ctx, Module::Embed(self.kind), dummy, y, step, p)
-    }
-
-    fn dispatches(
-        &self,
-        ctx: &GpuContext,
-        module: Module,
-        x: &wgpu::Buffer,
-        y: &wgpu::Buffer,
-        step: &wgpu::Buffer,
-        p: &MatParams,
-    ) -> Vec<Dispatch> {
+        let module = op(self.kind);
         let pipeline = ctx.pipeline(module);
         (0..self.chunks.len())
             .map(|c| {
                 let ch = &self.chunks[c];
-                let uni = ctx.uniform("params", &self.params_bytes(c, p));
+                let block = MatParams {
+                    rows: ch.rows as u32,
+                    cols: self.cols as u32,
+                    group: self.group as u32,
+                    row0: ch.row0 as u32,
+                    ..*p
+                };
+                let uni = ctx.uniform("params", &block.bytes());
                 let bind = ctx.bind(
                     module,
                     &[&uni, &ch.codes, &ch.scales, &ch.biases, x, y, step],
@@ -283,7 +258,7 @@ impl GpuContext {
             ld_y: m.rows() as u32,
             ..Default::default()
         };
-        let ds = w.matmul_dispatches(self, &xb, &yb, &step, &p);
+        let ds = w.dispatches(self, Module::Matmul, &xb, &yb, &step, &p);
         self.run_and_read(&ds, n as u32, &yb, n * m.rows())
     }
 
@@ -311,7 +286,7 @@ impl GpuContext {
             tok_stride: 1,
             ..Default::default()
         };
-        let ds = w.embed_dispatches(self, &dummy, &yb, &step, &p);
+        let ds = w.dispatches(self, Module::Embed, &dummy, &yb, &step, &p);
         self.run_and_read(&ds, n as u32, &yb, n * m.cols())
     }
 

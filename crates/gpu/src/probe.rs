@@ -4,10 +4,18 @@
 
 use std::time::Instant;
 
+use crate::bindings::uniform_block;
 use crate::context::GpuContext;
 use crate::matrix::{Dispatch, Grid};
 use crate::shaders::Module;
 use crate::GpuError;
+
+uniform_block! {
+    /// The uniform block `C` of the copy kernel: the 16-byte words to copy.
+    pub(crate) struct CopyParams {
+        n: u32,
+    }
+}
 
 /// Workgroups of one copy (enough to fill any current GPU; the loop covers the rest).
 const COPY_GROUPS: u32 = 4096;
@@ -38,11 +46,7 @@ impl BandwidthProbe {
         let src = ctx.buffer("probe_src", bytes, usage)?;
         let dst = ctx.buffer("probe_dst", bytes, usage)?;
         let words = (bytes / 16) as u32;
-        let params: Vec<u8> = [words, 0, 0, 0]
-            .iter()
-            .flat_map(|w| w.to_le_bytes())
-            .collect();
-        let uni = ctx.uniform("probe", &params);
+        let uni = ctx.uniform("probe", &CopyParams { n: words }.bytes());
         let copy = Dispatch {
             pipeline: ctx.pipeline(Module::Copy),
             bind: ctx.bind(Module::Copy, &[&uni, &src, &dst]),

@@ -37,6 +37,7 @@
 
 use model::sampling::{Sampler, SamplingError, TokenSampling};
 
+use crate::bindings::uniform_block;
 use crate::context::GpuContext;
 use crate::matrix::{Dispatch, Grid};
 use crate::shaders::Module;
@@ -183,19 +184,17 @@ pub(crate) fn decode_record(
         })
 }
 
-/// The uniform block of the sampling kernel.
-fn params_bytes(stream: u32, vocab: usize, stride: usize, prev: usize) -> Vec<u8> {
-    let v: [u32; 8] = [
-        stream,
-        vocab as u32,
-        vocab as u32,
-        stride as u32,
-        prev as u32,
-        0,
-        0,
-        0,
-    ];
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+uniform_block! {
+    /// The uniform block `S` of the sampling kernel: the stream (0 text, 1 audio), its vocabulary,
+    /// the stride of the logits' rows, the words per sampling record, and where in the step buffer
+    /// the sampled tokens go for the next Depformer step.
+    pub(crate) struct SampleParams {
+        stream: u32,
+        vocab: u32,
+        ld: u32,
+        stride: u32,
+        prev: u32,
+    }
 }
 
 /// The sampling dispatches of one backend: a record per row (`rows × record_words(draws)` u32),
@@ -244,7 +243,14 @@ impl SampleStage {
             storage,
         )?;
         let launch = |stream: u32, vocab: usize, logits: &wgpu::Buffer| {
-            let uni = ctx.uniform("sample", &params_bytes(stream, vocab, stride, prev));
+            let params = SampleParams {
+                stream,
+                vocab: vocab as u32,
+                ld: vocab as u32,
+                stride: stride as u32,
+                prev: prev as u32,
+            };
+            let uni = ctx.uniform("sample", &params.bytes());
             Dispatch {
                 pipeline: ctx.pipeline(Module::Sample),
                 bind: ctx.bind(Module::Sample, &[&uni, logits, &work, &records, step]),

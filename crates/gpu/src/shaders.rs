@@ -8,6 +8,9 @@
 
 use crate::bindings::{declare_bindings, Access};
 use crate::lm::Misc;
+use crate::matrix::MatParams;
+use crate::probe::CopyParams;
+use crate::sample::SampleParams;
 use crate::WeightKind;
 
 /// Most activation rows one matrix product handles (the batch of a GPU backend).
@@ -62,23 +65,9 @@ fn half_at(w: u32, i: u32) -> u32 {
 }
 "#;
 
-/// The uniform block of the weight-reading kernels (one bind group layout for all formats) and
-/// the group scale and bias of four consecutive weights.
-const MAT_PARAMS: &str = r#"
-struct Params {
-    rows: u32,
-    cols: u32,
-    group: u32,
-    row0: u32,
-    ld_x: u32,
-    x_off: u32,
-    ld_y: u32,
-    y_off: u32,
-    accumulate: u32,
-    tok_base: u32,
-    tok_stride: u32,
-    tok_slot: u32,
-};
+/// The group scale and bias of four consecutive weights (the kernels' uniform block `P` is
+/// [`MatParams`], one bind group layout for all formats).
+const MAT_SCALES: &str = r#"
 
 fn scale_of(r: u32, k: u32) -> u32 {
     // Group index of values 4k..4k+3 of row r (groups are multiples of 32 values).
@@ -431,15 +420,24 @@ impl Module {
 
     /// The module's WGSL source (entry point `main`).
     pub fn source(self) -> String {
+        let mat = MatParams::wgsl();
         let body = match self {
-            Module::Matmul(k) => [PRELUDE, MAT_PARAMS, &load4(k), MATMUL_BODY].concat(),
-            Module::Embed(k) => [PRELUDE, MAT_PARAMS, &load4(k), EMBED_BODY, PER_ROW_MAIN].concat(),
+            Module::Matmul(k) => [PRELUDE, &mat, MAT_SCALES, &load4(k), MATMUL_BODY].concat(),
+            Module::Embed(k) => [
+                PRELUDE,
+                &mat,
+                MAT_SCALES,
+                &load4(k),
+                EMBED_BODY,
+                PER_ROW_MAIN,
+            ]
+            .concat(),
             Module::RmsNorm => [PRELUDE, &Misc::wgsl(), RMS_NORM].concat(),
             Module::RopeStore => [PRELUDE, &Misc::wgsl(), ROPE_STORE, PER_ROW_MAIN].concat(),
             Module::Attention => [PRELUDE, &Misc::wgsl(), ATTENTION].concat(),
             Module::Gate => [PRELUDE, &Misc::wgsl(), GATE, PER_ROW_MAIN].concat(),
-            Module::Sample => SAMPLE_WGSL.to_string(),
-            Module::Copy => COPY_WGSL.to_string(),
+            Module::Sample => [&SampleParams::wgsl(), SAMPLE_WGSL].concat(),
+            Module::Copy => [&CopyParams::wgsl(), COPY_WGSL].concat(),
         };
         let (uniform, buffers) = self.bindings();
         declare_bindings(self.access(), uniform, buffers) + &body
@@ -464,7 +462,7 @@ impl Module {
     fn bindings(self) -> (&'static str, &'static str) {
         match self {
             Module::Matmul(_) | Module::Embed(_) => (
-                "P: Params",
+                "P: MatParams",
                 "codes: u32, scales: u32, biases: u32, x: f32, y: f32, stepb: i32",
             ),
             Module::RmsNorm => ("M: Misc", "x: f32, w: f32, dst: f32, stepb: i32"),
@@ -504,17 +502,6 @@ const R_ERR: u32 = 12u;
 const R_RNG: u32 = 16u;
 const R_HIST: u32 = 32u;
 const R_OUT: u32 = 96u;
-
-struct SampleParams {
-    stream: u32,
-    vocab: u32,
-    ld: u32,
-    stride: u32,
-    prev: u32,
-    pad0: u32,
-    pad1: u32,
-    pad2: u32,
-};
 
 var<workgroup> shared_word: u32;
 var<workgroup> first_bad: atomic<u32>;
@@ -876,13 +863,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 
 /// The copy kernel: `dst[i] = src[i]` over `C.n` 16-byte words.
 pub(crate) const COPY_WGSL: &str = r#"
-struct CopyParams {
-    n: u32,
-    pad0: u32,
-    pad1: u32,
-    pad2: u32,
-};
-
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let stride = nwg.x * 256u;

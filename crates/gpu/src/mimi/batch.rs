@@ -173,30 +173,19 @@ impl GpuMimiBatch {
             .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
         for (i, &s) in slots.iter().enumerate() {
-            let st = &self.streams[s];
-            let dst = if encoder_side {
-                &st.pcm_in
-            } else {
-                &st.codes_in
-            };
-            enc.copy_buffer_to_buffer(&self.staging, i as u64 * in_bytes, dst, 0, in_bytes);
+            let (_, input, _) = self.streams[s].side(encoder_side);
+            enc.copy_buffer_to_buffer(&self.staging, i as u64 * in_bytes, input, 0, in_bytes);
         }
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
             for &s in slots {
-                let st = &self.streams[s];
-                let d = if encoder_side { &st.enc } else { &st.dec };
+                let (d, _, _) = self.streams[s].side(encoder_side);
                 dispatch(&mut pass, &d.launches);
             }
         }
         for (i, &s) in slots.iter().enumerate() {
-            let st = &self.streams[s];
-            let src = if encoder_side {
-                &st.codes_out
-            } else {
-                &st.pcm_out
-            };
-            enc.copy_buffer_to_buffer(src, 0, &self.readback, i as u64 * out_bytes, out_bytes);
+            let (_, _, output) = self.streams[s].side(encoder_side);
+            enc.copy_buffer_to_buffer(output, 0, &self.readback, i as u64 * out_bytes, out_bytes);
         }
         ctx.queue().submit([enc.finish()]);
         self.submissions += 1;

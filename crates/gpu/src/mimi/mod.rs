@@ -704,6 +704,16 @@ struct Streams {
 }
 
 impl Streams {
+    /// One direction's recorded frame with its input and output buffers: the encoder's (PCM in,
+    /// codes out) when `encoder_side`, else the decoder's (codes in, PCM out).
+    fn side(&self, encoder_side: bool) -> (&Direction, &wgpu::Buffer, &wgpu::Buffer) {
+        if encoder_side {
+            (&self.enc, &self.pcm_in, &self.codes_out)
+        } else {
+            (&self.dec, &self.codes_in, &self.pcm_out)
+        }
+    }
+
     /// Fresh streams over the uploaded weights: allocates the state and work buffers and records
     /// both directions' launches.
     fn new(w: &GpuMimiWeights) -> Result<Streams, GpuError> {
@@ -990,11 +1000,7 @@ impl GpuMimi {
     /// `copies` to the readback buffer, back to back.
     fn run(&mut self, encoder_side: bool, traced: bool, copies: &[(&wgpu::Buffer, u64)]) {
         let ctx = &self.w.ctx;
-        let d = if encoder_side {
-            &self.s.enc
-        } else {
-            &self.s.dec
-        };
+        let (d, _, _) = self.s.side(encoder_side);
         let mut enc = ctx
             .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
@@ -1031,11 +1037,7 @@ impl GpuMimi {
         encoder_side: bool,
         trace: &mut dyn FnMut(Stage, &[f32]),
     ) -> Result<(), GpuError> {
-        let d = if encoder_side {
-            &self.s.enc
-        } else {
-            &self.s.dec
-        };
+        let (d, _, _) = self.s.side(encoder_side);
         let mut all = vec![0.0f32; d.tap_floats()];
         crate::context::read_mapped(&self.w.ctx, &self.trace_readback, &mut all)?;
         let mut off = 0;
