@@ -56,21 +56,20 @@ fn storage_usage() -> wgpu::BufferUsages {
     wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC
 }
 
-/// A convolution's weights on the device.
+/// A (transposed) convolution's weight and bias on the device, with its shape (the host's
+/// description without its weights).
 #[derive(Debug)]
-struct ConvGpu {
-    shape: ConvWeights,
+struct OnDevice<S> {
+    shape: S,
     weight: wgpu::Buffer,
     bias: wgpu::Buffer,
 }
 
-/// A transposed convolution's weights on the device.
-#[derive(Debug)]
-struct ConvTrGpu {
-    shape: ConvTrWeights,
-    weight: wgpu::Buffer,
-    bias: wgpu::Buffer,
-}
+/// A convolution on the device.
+type ConvGpu = OnDevice<ConvWeights>;
+
+/// A transposed convolution on the device.
+type ConvTrGpu = OnDevice<ConvTrWeights>;
 
 #[derive(Debug)]
 struct ResGpu {
@@ -172,16 +171,28 @@ impl Uploader<'_> {
         self.ctx.storage_init(label, &f32_bytes(v))
     }
 
-    fn conv(&self, c: &ConvWeights) -> Result<ConvGpu, GpuError> {
-        Ok(ConvGpu {
-            weight: self.f32s("conv weight", &c.weight)?,
-            bias: self.f32s("conv bias", &c.bias)?,
-            shape: ConvWeights {
-                weight: Vec::new(),
-                bias: Vec::new(),
-                ..c.clone()
-            },
+    /// Uploads a (transposed) convolution's `weight` and `bias` (labelled `what`), keeping `shape`.
+    fn on_device<S>(
+        &self,
+        what: &str,
+        weight: &[f32],
+        bias: &[f32],
+        shape: S,
+    ) -> Result<OnDevice<S>, GpuError> {
+        Ok(OnDevice {
+            weight: self.f32s(&format!("{what} weight"), weight)?,
+            bias: self.f32s(&format!("{what} bias"), bias)?,
+            shape,
         })
+    }
+
+    fn conv(&self, c: &ConvWeights) -> Result<ConvGpu, GpuError> {
+        let shape = ConvWeights {
+            weight: Vec::new(),
+            bias: Vec::new(),
+            ..c.clone()
+        };
+        self.on_device("conv", &c.weight, &c.bias, shape)
     }
 
     fn conv_tr(&self, c: &ConvTrWeights) -> Result<ConvTrGpu, GpuError> {
@@ -194,15 +205,12 @@ impl Uploader<'_> {
                 ),
             });
         }
-        Ok(ConvTrGpu {
-            weight: self.f32s("convtr weight", &c.weight)?,
-            bias: self.f32s("convtr bias", &c.bias)?,
-            shape: ConvTrWeights {
-                weight: Vec::new(),
-                bias: Vec::new(),
-                ..c.clone()
-            },
-        })
+        let shape = ConvTrWeights {
+            weight: Vec::new(),
+            bias: Vec::new(),
+            ..c.clone()
+        };
+        self.on_device("convtr", &c.weight, &c.bias, shape)
     }
 
     fn res(&self, r: &[ResBlockWeights]) -> Result<Vec<ResGpu>, GpuError> {
@@ -522,6 +530,39 @@ impl<'a> Recorder<'a> {
         Ok(())
     }
 
+    /// `y = x · Wᵀ` for `rows` rows of `cols` values, `outs` outputs each; `mode` as in
+    /// [`MimiKernel::Linear`] (0 written, 1 added to `y` through the LayerScale `scale`, 2
+    /// through GELU).
+    fn linear(
+        &mut self,
+        x: &wgpu::Buffer,
+        w: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        scale: &wgpu::Buffer,
+        (rows, cols, outs): (usize, usize, usize),
+        mode: u32,
+    ) {
+        self.launch(
+            MimiKernel::Linear,
+            &[rows as u32, cols as u32, outs as u32, mode],
+            &[x, w, y, scale],
+            rows * outs,
+        );
+    }
+
+    /// `y` = LayerNorm (with `weight` and `bias`, eps 1e-5) of the `rows` rows of `d` values of `x`.
+    fn layer_norm(
+        &mut self,
+        x: &wgpu::Buffer,
+        (weight, bias): (&wgpu::Buffer, &wgpu::Buffer),
+        y: &wgpu::Buffer,
+        rows: usize,
+        d: usize,
+    ) {
+        let words = [rows as u32, d as u32, 1e-5f32.to_bits()];
+        self.launch(MimiKernel::LayerNorm, &words, &[x, weight, bias, y], rows);
+    }
+
     /// A residual unit in place on `a` (`[dim, t]`), `h` its hidden scratch.
     fn res(
         &mut self,
@@ -562,23 +603,12 @@ impl<'a> Recorder<'a> {
             &[io, &x],
             t * d,
         );
-        let eps = 1e-5f32.to_bits();
         let cap = tr.context;
         for l in &tr.layers {
             let kc = self.state("k ring", cap * d)?;
             let vc = self.state("v ring", cap * d)?;
-            self.launch(
-                MimiKernel::LayerNorm,
-                &[t as u32, d as u32, eps],
-                &[&x, &l.norm1_w, &l.norm1_b, &h],
-                t,
-            );
-            self.launch(
-                MimiKernel::Linear,
-                &[t as u32, d as u32, 3 * d as u32, 0],
-                &[&h, &l.in_proj, &qkv, &l.ls1],
-                t * 3 * d,
-            );
+            self.layer_norm(&x, (&l.norm1_w, &l.norm1_b), &h, t, d);
+            self.linear(&h, &l.in_proj, &qkv, &l.ls1, (t, d, 3 * d), 0);
             let rope = [
                 t as u32,
                 d as u32,
@@ -610,30 +640,10 @@ impl<'a> Recorder<'a> {
                 &[&qkv, &kc, &vc, &att, counters],
                 t * tr.heads,
             );
-            self.launch(
-                MimiKernel::Linear,
-                &[t as u32, d as u32, d as u32, 1],
-                &[&att, &l.out_proj, &x, &l.ls1],
-                t * d,
-            );
-            self.launch(
-                MimiKernel::LayerNorm,
-                &[t as u32, d as u32, eps],
-                &[&x, &l.norm2_w, &l.norm2_b, &h],
-                t,
-            );
-            self.launch(
-                MimiKernel::Linear,
-                &[t as u32, d as u32, ff as u32, 2],
-                &[&h, &l.linear1, &f, &l.ls2],
-                t * ff,
-            );
-            self.launch(
-                MimiKernel::Linear,
-                &[t as u32, ff as u32, d as u32, 1],
-                &[&f, &l.linear2, &x, &l.ls2],
-                t * d,
-            );
+            self.linear(&att, &l.out_proj, &x, &l.ls1, (t, d, d), 1);
+            self.layer_norm(&x, (&l.norm2_w, &l.norm2_b), &h, t, d);
+            self.linear(&h, &l.linear1, &f, &l.ls2, (t, d, ff), 2);
+            self.linear(&f, &l.linear2, &x, &l.ls2, (t, ff, d), 1);
         }
         self.launch(MimiKernel::Advance, &[pos, t as u32], &[counters], 1);
         self.launch(
@@ -815,18 +825,9 @@ impl Streams {
             r.conv(&g.downsample, &emb, t2, false, &lat, false, ENC_FRAMES)?;
             r.tap(Stage::Latent, &lat, d);
             // [d, 1] is also the row [1, d].
-            r.launch(
-                MimiKernel::Linear,
-                &[1, d as u32, cb as u32, 0],
-                &[&lat, &g.first_input_proj, &u_first, &g.stats],
-                cb,
-            );
-            r.launch(
-                MimiKernel::Linear,
-                &[1, d as u32, cb as u32, 0],
-                &[&lat, &g.rest_input_proj, &u_rest, &g.stats],
-                cb,
-            );
+            // (The stats only fill the unread LayerScale binding.)
+            r.linear(&lat, &g.first_input_proj, &u_first, &g.stats, (1, d, cb), 0);
+            r.linear(&lat, &g.rest_input_proj, &u_rest, &g.stats, (1, d, cb), 0);
             r.launch(
                 MimiKernel::RvqSearch,
                 &[
