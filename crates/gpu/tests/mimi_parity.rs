@@ -22,12 +22,18 @@ fn trace() -> testkit::TensorFile {
     testkit::TensorFile::open(fixture("trace.safetensors"))
 }
 
-fn setup() -> Option<(GpuContext, Arc<Mimi>, GpuMimi)> {
+/// What every test starts from: the context, the fixture codec, its device codec, the oracle's
+/// codes (`[nq, T]`, and `T`) and the fixture's input PCM.
+type Setup = (GpuContext, Arc<Mimi>, GpuMimi, (Vec<u32>, usize), Vec<f32>);
+
+/// The [`Setup`], or `None` without an adapter (a printed skip).
+fn setup() -> Option<Setup> {
     let ctx = common::context()?;
     let m = mimi();
     let w = GpuMimiWeights::upload(&ctx, m.clone()).unwrap();
     let g = GpuMimi::new(w).unwrap();
-    Some((ctx, m, g))
+    let pcm = input_frames(m.frame_size());
+    Some((ctx, m, g, oracle_codes(), pcm))
 }
 
 /// Frame `f`'s codes out of `[nq, T]`.
@@ -63,18 +69,11 @@ fn encode_all(c: &mut dyn CodecBackend, pcm: &[f32]) -> Vec<u32> {
 
 #[test]
 fn decoder_matches_oracle_and_cpu() {
-    let Some((ctx, m, mut g)) = setup() else {
+    let Some((ctx, m, mut g, (codes, t), _)) = setup() else {
         return;
     };
-    let (codes, t) = oracle_codes();
     assert!(t >= 24, "the fixture wraps the context-8 rings");
-    let (buffers, binds) = (ctx.buffers_created(), ctx.bind_groups_created());
-    let got = decode_all(&mut g, &codes, t);
-    assert_eq!(
-        (ctx.buffers_created(), ctx.bind_groups_created()),
-        (buffers, binds),
-        "buffers or bind groups created while decoding"
-    );
+    let got = common::creates_nothing(&ctx, "while decoding", || decode_all(&mut g, &codes, t));
     let (want, _) = trace().f32("pcm");
     let err = max_abs_diff(&got, &want);
     eprintln!("GPU decoder vs oracle: max abs diff {err:e}");
@@ -88,19 +87,11 @@ fn decoder_matches_oracle_and_cpu() {
 
 #[test]
 fn encoder_codes_match_oracle_and_cpu() {
-    let Some((ctx, m, mut g)) = setup() else {
+    let Some((ctx, m, mut g, (want, t), pcm)) = setup() else {
         return;
     };
-    let (want, t) = oracle_codes();
-    let pcm = input_frames(m.frame_size());
     assert_eq!(pcm.len() / m.frame_size(), t);
-    let (buffers, binds) = (ctx.buffers_created(), ctx.bind_groups_created());
-    let got = encode_all(&mut g, &pcm);
-    assert_eq!(
-        (ctx.buffers_created(), ctx.bind_groups_created()),
-        (buffers, binds),
-        "buffers or bind groups created while encoding"
-    );
+    let got = common::creates_nothing(&ctx, "while encoding", || encode_all(&mut g, &pcm));
     assert_eq!(got, want, "GPU codes differ from the oracle's");
     // The fixture's smallest code margin (~2e-3) is far above the device's bound: every level
     // is proven on the device.
@@ -115,11 +106,9 @@ fn encoder_codes_match_oracle_and_cpu() {
 
 #[test]
 fn host_decision_path_gives_the_same_codes() {
-    let Some((_ctx, m, mut g)) = setup() else {
+    let Some((_ctx, m, mut g, (want, _), pcm)) = setup() else {
         return;
     };
-    let (want, _) = oracle_codes();
-    let pcm = input_frames(m.frame_size());
     g.force_host_decision(true);
     let got = encode_all(&mut g, &pcm);
     assert_eq!(g.host_decisions(), (pcm.len() / m.frame_size()) as u64);
@@ -128,11 +117,9 @@ fn host_decision_path_gives_the_same_codes() {
 
 #[test]
 fn reset_gives_a_fresh_stream() {
-    let Some((_ctx, m, mut g)) = setup() else {
+    let Some((_ctx, m, mut g, (codes, t), pcm)) = setup() else {
         return;
     };
-    let (codes, t) = oracle_codes();
-    let pcm = input_frames(m.frame_size());
     let n = 12.min(t);
     let fs = m.frame_size();
     let first_pcm = decode_all(&mut g, &codes[..], t);
@@ -144,7 +131,7 @@ fn reset_gives_a_fresh_stream() {
 
 #[test]
 fn bad_input_is_refused() {
-    let Some((_ctx, m, mut g)) = setup() else {
+    let Some((_ctx, m, mut g, _, _)) = setup() else {
         return;
     };
     let fs = m.frame_size();

@@ -85,3 +85,16 @@ pub fn mimi_fixture_codec() -> std::sync::Arc<model::mimi::Mimi> {
         .collect();
     std::sync::Arc::new(model::mimi::Mimi::from_tensors(&weights, &cfg, 8).unwrap())
 }
+
+/// Runs `f` and asserts that it created no buffer or bind group on `ctx` (the per-frame promise:
+/// everything is made at load); `what` names the work in the failure message.
+pub fn creates_nothing<T>(ctx: &GpuContext, what: &str, f: impl FnOnce() -> T) -> T {
+    let before = (ctx.buffers_created(), ctx.bind_groups_created());
+    let out = f();
+    assert_eq!(
+        (ctx.buffers_created(), ctx.bind_groups_created()),
+        before,
+        "buffers or bind groups created {what}"
+    );
+    out
+}
