@@ -6,7 +6,7 @@ use std::sync::Arc;
 use model::mimi::{BatchCodecBackend, MimiError};
 
 use super::GpuMimiWeights;
-use super::{bytes_of_f32, check_code_range, decide_codes, dispatch, read_words, Streams};
+use super::{bytes_of_f32, check_code_range, dispatch, read_words, Decider, Streams};
 use crate::{GpuContext, GpuError};
 
 /// The device codecs of `slots` conversation slots over one engine's uploaded weights: every
@@ -33,13 +33,9 @@ pub struct GpuMimiBatch {
     /// Per listed slot: its codes, then its number of unproven levels (as read back).
     words: Vec<u32>,
     codes: Vec<u32>,
-    lat_words: Vec<u32>,
-    latents: Vec<f32>,
     /// Scratch of the distinctness check.
     listed: Vec<bool>,
-    host_decisions: u64,
-    submissions: u64,
-    force_host_decision: bool,
+    d: Decider,
 }
 
 impl std::fmt::Debug for GpuMimiBatch {
@@ -50,6 +46,8 @@ impl std::fmt::Debug for GpuMimiBatch {
             .finish()
     }
 }
+
+device_codec_accessors!(GpuMimiBatch);
 
 impl GpuMimiBatch {
     /// Fresh streams of `slots` slots (at least one) over the uploaded weights: allocates every
@@ -84,35 +82,10 @@ impl GpuMimiBatch {
             codes_bytes: vec![0; slots * nq * 4],
             words: vec![0; slots * (nq + 1)],
             codes: vec![0; slots * nq],
-            lat_words: vec![0; 2 * cb],
-            latents: vec![0.0; 2 * cb],
             listed: vec![false; slots],
-            host_decisions: 0,
-            submissions: 0,
-            force_host_decision: false,
+            d: Decider::new(cb),
             w,
         })
-    }
-
-    /// The device context.
-    pub fn context(&self) -> &GpuContext {
-        &self.w.ctx
-    }
-
-    /// Queue submissions so far: one per `encode_frames` / `decode_frames` call with at least
-    /// one slot, one more per encoded frame whose codes the host decided, one per reset.
-    pub fn submissions(&self) -> u64 {
-        self.submissions
-    }
-
-    /// Encoded slot frames whose codes the host decided (see [`super::GpuMimi::host_decisions`]).
-    pub fn host_decisions(&self) -> u64 {
-        self.host_decisions
-    }
-
-    /// Makes every encoded slot frame take the host's exact decision path (tests).
-    pub fn force_host_decision(&mut self, on: bool) {
-        self.force_host_decision = on;
     }
 
     /// Kernel launches of one slot's decoder frame and encoder frame (a call runs those of
@@ -188,7 +161,7 @@ impl GpuMimiBatch {
             enc.copy_buffer_to_buffer(output, 0, &self.readback, i as u64 * out_bytes, out_bytes);
         }
         ctx.queue().submit([enc.finish()]);
-        self.submissions += 1;
+        self.d.submissions += 1;
     }
 
     fn encode(&mut self, slots: &[usize], pcm: &[f32]) -> Result<(), GpuError> {
@@ -202,18 +175,10 @@ impl GpuMimiBatch {
         let words = &mut self.words[..k * (nq + 1)];
         read_words(&self.w.ctx, &self.readback, words)?;
         for (i, &s) in slots.iter().enumerate() {
-            let host = decide_codes(
-                &self.w,
-                &self.streams[s],
-                &self.readback,
-                &self.words[i * (nq + 1)..(i + 1) * (nq + 1)],
-                self.force_host_decision,
-                &mut self.lat_words,
-                &mut self.latents,
-                &mut self.codes[i * nq..(i + 1) * nq],
-                &mut self.submissions,
-            )?;
-            self.host_decisions += host as u64;
+            let words = &self.words[i * (nq + 1)..(i + 1) * (nq + 1)];
+            let codes = &mut self.codes[i * nq..(i + 1) * nq];
+            self.d
+                .decide(&self.w, &self.streams[s], &self.readback, words, codes)?;
         }
         Ok(())
     }
@@ -280,6 +245,6 @@ impl BatchCodecBackend for GpuMimiBatch {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
         st.clear(&mut enc);
         ctx.queue().submit([enc.finish()]);
-        self.submissions += 1;
+        self.d.submissions += 1;
     }
 }

@@ -16,6 +16,38 @@
 //! projected latents (still in device memory) are read back and the host decides every level
 //! with the CPU's exact f64 search ([`Mimi::rvq_codes_exact`]).
 
+/// The accessors [`GpuMimi`] and [`GpuMimiBatch`] share, over the fields both keep: the weights
+/// `w` and the [`Decider`] `d`.
+macro_rules! device_codec_accessors {
+    ($codec:ty) => {
+        impl $codec {
+            /// The device context.
+            pub fn context(&self) -> &GpuContext {
+                &self.w.ctx
+            }
+
+            /// Queue submissions so far: one per call that runs frames (a batch call, one for
+            /// all its listed slots), one more per encoded frame whose codes the host decided,
+            /// one per reset.
+            pub fn submissions(&self) -> u64 {
+                self.d.submissions
+            }
+
+            /// Encoded frames whose codes the host decided (a level the device's bound could not
+            /// prove, or `force_host_decision`).
+            pub fn host_decisions(&self) -> u64 {
+                self.d.host_decisions
+            }
+
+            /// Makes every encoded frame take the host's exact decision path (tests compare it
+            /// with the device's proven codes).
+            pub fn force_host_decision(&mut self, on: bool) {
+                self.d.force_host = on;
+            }
+        }
+    };
+}
+
 mod batch;
 mod shaders;
 
@@ -871,44 +903,79 @@ impl Streams {
     }
 }
 
-/// The codes of one encoder frame from its readback words (`nq` codes, then the number of levels
-/// the device could not prove): the device's when proven, else the host's exact decision on the
-/// frame's latents (read back from `s` through `readback` in one more submission).
-#[allow(clippy::too_many_arguments)]
-fn decide_codes(
-    w: &GpuMimiWeights,
-    s: &Streams,
-    readback: &wgpu::Buffer,
-    words: &[u32],
+/// A device codec's submission count and the host's part in the encoder's code decisions: its
+/// scratch, how many frames it decided, and whether it decides every frame.
+#[derive(Debug)]
+struct Decider {
+    lat_words: Vec<u32>,
+    latents: Vec<f32>,
+    host_decisions: u64,
+    submissions: u64,
     force_host: bool,
-    lat_words: &mut [u32],
-    latents: &mut [f32],
-    codes: &mut [u32],
-    submissions: &mut u64,
-) -> Result<bool, GpuError> {
-    let nq = codes.len();
-    codes.copy_from_slice(&words[..nq]);
-    if words[nq] == 0 && !force_host {
-        return Ok(false);
+}
+
+impl Decider {
+    /// Counters at zero and the scratch of a codec whose latents have `cb` values per
+    /// projection.
+    fn new(cb: usize) -> Decider {
+        Decider {
+            lat_words: vec![0; 2 * cb],
+            latents: vec![0.0; 2 * cb],
+            host_decisions: 0,
+            submissions: 0,
+            force_host: false,
+        }
     }
-    // The exact decision on the host, from the latents still in device memory.
-    let cb = latents.len() / 2;
-    let bytes = (cb * 4) as u64;
-    let ctx = &w.ctx;
-    let mut enc = ctx
-        .device()
-        .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-    enc.copy_buffer_to_buffer(&s.u_first, 0, readback, 0, bytes);
-    enc.copy_buffer_to_buffer(&s.u_rest, 0, readback, bytes, bytes);
-    ctx.queue().submit([enc.finish()]);
-    *submissions += 1;
-    read_words(ctx, readback, lat_words)?;
-    for (v, b) in latents.iter_mut().zip(lat_words.iter()) {
-        *v = f32::from_bits(*b);
+
+    /// The codes of one encoder frame from its readback words (`nq` codes, then the number of
+    /// levels the device could not prove): the device's when proven, else the host's exact
+    /// decision on the frame's latents (read back from `s` through `readback` in one more
+    /// submission).
+    fn decide(
+        &mut self,
+        w: &GpuMimiWeights,
+        s: &Streams,
+        readback: &wgpu::Buffer,
+        words: &[u32],
+        codes: &mut [u32],
+    ) -> Result<(), GpuError> {
+        let nq = codes.len();
+        codes.copy_from_slice(&words[..nq]);
+        if words[nq] == 0 && !self.force_host {
+            return Ok(());
+        }
+        self.decide_on_host(w, s, readback, codes)?;
+        self.host_decisions += 1;
+        Ok(())
     }
-    let (first, rest) = latents.split_at_mut(cb);
-    w.mimi.rvq_codes_exact(first, rest, codes);
-    Ok(true)
+
+    fn decide_on_host(
+        &mut self,
+        w: &GpuMimiWeights,
+        s: &Streams,
+        readback: &wgpu::Buffer,
+        codes: &mut [u32],
+    ) -> Result<(), GpuError> {
+        let (lat_words, latents) = (&mut self.lat_words, &mut self.latents);
+        // The exact decision on the host, from the latents still in device memory.
+        let cb = latents.len() / 2;
+        let bytes = (cb * 4) as u64;
+        let ctx = &w.ctx;
+        let mut enc = ctx
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        enc.copy_buffer_to_buffer(&s.u_first, 0, readback, 0, bytes);
+        enc.copy_buffer_to_buffer(&s.u_rest, 0, readback, bytes, bytes);
+        ctx.queue().submit([enc.finish()]);
+        self.submissions += 1;
+        read_words(ctx, readback, lat_words)?;
+        for (v, b) in latents.iter_mut().zip(lat_words.iter()) {
+            *v = f32::from_bits(*b);
+        }
+        let (first, rest) = latents.split_at_mut(cb);
+        w.mimi.rvq_codes_exact(first, rest, codes);
+        Ok(())
+    }
 }
 
 /// The device codec of one conversation: its streaming state in device memory and every launch
@@ -923,11 +990,7 @@ pub struct GpuMimi {
     /// Codes of every level, then the number of unproven levels (as read back).
     words: Vec<u32>,
     codes: Vec<u32>,
-    lat_words: Vec<u32>,
-    latents: Vec<f32>,
-    host_decisions: u64,
-    submissions: u64,
-    force_host_decision: bool,
+    d: Decider,
 }
 
 impl std::fmt::Debug for GpuMimi {
@@ -937,6 +1000,8 @@ impl std::fmt::Debug for GpuMimi {
             .finish()
     }
 }
+
+device_codec_accessors!(GpuMimi);
 
 impl GpuMimi {
     /// Fresh streams over the uploaded weights: allocates the state, work and readback buffers
@@ -959,41 +1024,14 @@ impl GpuMimi {
             codes_bytes: vec![0; nq * 4],
             words: vec![0; nq + 1],
             codes: vec![0; nq],
-            lat_words: vec![0; 2 * cb],
-            latents: vec![0.0; 2 * cb],
-            host_decisions: 0,
-            submissions: 0,
-            force_host_decision: false,
+            d: Decider::new(cb),
             w,
         })
-    }
-
-    /// The device context.
-    pub fn context(&self) -> &GpuContext {
-        &self.w.ctx
     }
 
     /// Kernel launches of a decoder frame and of an encoder frame.
     pub fn launches_per_frame(&self) -> (usize, usize) {
         (self.s.dec.launches.len(), self.s.enc.launches.len())
-    }
-
-    /// Queue submissions so far (one per frame, one more for a frame whose codes the host
-    /// decided, one per reset).
-    pub fn submissions(&self) -> u64 {
-        self.submissions
-    }
-
-    /// Encoder frames whose codes the host decided (a level the device's bound could not prove,
-    /// or [`GpuMimi::force_host_decision`]).
-    pub fn host_decisions(&self) -> u64 {
-        self.host_decisions
-    }
-
-    /// Makes every encoder frame take the host's exact decision path (tests compare it with the
-    /// device's proven codes).
-    pub fn force_host_decision(&mut self, on: bool) {
-        self.force_host_decision = on;
     }
 
     /// Records one direction's frame in one submission: its launches (split into one compute
@@ -1029,7 +1067,7 @@ impl GpuMimi {
             off += len;
         }
         ctx.queue().submit([enc.finish()]);
-        self.submissions += 1;
+        self.d.submissions += 1;
     }
 
     /// Reads a traced frame's intermediates back and reports each to `trace`.
@@ -1058,18 +1096,13 @@ impl GpuMimi {
         let codes_out = self.s.codes_out.clone();
         self.run(true, traced, &[(&codes_out, ((nq + 1) * 4) as u64)]);
         read_words(&self.w.ctx, &self.readback, &mut self.words)?;
-        let host = decide_codes(
+        self.d.decide(
             &self.w,
             &self.s,
             &self.readback,
             &self.words,
-            self.force_host_decision,
-            &mut self.lat_words,
-            &mut self.latents,
             &mut self.codes,
-            &mut self.submissions,
         )?;
-        self.host_decisions += host as u64;
         Ok(())
     }
 
@@ -1219,6 +1252,6 @@ impl CodecBackend for GpuMimi {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
         self.s.clear(&mut enc);
         ctx.queue().submit([enc.finish()]);
-        self.submissions += 1;
+        self.d.submissions += 1;
     }
 }
