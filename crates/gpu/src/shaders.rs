@@ -229,10 +229,32 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 "#;
 
+/// The tree reduction of the 64-thread kernels (the LM's RMS norm and attention, Mimi's RVQ
+/// search): the sum (or the maximum) of one value per thread in a fixed order, the same on every
+/// device, returned to every thread. Called from uniform control flow; its workgroup array is
+/// free again on return.
+pub(crate) const WORKGROUP_REDUCE: &str = r#"
+var<workgroup> reduce_part: array<f32, 64>;
+
+fn workgroup_reduce(lid: u32, v: f32, is_max: bool) -> f32 {
+    reduce_part[lid] = v;
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            let a = reduce_part[lid];
+            let o = reduce_part[lid + s];
+            reduce_part[lid] = select(a + o, max(a, o), is_max);
+        }
+        workgroupBarrier();
+    }
+    let total = reduce_part[0];
+    workgroupBarrier();
+    return total;
+}
+"#;
+
 /// RMS norm of each active row: `out = x · (w · 1/√(mean(x²) + eps))` (the CPU's grouping).
 const RMS_NORM: &str = r#"
-var<workgroup> part: array<f32, 64>;
-
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let b = wid.y;
@@ -242,15 +264,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let v = x[base + c];
         ss += v * v;
     }
-    part[lid] = ss;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            part[lid] += part[lid + s];
-        }
-        workgroupBarrier();
-    }
-    let inv = 1.0 / sqrt(part[0] / f32(M.d) + M.eps);
+    let inv = 1.0 / sqrt(workgroup_reduce(lid, ss, false) / f32(M.d) + M.eps);
     for (var c = lid; c < M.d; c += WG) {
         dst[base + c] = x[base + c] * (w[M.w_off + c] * inv);
     }
@@ -299,8 +313,6 @@ fn body(b: u32, p: u32) {
 /// One head of one active row per workgroup: softmax(q·kᵀ/√hd) v over the row's `count` most
 /// recent ring entries (oldest first), scores in a storage scratch `[MAXN][heads][ctx]`.
 const ATTENTION: &str = r#"
-var<workgroup> red: array<f32, 64>;
-
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let h = wid.x;
@@ -330,32 +342,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         scores[sbase + e] = s;
         mx = max(mx, s);
     }
-    red[lid] = mx;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            red[lid] = max(red[lid], red[lid + s]);
-        }
-        workgroupBarrier();
-    }
-    let m = red[0];
-    workgroupBarrier();
+    let m = workgroup_reduce(lid, mx, true);
     var sum = 0.0;
     for (var e = lid; e < count; e += WG) {
         let p = exp(scores[sbase + e] - m);
         scores[sbase + e] = p;
         sum += p;
     }
-    red[lid] = sum;
+    // Every thread reads every score below.
     storageBarrier();
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            red[lid] += red[lid + s];
-        }
-        workgroupBarrier();
-    }
-    let norm = 1.0 / red[0];
+    let norm = 1.0 / workgroup_reduce(lid, sum, false);
     for (var t = lid; t < hd; t += WG) {
         var acc = 0.0;
         for (var e = 0u; e < count; e++) {
@@ -432,9 +428,9 @@ impl Module {
                 PER_ROW_MAIN,
             ]
             .concat(),
-            Module::RmsNorm => [PRELUDE, &Misc::wgsl(), RMS_NORM].concat(),
+            Module::RmsNorm => [PRELUDE, &Misc::wgsl(), WORKGROUP_REDUCE, RMS_NORM].concat(),
             Module::RopeStore => [PRELUDE, &Misc::wgsl(), ROPE_STORE, PER_ROW_MAIN].concat(),
-            Module::Attention => [PRELUDE, &Misc::wgsl(), ATTENTION].concat(),
+            Module::Attention => [PRELUDE, &Misc::wgsl(), WORKGROUP_REDUCE, ATTENTION].concat(),
             Module::Gate => [PRELUDE, &Misc::wgsl(), GATE, PER_ROW_MAIN].concat(),
             Module::Sample => [&SampleParams::wgsl(), SAMPLE_WGSL].concat(),
             Module::Copy => [&CopyParams::wgsl(), COPY_WGSL].concat(),

@@ -10,6 +10,7 @@
 //! end of a frame).
 
 use crate::bindings::{declare_bindings, declare_uniform, Access};
+use crate::shaders::WORKGROUP_REDUCE;
 
 /// One Mimi kernel (each its own WGSL module with entry point `main`, 64 threads per
 /// workgroup; most run one thread per index through [`PER_INDEX_MAIN`]).
@@ -89,7 +90,11 @@ impl MimiKernel {
             "{self:?}: more fields than the 16-word block"
         );
         let params = declare_uniform("Params", fields);
-        [&bindings, &params, ELU, body, main].concat()
+        let reduce = match self {
+            MimiKernel::RvqSearch => WORKGROUP_REDUCE,
+            _ => "",
+        };
+        [&bindings, &params, ELU, reduce, body, main].concat()
     }
 
     /// How the kernel binds its buffers (binding 0 is always the uniform block).
@@ -313,23 +318,6 @@ const RVQ_SEARCH: &str = r#"
 var<workgroup> best_v: array<f32, 64>;
 var<workgroup> best_i: array<u32, 64>;
 var<workgroup> upper: array<f32, 64>;
-var<workgroup> sum_part: array<f32, 64>;
-
-// The sum of the workgroup's `v` by a fixed-order tree, for every thread (call it from uniform
-// control flow; it leaves `sum_part` free for the next call).
-fn workgroup_sum(lid: u32, v: f32) -> f32 {
-    sum_part[lid] = v;
-    workgroupBarrier();
-    for (var s = 32u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            sum_part[lid] += sum_part[lid + s];
-        }
-        workgroupBarrier();
-    }
-    let total = sum_part[0];
-    workgroupBarrier();
-    return total;
-}
 
 fn x_at(q: u32, j: u32) -> f32 {
     if (q == 0u) {
@@ -370,7 +358,7 @@ fn main(@builtin(local_invocation_index) lid: u32) {
             let v = x_at(q, j);
             sq += v * v;
         }
-        let xn = sqrt(workgroup_sum(lid, sq));
+        let xn = sqrt(workgroup_reduce(lid, sq, false));
         var bv = 3.0e38;
         var bi = 0xffffffffu;
         var up = 3.0e38;
@@ -410,7 +398,7 @@ fn main(@builtin(local_invocation_index) lid: u32) {
                 hits += 1.0;
             }
         }
-        let lower_hits = workgroup_sum(lid, hits);
+        let lower_hits = workgroup_reduce(lid, hits, false);
         // A non-finite latent gives no winner: code 0, and the host decides.
         let code = select(0u, win, win < bins);
         if (lid == 0u) {
