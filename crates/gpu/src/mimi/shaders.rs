@@ -13,7 +13,7 @@ use crate::bindings::{declare_bindings, declare_uniform, Access};
 use crate::shaders::WORKGROUP_REDUCE;
 
 /// One Mimi kernel (each its own WGSL module with entry point `main`, 64 threads per
-/// workgroup; most run one thread per index through [`PER_INDEX_MAIN`]).
+/// workgroup; most run one thread per index through `PER_INDEX_MAIN`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum MimiKernel {
     /// Causal convolution over the kept history and the new input (optional ELU on the input,
