@@ -56,8 +56,7 @@ fn reference(input: &[f32]) -> Vec<f32> {
 #[test]
 fn the_c_example_runs_full_duplex_on_the_demo_model() {
     let lib = lib_dir();
-    let work = std::env::temp_dir().join(format!("moshi-capi-c-{}", std::process::id()));
-    std::fs::create_dir_all(&work).unwrap();
+    let work = testkit::ScratchDir::new("capi-c");
     let shared = work.join("duplex");
     compile(
         &shared,
@@ -123,5 +122,4 @@ fn the_c_example_runs_full_duplex_on_the_demo_model() {
     // Usage errors exit with status 2.
     let run = Command::new(work.join("duplex")).output().unwrap();
     assert_eq!(run.status.code(), Some(2));
-    std::fs::remove_dir_all(&work).ok();
 }

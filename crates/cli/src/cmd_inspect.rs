@@ -218,8 +218,7 @@ mod tests {
 
     #[test]
     fn refusals_exit_with_errors() {
-        let dir = std::env::temp_dir().join(format!("moshi-inspect-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = testkit::ScratchDir::new("inspect");
         let lora = dir.join("lora.safetensors");
         let t = vec![
             ("text_emb.weight".to_string(), "F32", vec![1], vec![0u8; 4]),
@@ -235,8 +234,7 @@ mod tests {
         assert!(inspect(dir.join("missing")).is_err());
         // A bundle whose config.json asks for an unsupported model type.
         std::fs::write(dir.join("config.json"), r#"{"model_type": "hibiki"}"#).unwrap();
-        let e = inspect(dir.clone()).unwrap_err();
+        let e = inspect(dir.to_path_buf()).unwrap_err();
         assert!(format!("{e:#}").contains("hibiki"), "{e:#}");
-        std::fs::remove_dir_all(&dir).ok();
     }
 }

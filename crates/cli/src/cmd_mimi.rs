@@ -322,8 +322,7 @@ mod tests {
     #[test]
     fn encode_decode_round_trip_matches_oracle_trace() {
         let fx = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/mimi");
-        let dir = std::env::temp_dir().join(format!("mimi-codes-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = testkit::ScratchDir::new("mimi-codes");
         let cfg = format!(
             r#"{{"mimi_name": "{}", "mimi_config_name": "file://{}"}}"#,
             fx.join("mimi_hf.safetensors").display(),
@@ -331,7 +330,7 @@ mod tests {
         );
         std::fs::write(dir.join("config.json"), cfg).unwrap();
         let model = MimiModelArgs {
-            model_dir: dir.clone(),
+            model_dir: dir.to_path_buf(),
             codebooks: 8,
             threads: 1,
         };
@@ -354,6 +353,5 @@ mod tests {
         assert_eq!(got.len(), input.len());
         let err = max_abs_diff(&got, &want_pcm[..got.len()]);
         assert!(err < 1e-4, "round-trip pcm {err}");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

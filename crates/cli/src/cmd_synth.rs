@@ -86,7 +86,7 @@ mod tests {
 
     #[test]
     fn tiny_synth_bundle_inspects_clean() {
-        let out = std::env::temp_dir().join(format!("moshi-cli-synth-{}", std::process::id()));
+        let out = testkit::ScratchDir::new("cli-synth");
         let cfg = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/lm/config.json");
         for format in ["bf16", "q8-gguf", "mlx-q4"] {
             let dir = out.join(format);
@@ -112,6 +112,5 @@ mod tests {
             seed: 1,
         })
         .is_err());
-        std::fs::remove_dir_all(&out).ok();
     }
 }

@@ -244,10 +244,8 @@ mod tests {
     }
 
     fn check_against_emulation(device: Option<DeviceArg>) {
-        let out = std::env::temp_dir().join(format!(
-            "moshi-trace-duplex-{}-{device:?}.safetensors",
-            std::process::id()
-        ));
+        let dir = testkit::ScratchDir::new(&format!("trace-duplex-{device:?}"));
+        let out = dir.join("trace.safetensors");
         let args = TraceDuplexArgs {
             files: TraceFiles {
                 model_dir: root().join("fixtures/lm"),
@@ -264,7 +262,6 @@ mod tests {
         };
         run(&args).unwrap();
         let got = TensorFile::open(&out);
-        let _ = std::fs::remove_file(&out);
         let want = TensorFile::open(root().join("fixtures/duplex/trace.safetensors"));
         for name in ["text_tokens", "audio_tokens"] {
             assert_eq!(got.i64(name), want.i64(name), "{name} must match exactly");

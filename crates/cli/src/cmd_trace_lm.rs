@@ -271,6 +271,7 @@ pub fn run(args: &TraceLmArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use testkit::compare::max_abs_diff;
+    use testkit::ScratchDir;
 
     use super::*;
 
@@ -291,10 +292,6 @@ mod tests {
             device: None,
             gpu: None,
         }
-    }
-
-    fn tmp(name: &str) -> PathBuf {
-        std::env::temp_dir().join(format!("moshi-trace-lm-{}-{name}", std::process::id()))
     }
 
     fn f32s(t: &RawTensor) -> Vec<f32> {
@@ -324,12 +321,12 @@ mod tests {
 
     #[test]
     fn greedy_trace_matches_oracle_fixture() {
-        let out = tmp("greedy.safetensors");
+        let dir = ScratchDir::new("trace-lm-greedy");
+        let out = dir.join("greedy.safetensors");
         run(&args(&out, None)).unwrap();
         let ours = read_safetensors(&out).unwrap();
         let theirs = read_safetensors(&fixtures().join("trace.safetensors")).unwrap();
         assert_traces_agree(&ours, &theirs, "oracle");
-        std::fs::remove_file(&out).ok();
     }
 
     /// `--device gpu` writes the CPU's file: the same tensors, tokens identical, floats within
@@ -339,8 +336,9 @@ mod tests {
         if gpu::skip_test_without_adapter() {
             return;
         }
+        let dir = ScratchDir::new("trace-lm-gpu");
         for seed in [None, Some(77)] {
-            let (c, g) = (tmp("cpu.safetensors"), tmp("gpu.safetensors"));
+            let (c, g) = (dir.join("cpu.safetensors"), dir.join("gpu.safetensors"));
             run(&args(&c, seed)).unwrap();
             run(&TraceLmArgs {
                 device: Some(DeviceArg::Gpu),
@@ -350,18 +348,16 @@ mod tests {
             let (tc, tg) = (read_safetensors(&c).unwrap(), read_safetensors(&g).unwrap());
             assert_eq!(tc.keys().collect::<Vec<_>>(), tg.keys().collect::<Vec<_>>());
             assert_traces_agree(&tg, &tc, &format!("gpu vs cpu, seed {seed:?}"));
-            for p in [c, g] {
-                std::fs::remove_file(p).ok();
-            }
         }
     }
 
     #[test]
     fn seeded_trace_is_reproducible() {
+        let dir = ScratchDir::new("trace-lm-seeded");
         let (a, b, c) = (
-            tmp("s1.safetensors"),
-            tmp("s2.safetensors"),
-            tmp("s3.safetensors"),
+            dir.join("s1.safetensors"),
+            dir.join("s2.safetensors"),
+            dir.join("s3.safetensors"),
         );
         run(&args(&a, Some(1234))).unwrap();
         run(&args(&b, Some(1234))).unwrap();
@@ -375,8 +371,5 @@ mod tests {
         assert_ne!(ra, rc, "different seed, different run");
         let (ta, tc) = (read_safetensors(&a).unwrap(), read_safetensors(&c).unwrap());
         assert_ne!(ta["out_audio"].data, tc["out_audio"].data, "seed matters");
-        for p in [a, b, c] {
-            std::fs::remove_file(p).ok();
-        }
     }
 }

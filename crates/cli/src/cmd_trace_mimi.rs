@@ -202,12 +202,11 @@ pub(crate) mod tests {
 
     use super::*;
 
-    /// The fixture codec as a bundle directory of its own (`tag` keeps tests apart), and the
-    /// fixture directory. The caller removes the bundle directory.
-    pub(crate) fn bundle(tag: &str) -> (PathBuf, PathBuf) {
+    /// The fixture codec as a bundle directory of its own (removed when dropped), and the
+    /// fixture directory.
+    pub(crate) fn bundle(tag: &str) -> (testkit::ScratchDir, PathBuf) {
         let fx = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/mimi");
-        let dir = std::env::temp_dir().join(format!("mimi-trace-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = testkit::ScratchDir::new(&format!("mimi-trace-{tag}"));
         let cfg = format!(
             r#"{{"mimi_name": "{}", "mimi_config_name": "{}"}}"#,
             fx.join("mimi.safetensors").display(),
@@ -230,7 +229,7 @@ pub(crate) mod tests {
         trace_on(&dir, &fx.join("input.wav"), &c, 8, None).unwrap();
         run(&TraceMimiArgs {
             files: TraceFiles {
-                model_dir: dir.clone(),
+                model_dir: dir.to_path_buf(),
                 input: fx.join("input.wav"),
                 out: g.clone(),
             },
@@ -255,7 +254,6 @@ pub(crate) mod tests {
             eprintln!("{name}: GPU vs CPU max abs diff {err:e}");
             assert!(err < 1e-4, "{name}: {err}");
         }
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
@@ -292,6 +290,5 @@ pub(crate) mod tests {
         assert!(trace_on(&dir, &bad, &out, 8, None).is_err());
         silence(1, 16000, 1);
         assert!(trace_on(&dir, &bad, &out, 8, None).is_err());
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -567,6 +567,7 @@ fn pearson(a: &[f64], b: &[f64]) -> f64 {
 mod tests {
     use super::*;
     use clap::Parser;
+    use testkit::ScratchDir;
 
     #[derive(Parser)]
     struct Cli {
@@ -584,17 +585,10 @@ mod tests {
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
     }
 
-    fn tmpdir(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("mn-verify-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    }
-
     /// A real copy of the tiny oracle bundle (its Mimi and tokenizer are symlinks).
-    fn copy_bundle(tag: &str) -> PathBuf {
+    fn copy_bundle(tag: &str) -> ScratchDir {
         let src = fixtures().join("lm");
-        let dst = tmpdir(tag);
+        let dst = ScratchDir::new(&format!("verify-{tag}"));
         for name in [
             "config.json",
             "model.safetensors",
@@ -641,11 +635,9 @@ mod tests {
         args(&["--model-dir", dir.to_str().unwrap()])
     }
 
-    /// The error `verify` exits with on the bundle in `dir` (which is then removed).
+    /// The error `verify` exits with on the bundle in `dir`.
     fn verify_error(dir: &Path) -> String {
-        let e = format!("{:#}", run(&model_dir_args(dir)).unwrap_err());
-        std::fs::remove_dir_all(dir).ok();
-        e
+        format!("{:#}", run(&model_dir_args(dir)).unwrap_err())
     }
 
     #[test]
@@ -686,7 +678,7 @@ mod tests {
     #[test]
     fn synth_bundle_passes_as_random_weights() {
         let tiny = Bundle::open(&fixtures().join("lm")).unwrap();
-        let dir = tmpdir("synth");
+        let dir = ScratchDir::new("verify-synth");
         model::checkpoint::synth::write_bundle(
             &dir,
             model::checkpoint::synth::SynthFormat::Q8Gguf,
@@ -702,22 +694,13 @@ mod tests {
         assert!(r.failures().is_empty(), "{:?}", r.failures());
         assert!(r.variant.contains("q8"), "{}", r.variant);
         run(&a).unwrap();
-        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]
     fn one_nan_weight_fails_naming_the_tensor() {
         let dir = copy_bundle("nan");
-        let path = dir.join("model.safetensors");
-        let mut bytes = std::fs::read(&path).unwrap();
-        let (name, dtype, _, range) = tensors(&bytes)
-            .into_iter()
-            .find(|t| t.0 == "transformer.layers.1.gating.linear_in.weight")
-            .unwrap();
-        assert_eq!(dtype, "F32");
-        let at = range.start + 4 * 17;
-        bytes[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
-        std::fs::write(&path, &bytes).unwrap();
+        let name = "transformer.layers.1.gating.linear_in.weight";
+        testkit::poke_f32(&dir.join("model.safetensors"), name, 17, f32::NAN);
         let e = verify_error(&dir);
         assert!(e.contains(&name) && e.contains("1 NaN"), "{e}");
         assert!(e.contains("tensor statistics"), "{e}");

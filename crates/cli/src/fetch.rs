@@ -211,6 +211,7 @@ mod tests {
     use std::io::BufRead;
     use std::net::TcpListener;
     use std::sync::{Arc, Mutex};
+    use testkit::ScratchDir;
 
     /// A loopback server mimicking the hub's `resolve` URLs. `cut` truncates the first response
     /// of each file after that many body bytes (an interrupted download).
@@ -295,18 +296,12 @@ mod tests {
             .collect()
     }
 
-    fn tmpdir(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("mn-fetch-{tag}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&d);
-        d
-    }
-
     #[test]
     fn downloads_into_hub_layout() {
         let spec = repo_spec(Variant::Moshika, Preset::Q4);
         let files = spec_files(&spec);
         let (ep, _) = serve(files.clone(), None);
-        let cache = tmpdir("ok");
+        let cache = ScratchDir::new("fetch-ok");
         let snap = fetch_repo(&ep, &cache, &spec, false).unwrap();
         assert_eq!(
             snap,
@@ -316,14 +311,13 @@ mod tests {
             assert_eq!(&fs::read(snap.join(f)).unwrap(), body);
         }
         assert_eq!(crate::models::find_in_cache(&cache, &spec), Some(snap));
-        fs::remove_dir_all(&cache).unwrap();
     }
 
     #[test]
     fn missing_file_is_a_404_error() {
         let spec = repo_spec(Variant::Moshiko, Preset::Bf16);
         let (ep, _) = serve(vec![], None);
-        let cache = tmpdir("404");
+        let cache = ScratchDir::new("fetch-404");
         let err = fetch_repo(&ep, &cache, &spec, false)
             .unwrap_err()
             .to_string();
@@ -331,7 +325,6 @@ mod tests {
             err.contains("HTTP 404") && err.contains("model.safetensors"),
             "{err}"
         );
-        fs::remove_dir_all(&cache).unwrap();
     }
 
     #[test]
@@ -339,7 +332,7 @@ mod tests {
         let spec = repo_spec(Variant::Moshiko, Preset::Q8);
         let files = spec_files(&spec);
         let (ep, log) = serve(files.clone(), Some(1234));
-        let cache = tmpdir("resume");
+        let cache = ScratchDir::new("fetch-resume");
         let err = fetch_repo(&ep, &cache, &spec, false)
             .unwrap_err()
             .to_string();
@@ -363,7 +356,6 @@ mod tests {
             log.iter().any(|l| l.contains("model.q8.gguf Some(1234)")),
             "{log:?}"
         );
-        fs::remove_dir_all(&cache).unwrap();
     }
 
     #[test]
@@ -373,7 +365,7 @@ mod tests {
         let last = spec.files.last().unwrap().to_string();
         let files = spec_files(&spec);
         let (ep, log) = serve_cutting(files.clone(), Some(777), Some(last.clone()));
-        let cache = tmpdir("last");
+        let cache = ScratchDir::new("fetch-last");
         let err = fetch_repo(&ep, &cache, &spec, false)
             .unwrap_err()
             .to_string();
@@ -394,7 +386,6 @@ mod tests {
         // A third run finds everything in place and asks for nothing.
         assert_eq!(fetch_repo(&ep, &cache, &spec, false).unwrap(), snap);
         assert!(log.lock().unwrap().is_empty(), "{:?}", log.lock().unwrap());
-        fs::remove_dir_all(&cache).unwrap();
     }
 
     #[test]
@@ -406,7 +397,7 @@ mod tests {
             .unwrap()
             .port();
         let spec = repo_spec(Variant::Moshiko, Preset::Q8);
-        let cache = tmpdir("offline");
+        let cache = ScratchDir::new("fetch-offline");
         let t = std::time::Instant::now();
         let err = fetch_repo(&format!("http://127.0.0.1:{port}"), &cache, &spec, false)
             .unwrap_err()
@@ -417,6 +408,5 @@ mod tests {
             assert!(err.contains(f), "{err}");
         }
         assert!(err.contains("models--kyutai--moshiko-candle-q8"), "{err}");
-        let _ = fs::remove_dir_all(&cache);
     }
 }

@@ -267,8 +267,9 @@ mod tests {
 
     #[test]
     fn resolution_order_and_cache_lookup() {
-        let tmp = std::env::temp_dir().join(format!("mn-models-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&tmp);
+        // The cache root exists but is empty, and is removed when the test ends.
+        let scratch = testkit::ScratchDir::new("models");
+        let tmp = scratch.to_path_buf();
         let args = ModelArgs::default();
         let err = args.resolve_with_cache(&tmp).unwrap_err().to_string();
         assert!(
@@ -323,6 +324,5 @@ mod tests {
             ..Default::default()
         };
         assert!(missing.resolve_with_cache(&tmp).is_err());
-        std::fs::remove_dir_all(&tmp).unwrap();
     }
 }

@@ -3,24 +3,34 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use testkit::ScratchDir;
 
 fn bin() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_moshi-native"));
     // Keep the demo bundle and any hub lookups inside the test's own folders.
-    c.env("XDG_CACHE_HOME", tmp("xdg"))
-        .env("HF_HUB_CACHE", tmp("hub"))
+    c.env("XDG_CACHE_HOME", caches().join("xdg"))
+        .env("HF_HUB_CACHE", caches().join("hub"))
         .env_remove("MOSHI_MODEL_DIR");
     c
 }
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+/// The cache folders every run of this process shares (the demo bundle is written once). A
+/// static is never dropped, so they stay, as any user's cache would.
+fn caches() -> &'static Path {
+    static DIR: OnceLock<ScratchDir> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let d = ScratchDir::new("cli-caches");
+        for sub in ["xdg", "hub"] {
+            std::fs::create_dir_all(d.join(sub)).unwrap();
+        }
+        d
+    })
 }
 
-fn tmp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("mn-cli-{}-{tag}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 fn run(c: &mut Command) -> Output {
@@ -74,7 +84,7 @@ struct Reply {
 /// that there is one output frame per input frame.
 fn duplex(flags: &[&str], tag: &str) -> Reply {
     let input = root().join("fixtures/audio/hello.wav");
-    let dir = tmp(tag);
+    let dir = ScratchDir::new(&format!("cli-{tag}"));
     let (out, txt) = (dir.join("reply.wav"), dir.join("reply.txt"));
     let o = run(bin()
         .arg("duplex")
@@ -128,7 +138,8 @@ fn duplex_on_fixture_bundle_matches_demo() {
 #[test]
 fn duplex_stereo_puts_user_left_and_moshi_right() {
     let input = root().join("fixtures/audio/hello.wav");
-    let out = tmp("stereo").join("both.wav");
+    let dir = ScratchDir::new("cli-stereo");
+    let out = dir.join("both.wav");
     run(bin()
         .args(["duplex", "--model", "demo", "--greedy", "--stereo", "--in"])
         .arg(&input)
@@ -149,7 +160,8 @@ fn duplex_stereo_puts_user_left_and_moshi_right() {
 
 #[test]
 fn generate_with_prompt_prints_transcript() {
-    let out = tmp("gen").join("gen.wav");
+    let dir = ScratchDir::new("cli-gen");
+    let out = dir.join("gen.wav");
     let o = run(bin()
         .args([
             "generate",
@@ -228,7 +240,7 @@ fn inspect_reports_the_fixture_bundle() {
     }
 
     // A refusal: a LoRA config is a clear error with a non-zero exit.
-    let dir = tmp("lora");
+    let dir = ScratchDir::new("cli-lora");
     for f in std::fs::read_dir(root().join("fixtures/lm"))
         .unwrap()
         .flatten()
@@ -238,7 +250,7 @@ fn inspect_reports_the_fixture_bundle() {
     let mut cfg = cfg;
     cfg["lora"] = serde_json::Value::Bool(true);
     std::fs::write(dir.join("config.json"), serde_json::to_vec(&cfg).unwrap()).unwrap();
-    let o = bin().arg("inspect").arg(&dir).output().unwrap();
+    let o = bin().arg("inspect").arg(dir.path()).output().unwrap();
     assert!(!o.status.success(), "a LoRA bundle must be refused");
     let e = format!(
         "{}{}",

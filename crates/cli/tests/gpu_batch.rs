@@ -178,8 +178,7 @@ fn serve_gpu_batch_starts_and_says_where_the_model_runs() {
         .local_addr()
         .unwrap()
         .port();
-    let dir = std::env::temp_dir().join(format!("mn-gpu-serve-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = testkit::ScratchDir::new("gpu-serve");
     let mut child = Command::new(env!("CARGO_BIN_EXE_moshi-native"))
         .env("XDG_CACHE_HOME", dir.join("xdg"))
         .env_remove("MOSHI_MODEL_DIR")
@@ -207,7 +206,6 @@ fn serve_gpu_batch_starts_and_says_where_the_model_runs() {
     };
     let _ = child.kill();
     let _ = child.wait();
-    let _ = std::fs::remove_dir_all(&dir);
     assert!(started, "serve did not start: {log}");
     assert!(
         log.contains("device gpu: the LM and Mimi run on adapter #"),

@@ -11,8 +11,7 @@ fn root() -> PathBuf {
 }
 
 fn duplex(device: &[&str], tag: &str) -> (String, Vec<u8>) {
-    let dir = std::env::temp_dir().join(format!("mn-gpu-cli-{}-{tag}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = testkit::ScratchDir::new(&format!("gpu-cli-{tag}"));
     let out = dir.join("reply.wav");
     let o = Command::new(env!("CARGO_BIN_EXE_moshi-native"))
         .env("XDG_CACHE_HOME", dir.join("xdg"))
@@ -102,13 +101,14 @@ fn auto_never_takes_a_software_adapter() {
 
 #[test]
 fn gpu_flag_with_cpu_device_is_refused() {
+    let dir = testkit::ScratchDir::new("gpu-cli-refused");
     let o = Command::new(env!("CARGO_BIN_EXE_moshi-native"))
         .args(["duplex", "--device", "cpu", "--gpu", "0", "--model-dir"])
         .arg(root().join("fixtures/lm"))
         .arg("--in")
         .arg(root().join("fixtures/audio/hello.wav"))
         .arg("--out")
-        .arg(std::env::temp_dir().join(format!("mn-gpu-cli-{}-refused.wav", std::process::id())))
+        .arg(dir.join("refused.wav"))
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&o.stderr);

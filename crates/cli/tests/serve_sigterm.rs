@@ -6,18 +6,10 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-fn tmp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("moshi-sigterm-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -180,7 +172,7 @@ fn converse(mut ws: Ws, seed: u32) -> (Arc<ClientLog>, std::thread::JoinHandle<(
 #[test]
 fn sigterm_with_active_sessions_exits_cleanly() {
     let port = free_port();
-    let dir = tmp("serve");
+    let dir = testkit::ScratchDir::new("sigterm-serve");
     let log_path = dir.join("stderr.txt");
     let mut child = Command::new(env!("CARGO_BIN_EXE_moshi-native"))
         .env("XDG_CACHE_HOME", dir.join("xdg"))
@@ -254,5 +246,4 @@ fn sigterm_with_active_sessions_exits_cleanly() {
     while c.read().is_some() {}
     // Nothing listens any more.
     assert!(TcpStream::connect(("127.0.0.1", port)).is_err());
-    std::fs::remove_dir_all(&dir).ok();
 }

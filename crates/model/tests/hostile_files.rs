@@ -9,7 +9,6 @@
 //! take `SERIAL` so they do not see each other's allocations.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Mutex;
 
 use kernels::Pool;
@@ -20,6 +19,7 @@ use model::checkpoint::{safetensors, Bundle, CheckpointError, Component, Malform
 use model::lm::{KvDtype, LmError, LmGen, LmModel};
 use model::sampling::{Sampler, SamplerConfig, SamplingError};
 use testkit::peak_growth_during as peak_during;
+use testkit::{lm_bundle_copy, poke_f32, ScratchDir};
 
 #[global_allocator]
 static GLOBAL: testkit::CountingAlloc = testkit::CountingAlloc;
@@ -29,18 +29,6 @@ static SERIAL: Mutex<()> = Mutex::new(());
 /// Largest heap growth tolerated while opening a hostile file (the files are a few KiB; the
 /// claims inside them are up to 2^60 elements / 10 GB).
 const HEAP_BOUND: usize = 4 << 20;
-
-fn tmpdir(tag: &str) -> PathBuf {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let d = std::env::temp_dir().join(format!(
-        "moshi-hostile-{}-{}-{tag}",
-        std::process::id(),
-        N.fetch_add(1, SeqCst)
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
 
 /// A safetensors file from a raw JSON header and `data` bytes of zeros.
 fn st_file(header: &str, data: usize) -> Vec<u8> {
@@ -53,11 +41,10 @@ fn st_file(header: &str, data: usize) -> Vec<u8> {
 /// Opens `bytes` written as `name` through `Weights::open` (LM) and returns the error and the
 /// peak heap growth.
 fn open_hostile(name: &str, bytes: &[u8]) -> (CheckpointError, usize) {
-    let dir = tmpdir("w");
+    let dir = ScratchDir::new("hostile-w");
     let p = dir.join(name);
     std::fs::write(&p, bytes).unwrap();
     let (r, peak) = peak_during(|| Weights::open(&p, Component::Lm).map(|_| ()));
-    std::fs::remove_dir_all(&dir).ok();
     let e = r.expect_err("hostile file must be refused");
     (e, peak)
 }
@@ -218,7 +205,7 @@ fn safetensors_hostile_headers_are_typed_and_bounded() {
 #[test]
 fn ten_gigabyte_sparse_file_with_ten_gigabyte_header_claim() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = tmpdir("sparse");
+    let dir = ScratchDir::new("hostile-sparse");
     let p = dir.join("model.safetensors");
     let claim = 10u64 << 30;
     {
@@ -228,12 +215,11 @@ fn ten_gigabyte_sparse_file_with_ten_gigabyte_header_claim() {
         f.write_all(b"{").unwrap();
         if f.set_len(claim + 8).is_err() {
             eprintln!("skipping: the temp file system refuses a 10 GB sparse file");
-            std::fs::remove_dir_all(&dir).ok();
             return;
         }
     }
     let (r, peak) = peak_during(|| Weights::open(&p, Component::Lm).map(|_| ()));
-    std::fs::remove_dir_all(&dir).ok();
+    drop(dir);
     if let Err(e) = &r {
         eprintln!("10 GB sparse file: {e}");
     }
@@ -359,12 +345,11 @@ fn gguf_hostile_headers_are_typed_and_bounded() {
         shape: &[4, 4],
         data: &data,
     }]);
-    let dir = tmpdir("gguf-ok");
+    let dir = ScratchDir::new("hostile-gguf-ok");
     let p = dir.join("model.q8.gguf");
     std::fs::write(&p, ok).unwrap();
     let w = Weights::open(&p, Component::Lm).expect("valid GGUF opens");
     assert_eq!(w.shape("emb.0.weight"), Some(&[4usize, 4][..]));
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 // ---------------------------------------------------------------- whole bundles
@@ -373,40 +358,10 @@ fn fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/lm")
 }
 
-/// Copies the tiny LM bundle (following its symlinks) into a fresh folder.
-fn copy_bundle(tag: &str) -> PathBuf {
-    let dir = tmpdir(tag);
-    for e in std::fs::read_dir(fixture_dir()).unwrap() {
-        let e = e.unwrap();
-        let name = e.file_name();
-        let name = name.to_str().unwrap();
-        if name.starts_with("trace") || name == "CODES.safetensors" {
-            continue;
-        }
-        std::fs::copy(e.path(), dir.join(name)).unwrap();
-    }
-    dir
-}
-
-/// Overwrites element `index` of tensor `name` (F32) in a safetensors file.
-fn poke_f32(file: &Path, name: &str, index: usize, value: f32) {
-    let mut bytes = std::fs::read(file).unwrap();
-    let h = safetensors::parse(&bytes).unwrap();
-    let t = h
-        .tensors
-        .iter()
-        .find(|t| t.name == name)
-        .unwrap_or_else(|| panic!("no tensor {name}"));
-    assert_eq!(t.dtype, model::checkpoint::DType::F32);
-    let at = t.offset + 4 * index;
-    bytes[at..at + 4].copy_from_slice(&value.to_le_bytes());
-    std::fs::write(file, bytes).unwrap();
-}
-
 #[test]
 fn bundle_with_hostile_lm_file_is_refused_with_typed_error() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = copy_bundle("bundle-hostile");
+    let dir = lm_bundle_copy("hostile-bundle-hostile");
     std::fs::write(
         dir.join("model.safetensors"),
         st_file(
@@ -436,7 +391,6 @@ fn bundle_with_hostile_lm_file_is_refused_with_typed_error() {
         ),
         "{e:?}"
     );
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// Loads the LM of a bundle folder and steps it until it errs or `steps` calls have passed.
@@ -464,9 +418,8 @@ fn non_finite_weights_load_but_never_reach_a_sampler_silently() {
     // Serialized with the heap-bound tests: its loads and frees would move their peak meter.
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     // Control: the untouched copy steps fine in both modes.
-    let dir = copy_bundle("nan-control");
+    let dir = lm_bundle_copy("hostile-nan-control");
     assert_eq!(step_until_error(&dir, 6, true).unwrap(), 6);
-    std::fs::remove_dir_all(&dir).ok();
 
     // (tensor, row width, value, stream)
     for (tensor, width, value, stream) in [
@@ -476,11 +429,10 @@ fn non_finite_weights_load_but_never_reach_a_sampler_silently() {
         ("linears.3.weight", 32, f32::NEG_INFINITY, "audio"),
     ] {
         for greedy in [true, false] {
-            let dir = copy_bundle("nan");
+            let dir = lm_bundle_copy("hostile-nan");
             // Row 5 of the output projection: exactly one logit becomes non-finite.
             poke_f32(&dir.join("model.safetensors"), tensor, 5 * width, value);
             let r = step_until_error(&dir, 6, greedy);
-            std::fs::remove_dir_all(&dir).ok();
             match r {
                 Err(LmError::Sampling(e @ SamplingError::NonFiniteLogits { .. })) => {
                     eprintln!("{tensor} = {value} (greedy {greedy}): {e}");

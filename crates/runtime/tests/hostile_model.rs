@@ -2,49 +2,12 @@
 //! projection still opens (the weights are not scanned at load), but the session reports
 //! `RuntimeError::NonFiniteLogits` as its last event instead of emitting tokens sampled from garbage.
 
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::Path;
 use std::time::Duration;
 
-use model::checkpoint::safetensors;
 use model::sampling::SamplerConfig;
 use runtime::{Engine, EngineOptions, Event, RuntimeError, Session, SessionOptions, FRAME_SIZE};
-
-fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/lm")
-}
-
-/// Copies the tiny bundle (following symlinks, skipping the traces) into a fresh folder.
-fn copy_bundle() -> PathBuf {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "moshi-hostile-model-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::SeqCst)
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    for e in std::fs::read_dir(fixture_dir()).unwrap() {
-        let e = e.unwrap();
-        let name = e.file_name().into_string().unwrap();
-        if name.starts_with("trace") || name == "CODES.safetensors" {
-            continue;
-        }
-        std::fs::copy(e.path(), dir.join(&name)).unwrap();
-    }
-    dir
-}
-
-/// Overwrites element `index` of the F32 tensor `name` in `file`.
-fn poke_f32(file: &Path, name: &str, index: usize, value: f32) {
-    let mut bytes = std::fs::read(file).unwrap();
-    let h = safetensors::parse(&bytes).unwrap();
-    let t = h.tensors.iter().find(|t| t.name == name).unwrap();
-    assert_eq!(t.len, 4 * t.numel(), "{name} must be F32");
-    let at = t.offset + 4 * index;
-    bytes[at..at + 4].copy_from_slice(&value.to_le_bytes());
-    std::fs::write(file, bytes).unwrap();
-}
+use testkit::poke_f32;
 
 /// Runs a threaded session on `dir` for up to 10 frames of input; returns the frame events
 /// received before the last event, and the last event.
@@ -92,10 +55,9 @@ fn nan_weights_end_the_session_with_a_typed_error() {
         ("linears.0.weight", 32, f32::INFINITY, "audio"),
     ] {
         for sampling in [SamplerConfig::greedy(), SamplerConfig::seeded(3)] {
-            let dir = copy_bundle();
+            let dir = testkit::lm_bundle_copy("hostile-model");
             poke_f32(&dir.join("model.safetensors"), tensor, 5 * width, value);
             let (frames, with_tokens, last) = run_session(&dir, sampling);
-            std::fs::remove_dir_all(&dir).ok();
             match last {
                 Some(Event::Error(RuntimeError::NonFiniteLogits {
                     frame,
@@ -117,9 +79,8 @@ fn nan_weights_end_the_session_with_a_typed_error() {
 
 #[test]
 fn control_copy_of_the_bundle_runs() {
-    let dir = copy_bundle();
+    let dir = testkit::lm_bundle_copy("hostile-model");
     let (frames, with_tokens, last) = run_session(&dir, SamplerConfig::greedy());
-    std::fs::remove_dir_all(&dir).ok();
     assert!(last.is_none(), "unexpected last event {last:?}");
     assert_eq!(frames, 10);
     assert_eq!(with_tokens, 9);

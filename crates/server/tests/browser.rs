@@ -37,21 +37,19 @@ fn find_chromium() -> Option<PathBuf> {
 
 struct Browser {
     child: Child,
-    profile: PathBuf,
+    /// Dropped after `drop` below has ended the browser that writes into it.
+    profile: testkit::ScratchDir,
 }
 
 impl Drop for Browser {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.profile);
     }
 }
 
 fn launch(chromium: &Path, url: &str, wav: &Path) -> Browser {
-    let profile = std::env::temp_dir().join(format!("moshi-chromium-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&profile);
-    std::fs::create_dir_all(&profile).unwrap();
+    let profile = testkit::ScratchDir::new("chromium");
     let child = Command::new(chromium)
         .args([
             "--headless",

@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
@@ -180,29 +179,15 @@ async fn connection_churn_leaks_nothing() {
 /// message and a close instead of audio or text sampled from garbage.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nan_weights_reach_the_client_as_an_error() {
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/lm");
-    let dir = std::env::temp_dir().join(format!("moshi-faults-nan-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    for e in std::fs::read_dir(&src).unwrap() {
-        let e = e.unwrap();
-        let name = e.file_name().into_string().unwrap();
-        if !name.starts_with("trace") {
-            std::fs::copy(e.path(), dir.join(&name)).unwrap();
-        }
-    }
-    let file = dir.join("model.safetensors");
-    let mut bytes = std::fs::read(&file).unwrap();
-    let h = model::checkpoint::safetensors::parse(&bytes).unwrap();
-    let t = h
-        .tensors
-        .iter()
-        .find(|t| t.name == "text_linear.weight")
-        .unwrap();
-    bytes[t.offset..t.offset + 4].copy_from_slice(&f32::NAN.to_le_bytes());
-    std::fs::write(&file, bytes).unwrap();
+    let dir = testkit::lm_bundle_copy("faults-nan");
+    testkit::poke_f32(
+        &dir.join("model.safetensors"),
+        "text_linear.weight",
+        0,
+        f32::NAN,
+    );
     let engine = runtime::Engine::open(&dir, runtime::EngineOptions::default()).expect("loads");
-    std::fs::remove_dir_all(&dir).ok();
+    drop(dir);
     let backend = Arc::new(RuntimeBackend::new(engine, BackendInfo::default()));
     let srv = start(cfg(1, 0), backend).await;
     let ws = ready(&srv, "").await;

@@ -291,7 +291,7 @@ async fn graceful_shutdown_with_active_and_waiting_sessions() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_routes() {
-    let dir = std::env::temp_dir().join(format!("moshi-static-{}", std::process::id()));
+    let dir = testkit::ScratchDir::new("static");
     std::fs::create_dir_all(dir.join("assets")).unwrap();
     std::fs::write(dir.join("index.html"), "<html>kyutai dist</html>").unwrap();
     std::fs::write(dir.join("assets/app.js"), "console.log(1)").unwrap();
@@ -311,7 +311,7 @@ async fn http_routes() {
 
     let srv = start(
         ServeConfig {
-            static_dir: Some(dir.clone()),
+            static_dir: Some(dir.to_path_buf()),
             ..cfg(1, 1)
         },
         Arc::new(EchoBackend::default()),
@@ -331,5 +331,4 @@ async fn http_routes() {
         std::fs::read_to_string("/etc/passwd").unwrap_or_default()
     );
     srv.shutdown().await.unwrap();
-    let _ = std::fs::remove_dir_all(dir);
 }

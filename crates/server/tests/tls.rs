@@ -15,8 +15,7 @@ use tokio_rustls::rustls;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn self_signed_https_serves_health_and_upgrades() {
-    let dir = std::env::temp_dir().join(format!("moshi-tls-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = testkit::ScratchDir::new("tls");
     let files = server::tls::self_signed(&dir, &[]).unwrap();
     // Idempotent: a second call keeps the same certificate.
     let pem1 = std::fs::read(&files.cert).unwrap();
@@ -94,5 +93,4 @@ async fn self_signed_https_serves_health_and_upgrades() {
     let payload_start = if b[1] & 0x7f == 126 { 4 } else { 2 };
     assert_eq!(b[payload_start], 4, "metadata first");
     srv.shutdown().await.unwrap();
-    let _ = std::fs::remove_dir_all(dir);
 }

@@ -66,3 +66,21 @@ impl TensorFile {
         self.values(name, Dtype::I64, i64::from_le_bytes)
     }
 }
+
+/// Overwrites element `index` of the F32 tensor `name` in the safetensors file `file` with
+/// `value` (a damaged copy for the non-finite-weight tests).
+pub fn poke_f32(file: &Path, name: &str, index: usize, value: f32) {
+    let mut bytes = std::fs::read(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let (header, meta) = SafeTensors::read_metadata(&bytes).expect("a safetensors file");
+    let t = meta
+        .info(name)
+        .unwrap_or_else(|| panic!("no tensor {name}"));
+    assert_eq!(t.dtype, Dtype::F32, "{name} must be F32");
+    let at = 8 + header + t.data_offsets.0 + 4 * index;
+    assert!(
+        at + 4 <= 8 + header + t.data_offsets.1,
+        "{name}[{index}] out of range"
+    );
+    bytes[at..at + 4].copy_from_slice(&value.to_le_bytes());
+    std::fs::write(file, bytes).unwrap();
+}

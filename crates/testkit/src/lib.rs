@@ -6,7 +6,8 @@
 //! bound heap growth) share one implementation:
 //!
 //! - **per-thread counts**, always on: [`thread_allocations`] and [`thread_allocations_during`]
-//!   see only the calling thread, so other test threads of the same binary do not interfere;
+//!   see only the calling thread, so other test threads of the same binary do not interfere
+//!   ([`assert_thread_meter_sees_allocations`] proves that the binary installed the allocator);
 //! - **all-thread counts**, only between [`start_counting`] and [`stop_counting`]: they also see
 //!   pool workers (and any other test's threads, so a binary that uses them should hold a single
 //!   test); [`all_thread_allocations_during`] leaves out the harness's own `main` thread, which
@@ -31,7 +32,9 @@
 //! The meters read zero (or stay still) in a binary that did not install it.
 //!
 //! [`compare`] measures how far a run's floats are from a reference's; [`TensorFile`] reads the
-//! oracle's fixture files; [`FORMATS`] lists the weight formats the format sweeps cover.
+//! oracle's fixture files; [`FORMATS`] lists the weight formats the format sweeps cover;
+//! [`ScratchDir`] is a temporary directory that removes itself; [`lm_bundle_copy`] fills one with
+//! the tiny LM bundle and [`poke_f32`] damages a weight of such a copy.
 
 #![forbid(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
@@ -39,8 +42,10 @@
 pub mod compare;
 mod fixture;
 pub mod rng;
+mod scratch;
 
-pub use fixture::{fixtures_dir, TensorFile};
+pub use fixture::{fixtures_dir, poke_f32, TensorFile};
+pub use scratch::{lm_bundle_copy, ScratchDir};
 
 use kernels::WeightFormat;
 
@@ -214,6 +219,15 @@ unsafe impl GlobalAlloc for CountingAlloc {
 /// Allocations made so far by the calling thread (always counted, whatever other threads do).
 pub fn thread_allocations() -> usize {
     THREAD_ALLOCS.with(Cell::get)
+}
+
+/// Panics unless [`thread_allocations`] sees an allocation of the calling thread: without
+/// [`CountingAlloc`] installed, every "allocates nothing" check of a binary would pass vacuously.
+pub fn assert_thread_meter_sees_allocations() {
+    let b = thread_allocations();
+    let v = std::hint::black_box(vec![1u8; 10]);
+    assert!(thread_allocations() > b, "the counter must see allocations");
+    drop(v);
 }
 
 /// Runs `f` and returns how many allocations the calling thread made meanwhile (allocations

@@ -756,6 +756,7 @@ mod tests {
     use crate::checkpoint::names::Layout;
     use crate::checkpoint::Bundle;
     use crate::checkpoint::Quant;
+    use testkit::ScratchDir;
 
     fn tiny() -> (LmConfig, MimiConfig) {
         let mut lm = LmConfig::moshiko_v0_1();
@@ -824,36 +825,10 @@ mod tests {
         }
     }
 
-    /// A directory of this process under the system temp dir, created empty and removed when
-    /// dropped (a failing test leaves nothing behind either).
-    struct ScratchDir(std::path::PathBuf);
-
-    impl ScratchDir {
-        fn new(tag: &str) -> Self {
-            let dir =
-                std::env::temp_dir().join(format!("moshi-synth-{tag}-{}", std::process::id()));
-            std::fs::create_dir_all(&dir).unwrap();
-            ScratchDir(dir)
-        }
-    }
-
-    impl std::ops::Deref for ScratchDir {
-        type Target = std::path::Path;
-        fn deref(&self) -> &std::path::Path {
-            &self.0
-        }
-    }
-
-    impl Drop for ScratchDir {
-        fn drop(&mut self) {
-            std::fs::remove_dir_all(&self.0).ok();
-        }
-    }
-
     #[test]
     fn every_format_roundtrips_through_bundle() {
         let (lm, mimi) = tiny();
-        let root = ScratchDir::new("test");
+        let root = ScratchDir::new("synth-test");
         for (fmt, layout) in [
             (SynthFormat::Bf16, Layout::PytorchLegacy),
             (SynthFormat::Bf16InProjs, Layout::PytorchNew),
@@ -906,7 +881,7 @@ mod tests {
     fn moshiko_header_only_files_map_completely() {
         let cfg = LmConfig::moshiko_v0_1();
         let schema = Schema::lm(&cfg);
-        let root = ScratchDir::new("hdr");
+        let root = ScratchDir::new("synth-hdr");
         for (fmt, layout, q) in [
             (SynthFormat::Bf16, Layout::PytorchLegacy, "bf16"),
             (SynthFormat::Bf16InProjs, Layout::PytorchNew, "bf16"),
@@ -942,7 +917,7 @@ mod tests {
     fn released_mimi_header_only_both_layouts() {
         let cfg = MimiConfig::v0_1();
         let schema = Schema::mimi(&cfg);
-        let root = ScratchDir::new("mimi");
+        let root = ScratchDir::new("synth-mimi");
         for (hf, layout) in [(false, Layout::PytorchLegacy), (true, Layout::HfMimi)] {
             let p = root.join(format!("mimi-{hf}.safetensors"));
             write_mimi_header_only(&p, &cfg, hf).unwrap();
@@ -1026,7 +1001,7 @@ mod tests {
     #[test]
     fn headers_are_those_of_the_released_files() {
         let cfg = LmConfig::moshiko_v0_1();
-        let root = ScratchDir::new("inv");
+        let root = ScratchDir::new("synth-inv");
         for fmt in [SynthFormat::Q8Gguf, SynthFormat::MlxQ4, SynthFormat::Bf16] {
             let p = root.join(format!("{fmt:?}"));
             let len = write_lm_header_only(&p, fmt, &cfg).unwrap();

@@ -427,8 +427,7 @@ proptest::proptest! {
 
 #[test]
 fn bundle_refusals() {
-    let dir = std::env::temp_dir().join(format!("moshi-bundle-refusals-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = testkit::ScratchDir::new("bundle-refusals");
     // Empty directory: no config.json, so the released layout is looked for and reported missing.
     assert!(matches!(
         Bundle::open(&dir),
@@ -497,7 +496,6 @@ fn bundle_refusals() {
             ..
         })
     ));
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// The error of opening, as an LM file, two F32 `[3, 1]` tensors with these names.

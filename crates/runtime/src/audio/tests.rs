@@ -249,8 +249,7 @@ fn writes_mono_and_stereo() {
 
 #[test]
 fn file_round_trip() {
-    let dir = std::env::temp_dir().join(format!("moshi-audio-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = testkit::ScratchDir::new("audio-test");
     let path = dir.join("x.wav");
     let x = sine(24_000, 300.0, 2400, 0.3);
     write_wav_mono(&path, &x, 24_000, WavFormat::F32).unwrap();
@@ -263,7 +262,6 @@ fn file_round_trip() {
     ));
     let back = read_wav(&path).unwrap().samples;
     assert!(max_err(&back, &x) < 1.0 / 32767.0);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 const PAIRS: [(u32, u32); 8] = [
