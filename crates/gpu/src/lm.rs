@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use model::lm::{
-    check_active_rows, LayerWeights, LmBackend, LmError, LmModel, LmSpec, NO_TOKEN, UNGENERATED,
+    check_active_rows, check_lengths, LayerWeights, LmBackend, LmError, LmModel, LmSpec, NO_TOKEN,
+    UNGENERATED,
 };
 use model::sampling::{Sampler, SamplingError};
 
@@ -813,13 +814,7 @@ impl LmBackend for GpuLm {
         check_active_rows(rows, self.rows)?;
         let s = &self.w.spec;
         let n = rows.len();
-        if prev_tokens.len() != n {
-            return Err(LmError::Length {
-                what: "previous tokens",
-                expected: n,
-                got: prev_tokens.len(),
-            });
-        }
+        check_lengths(&[("previous tokens", n, prev_tokens.len())])?;
         if n != self.n_active || k >= s.dep_q || (k != 0 && k != self.dep_next) {
             return Err(LmError::Config(format!(
                 "depformer step {k} out of order (expected {})",
@@ -871,21 +866,13 @@ impl LmBackend for GpuLm {
         let s = &self.w.spec;
         let (dq, vocab) = (s.dep_q, (s.text_card, s.card));
         s.check_input_tokens(n, tokens)?;
-        for (what, expected, got) in [
+        check_lengths(&[
             ("samplers", self.rows, samplers.len()),
             ("forced text tokens", n, force_text.len()),
             ("text tokens", n, text.len()),
             ("audio tokens", n * dq, audio.len()),
             ("sampling errors", n, errors.len()),
-        ] {
-            if expected != got {
-                return Err(LmError::Length {
-                    what,
-                    expected,
-                    got,
-                });
-            }
-        }
+        ])?;
         if !rows
             .iter()
             .all(|&b| device_samples(&samplers[b], vocab.0, vocab.1))

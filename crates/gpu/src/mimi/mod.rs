@@ -307,12 +307,13 @@ impl GpuMimiWeights {
     /// Uploads every weight of `mimi` (as f32) and compiles the kernels (load time).
     pub fn upload(ctx: &GpuContext, mimi: Arc<Mimi>) -> Result<Arc<GpuMimiWeights>, GpuError> {
         // Both directions read the same centroids (one device copy, the decoder's).
+        let books = mimi.codebook_weights();
         let dw = mimi.decoder_weights();
         let ew = mimi.encoder_weights();
         let before = ctx.bytes_allocated();
         let up = Uploader { ctx };
         let dec = DecoderGpu {
-            centroids: up.f32s("centroids", &dw.centroids)?,
+            centroids: up.f32s("centroids", &books.centroids)?,
             first_output_proj: up.f32s("rvq first output", &dw.first_output_proj)?,
             rest_output_proj: up.f32s("rvq rest output", &dw.rest_output_proj)?,
             upsample: up.conv_tr(&dw.upsample)?,
@@ -325,8 +326,8 @@ impl GpuMimiWeights {
                 .collect::<Result<Vec<_>, GpuError>>()?,
             last: up.conv(&dw.last)?,
         };
-        let cb = ew.cb_dim;
-        let stats: Vec<f32> = ew
+        let cb = books.cb_dim;
+        let stats: Vec<f32> = books
             .centroids
             .chunks_exact(cb)
             .flat_map(|c| {

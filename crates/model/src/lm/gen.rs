@@ -21,7 +21,7 @@ use kernels::Pool;
 use super::backend::{CpuLm, LmBackend};
 use super::model::{LmModel, LmState};
 use super::spec::LmSpec;
-use super::{KvDtype, LmError, NO_TOKEN, UNGENERATED};
+use super::{check_active_rows, check_lengths, KvDtype, LmError, NO_TOKEN, UNGENERATED};
 use crate::sampling::{Sampler, SamplingError};
 
 /// Largest number of generated audio codebooks an [`LmFrame`] can hold.
@@ -187,13 +187,7 @@ impl TokenCache {
             }
         }
         if let Some(a) = opts.force_audio {
-            if a.len() != dep_q {
-                return Err(LmError::Length {
-                    what: "forced audio tokens",
-                    expected: dep_q,
-                    got: a.len(),
-                });
-            }
+            check_lengths(&[("forced audio tokens", dep_q, a.len())])?;
             if let Some((i, &t)) = a.iter().enumerate().find(|(_, &t)| t as usize > spec.card) {
                 return Err(LmError::Token {
                     stream: 1 + i,
@@ -406,32 +400,11 @@ impl Core {
         if backend.spec() != s || backend.batch_size() != n {
             return Err(LmError::Config("backend and generator sizes differ".into()));
         }
-        if m == 0 || m > n {
-            return Err(LmError::Length {
-                what: "active sessions",
-                expected: n,
-                got: m,
-            });
-        }
-        for (i, &b) in rows.iter().enumerate() {
-            if b >= n || rows[..i].contains(&b) {
-                return Err(LmError::Config(format!(
-                    "session {b} is out of range or repeated (batch of {n})"
-                )));
-            }
-        }
-        for (what, expected, got) in [
+        check_active_rows(rows, n)?;
+        check_lengths(&[
             ("user codes", m * nu, user_codes.len()),
             ("samplers", n, samplers.len()),
-        ] {
-            if expected != got {
-                return Err(LmError::Length {
-                    what,
-                    expected,
-                    got,
-                });
-            }
-        }
+        ])?;
         for i in 0..m {
             user_codes.row(i, s)?;
             TokenCache::validate(s, &opts(i))?;
@@ -628,18 +601,10 @@ fn step_rows<B: LmBackend + ?Sized, O: LmObserver>(
     obs: &mut O,
 ) -> Result<(), LmError> {
     let m = active.len();
-    for (what, expected, got) in [
+    check_lengths(&[
         ("outputs", m, out.len()),
         ("forced text tokens", m, force_text.map_or(m, <[_]>::len)),
-    ] {
-        if expected != got {
-            return Err(LmError::Length {
-                what,
-                expected,
-                got,
-            });
-        }
-    }
+    ])?;
     let opts = |i: usize| StepOptions {
         force_text: force_text.and_then(|f| f[i]),
         force_audio: None,
@@ -824,13 +789,7 @@ impl LmBatchGen {
         out: &mut [Option<LmFrame>],
     ) -> Result<(), LmError> {
         let n = self.core.tcs.len();
-        if out.len() != n {
-            return Err(LmError::Length {
-                what: "outputs",
-                expected: n,
-                got: out.len(),
-            });
-        }
+        check_lengths(&[("outputs", n, out.len())])?;
         let mut backend = CpuLm::borrowed(&self.core.spec, model, &mut self.state, pool)?;
         let rows = std::mem::take(&mut self.core.all_rows);
         let r = self.core.step(

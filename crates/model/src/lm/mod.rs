@@ -73,6 +73,20 @@ pub fn check_active_rows(rows: &[usize], batch: usize) -> Result<(), LmError> {
     Ok(())
 }
 
+/// Checks the lengths of a step's arguments: each `(what, expected, got)` must have `got ==
+/// expected`; the first that does not is refused as [`LmError::Length`]. Every backend and the
+/// generator check their buffers with it before they touch any state.
+pub fn check_lengths(checks: &[(&'static str, usize, usize)]) -> Result<(), LmError> {
+    match checks.iter().find(|(_, expected, got)| expected != got) {
+        Some(&(what, expected, got)) => Err(LmError::Length {
+            what,
+            expected,
+            got,
+        }),
+        None => Ok(()),
+    }
+}
+
 /// Errors of the LM: loading (missing or mis-shaped tensors, unsupported configuration) and
 /// stepping (tokens out of range).
 #[derive(Debug, thiserror::Error)]

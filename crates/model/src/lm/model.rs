@@ -7,7 +7,7 @@ use kernels::{ops, Matrix, Pool};
 
 use super::source::TensorSource;
 use super::spec::LmSpec;
-use super::{check_active_rows, LmError, NO_TOKEN, UNGENERATED};
+use super::{check_active_rows, check_lengths, LmError, NO_TOKEN, UNGENERATED};
 use crate::checkpoint::LmConfig;
 use crate::checkpoint::Weights;
 
@@ -190,18 +190,6 @@ fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, d: usize, n: usize, out: &mut [
     for b in 0..n {
         let r = b * d..(b + 1) * d;
         ops::rms_norm(&x[r.clone()], w, eps, &mut out[r]);
-    }
-}
-
-fn ensure_len(what: &'static str, expected: usize, got: usize) -> Result<(), LmError> {
-    if expected == got {
-        Ok(())
-    } else {
-        Err(LmError::Length {
-            what,
-            expected,
-            got,
-        })
     }
 }
 
@@ -547,7 +535,7 @@ impl LmModel {
         let s = &self.spec;
         let n = rows.len();
         check_active_rows(rows, st.n)?;
-        ensure_len("previous tokens", n, prev_tokens.len())?;
+        check_lengths(&[("previous tokens", n, prev_tokens.len())])?;
         if k >= s.dep_q || (k != 0 && k != st.dep_next) {
             return Err(LmError::Config(format!(
                 "depformer step {k} out of order (expected {})",

@@ -100,13 +100,7 @@ impl LmSpec {
     /// before touching its state.
     pub fn check_input_tokens(&self, rows: usize, tokens: &[u32]) -> Result<(), LmError> {
         let k_streams = self.num_streams();
-        if tokens.len() != rows * k_streams {
-            return Err(LmError::Length {
-                what: "input tokens",
-                expected: rows * k_streams,
-                got: tokens.len(),
-            });
-        }
+        super::check_lengths(&[("input tokens", rows * k_streams, tokens.len())])?;
         for (i, &t) in tokens.iter().enumerate() {
             let stream = i % k_streams;
             let max = if stream == 0 {

@@ -107,9 +107,10 @@ pub struct TransformerWeights {
     pub layers: Vec<TransformerLayerWeights>,
 }
 
-/// The decoder direction: RVQ decode → upsample → transformer → SEANet decoder.
+/// The split RVQ's codebooks, which both directions read (the encoder searches them, the decoder
+/// sums their rows).
 #[derive(Debug, Clone)]
-pub struct DecoderWeights {
+pub struct CodebookWeights {
     /// Latent width.
     pub dim: usize,
     /// Codebook width.
@@ -118,6 +119,12 @@ pub struct DecoderWeights {
     pub bins: usize,
     /// Centroids of every codebook in use, `[n_codebooks, bins, cb_dim]` (semantic first).
     pub centroids: Vec<f32>,
+}
+
+/// The decoder direction: RVQ decode (with [`CodebookWeights`]) → upsample → transformer → SEANet
+/// decoder.
+#[derive(Debug, Clone)]
+pub struct DecoderWeights {
     /// Semantic output projection `[dim, cb_dim]`.
     pub first_output_proj: Vec<f32>,
     /// Acoustic output projection `[dim, cb_dim]`.
@@ -134,17 +141,10 @@ pub struct DecoderWeights {
     pub last: ConvWeights,
 }
 
-/// The encoder direction: SEANet encoder → transformer → downsample → split RVQ.
+/// The encoder direction: SEANet encoder → transformer → downsample → split RVQ (with
+/// [`CodebookWeights`]).
 #[derive(Debug, Clone)]
 pub struct EncoderWeights {
-    /// Latent width.
-    pub dim: usize,
-    /// Codebook width.
-    pub cb_dim: usize,
-    /// Codebook size.
-    pub bins: usize,
-    /// Centroids of every codebook in use, `[n_codebooks, bins, cb_dim]` (semantic first).
-    pub centroids: Vec<f32>,
     /// Semantic input projection `[cb_dim, dim]`.
     pub first_input_proj: Vec<f32>,
     /// Acoustic input projection `[cb_dim, dim]`.
@@ -229,22 +229,24 @@ fn transformer(t: &Transformer) -> TransformerWeights {
 }
 
 impl Mimi {
-    fn centroids_all(&self) -> Vec<f32> {
+    /// The RVQ codebooks as f32 arrays (allocates; load-time only).
+    pub fn codebook_weights(&self) -> CodebookWeights {
         let q = &self.quant;
-        std::iter::once(&q.first.codebooks[0])
-            .chain(&q.rest.codebooks)
-            .flat_map(|c| c.centroids.iter().copied())
-            .collect()
+        CodebookWeights {
+            dim: q.d,
+            cb_dim: q.cb_dim,
+            bins: q.bins(),
+            centroids: std::iter::once(&q.first.codebooks[0])
+                .chain(&q.rest.codebooks)
+                .flat_map(|c| c.centroids.iter().copied())
+                .collect(),
+        }
     }
 
     /// The decoder's weights as f32 arrays (allocates; load-time only).
     pub fn decoder_weights(&self) -> DecoderWeights {
         let q = &self.quant;
         DecoderWeights {
-            dim: q.d,
-            cb_dim: q.cb_dim,
-            bins: q.bins(),
-            centroids: self.centroids_all(),
             first_output_proj: matrix_f32(&q.first.output_proj),
             rest_output_proj: matrix_f32(&q.rest.output_proj),
             upsample: conv_tr(&self.up),
@@ -264,10 +266,6 @@ impl Mimi {
     pub fn encoder_weights(&self) -> EncoderWeights {
         let q = &self.quant;
         EncoderWeights {
-            dim: q.d,
-            cb_dim: q.cb_dim,
-            bins: q.bins(),
-            centroids: self.centroids_all(),
             first_input_proj: matrix_f32(&q.first.input_proj),
             rest_input_proj: matrix_f32(&q.rest.input_proj),
             conv0: conv(&self.encoder.conv0),

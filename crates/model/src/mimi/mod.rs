@@ -27,7 +27,7 @@ pub mod bench;
 
 pub use backend::{BatchCodecBackend, CodecBackend, CpuMimi, CpuMimiBatch};
 pub use export::{
-    ConvTrWeights, ConvWeights, DecoderWeights, EncoderWeights, ResBlockWeights,
+    CodebookWeights, ConvTrWeights, ConvWeights, DecoderWeights, EncoderWeights, ResBlockWeights,
     TransformerLayerWeights, TransformerWeights,
 };
 pub use load::{F32Tensor, Layout, MimiTensors};
