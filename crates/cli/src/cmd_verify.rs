@@ -702,7 +702,7 @@ mod tests {
         let name = "transformer.layers.1.gating.linear_in.weight";
         testkit::poke_f32(&dir.join("model.safetensors"), name, 17, f32::NAN);
         let e = verify_error(&dir);
-        assert!(e.contains(&name) && e.contains("1 NaN"), "{e}");
+        assert!(e.contains(name) && e.contains("1 NaN"), "{e}");
         assert!(e.contains("tensor statistics"), "{e}");
     }
 
