@@ -146,15 +146,7 @@ impl Transformer {
             }
         }
         for (l, layer) in self.layers.iter().enumerate() {
-            for s in 0..n {
-                kernels::ops::layer_norm(
-                    &st.x[s * d..(s + 1) * d],
-                    &layer.norm1_w,
-                    &layer.norm1_b,
-                    1e-5,
-                    &mut st.h[s * d..(s + 1) * d],
-                );
-            }
+            norm_rows(&st.x, &layer.norm1_w, &layer.norm1_b, &mut st.h, n, d);
             matmul(
                 &layer.in_proj,
                 &st.h[..n * d],
@@ -193,20 +185,8 @@ impl Transformer {
                 pool,
                 &mut st.scratch,
             );
-            for s in 0..n {
-                for c in 0..d {
-                    st.x[s * d + c] += layer.ls1[c] * st.o[s * d + c];
-                }
-            }
-            for s in 0..n {
-                kernels::ops::layer_norm(
-                    &st.x[s * d..(s + 1) * d],
-                    &layer.norm2_w,
-                    &layer.norm2_b,
-                    1e-5,
-                    &mut st.h[s * d..(s + 1) * d],
-                );
-            }
+            add_scaled(&mut st.x, &layer.ls1, &st.o, n, d);
+            norm_rows(&st.x, &layer.norm2_w, &layer.norm2_b, &mut st.h, n, d);
             matmul(
                 &layer.linear1,
                 &st.h[..n * d],
@@ -224,11 +204,7 @@ impl Transformer {
                 pool,
                 &mut st.scratch,
             );
-            for s in 0..n {
-                for c in 0..d {
-                    st.x[s * d + c] += layer.ls2[c] * st.o[s * d + c];
-                }
-            }
+            add_scaled(&mut st.x, &layer.ls2, &st.o, n, d);
         }
         for &sl in active {
             st.streams[sl].pos += t;
@@ -237,6 +213,30 @@ impl Transformer {
             for s in 0..n {
                 io[c * n + s] = st.x[s * d + c];
             }
+        }
+    }
+}
+
+/// LayerNorm (eps 1e-5, PyTorch's default) of each of the `n` rows of `x` (`[n, d]`) into `h`.
+#[inline]
+fn norm_rows(x: &[f32], w: &[f32], b: &[f32], h: &mut [f32], n: usize, d: usize) {
+    for s in 0..n {
+        kernels::ops::layer_norm(
+            &x[s * d..(s + 1) * d],
+            w,
+            b,
+            1e-5,
+            &mut h[s * d..(s + 1) * d],
+        );
+    }
+}
+
+/// The LayerScale residual of the `n` rows of `x` (`[n, d]`): `x[s, c] += scale[c] · y[s, c]`.
+#[inline]
+fn add_scaled(x: &mut [f32], scale: &[f32], y: &[f32], n: usize, d: usize) {
+    for s in 0..n {
+        for c in 0..d {
+            x[s * d + c] += scale[c] * y[s * d + c];
         }
     }
 }
