@@ -2,8 +2,8 @@
 //!
 //! Mimi's transformer linears are f32 and take several activation rows at once: 2 per conversation
 //! (two 25 Hz steps per 80 ms frame), 8 for a 4-slot server tick. The AVX2 kernel feeds 2 activation
-//! rows per pass over a block of weight rows, so 8 rows cost four passes and made the 4-slot
-//! transformer compute-bound (1.7× one slot). Here one pass serves 4 activation rows from 8
+//! rows per pass over a block of weight rows, so 8 rows cost four passes (the 4-slot transformers
+//! took 1.5–1.8× one slot's time, `BENCHMARKS.md`). Here one pass serves 4 activation rows from 8
 //! accumulators of 512 bits, so 8 rows take two passes and fewer instructions.
 //!
 //! The results are bitwise those of the AVX2 kernel (`matvec::dense_f32`; `matrix_props` checks it):
