@@ -2,7 +2,7 @@
 
 use half::{bf16, f16};
 
-use crate::arch::{self, KernelSet, Kernels};
+use crate::arch::{self, KernelSet, Kernels, MatmulSpan};
 use crate::layout::{Act, QKind, QPacked, TILE};
 use crate::quant::{encode_mlx, encode_q4_0, encode_q8_0, quantize_act_row, QK};
 use crate::{check_len, KernelError, Storage};
@@ -486,19 +486,23 @@ impl Matrix {
         r1: usize,
         y: *mut f32,
     ) {
-        let (rows, cols) = (self.rows, self.cols);
+        let span = MatmulSpan {
+            rows: self.rows,
+            cols: self.cols,
+            n,
+            r0,
+            r1,
+        };
         match &self.data {
             Data::Dense(d @ (Dense::F32(_) | Dense::F32Owned(_))) => {
-                (level.dense_f32)(d.f32s(), rows, cols, x, n, r0, r1, y)
+                (level.dense_f32)(d.f32s(), x, span, y)
             }
             Data::Dense(d) if self.format == WeightFormat::Bf16 => {
-                (level.dense_bf16)(d.u16s(), rows, cols, x, n, r0, r1, y)
+                (level.dense_bf16)(d.u16s(), x, span, y)
             }
-            Data::Dense(d) => (level.dense_f16)(d.u16s(), rows, cols, x, n, r0, r1, y),
-            Data::Quant(q) if act.q.is_empty() => {
-                arch::scalar::quant_f32_act(q, rows, cols, x, n, r0, r1, y)
-            }
-            Data::Quant(q) => (level.quant)(q, rows, cols, act, n, r0, r1, y),
+            Data::Dense(d) => (level.dense_f16)(d.u16s(), x, span, y),
+            Data::Quant(q) if act.q.is_empty() => arch::scalar::quant_f32_act(q, x, span, y),
+            Data::Quant(q) => (level.quant)(q, act, span, y),
         }
     }
 

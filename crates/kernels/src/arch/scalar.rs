@@ -5,7 +5,7 @@
 
 use half::{bf16, f16};
 
-use super::table::{Kernels, Seg, SKINNY};
+use super::table::{Kernels, MatmulSpan, Seg, SKINNY};
 use crate::layout::{Act, QKind, QPacked, MR, NR, QK, TILE};
 
 /// The portable table.
@@ -75,38 +75,22 @@ impl Widen for u16 {
     }
 }
 
-/// Dense rows `r0..r1`, one [`dot_with`] per output.
-unsafe fn dense<T: Widen, const BF16: bool>(
-    w: &[T],
-    rows: usize,
-    cols: usize,
-    x: &[f32],
-    n: usize,
-    r0: usize,
-    r1: usize,
-    y: *mut f32,
-) {
-    for r in r0..r1 {
-        for i in 0..n {
+/// Dense rows of `span`, one [`dot_with`] per output.
+unsafe fn dense<T: Widen, const BF16: bool>(w: &[T], x: &[f32], span: MatmulSpan, y: *mut f32) {
+    let cols = span.cols;
+    for r in span.r0..span.r1 {
+        for i in 0..span.n {
             let (wr, xi) = (&w[r * cols..(r + 1) * cols], &x[i * cols..(i + 1) * cols]);
-            *y.add(i * rows + r) = dot_with(wr, xi, T::widen::<BF16>);
+            *y.add(i * span.rows + r) = dot_with(wr, xi, T::widen::<BF16>);
         }
     }
 }
 
-/// Quantized rows `r0..r1` against 8-bit activations: per block the exact integer sum of
+/// Quantized rows of `span` against 8-bit activations: per block the exact integer sum of
 /// codes × activation codes, scaled by `scale · d`, plus `bias · Σx` (the reference of every
 /// SIMD quantized kernel: same integer sums, same f32 accumulation order).
-unsafe fn quant(
-    q: &QPacked,
-    rows: usize,
-    cols: usize,
-    act: &Act<'_>,
-    n: usize,
-    r0: usize,
-    r1: usize,
-    y: *mut f32,
-) {
+unsafe fn quant(q: &QPacked, act: &Act<'_>, span: MatmulSpan, y: *mut f32) {
+    let (rows, cols, n) = (span.rows, span.cols, span.n);
     let nb = q.blocks;
     let mut codes = [0i8; QK];
     let mut acc = [0f32; 8];
@@ -114,7 +98,7 @@ unsafe fn quant(
     let mut i0 = 0;
     while i0 < n {
         let ni = 8.min(n - i0);
-        for r in r0..r1 {
+        for r in span.r0..span.r1 {
             let (t, ri) = (r / TILE, r % TILE);
             acc[..ni].fill(0.0);
             corr[..ni].fill(0.0);
@@ -160,23 +144,15 @@ pub(crate) fn dequant_block(q: &QPacked, t: usize, b: usize, ri: usize, out: &mu
     }
 }
 
-/// Quantized rows `r0..r1` against exact f32 activations (`MOSHI_KERNELS_F32_ACTIVATIONS`):
+/// Quantized rows of `span` against exact f32 activations (`MOSHI_KERNELS_F32_ACTIVATIONS`):
 /// each block is dequantized and multiplied in f32, accumulated in column order with FMA.
 ///
 /// # Safety
 /// `x` holds `n·cols` values and `y` points to `n·rows` writable values.
-pub(crate) unsafe fn quant_f32_act(
-    q: &QPacked,
-    rows: usize,
-    cols: usize,
-    x: &[f32],
-    n: usize,
-    r0: usize,
-    r1: usize,
-    y: *mut f32,
-) {
+pub(crate) unsafe fn quant_f32_act(q: &QPacked, x: &[f32], span: MatmulSpan, y: *mut f32) {
+    let (rows, cols, n) = (span.rows, span.cols, span.n);
     let mut w = [0f32; QK];
-    for r in r0..r1 {
+    for r in span.r0..span.r1 {
         let (t, ri) = (r / TILE, r % TILE);
         for i in 0..n {
             *y.add(i * rows + r) = 0.0;

@@ -26,14 +26,30 @@ pub(crate) struct Features {
     pub(crate) bf16: bool,
 }
 
-/// Dense matmul `(w, rows, cols, x, n, r0, r1, y)`: rows `r0..r1` of `w [rows, cols]` against
-/// `x [n, cols]`, writing `y [n, rows]`.
-pub(crate) type DenseFn<T> = unsafe fn(&[T], usize, usize, &[f32], usize, usize, usize, *mut f32);
+/// The part of one matmul a kernel call computes: rows `r0..r1` of a weight matrix
+/// `[rows, cols]` against `n` activation rows `[n, cols]`, into an output `[n, rows]`. One value
+/// instead of five positional `usize`s, which a call could swap unnoticed.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct MatmulSpan {
+    /// Rows of the whole weight matrix: the stride of the output rows.
+    pub(crate) rows: usize,
+    /// Columns of the weight matrix, and the length of each activation row.
+    pub(crate) cols: usize,
+    /// Activation rows (and output rows).
+    pub(crate) n: usize,
+    /// First weight row to compute (a multiple of [`TILE`] for the quantized kernels).
+    pub(crate) r0: usize,
+    /// One past the last weight row to compute (at most `rows`).
+    pub(crate) r1: usize,
+}
 
-/// Quantized matmul `(q, rows, cols, act, n, r0, r1, y)`: rows `r0..r1` (`r0` a multiple of 8)
-/// against activations prepared for `n` rows.
-pub(crate) type QuantFn =
-    unsafe fn(&QPacked, usize, usize, &Act<'_>, usize, usize, usize, *mut f32);
+/// Dense matmul `(w, x, span, y)`: the rows of `span` of `w [rows, cols]` against
+/// `x [n, cols]`, writing `y [n, rows]`.
+pub(crate) type DenseFn<T> = unsafe fn(&[T], &[f32], MatmulSpan, *mut f32);
+
+/// Quantized matmul `(q, act, span, y)`: the rows of `span` against activations prepared for
+/// its `n` rows.
+pub(crate) type QuantFn = unsafe fn(&QPacked, &Act<'_>, MatmulSpan, *mut f32);
 
 /// Activation quantizer of one row `(x, codes, scales, block sums, code sums)`.
 pub(crate) type QuantizeFn = unsafe fn(&[f32], &mut [i8], &mut [f32], &mut [f32], &mut [i32]);
@@ -119,16 +135,15 @@ pub(crate) struct Kernels {
 pub(crate) static PREFETCH: std::sync::atomic::AtomicUsize =
     std::sync::atomic::AtomicUsize::new(4096);
 
-/// The work of a quantized matmul over rows `r0..r1` as `(tile, first activation row, count)`:
-/// every 8-row tile, its activation rows in chunks of at most `most`.
+/// The work of a quantized matmul over the rows of `span` as `(tile, first activation row,
+/// count)`: every 8-row tile, its activation rows in chunks of at most `most`.
 #[inline(always)]
 pub(crate) fn tile_chunks(
-    n: usize,
-    r0: usize,
-    r1: usize,
+    span: MatmulSpan,
     most: usize,
 ) -> impl Iterator<Item = (usize, usize, usize)> {
-    (r0 / TILE..r1.div_ceil(TILE)).flat_map(move |t| {
+    let n = span.n;
+    (span.r0 / TILE..span.r1.div_ceil(TILE)).flat_map(move |t| {
         (0..n)
             .step_by(most)
             .map(move |i0| (t, i0, (n - i0).min(most)))

@@ -7,7 +7,7 @@
 use std::arch::aarch64::*;
 use std::arch::asm;
 
-use crate::arch::table::{with_rows, GroupCounter};
+use crate::arch::table::{with_rows, GroupCounter, MatmulSpan};
 use crate::layout::{Act, QKind, QPacked, QK, TILE};
 
 /// f16 → f32 of 4 lanes (`fcvtl`, base ARMv8 floating point).
@@ -133,13 +133,13 @@ macro_rules! dot_kernels {
             #[target_feature(enable = $feat)]
             pub(in crate::arch::aarch64) unsafe fn tile<const N: usize>(
                 q: &QPacked,
-                rows: usize,
-                cols: usize,
                 act: &Act<'_>,
+                span: MatmulSpan,
                 t: usize,
                 i0: usize,
                 y: *mut f32,
             ) {
+                let cols = span.cols;
                 let mut acc = [[vdupq_n_f32(0.0); 2]; N];
                 let mut corr = [[vdupq_n_f32(0.0); 2]; N];
                 let m4 = vdupq_n_u8(15);
@@ -197,10 +197,10 @@ macro_rules! dot_kernels {
                     }
                     accumulate::<N>(q, t, b, act, i0, groups.next(), &is, &mut acc, &mut corr);
                 }
-                store::<N>(&acc, &corr, rows, t, i0, y);
+                store::<N>(&acc, &corr, span.rows, t, i0, y);
             }
 
-            /// Quantized matmul over rows `r0..r1` (`r0` a multiple of 8).
+            /// Quantized matmul over the rows of `span` (`r0` a multiple of 8).
             ///
             /// # Safety
             /// The CPU has the features of this module; `act` prepared for `n` rows of `cols`;
@@ -208,16 +208,12 @@ macro_rules! dot_kernels {
             #[target_feature(enable = $feat)]
             pub(in crate::arch::aarch64) unsafe fn quant(
                 q: &QPacked,
-                rows: usize,
-                cols: usize,
                 act: &Act<'_>,
-                n: usize,
-                r0: usize,
-                r1: usize,
+                span: MatmulSpan,
                 y: *mut f32,
             ) {
-                for (t, i0, k) in crate::arch::table::tile_chunks(n, r0, r1, 4) {
-                    with_rows!(k, tile(q, rows, cols, act, t, i0, y));
+                for (t, i0, k) in crate::arch::table::tile_chunks(span, 4) {
+                    with_rows!(k, tile(q, act, span, t, i0, y));
                 }
             }
         }
@@ -253,13 +249,13 @@ unsafe fn pairs(a: uint8x16_t, b: uint8x16_t) -> [int8x16_t; 2] {
 #[target_feature(enable = "neon,dotprod,i8mm")]
 unsafe fn tile_mm<const P: usize, const N: usize>(
     q: &QPacked,
-    rows: usize,
-    cols: usize,
     act: &Act<'_>,
+    span: MatmulSpan,
     t: usize,
     i0: usize,
     y: *mut f32,
 ) {
+    let cols = span.cols;
     let mut acc = [[vdupq_n_f32(0.0); 2]; N];
     let mut corr = [[vdupq_n_f32(0.0); 2]; N];
     let m4 = vdupq_n_u8(15);
@@ -317,7 +313,7 @@ unsafe fn tile_mm<const P: usize, const N: usize>(
         }
         accumulate::<N>(q, t, b, act, i0, groups.next(), &is, &mut acc, &mut corr);
     }
-    store::<N>(&acc, &corr, rows, t, i0, y);
+    store::<N>(&acc, &corr, span.rows, t, i0, y);
 }
 
 /// i8mm quantized matmul: pairs of activation rows through `smmla`, a lone last row through
@@ -326,30 +322,22 @@ unsafe fn tile_mm<const P: usize, const N: usize>(
 /// # Safety
 /// dotprod and i8mm available; as [`dotprod::quant`].
 #[target_feature(enable = "neon,dotprod,i8mm")]
-pub(super) unsafe fn quant_i8mm(
-    q: &QPacked,
-    rows: usize,
-    cols: usize,
-    act: &Act<'_>,
-    n: usize,
-    r0: usize,
-    r1: usize,
-    y: *mut f32,
-) {
-    for t in r0 / TILE..r1.div_ceil(TILE) {
+pub(super) unsafe fn quant_i8mm(q: &QPacked, act: &Act<'_>, span: MatmulSpan, y: *mut f32) {
+    let n = span.n;
+    for t in span.r0 / TILE..span.r1.div_ceil(TILE) {
         let mut i0 = 0;
         while i0 < n {
             match n - i0 {
                 1 => {
-                    dotprod::tile::<1>(q, rows, cols, act, t, i0, y);
+                    dotprod::tile::<1>(q, act, span, t, i0, y);
                     i0 += 1;
                 }
                 2 | 3 => {
-                    tile_mm::<1, 2>(q, rows, cols, act, t, i0, y);
+                    tile_mm::<1, 2>(q, act, span, t, i0, y);
                     i0 += 2;
                 }
                 _ => {
-                    tile_mm::<2, 4>(q, rows, cols, act, t, i0, y);
+                    tile_mm::<2, 4>(q, act, span, t, i0, y);
                     i0 += 4;
                 }
             }
@@ -357,22 +345,20 @@ pub(super) unsafe fn quant_i8mm(
     }
 }
 
-/// Dense matmul rows `r0..r1`: one weight row at a time, 4 f32x4 accumulators per activation
+/// Dense matmul rows of `span`: one weight row at a time, 4 f32x4 accumulators per activation
 /// row; `load` widens 4 weights at `w` (element offset `c`).
 #[inline(always)]
 unsafe fn dense<T: Copy>(
     w: &[T],
-    rows: usize,
-    cols: usize,
     x: &[f32],
-    n: usize,
-    (r0, r1): (usize, usize),
+    span: MatmulSpan,
     y: *mut f32,
     load: impl Fn(*const T) -> float32x4_t,
     widen: impl Fn(T) -> f32,
 ) {
+    let (rows, cols, n) = (span.rows, span.cols, span.n);
     let main = cols / 16 * 16;
-    for r in r0..r1 {
+    for r in span.r0..span.r1 {
         let wr = w.as_ptr().add(r * cols);
         for i in 0..n {
             let xp = x.as_ptr().add(i * cols);
@@ -397,17 +383,8 @@ unsafe fn dense<T: Copy>(
 ///
 /// # Safety
 /// `w` is `rows·cols`, `x` is `n·cols`, `y` holds `n·rows`.
-pub(super) unsafe fn dense_f32(
-    w: &[f32],
-    rows: usize,
-    cols: usize,
-    x: &[f32],
-    n: usize,
-    r0: usize,
-    r1: usize,
-    y: *mut f32,
-) {
-    dense(w, rows, cols, x, n, (r0, r1), y, |p| vld1q_f32(p), |v| v)
+pub(super) unsafe fn dense_f32(w: &[f32], x: &[f32], span: MatmulSpan, y: *mut f32) {
+    dense(w, x, span, y, |p| vld1q_f32(p), |v| v)
 }
 
 /// Dense bf16 (`BF16`) or f16 rows (NEON).
@@ -416,21 +393,14 @@ pub(super) unsafe fn dense_f32(
 /// As [`dense_f32`].
 pub(super) unsafe fn dense_half<const BF16: bool>(
     w: &[u16],
-    rows: usize,
-    cols: usize,
     x: &[f32],
-    n: usize,
-    r0: usize,
-    r1: usize,
+    span: MatmulSpan,
     y: *mut f32,
 ) {
     dense(
         w,
-        rows,
-        cols,
         x,
-        n,
-        (r0, r1),
+        span,
         y,
         |p| {
             if BF16 {

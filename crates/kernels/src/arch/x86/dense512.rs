@@ -15,7 +15,7 @@
 use std::arch::x86_64::*;
 
 use super::{hsum, prefetch_lines};
-use crate::arch::table::{with_rows, PREFETCH};
+use crate::arch::table::{with_rows, MatmulSpan, PREFETCH};
 
 /// `R` weight rows (4, or 1 for the rows left over) against `N` activation rows (1 to 4, in two
 /// pairs): writes `y[(i0 + i)·rows + r + k]`. Only the first pass over a weight block prefetches it
@@ -88,27 +88,18 @@ unsafe fn pass<const R: usize, const N: usize>(
     }
 }
 
-/// Dense f32 matmul rows `r0..r1` (AVX-512): blocks of 4 weight rows, each weight load feeding
+/// Dense f32 matmul rows of `span` (AVX-512): blocks of 4 weight rows, each weight load feeding
 /// up to 4 activation rows.
 ///
 /// # Safety
 /// AVX-512F/DQ available; `w` is `rows·cols`, `x` is `n·cols`, `y` holds `n·rows`.
 #[target_feature(enable = "avx512f,avx512dq,avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn dense_f32(
-    w: &[f32],
-    rows: usize,
-    cols: usize,
-    x: &[f32],
-    n: usize,
-    r0: usize,
-    r1: usize,
-    y: *mut f32,
-) {
+pub(super) unsafe fn dense_f32(w: &[f32], x: &[f32], span: MatmulSpan, y: *mut f32) {
+    let (rows, cols, n) = (span.rows, span.cols, span.n);
     debug_assert!(w.len() >= rows * cols && x.len() >= n * cols);
-    let mut r = r0;
-    while r < r1 {
-        let block = if r1 - r >= 4 { 4 } else { 1 };
+    let mut r = span.r0;
+    while r < span.r1 {
+        let block = if span.r1 - r >= 4 { 4 } else { 1 };
         let w0 = w.as_ptr().add(r * cols);
         let mut i = 0;
         while i < n {

@@ -6,7 +6,7 @@ use std::arch::x86_64::*;
 
 use super::hsum;
 use super::prefetch_lines;
-use crate::arch::table::{with_rows, GroupCounter, PREFETCH};
+use crate::arch::table::{with_rows, GroupCounter, MatmulSpan, PREFETCH};
 use crate::layout::{Act, QKind, QPacked, QK, TILE};
 
 #[inline]
@@ -79,28 +79,19 @@ macro_rules! dense_kernel {
             }
         }
 
-        /// Dense matmul rows `r0..r1` (AVX2): blocks of 4 weight rows, each weight load
+        /// Dense matmul rows of `span` (AVX2): blocks of 4 weight rows, each weight load
         /// feeding up to 2 activation rows.
         ///
         /// # Safety
         /// AVX2/FMA/F16C available; `w` is `rows·cols`, `x` is `n·cols`, `y` holds `n·rows`.
         #[target_feature(enable = "avx2,fma,f16c")]
-        #[allow(clippy::too_many_arguments)]
-        pub(super) unsafe fn $name(
-            w: &[$t],
-            rows: usize,
-            cols: usize,
-            x: &[f32],
-            n: usize,
-            r0: usize,
-            r1: usize,
-            y: *mut f32,
-        ) {
+        pub(super) unsafe fn $name(w: &[$t], x: &[f32], span: MatmulSpan, y: *mut f32) {
+            let (rows, cols, n) = (span.rows, span.cols, span.n);
             debug_assert!(w.len() >= rows * cols && x.len() >= n * cols);
             let conv = $conv;
             let main = cols / 8 * 8;
-            let mut r = r0;
-            while r + 4 <= r1 {
+            let mut r = span.r0;
+            while r + 4 <= span.r1 {
                 let w0 = w.as_ptr().add(r * cols);
                 let mut i = 0;
                 while i < n {
@@ -125,7 +116,7 @@ macro_rules! dense_kernel {
                 }
                 r += 4;
             }
-            while r < r1 {
+            while r < span.r1 {
                 let w0 = w.as_ptr().add(r * cols);
                 for i in 0..n {
                     let xp = x.as_ptr().add(i * cols);
@@ -362,18 +353,18 @@ macro_rules! quant_kernels {
                 }
             }
 
+            /// Tile `t` against activation rows `i0..i0 + N`, written to `y`.
             #[inline]
             #[target_feature(enable = $feat)]
-            #[allow(clippy::too_many_arguments)]
             unsafe fn tile_n<const N: usize>(
                 q: &QPacked,
-                rows: usize,
-                cols: usize,
                 act: &Act<'_>,
+                span: MatmulSpan,
                 t: usize,
                 i0: usize,
                 y: *mut f32,
             ) {
+                let (rows, cols) = (span.rows, span.cols);
                 let mut out = [[0f32; 8]; N];
                 if q.kind.is_q4() {
                     q4_tile::<N>(q, t, act, cols, i0, &mut out);
@@ -390,25 +381,21 @@ macro_rules! quant_kernels {
                 }
             }
 
-            /// Quantized matmul over rows `r0..r1` (`r0` a multiple of 8), activations in `act`.
+            /// Quantized matmul over the rows of `span` (`r0` a multiple of 8), activations in
+            /// `act`.
             ///
             /// # Safety
             /// AVX2/FMA/F16C available; `act` prepared for `n` rows of `cols`; `y` holds `n·rows`.
             #[target_feature(enable = $feat)]
-            #[allow(clippy::too_many_arguments)]
             pub(in crate::arch::x86) unsafe fn quant(
                 q: &QPacked,
-                rows: usize,
-                cols: usize,
                 act: &Act<'_>,
-                n: usize,
-                r0: usize,
-                r1: usize,
+                span: MatmulSpan,
                 y: *mut f32,
             ) {
-                debug_assert_eq!(r0 % TILE, 0);
-                for (t, i0, k) in crate::arch::table::tile_chunks(n, r0, r1, 4) {
-                    with_rows!(k, tile_n(q, rows, cols, act, t, i0, y));
+                debug_assert_eq!(span.r0 % TILE, 0);
+                for (t, i0, k) in crate::arch::table::tile_chunks(span, 4) {
+                    with_rows!(k, tile_n(q, act, span, t, i0, y));
                 }
             }
         }
@@ -594,18 +581,18 @@ pub(super) mod avx512q {
         }
     }
 
+    /// Pair `p` against activation rows `i0..i0 + N`, written to `y`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    #[allow(clippy::too_many_arguments)]
     unsafe fn pair_n<const N: usize>(
         q: &QPacked,
-        rows: usize,
-        cols: usize,
         act: &Act<'_>,
+        span: MatmulSpan,
         p: usize,
         i0: usize,
         y: *mut f32,
     ) {
+        let (rows, cols) = (span.rows, span.cols);
         let mut out = [[0f32; 16]; N];
         if q.kind.is_q4() {
             q4_pair::<N>(q, p, act, cols, i0, &mut out);
@@ -619,29 +606,29 @@ pub(super) mod avx512q {
         }
     }
 
-    /// Rows `r0..r1` (`r0` a multiple of 8): whole pairs of tiles with zmm, a lone tile at
+    /// Rows of `span` (`r0` a multiple of 8): whole pairs of tiles with zmm, a lone tile at
     /// either end with the ymm kernels (AVX-VNNI ones when `VNNI`).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    #[allow(clippy::too_many_arguments)]
     pub(in crate::arch::x86) unsafe fn quant<const VNNI: bool>(
         q: &QPacked,
-        rows: usize,
-        cols: usize,
         act: &Act<'_>,
-        n: usize,
-        r0: usize,
-        r1: usize,
+        span: MatmulSpan,
         y: *mut f32,
     ) {
-        debug_assert_eq!(r0 % TILE, 0);
-        let (mut t, t1) = (r0 / TILE, r1.div_ceil(TILE));
+        debug_assert_eq!(span.r0 % TILE, 0);
+        let n = span.n;
+        let (mut t, t1) = (span.r0 / TILE, span.r1.div_ceil(TILE));
         while t < t1 {
             if t % 2 == 1 || t + 1 >= t1 {
-                let (a, b) = (t * TILE, ((t + 1) * TILE).min(rows));
+                let tile = MatmulSpan {
+                    r0: t * TILE,
+                    r1: ((t + 1) * TILE).min(span.rows),
+                    ..span
+                };
                 if VNNI {
-                    super::vnni::quant(q, rows, cols, act, n, a, b, y)
+                    super::vnni::quant(q, act, tile, y)
                 } else {
-                    super::plain::quant(q, rows, cols, act, n, a, b, y)
+                    super::plain::quant(q, act, tile, y)
                 }
                 t += 1;
                 continue;
@@ -649,7 +636,7 @@ pub(super) mod avx512q {
             let p = t / 2;
             let mut i0 = 0;
             while i0 < n {
-                with_rows!(n - i0, pair_n(q, rows, cols, act, p, i0, y));
+                with_rows!(n - i0, pair_n(q, act, span, p, i0, y));
                 i0 += 4;
             }
             t += 2;
