@@ -10,6 +10,8 @@
 //! outputs are split by column panels (each share gathers its own input panels), narrow
 //! ones by row panels with the input gathered once and shared.
 
+use std::cell::RefCell;
+
 use crate::arch::{self, Kernels, SKINNY};
 use crate::gemm::{gather_groups, gathered_len, gemm, gemm_pregathered, groups, with_panels};
 use crate::layout::{BView, PackedA, NR};
@@ -236,16 +238,55 @@ impl Conv1d {
         if t_out == 0 {
             return;
         }
+        PHASES.with(|phases| {
+            ROWS.with(|rows| {
+                let (mut phases, mut rows) = (phases.borrow_mut(), rows.borrow_mut());
+                let (k, d, s) = (self.k, self.dilation, self.stride);
+                // With a stride, tap i of output t reads input t·s + i·d: a strided run. Split
+                // into phases (phase r of a channel holds its inputs r, r + s, r + 2s, ...), the
+                // same tap reads the consecutive values from (i·d) / s of phase (i·d) % s.
+                let (src, ld, lp): (&[f32], usize, usize) = if s == 1 {
+                    (input, t_in, 0)
+                } else {
+                    let lp = t_in.div_ceil(s);
+                    let ph = fitted(&mut phases, self.in_ch * s * lp);
+                    split_phases(input, t_in, s, lp, ph, pool);
+                    (ph, s * lp, lp)
+                };
+                let rows = fitted(&mut rows, self.in_ch * k);
+                for (c, taps) in rows.chunks_exact_mut(k).enumerate() {
+                    for (i, o) in taps.iter_mut().enumerate() {
+                        let e = i * d;
+                        *o = c * ld + if s == 1 { e } else { (e % s) * lp + e / s };
+                    }
+                }
+                self.run_on(level, src, rows, t_out, output, pool);
+            })
+        })
+    }
+
+    /// [`Self::run`] on the GEMM view of the input: row `c·k + i` of B (channel `c`, tap `i`)
+    /// is `src[rows[c·k + i]..]`, `t_out` consecutive values.
+    fn run_on(
+        &self,
+        level: &Kernels,
+        src: &[f32],
+        rows: &[usize],
+        t_out: usize,
+        output: &mut [f32],
+        pool: Option<&Pool>,
+    ) {
         let (ig, og) = (self.in_ch / self.groups, self.out_ch / self.groups);
-        let (k, d) = (self.k, self.dilation);
+        let k = self.k;
         let out = SendPtr(output.as_mut_ptr());
         let npanels_n = t_out.div_ceil(NR);
-        // Group g's input as the GEMM's B: row c = input channel c / k at tap c % k.
+        // Group g's rows of B.
+        let in_place = self.stride == 1 && k > 1 && self.dilation < NR;
         let view = |g: usize| BView {
-            src: input,
-            row_off: move |c: usize| (g * ig + c / k) * t_in + (c % k) * d,
-            stride: self.stride,
+            src,
+            offs: &rows[g * ig * k..(g + 1) * ig * k],
             n: t_out,
+            in_place,
         };
         let work = |g: usize, pr: (usize, usize), qr: (usize, usize), buf: &mut [f32]| {
             let b = view(g);
@@ -307,7 +348,9 @@ impl Conv1d {
                 split(pool, chunks, &|c, buf| {
                     work(g, (0, mp), share_units(npanels_n, qu, chunks, c), buf)
                 });
-            } else if let (Some(wf), true) = (level.gemm_wide, t_out > SKINNY) {
+            } else if let (Some(wf), true, false) = (level.gemm_wide, t_out > SKINNY, in_place) {
+                // B gathered once for all row shares (a view read in place needs no copy: it
+                // takes the row split below).
                 let b = view(g);
                 // SAFETY: output holds out_ch·t_out values; shares write disjoint rows.
                 unsafe {
@@ -352,7 +395,65 @@ impl Conv1d {
 
 thread_local! {
     /// B gathered once per row-split GEMM (wide blocks), read by every thread of the pool.
-    static PREGATHERED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    static PREGATHERED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// The row offsets of the GEMM view of the convolution this thread runs.
+    static ROWS: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+    /// A strided convolution's input split into its phases ([`split_phases`]).
+    static PHASES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The first `n` values of a scratch buffer that grows (during warm-up) but never shrinks.
+fn fitted<T: Copy + Default>(v: &mut Vec<T>, n: usize) -> &mut [T] {
+    if v.len() < n {
+        v.resize(n, T::default());
+    }
+    &mut v[..n]
+}
+
+/// Below this many input values a strided input is split on the calling thread.
+const PHASES_PAR_MIN: usize = 64 * 1024;
+
+/// Splits `input` (`[channels, t_in]`) into `dst` (`[channels][s][lp]`, `lp = ⌈t_in / s⌉`):
+/// phase `r` of a channel holds its values `r, r + s, …`, zero past the end.
+fn split_phases(
+    input: &[f32],
+    t_in: usize,
+    s: usize,
+    lp: usize,
+    dst: &mut [f32],
+    pool: Option<&Pool>,
+) {
+    let channels = input.len() / t_in;
+    let split = |c0: usize, c1: usize, dst: &mut [f32]| {
+        for (row, out) in input[c0 * t_in..c1 * t_in]
+            .chunks_exact(t_in)
+            .zip(dst.chunks_exact_mut(s * lp))
+        {
+            for (r, ph) in out.chunks_exact_mut(lp).enumerate() {
+                let n = (t_in - r.min(t_in)).div_ceil(s);
+                for (d, v) in ph.iter_mut().zip(row[r.min(t_in)..].iter().step_by(s)) {
+                    *d = *v;
+                }
+                ph[n..].fill(0.0);
+            }
+        }
+    };
+    match pool {
+        Some(p) if p.n_threads() > 1 && input.len() >= PHASES_PAR_MIN => {
+            let parts = p.n_threads().min(channels);
+            let out = SendPtr(dst.as_mut_ptr());
+            p.run(parts, &|i| {
+                let (c0, c1) = share(channels, parts, i);
+                let out = &out;
+                // SAFETY: share i writes only the phases of channels c0..c1.
+                let dst = unsafe {
+                    std::slice::from_raw_parts_mut(out.0.add(c0 * s * lp), (c1 - c0) * s * lp)
+                };
+                split(c0, c1, dst)
+            });
+        }
+        _ => split(0, channels, dst),
+    }
 }
 
 /// `C = A·B` split by row panels over `pool` (shares of `pu` panels), with B gathered once
@@ -362,11 +463,11 @@ thread_local! {
 /// # Safety
 /// `wide` belongs to an available table; `c` is valid for `a.m` rows of `ldc` and nobody else writes them.
 #[allow(clippy::too_many_arguments)]
-unsafe fn rows_pregathered<F: Fn(usize) -> usize + Sync>(
+unsafe fn rows_pregathered(
     wide: arch::WideFn,
     pool: &Pool,
     a: &PackedA,
-    b: &BView<'_, F>,
+    b: &BView<'_>,
     c: *mut f32,
     ldc: usize,
     bias: Option<&[f32]>,
@@ -453,7 +554,7 @@ pub struct ConvTranspose1d {
 }
 
 thread_local! {
-    static ZBUF: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    static ZBUF: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 impl ConvTranspose1d {
@@ -528,77 +629,85 @@ impl ConvTranspose1d {
             return self.direct(input, t_in, t_out, output);
         };
         ZBUF.with(|z| {
-            let mut z = z.borrow_mut();
-            let m = self.out_ch * k;
-            if z.len() < m * t_in {
-                z.resize(m * t_in, 0.0);
-            }
-            let zp = SendPtr(z.as_mut_ptr());
-            let b = BView {
-                src: input,
-                row_off: |c: usize| c * t_in,
-                stride: 1,
-                n: t_in,
-            };
-            let nq = t_in.div_ceil(NR);
-            let nt = pool.map_or(1, |p| p.n_threads());
-            let big = m * t_in * self.in_ch >= 200_000;
-            let zw = |pr: (usize, usize), buf: &mut [f32]| {
-                let zp = &zp;
-                // SAFETY: z holds m·t_in values; shares write disjoint rows.
-                unsafe { gemm(level, pa, &b, zp.0, t_in, None, pr, (0, nq), buf) }
-            };
-            let out = SendPtr(output.as_mut_ptr());
-            let col2im = |o0: usize, o1: usize| {
-                let (zp, out) = (&zp, &out);
-                for oc in o0..o1 {
-                    // SAFETY: row oc of the output belongs to this share only; z is read-only now.
-                    let y = unsafe { std::slice::from_raw_parts_mut(out.0.add(oc * t_out), t_out) };
-                    y.fill(self.bias[oc]);
-                    for kk in 0..k {
-                        let zr = unsafe {
-                            std::slice::from_raw_parts(zp.0.add((oc * k + kk) * t_in), t_in)
-                        };
-                        for (t, v) in zr.iter().enumerate() {
-                            y[t * s + kk] += v;
+            ROWS.with(|rows| {
+                let mut z = z.borrow_mut();
+                let m = self.out_ch * k;
+                if z.len() < m * t_in {
+                    z.resize(m * t_in, 0.0);
+                }
+                let zp = SendPtr(z.as_mut_ptr());
+                let mut rows = rows.borrow_mut();
+                let rows = fitted(&mut rows, self.in_ch);
+                for (c, o) in rows.iter_mut().enumerate() {
+                    *o = c * t_in;
+                }
+                let b = BView {
+                    src: input,
+                    offs: rows,
+                    n: t_in,
+                    in_place: false,
+                };
+                let nq = t_in.div_ceil(NR);
+                let nt = pool.map_or(1, |p| p.n_threads());
+                let big = m * t_in * self.in_ch >= 200_000;
+                let zw = |pr: (usize, usize), buf: &mut [f32]| {
+                    let zp = &zp;
+                    // SAFETY: z holds m·t_in values; shares write disjoint rows.
+                    unsafe { gemm(level, pa, &b, zp.0, t_in, None, pr, (0, nq), buf) }
+                };
+                let out = SendPtr(output.as_mut_ptr());
+                let col2im = |o0: usize, o1: usize| {
+                    let (zp, out) = (&zp, &out);
+                    for oc in o0..o1 {
+                        // SAFETY: row oc of the output belongs to this share only; z is read-only now.
+                        let y =
+                            unsafe { std::slice::from_raw_parts_mut(out.0.add(oc * t_out), t_out) };
+                        y.fill(self.bias[oc]);
+                        for kk in 0..k {
+                            let zr = unsafe {
+                                std::slice::from_raw_parts(zp.0.add((oc * k + kk) * t_in), t_in)
+                            };
+                            for (t, v) in zr.iter().enumerate() {
+                                y[t * s + kk] += v;
+                            }
                         }
                     }
-                }
-            };
-            match pool {
-                Some(p) if nt > 1 && big => {
-                    let pu = match level.gemm_wide {
-                        None => 1,
-                        Some(_) if nq >= 2 => 2,
-                        Some(_) => 4,
-                    };
-                    if let (Some(wf), true) = (level.gemm_wide, t_in > SKINNY) {
-                        // SAFETY: z holds m·t_in values, written by row shares only.
-                        unsafe { rows_pregathered(wf, p, pa, &b, zp.0, t_in, None, pu) }
-                    } else {
-                        let chunks = pa.panels().div_ceil(pu).min(nt * CHUNKS_PER_THREAD);
-                        with_panels(pa.k, chunks, |panels| {
-                            p.run(chunks, &|c| {
-                                // SAFETY: chunk c is run once, by one thread.
-                                zw(share_units(pa.panels(), pu, chunks, c), unsafe {
-                                    panels.share(c)
+                };
+                match pool {
+                    Some(p) if nt > 1 && big => {
+                        let pu = match level.gemm_wide {
+                            None => 1,
+                            Some(_) if nq >= 2 => 2,
+                            Some(_) => 4,
+                        };
+                        if let (Some(wf), true) = (level.gemm_wide, t_in > SKINNY) {
+                            // SAFETY: z holds m·t_in values, written by row shares only.
+                            unsafe { rows_pregathered(wf, p, pa, &b, zp.0, t_in, None, pu) }
+                        } else {
+                            let chunks = pa.panels().div_ceil(pu).min(nt * CHUNKS_PER_THREAD);
+                            with_panels(pa.k, chunks, |panels| {
+                                p.run(chunks, &|c| {
+                                    // SAFETY: chunk c is run once, by one thread.
+                                    zw(share_units(pa.panels(), pu, chunks, c), unsafe {
+                                        panels.share(c)
+                                    })
                                 })
-                            })
+                            });
+                        }
+                        p.run(nt, &|i| {
+                            let (a, b) = share(self.out_ch, nt, i);
+                            col2im(a, b)
                         });
                     }
-                    p.run(nt, &|i| {
-                        let (a, b) = share(self.out_ch, nt, i);
-                        col2im(a, b)
-                    });
+                    _ => {
+                        // SAFETY: one share, on this thread.
+                        with_panels(pa.k, 1, |panels| {
+                            zw((0, pa.panels()), unsafe { panels.share(0) })
+                        });
+                        col2im(0, self.out_ch);
+                    }
                 }
-                _ => {
-                    // SAFETY: one share, on this thread.
-                    with_panels(pa.k, 1, |panels| {
-                        zw((0, pa.panels()), unsafe { panels.share(0) })
-                    });
-                    col2im(0, self.out_ch);
-                }
-            }
+            })
         })
     }
 

@@ -1,14 +1,15 @@
 //! A small blocked f32 GEMM for the convolutions: `C[m, n] = A[m, k] · B[k, n]` with A
-//! packed once (weights) in panels of [`MR`] rows and B gathered per call into panels of
-//! [`NR`] columns from an arbitrary (row offset, column stride) view of the input, so a
-//! convolution needs no explicit im2col. The AVX2 micro-kernel keeps a 6×16 block of C in
-//! 12 registers; the scalar micro-kernel is its reference. Outputs at most [`SKINNY`] wide
+//! packed once (weights) in panels of [`MR`] rows and B read through a view of the input
+//! (a row offset per row of B), so a convolution needs no explicit im2col. B is gathered per
+//! call into panels of [`NR`] columns, except by the AVX-512 blocks, which read whole panels in
+//! place. The AVX2 micro-kernel keeps a 6×16 block of C in 12 registers; the scalar
+//! micro-kernel is its reference. Outputs at most [`SKINNY`] wide
 //! (Mimi's 12.5/25 Hz layers) take a weight-streaming kernel that reads A exactly once.
 #![allow(clippy::needless_range_loop)]
 
 use std::cell::RefCell;
 
-use crate::arch::{Kernels, MicroFn, WideFn, SKINNY};
+use crate::arch::{BRows, Kernels, MicroFn, WideFn, SKINNY};
 use crate::layout::{gather, BView, PackedA, MR, NR};
 
 thread_local! {
@@ -77,10 +78,10 @@ pub(crate) fn with_panels<R>(k: usize, shares: usize, f: impl FnOnce(&Panels) ->
 /// # Safety
 /// `c` must be valid for the written rows/cols; no other thread writes the same region.
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn gemm<F: Fn(usize) -> usize>(
+pub(crate) unsafe fn gemm(
     kern: &Kernels,
     a: &PackedA,
-    b: &BView<'_, F>,
+    b: &BView<'_>,
     c: *mut f32,
     ldc: usize,
     bias: Option<&[f32]>,
@@ -98,13 +99,23 @@ pub(crate) unsafe fn gemm<F: Fn(usize) -> usize>(
         return;
     }
     if let Some(wide) = kern.gemm_wide {
-        // Wide blocks: two column panels per gather where possible.
+        // Wide blocks, two column panels at a time where possible. A view that asks for it is
+        // read in place where the panels' columns all exist (see `BView::in_place`); other
+        // panels are gathered first.
         let mut q = q0;
         while q < q1 {
             let w = if q + 1 < q1 { 2 } else { 1 };
-            let bp = &mut buf[..k * w * NR];
-            gather(b, k, q, w, bp);
-            wide(a, bp.as_ptr(), q, w, b.n, c, ldc, bias, (p0, p1));
+            let rows = if b.in_place && (q + w) * NR <= b.n {
+                BRows::InPlace {
+                    src: b.src.as_ptr(),
+                    offs: b.offs,
+                }
+            } else {
+                let bp = &mut buf[..k * w * NR];
+                gather(b, k, q, w, bp);
+                BRows::Gathered(bp.as_ptr())
+            };
+            wide(a, rows, q, w, b.n, c, ldc, bias, (p0, p1));
             q += w;
         }
         return;
@@ -157,21 +168,11 @@ unsafe fn tiles<const W: usize>(
 
 /// `n <= SKINNY`: B transposed into `[k][SKINNY]` (zero past `n`) at the start of `buf`, so
 /// the skinny kernels stream the packed A once.
-fn transpose_skinny<'a, F: Fn(usize) -> usize>(
-    b: &BView<'_, F>,
-    k: usize,
-    buf: &'a mut [f32],
-) -> &'a [f32] {
+fn transpose_skinny<'a>(b: &BView<'_>, k: usize, buf: &'a mut [f32]) -> &'a [f32] {
     let bt = &mut buf[..k * SKINNY];
     for (cc, dst) in bt.chunks_exact_mut(SKINNY).enumerate() {
-        let base = (b.row_off)(cc);
-        for (j, d) in dst.iter_mut().enumerate() {
-            *d = if j < b.n {
-                b.src[base + j * b.stride]
-            } else {
-                0.0
-            };
-        }
+        dst[..b.n].copy_from_slice(b.row(cc, 0, b.n));
+        dst[b.n..].fill(0.0);
     }
     bt
 }
@@ -192,8 +193,8 @@ pub(crate) fn groups(n: usize) -> usize {
 ///
 /// # Safety
 /// `dst` is valid for [`gathered_len`] floats and no other thread writes these groups.
-pub(crate) unsafe fn gather_groups<F: Fn(usize) -> usize>(
-    b: &BView<'_, F>,
+pub(crate) unsafe fn gather_groups(
+    b: &BView<'_>,
     k: usize,
     (g0, g1): (usize, usize),
     dst: *mut f32,
@@ -230,7 +231,7 @@ pub(crate) unsafe fn gemm_pregathered(
         let w = (np - q).min(2);
         wide(
             a,
-            pre.add(g * k * 2 * NR),
+            BRows::Gathered(pre.add(g * k * 2 * NR)),
             q,
             w,
             b_n,

@@ -27,7 +27,9 @@ mod table;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
 
-pub(crate) use table::{Features, Kernels, MatmulSpan, MicroFn, Seg, WideFn, PREFETCH, SKINNY};
+pub(crate) use table::{
+    BRows, Features, Kernels, MatmulSpan, MicroFn, Seg, WideFn, PREFETCH, SKINNY,
+};
 
 /// A set of kernels for one instruction-set level; exactly one is active at a time
 /// ([`kernel_set`]). Tests and benchmarks name a set explicitly to compare two of them.

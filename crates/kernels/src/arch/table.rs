@@ -81,11 +81,20 @@ pub(crate) type TileFn = MicroFn<NR>;
 /// transposed to `[k][SKINNY]`.
 pub(crate) type SkinnyFn = MicroFn<SKINNY>;
 
+/// Where a wide GEMM block reads its column panels of B.
+#[derive(Clone, Copy)]
+pub(crate) enum BRows<'a> {
+    /// Gathered as `[k][16·w]` (zero padded past the last column).
+    Gathered(*const f32),
+    /// In place: row `kk` of B starts at `src + offs[kk]`; every column of the panels exists.
+    InPlace { src: *const f32, offs: &'a [usize] },
+}
+
 /// Wide GEMM blocks `(a, b, q, w, b_n, c, ldc, bias, (p0, p1))`: rows of panels `p0..p1`
-/// against the `w` (1 or 2) gathered column panels `q..q + w` at `b`, of a B `b_n` wide.
+/// against the `w` (1 or 2) column panels `q..q + w` of a B `b_n` wide, read from `b`.
 pub(crate) type WideFn = unsafe fn(
     &PackedA,
-    *const f32,
+    BRows<'_>,
     usize,
     usize,
     usize,

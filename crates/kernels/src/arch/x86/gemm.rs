@@ -12,7 +12,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::arch::table::SKINNY;
+use crate::arch::table::{BRows, SKINNY};
 use crate::layout::{PackedA, MR, NR};
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -80,15 +80,15 @@ pub(super) fn skinny_avx2(k: usize, a: &[f32], bt: &[f32], tile: &mut [[f32; SKI
     }
 }
 
-/// All row blocks `p0..p1` against the gathered column panels `q..q + w` at `bptr` (the
-/// wide GEMM entry of the AVX-512 table).
+/// All row blocks `p0..p1` against the column panels `q..q + w` of B (the wide GEMM entry of
+/// the AVX-512 table).
 ///
 /// # Safety
 /// AVX-512F; as [`crate::arch::WideFn`].
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn blocks(
     a: &PackedA,
-    bptr: *const f32,
+    b: BRows<'_>,
     q: usize,
     w: usize,
     b_n: usize,
@@ -101,6 +101,13 @@ pub(super) unsafe fn blocks(
     let panel = k * MR;
     let t0 = q * NR;
     let nv = (b_n - t0).min(w * NR);
+    let b = match b {
+        BRows::Gathered(p) => BRows::Gathered(p),
+        BRows::InPlace { src, offs } => BRows::InPlace {
+            src: src.add(t0),
+            offs,
+        },
+    };
     let mut p = p0;
     while p < p1 {
         let rp = (p1 - p).min(if w == 2 { 2 } else { 4 });
@@ -110,12 +117,12 @@ pub(super) unsafe fn blocks(
         let cp = c.add(r0 * ldc + t0);
         let bs = bias.map(|bb| &bb[r0..r0 + mv]);
         match (rp, w) {
-            (1, 1) => kern::<1, 1>(k, ap, panel, bptr, cp, ldc, bs, mv, nv),
-            (2, 1) => kern::<2, 1>(k, ap, panel, bptr, cp, ldc, bs, mv, nv),
-            (3, 1) => kern::<3, 1>(k, ap, panel, bptr, cp, ldc, bs, mv, nv),
-            (4, 1) => kern::<4, 1>(k, ap, panel, bptr, cp, ldc, bs, mv, nv),
-            (1, _) => kern::<1, 2>(k, ap, panel, bptr, cp, ldc, bs, mv, nv),
-            _ => kern::<2, 2>(k, ap, panel, bptr, cp, ldc, bs, mv, nv),
+            (1, 1) => kern::<1, 1>(k, ap, panel, b, cp, ldc, bs, mv, nv),
+            (2, 1) => kern::<2, 1>(k, ap, panel, b, cp, ldc, bs, mv, nv),
+            (3, 1) => kern::<3, 1>(k, ap, panel, b, cp, ldc, bs, mv, nv),
+            (4, 1) => kern::<4, 1>(k, ap, panel, b, cp, ldc, bs, mv, nv),
+            (1, _) => kern::<1, 2>(k, ap, panel, b, cp, ldc, bs, mv, nv),
+            _ => kern::<2, 2>(k, ap, panel, b, cp, ldc, bs, mv, nv),
         }
         p += rp;
     }
@@ -124,20 +131,41 @@ pub(super) unsafe fn blocks(
 /// Most accumulator rows of one block (`RP · MR` with `RP ≤ 4`).
 const ROWS: usize = 4 * MR;
 
+/// One step `kk` of a block: the `W` 16-wide B vectors at `$bp` times the `RP · MR` values of
+/// A at `$ap` (panels `$astride` floats apart), into `$acc`. A macro, not a function: both
+/// loops of [`kern`] must inline it with the accumulators kept in registers.
+macro_rules! step {
+    ($acc:ident, $ap:expr, $astride:expr, $bp:expr, $rp:ident, $w:ident) => {{
+        let (ap, bp) = ($ap, $bp);
+        let mut bv = [_mm512_setzero_ps(); $w];
+        for (j, v) in bv.iter_mut().enumerate() {
+            *v = _mm512_loadu_ps(bp.add(j * NR));
+        }
+        for i in 0..$rp {
+            for r in 0..MR {
+                let av = _mm512_set1_ps(*ap.add(i * $astride + r));
+                for j in 0..$w {
+                    $acc[i * MR + r][j] = _mm512_fmadd_ps(av, bv[j], $acc[i * MR + r][j]);
+                }
+            }
+        }
+    }};
+}
+
 /// One block: rows `0..mv` (of `RP` panels starting at `a`, `astride` floats apart) ×
-/// columns `0..nv` (of `W` 16-wide panels of the gathered B, row stride `16·W`), written to
-/// `c` (row stride `ldc`) plus the bias.
+/// columns `0..nv` (of `W` 16-wide panels of B: gathered with row stride `16·W`, or in place
+/// from the block's first column), written to `c` (row stride `ldc`) plus the bias.
 ///
 /// # Safety
-/// AVX-512F; `a` holds `RP` panels of `k·MR` floats, `b` holds `k·16·W` floats, `c` is
-/// writable for `mv` rows × `nv` columns, `bias` (when given) has `mv` values.
+/// AVX-512F; `a` holds `RP` panels of `k·MR` floats, `b` holds `k` rows of `16·W` floats,
+/// `c` is writable for `mv` rows × `nv` columns, `bias` (when given) has `mv` values.
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn kern<const RP: usize, const W: usize>(
     k: usize,
     a: *const f32,
     astride: usize,
-    b: *const f32,
+    b: BRows<'_>,
     c: *mut f32,
     ldc: usize,
     bias: Option<&[f32]>,
@@ -146,24 +174,28 @@ unsafe fn kern<const RP: usize, const W: usize>(
 ) {
     let mut acc = [[_mm512_setzero_ps(); W]; ROWS];
     let mut ap = a;
-    let mut bp = b;
-    for _ in 0..k {
-        let mut bv = [_mm512_setzero_ps(); W];
-        for (j, v) in bv.iter_mut().enumerate() {
-            *v = _mm512_loadu_ps(bp.add(j * NR));
-        }
-        for i in 0..RP {
-            for r in 0..MR {
-                let av = _mm512_set1_ps(*ap.add(i * astride + r));
-                for j in 0..W {
-                    acc[i * MR + r][j] = _mm512_fmadd_ps(av, bv[j], acc[i * MR + r][j]);
-                }
+    match b {
+        BRows::Gathered(mut bp) => {
+            for _ in 0..k {
+                step!(acc, ap, astride, bp, RP, W);
+                ap = ap.add(MR);
+                bp = bp.add(W * NR);
             }
         }
-        ap = ap.add(MR);
-        bp = bp.add(W * NR);
+        BRows::InPlace { src, offs } => {
+            for &o in &offs[..k] {
+                step!(acc, ap, astride, src.add(o), RP, W);
+                ap = ap.add(MR);
+            }
+        }
     }
-    for (r, row) in acc.iter().enumerate().take(mv.min(RP * MR)) {
+    // A loop of constant length over the used rows: every `acc` index is then known at compile
+    // time, so the accumulators stay in registers and the unused rows of the array (and their
+    // zeroing, 3 KB per block) disappear.
+    for (r, row) in acc.iter().enumerate().take(RP * MR) {
+        if r >= mv {
+            break;
+        }
         let bb = _mm512_set1_ps(bias.map_or(0.0, |bb| bb[r]));
         let dst = c.add(r * ldc);
         for (j, v) in row.iter().enumerate() {
