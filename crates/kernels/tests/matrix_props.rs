@@ -141,7 +141,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
 
     #[test]
-    fn dense_formats(rows in 1usize..20, cols in 1usize..80, n in 1usize..6, seed in any::<u64>()) {
+    fn dense_formats(rows in 1usize..20, cols in 1usize..80, n in 1usize..18, seed in any::<u64>()) {
         for fmt in [WeightFormat::F32, WeightFormat::Bf16, WeightFormat::F16] {
             check(fmt, rows, cols, n, seed);
         }

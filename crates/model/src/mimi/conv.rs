@@ -299,8 +299,10 @@ impl Conv1d {
         };
         per_channel(cin, cin * m * seg, pool, &prologue);
         if tout >= SMALL_N {
-            let r = if m == 1 {
-                self.run_packed(xbuf, &mut out[..self.cout * tout], pool)
+            let r = if m == 1 || (p == 0 && seg == tin) {
+                // One stream, or streams whose GEMM columns are exactly their outputs side by
+                // side (no history and no rounding: the k = 1 layers): the GEMM writes `out`.
+                self.run_packed(xbuf, &mut out[..self.cout * m * tout], pool)
             } else {
                 // One GEMM over the streams side by side; stream j's outputs start at column
                 // j·seg / stride, the columns in between straddle two streams and are dropped.
