@@ -83,6 +83,7 @@ pub(crate) type SkinnyFn = MicroFn<SKINNY>;
 
 /// Where a wide GEMM block reads its column panels of B.
 #[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) enum BRows<'a> {
     /// Gathered as `[k][16·w]` (zero padded past the last column).
     Gathered(*const f32),
