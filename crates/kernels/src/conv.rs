@@ -13,7 +13,9 @@
 use std::cell::RefCell;
 
 use crate::arch::{self, Kernels, SKINNY};
-use crate::gemm::{gather_groups, gathered_len, gemm, gemm_pregathered, groups, with_panels};
+use crate::gemm::{
+    gather_groups, gathered_len, gemm, gemm_pregathered, groups, with_panels, with_scratch,
+};
 use crate::layout::{BView, PackedA, NR};
 use crate::{KernelError, KernelSet, Pool};
 
@@ -394,8 +396,6 @@ impl Conv1d {
 }
 
 thread_local! {
-    /// B gathered once per row-split GEMM (wide blocks), read by every thread of the pool.
-    static PREGATHERED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// The row offsets of the GEMM view of the convolution this thread runs.
     static ROWS: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
     /// A strided convolution's input split into its phases ([`split_phases`]).
@@ -474,12 +474,7 @@ unsafe fn rows_pregathered(
     pu: usize,
 ) {
     let nt = pool.n_threads();
-    PREGATHERED.with(|buf| {
-        let mut buf = buf.borrow_mut();
-        let len = gathered_len(a.k, b.n);
-        if buf.len() < len {
-            buf.resize(len, 0.0);
-        }
+    with_scratch(gathered_len(a.k, b.n), |buf| {
         let pre = SendPtr(buf.as_mut_ptr());
         let ng = groups(b.n);
         let parts = ng.min(nt);

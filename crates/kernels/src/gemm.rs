@@ -13,7 +13,8 @@ use crate::arch::{BRows, Kernels, MicroFn, WideFn, SKINNY};
 use crate::layout::{gather, BView, PackedA, MR, NR};
 
 thread_local! {
-    /// B-panel buffers of the GEMMs this thread starts, one per share ([`with_panels`]).
+    /// B-panel buffers of the GEMMs this thread starts: one per share ([`with_panels`]), or one B
+    /// gathered for all shares ([`with_scratch`]).
     static PANELS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -68,6 +69,21 @@ pub(crate) fn with_panels<R>(k: usize, shares: usize, f: impl FnOnce(&Panels) ->
             len,
             shares,
         })
+    })
+}
+
+/// Runs `f` with `len` floats of the calling thread's panel scratch, for B gathered once and
+/// read by every share (the row-split GEMMs). It is the buffer [`with_panels`] lends: which of
+/// the two a layer takes can change with the number of columns (a column split for many, a row
+/// split for few), and one buffer grown to the larger need keeps a call with fewer columns from
+/// growing anything after a warm-up with more.
+pub(crate) fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    PANELS.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        if buf.len() < len {
+            buf.resize(len, 0.0);
+        }
+        f(&mut buf[..len])
     })
 }
 

@@ -44,6 +44,13 @@ struct SyncPtr(*mut f32);
 unsafe impl Sync for SyncPtr {}
 unsafe impl Send for SyncPtr {}
 
+/// Above this many activation values (input with history, plus output) per stream, a
+/// high-rate convolution runs several streams one by one rather than as one joined GEMM. The
+/// choice depends on the layer and the call's length only, never on how many streams are
+/// active: the scratch buffers that the joined and the single products size on first use are
+/// then all grown by the warm-up.
+const PER_STREAM_MIN: usize = 64 * 1024;
+
 /// Below this many values, per-channel pre-processing runs on the calling thread.
 const PAR_MIN: usize = 32 * 1024;
 
@@ -271,20 +278,21 @@ impl Conv1d {
             debug_assert!(hist.len() < hist.capacity());
             hist.push(SyncPtr(sj.hist.as_mut_ptr()));
         }
-        let xbuf = &mut xbuf[..cin * m * seg];
         let xb = SyncPtr(xbuf.as_mut_ptr());
         let hs: &[SyncPtr] = hist;
-        // Channels c0..c1 of every stream: history + (ELU of) the new input into xbuf, new
-        // history out.
-        let prologue = |c0: usize, c1: usize| {
+        // Channels c0..c1 of the streams `js`: history + (ELU of) the new input into xbuf (row
+        // `(c, j)` at `(c·|js| + j − js.start)·sg`), new history out.
+        let prologue = |c0: usize, c1: usize, js: std::ops::Range<usize>, sg: usize| {
             let xb = &xb;
+            let mj = js.len();
             for c in c0..c1 {
-                for (j, h) in hs.iter().enumerate() {
-                    // SAFETY: xbuf holds cin·m·seg values and every history cin·p; each
-                    // channel's rows are written by one share only.
-                    let row =
-                        unsafe { std::slice::from_raw_parts_mut(xb.0.add((c * m + j) * seg), seg) };
-                    let hist = unsafe { std::slice::from_raw_parts_mut(h.0.add(c * p), p) };
+                for j in js.clone() {
+                    // SAFETY: xbuf holds cin·m·seg ≥ cin·|js|·sg values and every history
+                    // cin·p; each channel's rows are written by one share only.
+                    let row = unsafe {
+                        std::slice::from_raw_parts_mut(xb.0.add((c * mj + j - js.start) * sg), sg)
+                    };
+                    let hist = unsafe { std::slice::from_raw_parts_mut(hs[j].0.add(c * p), p) };
                     row[..p].copy_from_slice(hist);
                     let src = &x[c * xw + j * tin..c * xw + (j + 1) * tin];
                     if elu_in {
@@ -297,7 +305,26 @@ impl Conv1d {
                 }
             }
         };
-        per_channel(cin, cin * m * seg, pool, &prologue);
+        if tout >= SMALL_N && m > 1 && cin * w + self.cout * tout > PER_STREAM_MIN {
+            // The high-rate layers: their weights are small and stay in cache, while the joined
+            // input and output of several streams outgrow the L2 cache (4 streams of the
+            // 1920-sample layers: ~6 MB). One stream at a time keeps a stream's working set in
+            // cache, as when it runs alone; a joined call of 4 streams cost 4.3–5.3× one
+            // stream's there (`bench batch`, per-layer timers, one thread).
+            for j in 0..m {
+                per_channel(cin, cin * w, pool, &|c0, c1| prologue(c0, c1, j..j + 1, w));
+                let r = self.run_packed(&xbuf[..cin * w], &mut y[..self.cout * tout], pool);
+                debug_assert!(r.is_ok());
+                for (o, src) in y[..self.cout * tout].chunks_exact(tout).enumerate() {
+                    out[(o * m + j) * tout..(o * m + j + 1) * tout].copy_from_slice(src);
+                }
+            }
+            return;
+        }
+        per_channel(cin, cin * m * seg, pool, &|c0, c1| {
+            prologue(c0, c1, 0..m, seg)
+        });
+        let xbuf = &xbuf[..cin * m * seg];
         if tout >= SMALL_N {
             let r = if m == 1 || (p == 0 && seg == tin) {
                 // One stream, or streams whose GEMM columns are exactly their outputs side by
@@ -503,8 +530,6 @@ impl ConvTr1d {
         debug_assert!(tin >= 1);
         let (k, s, cin) = (self.k, self.stride, self.cin);
         let full = (tin - 1) * s + k;
-        let pt = self.overlap();
-        let tout = tin * s;
         let xw = m * tin;
         let ConvWork {
             xa,
@@ -515,33 +540,54 @@ impl ConvTr1d {
             ..
         } = work;
         let small = self.mat.is_some() && tin < SMALL_N;
+        // Like the high-rate Conv1d layers (see `PER_STREAM_MIN`): with several streams of many
+        // steps, one stream at a time keeps the product's `[cout·k, tin]` output in cache.
+        let per_stream = !small && m > 1 && (cin + self.cout * k) * tin > PER_STREAM_MIN;
         // The input of the product: `[cin, m·tin]`, or joined with gaps for the GEMM path of
-        // several streams (`[cin, m·(tin + gap)]`, gaps zero).
-        let joined = !small && m > 1;
+        // several streams (`[cin, m·(tin + gap)]`, gaps zero), or one stream's `[cin, tin]`.
+        let joined = !small && m > 1 && !per_stream;
         let seg = if joined { tin + self.gap() } else { tin };
-        let input: &[f32] = if elu_in || joined {
-            let xa_all = &mut xa[..cin * m * seg];
-            let xap = SyncPtr(xa_all.as_mut_ptr());
-            let prep = |c0: usize, c1: usize| {
-                let xap = &xap;
-                for c in c0..c1 {
-                    for j in 0..m {
-                        // SAFETY: xa holds cin·m·seg values; shares write disjoint channel rows.
-                        let dst = unsafe {
-                            std::slice::from_raw_parts_mut(xap.0.add((c * m + j) * seg), seg)
-                        };
-                        let src = &x[c * xw + j * tin..c * xw + (j + 1) * tin];
-                        if elu_in {
-                            kernels::ops::elu_into(src, &mut dst[..tin]);
-                        } else {
-                            dst[..tin].copy_from_slice(src);
-                        }
-                        dst[tin..].fill(0.0);
+        let xap = SyncPtr(xa.as_mut_ptr());
+        // Channels c0..c1 of the streams `js` into xa (row `(c, j)` at `(c·|js| + j −
+        // js.start)·seg`).
+        let prep = |c0: usize, c1: usize, js: std::ops::Range<usize>| {
+            let xap = &xap;
+            let mj = js.len();
+            for c in c0..c1 {
+                for j in js.clone() {
+                    // SAFETY: xa holds cin·m·seg values; shares write disjoint channel rows.
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            xap.0.add((c * mj + j - js.start) * seg),
+                            seg,
+                        )
+                    };
+                    let src = &x[c * xw + j * tin..c * xw + (j + 1) * tin];
+                    if elu_in {
+                        kernels::ops::elu_into(src, &mut dst[..tin]);
+                    } else {
+                        dst[..tin].copy_from_slice(src);
                     }
+                    dst[tin..].fill(0.0);
                 }
-            };
-            per_channel(cin, cin * m * seg, pool, &prep);
-            xa_all
+            }
+        };
+        if per_stream {
+            for (j, &sl) in active.iter().enumerate() {
+                per_channel(cin, cin * tin, pool, &|c0, c1| prep(c0, c1, j..j + 1));
+                let y = &mut y[..self.cout * full];
+                let r = match pool {
+                    Some(pl) if pl.n_threads() > 1 => self.kc.forward_pool(&xa[..cin * tin], y, pl),
+                    _ => self.kc.forward(&xa[..cin * tin], y),
+                };
+                debug_assert!(r.is_ok());
+                self.finish(&mut st[sl], y, full, (j, m), tin, out);
+            }
+            return;
+        }
+        let input: &[f32] = if elu_in || joined {
+            per_channel(cin, cin * m * seg, pool, &|c0, c1| prep(c0, c1, 0..m));
+            &xa[..cin * m * seg]
         } else {
             &x[..cin * xw]
         };
@@ -588,22 +634,37 @@ impl ConvTr1d {
             }
         };
         for (j, &sl) in active.iter().enumerate() {
-            let sj = &mut st[sl];
-            debug_assert!(tin <= sj.max_tin);
-            let part_all = &mut sj.partial;
-            for o in 0..self.cout {
-                let b = self.bias.as_ref().map_or(0.0, |b| b[o]);
-                let base = j * stream_off + o * row_len;
-                let yr = &mut y[base..base + full];
-                let part = &mut part_all[o * pt..(o + 1) * pt];
-                for (v, p) in yr[..pt].iter_mut().zip(part.iter()) {
-                    *v += *p;
-                }
-                for (p, v) in part.iter_mut().zip(&yr[full - pt..]) {
-                    *p = *v - b;
-                }
-                out[(o * m + j) * tout..(o * m + j + 1) * tout].copy_from_slice(&yr[..tout]);
+            let yj = &mut y[j * stream_off..];
+            self.finish(&mut st[sl], yj, row_len, (j, m), tin, out);
+        }
+    }
+
+    /// Stream `j` of `m`: adds its overlap tail to the start of its full output rows in `y`
+    /// (row `o` at `o·row_len`), keeps the new tail (minus bias) and writes its `tin·stride`
+    /// finished samples per channel to `out` (`[cout, m·tin·stride]`).
+    fn finish(
+        &self,
+        sj: &mut ConvTrState,
+        y: &mut [f32],
+        row_len: usize,
+        (j, m): (usize, usize),
+        tin: usize,
+        out: &mut [f32],
+    ) {
+        debug_assert!(tin <= sj.max_tin);
+        let (pt, tout) = (self.overlap(), tin * self.stride);
+        let full = (tin - 1) * self.stride + self.k;
+        for o in 0..self.cout {
+            let b = self.bias.as_ref().map_or(0.0, |b| b[o]);
+            let yr = &mut y[o * row_len..o * row_len + full];
+            let part = &mut sj.partial[o * pt..(o + 1) * pt];
+            for (v, p) in yr[..pt].iter_mut().zip(part.iter()) {
+                *v += *p;
             }
+            for (p, v) in part.iter_mut().zip(&yr[full - pt..]) {
+                *p = *v - b;
+            }
+            out[(o * m + j) * tout..(o * m + j + 1) * tout].copy_from_slice(&yr[..tout]);
         }
     }
 }
