@@ -5,13 +5,15 @@
 //! few output steps of the 12.5/25 Hz layers).
 //!
 //! Every call serves a set of independent streams at once (`active`: their indices into the
-//! state slice; one stream is the plain streaming case). The streams' columns are laid side by
-//! side, so the weights are read once per call for all of them: one GEMM over the streams'
-//! padded inputs (the few columns that straddle two streams are computed and dropped), or one
-//! matmul whose activation rows are every stream's output steps. Each output is computed by the
-//! same kernel with the same summation order as for the stream alone (the GEMM micro-kernels
-//! and the dense matmul tiles compute every output as one chain over `k`, whatever the other
-//! columns or rows), so a stream's results do not depend on the others.
+//! state slice; one stream is the plain streaming case). Where the weights outweigh the
+//! activations (the low-rate layers), the streams share one product, so the weights are read
+//! once per call for all of them: one GEMM over the streams' padded inputs laid side by side (the
+//! few columns that straddle two streams are computed and dropped), or one matmul whose
+//! activation rows are every stream's output steps. The high-rate layers, whose small weights
+//! stay in cache anyway, run the streams one after the other ([`PER_STREAM_MIN`]). Each output
+//! is computed by the same kernel with the same summation order as for the stream alone (the
+//! GEMM micro-kernels and the dense matmul tiles compute every output as one chain over `k`,
+//! whatever the other columns or rows), so a stream's results do not depend on the others.
 //!
 //! Layout: activations are channel-major `[C, m·T]` row-major slices: row `c` holds stream 0's
 //! `T` values, then stream 1's, and so on (`m` = number of active streams).
