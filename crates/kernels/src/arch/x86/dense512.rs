@@ -1,10 +1,12 @@
-//! Dense f32 matmul for AVX-512: 4 weight rows against up to 4 activation rows per pass.
+//! Dense f32 matmul for AVX-512: 4 weight rows against up to 8 activation rows per pass.
 //!
 //! Mimi's transformer linears are f32 and take several activation rows at once: 2 per conversation
 //! (two 25 Hz steps per 80 ms frame), 8 for a 4-slot server tick. The AVX2 kernel feeds 2 activation
 //! rows per pass over a block of weight rows, so 8 rows cost four passes (the 4-slot transformers
-//! took 1.5–1.8× one slot's time, `BENCHMARKS.md`). Here one pass serves 4 activation rows from 8
-//! accumulators of 512 bits, so 8 rows take two passes and fewer instructions.
+//! took 1.5–1.8× one slot's time, `BENCHMARKS.md`). Here one pass serves up to 8 activation rows
+//! from 16 accumulators of 512 bits (4 weight rows × 4 register pairs), so a 4-slot tick reads each
+//! weight block once: 8 rows over Mimi's ~100 MB of transformer weights took 9 % less time than in
+//! two 4-row passes (`BENCHMARKS.md`).
 //!
 //! The results are bitwise those of the AVX2 kernel (`matvec::dense_f32`; `matrix_props` checks it):
 //! a 512-bit register holds two activation rows side by side, each half doing the AVX2 kernel's
@@ -17,8 +19,22 @@ use std::arch::x86_64::*;
 use super::{hsum, prefetch_lines};
 use crate::arch::table::{with_rows, MatmulSpan, PREFETCH};
 
-/// `R` weight rows (4, or 1 for the rows left over) against `N` activation rows (1 to 4, in two
-/// pairs): writes `y[(i0 + i)·rows + r + k]`. Only the first pass over a weight block prefetches it
+/// [`with_rows`] for chunks of up to 8 activation rows: calls `$f::<R, N>` with `N` the chunk's
+/// row count.
+macro_rules! with_rows8 {
+    ($k:expr, $f:ident <$pre:literal> ($($arg:expr),* $(,)?)) => {
+        match $k {
+            5 => $f::<$pre, 5>($($arg),*),
+            6 => $f::<$pre, 6>($($arg),*),
+            7 => $f::<$pre, 7>($($arg),*),
+            8.. => $f::<$pre, 8>($($arg),*),
+            k => with_rows!(k, $f<$pre>($($arg),*)),
+        }
+    };
+}
+
+/// `R` weight rows (4, or 1 for the rows left over) against `N` activation rows (1 to 8, in up to
+/// four pairs): writes `y[(i0 + i)·rows + r + k]`. Only the first pass over a weight block prefetches it
 /// (the later passes find it in cache).
 ///
 /// # Safety
@@ -38,7 +54,7 @@ unsafe fn pass<const R: usize, const N: usize>(
 ) {
     let pairs = N.div_ceil(2);
     let main = cols / 8 * 8;
-    let mut acc = [[_mm512_setzero_ps(); R]; 2];
+    let mut acc = [[_mm512_setzero_ps(); R]; 4];
     // As in the AVX2 kernel: four row streams at once, half the single-stream distance.
     let pf = if prefetch {
         PREFETCH.load(std::sync::atomic::Ordering::Relaxed) / 2
@@ -89,7 +105,7 @@ unsafe fn pass<const R: usize, const N: usize>(
 }
 
 /// Dense f32 matmul rows of `span` (AVX-512): blocks of 4 weight rows, each weight load feeding
-/// up to 4 activation rows.
+/// up to 8 activation rows.
 ///
 /// # Safety
 /// AVX-512F/DQ available; `w` is `rows·cols`, `x` is `n·cols`, `y` holds `n·rows`.
@@ -103,12 +119,12 @@ pub(super) unsafe fn dense_f32(w: &[f32], x: &[f32], span: MatmulSpan, y: *mut f
         let w0 = w.as_ptr().add(r * cols);
         let mut i = 0;
         while i < n {
-            let k = (n - i).min(4);
+            let k = (n - i).min(8);
             let xp = x.as_ptr().add(i * cols);
             if block == 4 {
-                with_rows!(k, pass<4>(w0, cols, xp, i == 0, y, rows, r, i));
+                with_rows8!(k, pass<4>(w0, cols, xp, i == 0, y, rows, r, i));
             } else {
-                with_rows!(k, pass<1>(w0, cols, xp, i == 0, y, rows, r, i));
+                with_rows8!(k, pass<1>(w0, cols, xp, i == 0, y, rows, r, i));
             }
             i += k;
         }
