@@ -5,8 +5,8 @@
 //! rows per pass over a block of weight rows, so 8 rows cost four passes (the 4-slot transformers
 //! took 1.5–1.8× one slot's time, `BENCHMARKS.md`). Here one pass serves up to 8 activation rows
 //! from 16 accumulators of 512 bits (4 weight rows × 4 register pairs), so a 4-slot tick reads each
-//! weight block once: 8 rows over Mimi's ~100 MB of transformer weights took 9 % less time than in
-//! two 4-row passes (`BENCHMARKS.md`).
+//! weight block once: 8 rows over Mimi's ~100 MB of transformer weights took 2–8 % less time than
+//! in two 4-row passes (`BENCHMARKS.md`).
 //!
 //! The results are bitwise those of the AVX2 kernel (`matvec::dense_f32`; `matrix_props` checks it):
 //! a 512-bit register holds two activation rows side by side, each half doing the AVX2 kernel's
