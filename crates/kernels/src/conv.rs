@@ -240,30 +240,29 @@ impl Conv1d {
         if t_out == 0 {
             return;
         }
-        PHASES.with(|phases| {
-            ROWS.with(|rows| {
-                let (mut phases, mut rows) = (phases.borrow_mut(), rows.borrow_mut());
-                let (k, d, s) = (self.k, self.dilation, self.stride);
-                // With a stride, tap i of output t reads input t·s + i·d: a strided run. Split
-                // into phases (phase r of a channel holds its inputs r, r + s, r + 2s, ...), the
-                // same tap reads the consecutive values from (i·d) / s of phase (i·d) % s.
-                let (src, ld, lp): (&[f32], usize, usize) = if s == 1 {
-                    (input, t_in, 0)
-                } else {
-                    let lp = t_in.div_ceil(s);
-                    let ph = fitted(&mut phases, self.in_ch * s * lp);
-                    split_phases(input, t_in, s, lp, ph, pool);
-                    (ph, s * lp, lp)
-                };
-                let rows = fitted(&mut rows, self.in_ch * k);
-                for (c, taps) in rows.chunks_exact_mut(k).enumerate() {
-                    for (i, o) in taps.iter_mut().enumerate() {
-                        let e = i * d;
-                        *o = c * ld + if s == 1 { e } else { (e % s) * lp + e / s };
-                    }
+        SCRATCH.with(|scratch| {
+            let ConvScratch { rows, phases, .. } = &mut *scratch.borrow_mut();
+            let (k, d, s) = (self.k, self.dilation, self.stride);
+            // With a stride, tap i of output t reads input t·s + i·d: a strided run. Split into
+            // phases (phase r of a channel holds its inputs r, r + s, r + 2s, ...), the same tap
+            // reads the consecutive values from (i·d) / s of phase (i·d) % s. Stride 1 reads the
+            // input itself, as its one phase.
+            let (src, lp): (&[f32], usize) = if s == 1 {
+                (input, t_in)
+            } else {
+                let lp = t_in.div_ceil(s);
+                let ph = fitted(phases, self.in_ch * s * lp);
+                split_phases(input, t_in, s, lp, ph, pool);
+                (ph, lp)
+            };
+            let rows = fitted(rows, self.in_ch * k);
+            for (c, taps) in rows.chunks_exact_mut(k).enumerate() {
+                for (i, o) in taps.iter_mut().enumerate() {
+                    let e = i * d;
+                    *o = (c * s + e % s) * lp + e / s;
                 }
-                self.run_on(level, src, rows, t_out, output, pool);
-            })
+            }
+            self.run_on(level, src, rows, t_out, output, pool);
         })
     }
 
@@ -395,11 +394,24 @@ impl Conv1d {
     }
 }
 
-thread_local! {
-    /// The row offsets of the GEMM view of the convolution this thread runs.
-    static ROWS: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+/// Scratch of the convolutions a thread runs, grown during warm-up.
+struct ConvScratch {
+    /// The row offsets of the GEMM view of the input.
+    rows: Vec<usize>,
     /// A strided convolution's input split into its phases ([`split_phases`]).
-    static PHASES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    phases: Vec<f32>,
+    /// A transposed convolution's GEMM output, before the overlap-add.
+    z: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<ConvScratch> = const {
+        RefCell::new(ConvScratch {
+            rows: Vec::new(),
+            phases: Vec::new(),
+            z: Vec::new(),
+        })
+    };
 }
 
 /// The first `n` values of a scratch buffer that grows (during warm-up) but never shrinks.
@@ -548,10 +560,6 @@ pub struct ConvTranspose1d {
     packed: Option<PackedA>,
 }
 
-thread_local! {
-    static ZBUF: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
-
 impl ConvTranspose1d {
     /// Builds a transposed convolution from a PyTorch weight `[in_ch, out_ch/groups, k]`
     /// and an optional bias `[out_ch]`.
@@ -623,86 +631,79 @@ impl ConvTranspose1d {
         let Some(pa) = &self.packed else {
             return self.direct(input, t_in, t_out, output);
         };
-        ZBUF.with(|z| {
-            ROWS.with(|rows| {
-                let mut z = z.borrow_mut();
-                let m = self.out_ch * k;
-                if z.len() < m * t_in {
-                    z.resize(m * t_in, 0.0);
-                }
-                let zp = SendPtr(z.as_mut_ptr());
-                let mut rows = rows.borrow_mut();
-                let rows = fitted(&mut rows, self.in_ch);
-                for (c, o) in rows.iter_mut().enumerate() {
-                    *o = c * t_in;
-                }
-                let b = BView {
-                    src: input,
-                    offs: rows,
-                    n: t_in,
-                    in_place: false,
-                };
-                let nq = t_in.div_ceil(NR);
-                let nt = pool.map_or(1, |p| p.n_threads());
-                let big = m * t_in * self.in_ch >= 200_000;
-                let zw = |pr: (usize, usize), buf: &mut [f32]| {
-                    let zp = &zp;
-                    // SAFETY: z holds m·t_in values; shares write disjoint rows.
-                    unsafe { gemm(level, pa, &b, zp.0, t_in, None, pr, (0, nq), buf) }
-                };
-                let out = SendPtr(output.as_mut_ptr());
-                let col2im = |o0: usize, o1: usize| {
-                    let (zp, out) = (&zp, &out);
-                    for oc in o0..o1 {
-                        // SAFETY: row oc of the output belongs to this share only; z is read-only now.
-                        let y =
-                            unsafe { std::slice::from_raw_parts_mut(out.0.add(oc * t_out), t_out) };
-                        y.fill(self.bias[oc]);
-                        for kk in 0..k {
-                            let zr = unsafe {
-                                std::slice::from_raw_parts(zp.0.add((oc * k + kk) * t_in), t_in)
-                            };
-                            for (t, v) in zr.iter().enumerate() {
-                                y[t * s + kk] += v;
-                            }
-                        }
-                    }
-                };
-                match pool {
-                    Some(p) if nt > 1 && big => {
-                        let pu = match level.gemm_wide {
-                            None => 1,
-                            Some(_) if nq >= 2 => 2,
-                            Some(_) => 4,
+        SCRATCH.with(|scratch| {
+            let ConvScratch { rows, z, .. } = &mut *scratch.borrow_mut();
+            let m = self.out_ch * k;
+            let zp = SendPtr(fitted(z, m * t_in).as_mut_ptr());
+            let rows = fitted(rows, self.in_ch);
+            for (c, o) in rows.iter_mut().enumerate() {
+                *o = c * t_in;
+            }
+            let b = BView {
+                src: input,
+                offs: rows,
+                n: t_in,
+                in_place: false,
+            };
+            let nq = t_in.div_ceil(NR);
+            let nt = pool.map_or(1, |p| p.n_threads());
+            let big = m * t_in * self.in_ch >= 200_000;
+            let zw = |pr: (usize, usize), buf: &mut [f32]| {
+                let zp = &zp;
+                // SAFETY: z holds m·t_in values; shares write disjoint rows.
+                unsafe { gemm(level, pa, &b, zp.0, t_in, None, pr, (0, nq), buf) }
+            };
+            let out = SendPtr(output.as_mut_ptr());
+            let col2im = |o0: usize, o1: usize| {
+                let (zp, out) = (&zp, &out);
+                for oc in o0..o1 {
+                    // SAFETY: row oc of the output belongs to this share only; z is read-only now.
+                    let y = unsafe { std::slice::from_raw_parts_mut(out.0.add(oc * t_out), t_out) };
+                    y.fill(self.bias[oc]);
+                    for kk in 0..k {
+                        let zr = unsafe {
+                            std::slice::from_raw_parts(zp.0.add((oc * k + kk) * t_in), t_in)
                         };
-                        if let (Some(wf), true) = (level.gemm_wide, t_in > SKINNY) {
-                            // SAFETY: z holds m·t_in values, written by row shares only.
-                            unsafe { rows_pregathered(wf, p, pa, &b, zp.0, t_in, None, pu) }
-                        } else {
-                            let chunks = pa.panels().div_ceil(pu).min(nt * CHUNKS_PER_THREAD);
-                            with_panels(pa.k, chunks, |panels| {
-                                p.run(chunks, &|c| {
-                                    // SAFETY: chunk c is run once, by one thread.
-                                    zw(share_units(pa.panels(), pu, chunks, c), unsafe {
-                                        panels.share(c)
-                                    })
-                                })
-                            });
+                        for (t, v) in zr.iter().enumerate() {
+                            y[t * s + kk] += v;
                         }
-                        p.run(nt, &|i| {
-                            let (a, b) = share(self.out_ch, nt, i);
-                            col2im(a, b)
-                        });
-                    }
-                    _ => {
-                        // SAFETY: one share, on this thread.
-                        with_panels(pa.k, 1, |panels| {
-                            zw((0, pa.panels()), unsafe { panels.share(0) })
-                        });
-                        col2im(0, self.out_ch);
                     }
                 }
-            })
+            };
+            match pool {
+                Some(p) if nt > 1 && big => {
+                    let pu = match level.gemm_wide {
+                        None => 1,
+                        Some(_) if nq >= 2 => 2,
+                        Some(_) => 4,
+                    };
+                    if let (Some(wf), true) = (level.gemm_wide, t_in > SKINNY) {
+                        // SAFETY: z holds m·t_in values, written by row shares only.
+                        unsafe { rows_pregathered(wf, p, pa, &b, zp.0, t_in, None, pu) }
+                    } else {
+                        let chunks = pa.panels().div_ceil(pu).min(nt * CHUNKS_PER_THREAD);
+                        with_panels(pa.k, chunks, |panels| {
+                            p.run(chunks, &|c| {
+                                // SAFETY: chunk c is run once, by one thread.
+                                zw(share_units(pa.panels(), pu, chunks, c), unsafe {
+                                    panels.share(c)
+                                })
+                            })
+                        });
+                    }
+                    p.run(nt, &|i| {
+                        let (a, b) = share(self.out_ch, nt, i);
+                        col2im(a, b)
+                    });
+                }
+                _ => {
+                    // SAFETY: one share, on this thread.
+                    with_panels(pa.k, 1, |panels| {
+                        zw((0, pa.panels()), unsafe { panels.share(0) })
+                    });
+                    col2im(0, self.out_ch);
+                }
+            }
         })
     }
 
