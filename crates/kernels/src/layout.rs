@@ -232,10 +232,10 @@ pub(crate) struct BView<'a> {
     pub(crate) n: usize,
     /// Kernels that can should read whole panels in place rather than gather them: set when
     /// consecutive rows overlap (the taps of a stride-1 convolution), so the rows of a panel
-    /// share cache lines. Measured on AVX-512 (one thread, Mimi's layers): in place is 6–15 %
-    /// faster for the k = 3 and k = 7 layers, gathering 3–20 % faster when the rows are far
-    /// apart (k = 1 layers, phases of a strided one), where a contiguous copy streams better
-    /// than rows spread over the input.
+    /// share cache lines. Measured on AVX-512 (one thread, Mimi's layers, `BENCHMARKS.md`): in
+    /// place is 6–15 % faster for the k = 3 and k = 7 layers, gathering 3–25 % faster when the
+    /// rows are far apart (k = 1 layers, phases of a strided one), where a contiguous copy
+    /// streams better than rows spread over the input.
     pub(crate) in_place: bool,
 }
 
