@@ -1,7 +1,7 @@
 //! Attention over a ring-buffer KV cache: one query per head ([`KvRing::attend`], the LM) or a
 //! causal chunk of queries ([`KvRing::attend_chunk`], Mimi's transformer).
 
-use crate::arch::{self, KernelSet, Kernels, Seg};
+use crate::arch::{self, HeadQuery, KernelSet, Kernels, Seg};
 use crate::{ops, KernelError};
 
 struct SendPtr(*mut f32);
@@ -362,8 +362,14 @@ impl KvRing {
                 v: vp.add((base + s * hd) * es),
                 n: c,
             };
-            let segs = [seg(runs[0]), seg(runs[1])];
-            (level.attend_head)(bf16, hd, q, &segs, inv, scores, out)
+            let head = HeadQuery {
+                bf16,
+                hd,
+                q,
+                segs: [seg(runs[0]), seg(runs[1])],
+                inv,
+            };
+            (level.attend_head)(&head, scores, out)
         };
         if done {
             return;

@@ -28,7 +28,7 @@ mod table;
 pub(crate) mod x86;
 
 pub(crate) use table::{
-    BRows, Features, Kernels, MatmulSpan, MicroFn, Seg, WideFn, PREFETCH, SKINNY,
+    BRows, Features, HeadQuery, Kernels, MatmulSpan, MicroFn, Seg, WideFn, PREFETCH, SKINNY,
 };
 
 /// A set of kernels for one instruction-set level; exactly one is active at a time

@@ -5,7 +5,7 @@
 
 use half::{bf16, f16};
 
-use super::table::{Kernels, MatmulSpan, Seg, SKINNY};
+use super::table::{HeadQuery, Kernels, MatmulSpan, SKINNY};
 use crate::layout::{Act, QKind, QPacked, MR, NR, QK, TILE};
 
 /// The portable table.
@@ -236,11 +236,7 @@ pub fn quantize_act_row(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32], q
 /// No SIMD attention here: the caller runs the reference loop of `attention.rs` (also what
 /// the x86 kernels answer for head sizes they do not take).
 pub(crate) unsafe fn attend_head(
-    _bf16: bool,
-    _hd: usize,
-    _q: &[f32],
-    _segs: &[Seg; 2],
-    _inv: f32,
+    _head: &HeadQuery<'_>,
     _scores: &mut [f32],
     _out: &mut [f32],
 ) -> bool {

@@ -63,12 +63,28 @@ pub(crate) struct Seg {
     pub(crate) n: usize,
 }
 
-/// Attention of one head `(bf16, hd, q, segs, 1/√hd, scores, out)` over at most two runs of
-/// the KV ring (`scores` holds their total length, `out` is `hd` long). Returns `false`,
-/// touching nothing, when this set has no kernel for `hd` (the caller then runs the portable
-/// reference).
-pub(crate) type HeadFn =
-    unsafe fn(bool, usize, &[f32], &[Seg; 2], f32, &mut [f32], &mut [f32]) -> bool;
+/// One head's query against its window of the KV ring: what an attention kernel reads, as one
+/// value instead of five positional arguments (a `bool` and a `usize` among them, which a call
+/// could swap unnoticed).
+#[derive(Clone, Copy)]
+pub(crate) struct HeadQuery<'a> {
+    /// Keys and values are bf16 bits (else f32).
+    pub(crate) bf16: bool,
+    /// Head size: the length of the query, of every key and value row and of the output.
+    pub(crate) hd: usize,
+    /// The query of this head.
+    pub(crate) q: &'a [f32],
+    /// The window, oldest entries first: at most two runs of the ring (the second empty
+    /// unless it wraps).
+    pub(crate) segs: [Seg; 2],
+    /// Scale of the scores, `1/√hd`.
+    pub(crate) inv: f32,
+}
+
+/// Attention of one head `(head, scores, out)` (`scores` holds the window's length, `out` is
+/// `hd` long). Returns `false`, touching nothing, when this set has no kernel for `hd` (the
+/// caller then runs the portable reference).
+pub(crate) type HeadFn = unsafe fn(&HeadQuery<'_>, &mut [f32], &mut [f32]) -> bool;
 
 /// A GEMM micro-kernel `(k, a, b, tile)` keeping an `MR × W` block of C: `k` steps of packed
 /// A (`MR` per step) against B (`W` per step).

@@ -13,7 +13,7 @@ use std::arch::asm;
 
 use super::ops::{axpy_any, dot_any};
 use super::rows::{bf16x4, softmax};
-use crate::arch::table::Seg;
+use crate::arch::table::{HeadQuery, Seg};
 
 /// Widest head the `bfmmla` path takes (its split query lives on the stack).
 const MAX_HD: usize = 256;
@@ -51,14 +51,17 @@ unsafe fn attend_with(
 /// # Safety
 /// As [`crate::arch::table::HeadFn`].
 pub(super) unsafe fn attend_head(
-    bf16: bool,
-    hd: usize,
-    q: &[f32],
-    segs: &[Seg; 2],
-    inv: f32,
+    head: &HeadQuery<'_>,
     scores: &mut [f32],
     out: &mut [f32],
 ) -> bool {
+    let &HeadQuery {
+        bf16,
+        hd,
+        q,
+        ref segs,
+        inv,
+    } = head;
     attend_with(bf16, hd, segs, scores, out, |scores| {
         let es = if bf16 { 2 } else { 4 };
         let mut i = 0;
@@ -101,16 +104,19 @@ unsafe fn bfmmla(acc: float32x4_t, a: uint16x8_t, b: uint16x8_t) -> float32x4_t 
 /// As [`crate::arch::table::HeadFn`]; the CPU has FEAT_BF16.
 #[target_feature(enable = "bf16")]
 pub(super) unsafe fn attend_head_bfmmla(
-    bf16: bool,
-    hd: usize,
-    q: &[f32],
-    segs: &[Seg; 2],
-    inv: f32,
+    head: &HeadQuery<'_>,
     scores: &mut [f32],
     out: &mut [f32],
 ) -> bool {
+    let &HeadQuery {
+        bf16,
+        hd,
+        q,
+        ref segs,
+        inv,
+    } = head;
     if !bf16 || !hd.is_multiple_of(8) || hd > MAX_HD {
-        return attend_head(bf16, hd, q, segs, inv, scores, out);
+        return attend_head(head, scores, out);
     }
     // Chunk c of 4 columns: [hi(q[4c..4c+4]), lo(q[4c..4c+4])] (q − hi is exact in f32).
     let mut qv = [vdupq_n_u16(0); MAX_HD / 4];

@@ -12,7 +12,7 @@
 #![allow(clippy::too_many_arguments, clippy::needless_range_loop)]
 
 use super::prefetch_lines;
-use crate::arch::table::Seg;
+use crate::arch::table::{HeadQuery, Seg};
 
 /// Largest head dimension the SIMD kernels take (registers / stack arrays).
 const MAX_HD: usize = 256;
@@ -191,16 +191,13 @@ macro_rules! head_kernel {
 
             $(#[$doc])*
             pub(in crate::arch::x86) unsafe fn attend_head(
-                bf16: bool,
-                hd: usize,
-                q: &[f32],
-                segs: &[Seg; 2],
-                inv: f32,
+                head: &HeadQuery<'_>,
                 scores: &mut [f32],
                 out: &mut [f32],
             ) -> bool {
+                let &HeadQuery { bf16, hd, q, ref segs, inv } = head;
                 if hd > MAX_HD || !hd.is_multiple_of(2 * $lanes) {
-                    return $fallback(bf16, hd, q, segs, inv, scores, out);
+                    return $fallback(head, scores, out);
                 }
                 if bf16 {
                     match hd / (2 * $lanes) {
