@@ -13,7 +13,7 @@ use std::arch::asm;
 
 use super::ops::{axpy_any, dot_any};
 use super::rows::{bf16x4, softmax};
-use crate::arch::table::{HeadQuery, Seg};
+use crate::arch::table::HeadQuery;
 
 /// Widest head the `bfmmla` path takes (its split query lives on the stack).
 const MAX_HD: usize = 256;
@@ -21,19 +21,18 @@ const MAX_HD: usize = 256;
 /// Scores, softmax and `out = Σ p·v` of one head; `score(k)` is `q·k` for the key at `k`.
 #[inline(always)]
 unsafe fn attend_with(
-    bf16: bool,
-    hd: usize,
-    segs: &[Seg; 2],
+    head: &HeadQuery<'_>,
     scores: &mut [f32],
     out: &mut [f32],
     fill_scores: impl FnOnce(&mut [f32]) -> usize,
 ) {
+    let &HeadQuery { bf16, hd, .. } = head;
     let n = fill_scores(scores);
     softmax(&mut scores[..n]);
     out.fill(0.0);
     let es = if bf16 { 2 } else { 4 };
     let mut i = 0;
-    for seg in segs {
+    for seg in &head.segs {
         for e in 0..seg.n {
             let v = seg.v.add(e * hd * es);
             if bf16 {
@@ -56,16 +55,12 @@ pub(super) unsafe fn attend_head(
     out: &mut [f32],
 ) -> bool {
     let &HeadQuery {
-        bf16,
-        hd,
-        q,
-        ref segs,
-        inv,
+        bf16, hd, q, inv, ..
     } = head;
-    attend_with(bf16, hd, segs, scores, out, |scores| {
+    attend_with(head, scores, out, |scores| {
         let es = if bf16 { 2 } else { 4 };
         let mut i = 0;
-        for seg in segs {
+        for seg in &head.segs {
             for e in 0..seg.n {
                 let k = seg.k.add(e * hd * es);
                 let s = if bf16 {
@@ -109,11 +104,7 @@ pub(super) unsafe fn attend_head_bfmmla(
     out: &mut [f32],
 ) -> bool {
     let &HeadQuery {
-        bf16,
-        hd,
-        q,
-        ref segs,
-        inv,
+        bf16, hd, q, inv, ..
     } = head;
     if !bf16 || !hd.is_multiple_of(8) || hd > MAX_HD {
         return attend_head(head, scores, out);
@@ -126,9 +117,9 @@ pub(super) unsafe fn attend_head_bfmmla(
         let rest = vsubq_f32(x, vreinterpretq_f32_u32(vshll_n_u16::<16>(hi)));
         *v = vcombine_u16(hi, bf16x4(vreinterpretq_u32_f32(rest)));
     }
-    attend_with(true, hd, segs, scores, out, |scores| {
+    attend_with(head, scores, out, |scores| {
         let mut i = 0;
-        for seg in segs {
+        for seg in &head.segs {
             let kp = seg.k as *const u16;
             let mut e = 0;
             while e < seg.n {
