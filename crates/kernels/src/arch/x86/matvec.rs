@@ -171,85 +171,12 @@ macro_rules! quant_kernels {
             #![allow(clippy::needless_range_loop, unused_unsafe)]
             use super::*;
 
-            /// One tile of 8 rows against `N` activation rows (`i0..i0+N`), q8 codes.
+            /// One tile of 8 rows against `N` activation rows (`i0..i0+N`): q4 codes (unsigned
+            /// 0..15) when `Q4`, else q8. Both walk the blocks, scales and accumulators the same
+            /// way; they differ in how a block's codes become i32 sums and in the offset term.
             #[inline]
             #[target_feature(enable = $feat)]
-            #[allow(clippy::too_many_arguments)]
-            unsafe fn q8_tile<const N: usize>(
-                q: &QPacked,
-                t: usize,
-                act: &Act<'_>,
-                cols: usize,
-                i0: usize,
-                out: &mut [[f32; 8]; N],
-            ) {
-                let nb = q.blocks;
-                let ones = _mm256_set1_epi16(1);
-                let mut acc = [_mm256_setzero_ps(); N];
-                let mut corr = [_mm256_setzero_ps(); N];
-                let affine = q.kind == QKind::Affine8;
-                let split = row_split(N);
-                let mut wp = q.codes.as_ptr().add(q.tile_block_base(t, 0));
-                // The first tile of a pair prefetches the pair's lines; the second finds them in cache.
-                let pf = if t % 2 == 0 {
-                    PREFETCH.load(std::sync::atomic::Ordering::Relaxed)
-                } else {
-                    0
-                };
-                let mut gc = GroupCounter::new(q.group_blocks);
-                for b in 0..nb {
-                    prefetch_lines(wp, pf, 8);
-                    let mut isum = [[_mm256_setzero_si256(); 4]; N];
-                    for j in 0..8 {
-                        let w = _mm256_loadu_si256(wp.add(64 * j) as *const __m256i);
-                        let aw = _mm256_sign_epi8(w, w);
-                        for i in 0..N {
-                            let xb = bcast4(act.q.as_ptr().add((i0 + i) * cols + b * QK + 4 * j));
-                            let a = &mut isum[i][j % split];
-                            if $vnni {
-                                *a = _mm256_dpbusd_avx_epi32(*a, aw, _mm256_sign_epi8(xb, w));
-                            } else {
-                                let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xb, w));
-                                *a = _mm256_add_epi32(*a, _mm256_madd_epi16(p, ones));
-                            }
-                        }
-                    }
-                    wp = wp.add(2 * TILE * QK);
-                    let g = gc.next();
-                    let sc = load_scales(q, &q.scales, t, g);
-                    for i in 0..N {
-                        let ab = (i0 + i) * nb + b;
-                        let mut is = isum[i][0];
-                        for k in 1..split {
-                            is = _mm256_add_epi32(is, isum[i][k]);
-                        }
-                        if affine {
-                            is = _mm256_add_epi32(
-                                is,
-                                _mm256_set1_epi32(128 * *act.qs.get_unchecked(ab)),
-                            );
-                        }
-                        let sd = _mm256_mul_ps(sc, _mm256_set1_ps(*act.d.get_unchecked(ab)));
-                        acc[i] = _mm256_fmadd_ps(sd, _mm256_cvtepi32_ps(is), acc[i]);
-                        if affine {
-                            let bias = load_scales(q, &q.biases, t, g);
-                            corr[i] = _mm256_fmadd_ps(
-                                bias,
-                                _mm256_set1_ps(*act.s.get_unchecked(ab)),
-                                corr[i],
-                            );
-                        }
-                    }
-                }
-                for i in 0..N {
-                    _mm256_storeu_ps(out[i].as_mut_ptr(), _mm256_add_ps(acc[i], corr[i]));
-                }
-            }
-
-            /// One tile of 8 rows against `N` activation rows, q4 codes (unsigned 0..15).
-            #[inline]
-            #[target_feature(enable = $feat)]
-            unsafe fn q4_tile<const N: usize>(
+            unsafe fn quant_tile<const N: usize, const Q4: bool>(
                 q: &QPacked,
                 t: usize,
                 act: &Act<'_>,
@@ -262,15 +189,17 @@ macro_rules! quant_kernels {
                 let m4 = _mm256_set1_epi8(15);
                 let mut acc = [_mm256_setzero_ps(); N];
                 let mut corr = [_mm256_setzero_ps(); N];
+                let affine = q.kind == QKind::Affine8;
                 let sym = q.kind == QKind::Q4Sym;
                 let minus8 = _mm256_set1_ps(-8.0);
                 let split = row_split(N);
                 // With VNNI and separate low/high accumulators (split >= 2: odd indices hold the
-                // high nibbles), high nibbles enter unshifted as 16·q (one `vpand`); their i32
-                // sums are multiples of 16 (|sum| < 2^19) and are shifted back exactly.
-                let hi_raw = $vnni && split >= 2;
+                // high nibbles), q4 high nibbles enter unshifted as 16·q (one `vpand`); their
+                // i32 sums are multiples of 16 (|sum| < 2^19) and are shifted back exactly.
+                let hi_raw = Q4 && $vnni && split >= 2;
                 let mhi = _mm256_set1_epi8(-16);
                 let mut wp = q.codes.as_ptr().add(q.tile_block_base(t, 0));
+                // The first tile of a pair prefetches the pair's lines; the second finds them in cache.
                 let pf = if t % 2 == 0 {
                     PREFETCH.load(std::sync::atomic::Ordering::Relaxed)
                 } else {
@@ -278,74 +207,123 @@ macro_rules! quant_kernels {
                 };
                 let mut gc = GroupCounter::new(q.group_blocks);
                 for b in 0..nb {
-                    prefetch_lines(wp, pf, 4);
-                    // Each i16 lane sums at most 8 products of at most 15·127·2: no saturation.
-                    let mut s16 = [[_mm256_setzero_si256(); 4]; N];
-                    for k in 0..4 {
-                        let p = _mm256_loadu_si256(wp.add(64 * k) as *const __m256i);
-                        let lo = _mm256_and_si256(p, m4);
-                        let hi = if hi_raw {
-                            _mm256_and_si256(p, mhi)
-                        } else {
-                            _mm256_and_si256(_mm256_srli_epi16::<4>(p), m4)
-                        };
-                        for i in 0..N {
-                            let xq = act.q.as_ptr().add((i0 + i) * cols + b * QK + 4 * k);
-                            let xl = bcast4(xq);
-                            let xh = bcast4(xq.add(16));
-                            let (ia, ib) = ((2 * k) % split, (2 * k + 1) % split);
-                            if $vnni {
-                                // i32 lanes: u8 × i8 products accumulated without saturation.
-                                s16[i][ia] = _mm256_dpbusd_avx_epi32(s16[i][ia], lo, xl);
-                                s16[i][ib] = _mm256_dpbusd_avx_epi32(s16[i][ib], hi, xh);
+                    // A block of a tile: 8 rows of 32 bytes (q8) or 16 bytes (q4).
+                    prefetch_lines(wp, pf, if Q4 { 4 } else { 8 });
+                    // Integer sums per activation row in `split` partial accumulators: i32
+                    // lanes, except q4 without VNNI (i16 lanes; each sums at most 8 products
+                    // of at most 15·127·2: no saturation), low nibbles in even accumulators
+                    // and high nibbles in odd ones.
+                    let mut sums = [[_mm256_setzero_si256(); 4]; N];
+                    if Q4 {
+                        for k in 0..4 {
+                            let p = _mm256_loadu_si256(wp.add(64 * k) as *const __m256i);
+                            let lo = _mm256_and_si256(p, m4);
+                            let hi = if hi_raw {
+                                _mm256_and_si256(p, mhi)
                             } else {
-                                s16[i][ia] =
-                                    _mm256_add_epi16(s16[i][ia], _mm256_maddubs_epi16(lo, xl));
-                                s16[i][ib] =
-                                    _mm256_add_epi16(s16[i][ib], _mm256_maddubs_epi16(hi, xh));
+                                _mm256_and_si256(_mm256_srli_epi16::<4>(p), m4)
+                            };
+                            for i in 0..N {
+                                let xq = act.q.as_ptr().add((i0 + i) * cols + b * QK + 4 * k);
+                                let xl = bcast4(xq);
+                                let xh = bcast4(xq.add(16));
+                                let (ia, ib) = ((2 * k) % split, (2 * k + 1) % split);
+                                let s = &mut sums[i];
+                                if $vnni {
+                                    // u8 × i8 products accumulated without saturation.
+                                    s[ia] = _mm256_dpbusd_avx_epi32(s[ia], lo, xl);
+                                    s[ib] = _mm256_dpbusd_avx_epi32(s[ib], hi, xh);
+                                } else {
+                                    s[ia] = _mm256_add_epi16(s[ia], _mm256_maddubs_epi16(lo, xl));
+                                    s[ib] = _mm256_add_epi16(s[ib], _mm256_maddubs_epi16(hi, xh));
+                                }
                             }
                         }
+                        wp = wp.add(TILE * QK);
+                    } else {
+                        for j in 0..8 {
+                            let w = _mm256_loadu_si256(wp.add(64 * j) as *const __m256i);
+                            let aw = _mm256_sign_epi8(w, w);
+                            for i in 0..N {
+                                let xb =
+                                    bcast4(act.q.as_ptr().add((i0 + i) * cols + b * QK + 4 * j));
+                                let a = &mut sums[i][j % split];
+                                if $vnni {
+                                    *a = _mm256_dpbusd_avx_epi32(*a, aw, _mm256_sign_epi8(xb, w));
+                                } else {
+                                    let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xb, w));
+                                    *a = _mm256_add_epi32(*a, _mm256_madd_epi16(p, ones));
+                                }
+                            }
+                        }
+                        wp = wp.add(2 * TILE * QK);
                     }
-                    wp = wp.add(TILE * QK);
                     let g = gc.next();
                     let sc = load_scales(q, &q.scales, t, g);
-                    let bias = if sym {
+                    // The offset of q4 codes: −8·scale when symmetric (stored as code + 8), else
+                    // the stored biases.
+                    let bias4 = if !Q4 {
+                        _mm256_setzero_ps()
+                    } else if sym {
                         _mm256_mul_ps(sc, minus8)
                     } else {
                         load_scales(q, &q.biases, t, g)
                     };
                     for i in 0..N {
                         let ab = (i0 + i) * nb + b;
-                        if hi_raw {
-                            let (mut l, mut h) = (s16[i][0], s16[i][1]);
-                            if split == 4 {
-                                l = _mm256_add_epi32(l, s16[i][2]);
-                                h = _mm256_add_epi32(h, s16[i][3]);
+                        let s = &mut sums[i];
+                        let mut is;
+                        if Q4 {
+                            if hi_raw {
+                                let (mut l, mut h) = (s[0], s[1]);
+                                if split == 4 {
+                                    l = _mm256_add_epi32(l, s[2]);
+                                    h = _mm256_add_epi32(h, s[3]);
+                                }
+                                s[0] = _mm256_add_epi32(l, _mm256_srai_epi32::<4>(h));
                             }
-                            s16[i][0] = _mm256_add_epi32(l, _mm256_srai_epi32::<4>(h));
-                        }
-                        let mut is = if $vnni {
-                            s16[i][0]
+                            is = if $vnni {
+                                s[0]
+                            } else {
+                                _mm256_madd_epi16(s[0], ones)
+                            };
+                            for k in 1..if hi_raw { 1 } else { split } {
+                                is = _mm256_add_epi32(
+                                    is,
+                                    if $vnni {
+                                        s[k]
+                                    } else {
+                                        _mm256_madd_epi16(s[k], ones)
+                                    },
+                                );
+                            }
                         } else {
-                            _mm256_madd_epi16(s16[i][0], ones)
-                        };
-                        for k in 1..if hi_raw { 1 } else { split } {
-                            is = _mm256_add_epi32(
-                                is,
-                                if $vnni {
-                                    s16[i][k]
-                                } else {
-                                    _mm256_madd_epi16(s16[i][k], ones)
-                                },
-                            );
+                            is = s[0];
+                            for k in 1..split {
+                                is = _mm256_add_epi32(is, s[k]);
+                            }
+                            // Affine q8 codes are stored as `code − 128`: add back 128·Σx.
+                            if affine {
+                                is = _mm256_add_epi32(
+                                    is,
+                                    _mm256_set1_epi32(128 * *act.qs.get_unchecked(ab)),
+                                );
+                            }
                         }
                         let sd = _mm256_mul_ps(sc, _mm256_set1_ps(*act.d.get_unchecked(ab)));
                         acc[i] = _mm256_fmadd_ps(sd, _mm256_cvtepi32_ps(is), acc[i]);
-                        corr[i] = _mm256_fmadd_ps(
-                            bias,
-                            _mm256_set1_ps(*act.s.get_unchecked(ab)),
-                            corr[i],
-                        );
+                        if Q4 || affine {
+                            let bias = if Q4 {
+                                bias4
+                            } else {
+                                load_scales(q, &q.biases, t, g)
+                            };
+                            corr[i] = _mm256_fmadd_ps(
+                                bias,
+                                _mm256_set1_ps(*act.s.get_unchecked(ab)),
+                                corr[i],
+                            );
+                        }
                     }
                 }
                 for i in 0..N {
@@ -367,9 +345,9 @@ macro_rules! quant_kernels {
                 let (rows, cols) = (span.rows, span.cols);
                 let mut out = [[0f32; 8]; N];
                 if q.kind.is_q4() {
-                    q4_tile::<N>(q, t, act, cols, i0, &mut out);
+                    quant_tile::<N, true>(q, t, act, cols, i0, &mut out);
                 } else {
-                    q8_tile::<N>(q, t, act, cols, i0, &mut out);
+                    quant_tile::<N, false>(q, t, act, cols, i0, &mut out);
                 }
                 let valid = (rows - t * TILE).min(TILE);
                 for (i, o) in out.iter().enumerate() {
