@@ -419,12 +419,13 @@ pub(super) mod avx512q {
         _mm512_set1_epi32((p as *const i32).read_unaligned())
     }
 
-    /// Pair `p` (16 rows) against activation rows `i0..i0+N`, q8 codes (signed). The
-    /// activations enter `vpdpbusd` as unsigned bytes `x + 128` (`act.qu`), corrected by
-    /// `128·Σw` (one extra `vpdpbusd` per weight vector, shared by the N rows).
+    /// Pair `p` (16 rows) against activation rows `i0..i0+N`: q4 codes (unsigned 0..15) when
+    /// `Q4`, else q8 codes (signed). q8 activations enter `vpdpbusd` as unsigned bytes
+    /// `x + 128` (`act.qu`), corrected by `128·Σw` (one extra `vpdpbusd` per weight vector,
+    /// shared by the N rows). Both walk the blocks, scales and accumulators the same way.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn q8_pair<const N: usize>(
+    unsafe fn quant_pair<const N: usize, const Q4: bool>(
         q: &QPacked,
         p: usize,
         act: &Act<'_>,
@@ -434,124 +435,116 @@ pub(super) mod avx512q {
     ) {
         let nb = q.blocks;
         let ones = _mm512_set1_epi8(1);
-        let mut acc = [_mm512_setzero_ps(); N];
-        let mut corr = [_mm512_setzero_ps(); N];
-        let affine = q.kind == QKind::Affine8;
-        let split = row_split(N);
-        let mut wp = q.codes.as_ptr().add(p * nb * 2 * TILE * QK);
-        let xu = act.qu.as_ptr();
-        let pf = PREFETCH.load(std::sync::atomic::Ordering::Relaxed);
-        let mut gc = GroupCounter::new(q.group_blocks);
-        for b in 0..nb {
-            prefetch_lines(wp, pf, 8);
-            let mut isum = [[_mm512_setzero_si512(); 4]; N];
-            let mut ws0 = _mm512_setzero_si512();
-            let mut ws1 = _mm512_setzero_si512();
-            for j in 0..8 {
-                let w = _mm512_loadu_si512(wp.add(64 * j) as *const _);
-                if j % 2 == 0 {
-                    ws0 = _mm512_dpbusd_epi32(ws0, ones, w);
-                } else {
-                    ws1 = _mm512_dpbusd_epi32(ws1, ones, w);
-                }
-                for i in 0..N {
-                    let xb = bc(xu.add((i0 + i) * cols + b * QK + 4 * j));
-                    let a = &mut isum[i][j % split];
-                    *a = _mm512_dpbusd_epi32(*a, xb, w);
-                }
-            }
-            wp = wp.add(2 * TILE * QK);
-            let g = gc.next();
-            let sc = scales16(q, &q.scales, p, g);
-            let wsum128 = _mm512_slli_epi32::<7>(_mm512_add_epi32(ws0, ws1));
-            for i in 0..N {
-                let ab = (i0 + i) * nb + b;
-                let mut is = isum[i][0];
-                for k in 1..split {
-                    is = _mm512_add_epi32(is, isum[i][k]);
-                }
-                is = _mm512_sub_epi32(is, wsum128);
-                if affine {
-                    is = _mm512_add_epi32(is, _mm512_set1_epi32(128 * *act.qs.get_unchecked(ab)));
-                }
-                let sd = _mm512_mul_ps(sc, _mm512_set1_ps(*act.d.get_unchecked(ab)));
-                acc[i] = _mm512_fmadd_ps(sd, _mm512_cvtepi32_ps(is), acc[i]);
-                if affine {
-                    let bias = scales16(q, &q.biases, p, g);
-                    corr[i] =
-                        _mm512_fmadd_ps(bias, _mm512_set1_ps(*act.s.get_unchecked(ab)), corr[i]);
-                }
-            }
-        }
-        for i in 0..N {
-            _mm512_storeu_ps(out[i].as_mut_ptr(), _mm512_add_ps(acc[i], corr[i]));
-        }
-    }
-
-    /// Pair `p` against activation rows `i0..i0+N`, q4 codes (unsigned 0..15).
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn q4_pair<const N: usize>(
-        q: &QPacked,
-        p: usize,
-        act: &Act<'_>,
-        cols: usize,
-        i0: usize,
-        out: &mut [[f32; 16]; N],
-    ) {
-        let nb = q.blocks;
         let m4 = _mm512_set1_epi8(15);
         let mut acc = [_mm512_setzero_ps(); N];
         let mut corr = [_mm512_setzero_ps(); N];
+        let affine = q.kind == QKind::Affine8;
         let sym = q.kind == QKind::Q4Sym;
         let minus8 = _mm512_set1_ps(-8.0);
         let mhi = _mm512_set1_epi8(-16); // 0xF0
-                                         // Accumulators per row: [low nibbles a, b][high nibbles a, b] (2 chains each for
-                                         // one or two rows). High nibbles enter unshifted (16·q, one `vpand`), their i32 sum
-                                         // is a multiple of 16 and is shifted back exactly (|sum| < 2^19: no overflow).
-        let split = if N <= 2 { 2 } else { 1 };
-        let mut wp = q.codes.as_ptr().add(p * nb * TILE * QK);
+                                         // q4 accumulators per row: [low nibbles a, b][high nibbles a, b] (2 chains each for one
+                                         // or two rows). High nibbles enter unshifted (16·q, one `vpand`), their i32 sum is a
+                                         // multiple of 16 and is shifted back exactly (|sum| < 2^19: no overflow).
+        let split = if !Q4 {
+            row_split(N)
+        } else if N <= 2 {
+            2
+        } else {
+            1
+        };
+        // A block of the pair: 16 rows of 32 bytes (q8) or 16 bytes (q4).
+        let block = if Q4 { TILE * QK } else { 2 * TILE * QK };
+        let mut wp = q.codes.as_ptr().add(p * nb * block);
+        let xu = act.qu.as_ptr();
         let xq = act.q.as_ptr() as *const u8;
         let pf = PREFETCH.load(std::sync::atomic::Ordering::Relaxed);
         let mut gc = GroupCounter::new(q.group_blocks);
         for b in 0..nb {
-            prefetch_lines(wp, pf, 4);
-            let mut lo_s = [[_mm512_setzero_si512(); 2]; N];
-            let mut hi_s = [[_mm512_setzero_si512(); 2]; N];
-            for k in 0..4 {
-                let w = _mm512_loadu_si512(wp.add(64 * k) as *const _);
-                let lo = _mm512_and_si512(w, m4);
-                let hi = _mm512_and_si512(w, mhi);
+            prefetch_lines(wp, pf, if Q4 { 4 } else { 8 });
+            // i32 sums per activation row in `split` partial accumulators (q4: already
+            // combined into the first).
+            let mut isum = [[_mm512_setzero_si512(); 4]; N];
+            // q8: Σw per row, in two chains.
+            let mut ws0 = _mm512_setzero_si512();
+            let mut ws1 = _mm512_setzero_si512();
+            if Q4 {
+                let mut lo_s = [[_mm512_setzero_si512(); 2]; N];
+                let mut hi_s = [[_mm512_setzero_si512(); 2]; N];
+                for k in 0..4 {
+                    let w = _mm512_loadu_si512(wp.add(64 * k) as *const _);
+                    let lo = _mm512_and_si512(w, m4);
+                    let hi = _mm512_and_si512(w, mhi);
+                    for i in 0..N {
+                        let xp = xq.add((i0 + i) * cols + b * QK + 4 * k);
+                        let a = k % split;
+                        lo_s[i][a] = _mm512_dpbusd_epi32(lo_s[i][a], lo, bc(xp));
+                        hi_s[i][a] = _mm512_dpbusd_epi32(hi_s[i][a], hi, bc(xp.add(16)));
+                    }
+                }
                 for i in 0..N {
-                    let xp = xq.add((i0 + i) * cols + b * QK + 4 * k);
-                    let a = k % split;
-                    lo_s[i][a] = _mm512_dpbusd_epi32(lo_s[i][a], lo, bc(xp));
-                    hi_s[i][a] = _mm512_dpbusd_epi32(hi_s[i][a], hi, bc(xp.add(16)));
+                    let mut l = lo_s[i][0];
+                    let mut h = hi_s[i][0];
+                    if split == 2 {
+                        l = _mm512_add_epi32(l, lo_s[i][1]);
+                        h = _mm512_add_epi32(h, hi_s[i][1]);
+                    }
+                    isum[i][0] = _mm512_add_epi32(l, _mm512_srai_epi32::<4>(h));
+                }
+            } else {
+                for j in 0..8 {
+                    let w = _mm512_loadu_si512(wp.add(64 * j) as *const _);
+                    if j % 2 == 0 {
+                        ws0 = _mm512_dpbusd_epi32(ws0, ones, w);
+                    } else {
+                        ws1 = _mm512_dpbusd_epi32(ws1, ones, w);
+                    }
+                    for i in 0..N {
+                        let xb = bc(xu.add((i0 + i) * cols + b * QK + 4 * j));
+                        let a = &mut isum[i][j % split];
+                        *a = _mm512_dpbusd_epi32(*a, xb, w);
+                    }
                 }
             }
-            let mut isum = [_mm512_setzero_si512(); N];
-            for i in 0..N {
-                let mut l = lo_s[i][0];
-                let mut h = hi_s[i][0];
-                if split == 2 {
-                    l = _mm512_add_epi32(l, lo_s[i][1]);
-                    h = _mm512_add_epi32(h, hi_s[i][1]);
-                }
-                isum[i] = _mm512_add_epi32(l, _mm512_srai_epi32::<4>(h));
-            }
-            wp = wp.add(TILE * QK);
+            wp = wp.add(block);
             let g = gc.next();
             let sc = scales16(q, &q.scales, p, g);
-            let bias = if sym {
+            let wsum128 = _mm512_slli_epi32::<7>(_mm512_add_epi32(ws0, ws1));
+            // The offset of q4 codes: −8·scale when symmetric (stored as code + 8), else the
+            // stored biases.
+            let bias4 = if !Q4 {
+                _mm512_setzero_ps()
+            } else if sym {
                 _mm512_mul_ps(sc, minus8)
             } else {
                 scales16(q, &q.biases, p, g)
             };
             for i in 0..N {
                 let ab = (i0 + i) * nb + b;
+                let mut is = isum[i][0];
+                if !Q4 {
+                    for k in 1..split {
+                        is = _mm512_add_epi32(is, isum[i][k]);
+                    }
+                    is = _mm512_sub_epi32(is, wsum128);
+                    // Affine q8 codes are stored as `code − 128`: add back 128·Σx.
+                    if affine {
+                        is = _mm512_add_epi32(
+                            is,
+                            _mm512_set1_epi32(128 * *act.qs.get_unchecked(ab)),
+                        );
+                    }
+                }
                 let sd = _mm512_mul_ps(sc, _mm512_set1_ps(*act.d.get_unchecked(ab)));
-                acc[i] = _mm512_fmadd_ps(sd, _mm512_cvtepi32_ps(isum[i]), acc[i]);
-                corr[i] = _mm512_fmadd_ps(bias, _mm512_set1_ps(*act.s.get_unchecked(ab)), corr[i]);
+                acc[i] = _mm512_fmadd_ps(sd, _mm512_cvtepi32_ps(is), acc[i]);
+                if Q4 || affine {
+                    let bias = if Q4 {
+                        bias4
+                    } else {
+                        scales16(q, &q.biases, p, g)
+                    };
+                    corr[i] =
+                        _mm512_fmadd_ps(bias, _mm512_set1_ps(*act.s.get_unchecked(ab)), corr[i]);
+                }
             }
         }
         for i in 0..N {
@@ -573,9 +566,9 @@ pub(super) mod avx512q {
         let (rows, cols) = (span.rows, span.cols);
         let mut out = [[0f32; 16]; N];
         if q.kind.is_q4() {
-            q4_pair::<N>(q, p, act, cols, i0, &mut out);
+            quant_pair::<N, true>(q, p, act, cols, i0, &mut out);
         } else {
-            q8_pair::<N>(q, p, act, cols, i0, &mut out);
+            quant_pair::<N, false>(q, p, act, cols, i0, &mut out);
         }
         let r = p * 2 * TILE;
         let valid = (rows - r).min(2 * TILE);
