@@ -623,28 +623,22 @@ fn step_rows<B: LmBackend + ?Sized, O: LmObserver>(
     Ok(())
 }
 
-/// The CPU generator of one session (batch 1) for callers that hold the model and the pool
-/// themselves (tests, tracing, benchmarks): the same [`Core::step`] as [`Generator`].
+/// The CPU generator of one session for callers that hold the model and the pool themselves
+/// (tests, tracing, benchmarks): an [`LmBatchGen`] of one session, with the single-session calls.
 #[derive(Debug)]
-pub struct LmGen {
-    state: LmState,
-    core: Core,
-}
+pub struct LmGen(LmBatchGen);
 
 impl LmGen {
     /// A fresh generator for `model` with temporal KV caches stored as `kv_dtype`.
     pub fn new(model: &LmModel, kv_dtype: KvDtype) -> Result<Self, LmError> {
-        Ok(LmGen {
-            core: Core::new(model.spec(), 1)?,
-            state: model.new_state(kv_dtype)?,
-        })
+        LmBatchGen::new(model, 1, kv_dtype).map(LmGen)
     }
 
     /// Back to the fresh state: offset 0, cache filled with −2, empty KV caches. Allocates nothing.
     /// (The sampler is separate: call [`Sampler::reset`] too for a reproducible restart.)
     pub fn reset(&mut self) {
-        self.core.reset_row(0);
-        self.state.reset();
+        self.0.core.reset_row(0);
+        self.0.state.reset();
     }
 
     /// Benchmark helper: jump to call `offset` with KV caches holding `min(offset, context)` zero
@@ -652,18 +646,17 @@ impl LmGen {
     #[cfg(feature = "bench")]
     pub fn seek_for_bench(&mut self, offset: usize) {
         self.reset();
-        self.core.seek(offset);
-        self.state.seek_for_bench(offset);
+        self.0.seek_for_bench(offset);
     }
 
     /// Number of calls since creation or reset.
     pub fn offset(&self) -> usize {
-        self.core.tcs[0].offset
+        self.0.offset(0)
     }
 
     /// The model state (last logits, transformer output, position).
     pub fn state(&self) -> &LmState {
-        &self.state
+        self.0.state()
     }
 
     /// One call with the user's Mimi codes (at least `n_q - dep_q` = 8; extra ones are ignored as
@@ -708,9 +701,10 @@ impl LmGen {
         opts: &StepOptions<'_>,
         obs: &mut O,
     ) -> Result<Option<LmFrame>, LmError> {
-        let user_codes = user_codes.of_one_session(&self.core.spec)?;
-        let mut backend = CpuLm::borrowed(&self.core.spec, model, &mut self.state, pool)?;
-        self.core.step(
+        let LmBatchGen { state, core } = &mut self.0;
+        let user_codes = user_codes.of_one_session(&core.spec)?;
+        let mut backend = CpuLm::borrowed(&core.spec, model, state, pool)?;
+        core.step(
             &mut backend,
             &[0],
             user_codes,
@@ -718,7 +712,7 @@ impl LmGen {
             &|_| *opts,
             obs,
         )?;
-        self.core.take_result(0)
+        core.take_result(0)
     }
 }
 

@@ -71,25 +71,51 @@ pub struct LmState {
     /// `0..n` (the row map of a whole-batch step).
     all_rows: Vec<usize>,
     dep_next: usize,
-    x: Vec<f32>,
-    h: Vec<f32>,
-    qkv: Vec<f32>,
-    attn: Vec<f32>,
-    tmp: Vec<f32>,
-    g: Vec<f32>,
-    u: Vec<f32>,
-    row: Vec<f32>,
+    /// Work buffers of the temporal transformer (width `dim`).
+    temporal: Scratch,
     tout: Vec<f32>,
     text_logits: Vec<f32>,
-    dx: Vec<f32>,
-    dh: Vec<f32>,
-    dqkv: Vec<f32>,
-    dattn: Vec<f32>,
-    dtmp: Vec<f32>,
-    dg: Vec<f32>,
-    du: Vec<f32>,
-    drow: Vec<f32>,
+    /// Work buffers of the Depformer (width `dep_dim`).
+    dep: Scratch,
     dep_logits: Vec<f32>,
+}
+
+/// The work buffers of one transformer's layers for `n` rows of width `d` (row-major `[n, ...]`):
+/// the temporal transformer and the Depformer run the same layer ([`layer_step`]) at different
+/// widths.
+#[derive(Debug)]
+struct Scratch {
+    /// Residual stream `[n, d]`.
+    x: Vec<f32>,
+    /// Normalised input of a block `[n, d]`.
+    h: Vec<f32>,
+    /// Q, K, V `[n, 3·d]`.
+    qkv: Vec<f32>,
+    /// Attention output `[n, d]`.
+    attn: Vec<f32>,
+    /// A block's output before the residual add `[n, d]`.
+    tmp: Vec<f32>,
+    /// Gated FFN input `[n, 2·hidden]`.
+    g: Vec<f32>,
+    /// Gated FFN activation `[n, hidden]`.
+    u: Vec<f32>,
+    /// One embedding row `[d]`.
+    row: Vec<f32>,
+}
+
+impl Scratch {
+    fn new(n: usize, d: usize, hidden: usize) -> Scratch {
+        Scratch {
+            x: vec![0.0; n * d],
+            h: vec![0.0; n * d],
+            qkv: vec![0.0; n * 3 * d],
+            attn: vec![0.0; n * d],
+            tmp: vec![0.0; n * d],
+            g: vec![0.0; n * 2 * hidden],
+            u: vec![0.0; n * hidden],
+            row: vec![0.0; d],
+        }
+    }
 }
 
 impl LmState {
@@ -183,6 +209,46 @@ fn add_embedding(
     table.row_f32(id, row);
     ops::add(acc, row);
     Ok(())
+}
+
+/// One pre-norm transformer layer over the first `n` rows of `t` (width `d`, FFN width `hidden`,
+/// RMS-norm epsilon `eps`), in place on `t.x`: the attention block, then the gated SiLU FFN, each
+/// added to the residual. `attend(b, qkv, out)` is the part the two transformers do differently
+/// (positions, caches, context): it gets row `b`'s fused `[3·d]` Q, K, V and writes its `[d]`
+/// attention output.
+fn layer_step(
+    t: &mut Scratch,
+    w: LayerWeights<'_>,
+    (d, hidden, eps): (usize, usize, f32),
+    n: usize,
+    pool: &Pool,
+    mut attend: impl FnMut(usize, &mut [f32], &mut [f32]),
+) {
+    rms_norm_rows(&t.x, w.norm1, eps, d, n, &mut t.h);
+    pool.matmul(w.in_proj, &t.h, n, &mut t.qkv);
+    for (b, (qkv, out)) in t
+        .qkv
+        .chunks_exact_mut(3 * d)
+        .zip(t.attn.chunks_exact_mut(d))
+        .take(n)
+        .enumerate()
+    {
+        attend(b, qkv, out);
+    }
+    pool.matmul(w.out_proj, &t.attn, n, &mut t.tmp);
+    ops::add(&mut t.x[..n * d], &t.tmp[..n * d]);
+
+    rms_norm_rows(&t.x, w.norm2, eps, d, n, &mut t.h);
+    pool.matmul(w.lin_in, &t.h, n, &mut t.g);
+    for (g, u) in
+        t.g.chunks_exact(2 * hidden)
+            .zip(t.u.chunks_exact_mut(hidden))
+            .take(n)
+    {
+        ops::silu_gate(g, u);
+    }
+    pool.matmul(w.lin_out, &t.u, n, &mut t.tmp);
+    ops::add(&mut t.x[..n * d], &t.tmp[..n * d]);
 }
 
 /// RMS norm of the first `n` rows (`d` values each) of `x` into `out`.
@@ -378,7 +444,6 @@ impl LmModel {
         let dep_kv = (0..n * s.dep_layers)
             .map(|_| KvRing::new(s.dep_q, s.dep_heads, s.dep_head_dim, KvDtype::F32))
             .collect::<Result<Vec<_>, _>>()?;
-        let (d, dd) = (s.dim, s.dep_dim);
         Ok(LmState {
             n,
             kv,
@@ -386,24 +451,10 @@ impl LmModel {
             pos: vec![0; n],
             all_rows: (0..n).collect(),
             dep_next: 0,
-            x: vec![0.0; n * d],
-            h: vec![0.0; n * d],
-            qkv: vec![0.0; n * 3 * d],
-            attn: vec![0.0; n * d],
-            tmp: vec![0.0; n * d],
-            g: vec![0.0; n * 2 * s.hidden],
-            u: vec![0.0; n * s.hidden],
-            row: vec![0.0; d],
-            tout: vec![0.0; n * d],
+            temporal: Scratch::new(n, s.dim, s.hidden),
+            tout: vec![0.0; n * s.dim],
             text_logits: vec![0.0; n * s.text_card],
-            dx: vec![0.0; n * dd],
-            dh: vec![0.0; n * dd],
-            dqkv: vec![0.0; n * 3 * dd],
-            dattn: vec![0.0; n * dd],
-            dtmp: vec![0.0; n * dd],
-            dg: vec![0.0; n * 2 * s.dep_hidden],
-            du: vec![0.0; n * s.dep_hidden],
-            drow: vec![0.0; dd],
+            dep: Scratch::new(n, s.dep_dim, s.dep_hidden),
             dep_logits: vec![0.0; n * s.card],
         })
     }
@@ -442,55 +493,36 @@ impl LmModel {
         s.check_input_tokens(n, tokens)?;
         let d = s.dim;
         // Embedding sum in Python order: audio tables 0..n_q, then text.
-        st.x[..n * d].fill(0.0);
+        let t = &mut st.temporal;
+        t.x[..n * d].fill(0.0);
         for (b, col) in tokens.chunks_exact(k_streams).enumerate() {
-            let x = &mut st.x[b * d..(b + 1) * d];
+            let x = &mut t.x[b * d..(b + 1) * d];
             for (i, table) in self.emb.iter().enumerate() {
-                add_embedding(table, col[1 + i], 1 + i, x, &mut st.row)?;
+                add_embedding(table, col[1 + i], 1 + i, x, &mut t.row)?;
             }
-            add_embedding(&self.text_emb, col[0], 0, x, &mut st.row)?;
+            add_embedding(&self.text_emb, col[0], 0, x, &mut t.row)?;
         }
 
         let nl = s.num_layers;
-        for (l, layer) in self.layers.iter().enumerate() {
-            rms_norm_rows(&st.x, &layer.norm1, s.eps, d, n, &mut st.h);
-            pool.matmul(&layer.in_proj, &st.h, n, &mut st.qkv);
-            for (b, &row) in rows.iter().enumerate() {
-                let qkv = &mut st.qkv[b * 3 * d..(b + 1) * 3 * d];
+        for l in 0..nl {
+            let (kv, pos) = (&mut st.kv, &st.pos);
+            let dims = (d, s.hidden, s.eps);
+            layer_step(t, self.temporal_layer(l), dims, n, pool, |b, qkv, out| {
+                let row = rows[b];
                 // q and k are adjacent: one call rotates both with one set of angles.
                 let heads = 2 * s.num_heads;
-                ops::rope_interleaved(
-                    &mut qkv[..2 * d],
-                    heads,
-                    s.head_dim,
-                    st.pos[row],
-                    s.max_period,
-                );
+                ops::rope_interleaved(&mut qkv[..2 * d], heads, s.head_dim, pos[row], s.max_period);
                 let (q, kvp) = qkv.split_at_mut(d);
                 let (k, v) = kvp.split_at_mut(d);
-                let ring = &mut st.kv[row * nl + l];
+                let ring = &mut kv[row * nl + l];
                 ring.push(k, v);
                 // Heads split over the pool (bit-identical to `attend`; single-threaded below 16
                 // entries). Its per-thread score scratch grows once, at the first call with >= 16
                 // entries for a given thread count.
-                ring.attend_pool(q, &mut st.attn[b * d..(b + 1) * d], s.context, pool);
-            }
-            pool.matmul(&layer.out_proj, &st.attn, n, &mut st.tmp);
-            ops::add(&mut st.x[..n * d], &st.tmp[..n * d]);
-
-            rms_norm_rows(&st.x, &layer.norm2, s.eps, d, n, &mut st.h);
-            pool.matmul(&layer.lin_in, &st.h, n, &mut st.g);
-            for (g, u) in
-                st.g.chunks_exact(2 * s.hidden)
-                    .zip(st.u.chunks_exact_mut(s.hidden))
-                    .take(n)
-            {
-                ops::silu_gate(g, u);
-            }
-            pool.matmul(&layer.lin_out, &st.u, n, &mut st.tmp);
-            ops::add(&mut st.x[..n * d], &st.tmp[..n * d]);
+                ring.attend_pool(q, out, s.context, pool);
+            });
         }
-        rms_norm_rows(&st.x, &self.out_norm, s.eps, d, n, &mut st.tout);
+        rms_norm_rows(&t.x, &self.out_norm, s.eps, d, n, &mut st.tout);
         pool.matmul(&self.text_linear, &st.tout, n, &mut st.text_logits);
         for &b in rows {
             st.pos[b] += 1;
@@ -555,53 +587,32 @@ impl LmModel {
         } else {
             &self.dep_emb[k - 1]
         };
-        pool.matmul(&self.dep_in[k], &st.tout, n, &mut st.dx);
+        let t = &mut st.dep;
+        pool.matmul(&self.dep_in[k], &st.tout, n, &mut t.x);
         let dd = s.dep_dim;
         for (b, &prev) in prev_tokens.iter().enumerate() {
-            add_embedding(
-                table,
-                prev,
-                k,
-                &mut st.dx[b * dd..(b + 1) * dd],
-                &mut st.drow,
-            )?;
+            add_embedding(table, prev, k, &mut t.x[b * dd..(b + 1) * dd], &mut t.row)?;
         }
-        for (j, layer) in self.dep_layers.iter().enumerate() {
-            let w = &layer.steps[k];
-            rms_norm_rows(&st.dx, &layer.norm1, s.eps, dd, n, &mut st.dh);
-            pool.matmul(&w.in_proj, &st.dh, n, &mut st.dqkv);
-            for (b, &row) in rows.iter().enumerate() {
-                let qkv = &mut st.dqkv[b * 3 * dd..(b + 1) * 3 * dd];
+        for j in 0..ndl {
+            let kv = &mut st.dep_kv;
+            let dims = (dd, s.dep_hidden, s.eps);
+            layer_step(t, self.dep_layer(j, k), dims, n, pool, |b, qkv, out| {
                 let (q, kvp) = qkv.split_at_mut(dd);
                 let (kk, v) = kvp.split_at_mut(dd);
-                let ring = &mut st.dep_kv[row * ndl + j];
+                let ring = &mut kv[rows[b] * ndl + j];
                 ring.push(kk, v);
-                ring.attend(q, &mut st.dattn[b * dd..(b + 1) * dd], s.dep_q);
-            }
-            pool.matmul(&w.out_proj, &st.dattn, n, &mut st.dtmp);
-            ops::add(&mut st.dx[..n * dd], &st.dtmp[..n * dd]);
-
-            rms_norm_rows(&st.dx, &layer.norm2, s.eps, dd, n, &mut st.dh);
-            pool.matmul(&w.lin_in, &st.dh, n, &mut st.dg);
-            for (g, u) in st
-                .dg
-                .chunks_exact(2 * s.dep_hidden)
-                .zip(st.du.chunks_exact_mut(s.dep_hidden))
-                .take(n)
-            {
-                ops::silu_gate(g, u);
-            }
-            pool.matmul(&w.lin_out, &st.du, n, &mut st.dtmp);
-            ops::add(&mut st.dx[..n * dd], &st.dtmp[..n * dd]);
+                ring.attend(q, out, s.dep_q);
+            });
         }
-        pool.matmul(&self.linears[k], &st.dx, n, &mut st.dep_logits);
+        pool.matmul(&self.linears[k], &t.x, n, &mut st.dep_logits);
         st.dep_next = k + 1;
         Ok(&st.dep_logits)
     }
 }
 
-/// The weights of one transformer layer as a device backend reads them: RMS-norm weights and the
-/// four projections (for the Depformer, those of one step; the norms are shared by the steps).
+/// The weights of one transformer layer as the CPU step and device backends read them: RMS-norm
+/// weights and the four projections (for the Depformer, those of one step; the norms are shared by
+/// the steps).
 #[derive(Debug, Clone, Copy)]
 pub struct LayerWeights<'a> {
     /// Attention-block RMS-norm weight `[dim]`.
@@ -618,8 +629,8 @@ pub struct LayerWeights<'a> {
     pub lin_out: &'a Matrix,
 }
 
-/// Read access to every weight, for device backends that upload them (the CPU path does not use
-/// these).
+/// Read access to every weight, for device backends that upload them (the CPU step reads its
+/// layers through [`LmModel::temporal_layer`] and [`LmModel::dep_layer`] too).
 impl LmModel {
     /// Text embedding table `[text_card + 1, dim]`.
     pub fn text_emb(&self) -> &Matrix {
