@@ -88,12 +88,9 @@ pub struct BenchArgs {
     #[arg(long)]
     pub ab_avx512: bool,
     /// Where `bench lm` / `bench mimi` run (`gpu`: on the adapter, one submission per LM frame or
-    /// per Mimi direction, against a device copy kernel). Default: cpu, or gpu when --gpu is given.
-    #[arg(long, value_enum)]
-    pub device: Option<crate::common::DeviceArg>,
-    /// GPU adapter number (`moshi-native devices` lists them); implies --device gpu.
-    #[arg(long = "gpu", value_name = "N")]
-    pub gpu: Option<usize>,
+    /// per Mimi direction, against a device copy kernel).
+    #[command(flatten)]
+    pub device: crate::common::DeviceArgs,
 }
 
 /// Median (mean of the two middle values for an even count), min and max.

@@ -143,9 +143,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if args.rounds == 0 {
         bail!("--rounds must be at least 1");
     }
-    if let runtime::Device::Gpu { adapter, .. } =
-        crate::common::resolve_device(args.device, args.gpu, 1)?
-    {
+    if let runtime::Device::Gpu { adapter, .. } = args.device.resolve(1)? {
         match args.what {
             What::Lm => {
                 print_machine();

@@ -21,7 +21,7 @@ use model::sampling::SamplerConfig;
 use runtime::{Engine, EngineOptions, Session, SessionOptions, Step, FRAME_SIZE, N_AUDIO};
 
 use crate::cmd_trace_mimi::TraceFiles;
-use crate::common::{resolve_device, DeviceArg};
+use crate::common::DeviceArgs;
 
 /// Flags of `moshi-native trace duplex`.
 #[derive(Args, Debug, Clone)]
@@ -44,12 +44,9 @@ pub struct TraceDuplexArgs {
     /// Storage of the temporal KV cache: f32 (parity) or bf16.
     #[arg(long, default_value = "f32")]
     pub kv_dtype: String,
-    /// Where the LM runs (Mimi stays on the CPU). Default: cpu, or gpu when --gpu is given.
-    #[arg(long, value_enum)]
-    pub device: Option<DeviceArg>,
-    /// GPU adapter number (`moshi-native devices` lists them); implies --device gpu.
-    #[arg(long = "gpu", value_name = "N")]
-    pub gpu: Option<usize>,
+    /// Where the LM runs (Mimi stays on the CPU).
+    #[command(flatten)]
+    pub device: DeviceArgs,
 }
 
 /// What the server-style loop produced.
@@ -164,7 +161,7 @@ pub fn run(args: &TraceDuplexArgs) -> Result<()> {
     let engine = Engine::open(
         &args.files.model_dir,
         EngineOptions {
-            device: resolve_device(args.device, args.gpu, args.threads)?,
+            device: args.device.resolve(args.threads)?,
             kv_dtype,
         },
     )
@@ -230,7 +227,7 @@ mod tests {
 
     #[test]
     fn trace_duplex_matches_the_python_server_emulation() {
-        check_against_emulation(None);
+        check_against_emulation(DeviceArgs::default());
     }
 
     /// The same file with the LM on the GPU (any adapter: lavapipe here); skipped without one
@@ -240,11 +237,11 @@ mod tests {
         if gpu::skip_test_without_adapter() {
             return;
         }
-        check_against_emulation(Some(DeviceArg::Gpu));
+        check_against_emulation(DeviceArgs::gpu());
     }
 
-    fn check_against_emulation(device: Option<DeviceArg>) {
-        let dir = testkit::ScratchDir::new(&format!("trace-duplex-{device:?}"));
+    fn check_against_emulation(device: DeviceArgs) {
+        let dir = testkit::ScratchDir::new(&format!("trace-duplex-{:?}", device.device));
         let out = dir.join("trace.safetensors");
         let args = TraceDuplexArgs {
             files: TraceFiles {
@@ -258,7 +255,6 @@ mod tests {
             threads: 1,
             kv_dtype: "f32".into(),
             device,
-            gpu: None,
         };
         run(&args).unwrap();
         let got = TensorFile::open(&out);

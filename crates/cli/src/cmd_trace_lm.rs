@@ -21,7 +21,7 @@ use model::checkpoint::Bundle;
 use model::lm::{Generator, KvDtype, LmGen, LmModel, LmRecorder, StepOptions};
 use model::sampling::{Sampler, SamplerConfig};
 
-use crate::common::{resolve_device, DeviceArg};
+use crate::common::DeviceArgs;
 
 /// Flags of `moshi-native trace lm`.
 #[derive(Args, Debug, Clone)]
@@ -50,12 +50,9 @@ pub struct TraceLmArgs {
     /// Threads for the matrix products.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
-    /// Where the LM runs. Default: cpu, or gpu when --gpu is given.
-    #[arg(long, value_enum)]
-    pub device: Option<DeviceArg>,
-    /// GPU adapter number (`moshi-native devices` lists them); implies --device gpu.
-    #[arg(long = "gpu", value_name = "N")]
-    pub gpu: Option<usize>,
+    /// Where the LM runs.
+    #[command(flatten)]
+    pub device: DeviceArgs,
 }
 
 /// The generator of one traced session on the chosen device.
@@ -186,7 +183,7 @@ pub fn run(args: &TraceLmArgs) -> Result<()> {
         _ => SamplerConfig::greedy(),
     };
     let mut sampler = Sampler::new(sampler_cfg, spec.text_card, spec.card)?;
-    let mut gen = match resolve_device(args.device, args.gpu, args.threads.max(1))? {
+    let mut gen = match args.device.resolve(args.threads.max(1))? {
         runtime::Device::Cpu { threads } => {
             Traced::Cpu(Box::new(LmGen::new(&model, kv)?), Pool::new(threads))
         }
@@ -289,8 +286,7 @@ mod tests {
             seed,
             kv_dtype: "f32".into(),
             threads: 2,
-            device: None,
-            gpu: None,
+            device: DeviceArgs::default(),
         }
     }
 
@@ -341,7 +337,7 @@ mod tests {
             let (c, g) = (dir.join("cpu.safetensors"), dir.join("gpu.safetensors"));
             run(&args(&c, seed)).unwrap();
             run(&TraceLmArgs {
-                device: Some(DeviceArg::Gpu),
+                device: DeviceArgs::gpu(),
                 ..args(&g, seed)
             })
             .unwrap();

@@ -21,7 +21,7 @@ use model::mimi::{MimiDecoder, MimiEncoder, Stage};
 use crate::cmd_mimi::{
     f32_bytes, i64_bytes, open_mimi, read_wav_24k_mono, write_safetensors, OutTensor,
 };
-use crate::common::{resolve_device, DeviceArg};
+use crate::common::DeviceArgs;
 
 /// The files of `trace mimi` and `trace duplex`.
 #[derive(Args, Debug, Clone)]
@@ -47,12 +47,9 @@ pub struct TraceMimiArgs {
     /// Number of codebooks.
     #[arg(long, default_value_t = 8)]
     pub codebooks: usize,
-    /// Where the codec runs. Default: cpu, or gpu when --gpu is given.
-    #[arg(long, value_enum)]
-    pub device: Option<DeviceArg>,
-    /// GPU adapter number (`moshi-native devices` lists them); implies --device gpu.
-    #[arg(long = "gpu", value_name = "N")]
-    pub gpu: Option<usize>,
+    /// Where the codec runs.
+    #[command(flatten)]
+    pub device: DeviceArgs,
 }
 
 /// Per-stage accumulation of `[C, t]` chunks into `[C, total]`.
@@ -85,7 +82,7 @@ impl Acc {
 /// Runs `trace mimi`.
 pub fn run(args: &TraceMimiArgs) -> Result<()> {
     let f = &args.files;
-    let gpu = match resolve_device(args.device, args.gpu, 1)? {
+    let gpu = match args.device.resolve(1)? {
         runtime::Device::Cpu { .. } => None,
         runtime::Device::Gpu { adapter, .. } => Some(adapter),
     };
@@ -234,8 +231,7 @@ pub(crate) mod tests {
                 out: g.clone(),
             },
             codebooks: 8,
-            device: Some(DeviceArg::Gpu),
-            gpu: None,
+            device: DeviceArgs::gpu(),
         })
         .unwrap();
         let (tc, tg) = (TensorFile::open(&c), TensorFile::open(&g));

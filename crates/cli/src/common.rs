@@ -111,12 +111,39 @@ pub struct EngineArgs {
     #[arg(long, value_enum, default_value_t = KvDtypeArg::F32)]
     pub kv_dtype: KvDtypeArg,
     /// Where the LM and Mimi run (on the GPU, with --batch too: all slots' codecs in one
-    /// submission per tick). Default: cpu, or gpu when --gpu is given.
+    /// submission per tick).
+    #[command(flatten)]
+    pub device: DeviceArgs,
+}
+
+/// `--device` / `--gpu N`, the same pair on every command that can run on a GPU (each command's
+/// help says which of its parts move to the GPU).
+#[derive(Args, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceArgs {
+    /// Where the LM and Mimi run (`trace duplex`: the LM only; `serve --batch`: all slots' codecs in
+    /// one submission per tick; `bench`: see its help). Default: cpu, or gpu when --gpu is given.
     #[arg(long, value_enum)]
     pub device: Option<DeviceArg>,
     /// GPU adapter number (`moshi-native devices` lists them); implies --device gpu.
     #[arg(long = "gpu", value_name = "N")]
     pub gpu: Option<usize>,
+}
+
+impl DeviceArgs {
+    /// `--device gpu` on the best adapter (tests).
+    #[cfg(test)]
+    pub fn gpu() -> DeviceArgs {
+        DeviceArgs {
+            device: Some(DeviceArg::Gpu),
+            gpu: None,
+        }
+    }
+
+    /// The device the flags name, for `threads` CPU threads, with `auto` resolved (and said)
+    /// here: `--gpu` alone means the GPU.
+    pub fn resolve(&self, threads: usize) -> Result<runtime::Device> {
+        resolve_device(self.device, self.gpu, threads)
+    }
 }
 
 /// An opened engine and whether it is the demo model.
@@ -151,7 +178,7 @@ impl EngineArgs {
 
     /// The device the flags name, with `auto` resolved (and said) here.
     pub fn device(&self, threads: usize) -> Result<runtime::Device> {
-        resolve_device(self.device, self.gpu, threads)
+        self.device.resolve(threads)
     }
 
     /// Resolves the model and opens the engine (`--threads` or `default_threads` per session, printed),
@@ -238,9 +265,8 @@ pub fn huge_page_share() -> String {
     }
 }
 
-/// The device `--device` / `--gpu N` name, with `auto` resolved (and said) here: `--gpu` alone
-/// means the GPU.
-pub fn resolve_device(
+/// The device `--device` / `--gpu N` name ([`DeviceArgs::resolve`]).
+fn resolve_device(
     device: Option<DeviceArg>,
     adapter: Option<usize>,
     threads: usize,

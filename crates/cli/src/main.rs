@@ -54,6 +54,9 @@ enum Command {
     #[command(subcommand)]
     Mimi(cmd_mimi::MimiCmd),
     /// Benchmarks at full moshiko dimensions with synthetic weights (ratios to the same-run roofline).
+    ///
+    /// With `--device gpu`, `bench lm` / `bench mimi` time the adapter: one submission per LM frame
+    /// or per Mimi direction, against a device copy kernel.
     Bench(cmd_bench::BenchArgs),
     /// List the GPU adapters (numbers for --gpu N) and what --device auto takes.
     Devices(cmd_devices::DevicesArgs),
