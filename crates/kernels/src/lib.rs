@@ -94,7 +94,8 @@ pub use mem::{advise_huge_pages, set_huge_pages_allowed};
 pub use pool::Pool;
 
 /// Software-prefetch distance in bytes of the streaming kernels (AVX-512 quantized matmul and
-/// attention; the dense kernels use half of it); default 4096, 0 = off. For benchmarks (A/B).
+/// attention; the dense kernels use half of it, or one block of rows ahead where rows are short);
+/// default 4096, 0 = off. For benchmarks (A/B).
 #[doc(hidden)]
 pub fn set_prefetch_distance(bytes: usize) {
     arch::PREFETCH.store(bytes, std::sync::atomic::Ordering::Relaxed);

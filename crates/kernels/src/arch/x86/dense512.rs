@@ -16,8 +16,8 @@
 
 use std::arch::x86_64::*;
 
-use super::{hsum, prefetch_lines};
-use crate::arch::table::{with_rows, MatmulSpan, PREFETCH};
+use super::{dense_prefetch_distance, hsum, prefetch_lines};
+use crate::arch::table::{with_rows, MatmulSpan};
 
 /// [`with_rows`] for chunks of up to 8 activation rows: calls `$f::<R, N>` with `N` the chunk's
 /// row count.
@@ -55,37 +55,40 @@ unsafe fn pass<const R: usize, const N: usize>(
     let pairs = N.div_ceil(2);
     let main = cols / 8 * 8;
     let mut acc = [[_mm512_setzero_ps(); R]; 4];
-    // As in the AVX2 kernel: four row streams at once, half the single-stream distance.
     let pf = if prefetch {
-        PREFETCH.load(std::sync::atomic::Ordering::Relaxed) / 2
+        dense_prefetch_distance(cols * 4, R)
     } else {
         0
     };
+    // The prefetch (two lines of each weight row per 32 columns) sits outside the 8-column
+    // loop: with its test inside, LLVM kept two of the 16 accumulators on the stack, and the
+    // store-to-load round trip of those two chains bounded the whole loop.
     let mut c = 0;
     while c < main {
-        if pf > 0 && c % 32 == 0 {
-            for k in 0..R {
-                prefetch_lines(w0.add(k * cols + c) as *const u8, pf, 2);
-            }
-        }
-        let mut wv = [_mm512_setzero_ps(); R];
         for k in 0..R {
-            wv[k] = _mm512_broadcast_f32x8(_mm256_loadu_ps(w0.add(k * cols + c)));
+            prefetch_lines(w0.add(k * cols + c) as *const u8, pf, 2);
         }
-        for p in 0..pairs {
-            let lo = _mm256_loadu_ps(x.add(2 * p * cols + c));
-            // An odd last row is paired with itself; its upper half is not stored.
-            let hi = if 2 * p + 1 < N {
-                _mm256_loadu_ps(x.add((2 * p + 1) * cols + c))
-            } else {
-                lo
-            };
-            let xv = _mm512_insertf32x8::<1>(_mm512_castps256_ps512(lo), hi);
+        let end = (c + 32).min(main);
+        while c < end {
+            let mut wv = [_mm512_setzero_ps(); R];
             for k in 0..R {
-                acc[p][k] = _mm512_fmadd_ps(wv[k], xv, acc[p][k]);
+                wv[k] = _mm512_broadcast_f32x8(_mm256_loadu_ps(w0.add(k * cols + c)));
             }
+            for p in 0..pairs {
+                let lo = _mm256_loadu_ps(x.add(2 * p * cols + c));
+                // An odd last row is paired with itself; its upper half is not stored.
+                let hi = if 2 * p + 1 < N {
+                    _mm256_loadu_ps(x.add((2 * p + 1) * cols + c))
+                } else {
+                    lo
+                };
+                let xv = _mm512_insertf32x8::<1>(_mm512_castps256_ps512(lo), hi);
+                for k in 0..R {
+                    acc[p][k] = _mm512_fmadd_ps(wv[k], xv, acc[p][k]);
+                }
+            }
+            c += 8;
         }
-        c += 8;
     }
     for i in 0..N {
         let p = i / 2;
