@@ -189,10 +189,13 @@ unsafe fn kern<const RP: usize, const W: usize>(
             }
         }
     }
-    // A loop of constant length over the used rows: every `acc` index is then known at compile
-    // time, so the accumulators stay in registers and the unused rows of the array (and their
-    // zeroing, 3 KB per block) disappear.
-    for (r, row) in acc.iter().enumerate().take(RP * MR) {
+    // The store loop reads a copy: with 24 rows LLVM does not unroll it, and a loop over `acc`
+    // itself would index it at run time, which kept `acc` in memory and stored all 24
+    // accumulators on every step of `k`. The copy has only the used rows, each at a constant
+    // index, so the unused rows of the array (and their zeroing, 3 KB per block) disappear.
+    let mut out = [[_mm512_setzero_ps(); W]; ROWS];
+    out[..RP * MR].copy_from_slice(&acc[..RP * MR]);
+    for (r, row) in out.iter().enumerate().take(RP * MR) {
         if r >= mv {
             break;
         }
