@@ -173,6 +173,21 @@ impl QPacked {
     }
 }
 
+/// Where the activation quantizer writes one row: the codes, and per block of 32 values its
+/// scale, exact sum and code sum. One value instead of four slices, two of them `&mut [f32]`
+/// (scales and sums) that a call could swap unnoticed.
+#[derive(Debug)]
+pub struct ActRowOut<'a> {
+    /// Codes, `x.len()` of them.
+    pub q: &'a mut [i8],
+    /// Scale `max|x|/127` per block.
+    pub d: &'a mut [f32],
+    /// Exact f32 sum per block.
+    pub s: &'a mut [f32],
+    /// Sum of the codes per block.
+    pub qs: &'a mut [i32],
+}
+
 /// Activations prepared for one product (quantized when the weights are quantized).
 pub(crate) struct Act<'a> {
     pub(crate) q: &'a [i8],

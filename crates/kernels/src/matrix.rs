@@ -4,7 +4,7 @@ use half::{bf16, f16};
 
 use crate::arch::{self, KernelSet, Kernels, MatmulSpan};
 use crate::layout::{Act, QKind, QPacked, TILE};
-use crate::quant::{encode_mlx, encode_q4_0, encode_q8_0, quantize_act_row, QK};
+use crate::quant::{encode_mlx, encode_q4_0, encode_q8_0, quantize_act_row, ActRowOut, QK};
 use crate::{check_len, KernelError, Storage};
 
 /// Storage format of a weight matrix.
@@ -436,13 +436,13 @@ impl Matrix {
             grow(&mut scratch.qs, n * nb);
             grow(&mut scratch.qu, n * self.cols);
             for i in 0..n {
-                quantize_act_row(
-                    &x[i * self.cols..(i + 1) * self.cols],
-                    &mut scratch.q[i * self.cols..(i + 1) * self.cols],
-                    &mut scratch.d[i * nb..(i + 1) * nb],
-                    &mut scratch.s[i * nb..(i + 1) * nb],
-                    &mut scratch.qs[i * nb..(i + 1) * nb],
-                );
+                let out = ActRowOut {
+                    q: &mut scratch.q[i * self.cols..(i + 1) * self.cols],
+                    d: &mut scratch.d[i * nb..(i + 1) * nb],
+                    s: &mut scratch.s[i * nb..(i + 1) * nb],
+                    qs: &mut scratch.qs[i * nb..(i + 1) * nb],
+                };
+                quantize_act_row(&x[i * self.cols..(i + 1) * self.cols], out);
             }
             for (u, &c) in scratch.qu[..n * self.cols]
                 .iter_mut()

@@ -6,23 +6,16 @@ use half::{bf16, f16};
 
 use crate::KernelError;
 
-pub use crate::layout::QK;
+pub use crate::layout::{ActRowOut, QK};
 
-/// Quantizes one activation row to signed 8-bit blocks of 32 values with the active table
-/// (every set computes the same codes, scales and sums as [`quantize_act_row_reference`], bit
-/// for bit). Writes codes `q`, scales `d` (f32, `max|x|/127`), exact f32 block sums `s` and
-/// code sums `qs`; `x.len()` must be a multiple of 32.
-pub(crate) fn quantize_act_row(
-    x: &[f32],
-    q: &mut [i8],
-    d: &mut [f32],
-    s: &mut [f32],
-    qs: &mut [i32],
-) {
+/// Quantizes one activation row to signed 8-bit blocks of 32 values into `out` with the
+/// active table (every set computes the same codes, scales and sums as
+/// [`quantize_act_row_reference`], bit for bit); `x.len()` must be a multiple of 32.
+pub(crate) fn quantize_act_row(x: &[f32], out: ActRowOut<'_>) {
     let nb = x.len() / QK;
-    assert!(q.len() >= nb * QK && d.len() >= nb && s.len() >= nb && qs.len() >= nb);
+    assert!(out.q.len() >= nb * QK && out.d.len() >= nb && out.s.len() >= nb && out.qs.len() >= nb);
     // SAFETY: the active table was selected for this CPU; lengths checked above.
-    unsafe { (crate::arch::active().quantize_act)(x, q, d, s, qs) }
+    unsafe { (crate::arch::active().quantize_act)(x, out) }
 }
 
 /// Scalar reference of the activation quantizer of the matrix products (see
@@ -35,7 +28,13 @@ pub fn quantize_activations(x: &[f32]) -> (Vec<i8>, Vec<f32>, Vec<f32>, Vec<i32>
     let nb = x.len() / QK;
     let (mut q, mut d, mut s, mut qs) =
         (vec![0; nb * QK], vec![0.0; nb], vec![0.0; nb], vec![0; nb]);
-    quantize_act_row(&x[..nb * QK], &mut q, &mut d, &mut s, &mut qs);
+    let out = ActRowOut {
+        q: &mut q,
+        d: &mut d,
+        s: &mut s,
+        qs: &mut qs,
+    };
+    quantize_act_row(&x[..nb * QK], out);
     (q, d, s, qs)
 }
 

@@ -323,7 +323,8 @@ proptest! {
         let (q, d, s, qs) = kernels::quant::quantize_activations(&x);
         let nb = blocks;
         let (mut q2, mut d2, mut s2, mut qs2) = (vec![0i8; nb * 32], vec![0f32; nb], vec![0f32; nb], vec![0i32; nb]);
-        kernels::quant::quantize_act_row_reference(&x, &mut q2, &mut d2, &mut s2, &mut qs2);
+        let out = kernels::quant::ActRowOut { q: &mut q2, d: &mut d2, s: &mut s2, qs: &mut qs2 };
+        kernels::quant::quantize_act_row_reference(&x, out);
         prop_assert_eq!(&q, &q2);
         prop_assert_eq!(&d, &d2);
         prop_assert_eq!(&qs, &qs2);

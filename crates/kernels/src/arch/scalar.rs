@@ -6,7 +6,7 @@
 use half::{bf16, f16};
 
 use super::table::{HeadQuery, Kernels, MatmulSpan, SKINNY};
-use crate::layout::{Act, QKind, QPacked, MR, NR, QK, TILE};
+use crate::layout::{Act, ActRowOut, QKind, QPacked, MR, NR, QK, TILE};
 
 /// The portable table.
 pub(crate) static SCALAR: Kernels = Kernels {
@@ -208,10 +208,10 @@ pub(crate) fn tree16(l: &mut [f32; 16]) -> f32 {
     l[0]
 }
 
-/// Quantizes one activation row to signed 8-bit blocks of 32 values: codes `q`, scales `d`
-/// (`max|x|/127`), exact f32 block sums `s` and code sums `qs`. `x.len()` must be a
-/// multiple of 32.
-pub fn quantize_act_row(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32], qs: &mut [i32]) {
+/// Quantizes one activation row to signed 8-bit blocks of 32 values into `out`. `x.len()`
+/// must be a multiple of 32.
+pub fn quantize_act_row(x: &[f32], out: ActRowOut<'_>) {
+    let ActRowOut { q, d, s, qs } = out;
     debug_assert_eq!(x.len() % QK, 0);
     for (b, xb) in x.chunks_exact(QK).enumerate() {
         let mut amax = 0f32;

@@ -2,7 +2,7 @@
 //! shared parameters the kernels read. `arch/mod.rs` picks a table; `scalar`, `x86` and
 //! `aarch64` define them.
 
-use crate::layout::{Act, PackedA, QPacked, MR, NR, TILE};
+use crate::layout::{Act, ActRowOut, PackedA, QPacked, MR, NR, TILE};
 
 /// Widest GEMM output (in columns) handled by the skinny, weight-streaming micro-kernel.
 pub(crate) const SKINNY: usize = 4;
@@ -51,8 +51,8 @@ pub(crate) type DenseFn<T> = unsafe fn(&[T], &[f32], MatmulSpan, *mut f32);
 /// its `n` rows.
 pub(crate) type QuantFn = unsafe fn(&QPacked, &Act<'_>, MatmulSpan, *mut f32);
 
-/// Activation quantizer of one row `(x, codes, scales, block sums, code sums)`.
-pub(crate) type QuantizeFn = unsafe fn(&[f32], &mut [i8], &mut [f32], &mut [f32], &mut [i32]);
+/// Activation quantizer of one row `(x, out)`.
+pub(crate) type QuantizeFn = unsafe fn(&[f32], ActRowOut<'_>);
 
 /// A run of consecutive KV entries of one head: `n` rows of `head_dim` elements (f32, or bf16
 /// bits when the ring stores bf16).

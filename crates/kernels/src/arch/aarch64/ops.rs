@@ -7,7 +7,7 @@ use std::arch::aarch64::*;
 
 use super::matvec::bf16x4_to_f32;
 use crate::arch::scalar::{elu_body, gelu_erf_body, tree16};
-use crate::layout::QK;
+use crate::layout::{ActRowOut, QK};
 
 /// 4 elements of `p` as f32 (bf16 bits widened when `BF16`).
 #[inline(always)]
@@ -102,13 +102,8 @@ pub(super) unsafe fn axpy_bf16(y: &mut [f32], a: f32, x: &[u16]) {
 ///
 /// # Safety
 /// `q` holds `x.len()` codes; `d`, `s`, `qs` one value per block of 32.
-pub(super) unsafe fn quantize_act(
-    x: &[f32],
-    q: &mut [i8],
-    d: &mut [f32],
-    s: &mut [f32],
-    qs: &mut [i32],
-) {
+pub(super) unsafe fn quantize_act(x: &[f32], out: ActRowOut<'_>) {
+    let ActRowOut { q, d, s, qs } = out;
     let lim = vdupq_n_f32(127.0);
     let nlim = vdupq_n_f32(-127.0);
     for b in 0..x.len() / QK {

@@ -10,7 +10,7 @@ use crate::arch::scalar::{
     elu_body, gelu_erf_body, layer_norm_body, rms_norm_body, rope_body, silu_gate_body,
     softmax_body, to_bf16_body,
 };
-use crate::layout::QK;
+use crate::layout::{ActRowOut, QK};
 
 /// `y += a·x` (AVX2).
 ///
@@ -122,13 +122,8 @@ pub(super) unsafe fn dot_bf16_avx2(a: &[f32], b: &[u16]) -> f32 {
 ///
 /// # Safety
 /// AVX-512 F/BW/DQ/VL available; `q` holds `x.len()` codes, `d`, `s`, `qs` one value per block.
-pub(super) unsafe fn quantize_act_avx512(
-    x: &[f32],
-    q: &mut [i8],
-    d: &mut [f32],
-    s: &mut [f32],
-    qs: &mut [i32],
-) {
+pub(super) unsafe fn quantize_act_avx512(x: &[f32], out: ActRowOut<'_>) {
+    let ActRowOut { q, d, s, qs } = out;
     let nb = x.len() / QK;
     let abs_mask = _mm512_set1_epi32(0x7fff_ffff);
     let half = _mm512_set1_ps(0.5);
