@@ -45,11 +45,13 @@ unsafe fn attend_with(
     }
 }
 
-/// Attention of one head with widened keys (NEON dot products). Any head size.
+/// Attention of one head (NEON, any head size). The keys are widened to f32 for the dot
+/// products, except with `BFMMLA` (a CPU with FEAT_BF16) for bf16 keys of head sizes a
+/// multiple of 8 up to [`MAX_HD`], scored by [`scores_bfmmla`].
 ///
 /// # Safety
-/// As [`crate::arch::table::HeadFn`].
-pub(super) unsafe fn attend_head(
+/// As [`crate::arch::table::HeadFn`]; with `BFMMLA`, the CPU has FEAT_BF16.
+pub(super) unsafe fn attend_head<const BFMMLA: bool>(
     head: &HeadQuery<'_>,
     scores: &mut [f32],
     out: &mut [f32],
@@ -57,6 +59,10 @@ pub(super) unsafe fn attend_head(
     let &HeadQuery {
         bf16, hd, q, inv, ..
     } = head;
+    if BFMMLA && bf16 && hd.is_multiple_of(8) && hd <= MAX_HD {
+        attend_with(head, scores, out, |scores| scores_bfmmla(head, scores));
+        return true;
+    }
     attend_with(head, scores, out, |scores| {
         let es = if bf16 { 2 } else { 4 };
         let mut i = 0;
@@ -92,23 +98,14 @@ unsafe fn bfmmla(acc: float32x4_t, a: uint16x8_t, b: uint16x8_t) -> float32x4_t 
     acc
 }
 
-/// Attention of one head with bf16 keys through `bfmmla` (head sizes a multiple of 8 up to
-/// [`MAX_HD`]; f32 rings and other sizes take [`attend_head`]).
+/// The scores `q·k/√hd` of a head with bf16 keys (head size a multiple of 8 up to [`MAX_HD`])
+/// through `bfmmla`, written to `scores`; returns their count.
 ///
 /// # Safety
-/// As [`crate::arch::table::HeadFn`]; the CPU has FEAT_BF16.
+/// The CPU has FEAT_BF16; `head` as [`crate::arch::table::HeadFn`] says, with bf16 keys.
 #[target_feature(enable = "bf16")]
-pub(super) unsafe fn attend_head_bfmmla(
-    head: &HeadQuery<'_>,
-    scores: &mut [f32],
-    out: &mut [f32],
-) -> bool {
-    let &HeadQuery {
-        bf16, hd, q, inv, ..
-    } = head;
-    if !bf16 || !hd.is_multiple_of(8) || hd > MAX_HD {
-        return attend_head(head, scores, out);
-    }
+unsafe fn scores_bfmmla(head: &HeadQuery<'_>, scores: &mut [f32]) -> usize {
+    let &HeadQuery { hd, q, inv, .. } = head;
     // Chunk c of 4 columns: [hi(q[4c..4c+4]), lo(q[4c..4c+4])] (q − hi is exact in f32).
     let mut qv = [vdupq_n_u16(0); MAX_HD / 4];
     for (c, v) in qv[..hd / 4].iter_mut().enumerate() {
@@ -117,38 +114,35 @@ pub(super) unsafe fn attend_head_bfmmla(
         let rest = vsubq_f32(x, vreinterpretq_f32_u32(vshll_n_u16::<16>(hi)));
         *v = vcombine_u16(hi, bf16x4(vreinterpretq_u32_f32(rest)));
     }
-    attend_with(head, scores, out, |scores| {
-        let mut i = 0;
-        for seg in &head.segs {
-            let kp = seg.k as *const u16;
-            let mut e = 0;
-            while e < seg.n {
-                // Two keys per pass; a lone last key is paired with itself.
-                let e1 = (e + 1).min(seg.n - 1);
-                let (ka, kb) = (kp.add(e * hd), kp.add(e1 * hd));
-                let (mut a0, mut a1) = (vdupq_n_f32(0.0), vdupq_n_f32(0.0));
-                let mut c = 0;
-                while c < hd {
-                    let x = vreinterpretq_u64_u16(vld1q_u16(ka.add(c)));
-                    let y = vreinterpretq_u64_u16(vld1q_u16(kb.add(c)));
-                    let lo = vreinterpretq_u16_u64(vzip1q_u64(x, y));
-                    let hi = vreinterpretq_u16_u64(vzip2q_u64(x, y));
-                    a0 = bfmmla(a0, *qv.get_unchecked(c / 4), lo);
-                    a1 = bfmmla(a1, *qv.get_unchecked(c / 4 + 1), hi);
-                    c += 8;
-                }
-                let s = vaddq_f32(a0, a1);
-                // [hi·k_a + lo·k_a, hi·k_b + lo·k_b]
-                let pair = vadd_f32(vget_low_f32(s), vget_high_f32(s));
-                scores[i] = vget_lane_f32::<0>(pair) * inv;
-                if e1 > e {
-                    scores[i + 1] = vget_lane_f32::<1>(pair) * inv;
-                }
-                i += 1 + e1 - e;
-                e += 2;
+    let mut i = 0;
+    for seg in &head.segs {
+        let kp = seg.k as *const u16;
+        let mut e = 0;
+        while e < seg.n {
+            // Two keys per pass; a lone last key is paired with itself.
+            let e1 = (e + 1).min(seg.n - 1);
+            let (ka, kb) = (kp.add(e * hd), kp.add(e1 * hd));
+            let (mut a0, mut a1) = (vdupq_n_f32(0.0), vdupq_n_f32(0.0));
+            let mut c = 0;
+            while c < hd {
+                let x = vreinterpretq_u64_u16(vld1q_u16(ka.add(c)));
+                let y = vreinterpretq_u64_u16(vld1q_u16(kb.add(c)));
+                let lo = vreinterpretq_u16_u64(vzip1q_u64(x, y));
+                let hi = vreinterpretq_u16_u64(vzip2q_u64(x, y));
+                a0 = bfmmla(a0, *qv.get_unchecked(c / 4), lo);
+                a1 = bfmmla(a1, *qv.get_unchecked(c / 4 + 1), hi);
+                c += 8;
             }
+            let s = vaddq_f32(a0, a1);
+            // [hi·k_a + lo·k_a, hi·k_b + lo·k_b]
+            let pair = vadd_f32(vget_low_f32(s), vget_high_f32(s));
+            scores[i] = vget_lane_f32::<0>(pair) * inv;
+            if e1 > e {
+                scores[i + 1] = vget_lane_f32::<1>(pair) * inv;
+            }
+            i += 1 + e1 - e;
+            e += 2;
         }
-        i
-    });
-    true
+    }
+    i
 }

@@ -24,7 +24,7 @@ const NEON_BASE: Kernels = Kernels {
     dense_f16: matvec::dense_half::<false>,
     quant: matvec::plain::quant,
     quantize_act: ops::quantize_act,
-    attend_head: attention::attend_head,
+    attend_head: attention::attend_head::<false>,
     gemm_tile: gemm::tile,
     gemm_skinny: gemm::skinny,
     gemm_wide: None,
@@ -61,6 +61,6 @@ const NEON_I8MM_BASE: Kernels = Kernels {
 
 /// [`NEON_I8MM`] with bf16-key attention through `bfmmla` (FEAT_BF16).
 pub(crate) static NEON_I8MM_BF16: Kernels = Kernels {
-    attend_head: attention::attend_head_bfmmla,
+    attend_head: attention::attend_head::<true>,
     ..NEON_I8MM_BASE
 };
