@@ -217,10 +217,9 @@ impl Engine {
         let (gpu_lm, gpu_mimi) = match opts.device {
             Device::Gpu { adapter, .. } => {
                 let choice = gpu::AdapterChoice::Gpu(adapter);
-                let dev = |e: gpu::GpuError| RuntimeError::Device(e.to_string());
-                let ctx = gpu::GpuContext::new(choice, gpu::GpuOptions::default()).map_err(dev)?;
-                let lm_w = gpu::GpuLmWeights::upload(&ctx, &lm).map_err(dev)?;
-                let mimi_w = gpu::GpuMimiWeights::upload(&ctx, mimi.clone()).map_err(dev)?;
+                let ctx = gpu::GpuContext::new(choice, gpu::GpuOptions::default())?;
+                let lm_w = gpu::GpuLmWeights::upload(&ctx, &lm)?;
+                let mimi_w = gpu::GpuMimiWeights::upload(&ctx, mimi.clone())?;
                 (Some(lm_w), Some(mimi_w))
             }
             Device::Cpu { .. } => (None, None),
@@ -327,9 +326,7 @@ impl Engine {
     ) -> Result<Box<dyn LmBackend>, RuntimeError> {
         #[cfg(feature = "gpu")]
         if let Some(w) = &self.gpu_lm {
-            let lm = gpu::GpuLm::new(w.clone(), rows)
-                .map_err(|e| RuntimeError::Device(e.to_string()))?;
-            return Ok(Box::new(lm));
+            return Ok(Box::new(gpu::GpuLm::new(w.clone(), rows)?));
         }
         match compute {
             Compute::Cpu(pool) => {
@@ -353,9 +350,7 @@ impl Engine {
     ) -> Result<Box<dyn CodecBackend>, RuntimeError> {
         #[cfg(feature = "gpu")]
         if let Some(w) = &self.gpu_mimi {
-            let codec =
-                gpu::GpuMimi::new(w.clone()).map_err(|e| RuntimeError::Device(e.to_string()))?;
-            return Ok(Box::new(codec));
+            return Ok(Box::new(gpu::GpuMimi::new(w.clone())?));
         }
         match compute {
             Compute::Cpu(pool) => Ok(Box::new(CpuMimi::new(self.mimi.clone(), pool.clone()))),
@@ -372,9 +367,7 @@ impl Engine {
     ) -> Result<Box<dyn BatchCodecBackend>, RuntimeError> {
         #[cfg(feature = "gpu")]
         if let Some(w) = &self.gpu_mimi {
-            let codec = gpu::GpuMimiBatch::new(w.clone(), slots)
-                .map_err(|e| RuntimeError::Device(e.to_string()))?;
-            return Ok(Box::new(codec));
+            return Ok(Box::new(gpu::GpuMimiBatch::new(w.clone(), slots)?));
         }
         match compute {
             Compute::Cpu(pool) => Ok(Box::new(CpuMimiBatch::new(

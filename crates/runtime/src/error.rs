@@ -47,3 +47,11 @@ pub enum RuntimeError {
     #[error("the session worker panicked")]
     WorkerPanicked,
 }
+
+/// A failure of the GPU backend is a device error, with the backend's message.
+#[cfg(feature = "gpu")]
+impl From<gpu::GpuError> for RuntimeError {
+    fn from(e: gpu::GpuError) -> Self {
+        RuntimeError::Device(e.to_string())
+    }
+}
