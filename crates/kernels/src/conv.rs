@@ -14,7 +14,8 @@ use std::cell::RefCell;
 
 use crate::arch::{self, Kernels, SKINNY};
 use crate::gemm::{
-    gather_groups, gathered_len, gemm, gemm_pregathered, groups, with_panels, with_scratch,
+    gather_groups, gathered_len, gemm, gemm_pregathered, groups, panel_len, with_panels,
+    with_scratch,
 };
 use crate::layout::{BView, PackedA, NR};
 use crate::{KernelError, KernelSet, Pool};
@@ -263,6 +264,127 @@ impl Conv1d {
                 }
             }
             self.run_on(level, src, rows, t_out, output, pool);
+        })
+    }
+
+    /// `m` streams convolved at once, each on its own: every row of `input` holds one channel
+    /// of each stream in turn (`[in, m·t_in]`, stream `j`'s `t_in` values at `j·t_in`), and
+    /// `output` receives `[out, m·t_out]` the same way. Each output is the one [`Self::forward`]
+    /// computes for that stream alone (the same kernel and summation order). On a pool, the
+    /// streams are its units of work, one thread each: a stream's input and output then stay
+    /// in one core's cache, and the call costs one dispatch instead of one per stream (at
+    /// Mimi's high rates, a 4-stream call on 2 threads took 25–30 % less time than the streams
+    /// one after the other, each split over both threads: `BENCHMARKS.md`). Returns `t_out`.
+    pub fn forward_streams(
+        &self,
+        input: &[f32],
+        m: usize,
+        output: &mut [f32],
+        pool: Option<&Pool>,
+    ) -> Result<usize, KernelError> {
+        if m == 0 || !input.len().is_multiple_of(self.in_ch * m) {
+            return Err(bad(format!(
+                "conv1d input of {} values for {} channels × {m} streams",
+                input.len(),
+                self.in_ch
+            )));
+        }
+        let t_in = input.len() / (self.in_ch * m);
+        let t_out = self.out_len(t_in);
+        crate::check_len("conv1d output", self.out_ch * m * t_out, output.len())?;
+        if t_out > 0 {
+            self.run_streams(arch::active(), input, m, t_in, t_out, output, pool);
+        }
+        Ok(t_out)
+    }
+
+    /// [`Self::forward_streams`] with the sizes checked.
+    #[allow(clippy::too_many_arguments)]
+    fn run_streams(
+        &self,
+        level: &Kernels,
+        input: &[f32],
+        m: usize,
+        t_in: usize,
+        t_out: usize,
+        output: &mut [f32],
+        pool: Option<&Pool>,
+    ) {
+        SCRATCH.with(|scratch| {
+            let ConvScratch { rows, phases, .. } = &mut *scratch.borrow_mut();
+            let (k, d, s) = (self.k, self.dilation, self.stride);
+            // The input as `in·m` rows of `t_in` (channel c of stream j is row c·m + j), split
+            // into phases like a single stream's ([`Self::run`]).
+            let (src, lp): (&[f32], usize) = if s == 1 {
+                (input, t_in)
+            } else {
+                let lp = t_in.div_ceil(s);
+                let ph = fitted(phases, self.in_ch * m * s * lp);
+                split_phases(input, t_in, s, lp, ph, pool);
+                (ph, lp)
+            };
+            let per_stream = self.in_ch * k;
+            let rows = fitted(rows, m * per_stream);
+            for (j, stream) in rows.chunks_exact_mut(per_stream).enumerate() {
+                for (c, taps) in stream.chunks_exact_mut(k).enumerate() {
+                    for (i, o) in taps.iter_mut().enumerate() {
+                        let e = i * d;
+                        *o = ((c * m + j) * s + e % s) * lp + e / s;
+                    }
+                }
+            }
+            let rows: &[usize] = rows;
+            let (ig, og) = (self.in_ch / self.groups, self.out_ch / self.groups);
+            let ldc = m * t_out;
+            let out = SendPtr(output.as_mut_ptr());
+            let npanels_n = t_out.div_ceil(NR);
+            let in_place = s == 1 && k > 1 && d < NR;
+            let one = |j: usize, buf: &mut [f32]| {
+                let stream = &rows[j * per_stream..(j + 1) * per_stream];
+                for g in 0..self.groups {
+                    let b = BView {
+                        src,
+                        offs: &stream[g * ig * k..(g + 1) * ig * k],
+                        n: t_out,
+                        in_place,
+                    };
+                    let out = &out;
+                    // SAFETY: output holds out_ch·m·t_out values; stream j writes only its
+                    // columns j·t_out.. of every row (row stride ldc).
+                    unsafe {
+                        gemm(
+                            level,
+                            &self.packed[g],
+                            &b,
+                            out.0.add(g * og * ldc + j * t_out),
+                            ldc,
+                            Some(&self.bias[g * og..]),
+                            (0, self.packed[g].panels()),
+                            (0, npanels_n),
+                            buf,
+                        )
+                    }
+                }
+            };
+            let nt = pool.map_or(1, |p| p.n_threads());
+            // A warm-up with several streams must also cover later calls of one stream, whose
+            // row or column shares draw on the same panel scratch ([`Self::run_on`]).
+            with_scratch(
+                (panel_len(ig * k) * nt * CHUNKS_PER_THREAD).max(gathered_len(ig * k, t_out)),
+                |_| (),
+            );
+            match pool {
+                Some(p) if nt > 1 => with_panels(ig * k, m, |panels| {
+                    // SAFETY: stream j is run once, by one thread.
+                    p.run(m, &|j| one(j, unsafe { panels.share(j) }))
+                }),
+                _ => with_panels(ig * k, 1, |panels| {
+                    for j in 0..m {
+                        // SAFETY: one share, on this thread.
+                        one(j, unsafe { panels.share(0) })
+                    }
+                }),
+            }
         })
     }
 
@@ -614,6 +736,131 @@ impl ConvTranspose1d {
         "conv_transpose1d",
         "`output [out, (t−1)·stride + k] = conv_transpose(input [in, t])` (bias included)"
     );
+
+    /// `m` streams transposed-convolved at once, each on its own, laid out as in
+    /// [`Conv1d::forward_streams`]: `input` `[in, m·t_in]`, `output` `[out, m·t_out]` with
+    /// `t_out = out_len(t_in)`. Each output is the one [`Self::forward`] computes for that
+    /// stream alone; on a pool each thread takes whole streams. Needs `groups = 1` (the GEMM
+    /// form). Returns `t_out`.
+    pub fn forward_streams(
+        &self,
+        input: &[f32],
+        m: usize,
+        output: &mut [f32],
+        pool: Option<&Pool>,
+    ) -> Result<usize, KernelError> {
+        if m == 0 || !input.len().is_multiple_of(self.in_ch * m) || self.packed.is_none() {
+            return Err(bad(format!(
+                "conv_transpose1d of {} groups: input of {} values for {} channels × {m} \
+                 streams (streams need groups = 1)",
+                self.groups,
+                input.len(),
+                self.in_ch
+            )));
+        }
+        let t_in = input.len() / (self.in_ch * m);
+        let t_out = self.out_len(t_in);
+        crate::check_len(
+            "conv_transpose1d output",
+            self.out_ch * m * t_out,
+            output.len(),
+        )?;
+        if t_out > 0 {
+            self.run_streams(arch::active(), input, m, t_in, t_out, output, pool);
+        }
+        Ok(t_out)
+    }
+
+    /// [`Self::forward_streams`] with the sizes checked and the packed weight present.
+    #[allow(clippy::too_many_arguments)]
+    fn run_streams(
+        &self,
+        level: &Kernels,
+        input: &[f32],
+        m: usize,
+        t_in: usize,
+        t_out: usize,
+        output: &mut [f32],
+        pool: Option<&Pool>,
+    ) {
+        let Some(pa) = &self.packed else {
+            return;
+        };
+        let (k, s) = (self.k, self.stride);
+        SCRATCH.with(|scratch| {
+            let ConvScratch { rows, z, .. } = &mut *scratch.borrow_mut();
+            // Stream j's GEMM output `[out·k, t_in]` at j·zlen of z.
+            let zlen = self.out_ch * k * t_in;
+            let zp = SendPtr(fitted(z, m * zlen).as_mut_ptr());
+            let rows = fitted(rows, m * self.in_ch);
+            for (r, o) in rows.iter_mut().enumerate() {
+                let (j, c) = (r / self.in_ch, r % self.in_ch);
+                *o = (c * m + j) * t_in;
+            }
+            let rows: &[usize] = rows;
+            let nq = t_in.div_ceil(NR);
+            let out = SendPtr(output.as_mut_ptr());
+            let ldo = m * t_out;
+            let one = |j: usize, buf: &mut [f32]| {
+                let b = BView {
+                    src: input,
+                    offs: &rows[j * self.in_ch..(j + 1) * self.in_ch],
+                    n: t_in,
+                    in_place: false,
+                };
+                let (zp, out) = (&zp, &out);
+                // SAFETY: z holds m·zlen values and stream j writes only its own zlen.
+                let zj = unsafe { zp.0.add(j * zlen) };
+                unsafe {
+                    gemm(
+                        level,
+                        pa,
+                        &b,
+                        zj,
+                        t_in,
+                        None,
+                        (0, pa.panels()),
+                        (0, nq),
+                        buf,
+                    )
+                };
+                for oc in 0..self.out_ch {
+                    // SAFETY: stream j owns columns j·t_out.. of every output row; z is its own.
+                    let y = unsafe {
+                        std::slice::from_raw_parts_mut(out.0.add(oc * ldo + j * t_out), t_out)
+                    };
+                    y.fill(self.bias[oc]);
+                    for kk in 0..k {
+                        let zr = unsafe {
+                            std::slice::from_raw_parts(zj.add((oc * k + kk) * t_in), t_in)
+                        };
+                        for (t, v) in zr.iter().enumerate() {
+                            y[t * s + kk] += v;
+                        }
+                    }
+                }
+            };
+            let nt = pool.map_or(1, |p| p.n_threads());
+            // As in [`Conv1d::forward_streams`]: cover what a call of one stream takes from the
+            // panel scratch.
+            with_scratch(
+                (panel_len(pa.k) * nt * CHUNKS_PER_THREAD).max(gathered_len(pa.k, t_in)),
+                |_| (),
+            );
+            match pool {
+                Some(p) if nt > 1 => with_panels(pa.k, m, |panels| {
+                    // SAFETY: stream j is run once, by one thread.
+                    p.run(m, &|j| one(j, unsafe { panels.share(j) }))
+                }),
+                _ => with_panels(pa.k, 1, |panels| {
+                    for j in 0..m {
+                        // SAFETY: one share, on this thread.
+                        one(j, unsafe { panels.share(0) })
+                    }
+                }),
+            }
+        })
+    }
 
     fn run(
         &self,

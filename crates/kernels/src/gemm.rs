@@ -20,7 +20,7 @@ thread_local! {
 
 /// Floats of one share's B-panel buffer for a GEMM of depth `k`: two gathered column panels, or
 /// the transposed B of the skinny kernel.
-fn panel_len(k: usize) -> usize {
+pub(crate) fn panel_len(k: usize) -> usize {
     k * (2 * NR).max(SKINNY)
 }
 

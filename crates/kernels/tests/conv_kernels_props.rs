@@ -58,6 +58,18 @@ fn check_all(want: &[f32], tol: f32, wide: bool, f: RunConv<'_>) {
     }
 }
 
+/// Lays `streams` (`[ch, t]` each) side by side (`[ch, m·t]`).
+fn side_by_side(streams: &[Vec<f32>], ch: usize) -> Vec<f32> {
+    let (m, t) = (streams.len(), streams[0].len() / ch);
+    let mut side = vec![0f32; ch * m * t];
+    for (j, x) in streams.iter().enumerate() {
+        for c in 0..ch {
+            side[(c * m + j) * t..(c * m + j + 1) * t].copy_from_slice(&x[c * t..(c + 1) * t]);
+        }
+    }
+    side
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
 
@@ -69,6 +81,56 @@ proptest! {
         check_all(&c.want, c.tol, c.t_out > 4, &|kern, pool, out| {
             c.conv.forward_kernel(kern, &c.x, out, pool).unwrap();
         });
+    }
+
+    /// Several streams side by side (`forward_streams`) give each stream's output of
+    /// `forward` bitwise, on the calling thread and on a pool.
+    #[test]
+    fn conv1d_streams_equal_each_alone(ig in 1usize..12, og in 1usize..40, groups in 1usize..3,
+                                       k in 1usize..6, stride in 1usize..4, dilation in 1usize..3,
+                                       t_extra in 0usize..80, m in 1usize..5, seed in any::<u64>()) {
+        let c = conv1d_case(ig, og, groups, k, stride, dilation, t_extra, seed);
+        let (inc, outc) = (c.conv.in_channels(), c.conv.out_channels());
+        let t_in = c.x.len() / inc;
+        let t_out = c.t_out;
+        let streams: Vec<Vec<f32>> =
+            (0..m as u64).map(|j| common::vals(seed ^ ((j + 1) * 31), inc * t_in)).collect();
+        let alone: Vec<Vec<f32>> = streams.iter().map(|x| {
+            let mut y = vec![0f32; outc * t_out];
+            c.conv.forward(x, &mut y).unwrap();
+            y
+        }).collect();
+        let (side, want) = (side_by_side(&streams, inc), side_by_side(&alone, outc));
+        let pool = Pool::new(2);
+        for p in [None, Some(&pool)] {
+            let mut got = vec![f32::NAN; want.len()];
+            prop_assert_eq!(c.conv.forward_streams(&side, m, &mut got, p).unwrap(), t_out);
+            bitwise(&got, &want, &format!("{m} streams, pool={}", p.is_some()));
+        }
+    }
+
+    /// As `conv1d_streams_equal_each_alone`, for the transposed convolution (groups = 1).
+    #[test]
+    fn conv_transpose_streams_equal_each_alone(ig in 1usize..12, og in 1usize..12,
+                                               k in 1usize..9, stride in 1usize..5,
+                                               t_in in 1usize..70, m in 1usize..5,
+                                               seed in any::<u64>()) {
+        let c = conv_transpose_case(ig, og, 1, k, stride, t_in, seed);
+        let (inc, outc, t_out) = (ig, og, c.t_out);
+        let streams: Vec<Vec<f32>> =
+            (0..m as u64).map(|j| common::vals(seed ^ ((j + 1) * 31), inc * t_in)).collect();
+        let alone: Vec<Vec<f32>> = streams.iter().map(|x| {
+            let mut y = vec![0f32; outc * t_out];
+            c.conv.forward(x, &mut y).unwrap();
+            y
+        }).collect();
+        let (side, want) = (side_by_side(&streams, inc), side_by_side(&alone, outc));
+        let pool = Pool::new(2);
+        for p in [None, Some(&pool)] {
+            let mut got = vec![f32::NAN; want.len()];
+            prop_assert_eq!(c.conv.forward_streams(&side, m, &mut got, p).unwrap(), t_out);
+            bitwise(&got, &want, &format!("{m} streams, pool={}", p.is_some()));
+        }
     }
 
     #[test]

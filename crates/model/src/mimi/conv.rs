@@ -312,7 +312,19 @@ impl Conv1d {
             // input and output of several streams outgrow the L2 cache (4 streams of the
             // 1920-sample layers: ~6 MB). One stream at a time keeps a stream's working set in
             // cache, as when it runs alone; a joined call of 4 streams cost 4.3–5.3× one
-            // stream's there (`bench batch`, per-layer timers, one thread).
+            // stream's there (`bench batch`, per-layer timers, one thread). On a pool, each thread
+            // takes whole streams: one dispatch for the layer, and each stream's data in one core.
+            if pool.is_some_and(|p| p.n_threads() > 1) {
+                per_channel(cin, cin * m * w, pool, &|c0, c1| prologue(c0, c1, 0..m, w));
+                let r = self.packed.forward_streams(
+                    &xbuf[..cin * m * w],
+                    m,
+                    &mut out[..self.cout * m * tout],
+                    pool,
+                );
+                debug_assert!(r.is_ok());
+                return;
+            }
             for j in 0..m {
                 per_channel(cin, cin * w, pool, &|c0, c1| prologue(c0, c1, j..j + 1, w));
                 let r = self.run_packed(&xbuf[..cin * w], &mut y[..self.cout * tout], pool);
@@ -574,6 +586,17 @@ impl ConvTr1d {
                 }
             }
         };
+        if per_stream && pool.is_some_and(|p| p.n_threads() > 1) {
+            // As in `Conv1d::forward`: on a pool each thread takes whole streams.
+            per_channel(cin, cin * m * tin, pool, &|c0, c1| prep(c0, c1, 0..m));
+            let y = &mut y[..m * self.cout * full];
+            let r = self.kc.forward_streams(&xa[..cin * m * tin], m, y, pool);
+            debug_assert!(r.is_ok());
+            for (j, &sl) in active.iter().enumerate() {
+                self.finish(&mut st[sl], &mut y[j * full..], m * full, (j, m), tin, out);
+            }
+            return;
+        }
         if per_stream {
             for (j, &sl) in active.iter().enumerate() {
                 per_channel(cin, cin * tin, pool, &|c0, c1| prep(c0, c1, j..j + 1));
