@@ -10,7 +10,8 @@
 //! once per call for all of them: one GEMM over the streams' padded inputs laid side by side (the
 //! few columns that straddle two streams are computed and dropped), or one matmul whose
 //! activation rows are every stream's output steps. The high-rate layers, whose small weights
-//! stay in cache anyway, run the streams one after the other ([`PER_STREAM_MIN`]). Each output
+//! stay in cache anyway, run the streams one after the other, or on a pool a stream per thread
+//! ([`PER_STREAM_MIN`]). Each output
 //! is computed by the same kernel with the same summation order as for the stream alone (the
 //! GEMM micro-kernels and the dense matmul tiles compute every output as one chain over `k`,
 //! whatever the other columns or rows), so a stream's results do not depend on the others.
@@ -47,7 +48,8 @@ unsafe impl Sync for SyncPtr {}
 unsafe impl Send for SyncPtr {}
 
 /// Above this many activation values (input with history, plus output) per stream, a
-/// high-rate convolution runs several streams one by one rather than as one joined GEMM. The
+/// high-rate convolution runs several streams one by one (on a pool, a stream per thread)
+/// rather than as one joined GEMM. The
 /// choice depends on the layer and the call's length only, never on how many streams are
 /// active: the scratch buffers that the joined and the single products size on first use are
 /// then all grown by the warm-up.
