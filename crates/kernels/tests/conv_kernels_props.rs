@@ -70,6 +70,41 @@ fn side_by_side(streams: &[Vec<f32>], ch: usize) -> Vec<f32> {
     side
 }
 
+/// `m` random streams of `[inc, t_in]` side by side, and each stream's output of `alone`
+/// (`[outc, t_out]`) side by side.
+fn streams_and_alone(
+    (inc, outc): (usize, usize),
+    (t_in, t_out): (usize, usize),
+    m: usize,
+    seed: u64,
+    alone: &dyn Fn(&[f32], &mut [f32]),
+) -> (Vec<f32>, Vec<f32>) {
+    let streams: Vec<Vec<f32>> = (0..m as u64)
+        .map(|j| common::vals(seed ^ ((j + 1) * 31), inc * t_in))
+        .collect();
+    let outs: Vec<Vec<f32>> = streams
+        .iter()
+        .map(|x| {
+            let mut y = vec![0f32; outc * t_out];
+            alone(x, &mut y);
+            y
+        })
+        .collect();
+    (side_by_side(&streams, inc), side_by_side(&outs, outc))
+}
+
+/// The call `run` of `m` streams (`side`), on the calling thread and on a pool: each returns
+/// `t_out` and writes `want` bitwise.
+type RunStreams<'a> = &'a dyn Fn(&[f32], &mut [f32], Option<&Pool>) -> usize;
+fn check_streams(side: &[f32], want: &[f32], m: usize, t_out: usize, run: RunStreams<'_>) {
+    let pool = Pool::new(2);
+    for p in [None, Some(&pool)] {
+        let mut got = vec![f32::NAN; want.len()];
+        assert_eq!(run(side, &mut got, p), t_out);
+        bitwise(&got, want, &format!("{m} streams, pool={}", p.is_some()));
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
 
@@ -93,20 +128,10 @@ proptest! {
         let (inc, outc) = (c.conv.in_channels(), c.conv.out_channels());
         let t_in = c.x.len() / inc;
         let t_out = c.t_out;
-        let streams: Vec<Vec<f32>> =
-            (0..m as u64).map(|j| common::vals(seed ^ ((j + 1) * 31), inc * t_in)).collect();
-        let alone: Vec<Vec<f32>> = streams.iter().map(|x| {
-            let mut y = vec![0f32; outc * t_out];
-            c.conv.forward(x, &mut y).unwrap();
-            y
-        }).collect();
-        let (side, want) = (side_by_side(&streams, inc), side_by_side(&alone, outc));
-        let pool = Pool::new(2);
-        for p in [None, Some(&pool)] {
-            let mut got = vec![f32::NAN; want.len()];
-            prop_assert_eq!(c.conv.forward_streams(&side, m, &mut got, p).unwrap(), t_out);
-            bitwise(&got, &want, &format!("{m} streams, pool={}", p.is_some()));
-        }
+        let (side, want) = streams_and_alone((inc, outc), (t_in, t_out), m, seed, &|x, y| {
+            c.conv.forward(x, y).unwrap();
+        });
+        check_streams(&side, &want, m, t_out, &|x, y, p| c.conv.forward_streams(x, m, y, p).unwrap());
     }
 
     /// As `conv1d_streams_equal_each_alone`, for the transposed convolution (groups = 1).
@@ -117,20 +142,10 @@ proptest! {
                                                seed in any::<u64>()) {
         let c = conv_transpose_case(ig, og, 1, k, stride, t_in, seed);
         let (inc, outc, t_out) = (ig, og, c.t_out);
-        let streams: Vec<Vec<f32>> =
-            (0..m as u64).map(|j| common::vals(seed ^ ((j + 1) * 31), inc * t_in)).collect();
-        let alone: Vec<Vec<f32>> = streams.iter().map(|x| {
-            let mut y = vec![0f32; outc * t_out];
-            c.conv.forward(x, &mut y).unwrap();
-            y
-        }).collect();
-        let (side, want) = (side_by_side(&streams, inc), side_by_side(&alone, outc));
-        let pool = Pool::new(2);
-        for p in [None, Some(&pool)] {
-            let mut got = vec![f32::NAN; want.len()];
-            prop_assert_eq!(c.conv.forward_streams(&side, m, &mut got, p).unwrap(), t_out);
-            bitwise(&got, &want, &format!("{m} streams, pool={}", p.is_some()));
-        }
+        let (side, want) = streams_and_alone((inc, outc), (t_in, t_out), m, seed, &|x, y| {
+            c.conv.forward(x, y).unwrap();
+        });
+        check_streams(&side, &want, m, t_out, &|x, y, p| c.conv.forward_streams(x, m, y, p).unwrap());
     }
 
     #[test]
