@@ -272,9 +272,9 @@ impl Conv1d {
     /// `output` receives `[out, m·t_out]` the same way. Each output is the one [`Self::forward`]
     /// computes for that stream alone (the same kernel and summation order). On a pool, the
     /// streams are its units of work, one thread each: a stream's input and output then stay
-    /// in one core's cache, and the call costs one dispatch instead of one per stream (at
-    /// Mimi's high rates, a 4-stream call on 2 threads took 25–30 % less time than the streams
-    /// one after the other, each split over both threads: `BENCHMARKS.md`). Returns `t_out`.
+    /// in one core's cache, and the call costs one dispatch instead of one per stream (Mimi's
+    /// SEANets for 4 streams on 2 threads: 2.78× one stream's time, against 3.06× with each
+    /// stream split over both threads; medians, `BENCHMARKS.md`). Returns `t_out`.
     pub fn forward_streams(
         &self,
         input: &[f32],
