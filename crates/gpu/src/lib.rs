@@ -34,6 +34,7 @@ mod mimi;
 mod probe;
 pub mod sample;
 pub mod shaders;
+mod uniforms;
 
 pub use context::{adapters, choose_adapter, AdapterChoice, AdapterDesc, GpuContext, GpuOptions};
 pub use lm::{GpuLm, GpuLmWeights};

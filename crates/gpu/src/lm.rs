@@ -9,11 +9,11 @@ use model::lm::{
 };
 use model::sampling::{Sampler, SamplingError};
 
-use crate::bindings::uniform_block;
 use crate::context::GpuContext;
-use crate::matrix::{f32_bytes, Dispatch, GpuMatrix, Grid, MatParams};
+use crate::matrix::{f32_bytes, Dispatch, GpuMatrix, Grid};
 use crate::sample::{device_samples, SampleStage};
 use crate::shaders::{step, Module, MAX_ROWS};
+use crate::uniforms::{MatParams, Misc};
 use crate::GpuError;
 
 /// One transformer layer on the device.
@@ -161,24 +161,6 @@ impl GpuLmWeights {
     /// The model's sizes.
     pub fn spec(&self) -> &LmSpec {
         &self.spec
-    }
-}
-
-uniform_block! {
-    /// The uniform block `M` of the non-weight kernels (RMS norm, RoPE and KV store, attention,
-    /// gated SiLU; [`Module::source`] declares it to them from here); each reads the fields it
-    /// needs. `ctx` is the ring capacity per session, `fixed_slot` the ring slot of a Depformer
-    /// step (−1 for the temporal stack).
-    pub(crate) struct Misc {
-        d: u32,
-        w_off: u32,
-        eps: f32,
-        heads: u32,
-        head_dim: u32,
-        ctx: u32,
-        fixed_slot: i32,
-        rope: bool,
-        hidden: u32,
     }
 }
 

@@ -2,9 +2,9 @@
 
 use kernels::{Matrix, WeightFormat};
 
-use crate::bindings::uniform_block;
 use crate::context::GpuContext;
 use crate::shaders::{Module, MAX_ROWS};
+use crate::uniforms::MatParams;
 use crate::{GpuError, WeightKind};
 
 /// Rows `row0 .. row0 + rows` of a matrix, in buffers small enough for one binding.
@@ -28,26 +28,6 @@ pub struct GpuMatrix {
     /// Values per scale group (1 for dense formats: unused).
     group: usize,
     pub(crate) chunks: Vec<Chunk>,
-}
-
-uniform_block! {
-    /// The uniform block `P` of a weight-reading dispatch: the chunk's shape (set per chunk by
-    /// [`GpuMatrix::dispatches`], whatever the caller gave), then the caller's strides, offsets
-    /// and token columns.
-    pub(crate) struct MatParams {
-        pub(crate) rows: u32,
-        pub(crate) cols: u32,
-        pub(crate) group: u32,
-        pub(crate) row0: u32,
-        pub(crate) ld_x: u32,
-        pub(crate) x_off: u32,
-        pub(crate) ld_y: u32,
-        pub(crate) y_off: u32,
-        pub(crate) accumulate: bool,
-        pub(crate) tok_base: u32,
-        pub(crate) tok_stride: u32,
-        pub(crate) tok_slot: u32,
-    }
 }
 
 impl GpuMatrix {

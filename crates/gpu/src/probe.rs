@@ -4,18 +4,11 @@
 
 use std::time::Instant;
 
-use crate::bindings::uniform_block;
 use crate::context::GpuContext;
 use crate::matrix::{Dispatch, Grid};
 use crate::shaders::Module;
+use crate::uniforms::CopyParams;
 use crate::GpuError;
-
-uniform_block! {
-    /// The uniform block `C` of the copy kernel: the 16-byte words to copy.
-    pub(crate) struct CopyParams {
-        n: u32,
-    }
-}
 
 /// Workgroups of one copy (enough to fill any current GPU; the loop covers the rest).
 const COPY_GROUPS: u32 = 4096;

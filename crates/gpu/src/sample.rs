@@ -37,10 +37,10 @@
 
 use model::sampling::{Sampler, SamplingError, TokenSampling};
 
-use crate::bindings::uniform_block;
 use crate::context::GpuContext;
 use crate::matrix::{Dispatch, Grid};
 use crate::shaders::Module;
+use crate::uniforms::SampleParams;
 use crate::GpuError;
 
 /// Most top-k candidates the device sorts (workgroup memory); a larger top-k samples on the host.
@@ -182,19 +182,6 @@ pub(crate) fn decode_record(
                 value: f32::from_bits(record[rec::ERR + 2 * s + 1]),
             })
         })
-}
-
-uniform_block! {
-    /// The uniform block `S` of the sampling kernel: the stream (0 text, 1 audio), its vocabulary,
-    /// the stride of the logits' rows, the words per sampling record, and where in the step buffer
-    /// the sampled tokens go for the next Depformer step.
-    pub(crate) struct SampleParams {
-        stream: u32,
-        vocab: u32,
-        ld: u32,
-        stride: u32,
-        prev: u32,
-    }
 }
 
 /// The sampling dispatches of one backend: a record per row (`rows × record_words(draws)` u32),

@@ -7,10 +7,7 @@
 //! only Metal or DX12 would reject fails here.
 
 use crate::bindings::{declare_bindings, Access};
-use crate::lm::Misc;
-use crate::matrix::MatParams;
-use crate::probe::CopyParams;
-use crate::sample::SampleParams;
+use crate::uniforms::{CopyParams, MatParams, Misc, SampleParams};
 use crate::WeightKind;
 
 /// Most activation rows one matrix product handles (the batch of a GPU backend).

@@ -1,0 +1,63 @@
+//! The uniform blocks of the kernels, each declared once for the host, which writes it, and for
+//! the shaders, whose sources [`crate::shaders`] assembles with its WGSL declaration. They live
+//! apart from the code that fills them so that the shader sources depend on this file alone.
+
+use crate::bindings::uniform_block;
+
+uniform_block! {
+    /// The uniform block `M` of the non-weight kernels (RMS norm, RoPE and KV store, attention,
+    /// gated SiLU; [`crate::shaders::Module::source`] declares it to them); each reads the fields
+    /// it needs. `ctx` is the ring capacity per session, `fixed_slot` the ring slot of a Depformer
+    /// step (−1 for the temporal stack).
+    pub(crate) struct Misc {
+        pub(crate) d: u32,
+        pub(crate) w_off: u32,
+        pub(crate) eps: f32,
+        pub(crate) heads: u32,
+        pub(crate) head_dim: u32,
+        pub(crate) ctx: u32,
+        pub(crate) fixed_slot: i32,
+        pub(crate) rope: bool,
+        pub(crate) hidden: u32,
+    }
+}
+
+uniform_block! {
+    /// The uniform block `P` of a weight-reading dispatch: the chunk's shape (set per chunk by
+    /// [`crate::matrix::GpuMatrix::dispatches`], whatever the caller gave), then the caller's
+    /// strides, offsets and token columns.
+    pub(crate) struct MatParams {
+        pub(crate) rows: u32,
+        pub(crate) cols: u32,
+        pub(crate) group: u32,
+        pub(crate) row0: u32,
+        pub(crate) ld_x: u32,
+        pub(crate) x_off: u32,
+        pub(crate) ld_y: u32,
+        pub(crate) y_off: u32,
+        pub(crate) accumulate: bool,
+        pub(crate) tok_base: u32,
+        pub(crate) tok_stride: u32,
+        pub(crate) tok_slot: u32,
+    }
+}
+
+uniform_block! {
+    /// The uniform block `C` of the copy kernel: the 16-byte words to copy.
+    pub(crate) struct CopyParams {
+        pub(crate) n: u32,
+    }
+}
+
+uniform_block! {
+    /// The uniform block `S` of the sampling kernel: the stream (0 text, 1 audio), its vocabulary,
+    /// the stride of the logits' rows, the words per sampling record, and where in the step buffer
+    /// the sampled tokens go for the next Depformer step.
+    pub(crate) struct SampleParams {
+        pub(crate) stream: u32,
+        pub(crate) vocab: u32,
+        pub(crate) ld: u32,
+        pub(crate) stride: u32,
+        pub(crate) prev: u32,
+    }
+}
