@@ -309,7 +309,8 @@ pub(crate) fn to_bf16_body(x: &[f32], out: &mut [u16]) {
     }
 }
 
-/// Portable [`to_bf16_body`].
+/// f32 → bf16 bits, rounded to nearest even, NaN kept with its quiet bit set (bitwise equal to
+/// `half::bf16::from_f32`): the portable build of the body the SIMD sets share.
 pub fn to_bf16(x: &[f32], out: &mut [u16]) {
     to_bf16_body(x, out)
 }

@@ -44,7 +44,7 @@ impl NormKind {
             NormKind::RmsNormF32 => "rms_norm_f32",
         }
     }
-    /// True for RMSNorm variants (weight `alpha` [1,1,d], no bias).
+    /// True for RMSNorm variants (weight `alpha` `[1, 1, d]`, no bias).
     pub fn is_rms(self) -> bool {
         matches!(self, NormKind::RmsNorm | NormKind::RmsNormF32)
     }

@@ -78,7 +78,7 @@ pub struct MimiTransformerConfig {
     pub dim_feedforward: usize,
     /// Input dimension (512; equal to `d_model` means no input projection).
     pub input_dimension: usize,
-    /// Output dimensions ([512]).
+    /// Output dimensions (`[512]`).
     pub output_dimensions: Vec<usize>,
 }
 
