@@ -81,6 +81,31 @@ macro_rules! entry_points {
             self.groups
         }
 
+        /// `(t_in, t_out)` of a call of `m` streams side by side (`forward_streams`).
+        fn stream_dims(
+            &self,
+            input: &[f32],
+            m: usize,
+            output: &[f32],
+        ) -> Result<(usize, usize), KernelError> {
+            if m == 0 || !input.len().is_multiple_of(self.in_ch * m) {
+                return Err(bad(format!(
+                    "{} input of {} values for {} channels × {m} streams",
+                    $what,
+                    input.len(),
+                    self.in_ch
+                )));
+            }
+            let t_in = input.len() / (self.in_ch * m);
+            let t_out = self.out_len(t_in);
+            crate::check_len(
+                concat!($what, " output"),
+                self.out_ch * m * t_out,
+                output.len(),
+            )?;
+            Ok((t_in, t_out))
+        }
+
         fn dims(&self, input: &[f32], output: &[f32]) -> Result<(usize, usize), KernelError> {
             if !input.len().is_multiple_of(self.in_ch) {
                 return Err(bad(format!(
@@ -243,28 +268,50 @@ impl Conv1d {
         }
         SCRATCH.with(|scratch| {
             let ConvScratch { rows, phases, .. } = &mut *scratch.borrow_mut();
-            let (k, d, s) = (self.k, self.dilation, self.stride);
-            // With a stride, tap i of output t reads input t·s + i·d: a strided run. Split into
-            // phases (phase r of a channel holds its inputs r, r + s, r + 2s, ...), the same tap
-            // reads the consecutive values from (i·d) / s of phase (i·d) % s. Stride 1 reads the
-            // input itself, as its one phase.
-            let (src, lp): (&[f32], usize) = if s == 1 {
-                (input, t_in)
-            } else {
-                let lp = t_in.div_ceil(s);
-                let ph = fitted(phases, self.in_ch * s * lp);
-                split_phases(input, t_in, s, lp, ph, pool);
-                (ph, lp)
-            };
-            let rows = fitted(rows, self.in_ch * k);
-            for (c, taps) in rows.chunks_exact_mut(k).enumerate() {
-                for (i, o) in taps.iter_mut().enumerate() {
-                    let e = i * d;
-                    *o = (c * s + e % s) * lp + e / s;
-                }
-            }
+            let src = self.gemm_view(input, 1, t_in, pool, rows, phases);
+            let rows = &rows[..self.in_ch * self.k];
             self.run_on(level, src, rows, t_out, output, pool);
         })
+    }
+
+    /// The GEMM view of `m` streams side by side (`[in, m·t_in]`; one stream is `m = 1`): fills
+    /// `rows` with stream j's rows of B at `j·in·k` (row `c·k + i`: channel `c`, tap `i`) and
+    /// returns what they index. With a stride, tap i of output t reads input t·s + i·d: a strided
+    /// run. Split into phases (phase r of a channel holds its inputs r, r + s, r + 2s, ...), the
+    /// same tap reads the consecutive values from (i·d) / s of phase (i·d) % s. Stride 1 reads
+    /// the input itself, as its one phase.
+    fn gemm_view<'a>(
+        &self,
+        input: &'a [f32],
+        m: usize,
+        t_in: usize,
+        pool: Option<&Pool>,
+        rows: &mut Vec<usize>,
+        phases: &'a mut Vec<f32>,
+    ) -> &'a [f32] {
+        let (k, d, s) = (self.k, self.dilation, self.stride);
+        let (src, lp): (&[f32], usize) = if s == 1 {
+            (input, t_in)
+        } else {
+            let lp = t_in.div_ceil(s);
+            let ph = fitted(phases, self.in_ch * m * s * lp);
+            // Channel c of stream j is row c·m + j of `t_in` values.
+            split_phases(input, t_in, s, lp, ph, pool);
+            (ph, lp)
+        };
+        let per_stream = self.in_ch * k;
+        for (j, stream) in fitted(rows, m * per_stream)
+            .chunks_exact_mut(per_stream)
+            .enumerate()
+        {
+            for (c, taps) in stream.chunks_exact_mut(k).enumerate() {
+                for (i, o) in taps.iter_mut().enumerate() {
+                    let e = i * d;
+                    *o = ((c * m + j) * s + e % s) * lp + e / s;
+                }
+            }
+        }
+        src
     }
 
     /// `m` streams convolved at once, each on its own: every row of `input` holds one channel
@@ -282,16 +329,7 @@ impl Conv1d {
         output: &mut [f32],
         pool: Option<&Pool>,
     ) -> Result<usize, KernelError> {
-        if m == 0 || !input.len().is_multiple_of(self.in_ch * m) {
-            return Err(bad(format!(
-                "conv1d input of {} values for {} channels × {m} streams",
-                input.len(),
-                self.in_ch
-            )));
-        }
-        let t_in = input.len() / (self.in_ch * m);
-        let t_out = self.out_len(t_in);
-        crate::check_len("conv1d output", self.out_ch * m * t_out, output.len())?;
+        let (t_in, t_out) = self.stream_dims(input, m, output)?;
         if t_out > 0 {
             self.run_streams(arch::active(), input, m, t_in, t_out, output, pool);
         }
@@ -313,26 +351,8 @@ impl Conv1d {
         SCRATCH.with(|scratch| {
             let ConvScratch { rows, phases, .. } = &mut *scratch.borrow_mut();
             let (k, d, s) = (self.k, self.dilation, self.stride);
-            // The input as `in·m` rows of `t_in` (channel c of stream j is row c·m + j), split
-            // into phases like a single stream's ([`Self::run`]).
-            let (src, lp): (&[f32], usize) = if s == 1 {
-                (input, t_in)
-            } else {
-                let lp = t_in.div_ceil(s);
-                let ph = fitted(phases, self.in_ch * m * s * lp);
-                split_phases(input, t_in, s, lp, ph, pool);
-                (ph, lp)
-            };
+            let src = self.gemm_view(input, m, t_in, pool, rows, phases);
             let per_stream = self.in_ch * k;
-            let rows = fitted(rows, m * per_stream);
-            for (j, stream) in rows.chunks_exact_mut(per_stream).enumerate() {
-                for (c, taps) in stream.chunks_exact_mut(k).enumerate() {
-                    for (i, o) in taps.iter_mut().enumerate() {
-                        let e = i * d;
-                        *o = ((c * m + j) * s + e % s) * lp + e / s;
-                    }
-                }
-            }
             let rows: &[usize] = rows;
             let (ig, og) = (self.in_ch / self.groups, self.out_ch / self.groups);
             let ldc = m * t_out;
@@ -366,25 +386,7 @@ impl Conv1d {
                     }
                 }
             };
-            let nt = pool.map_or(1, |p| p.n_threads());
-            // A warm-up with several streams must also cover later calls of one stream, whose
-            // row or column shares draw on the same panel scratch ([`Self::run_on`]).
-            with_scratch(
-                (panel_len(ig * k) * nt * CHUNKS_PER_THREAD).max(gathered_len(ig * k, t_out)),
-                |_| (),
-            );
-            match pool {
-                Some(p) if nt > 1 => with_panels(ig * k, m, |panels| {
-                    // SAFETY: stream j is run once, by one thread.
-                    p.run(m, &|j| one(j, unsafe { panels.share(j) }))
-                }),
-                _ => with_panels(ig * k, 1, |panels| {
-                    for j in 0..m {
-                        // SAFETY: one share, on this thread.
-                        one(j, unsafe { panels.share(0) })
-                    }
-                }),
-            }
+            each_stream(ig * k, t_out, m, pool, &one);
         })
     }
 
@@ -640,6 +642,37 @@ unsafe fn rows_pregathered(
     })
 }
 
+/// Runs `one(j, panels)` for the streams `0..m` of a `forward_streams` call whose GEMMs have
+/// depth `k` and `n` columns: on a pool a stream per share (each with its own panel buffer), else
+/// one after the other on this thread. It first grows the panel scratch to what a call of one
+/// stream of the same layer can take (its row or column shares, or a pre-gathered B), so a
+/// warm-up with several streams also covers later calls of one.
+fn each_stream(
+    k: usize,
+    n: usize,
+    m: usize,
+    pool: Option<&Pool>,
+    one: &(dyn Fn(usize, &mut [f32]) + Sync),
+) {
+    let nt = pool.map_or(1, |p| p.n_threads());
+    with_scratch(
+        (panel_len(k) * nt * CHUNKS_PER_THREAD).max(gathered_len(k, n)),
+        |_| (),
+    );
+    match pool {
+        Some(p) if nt > 1 => with_panels(k, m, |panels| {
+            // SAFETY: stream j is run once, by one thread.
+            p.run(m, &|j| one(j, unsafe { panels.share(j) }))
+        }),
+        _ => with_panels(k, 1, |panels| {
+            for j in 0..m {
+                // SAFETY: one share, on this thread.
+                one(j, unsafe { panels.share(0) })
+            }
+        }),
+    }
+}
+
 /// Work chunks per pool thread for the threaded convolutions.
 const CHUNKS_PER_THREAD: usize = 3;
 
@@ -749,26 +782,34 @@ impl ConvTranspose1d {
         output: &mut [f32],
         pool: Option<&Pool>,
     ) -> Result<usize, KernelError> {
-        if m == 0 || !input.len().is_multiple_of(self.in_ch * m) || self.packed.is_none() {
+        if self.packed.is_none() {
             return Err(bad(format!(
-                "conv_transpose1d of {} groups: input of {} values for {} channels × {m} \
-                 streams (streams need groups = 1)",
-                self.groups,
-                input.len(),
-                self.in_ch
+                "conv_transpose1d of {} groups: streams need groups = 1",
+                self.groups
             )));
         }
-        let t_in = input.len() / (self.in_ch * m);
-        let t_out = self.out_len(t_in);
-        crate::check_len(
-            "conv_transpose1d output",
-            self.out_ch * m * t_out,
-            output.len(),
-        )?;
+        let (t_in, t_out) = self.stream_dims(input, m, output)?;
         if t_out > 0 {
             self.run_streams(arch::active(), input, m, t_in, t_out, output, pool);
         }
         Ok(t_out)
+    }
+
+    /// Output row `oc` (`(t_in − 1)·stride + k` values) from the GEMM output `z` (`[out·k,
+    /// t_in]`): the bias, then each tap's row added at its stride.
+    ///
+    /// # Safety
+    /// `z` holds `out_ch·k·t_in` values.
+    unsafe fn overlap_add(&self, oc: usize, z: *const f32, t_in: usize, y: &mut [f32]) {
+        let (k, s) = (self.k, self.stride);
+        y.fill(self.bias[oc]);
+        for kk in 0..k {
+            // SAFETY: row oc·k + kk of z, inside the caller's bound.
+            let zr = unsafe { std::slice::from_raw_parts(z.add((oc * k + kk) * t_in), t_in) };
+            for (t, v) in zr.iter().enumerate() {
+                y[t * s + kk] += v;
+            }
+        }
     }
 
     /// [`Self::forward_streams`] with the sizes checked and the packed weight present.
@@ -786,7 +827,7 @@ impl ConvTranspose1d {
         let Some(pa) = &self.packed else {
             return;
         };
-        let (k, s) = (self.k, self.stride);
+        let k = self.k;
         SCRATCH.with(|scratch| {
             let ConvScratch { rows, z, .. } = &mut *scratch.borrow_mut();
             // Stream j's GEMM output `[out·k, t_in]` at j·zlen of z.
@@ -829,36 +870,11 @@ impl ConvTranspose1d {
                     let y = unsafe {
                         std::slice::from_raw_parts_mut(out.0.add(oc * ldo + j * t_out), t_out)
                     };
-                    y.fill(self.bias[oc]);
-                    for kk in 0..k {
-                        let zr = unsafe {
-                            std::slice::from_raw_parts(zj.add((oc * k + kk) * t_in), t_in)
-                        };
-                        for (t, v) in zr.iter().enumerate() {
-                            y[t * s + kk] += v;
-                        }
-                    }
+                    // SAFETY: stream j's z holds out_ch·k·t_in values.
+                    unsafe { self.overlap_add(oc, zj, t_in, y) };
                 }
             };
-            let nt = pool.map_or(1, |p| p.n_threads());
-            // As in [`Conv1d::forward_streams`]: cover what a call of one stream takes from the
-            // panel scratch.
-            with_scratch(
-                (panel_len(pa.k) * nt * CHUNKS_PER_THREAD).max(gathered_len(pa.k, t_in)),
-                |_| (),
-            );
-            match pool {
-                Some(p) if nt > 1 => with_panels(pa.k, m, |panels| {
-                    // SAFETY: stream j is run once, by one thread.
-                    p.run(m, &|j| one(j, unsafe { panels.share(j) }))
-                }),
-                _ => with_panels(pa.k, 1, |panels| {
-                    for j in 0..m {
-                        // SAFETY: one share, on this thread.
-                        one(j, unsafe { panels.share(0) })
-                    }
-                }),
-            }
+            each_stream(pa.k, t_in, m, pool, &one);
         })
     }
 
@@ -874,7 +890,7 @@ impl ConvTranspose1d {
         if t_out == 0 {
             return;
         }
-        let (k, s) = (self.k, self.stride);
+        let k = self.k;
         let Some(pa) = &self.packed else {
             return self.direct(input, t_in, t_out, output);
         };
@@ -906,15 +922,8 @@ impl ConvTranspose1d {
                 for oc in o0..o1 {
                     // SAFETY: row oc of the output belongs to this share only; z is read-only now.
                     let y = unsafe { std::slice::from_raw_parts_mut(out.0.add(oc * t_out), t_out) };
-                    y.fill(self.bias[oc]);
-                    for kk in 0..k {
-                        let zr = unsafe {
-                            std::slice::from_raw_parts(zp.0.add((oc * k + kk) * t_in), t_in)
-                        };
-                        for (t, v) in zr.iter().enumerate() {
-                            y[t * s + kk] += v;
-                        }
-                    }
+                    // SAFETY: z holds out_ch·k·t_in values.
+                    unsafe { self.overlap_add(oc, zp.0, t_in, y) };
                 }
             };
             match pool {
