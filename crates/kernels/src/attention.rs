@@ -1,5 +1,6 @@
 //! Attention over a ring-buffer KV cache: one query per head ([`KvRing::attend`], the LM) or a
-//! causal chunk of queries ([`KvRing::attend_chunk`], Mimi's transformer).
+//! causal chunk of queries ([`KvRing::attend_chunk`], Mimi's transformer; [`attend_chunks`] for
+//! several streams' rings in one pool dispatch).
 
 use crate::arch::{self, HeadQuery, KernelSet, Kernels, Seg};
 use crate::{ops, KernelError};
@@ -9,8 +10,8 @@ struct SendPtr(*mut f32);
 unsafe impl Sync for SendPtr {}
 unsafe impl Send for SendPtr {}
 
-/// Below this many key values read per call (queries × capacity × width), a chunk's
-/// attention stays on the calling thread.
+/// Below this many key values read per call (queries × capacity × width, summed over the
+/// streams), chunk attention stays on the calling thread.
 const PAR_CHUNK: usize = 64 * 1024;
 
 /// Element type of the cached keys and values.
@@ -242,6 +243,7 @@ impl KvRing {
     /// `q` holds `t` rows `q_stride` apart (the first `n_heads·head_dim` values of each are
     /// the query); `out` receives `t` rows of `n_heads·head_dim`. With a pool, large chunks
     /// are split by heads (each head's arithmetic is the same, so results match bit for bit).
+    /// The one-ring case of [`attend_chunks`].
     pub fn attend_chunk(
         &mut self,
         q: &[f32],
@@ -251,45 +253,9 @@ impl KvRing {
         out: &mut [f32],
         pool: Option<&crate::Pool>,
     ) {
-        let (hd, nh, cap) = (self.head_dim, self.n_heads, self.capacity);
-        let d = nh * hd;
-        assert!(
-            t <= self.len()
-                && q_stride >= d
-                && (t == 0 || q.len() >= (t - 1) * q_stride + d)
-                && out.len() >= t * d,
-            "attend_chunk: wrong length"
-        );
-        if self.scores.len() < cap * nh {
-            // Grows once (warm-up), never in steady state.
-            self.scores.resize(cap * nh, 0.0);
-        }
         let mut scores = std::mem::take(&mut self.scores);
-        {
-            let (this, level) = (&*self, arch::active());
-            let outp = SendPtr(out.as_mut_ptr());
-            let sp = SendPtr(scores.as_mut_ptr());
-            let oldest = self.pushed.saturating_sub(cap as u64);
-            let head = |h: usize| {
-                let (outp, sp) = (&outp, &sp);
-                // SAFETY: head h owns its columns of every output row and scores slice h.
-                let sc = unsafe { std::slice::from_raw_parts_mut(sp.0.add(h * cap), cap) };
-                for s in 0..t {
-                    let p = this.pushed - (t - s) as u64;
-                    let lo = (p + 1).saturating_sub(context as u64).max(oldest);
-                    let o =
-                        unsafe { std::slice::from_raw_parts_mut(outp.0.add(s * d + h * hd), hd) };
-                    let qh = &q[s * q_stride + h * hd..s * q_stride + (h + 1) * hd];
-                    this.attend_span(level, h, qh, o, p + 1, (p + 1 - lo) as usize, sc);
-                }
-            };
-            match pool {
-                Some(pl) if pl.n_threads() > 1 && nh > 1 && t * cap * d >= PAR_CHUNK => {
-                    pl.run(nh, &head)
-                }
-                _ => (0..nh).for_each(head),
-            }
-        }
+        let this = &*self;
+        attend_chunks(|_| this, 1, q, q_stride, t, context, out, &mut scores, pool);
         self.scores = scores;
     }
 
@@ -403,6 +369,84 @@ impl KvRing {
                 }
             }
         }
+    }
+}
+
+/// [`KvRing::attend_chunk`] for `m` streams in one call: stream `j` attends its ring
+/// `rings(j)` with the `t` query rows `j·t .. (j+1)·t` of `q` (`q_stride` apart) into the rows
+/// `j·t .. (j+1)·t` of `out` (`n_heads·head_dim` each). All rings have the same heads and head
+/// size; each already holds the stream's `t` new entries. With a pool, the (stream, head) pairs
+/// are shared out in one dispatch when the chunks are large; every pair runs the same
+/// arithmetic as the one-ring call, so each stream's output is bitwise what
+/// [`KvRing::attend_chunk`] gives for its ring alone.
+///
+/// `scores` is work space of `m · n_heads · max capacity` values; it grows when shorter (keep
+/// it between calls so steady state does not allocate).
+#[allow(clippy::too_many_arguments)]
+pub fn attend_chunks<'r, R>(
+    rings: R,
+    m: usize,
+    q: &[f32],
+    q_stride: usize,
+    t: usize,
+    context: usize,
+    out: &mut [f32],
+    scores: &mut Vec<f32>,
+    pool: Option<&crate::Pool>,
+) where
+    R: Fn(usize) -> &'r KvRing + Sync,
+{
+    if m == 0 {
+        return;
+    }
+    let (nh, hd) = (rings(0).n_heads, rings(0).head_dim);
+    let d = nh * hd;
+    let rows = m * t;
+    assert!(
+        q_stride >= d
+            && (rows == 0 || q.len() >= (rows - 1) * q_stride + d)
+            && out.len() >= rows * d,
+        "attend_chunk: wrong length"
+    );
+    let (mut cmax, mut work) = (0, 0);
+    for j in 0..m {
+        let r = rings(j);
+        assert!(
+            r.n_heads == nh && r.head_dim == hd && t <= r.len(),
+            "attend_chunk: wrong length"
+        );
+        cmax = cmax.max(r.capacity);
+        work += t * r.capacity * d;
+    }
+    let units = m * nh;
+    if scores.len() < units * cmax {
+        // Grows once (warm-up), never in steady state.
+        scores.resize(units * cmax, 0.0);
+    }
+    let level = arch::active();
+    let outp = SendPtr(out.as_mut_ptr());
+    let sp = SendPtr(scores.as_mut_ptr());
+    let unit = |u: usize| {
+        let (outp, sp) = (&outp, &sp);
+        let (j, h) = (u / nh, u % nh);
+        let r = rings(j);
+        let cap = r.capacity;
+        let oldest = r.pushed.saturating_sub(cap as u64);
+        // SAFETY: unit (j, h) owns head h's columns of stream j's output rows and scores
+        // slice u (`cap <= cmax` values).
+        let sc = unsafe { std::slice::from_raw_parts_mut(sp.0.add(u * cmax), cap) };
+        for s in 0..t {
+            let p = r.pushed - (t - s) as u64;
+            let lo = (p + 1).saturating_sub(context as u64).max(oldest);
+            let row = j * t + s;
+            let o = unsafe { std::slice::from_raw_parts_mut(outp.0.add(row * d + h * hd), hd) };
+            let qh = &q[row * q_stride + h * hd..row * q_stride + (h + 1) * hd];
+            r.attend_span(level, h, qh, o, p + 1, (p + 1 - lo) as usize, sc);
+        }
+    };
+    match pool {
+        Some(pl) if pl.n_threads() > 1 && units > 1 && work >= PAR_CHUNK => pl.run(units, &unit),
+        _ => (0..units).for_each(unit),
     }
 }
 

@@ -9,7 +9,7 @@
 //! The non-streaming PyTorch path (mask only) is reproduced with a larger ring.
 
 use super::conv::matmul;
-use kernels::attention::{KvDtype, KvRing};
+use kernels::attention::{attend_chunks, KvDtype, KvRing};
 use kernels::{Matrix, Pool, Scratch};
 
 /// Weights of one layer.
@@ -66,6 +66,8 @@ pub(crate) struct TransformerState {
     f: Vec<f32>,
     cos: Vec<f32>,
     sin: Vec<f32>,
+    /// Attention scores of every (stream, head) pair (see [`attend_chunks`]).
+    scores: Vec<f32>,
     scratch: Scratch,
 }
 
@@ -104,13 +106,14 @@ impl Transformer {
             f: vec![0.0; rows * self.ff],
             cos: vec![0.0; rows * d / self.heads / 2],
             sin: vec![0.0; rows * d / self.heads / 2],
+            scores: vec![0.0; streams * self.heads * cap],
             scratch: Scratch::new(),
         }
     }
 
     /// Runs `t` steps of the streams `active`. `io` is `[d, m·t]` (conv layout, stream j's
     /// steps at `j·t`) on input and output. The linears take the `m·t` rows at once (each weight
-    /// read once per call); attention runs per stream over its own ring.
+    /// read once per call); attention attends every stream over its own ring, in one call.
     pub fn forward(
         &self,
         st: &mut TransformerState,
@@ -167,16 +170,21 @@ impl Transformer {
                     kernels::ops::rope_rotate(&mut row[..2 * d], hd, cs, sn);
                     ring.push(&row[d..2 * d], &row[2 * d..3 * d]);
                 }
-                // Query p sees the keys still in the ring within its context (see the module doc).
-                ring.attend_chunk(
-                    &st.qkv[j * t * 3 * d..(j + 1) * t * 3 * d],
-                    3 * d,
-                    t,
-                    self.context,
-                    &mut st.att[j * t * d..(j + 1) * t * d],
-                    pool,
-                );
             }
+            // Query p sees the keys still in the ring within its context (see the module doc).
+            // All streams in one call, so the pool gets their (stream, head) pairs at once.
+            let streams = &st.streams;
+            attend_chunks(
+                |j| &streams[active[j]].kv[l],
+                active.len(),
+                &st.qkv[..n * 3 * d],
+                3 * d,
+                t,
+                self.context,
+                &mut st.att[..n * d],
+                &mut st.scores,
+                pool,
+            );
             matmul(
                 &layer.out_proj,
                 &st.att[..n * d],
@@ -195,7 +203,7 @@ impl Transformer {
                 pool,
                 &mut st.scratch,
             );
-            kernels::ops::gelu_erf(&mut st.f[..n * self.ff]);
+            gelu(&mut st.f[..n * self.ff], pool);
             matmul(
                 &layer.linear2,
                 &st.f[..n * self.ff],
@@ -215,6 +223,37 @@ impl Transformer {
             }
         }
     }
+}
+
+/// Below this many values GELU stays on the calling thread: one stream's chunk (2 × 2048)
+/// takes about 5 µs, which a pool dispatch would mostly eat.
+const PAR_GELU: usize = 8 * 1024;
+
+/// Values per GELU share are a multiple of this, so every share starts on a whole SIMD block.
+const GELU_BLOCK: usize = 64;
+
+struct SendPtr(*mut f32);
+// SAFETY: hands disjoint ranges of one buffer to pool shares.
+unsafe impl Sync for SendPtr {}
+
+/// In-place GELU(erf) of `x`, split over the pool when large. The function is elementwise, so
+/// the split changes no bit.
+fn gelu(x: &mut [f32], pool: Option<&Pool>) {
+    let len = x.len();
+    let pl = match pool {
+        Some(pl) if pl.n_threads() > 1 && len >= PAR_GELU => pl,
+        _ => return kernels::ops::gelu_erf(x),
+    };
+    let nt = pl.n_threads();
+    let blocks = len.div_ceil(GELU_BLOCK);
+    let xp = SendPtr(x.as_mut_ptr());
+    pl.run(nt, &|i| {
+        let xp = &xp;
+        let a = (i * blocks / nt * GELU_BLOCK).min(len);
+        let b = ((i + 1) * blocks / nt * GELU_BLOCK).min(len);
+        // SAFETY: share i owns x[a..b]; the shares' ranges are disjoint and inside x.
+        kernels::ops::gelu_erf(unsafe { std::slice::from_raw_parts_mut(xp.0.add(a), b - a) });
+    });
 }
 
 /// LayerNorm (eps 1e-5, PyTorch's default) of each of the `n` rows of `x` (`[n, d]`) into `h`.
