@@ -18,6 +18,11 @@ thread_local! {
     static PANELS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Swaps `buf` with the calling thread's B-panel scratch (see [`crate::conv::Workspace`]).
+pub(crate) fn swap_panels(buf: &mut Vec<f32>) {
+    PANELS.with(|p| std::mem::swap(&mut *p.borrow_mut(), buf));
+}
+
 /// Floats of one share's B-panel buffer for a GEMM of depth `k`: two gathered column panels, or
 /// the transposed B of the skinny kernel.
 pub(crate) fn panel_len(k: usize) -> usize {

@@ -8,6 +8,12 @@
 //! simply leaves its shares to the caller instead of making it wait. Idle workers spin on
 //! the epoch for about [`SPIN`] before parking. Nothing is allocated or spawned per call.
 //! With one thread there is no worker at all.
+//!
+//! [`Pool::run_affine`] is the one exception to "whoever comes first": its tasks have a home
+//! thread (task `i` on thread `i mod n`, the caller being thread 0), claimed through a bitmask
+//! word, so that a sequence of calls over the same streams keeps each stream's data in one core's
+//! cache. A thread whose own tasks are done still takes the others' last tasks, so a descheduled
+//! worker delays a call no more than with [`Pool::run`].
 
 use std::cell::UnsafeCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -27,19 +33,32 @@ pub const SPIN: Duration = Duration::from_micros(80);
 /// Shares per thread a matrix product is cut into (dynamic load balancing).
 const SHARES_PER_THREAD: usize = 4;
 
-/// Most shares one dispatch can have (16-bit field of the state word).
-const MAX_SHARES: usize = 0xffff;
+/// Most shares one dispatch can have (15-bit field of the state word).
+const MAX_SHARES: usize = 0x7fff;
+
+/// The state word's flag for a [`Pool::run_affine`] dispatch (its shares are claimed in
+/// [`Shared::claims`]).
+const AFFINE: u64 = 1 << 31;
+
+/// Most tasks of one [`Pool::run_affine`] call (the bits of the claim mask).
+pub const MAX_AFFINE_TASKS: usize = 32;
 
 type Job = *const (dyn Fn(usize) + Sync);
 
 struct Shared {
-    /// Epoch (bits 32..64) | number of shares (bits 16..32) | next unclaimed share (bits 0..16).
+    /// Epoch (bits 32..64) | [`AFFINE`] | number of shares (bits 16..31) | next unclaimed share
+    /// (bits 0..16).
     state: AtomicU64,
+    /// For an affine dispatch: its epoch (bits 32..64) | the claimed shares (one bit each). It
+    /// carries the epoch so that a claim can only succeed against the dispatch that published it.
+    claims: AtomicU64,
     completed: AtomicUsize,
     panicked: AtomicBool,
     stop: AtomicBool,
     /// Workers that have started running.
     started: AtomicUsize,
+    /// Threads taking part in a call (workers + the caller), set once the workers are spawned.
+    threads: AtomicUsize,
     job: UnsafeCell<Option<Job>>,
 }
 
@@ -49,8 +68,9 @@ unsafe impl Sync for Shared {}
 unsafe impl Send for Shared {}
 
 impl Shared {
-    /// Claims and runs shares of `epoch` until none is left. Returns how many ran.
-    fn work(&self, epoch: u32) -> usize {
+    /// Claims and runs shares of `epoch` until none is left, as thread `me` (the caller is 0).
+    /// Returns how many ran.
+    fn work(&self, epoch: u32, me: usize) -> usize {
         let mut ran = 0;
         loop {
             let s = self.state.load(Ordering::Acquire);
@@ -59,7 +79,10 @@ impl Shared {
             }
             // The share count lives in the same word as the epoch and the claim index, so
             // a claim can only succeed against the dispatch that published it.
-            let n = ((s >> 16) & 0xffff) as usize;
+            let n = ((s >> 16) & 0x7fff) as usize;
+            if s & AFFINE != 0 {
+                return ran + self.work_affine(epoch, n, me);
+            }
             let i = (s & 0xffff) as usize;
             if i >= n {
                 return ran;
@@ -71,17 +94,58 @@ impl Shared {
             {
                 continue;
             }
-            // SAFETY: a claimed, uncompleted share of the current epoch keeps the caller
-            // waiting, so the job published (release) with this epoch is alive.
-            if let Some(job) = unsafe { *self.job.get() } {
-                let r = catch_unwind(AssertUnwindSafe(|| unsafe { (*job)(i) }));
-                if r.is_err() {
-                    self.panicked.store(true, Ordering::Relaxed);
-                }
-            }
-            self.completed.fetch_add(1, Ordering::Release);
+            self.run_share(i);
             ran += 1;
         }
+    }
+
+    /// The shares of an affine dispatch of `n` shares: first this thread's own (`i mod threads
+    /// == me`, lowest first), then the highest unclaimed one of the others (their owners work
+    /// up from their lowest).
+    fn work_affine(&self, epoch: u32, n: usize, me: usize) -> usize {
+        let threads = self.threads.load(Ordering::Acquire);
+        let all = if n >= 32 { u32::MAX } else { (1u32 << n) - 1 };
+        let own = (0..n)
+            .filter(|i| i % threads == me)
+            .fold(0u32, |m, i| m | (1 << i));
+        let mut ran = 0;
+        loop {
+            let w = self.claims.load(Ordering::Acquire);
+            if (w >> 32) as u32 != epoch {
+                return ran;
+            }
+            let free = !(w as u32) & all;
+            if free == 0 {
+                return ran;
+            }
+            let i = if free & own != 0 {
+                (free & own).trailing_zeros()
+            } else {
+                31 - free.leading_zeros()
+            };
+            if self
+                .claims
+                .compare_exchange_weak(w, w | (1 << i), Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+            {
+                continue;
+            }
+            self.run_share(i as usize);
+            ran += 1;
+        }
+    }
+
+    /// Runs claimed share `i` of the current job and counts it completed.
+    fn run_share(&self, i: usize) {
+        // SAFETY: a claimed, uncompleted share of the current epoch keeps the caller
+        // waiting, so the job published (release) with this epoch is alive.
+        if let Some(job) = unsafe { *self.job.get() } {
+            let r = catch_unwind(AssertUnwindSafe(|| unsafe { (*job)(i) }));
+            if r.is_err() {
+                self.panicked.store(true, Ordering::Relaxed);
+            }
+        }
+        self.completed.fetch_add(1, Ordering::Release);
     }
 }
 
@@ -111,10 +175,12 @@ impl Pool {
     pub fn new(n_threads: usize) -> Pool {
         let shared = Arc::new(Shared {
             state: AtomicU64::new(0),
+            claims: AtomicU64::new(0),
             completed: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             started: AtomicUsize::new(0),
+            threads: AtomicUsize::new(1),
             job: UnsafeCell::new(None),
         });
         let mut workers = Vec::new();
@@ -122,7 +188,7 @@ impl Pool {
             let sh = shared.clone();
             match thread::Builder::new()
                 .name(format!("moshi-kernels-{idx}"))
-                .spawn(move || worker(sh))
+                .spawn(move || worker(sh, idx))
             {
                 Ok(h) => workers.push((h.thread().clone(), h)),
                 Err(_) => break,
@@ -134,6 +200,7 @@ impl Pool {
         while shared.started.load(Ordering::Acquire) < workers.len() {
             thread::yield_now();
         }
+        shared.threads.store(workers.len() + 1, Ordering::Release);
         Pool {
             shared,
             workers,
@@ -191,7 +258,7 @@ impl Pool {
         if self.n_threads() <= 1 || shares <= 1 {
             (0..shares.max(1)).for_each(f)
         } else {
-            self.dispatch(shares, &f)
+            self.dispatch(shares, &f, false)
         }
     }
 
@@ -214,7 +281,26 @@ impl Pool {
             let (a, b) = split(n_tasks, shares, i);
             (a..b).for_each(f)
         };
-        self.dispatch(shares, &g)
+        self.dispatch(shares, &g, false)
+    }
+
+    /// Runs `f(i)` exactly once for every `i` in `0..n_tasks`, task `i` on thread `i mod
+    /// n_threads()` (the caller is thread 0) unless that thread is late: a thread done with its
+    /// own tasks takes the others' last ones. For calls that follow each other over the same
+    /// independent streams (task `i` = stream `i`), so that what one call leaves in a core's
+    /// cache for a stream is there for the next. More than [`MAX_AFFINE_TASKS`] tasks run as
+    /// with [`Pool::run`]. Blocks until all are done; panics in `f` are propagated to the caller
+    /// after all tasks finish.
+    pub fn run_affine(&self, n_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
+        if n_tasks > MAX_AFFINE_TASKS {
+            return self.run(n_tasks, f);
+        }
+        if self.n_threads() <= 1 || n_tasks <= 1 {
+            (0..n_tasks).for_each(f);
+            return;
+        }
+        let _guard = self.lock();
+        self.dispatch(n_tasks, f, true)
     }
 
     fn lock(&self) -> BusyGuard<'_> {
@@ -234,8 +320,9 @@ impl Pool {
         BusyGuard(&self.busy)
     }
 
-    /// Runs `f(i)` for `i` in `0..shares` on the caller and the workers.
-    fn dispatch(&self, shares: usize, f: &(dyn Fn(usize) + Sync)) {
+    /// Runs `f(i)` for `i` in `0..shares` on the caller and the workers; with `affine`, share
+    /// `i` preferably on thread `i mod n_threads()` (at most [`MAX_AFFINE_TASKS`] shares).
+    fn dispatch(&self, shares: usize, f: &(dyn Fn(usize) + Sync), affine: bool) {
         let sh = &*self.shared;
         // SAFETY: erase the lifetime; the pointer is cleared before this function returns,
         // and no share can be claimed after that (all are claimed and completed).
@@ -247,14 +334,18 @@ impl Pool {
         sh.completed.store(0, Ordering::Relaxed);
         let epoch = self.epoch.get().wrapping_add(1);
         self.epoch.set(epoch);
-        sh.state.store(
-            ((epoch as u64) << 32) | ((shares as u64) << 16),
-            Ordering::Release,
-        );
+        let mut state = ((epoch as u64) << 32) | ((shares as u64) << 16);
+        if affine {
+            debug_assert!(shares <= MAX_AFFINE_TASKS);
+            // Published by the release store of `state` below, which workers acquire first.
+            sh.claims.store((epoch as u64) << 32, Ordering::Relaxed);
+            state |= AFFINE;
+        }
+        sh.state.store(state, Ordering::Release);
         for (t, _) in &self.workers {
             t.unpark();
         }
-        sh.work(epoch);
+        sh.work(epoch, 0);
         let start = Instant::now();
         let mut k = 0u32;
         while sh.completed.load(Ordering::Acquire) < shares {
@@ -288,7 +379,7 @@ fn split(n: usize, parts: usize, i: usize) -> (usize, usize) {
     (a.min(n), b.min(n))
 }
 
-fn worker(sh: Arc<Shared>) {
+fn worker(sh: Arc<Shared>, me: usize) {
     sh.started.fetch_add(1, Ordering::Release);
     let mut seen = 0u32;
     loop {
@@ -317,7 +408,7 @@ fn worker(sh: Arc<Shared>) {
         if sh.stop.load(Ordering::Acquire) {
             return;
         }
-        sh.work(e);
+        sh.work(e, me);
     }
 }
 
@@ -395,6 +486,57 @@ mod tests {
             hits.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(hits.load(Ordering::Relaxed), 6);
+    }
+
+    #[test]
+    fn run_affine_visits_each_task_once_and_propagates_panics() {
+        for threads in [2usize, 3] {
+            let pool = Pool::new(threads);
+            for n in [1usize, 2, 3, 4, 5, 8, 31, 32, 33, 100] {
+                let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+                for _ in 0..200 {
+                    pool.run_affine(n, &|i| {
+                        hits[i].fetch_add(1, Ordering::Relaxed);
+                    });
+                    // Plain dispatches in between must not see the affine claims.
+                    pool.run(3, &|_| ());
+                }
+                assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 200));
+            }
+            let r = catch_unwind(AssertUnwindSafe(|| {
+                pool.run_affine(4, &|i| {
+                    if i == 1 {
+                        panic!("task failure");
+                    }
+                })
+            }));
+            assert!(r.is_err());
+            let hits = AtomicUsize::new(0);
+            pool.run_affine(6, &|_| {
+                hits.fetch_add(1, Ordering::Relaxed);
+            });
+            assert_eq!(hits.load(Ordering::Relaxed), 6);
+        }
+    }
+
+    #[test]
+    fn run_affine_runs_tasks_on_their_home_thread_when_all_are_awake() {
+        // Each task waits until every thread holds one, so no thread can finish early and
+        // take another's task: the first `threads` tasks then each run on their home thread.
+        let pool = Pool::new(2);
+        let names: Vec<std::sync::Mutex<Option<String>>> =
+            (0..2).map(|_| std::sync::Mutex::new(None)).collect();
+        let arrived = AtomicUsize::new(0);
+        pool.run_affine(2, &|i| {
+            arrived.fetch_add(1, Ordering::AcqRel);
+            while arrived.load(Ordering::Acquire) < 2 {
+                std::hint::spin_loop();
+            }
+            *names[i].lock().unwrap() = thread::current().name().map(str::to_string);
+        });
+        let caller = thread::current().name().map(str::to_string);
+        assert_eq!(*names[0].lock().unwrap(), caller);
+        assert_eq!(names[1].lock().unwrap().as_deref(), Some("moshi-kernels-1"));
     }
 
     #[test]

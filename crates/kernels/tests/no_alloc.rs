@@ -4,7 +4,7 @@
 //! a single test.
 
 use kernels::attention::{KvDtype, KvRing};
-use kernels::conv::{Conv1d, ConvTranspose1d};
+use kernels::conv::{Conv1d, ConvTranspose1d, Workspace};
 use kernels::{ops, Matrix, Pool, Scratch, WeightFormat};
 
 use testkit::all_thread_allocations_during as allocations;
@@ -80,4 +80,49 @@ fn hot_calls_do_not_allocate_after_warm_up() {
     // The counter works, on this thread and on another one.
     assert!(allocations(|| drop(std::hint::black_box(vec![1u8; 10]))) >= 1);
     assert!(testkit::other_thread_probe(|f| allocations(f)) >= 1);
+    workspace_follows_the_work();
+}
+
+/// Convolutions run inside a [`Workspace`] warmed on one thread allocate nothing on another
+/// thread that never ran them (the scratch moves with the workspace, not the thread), and give
+/// the same results as outside it.
+fn workspace_follows_the_work() {
+    use std::sync::Barrier;
+    let conv = Conv1d::new(vec![0.1; 64 * 32 * 8], None, 32, 64, 8, 4, 1, 1).unwrap();
+    let convt = ConvTranspose1d::new(vec![0.1; 32 * 16 * 8], None, 32, 16, 8, 4, 1).unwrap();
+    let x: Vec<f32> = (0..32 * 484).map(|i| (i % 11) as f32 * 0.1 - 0.5).collect();
+    let mut y = vec![0f32; 64 * 120];
+    let mut yt = vec![0f32; 16 * convt.out_len(484)];
+    let (mut want, mut want_t) = (y.clone(), yt.clone());
+    conv.forward(&x, &mut want).unwrap();
+    convt.forward(&x, &mut want_t).unwrap();
+    let mut ws = Workspace::new();
+    ws.enter(|| {
+        conv.forward(&x, &mut y).unwrap();
+        convt.forward(&x, &mut yt).unwrap();
+    });
+    assert_eq!((&y, &yt), (&want, &want_t));
+    let (ready, start, done) = (Barrier::new(2), Barrier::new(2), Barrier::new(2));
+    let n = std::thread::scope(|s| {
+        s.spawn(|| {
+            // This thread's own scratch exists (a tiny call), but is far too small for `conv`.
+            let tiny = Conv1d::new(vec![0.1; 2], None, 1, 2, 1, 1, 1, 1).unwrap();
+            tiny.forward(&[1.0; 4], &mut [0.0; 8]).unwrap();
+            ready.wait();
+            start.wait();
+            ws.enter(|| {
+                conv.forward(&x, &mut y).unwrap();
+                convt.forward(&x, &mut yt).unwrap();
+            });
+            done.wait();
+        });
+        // Counting starts once the thread has started and made its own scratch.
+        ready.wait();
+        allocations(|| {
+            start.wait();
+            done.wait();
+        })
+    });
+    assert_eq!(n, 0, "a warmed workspace allocated on another thread");
+    assert_eq!((&y, &yt), (&want, &want_t));
 }

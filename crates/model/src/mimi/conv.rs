@@ -40,12 +40,12 @@ pub(crate) fn matmul(
     }
 }
 
-/// A raw pointer shared by the pool's threads, each writing its own channel rows.
+/// A raw pointer shared by the pool's threads, each writing its own rows or streams.
 #[derive(Clone, Copy, Debug)]
-struct SyncPtr(*mut f32);
-// SAFETY: users write disjoint regions only (per-channel shares).
-unsafe impl Sync for SyncPtr {}
-unsafe impl Send for SyncPtr {}
+pub(crate) struct SyncPtr<T = f32>(pub(crate) *mut T);
+// SAFETY: users write disjoint regions only (per-channel or per-stream shares).
+unsafe impl<T> Sync for SyncPtr<T> {}
+unsafe impl<T> Send for SyncPtr<T> {}
 
 /// Above this many activation values (input with history, plus output) per stream, a
 /// high-rate convolution runs several streams one by one (on a pool, a stream per thread)

@@ -4,8 +4,10 @@
 //! work buffers of one call for all of them; a call runs the streams listed in `active`, their
 //! activations side by side (`[C, m·T]`, see `conv.rs`).
 
-use super::conv::{Conv1d, ConvState, ConvTr1d, ConvTrState, ConvWork};
+use super::conv::{Conv1d, ConvState, ConvTr1d, ConvTrState, ConvWork, SyncPtr};
+use kernels::conv::Workspace;
 use kernels::Pool;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Residual unit: `y = x + conv_1(ELU(conv_k(ELU(x))))`.
 #[derive(Debug)]
@@ -83,13 +85,49 @@ pub(crate) type SeanetEncoder = Seanet<(Vec<ResBlock>, Conv1d)>;
 /// Decoder: conv0, then per ratio ELU + transposed conv + residual blocks, then ELU + last conv.
 pub(crate) type SeanetDecoder = Seanet<(ConvTr1d, Vec<ResBlock>)>;
 
-/// Streaming state of a stack's streams for chunks of at most `max_t` input frames each.
+/// Above this many activation values per stream (a stage's largest), a stage belongs to the
+/// stack's high-rate chain, which each stream runs on its own.
+///
+/// Several streams run layer by layer through the high-rate stages would each hold megabytes
+/// of activations per layer (4 streams of a 1920-sample layer: ~2 MB in, ~1 MB out), more than a
+/// core's L2 cache: every layer would read its input back from memory. Run as a chain, one
+/// stream at a time through all its high-rate layers, a stream's activations stay in cache from
+/// one layer to the next, as when it runs alone; on a pool, whole streams go to the threads (one
+/// dispatch for the chain, each stream's data in one core). Their weights are small and stay
+/// in cache, so nothing is lost by not sharing them. The low-rate stages, whose weights
+/// outweigh their activations, keep running all streams together (each weight read once).
+const CHAIN_MIN: usize = 32 * 1024;
+
+/// The states and work buffers of some of a stack's layers: conv0 (when the part has it), the
+/// stages of its range, last (when it has it), for some number of streams.
 #[derive(Debug)]
-pub(crate) struct SeanetState<S: SeanetStage> {
+struct PartState<S: SeanetStage> {
     conv0: Vec<ConvState>,
     stages: Vec<S::State>,
     last: Vec<ConvState>,
     scratch: Scratch,
+}
+
+/// Streaming state of a stack's streams for chunks of at most `max_t` input frames each.
+#[derive(Debug)]
+pub(crate) struct SeanetState<S: SeanetStage> {
+    /// The stages that run all active streams at once (layer-major states of every stream).
+    joined: PartState<S>,
+    /// The high-rate chain ([`CHAIN_MIN`]): per stream, the one-stream states of its layers.
+    chains: Vec<Chain<S>>,
+    /// The convolutions' scratch of the chains run on a pool, one per place in a call, so that
+    /// whichever thread runs a chain finds its scratch grown (see `Seanet::each_chain`).
+    workspaces: Vec<Workspace>,
+    /// The stages of the chain: `0..split` for the encoder, `split..` for the decoder.
+    split: usize,
+}
+
+/// One stream's high-rate chain: its layers' states and its activations.
+#[derive(Debug)]
+struct Chain<S: SeanetStage> {
+    part: PartState<S>,
+    /// The chain's input (encoder) or output (decoder), `[C, t]`.
+    io: Vec<f32>,
 }
 
 /// Streaming state of the encoder's streams for chunks of at most `max_t` samples each.
@@ -109,8 +147,8 @@ pub(crate) struct Scratch {
     r: Vec<f32>,
 }
 
-/// Walks a stack while its states are built: the frame count `t` at the current stage and the
-/// largest activation (`amax`) and residual hidden (`hmax`) sizes seen so far.
+/// Walks a stack while the states of a part are built: the frame count `t` at the current stage
+/// and the largest activation (`amax`) and residual hidden (`hmax`) sizes seen so far.
 pub(crate) struct Sizer {
     t: usize,
     streams: usize,
@@ -120,13 +158,25 @@ pub(crate) struct Sizer {
 }
 
 impl Sizer {
+    fn new(t: usize, streams: usize) -> Self {
+        Sizer {
+            t,
+            streams,
+            amax: 0,
+            hmax: 0,
+            work: ConvWork::default(),
+        }
+    }
+
     fn conv(&mut self, conv: &Conv1d) -> Vec<ConvState> {
+        self.amax = self.amax.max(conv.cin * self.t);
         conv_states(conv, self.t, self.streams, &mut self.work)
     }
 
     fn res(&mut self, res: &[ResBlock]) -> Vec<ResState> {
         for r in res {
             self.hmax = self.hmax.max(r.c1.cout * self.t);
+            self.amax = self.amax.max(r.c1.cin * self.t);
         }
         res.iter()
             .map(|r| r.state(self.t, self.streams, &mut self.work))
@@ -138,13 +188,33 @@ impl Sizer {
         self.t = t;
         self.amax = self.amax.max(cout * t);
     }
+
+    /// The work buffers for the part walked, for `self.streams` streams.
+    fn scratch(self) -> Scratch {
+        let n = self.streams;
+        Scratch {
+            work: self.work,
+            a: vec![0.0; self.amax * n],
+            b: vec![0.0; self.amax * n],
+            h: vec![0.0; self.hmax * n],
+            r: vec![0.0; self.amax * n],
+        }
+    }
 }
 
 /// One stage of a stack (the encoder's and the decoder's differ in order and resampling).
-pub(crate) trait SeanetStage {
+pub(crate) trait SeanetStage: Sync {
     /// Per-stream states of the stage.
-    type State: std::fmt::Debug;
+    type State: std::fmt::Debug + Send;
+    /// Whether the high rate is at the start of the stack (the encoder) or at its end.
+    const HIGH_RATE_FIRST: bool;
+    /// Channels in and out.
+    fn channels(&self) -> (usize, usize);
     fn state(&self, z: &mut Sizer) -> Self::State;
+    /// Frame count after the stage for `t` frames in.
+    fn out_t(&self, t: usize) -> usize;
+    /// The stage's largest activation of one stream, for `t` frames in.
+    fn values(&self, t: usize) -> usize;
     /// Runs the stage on `s.a` (`t` frames per stream), leaving its output in `s.a`; returns the
     /// new frame count.
     fn forward(&self, st: &mut Self::State, c: Call<'_>, s: &mut Scratch, t: usize) -> usize;
@@ -174,6 +244,7 @@ fn res_reset(rs: &mut [ResState], i: usize) {
 
 impl SeanetStage for (Vec<ResBlock>, Conv1d) {
     type State = (Vec<ResState>, Vec<ConvState>);
+    const HIGH_RATE_FIRST: bool = true;
 
     fn state(&self, z: &mut Sizer) -> Self::State {
         let (res, down) = self;
@@ -181,6 +252,18 @@ impl SeanetStage for (Vec<ResBlock>, Conv1d) {
         let ds = z.conv(down);
         z.resampled(z.t / down.stride, down.cout);
         (rs, ds)
+    }
+
+    fn channels(&self) -> (usize, usize) {
+        (self.1.cin, self.1.cout)
+    }
+
+    fn out_t(&self, t: usize) -> usize {
+        t / self.1.stride
+    }
+
+    fn values(&self, t: usize) -> usize {
+        self.1.cin * t
     }
 
     fn forward(&self, st: &mut Self::State, c: Call<'_>, s: &mut Scratch, t: usize) -> usize {
@@ -200,13 +283,27 @@ impl SeanetStage for (Vec<ResBlock>, Conv1d) {
 
 impl SeanetStage for (ConvTr1d, Vec<ResBlock>) {
     type State = (Vec<ConvTrState>, Vec<ResState>);
+    const HIGH_RATE_FIRST: bool = false;
 
     fn state(&self, z: &mut Sizer) -> Self::State {
         let (up, res) = self;
         z.work.fit_tr(up, z.t, z.streams);
+        z.amax = z.amax.max(up.cin * z.t);
         let us = (0..z.streams).map(|_| up.state(z.t)).collect();
         z.resampled(z.t * up.stride, up.cout);
         (us, z.res(res))
+    }
+
+    fn channels(&self) -> (usize, usize) {
+        (self.0.cin, self.0.cout)
+    }
+
+    fn out_t(&self, t: usize) -> usize {
+        t * self.0.stride
+    }
+
+    fn values(&self, t: usize) -> usize {
+        self.0.cout * t * self.0.stride
     }
 
     fn forward(&self, st: &mut Self::State, c: Call<'_>, s: &mut Scratch, t: usize) -> usize {
@@ -225,32 +322,156 @@ impl SeanetStage for (ConvTr1d, Vec<ResBlock>) {
     }
 }
 
+/// Copies stream `j`'s columns of `joined` (`[c, m·t]`, its `t` columns at `j·t`) into `dst`
+/// (`[c, t]`).
+fn gather_stream(joined: &[f32], dst: &mut [f32], (c, m, t, j): (usize, usize, usize, usize)) {
+    for (ch, d) in dst[..c * t].chunks_exact_mut(t).enumerate() {
+        d.copy_from_slice(&joined[(ch * m + j) * t..(ch * m + j + 1) * t]);
+    }
+}
+
+/// Copies `src` (`[c, t]`) into stream `j`'s columns of `joined` (`[c, m·t]`).
+///
+/// # Safety
+/// `joined` is valid for `c·m·t` values and nobody else touches stream `j`'s columns meanwhile.
+unsafe fn scatter_stream(
+    src: &[f32],
+    joined: *mut f32,
+    (c, m, t, j): (usize, usize, usize, usize),
+) {
+    for (ch, s) in src[..c * t].chunks_exact(t).enumerate() {
+        // SAFETY: row ch's stream-j span, inside the caller's bound.
+        let d = unsafe { std::slice::from_raw_parts_mut(joined.add((ch * m + j) * t), t) };
+        d.copy_from_slice(s);
+    }
+}
+
 impl<S: SeanetStage> Seanet<S> {
     /// Fresh states of `streams` streams for chunks of at most `max_t` input frames (for the
     /// encoder samples, a multiple of the hop; for the decoder latent frames at the encoder rate).
     pub fn state(&self, max_t: usize, streams: usize) -> SeanetState<S> {
-        let mut z = Sizer {
-            t: max_t,
-            streams,
-            amax: self.conv0.cout * max_t,
-            hmax: 0,
-            work: ConvWork::default(),
-        };
-        let conv0 = z.conv(&self.conv0);
-        let stages = self.stages.iter().map(|s| s.state(&mut z)).collect();
-        let last = z.conv(&self.last);
-        SeanetState {
-            conv0,
-            stages,
-            last,
-            scratch: Scratch {
-                work: z.work,
-                a: vec![0.0; z.amax * streams],
-                b: vec![0.0; z.amax * streams],
-                h: vec![0.0; z.hmax * streams],
-                r: vec![0.0; z.amax * streams],
-            },
+        // Frames in of every stage, and where the high-rate chain ends (encoder) or starts
+        // (decoder).
+        let mut ts = Vec::with_capacity(self.stages.len());
+        let mut t = max_t;
+        for s in &self.stages {
+            ts.push(t);
+            t = s.out_t(t);
         }
+        ts.push(t);
+        let high = |i: usize| self.stages[i].values(ts[i]) >= CHAIN_MIN;
+        let n = self.stages.len();
+        let split = if S::HIGH_RATE_FIRST {
+            (0..n).find(|&i| !high(i)).unwrap_or(n)
+        } else {
+            (0..n).rev().find(|&i| !high(i)).map_or(0, |i| i + 1)
+        };
+        let (chain, joined) = if S::HIGH_RATE_FIRST {
+            (0..split, split..n)
+        } else {
+            (split..n, 0..split)
+        };
+        let (chain_has_conv0, chain_has_last) = (S::HIGH_RATE_FIRST, !S::HIGH_RATE_FIRST);
+        let chains = (0..streams)
+            .map(|_| {
+                let part = self.part_state(&ts, chain.clone(), chain_has_conv0, chain_has_last, 1);
+                let io_len = if S::HIGH_RATE_FIRST {
+                    self.conv0.cin * max_t
+                } else {
+                    self.last.cout * t
+                };
+                Chain {
+                    part,
+                    io: vec![0.0; io_len],
+                }
+            })
+            .collect();
+        SeanetState {
+            joined: self.part_state(&ts, joined, !chain_has_conv0, !chain_has_last, streams),
+            chains,
+            workspaces: (0..streams).map(|_| Workspace::new()).collect(),
+            split,
+        }
+    }
+
+    /// States and work buffers of conv0 (`conv0`), the stages `range` and last (`last`), for
+    /// `streams` streams; `ts[i]` is the frame count into stage i (into conv0 for i = 0, into
+    /// last for i = the number of stages).
+    fn part_state(
+        &self,
+        ts: &[usize],
+        range: std::ops::Range<usize>,
+        conv0: bool,
+        last: bool,
+        streams: usize,
+    ) -> PartState<S> {
+        let mut z = Sizer::new(ts[range.start], streams);
+        // The part's input: conv0's output, or the activations the part starts from.
+        let cin = match self.stages.get(range.start) {
+            _ if conv0 => self.conv0.cout,
+            Some(s) => s.channels().0,
+            None => self.last.cin,
+        };
+        z.amax = cin * z.t;
+        let c0 = if conv0 {
+            z.conv(&self.conv0)
+        } else {
+            Vec::new()
+        };
+        let mut stages = Vec::with_capacity(range.len());
+        for i in range.clone() {
+            z.t = ts[i];
+            stages.push(self.stages[i].state(&mut z));
+        }
+        z.t = ts[range.end];
+        let l = if last { z.conv(&self.last) } else { Vec::new() };
+        PartState {
+            conv0: c0,
+            stages,
+            last: l,
+            scratch: z.scratch(),
+        }
+    }
+
+    /// Runs a part for the streams `active`: conv0 on `x` when the part has it (else its input is
+    /// in `s.a`), the stages from `first` on (`t` frames in per stream), last into `out` when the
+    /// part has it (else the output stays in `s.a`). Returns the frame count out.
+    #[allow(clippy::too_many_arguments)]
+    fn run_part(
+        &self,
+        ps: &mut PartState<S>,
+        first: usize,
+        active: &[usize],
+        x: Option<&[f32]>,
+        mut t: usize,
+        out: Option<&mut [f32]>,
+        pool: Option<&Pool>,
+    ) -> usize {
+        let s = &mut ps.scratch;
+        let m = active.len();
+        if let Some(x) = x {
+            let x = &x[..self.conv0.cin * m * t];
+            self.conv0.forward(
+                &mut ps.conv0,
+                active,
+                &mut s.work,
+                x,
+                t,
+                false,
+                &mut s.a,
+                pool,
+            );
+        }
+        let c = Call { active, pool };
+        for (stage, ss) in self.stages[first..].iter().zip(ps.stages.iter_mut()) {
+            t = stage.forward(ss, c, s, t);
+        }
+        if let Some(out) = out {
+            let x = &s.a[..self.last.cin * m * t];
+            self.last
+                .forward(&mut ps.last, active, &mut s.work, x, t, true, out, pool);
+        }
+        t
     }
 
     /// `x` `[cin, m·t]` (stream j's `t` frames at `j·t`) → `out` `[cout, m·t']`: for the encoder
@@ -264,36 +485,118 @@ impl<S: SeanetStage> Seanet<S> {
         out: &mut [f32],
         pool: Option<&Pool>,
     ) {
-        let s = &mut st.scratch;
         let m = active.len();
-        let mut t = t;
-        self.conv0.forward(
-            &mut st.conv0,
-            active,
-            &mut s.work,
-            x,
-            t,
-            false,
-            &mut s.a,
-            pool,
-        );
-        let c = Call { active, pool };
-        for (stage, ss) in self.stages.iter().zip(st.stages.iter_mut()) {
-            t = stage.forward(ss, c, s, t);
+        let SeanetState {
+            joined,
+            chains,
+            workspaces,
+            split,
+        } = st;
+        let chains = (&mut chains[..], &mut workspaces[..]);
+        let split = *split;
+        if S::HIGH_RATE_FIRST {
+            // Each stream's chain from its samples to its columns of the joined activations.
+            let c = split
+                .checked_sub(1)
+                .map_or(self.conv0.cout, |i| self.stages[i].channels().1);
+            let cin = self.conv0.cin;
+            let ja = SyncPtr(joined.scratch.a.as_mut_ptr());
+            let t_mid = self.each_chain(chains, active, pool, &|ch, j, pool| {
+                let ja = &ja;
+                let Chain { part, io, .. } = ch;
+                gather_stream(x, io, (cin, m, t, j));
+                let tm = self.run_part(part, 0, &[0], Some(&io[..cin * t]), t, None, pool);
+                // SAFETY: the joined activations hold at least [c, m·tm] values (the input of
+                // the joined stages); stream j's columns are this task's alone.
+                unsafe { scatter_stream(&part.scratch.a, ja.0, (c, m, tm, j)) };
+                tm
+            });
+            self.run_part(joined, split, active, None, t_mid, Some(out), pool);
+        } else {
+            let t_mid = self.run_part(joined, 0, active, Some(x), t, None, pool);
+            let c = self
+                .stages
+                .get(split)
+                .map_or(self.last.cin, |s| s.channels().0);
+            let cout = self.last.cout;
+            let ja: &[f32] = &joined.scratch.a;
+            let op = SyncPtr(out.as_mut_ptr());
+            self.each_chain(chains, active, pool, &|ch, j, pool| {
+                let op = &op;
+                let Chain { part, io, .. } = ch;
+                gather_stream(ja, &mut part.scratch.a, (c, m, t_mid, j));
+                let to = self.run_part(part, split, &[0], None, t_mid, Some(&mut io[..]), pool);
+                // SAFETY: out holds [cout, m·to]; stream j's columns are this task's alone.
+                unsafe { scatter_stream(io, op.0, (cout, m, to, j)) };
+                to
+            });
         }
-        let x = &s.a[..self.last.cin * m * t];
-        self.last
-            .forward(&mut st.last, active, &mut s.work, x, t, true, out, pool);
+    }
+
+    /// Runs `f(chain, j, pool)` for every active stream `j` (its chain `chains[active[j]]`),
+    /// returning the frame count `f` returns (the same for every stream; 0 for none).
+    ///
+    /// A state of several streams on a pool of several threads gives whole streams to the
+    /// threads ([`Pool::run_affine`]: a stream's chain on the same core from call to call), each
+    /// chain with no pool of its own, inside the workspace of its place `j` in the call. The
+    /// choice depends on the state and the pool only, never on how many streams are active: a
+    /// call with fewer streams then uses no scratch that the warm-up with all of them did not
+    /// grow (one active stream of a batch runs its chain on one thread). Otherwise (one stream,
+    /// or no pool) the streams run one after the other, each on the whole pool.
+    fn each_chain(
+        &self,
+        st: (&mut [Chain<S>], &mut [Workspace]),
+        active: &[usize],
+        pool: Option<&Pool>,
+        f: &(dyn Fn(&mut Chain<S>, usize, Option<&Pool>) -> usize + Sync),
+    ) -> usize {
+        let (chains, workspaces) = st;
+        let cp = SyncPtr(chains.as_mut_ptr());
+        let chain = |j: usize| {
+            let cp = &cp;
+            debug_assert!(active[..j].iter().all(|&a| a != active[j]));
+            // SAFETY: `active` holds distinct indices into `chains`, so chain active[j] is
+            // touched by the task of stream j alone.
+            unsafe { &mut *cp.0.add(active[j]) }
+        };
+        match pool {
+            Some(p) if p.n_threads() > 1 && chains.len() > 1 => {
+                let wp = SyncPtr(workspaces.as_mut_ptr());
+                let to = AtomicUsize::new(0);
+                p.run_affine(active.len(), &|j| {
+                    let wp = &wp;
+                    // SAFETY: one workspace per stream of the state, j < active.len() ≤ that
+                    // many, and task j alone uses workspace j.
+                    let ws = unsafe { &mut *wp.0.add(j) };
+                    let t = ws.enter(|| f(chain(j), j, None));
+                    to.store(t, Ordering::Relaxed);
+                });
+                to.into_inner()
+            }
+            _ => (0..active.len()).fold(0, |_, j| f(chain(j), j, pool)),
+        }
     }
 }
 
 impl<S: SeanetStage> SeanetState<S> {
     /// Stream `i` back to the fresh state.
     pub fn reset(&mut self, i: usize) {
-        self.conv0[i].reset();
-        for ss in &mut self.stages {
+        let j = &mut self.joined;
+        if let Some(c) = j.conv0.get_mut(i) {
+            c.reset();
+        }
+        for ss in &mut j.stages {
             S::reset(ss, i);
         }
-        self.last[i].reset();
+        if let Some(c) = j.last.get_mut(i) {
+            c.reset();
+        }
+        let ch = &mut self.chains[i].part;
+        for c in ch.conv0.iter_mut().chain(ch.last.iter_mut()) {
+            c.reset();
+        }
+        for ss in &mut ch.stages {
+            S::reset(ss, 0);
+        }
     }
 }
