@@ -122,6 +122,10 @@ pub(crate) struct SeanetState<S: SeanetStage> {
     split: usize,
 }
 
+/// What [`Seanet::each_chain`] runs for one stream: `(its chain, its place j in the call, the
+/// pool the chain may use)` → the frame count out.
+type ChainFn<'a, S> = dyn Fn(&mut Chain<S>, usize, Option<&Pool>) -> usize + Sync + 'a;
+
 /// One stream's high-rate chain: its layers' states and its activations.
 #[derive(Debug)]
 struct Chain<S: SeanetStage> {
@@ -548,7 +552,7 @@ impl<S: SeanetStage> Seanet<S> {
         st: (&mut [Chain<S>], &mut [Workspace]),
         active: &[usize],
         pool: Option<&Pool>,
-        f: &(dyn Fn(&mut Chain<S>, usize, Option<&Pool>) -> usize + Sync),
+        f: &ChainFn<'_, S>,
     ) -> usize {
         let (chains, workspaces) = st;
         let cp = SyncPtr(chains.as_mut_ptr());
