@@ -490,6 +490,9 @@ impl<S: SeanetStage> Seanet<S> {
         pool: Option<&Pool>,
     ) {
         let m = active.len();
+        if m == 0 {
+            return;
+        }
         let SeanetState {
             joined,
             chains,
