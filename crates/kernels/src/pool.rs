@@ -41,7 +41,7 @@ const MAX_SHARES: usize = 0x7fff;
 const AFFINE: u64 = 1 << 31;
 
 /// Most tasks of one [`Pool::run_affine`] call (the bits of the claim mask).
-pub const MAX_AFFINE_TASKS: usize = 32;
+const MAX_AFFINE_TASKS: usize = 32;
 
 type Job = *const (dyn Fn(usize) + Sync);
 
@@ -288,8 +288,8 @@ impl Pool {
     /// n_threads()` (the caller is thread 0) unless that thread is late: a thread done with its
     /// own tasks takes the others' last ones. For calls that follow each other over the same
     /// independent streams (task `i` = stream `i`), so that what one call leaves in a core's
-    /// cache for a stream is there for the next. More than [`MAX_AFFINE_TASKS`] tasks run as
-    /// with [`Pool::run`]. Blocks until all are done; panics in `f` are propagated to the caller
+    /// cache for a stream is there for the next. More than 32 tasks (the bits of the claim word) run
+    /// as with [`Pool::run`]. Blocks until all are done; panics in `f` are propagated to the caller
     /// after all tasks finish.
     pub fn run_affine(&self, n_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
         if n_tasks > MAX_AFFINE_TASKS {

@@ -1,8 +1,11 @@
 //! SEANet encoder and decoder (`moshi/modules/seanet.py`), causal, ELU, identity skips.
 //!
-//! The states hold every stream of a batch (one [`ConvState`] per stream and layer) and the
-//! work buffers of one call for all of them; a call runs the streams listed in `active`, their
-//! activations side by side (`[C, m·T]`, see `conv.rs`).
+//! A call runs the streams listed in `active`. A stack has two parts ([`CHAIN_MIN`]): the
+//! high-rate stages (the encoder's first, the decoder's last), which each stream runs on its
+//! own as one chain of layers with its own states and buffers, and the low-rate stages, which
+//! run all the streams together, their activations side by side (`[C, m·T]`, see `conv.rs`),
+//! with one [`ConvState`] per stream and layer and the work buffers of one call for all of
+//! them. One stream is the plain streaming case of both.
 
 use super::conv::{Conv1d, ConvState, ConvTr1d, ConvTrState, ConvWork, SyncPtr};
 use kernels::conv::Workspace;
