@@ -11,7 +11,9 @@
 //! few columns that straddle two streams are computed and dropped), or one matmul whose
 //! activation rows are every stream's output steps. The high-rate layers, whose small weights
 //! stay in cache anyway, run the streams one after the other, or on a pool a stream per thread
-//! ([`PER_STREAM_MIN`]). Each output
+//! ([`PER_STREAM_MIN`]; the SEANets run their high-rate stages one stream at a time as chains,
+//! `seanet.rs`, so this is for a layer that is large and still called with several streams). Each
+//! output
 //! is computed by the same kernel with the same summation order as for the stream alone (the
 //! GEMM micro-kernels and the dense matmul tiles compute every output as one chain over `k`,
 //! whatever the other columns or rows), so a stream's results do not depend on the others.
