@@ -100,6 +100,14 @@ pub use pool::Pool;
 pub fn set_prefetch_distance(bytes: usize) {
     arch::PREFETCH.store(bytes, std::sync::atomic::Ordering::Relaxed);
 }
+
+/// Where the x86 dense kernels prefetch in blocks of short rows: the twin row of the next block
+/// (`true`, the default) or half the distance ahead in the same row. For benchmarks (an A/B in
+/// one process, `examples/dense_rows.rs`).
+#[doc(hidden)]
+pub fn set_short_row_prefetch(twin: bool) {
+    arch::SHORT_ROW_TWIN.store(twin, std::sync::atomic::Ordering::Relaxed);
+}
 pub use storage::Storage;
 
 /// Errors reported by constructors and validating calls of this crate.

@@ -28,7 +28,8 @@ mod table;
 pub(crate) mod x86;
 
 pub(crate) use table::{
-    BRows, Features, HeadQuery, Kernels, MatmulSpan, MicroFn, Seg, WideFn, PREFETCH, SKINNY,
+    BRows, Features, HeadQuery, Kernels, MatmulSpan, MicroFn, Seg, WideFn, PREFETCH,
+    SHORT_ROW_TWIN, SKINNY,
 };
 
 /// A set of kernels for one instruction-set level; exactly one is active at a time

@@ -161,6 +161,11 @@ pub(crate) struct Kernels {
 pub(crate) static PREFETCH: std::sync::atomic::AtomicUsize =
     std::sync::atomic::AtomicUsize::new(4096);
 
+/// Whether the dense kernels prefetch the twin row of the next block where rows are short
+/// (`x86::dense_prefetch_distance`), rather than half the distance ahead in the same row.
+pub(crate) static SHORT_ROW_TWIN: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(true);
+
 /// The work of a quantized matmul over the rows of `span` as `(tile, first activation row,
 /// count)`: every 8-row tile, its activation rows in chunks of at most `most`.
 #[inline(always)]

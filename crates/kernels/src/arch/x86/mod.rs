@@ -49,7 +49,8 @@ pub(crate) fn hsum(v: __m256) -> f32 {
 #[inline(always)]
 pub(crate) fn dense_prefetch_distance(row_bytes: usize, block: usize) -> usize {
     let pf = crate::arch::table::PREFETCH.load(std::sync::atomic::Ordering::Relaxed) / 2;
-    if pf == 0 || block * row_bytes > 16 * 1024 {
+    let twin = crate::arch::table::SHORT_ROW_TWIN.load(std::sync::atomic::Ordering::Relaxed);
+    if pf == 0 || !twin || block * row_bytes > 16 * 1024 {
         pf
     } else {
         block * row_bytes
