@@ -472,17 +472,24 @@ mod tests {
             })
             .sum();
         assert_eq!(total.load(Ordering::Relaxed), want);
+        panic_propagates_and_pool_recovers(&pool, Pool::run);
+    }
+
+    /// A task's panic reaches the caller of `run`, and the pool still runs every task after.
+    fn panic_propagates_and_pool_recovers(
+        pool: &Pool,
+        run: fn(&Pool, usize, &(dyn Fn(usize) + Sync)),
+    ) {
         let r = catch_unwind(AssertUnwindSafe(|| {
-            pool.run(4, &|i| {
+            run(pool, 4, &|i| {
                 if i == 3 {
                     panic!("task failure");
                 }
             })
         }));
         assert!(r.is_err());
-        // The pool still works afterwards.
         let hits = AtomicUsize::new(0);
-        pool.run(6, &|_| {
+        run(pool, 6, &|_| {
             hits.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(hits.load(Ordering::Relaxed), 6);
@@ -503,19 +510,7 @@ mod tests {
                 }
                 assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 200));
             }
-            let r = catch_unwind(AssertUnwindSafe(|| {
-                pool.run_affine(4, &|i| {
-                    if i == 1 {
-                        panic!("task failure");
-                    }
-                })
-            }));
-            assert!(r.is_err());
-            let hits = AtomicUsize::new(0);
-            pool.run_affine(6, &|_| {
-                hits.fetch_add(1, Ordering::Relaxed);
-            });
-            assert_eq!(hits.load(Ordering::Relaxed), 6);
+            panic_propagates_and_pool_recovers(&pool, Pool::run_affine);
         }
     }
 

@@ -10,7 +10,6 @@
 use super::conv::{Conv1d, ConvState, ConvTr1d, ConvTrState, ConvWork, SyncPtr};
 use kernels::conv::Workspace;
 use kernels::Pool;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Residual unit: `y = x + conv_1(ELU(conv_k(ELU(x))))`.
 #[derive(Debug)]
@@ -91,14 +90,15 @@ pub(crate) type SeanetDecoder = Seanet<(ConvTr1d, Vec<ResBlock>)>;
 /// Above this many activation values per stream (a stage's largest), a stage belongs to the
 /// stack's high-rate chain, which each stream runs on its own.
 ///
-/// Several streams run layer by layer through the high-rate stages would each hold megabytes
-/// of activations per layer (4 streams of a 1920-sample layer: ~2 MB in, ~1 MB out), more than a
-/// core's L2 cache: every layer would read its input back from memory. Run as a chain, one
-/// stream at a time through all its high-rate layers, a stream's activations stay in cache from
-/// one layer to the next, as when it runs alone; on a pool, whole streams go to the threads (one
-/// dispatch for the chain, each stream's data in one core). Their weights are small and stay
-/// in cache, so nothing is lost by not sharing them. The low-rate stages, whose weights
-/// outweigh their activations, keep running all streams together (each weight read once).
+/// Several streams run layer by layer through the high-rate stages hold megabytes of
+/// activations per layer (4 streams of a 1920-sample layer: ~2 MB in, ~1 MB out), and on a pool
+/// every layer hands each stream's data from core to core. Run as a chain, one stream through
+/// all its high-rate layers, on a pool whole streams go to the threads: one dispatch for the
+/// chain, each stream's data in one core. Measured for 4 slots on 2 threads: the SEANets cost
+/// 2.35–2.45× one slot's instead of 2.65–2.96× (`BENCHMARKS.md`); on one thread the order makes
+/// no measurable difference. Their weights are small and stay in cache, so nothing is lost by
+/// not sharing them. The low-rate stages, whose weights outweigh their activations, keep
+/// running all streams together (each weight read once).
 const CHAIN_MIN: usize = 32 * 1024;
 
 /// The states and work buffers of some of a stack's layers: conv0 (when the part has it), the
@@ -126,8 +126,8 @@ pub(crate) struct SeanetState<S: SeanetStage> {
 }
 
 /// What [`Seanet::each_chain`] runs for one stream: `(its chain, its place j in the call, the
-/// pool the chain may use)` → the frame count out.
-type ChainFn<'a, S> = dyn Fn(&mut Chain<S>, usize, Option<&Pool>) -> usize + Sync + 'a;
+/// pool the chain may use)`.
+type ChainFn<'a, S> = dyn Fn(&mut Chain<S>, usize, Option<&Pool>) + Sync + 'a;
 
 /// One stream's high-rate chain: its layers' states and its activations.
 #[derive(Debug)]
@@ -511,15 +511,15 @@ impl<S: SeanetStage> Seanet<S> {
                 .map_or(self.conv0.cout, |i| self.stages[i].channels().1);
             let cin = self.conv0.cin;
             let ja = SyncPtr(joined.scratch.a.as_mut_ptr());
-            let t_mid = self.each_chain(chains, active, pool, &|ch, j, pool| {
+            let t_mid = self.stages[..split].iter().fold(t, |t, s| s.out_t(t));
+            self.each_chain(chains, active, pool, &|ch, j, pool| {
                 let ja = &ja;
                 let Chain { part, io, .. } = ch;
                 gather_stream(x, io, (cin, m, t, j));
-                let tm = self.run_part(part, 0, &[0], Some(&io[..cin * t]), t, None, pool);
-                // SAFETY: the joined activations hold at least [c, m·tm] values (the input of
+                self.run_part(part, 0, &[0], Some(&io[..cin * t]), t, None, pool);
+                // SAFETY: the joined activations hold at least [c, m·t_mid] values (the input of
                 // the joined stages); stream j's columns are this task's alone.
-                unsafe { scatter_stream(&part.scratch.a, ja.0, (c, m, tm, j)) };
-                tm
+                unsafe { scatter_stream(&part.scratch.a, ja.0, (c, m, t_mid, j)) };
             });
             self.run_part(joined, split, active, None, t_mid, Some(out), pool);
         } else {
@@ -538,13 +538,11 @@ impl<S: SeanetStage> Seanet<S> {
                 let to = self.run_part(part, split, &[0], None, t_mid, Some(&mut io[..]), pool);
                 // SAFETY: out holds [cout, m·to]; stream j's columns are this task's alone.
                 unsafe { scatter_stream(io, op.0, (cout, m, to, j)) };
-                to
             });
         }
     }
 
-    /// Runs `f(chain, j, pool)` for every active stream `j` (its chain `chains[active[j]]`),
-    /// returning the frame count `f` returns (the same for every stream; 0 for none).
+    /// Runs `f(chain, j, pool)` for every active stream `j` (its chain `chains[active[j]]`).
     ///
     /// A state of several streams on a pool of several threads gives whole streams to the
     /// threads ([`Pool::run_affine`]: a stream's chain on the same core from call to call), each
@@ -559,7 +557,7 @@ impl<S: SeanetStage> Seanet<S> {
         active: &[usize],
         pool: Option<&Pool>,
         f: &ChainFn<'_, S>,
-    ) -> usize {
+    ) {
         let (chains, workspaces) = st;
         let cp = SyncPtr(chains.as_mut_ptr());
         let chain = |j: usize| {
@@ -572,18 +570,15 @@ impl<S: SeanetStage> Seanet<S> {
         match pool {
             Some(p) if p.n_threads() > 1 && chains.len() > 1 => {
                 let wp = SyncPtr(workspaces.as_mut_ptr());
-                let to = AtomicUsize::new(0);
                 p.run_affine(active.len(), &|j| {
                     let wp = &wp;
                     // SAFETY: one workspace per stream of the state, j < active.len() ≤ that
                     // many, and task j alone uses workspace j.
                     let ws = unsafe { &mut *wp.0.add(j) };
-                    let t = ws.enter(|| f(chain(j), j, None));
-                    to.store(t, Ordering::Relaxed);
+                    ws.enter(|| f(chain(j), j, None));
                 });
-                to.into_inner()
             }
-            _ => (0..active.len()).fold(0, |_, j| f(chain(j), j, pool)),
+            _ => (0..active.len()).for_each(|j| f(chain(j), j, pool)),
         }
     }
 }
