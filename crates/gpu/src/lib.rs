@@ -28,6 +28,7 @@
 
 mod bindings;
 mod context;
+mod dispatch;
 mod lm;
 mod matrix;
 mod mimi;

@@ -10,7 +10,8 @@ use model::lm::{
 use model::sampling::{Sampler, SamplingError};
 
 use crate::context::GpuContext;
-use crate::matrix::{f32_bytes, Dispatch, GpuMatrix, Grid};
+use crate::dispatch::{Dispatch, Grid};
+use crate::matrix::{f32_bytes, GpuMatrix};
 use crate::sample::{device_samples, SampleStage};
 use crate::shaders::{step, Module, MAX_ROWS};
 use crate::uniforms::{MatParams, Misc};

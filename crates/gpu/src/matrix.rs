@@ -3,6 +3,7 @@
 use kernels::{Matrix, WeightFormat};
 
 use crate::context::GpuContext;
+use crate::dispatch::{Dispatch, Grid};
 use crate::shaders::{Module, MAX_ROWS};
 use crate::uniforms::MatParams;
 use crate::{GpuError, WeightKind};
@@ -168,42 +169,6 @@ impl GpuMatrix {
                 }
             })
             .collect()
-    }
-}
-
-/// How many workgroups a dispatch runs.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Grid {
-    /// One workgroup per weight row (folded into 2-D past the 65 535 limit of one dimension).
-    Rows(u32),
-    /// `x` workgroups for each active row (`y` = rows of the step).
-    PerRow(u32),
-    /// A fixed `x` times the active rows.
-    HeadsPerRow(u32),
-}
-
-/// One recorded kernel launch, created at load.
-#[derive(Debug)]
-pub(crate) struct Dispatch {
-    pub(crate) pipeline: std::sync::Arc<wgpu::ComputePipeline>,
-    pub(crate) bind: wgpu::BindGroup,
-    pub(crate) grid: Grid,
-    pub(crate) _uniform: wgpu::Buffer,
-}
-
-impl Dispatch {
-    /// Records the launch for `n` active rows.
-    pub(crate) fn record(&self, pass: &mut wgpu::ComputePass<'_>, n: u32) {
-        pass.set_pipeline(&self.pipeline);
-        pass.set_bind_group(0, &self.bind, &[]);
-        let (x, y) = match self.grid {
-            Grid::Rows(r) => {
-                let x = r.min(32768);
-                (x, r.div_ceil(x))
-            }
-            Grid::PerRow(x) | Grid::HeadsPerRow(x) => (x, n),
-        };
-        pass.dispatch_workgroups(x, y, 1);
     }
 }
 

@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use crate::context::GpuContext;
-use crate::matrix::{Dispatch, Grid};
+use crate::dispatch::{Dispatch, Grid};
 use crate::shaders::Module;
 use crate::uniforms::CopyParams;
 use crate::GpuError;

@@ -38,7 +38,7 @@
 use model::sampling::{Sampler, SamplingError, TokenSampling};
 
 use crate::context::GpuContext;
-use crate::matrix::{Dispatch, Grid};
+use crate::dispatch::{Dispatch, Grid};
 use crate::shaders::Module;
 use crate::uniforms::SampleParams;
 use crate::GpuError;
