@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use wgpu::util::DeviceExt;
 
 use crate::bindings::Access;
+use crate::profile::{ProfileReport, Profiler};
 use crate::shaders::Module;
 use crate::GpuError;
 
@@ -45,10 +46,18 @@ impl std::fmt::Display for AdapterDesc {
     }
 }
 
+/// The process's one wgpu instance, created on first use. One instance for every context: wgpu
+/// identifies a resource (its `Eq` and `Hash`) by an id unique within its instance only, and the
+/// profiler maps pipelines of several contexts to their profilers by that identity.
 fn instance() -> wgpu::Instance {
-    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
-    desc.backends = wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12;
-    wgpu::Instance::new(desc)
+    static INSTANCE: std::sync::OnceLock<wgpu::Instance> = std::sync::OnceLock::new();
+    INSTANCE
+        .get_or_init(|| {
+            let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+            desc.backends = wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12;
+            wgpu::Instance::new(desc)
+        })
+        .clone()
 }
 
 fn describe(index: usize, a: &wgpu::Adapter) -> AdapterDesc {
@@ -138,6 +147,9 @@ pub struct GpuOptions {
     /// Device memory the backend may use, in bytes (`None`: unknown, only the device's own
     /// allocation failure stops a load). wgpu offers no portable query of free device memory.
     pub memory_budget: Option<u64>,
+    /// Time every kernel launch on the device ([`crate::profile`]): requests the timestamp
+    /// features when the adapter has them. Off, the launches cost nothing extra.
+    pub profile: bool,
 }
 
 struct Inner {
@@ -151,6 +163,8 @@ struct Inner {
     buffers: AtomicU64,
     bind_groups: AtomicU64,
     allocated: AtomicU64,
+    /// The profiler, when [`GpuOptions::profile`] asked for one.
+    profiler: Option<Arc<Profiler>>,
 }
 
 /// One device and queue, the kernels compiled on it, and counters of what was created.
@@ -187,9 +201,18 @@ impl GpuContext {
         let desc = descs[idx].clone();
         // The adapter's own limits: real GPUs bind far more than wgpu's portable defaults.
         let limits = adapter.limits();
+        // Timestamps only when profiling: a feature requested is a feature the driver may have
+        // to keep ready on every command buffer.
+        let timestamps =
+            wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+        let timed = opts.profile && adapter.features().contains(timestamps);
+        let mut features = wgpu::Features::empty();
+        if timed {
+            features |= timestamps;
+        }
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("moshi"),
-            required_features: wgpu::Features::empty(),
+            required_features: features,
             required_limits: limits.clone(),
             ..Default::default()
         }))
@@ -198,6 +221,7 @@ impl GpuContext {
             message: e.to_string(),
         })?;
         tracing::info!(adapter = %desc, "GPU device opened");
+        let profiler = opts.profile.then(|| Profiler::new(&device, &queue, timed));
         Ok(GpuContext {
             inner: Arc::new(Inner {
                 adapter: desc,
@@ -210,6 +234,7 @@ impl GpuContext {
                 buffers: AtomicU64::new(0),
                 bind_groups: AtomicU64::new(0),
                 allocated: AtomicU64::new(0),
+                profiler,
             }),
         })
     }
@@ -453,14 +478,18 @@ impl GpuContext {
             bind_group_layouts: &[Some(&layout)],
             immediate_size: 0,
         });
-        device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(label),
             layout: Some(&pl),
             module: &shader,
             entry_point: Some("main"),
             compilation_options: Default::default(),
             cache: None,
-        })
+        });
+        if let Some(p) = &self.inner.profiler {
+            p.register_pipeline(&pipeline, label);
+        }
+        pipeline
     }
 
     /// A bind group of `module`'s layout over `buffers` (binding `i` = `buffers[i]`, whole).
@@ -485,19 +514,73 @@ impl GpuContext {
                 resource: b.as_entire_binding(),
             })
             .collect();
-        self.device().create_bind_group(&wgpu::BindGroupDescriptor {
+        let bind = self.device().create_bind_group(&wgpu::BindGroupDescriptor {
             label: None,
             layout,
             entries: &entries,
-        })
+        });
+        if let Some(p) = &self.inner.profiler {
+            let storage = buffers
+                .iter()
+                .filter(|b| b.usage().contains(wgpu::BufferUsages::STORAGE))
+                .map(|b| b.size())
+                .sum();
+            p.set_bytes(&bind, storage);
+        }
+        bind
     }
 
-    /// Waits for the queue and returns the first error the device reported since the last call.
+    /// Waits for the queue's most recent submission (with one queue: everything submitted) and
+    /// returns the first error the device reported since the last call. wgpu 30's
+    /// `PollType::wait_indefinitely` is this same wait on the latest submission, not a wider
+    /// one: naming a submission index would change nothing while every caller submits, then
+    /// waits on what it just submitted.
     pub(crate) fn wait(&self) -> Result<(), GpuError> {
-        self.device()
+        let t0 = self.inner.profiler.as_ref().map(|p| p.wait_begins());
+        let r = self
+            .device()
             .poll(wgpu::PollType::wait_indefinitely())
             .map(|_| ())
-            .map_err(|e| GpuError::Runtime(e.to_string()))
+            .map_err(|e| GpuError::Runtime(e.to_string()));
+        if let (Some(p), Some(t0)) = (&self.inner.profiler, t0) {
+            p.wait_ends(t0);
+        }
+        r
+    }
+
+    /// Whether this context profiles its launches ([`GpuOptions::profile`]).
+    pub fn profiling(&self) -> bool {
+        self.inner.profiler.is_some()
+    }
+
+    /// Ends a profiled frame: resolves the timestamps of every launch recorded since the last
+    /// call (one resolve, one readback) and adds them to the report. Call it after the frame's
+    /// last wait, outside the timed span. A no-op without profiling.
+    pub fn profile_frame(&self) -> Result<(), GpuError> {
+        match &self.inner.profiler {
+            Some(p) => p.collect(self.device(), self.queue()),
+            None => Ok(()),
+        }
+    }
+
+    /// Clears the profile (after warm-up, or between cells of a bench).
+    pub fn profile_reset(&self) {
+        if let Some(p) = &self.inner.profiler {
+            p.reset();
+        }
+    }
+
+    /// What the profiler gathered since its last reset (`None` without profiling).
+    pub fn profile_report(&self) -> Option<ProfileReport> {
+        self.inner.profiler.as_ref().map(|p| p.report())
+    }
+
+    /// States the bytes a launch over `bind` moves, for the profile's `bytes` and `gbps` (by
+    /// default: every storage buffer bound). A no-op without profiling.
+    pub fn set_dispatch_bytes(&self, bind: &wgpu::BindGroup, bytes: u64) {
+        if let Some(p) = &self.inner.profiler {
+            p.set_bytes(bind, bytes);
+        }
     }
 }
 

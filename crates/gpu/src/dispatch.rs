@@ -34,6 +34,8 @@ impl Dispatch {
             }
             Grid::PerRow(x) | Grid::HeadsPerRow(x) => (x, n),
         };
+        let mark = crate::profile::before(pass, &self.pipeline, &self.bind, [x, y, 1]);
         pass.dispatch_workgroups(x, y, 1);
+        crate::profile::after(pass, mark);
     }
 }

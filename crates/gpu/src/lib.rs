@@ -33,6 +33,7 @@ mod lm;
 mod matrix;
 mod mimi;
 mod probe;
+pub mod profile;
 pub mod sample;
 pub mod shaders;
 mod uniforms;
@@ -42,6 +43,7 @@ pub use lm::{GpuLm, GpuLmWeights};
 pub use matrix::GpuMatrix;
 pub use mimi::{GpuMimi, GpuMimiBatch, GpuMimiWeights, MimiKernel};
 pub use probe::BandwidthProbe;
+pub use profile::{HostPhases, KernelProfile, ProfileMode, ProfileReport};
 pub use sample::GpuSampler;
 
 use kernels::WeightFormat;

@@ -62,6 +62,7 @@ fn refusals_are_typed_with_hints() {
     let Some(ctx) = common::context_with(GpuOptions {
         max_binding_bytes: Some(64),
         memory_budget: Some(4096),
+        ..Default::default()
     }) else {
         return;
     };

@@ -719,7 +719,10 @@ fn dispatch(pass: &mut wgpu::ComputePass<'_>, launches: &[Launch]) {
     for l in launches {
         pass.set_pipeline(&l.pipeline);
         pass.set_bind_group(0, &l.bind, &[]);
-        pass.dispatch_workgroups(l.groups.0, l.groups.1, 1);
+        let (x, y) = l.groups;
+        let mark = crate::profile::before(pass, &l.pipeline, &l.bind, [x, y, 1]);
+        pass.dispatch_workgroups(x, y, 1);
+        crate::profile::after(pass, mark);
     }
 }
 
