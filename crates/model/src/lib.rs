@@ -6,6 +6,7 @@ pub mod checkpoint;
 pub mod lm;
 pub mod mimi;
 pub mod sampling;
+pub mod stt;
 pub mod tensor_stats;
 pub mod text;
 

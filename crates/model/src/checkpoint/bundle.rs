@@ -143,7 +143,9 @@ impl Bundle {
 
     /// Map the LM weights and check them against the schema.
     pub fn lm_weights(&self) -> Result<Weights, CheckpointError> {
-        let w = Weights::open(&self.files.lm, Component::Lm)?;
+        let mut o = OpenOptions::new(Component::Lm);
+        o.allow_extra_heads = self.config.lm.extra_heads_num_heads > 0;
+        let w = Weights::open_with(&self.files.lm, &o)?;
         w.check(&self.lm_schema())?;
         Ok(w)
     }

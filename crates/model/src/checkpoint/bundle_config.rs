@@ -21,10 +21,55 @@ pub struct BundleConfig {
     pub mimi_config_name: Option<String>,
     /// `tokenizer_name` (SentencePiece model).
     pub tokenizer_name: String,
-    /// `model_type` (must be "moshi").
+    /// `model_type`: "moshi" (duplex, needs a Depformer) or "stt" (speech-to-text, `dep_q = 0`).
     pub model_type: String,
     /// Generation defaults.
     pub lm_gen: LmGenConfig,
+    /// `stt_config` of a speech-to-text bundle (`model_type` "stt"); `None` otherwise.
+    pub stt: Option<SttConfig>,
+}
+
+/// The `stt_config` of a Kyutai speech-to-text `config.json`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SttConfig {
+    /// How far the text lags the audio (`audio_delay_seconds`: 0.5 for stt-1b-en_fr, 2.5 for
+    /// stt-2.6b-en); also the silence appended to flush a stream.
+    pub audio_delay_seconds: f64,
+    /// Silence fed before the audio (`audio_silence_prefix_seconds`: 0 / 1.0).
+    pub audio_silence_prefix_seconds: f64,
+}
+
+impl SttConfig {
+    /// Parse the `stt_config` object. Kyutai's example scripts default a missing delay to 5.0 s
+    /// and a missing prefix to 1.0 s (`stt_from_file_pytorch.py`); both released configs set them.
+    fn from_value(v: &Value) -> Result<Self, CheckpointError> {
+        let obj = match v {
+            Value::Object(o) => o,
+            _ => return Err(bad("stt_config", "must be an object".into())),
+        };
+        let num = |k: &str, d: f64| -> Result<f64, CheckpointError> {
+            match obj.get(k) {
+                None | Some(Value::Null) => Ok(d),
+                Some(Value::Number(n)) => match n.as_f64() {
+                    Some(x) if x.is_finite() && (0.0..=3600.0).contains(&x) => Ok(x),
+                    _ => Err(bad(k, "must be a number of seconds in [0, 3600]".into())),
+                },
+                Some(_) => Err(bad(k, "must be a number".into())),
+            }
+        };
+        if let Some(k) = obj
+            .keys()
+            .find(|k| *k != "audio_delay_seconds" && *k != "audio_silence_prefix_seconds")
+        {
+            return Err(CheckpointError::UnknownConfigKeys {
+                keys: vec![format!("stt_config.{k}")],
+            });
+        }
+        Ok(SttConfig {
+            audio_delay_seconds: num("audio_delay_seconds", 5.0)?,
+            audio_silence_prefix_seconds: num("audio_silence_prefix_seconds", 1.0)?,
+        })
+    }
 }
 
 /// Default LM weights file name.
@@ -44,6 +89,7 @@ impl Default for BundleConfig {
             tokenizer_name: TOKENIZER_NAME.into(),
             model_type: "moshi".into(),
             lm_gen: LmGenConfig::default(),
+            stt: None,
         }
     }
 }
@@ -57,7 +103,6 @@ impl BundleConfig {
     }
 
     fn from_map(obj: &Map<String, Value>) -> Result<Self, CheckpointError> {
-        refuse_unsupported_keys(obj)?;
         let string = |k: &str, d: &str| -> Result<String, CheckpointError> {
             match obj.get(k) {
                 None | Some(Value::Null) => Ok(d.to_string()),
@@ -66,7 +111,9 @@ impl BundleConfig {
             }
         };
         let model_type = string("model_type", "moshi")?;
-        if model_type != "moshi" {
+        let is_stt = model_type == "stt";
+        refuse_unsupported_keys(obj, is_stt)?;
+        if model_type != "moshi" && !is_stt {
             return Err(CheckpointError::UnsupportedModelType { model_type });
         }
         let mimi_config_name = match obj.get("mimi_config_name") {
@@ -80,6 +127,19 @@ impl BundleConfig {
         };
         let lm = lm_from_map(obj)?;
         lm.validate()?;
+        // The duplex model needs its Depformer; the speech-to-text models have none (and the STT
+        // step here only runs `dep_q = 0`).
+        if is_stt != (lm.dep_q == 0) {
+            return Err(bad(
+                "dep_q",
+                format!("{} with model_type \"{model_type}\"", lm.dep_q),
+            ));
+        }
+        let stt = match obj.get("stt_config") {
+            Some(v) if is_stt => Some(SttConfig::from_value(v)?),
+            _ if is_stt => return Err(bad("stt_config", "missing for model_type \"stt\"".into())),
+            _ => None,
+        };
         Ok(BundleConfig {
             lm,
             moshi_name: string("moshi_name", MOSHI_NAME)?,
@@ -88,6 +148,7 @@ impl BundleConfig {
             tokenizer_name: string("tokenizer_name", TOKENIZER_NAME)?,
             model_type,
             lm_gen,
+            stt,
         })
     }
 }
@@ -123,7 +184,8 @@ const REFUSED_KEYS: [KeyRefusal; 8] = [
 ];
 
 /// Typed refusals on config keys (LoRA, conditioning, cross-attention, int8, demux, extra heads, ...).
-fn refuse_unsupported_keys(obj: &Map<String, Value>) -> Result<(), CheckpointError> {
+/// A speech-to-text config (`stt`) may have extra heads and its `stt_config`.
+fn refuse_unsupported_keys(obj: &Map<String, Value>, stt: bool) -> Result<(), CheckpointError> {
     // Hugging Face `transformers` configs (`MoshiConfig`: `architectures`, `hidden_size`, ...) are a
     // different format from Kyutai's config.json.
     let hf: Vec<String> = [
@@ -151,6 +213,9 @@ fn refuse_unsupported_keys(obj: &Map<String, Value>) -> Result<(), CheckpointErr
     };
     for (keys, refuse) in REFUSED_KEYS {
         let mut k = present(keys);
+        if stt {
+            k.retain(|x| x != "extra_heads_num_heads" && x != "stt_config");
+        }
         if keys.contains(&"conditioners")
             && obj.contains_key("conditioners")
             && !k.iter().any(|x| x == "conditioners")

@@ -74,6 +74,11 @@ pub struct LmConfig {
     pub depformer_layer_scale: Option<f64>,
     /// `depformer_context` as written (Python overrides it with None; the KV capacity is `dep_q`).
     pub depformer_context: Option<usize>,
+    /// Extra heads on the temporal output (`extra_heads_num_heads`; 4 in `kyutai/stt-1b-en_fr`,
+    /// the voice-activity heads): each a bias-free `Linear(dim, extra_heads_dim)`.
+    pub extra_heads_num_heads: usize,
+    /// Outputs of each extra head (`extra_heads_dim`, default 6).
+    pub extra_heads_dim: usize,
 }
 
 impl LmConfig {
@@ -111,6 +116,8 @@ impl LmConfig {
             depformer_max_period: 10000.0,
             depformer_layer_scale: None,
             depformer_context: Some(8),
+            extra_heads_num_heads: 0,
+            extra_heads_dim: 6,
         }
     }
 
@@ -188,6 +195,9 @@ impl LmConfig {
     }
 
     /// Check that the configuration is the Moshi v0.1 architecture (any sizes) that this engine runs.
+    ///
+    /// `dep_q = 0` (no Depformer: Kyutai's speech-to-text models) is accepted; the Depformer keys
+    /// are then not checked, as Python builds no Depformer from them.
     pub fn validate(&self) -> Result<(), CheckpointError> {
         positive(&[
             ("dim", self.dim),
@@ -196,19 +206,12 @@ impl LmConfig {
             ("card", self.card),
             ("text_card", self.text_card),
             ("n_q", self.n_q),
-            ("dep_q", self.dep_q),
-            ("depformer_dim", self.depformer_dim),
-            ("depformer_num_heads", self.depformer_num_heads),
-            ("depformer_num_layers", self.depformer_num_layers),
         ])?;
+        if self.extra_heads_num_heads > 0 {
+            positive(&[("extra_heads_dim", self.extra_heads_dim)])?;
+        }
         if !self.dim.is_multiple_of(self.num_heads) {
             return Err(bad("num_heads", "must divide dim".into()));
-        }
-        if !self.depformer_dim.is_multiple_of(self.depformer_num_heads) {
-            return Err(bad(
-                "depformer_num_heads",
-                "must divide depformer_dim".into(),
-            ));
         }
         if !self.head_dim().is_multiple_of(2) {
             return Err(bad("num_heads", "head dim must be even for RoPE".into()));
@@ -226,6 +229,54 @@ impl LmConfig {
         if self.dep_q > self.n_q {
             return Err(bad("dep_q", "larger than n_q".into()));
         }
+        self.validate_temporal()?;
+        if self.dep_q == 0 {
+            return Ok(());
+        }
+        positive(&[
+            ("depformer_dim", self.depformer_dim),
+            ("depformer_num_heads", self.depformer_num_heads),
+            ("depformer_num_layers", self.depformer_num_layers),
+        ])?;
+        self.validate_depformer()
+    }
+
+    /// The Depformer checks of [`LmConfig::validate`] (only when `dep_q > 0`).
+    fn validate_depformer(&self) -> Result<(), CheckpointError> {
+        if !self.depformer_dim.is_multiple_of(self.depformer_num_heads) {
+            return Err(bad(
+                "depformer_num_heads",
+                "must divide depformer_dim".into(),
+            ));
+        }
+        if self.depformer_gating != Gating::Silu {
+            return unsupported(
+                "depformer_gating",
+                self.depformer_gating.name().into(),
+                "only silu",
+            );
+        }
+        if self.depformer_pos_emb != PosEmb::None {
+            return unsupported(
+                "depformer_pos_emb",
+                self.depformer_pos_emb.name().into(),
+                "only none",
+            );
+        }
+        if let Some(v) = self.depformer_layer_scale {
+            return unsupported("depformer_layer_scale", v.to_string(), "only null");
+        }
+        if !self.depformer_multi_linear {
+            return unsupported("depformer_multi_linear", "false".into(), "only true");
+        }
+        if !self.depformer_weights_per_step {
+            return unsupported("depformer_weights_per_step", "false".into(), "only true");
+        }
+        Ok(())
+    }
+
+    /// The temporal transformer's checks of [`LmConfig::validate`].
+    fn validate_temporal(&self) -> Result<(), CheckpointError> {
         if !self.norm.is_rms() {
             return unsupported(
                 "norm",
@@ -236,13 +287,6 @@ impl LmConfig {
         if self.gating != Gating::Silu {
             return unsupported("gating", self.gating.name().into(), "only silu");
         }
-        if self.depformer_gating != Gating::Silu {
-            return unsupported(
-                "depformer_gating",
-                self.depformer_gating.name().into(),
-                "only silu",
-            );
-        }
         if self.positional_embedding != PosEmb::Rope {
             return unsupported(
                 "positional_embedding",
@@ -250,18 +294,8 @@ impl LmConfig {
                 "only rope",
             );
         }
-        if self.depformer_pos_emb != PosEmb::None {
-            return unsupported(
-                "depformer_pos_emb",
-                self.depformer_pos_emb.name().into(),
-                "only none",
-            );
-        }
         if let Some(v) = self.layer_scale {
             return unsupported("layer_scale", v.to_string(), "only null");
-        }
-        if let Some(v) = self.depformer_layer_scale {
-            return unsupported("depformer_layer_scale", v.to_string(), "only null");
         }
         if self.kv_repeat != 1 {
             return unsupported("kv_repeat", self.kv_repeat.to_string(), "only 1");
@@ -275,12 +309,6 @@ impl LmConfig {
         }
         if !self.causal {
             return unsupported("causal", "false".into(), "only causal");
-        }
-        if !self.depformer_multi_linear {
-            return unsupported("depformer_multi_linear", "false".into(), "only true");
-        }
-        if !self.depformer_weights_per_step {
-            return unsupported("depformer_weights_per_step", "false".into(), "only true");
         }
         Ok(())
     }
@@ -317,8 +345,6 @@ const IGNORED_LM_KEYS: &[&str] = &[
     "fuser",
     "demux_second_stream",
     "demux_second_text_stream",
-    "extra_heads_num_heads",
-    "extra_heads_dim",
     "depformer_low_rank_embeddings",
     "depformer_weights_per_step_schedule",
     "depformer_kv_repeat",
@@ -383,6 +409,8 @@ pub(super) fn lm_from_map(obj: &Map<String, Value>) -> Result<LmConfig, Checkpoi
         layer_scale
     };
     let depformer_context = g.opt_usize("depformer_context", None)?;
+    let extra_heads_num_heads = g.usize("extra_heads_num_heads", 0)?;
+    let extra_heads_dim = g.usize("extra_heads_dim", 6)?;
     let unknown: Vec<String> = obj
         .keys()
         .filter(|k| !g.used.contains(&k.as_str()))
@@ -423,5 +451,7 @@ pub(super) fn lm_from_map(obj: &Map<String, Value>) -> Result<LmConfig, Checkpoi
         depformer_max_period,
         depformer_layer_scale,
         depformer_context,
+        extra_heads_num_heads,
+        extra_heads_dim,
     })
 }

@@ -33,7 +33,7 @@ mod weights;
 use std::fmt;
 
 pub use bundle::{Bundle, BundleFiles};
-pub use bundle_config::{BundleConfig, MIMI_NAME, MOSHI_NAME, TOKENIZER_NAME};
+pub use bundle_config::{BundleConfig, SttConfig, MIMI_NAME, MOSHI_NAME, TOKENIZER_NAME};
 pub use error::{CheckpointError, Malformed};
 pub use gen_config::LmGenConfig;
 pub use layers::{ffn_hidden, Gating, NormKind, PosEmb};

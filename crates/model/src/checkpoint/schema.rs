@@ -99,6 +99,17 @@ impl Schema {
         }
         s.push("out_norm.alpha".into(), &[1, 1, d], Float);
         s.push("text_linear.weight".into(), &[c.text_card_out, d], Matrix);
+        for k in 0..c.extra_heads_num_heads {
+            s.push(
+                format!("extra_heads.{k}.weight"),
+                &[c.extra_heads_dim, d],
+                Matrix,
+            );
+        }
+        if c.dep_q == 0 {
+            // No Depformer (speech-to-text): Python creates none of its tensors.
+            return s;
+        }
         for k in 0..c.depformer_in_count() {
             s.push(format!("depformer_in.{k}.weight"), &[dd, d], Matrix);
         }

@@ -74,6 +74,9 @@ pub struct OpenOptions {
     pub mimi_num_heads: usize,
     /// MLX (bits, group) if known (otherwise inferred from shapes).
     pub mlx_bits_group: Option<(u8, usize)>,
+    /// Accept `extra_heads.*` tensors (a speech-to-text LM with voice-activity heads); refused
+    /// otherwise, since the duplex model has none.
+    pub allow_extra_heads: bool,
 }
 
 impl OpenOptions {
@@ -83,6 +86,7 @@ impl OpenOptions {
             component,
             mimi_num_heads: 8,
             mlx_bits_group: None,
+            allow_extra_heads: false,
         }
     }
 }
@@ -158,12 +162,16 @@ impl Weights {
                 (h.tensors, md)
             }
         };
-        names::refuse_tensors(raw.iter().map(|t| {
-            (
-                t.name.as_str(),
-                t.dtype == DType::I8 && t.name.ends_with(".weight"),
-            )
-        }))?;
+        names::refuse_tensors(
+            raw.iter()
+                .filter(|t| !(opts.allow_extra_heads && t.name.starts_with("extra_heads.")))
+                .map(|t| {
+                    (
+                        t.name.as_str(),
+                        t.dtype == DType::I8 && t.name.ends_with(".weight"),
+                    )
+                }),
+        )?;
         if opts.component == Component::Lm {
             let hf: Vec<String> = raw
                 .iter()

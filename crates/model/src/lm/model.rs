@@ -292,7 +292,13 @@ impl LmModel {
         let dep_in = (0..k)
             .map(|i| src.matrix(&format!("depformer_in.{i}.weight"), dd, d))
             .collect::<Result<Vec<_>, _>>()?;
-        let dep_text_emb = src.matrix("depformer_text_emb.weight", spec.text_card + 1, dd)?;
+        // `dep_q = 0` (speech-to-text): no Depformer tensors exist; a 1x1 placeholder stands in for
+        // the unused text embedding (`depformer_step` refuses every `k` then).
+        let dep_text_emb = if k == 0 {
+            Matrix::from_f32(1, 1, vec![0.0])?
+        } else {
+            src.matrix("depformer_text_emb.weight", spec.text_card + 1, dd)?
+        };
         let dep_emb = (0..k.saturating_sub(1))
             .map(|i| src.matrix(&format!("depformer_emb.{i}.weight"), spec.card + 1, dd))
             .collect::<Result<Vec<_>, _>>()?;

@@ -76,7 +76,12 @@ impl LmSpec {
             dep_dim: cfg.depformer_dim,
             dep_heads: cfg.depformer_num_heads,
             dep_head_dim: cfg.depformer_head_dim(),
-            dep_layers: cfg.depformer_num_layers,
+            // No Depformer at all when `dep_q = 0` (speech-to-text), whatever its keys say.
+            dep_layers: if cfg.dep_q == 0 {
+                0
+            } else {
+                cfg.depformer_num_layers
+            },
             dep_hidden: cfg.depformer_ffn_hidden(),
             pad_id: cfg.existing_text_padding_id,
             epad_id: cfg.existing_text_end_padding_id,

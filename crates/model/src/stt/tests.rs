@@ -1,0 +1,239 @@
+//! Parity with the oracle fixtures (`fixtures/stt/{1b,2b6}/`, `tools/oracle/gen_stt.py`, moshi 0.2.13,
+//! f32, greedy `LMGen.step_with_extra_heads`, Kyutai's word rules).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use kernels::Pool;
+use serde_json::Value;
+use testkit::TensorFile;
+
+use super::*;
+use crate::checkpoint::Bundle;
+use crate::lm::CpuLm;
+
+const VARIANTS: [&str; 2] = ["1b", "2b6"];
+
+fn dir(v: &str) -> PathBuf {
+    testkit::fixtures_dir("stt").join(v)
+}
+
+fn model(v: &str) -> Arc<SttModel> {
+    let b = Bundle::open(&dir(v)).unwrap();
+    Arc::new(SttModel::load(&b, &Pool::new(1)).unwrap())
+}
+
+fn events_json(v: &str) -> Value {
+    let text = std::fs::read_to_string(dir(v).join("events.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Events as the oracle writes them (JSON), for an exact comparison (f64 times and f32
+/// probabilities compared as numbers parsed from the same JSON text the oracle wrote).
+fn to_json(e: &SttEvent) -> Value {
+    match e {
+        SttEvent::Step { step_idx, .. } => serde_json::json!({
+            "type": "Step", "step_idx": step_idx,
+            "prs": e.prs().iter().map(|&p| f64::from(p)).collect::<Vec<_>>()}),
+        SttEvent::Word { tokens, start_time } => {
+            serde_json::json!({"type": "Word", "tokens": tokens, "start_time": start_time})
+        }
+        SttEvent::EndWord { stop_time } => {
+            serde_json::json!({"type": "EndWord", "stop_time": stop_time})
+        }
+    }
+}
+
+/// Compares event lists: types, tokens and times exact; Step probabilities within `tol`.
+fn assert_events(got: &[SttEvent], want: &Value, tol: f64, what: &str) {
+    let want = want.as_array().unwrap();
+    assert_eq!(got.len(), want.len(), "{what}: event count");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let g = to_json(g);
+        assert_eq!(g["type"], w["type"], "{what} event {i}");
+        if w["type"] == "Step" {
+            assert_eq!(g["step_idx"], w["step_idx"], "{what} event {i}");
+            let (gp, wp) = (g["prs"].as_array().unwrap(), w["prs"].as_array().unwrap());
+            assert_eq!(gp.len(), wp.len(), "{what} event {i}");
+            for (a, b) in gp.iter().zip(wp) {
+                let (a, b) = (a.as_f64().unwrap(), b.as_f64().unwrap());
+                assert!((a - b).abs() <= tol, "{what} event {i}: prs {a} vs {b}");
+            }
+        } else {
+            assert_eq!(g, *w, "{what} event {i}");
+        }
+    }
+}
+
+/// The LM step, extra heads and word rules fed the oracle's Mimi codes: input tokens, text tokens
+/// and every event exact, text logits and head probabilities within 1e-4.
+#[test]
+fn stt_step_matches_oracle_from_codes() {
+    for v in VARIANTS {
+        let m = model(v);
+        let tr = TensorFile::open(dir(v).join("trace.safetensors"));
+        let (codes, cs) = tr.i64("codes");
+        let (inputs, _) = tr.i64("input_tokens");
+        let (logits, _) = tr.f32("text_logits");
+        let (text, _) = tr.i64("text_tokens");
+        let heads = m.n_heads() > 0;
+        let probs = heads.then(|| tr.f32("extra_heads").0);
+        let (nq, steps) = (cs[0], cs[1]);
+        let spec = m.lm().spec().clone();
+        let (k, tc, hw) = (
+            spec.num_streams(),
+            spec.text_card,
+            m.n_heads() * m.head_dim(),
+        );
+        let mut batch = m
+            .cpu_batch(1, crate::lm::KvDtype::F32, Arc::new(Pool::new(1)))
+            .unwrap();
+        let mut events = Vec::new();
+        let mut max_logit = 0f32;
+        let mut max_prob = 0f32;
+        for t in 0..steps {
+            let col: Vec<u32> = (0..nq).map(|q| codes[q * steps + t] as u32).collect();
+            batch.step(&[0], &col, &mut events).unwrap();
+            let want_in: Vec<u32> = inputs[t * k..(t + 1) * k]
+                .iter()
+                .map(|&x| x as u32)
+                .collect();
+            assert_eq!(
+                batch.last_inputs(),
+                &want_in[..],
+                "{v} step {t}: input tokens"
+            );
+            assert_eq!(
+                batch.text_tokens()[0],
+                Some(text[t] as u32),
+                "{v} step {t}: text"
+            );
+            let got = LmBackend::text_logits(batch.backend());
+            for (a, b) in got.iter().zip(&logits[t * tc..(t + 1) * tc]) {
+                max_logit = max_logit.max((a - b).abs());
+            }
+            if let Some(p) = &probs {
+                for (a, b) in batch.head_probs().iter().zip(&p[t * hw..(t + 1) * hw]) {
+                    max_prob = max_prob.max((a - b).abs());
+                }
+            }
+        }
+        assert!(max_logit < 1e-4, "{v}: text logits differ by {max_logit}");
+        assert!(
+            max_prob < 1e-4,
+            "{v}: head probabilities differ by {max_prob}"
+        );
+        let got: Vec<SttEvent> = events.into_iter().map(|(_, e)| e).collect();
+        let want = events_json(v);
+        assert_events(&got, &want["events"], 1e-4, v);
+        assert!(
+            got.iter().any(|e| matches!(e, SttEvent::Word { .. })),
+            "{v}: no word"
+        );
+    }
+}
+
+use crate::lm::LmBackend;
+
+/// The whole path from the input WAV's PCM: silence prefix, Mimi's streaming encoder with 32
+/// codebooks, the step, the flush; the codes, text tokens and events are the oracle's.
+#[test]
+fn stt_stream_from_pcm_matches_oracle() {
+    for v in VARIANTS {
+        let m = model(v);
+        let tr = TensorFile::open(dir(v).join("trace.safetensors"));
+        let (codes, cs) = tr.i64("codes");
+        let (text, _) = tr.i64("text_tokens");
+        let (nq, steps) = (cs[0], cs[1]);
+        let pcm = read_wav_f32(&dir(v).join("input.wav"));
+        let mut s = SttStream::cpu(&m, Arc::new(Pool::new(1))).unwrap();
+        let mut got_events = Vec::new();
+        let mut got_text = Vec::new();
+        let mut got_codes: Vec<Vec<u32>> = Vec::new();
+        let mut on_step = |b: &SttBatch<CpuLm>, ev: &[SttEvent]| {
+            got_text.push(b.text_tokens()[0].unwrap() as i64);
+            got_codes.push(b.last_inputs()[1..].to_vec());
+            got_events.extend_from_slice(ev);
+        };
+        // Uneven pushes: the stream frames them itself.
+        for chunk in pcm.chunks(1000) {
+            s.push_pcm(chunk, &mut on_step).unwrap();
+        }
+        s.flush(&mut on_step).unwrap();
+        assert_eq!(got_text.len(), steps, "{v}: steps");
+        // Step t >= 1 feeds frame t's codes (step 0 feeds initial tokens).
+        for t in 1..steps {
+            let want: Vec<u32> = (0..nq).map(|q| codes[q * steps + t] as u32).collect();
+            assert_eq!(got_codes[t], want, "{v}: codes of frame {t}");
+        }
+        assert_eq!(got_text, text, "{v}: text tokens");
+        assert_events(&got_events, &events_json(v)["events"], 1e-4, v);
+    }
+}
+
+/// The word rules alone on a crafted token stream covering every case (the oracle's restatement
+/// of Kyutai's rules gives the expected events).
+#[test]
+fn word_rules_match_oracle_on_crafted_tokens() {
+    let j = events_json("1b");
+    let toks: Vec<u32> = j["crafted_tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap() as u32)
+        .collect();
+    let skip = (j["crafted_delay_tokens"].as_u64().unwrap() + j["crafted_prefix"].as_u64().unwrap())
+        as usize;
+    let mut w = WordAssembler::new(skip, 3, 0, FRAME_RATE);
+    let mut got = Vec::new();
+    for t in toks {
+        w.push(t, &[], |e| got.push(e));
+    }
+    assert_events(&got, &j["crafted_events"], 0.0, "crafted");
+    assert!(got.iter().any(|e| matches!(e, SttEvent::EndWord { .. })));
+}
+
+/// Both fixture bundles parse as STT configs with the plan the oracle used.
+#[test]
+fn fixture_plans_are_the_oracles() {
+    for v in VARIANTS {
+        let b = Bundle::open(&dir(v)).unwrap();
+        let plan = SttPlan::from_config(b.config.stt.as_ref().unwrap());
+        let j = &events_json(v)["plan"];
+        assert_eq!(
+            plan.prefix_frames as u64,
+            j["prefix"].as_u64().unwrap(),
+            "{v}"
+        );
+        assert_eq!(
+            plan.delay_tokens as u64,
+            j["delay_tokens"].as_u64().unwrap(),
+            "{v}"
+        );
+        assert_eq!(
+            plan.flush_frames as u64,
+            j["flush"].as_u64().unwrap(),
+            "{v}"
+        );
+        assert_eq!(b.config.lm.dep_q, 0);
+        assert_eq!(b.config.lm.n_q, 32);
+    }
+}
+
+/// A float32 WAV (format 3) as written by the oracle's `write_wav_f32`.
+fn read_wav_f32(path: &std::path::Path) -> Vec<f32> {
+    let bytes = std::fs::read(path).unwrap();
+    let mut i = 12;
+    while i + 8 <= bytes.len() {
+        let id = &bytes[i..i + 4];
+        let len = u32::from_le_bytes(bytes[i + 4..i + 8].try_into().unwrap()) as usize;
+        if id == b"data" {
+            return bytes[i + 8..i + 8 + len]
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+        }
+        i += 8 + len;
+    }
+    panic!("no data chunk in {}", path.display());
+}
