@@ -41,7 +41,7 @@ mod uniforms;
 pub use context::{adapters, choose_adapter, AdapterChoice, AdapterDesc, GpuContext, GpuOptions};
 pub use lm::{GpuLm, GpuLmWeights};
 pub use matrix::GpuMatrix;
-pub use mimi::{GpuMimi, GpuMimiBatch, GpuMimiWeights, MimiKernel};
+pub use mimi::{GpuMimi, GpuMimiBatch, GpuMimiWeights, MimiKernel, TestConvOut};
 pub use probe::BandwidthProbe;
 pub use profile::{HostPhases, KernelProfile, ProfileMode, ProfileReport};
 pub use sample::GpuSampler;

@@ -9,7 +9,7 @@
 //! the transformers' K/V rings, positions) stays in device memory.
 //!
 //! **Exact codes.** The split-RVQ search runs on the device in f32 and carries a rigorous bound
-//! on its own rounding error (see [`MimiKernel::RvqSearch`]): a level's code is proven when no
+//! on its own rounding error (see [`MimiKernel::RvqScore`] and [`MimiKernel::RvqPick`]): a level's code is proven when no
 //! other centroid's lower bound reaches the winner's upper bound, and then it is the argmin of
 //! the exactly evaluated distance, the same code the CPU's f64 decision gives for the same
 //! latent. When a level cannot be proven (a near-tie within ~1e-5 relative), the frame's two
@@ -50,9 +50,12 @@ macro_rules! device_codec_accessors {
 
 mod batch;
 mod shaders;
+mod testing;
 
 pub use batch::GpuMimiBatch;
 pub use shaders::MimiKernel;
+#[doc(hidden)]
+pub use testing::TestConvOut;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -242,7 +245,23 @@ impl Uploader<'_> {
             bias: Vec::new(),
             ..c.clone()
         };
-        self.on_device("convtr", &c.weight, &c.bias, shape)
+        // On the device `[cout, cin, k]` (a depthwise `[cout, 1, k]` is already that): a
+        // workgroup of one output channel reads its weights as one contiguous block.
+        let weight = if c.depthwise {
+            c.weight.clone()
+        } else {
+            let (cin, cout, k) = (c.cin, c.cout, c.k);
+            let mut w = vec![0.0; cin * cout * k];
+            for ci in 0..cin {
+                for o in 0..cout {
+                    let from = (ci * cout + o) * k;
+                    let to = (o * cin + ci) * k;
+                    w[to..to + k].copy_from_slice(&c.weight[from..from + k]);
+                }
+            }
+            w
+        };
+        self.on_device("convtr", &weight, &c.bias, shape)
     }
 
     fn res(&self, r: &[ResBlockWeights]) -> Result<Vec<ResGpu>, GpuError> {
@@ -391,6 +410,36 @@ fn compile(
     (Arc::new(pipeline), ctx.layout(k.access()))
 }
 
+/// Sum length (input channels × taps per output) from which a convolution splits its sum
+/// across a workgroup instead of running a thread per output (the SEANet's low-rate stages:
+/// 256–1024 channels, 2–96 columns, where a thread per output leaves most of the device idle
+/// and each thread a serial loop of thousands of terms).
+const SPLIT_SUM: usize = 256;
+
+/// Where a convolution's output goes.
+#[derive(Debug, Clone, Copy)]
+enum ConvOut<'b> {
+    /// The value.
+    Raw(&'b wgpu::Buffer),
+    /// The value to the first buffer, its ELU to the second (the input of the next ELU
+    /// convolution: the ELU runs once per value).
+    Dual(&'b wgpu::Buffer, &'b wgpu::Buffer),
+    /// Only the ELU of the value (a buffer read by nothing else).
+    Elu(&'b wgpu::Buffer),
+}
+
+impl<'b> ConvOut<'b> {
+    /// The kernel's `y` and `ye` bindings (`unused` where it writes no `ye`) and its `elu_y`
+    /// and `dual` flags.
+    fn parts(self, unused: &'b wgpu::Buffer) -> (&'b wgpu::Buffer, &'b wgpu::Buffer, bool, bool) {
+        match self {
+            ConvOut::Raw(y) => (y, unused, false, false),
+            ConvOut::Dual(y, ye) => (y, ye, false, true),
+            ConvOut::Elu(y) => (y, unused, true, false),
+        }
+    }
+}
+
 /// One recorded kernel launch.
 #[derive(Debug)]
 struct Launch {
@@ -408,17 +457,20 @@ struct Recorder<'a> {
     state: Vec<wgpu::Buffer>,
     counters: &'a wgpu::Buffer,
     taps: Vec<Tap>,
+    /// Bound where a convolution writes no ELU output (never written then).
+    dummy: wgpu::Buffer,
 }
 
 impl<'a> Recorder<'a> {
-    fn new(w: &'a GpuMimiWeights, counters: &'a wgpu::Buffer) -> Recorder<'a> {
-        Recorder {
+    fn new(w: &'a GpuMimiWeights, counters: &'a wgpu::Buffer) -> Result<Recorder<'a>, GpuError> {
+        Ok(Recorder {
             w,
             launches: Vec::new(),
             state: Vec::new(),
             counters,
             taps: Vec::new(),
-        }
+            dummy: w.ctx.buffer("mimi unused output", 16, storage_usage())?,
+        })
     }
 
     fn buffer(&self, label: &str, floats: usize) -> Result<wgpu::Buffer, GpuError> {
@@ -452,9 +504,25 @@ impl<'a> Recorder<'a> {
         Ok(b)
     }
 
-    /// Records `k` over `threads` threads; `words` are its fields of the uniform block in the
-    /// order of [`MimiKernel::params`], after the thread count.
+    /// Records `k` over `threads` threads (one per index, 64 to a workgroup); `words` are its
+    /// fields of the uniform block in the order of [`MimiKernel::params`], after the thread
+    /// count.
     fn launch(&mut self, k: MimiKernel, words: &[u32], bufs: &[&wgpu::Buffer], threads: usize) {
+        let groups = threads.div_ceil(64).max(1) as u32;
+        let x = groups.min(32768);
+        self.launch_grid(k, words, bufs, threads, (x, groups.div_ceil(x)));
+    }
+
+    /// Records `k` over the workgroup grid `groups` (a kernel with its own entry point, see
+    /// [`MimiKernel::grid_launched`]); word 0 of its uniform block is `threads`.
+    fn launch_grid(
+        &mut self,
+        k: MimiKernel,
+        words: &[u32],
+        bufs: &[&wgpu::Buffer],
+        threads: usize,
+        groups: (u32, u32),
+    ) {
         let ctx = &self.w.ctx;
         let mut block = [0u32; 16];
         block[0] = threads as u32;
@@ -465,25 +533,25 @@ impl<'a> Recorder<'a> {
         let mut all = vec![&uniform];
         all.extend_from_slice(bufs);
         let bind = ctx.bind_layout(layout, &all);
-        let groups = threads.div_ceil(64).max(1) as u32;
-        let x = groups.min(32768);
         self.launches.push(Launch {
             pipeline: pipeline.clone(),
             bind,
-            groups: (x, groups.div_ceil(x)),
+            groups,
             _uniform: uniform,
         });
     }
 
-    /// `y [cout, tin/stride] (+)= conv(x [cin, tin])` with the convolution's history.
-    #[allow(clippy::too_many_arguments)]
+    /// `y [cout, tin/stride] (+)= conv(x [cin, tin])` with the convolution's history, the
+    /// output going to `out`. The input is read as it is (an ELU convolution reads the ELU
+    /// buffer its producer wrote). A long sum (`cin·k` ≥ [`SPLIT_SUM`]) runs as
+    /// [`MimiKernel::ConvSplit`], a workgroup per output channel and 8 columns; a short one as
+    /// [`MimiKernel::Conv`], a thread per output.
     fn conv(
         &mut self,
         c: &ConvGpu,
         x: &wgpu::Buffer,
         tin: usize,
-        elu: bool,
-        y: &wgpu::Buffer,
+        out: ConvOut<'_>,
         accumulate: bool,
         frames_counter: u32,
     ) -> Result<(), GpuError> {
@@ -491,6 +559,8 @@ impl<'a> Recorder<'a> {
         let pad = s.pad();
         let tout = tin / s.stride;
         let hist = self.state("conv history", s.cin * pad)?;
+        let dummy = self.dummy.clone();
+        let (y, ye, elu_y, dual) = out.parts(&dummy);
         let words = [
             s.cin as u32,
             s.cout as u32,
@@ -500,18 +570,20 @@ impl<'a> Recorder<'a> {
             pad as u32,
             tin as u32,
             tout as u32,
-            elu as u32,
             s.replicate as u32,
             frames_counter,
             accumulate as u32,
+            elu_y as u32,
+            dual as u32,
         ];
         let counters = self.counters;
-        self.launch(
-            MimiKernel::Conv,
-            &words,
-            &[x, &hist, &c.weight, &c.bias, y, counters],
-            s.cout * tout,
-        );
+        let bufs = [x, &hist, &c.weight, &c.bias, y, ye, counters];
+        if s.cin * s.k >= SPLIT_SUM {
+            let groups = (s.cout as u32, tout.div_ceil(8) as u32);
+            self.launch_grid(MimiKernel::ConvSplit, &words, &bufs, s.cout * tout, groups);
+        } else {
+            self.launch(MimiKernel::Conv, &words, &bufs, s.cout * tout);
+        }
         if pad > 0 {
             let words = [
                 s.cin as u32,
@@ -530,19 +602,23 @@ impl<'a> Recorder<'a> {
         Ok(())
     }
 
-    /// `y [cout, tin·stride] = convtr(x [cin, tin])` with its tail.
+    /// `y [cout, tin·stride] = convtr(x [cin, tin])` with its tail, the output going to `out`.
+    /// Groups 1 with a long sum (`cin·⌈k/stride⌉` ≥ [`SPLIT_SUM`]) runs as
+    /// [`MimiKernel::ConvTrSplit`] and a copy of the new tail; otherwise
+    /// [`MimiKernel::ConvTranspose`], a thread per output.
     fn conv_tr(
         &mut self,
         c: &ConvTrGpu,
         x: &wgpu::Buffer,
         tin: usize,
-        elu: bool,
-        y: &wgpu::Buffer,
+        out: ConvOut<'_>,
     ) -> Result<(), GpuError> {
         let s = &c.shape;
         let tout = tin * s.stride;
         let pt = s.k - s.stride;
         let tail = self.state("convtr tail", s.cout * pt)?;
+        let dummy = self.dummy.clone();
+        let (y, ye, elu_y, dual) = out.parts(&dummy);
         let words = [
             s.cin as u32,
             s.cout as u32,
@@ -551,15 +627,39 @@ impl<'a> Recorder<'a> {
             tin as u32,
             tout as u32,
             pt as u32,
-            elu as u32,
             s.depthwise as u32,
+            0,
+            elu_y as u32,
+            dual as u32,
         ];
-        self.launch(
-            MimiKernel::ConvTranspose,
-            &words,
-            &[x, &tail, &c.weight, &c.bias, y],
-            s.cout * tout,
-        );
+        if !s.depthwise && s.cin * s.k.div_ceil(s.stride) >= SPLIT_SUM {
+            let tail_new = self.buffer("convtr new tail", (s.cout * pt).max(1))?;
+            let groups = (s.cout as u32, (tout + pt).div_ceil(8) as u32);
+            self.launch_grid(
+                MimiKernel::ConvTrSplit,
+                &words,
+                &[x, &tail, &c.weight, &c.bias, y, ye, &tail_new],
+                s.cout * (tout + pt),
+                groups,
+            );
+            if pt > 0 {
+                // A transpose of [n, 1] is a copy of n values.
+                let n = s.cout * pt;
+                self.launch(
+                    MimiKernel::Transpose,
+                    &[n as u32, 1],
+                    &[&tail_new, &tail],
+                    n,
+                );
+            }
+        } else {
+            self.launch(
+                MimiKernel::ConvTranspose,
+                &words,
+                &[x, &tail, &c.weight, &c.bias, y, ye],
+                s.cout * tout,
+            );
+        }
         Ok(())
     }
 
@@ -575,11 +675,12 @@ impl<'a> Recorder<'a> {
         (rows, cols, outs): (usize, usize, usize),
         mode: u32,
     ) {
-        self.launch(
+        self.launch_grid(
             MimiKernel::Linear,
             &[rows as u32, cols as u32, outs as u32, mode],
             &[x, w, y, scale],
             rows * outs,
+            (outs.div_ceil(8) as u32, rows.div_ceil(4) as u32),
         );
     }
 
@@ -593,19 +694,59 @@ impl<'a> Recorder<'a> {
         d: usize,
     ) {
         let words = [rows as u32, d as u32, 1e-5f32.to_bits()];
-        self.launch(MimiKernel::LayerNorm, &words, &[x, weight, bias, y], rows);
+        self.launch_grid(
+            MimiKernel::LayerNorm,
+            &words,
+            &[x, weight, bias, y],
+            rows,
+            (rows as u32, 1),
+        );
     }
 
-    /// A residual unit in place on `a` (`[dim, t]`), `h` its hidden scratch.
+    /// The split-RVQ search of one latent step (projected latents `u_first`, `u_rest`), every
+    /// level in order: per level a [`MimiKernel::RvqScore`] over all centroids and a
+    /// [`MimiKernel::RvqPick`]; `codes_out` gets the codes and the number of unproven levels.
+    fn rvq_search(
+        &mut self,
+        u_first: &wgpu::Buffer,
+        u_rest: &wgpu::Buffer,
+        codes_out: &wgpu::Buffer,
+    ) -> Result<(), GpuError> {
+        let w = self.w;
+        let m = &w.mimi;
+        let (cb, bins, nq) = (w.cb_dim, m.cardinality(), m.n_codebooks());
+        let resid = self.buffer("rvq residual", cb)?;
+        let scored = self.buffer("rvq scored", 2 * bins)?;
+        for q in 0..nq {
+            self.launch_grid(
+                MimiKernel::RvqScore,
+                &[cb as u32, bins as u32, q as u32, w.enc.bound.to_bits()],
+                &[u_first, &resid, &w.dec.centroids, &w.enc.stats, &scored],
+                bins,
+                (bins.div_ceil(8) as u32, 1),
+            );
+            self.launch_grid(
+                MimiKernel::RvqPick,
+                &[cb as u32, bins as u32, nq as u32, q as u32],
+                &[u_rest, &w.dec.centroids, &scored, &resid, codes_out],
+                1,
+                (1, 1),
+            );
+        }
+        Ok(())
+    }
+
+    /// A residual unit in place on `a` (`[dim, t]`) and its ELU `ea`, `h` its hidden scratch
+    /// (which holds the ELU of the first convolution's output, all the second one reads).
     fn res(
         &mut self,
         r: &ResGpu,
-        a: &wgpu::Buffer,
+        (a, ea): (&wgpu::Buffer, &wgpu::Buffer),
         h: &wgpu::Buffer,
         t: usize,
     ) -> Result<(), GpuError> {
-        self.conv(&r.c1, a, t, true, h, false, 0)?;
-        self.conv(&r.c2, h, t, true, a, true, 0)
+        self.conv(&r.c1, ea, t, ConvOut::Elu(h), false, 0)?;
+        self.conv(&r.c2, h, t, ConvOut::Dual(a, ea), true, 0)
     }
 
     /// The transformer on `io` (`[d, t]` channel-major, in place), its position at `pos`.
@@ -667,18 +808,25 @@ impl<'a> Recorder<'a> {
                 pos,
                 scale.to_bits(),
             ];
-            self.launch(
+            self.launch_grid(
                 MimiKernel::Attention,
                 &attn,
                 &[&qkv, &kc, &vc, &att, counters],
                 t * tr.heads,
+                (tr.heads as u32, t as u32),
             );
             self.linear(&att, &l.out_proj, &x, &l.ls1, (t, d, d), 1);
             self.layer_norm(&x, (&l.norm2_w, &l.norm2_b), &h, t, d);
             self.linear(&h, &l.linear1, &f, &l.ls2, (t, d, ff), 2);
             self.linear(&f, &l.linear2, &x, &l.ls2, (t, ff, d), 1);
         }
-        self.launch(MimiKernel::Advance, &[pos, t as u32], &[counters], 1);
+        self.launch_grid(
+            MimiKernel::Advance,
+            &[pos, t as u32],
+            &[counters],
+            1,
+            (1, 1),
+        );
         self.launch(
             MimiKernel::Transpose,
             &[t as u32, d as u32],
@@ -782,7 +930,7 @@ impl Streams {
         // Decoder: codes → latent [d, 1] → upsample [d, s] → transformer → SEANet → PCM.
         let dec = {
             let g = &w.dec;
-            let mut r = Recorder::new(w, &counters);
+            let mut r = Recorder::new(w, &counters)?;
             let lat = r.buffer("dec latent", d)?;
             let emb = r.buffer("dec emb", d * t2)?;
             let (bins, cbd) = (m.cardinality(), w.cb_dim);
@@ -799,22 +947,25 @@ impl Streams {
                 d,
             );
             r.tap(Stage::DecLatent, &lat, d);
-            r.conv_tr(&g.upsample, &lat, 1, false, &emb)?;
+            r.conv_tr(&g.upsample, &lat, 1, ConvOut::Raw(&emb))?;
             r.tap(Stage::DecUpsample, &emb, d * t2);
             r.transformer(&g.transformer, &emb, t2, DEC_POS)?;
             r.tap(Stage::DecTransformer, &emb, d * t2);
             let (amax, hmax) = seanet_dec_sizes(g, t2);
             let mut a = r.buffer("dec a", amax)?;
+            let mut ea = r.buffer("dec elu a", amax)?;
             let mut b = r.buffer("dec b", amax)?;
+            let mut eb = r.buffer("dec elu b", amax)?;
             let h = r.buffer("dec h", hmax)?;
             let mut t = t2;
-            r.conv(&g.conv0, &emb, t, false, &a, false, 0)?;
+            r.conv(&g.conv0, &emb, t, ConvOut::Dual(&a, &ea), false, 0)?;
             for (up, res) in &g.stages {
-                r.conv_tr(up, &a, t, true, &b)?;
+                r.conv_tr(up, &ea, t, ConvOut::Dual(&b, &eb))?;
                 t *= up.shape.stride;
                 std::mem::swap(&mut a, &mut b);
+                std::mem::swap(&mut ea, &mut eb);
                 for blk in res {
-                    r.res(blk, &a, &h, t)?;
+                    r.res(blk, (&a, &ea), &h, t)?;
                 }
             }
             if t != fs {
@@ -823,30 +974,32 @@ impl Streams {
                     why: format!("the decoder gives {t} samples per frame, not {fs}"),
                 });
             }
-            r.conv(&g.last, &a, t, true, &pcm_out, false, 0)?;
+            r.conv(&g.last, &ea, t, ConvOut::Raw(&pcm_out), false, 0)?;
             r.finish()
         };
 
         // Encoder: PCM → SEANet [d, s] → transformer → downsample [d, 1] → projections → search.
         let enc = {
             let g = &w.enc;
-            let mut r = Recorder::new(w, &counters);
+            let mut r = Recorder::new(w, &counters)?;
             let (amax, hmax) = seanet_enc_sizes(g, fs);
             let mut a = r.buffer("enc a", amax)?;
+            let mut ea = r.buffer("enc elu a", amax)?;
             let mut b = r.buffer("enc b", amax)?;
+            let mut eb = r.buffer("enc elu b", amax)?;
             let h = r.buffer("enc h", hmax)?;
             let emb = r.buffer("enc emb", d * t2)?;
             let lat = r.buffer("enc latent", d)?;
-            let resid = r.buffer("rvq residual", cb)?;
             let mut t = fs;
-            r.conv(&g.conv0, &pcm_in, t, false, &a, false, 0)?;
+            r.conv(&g.conv0, &pcm_in, t, ConvOut::Dual(&a, &ea), false, 0)?;
             for (res, down) in &g.stages {
                 for blk in res {
-                    r.res(blk, &a, &h, t)?;
+                    r.res(blk, (&a, &ea), &h, t)?;
                 }
-                r.conv(down, &a, t, true, &b, false, 0)?;
+                r.conv(down, &ea, t, ConvOut::Dual(&b, &eb), false, 0)?;
                 t /= down.shape.stride;
                 std::mem::swap(&mut a, &mut b);
+                std::mem::swap(&mut ea, &mut eb);
             }
             if t != t2 {
                 return Err(GpuError::Unsupported {
@@ -854,35 +1007,31 @@ impl Streams {
                     why: format!("the encoder gives {t} steps per frame, not {t2}"),
                 });
             }
-            r.conv(&g.last, &a, t, true, &emb, false, 0)?;
+            r.conv(&g.last, &ea, t, ConvOut::Raw(&emb), false, 0)?;
             r.tap(Stage::EncSeanet, &emb, d * t2);
             r.transformer(&g.transformer, &emb, t2, ENC_POS)?;
             r.tap(Stage::EncTransformer, &emb, d * t2);
-            r.conv(&g.downsample, &emb, t2, false, &lat, false, ENC_FRAMES)?;
+            r.conv(
+                &g.downsample,
+                &emb,
+                t2,
+                ConvOut::Raw(&lat),
+                false,
+                ENC_FRAMES,
+            )?;
             r.tap(Stage::Latent, &lat, d);
             // [d, 1] is also the row [1, d].
             // (The stats only fill the unread LayerScale binding.)
             r.linear(&lat, &g.first_input_proj, &u_first, &g.stats, (1, d, cb), 0);
             r.linear(&lat, &g.rest_input_proj, &u_rest, &g.stats, (1, d, cb), 0);
-            r.launch(
-                MimiKernel::RvqSearch,
-                &[
-                    cb as u32,
-                    m.cardinality() as u32,
-                    nq as u32,
-                    g.bound.to_bits(),
-                ],
-                &[
-                    &u_first,
-                    &u_rest,
-                    &w.dec.centroids,
-                    &g.stats,
-                    &resid,
-                    &codes_out,
-                ],
-                64,
+            r.rvq_search(&u_first, &u_rest, &codes_out)?;
+            r.launch_grid(
+                MimiKernel::Advance,
+                &[ENC_FRAMES, 1],
+                &[&counters],
+                1,
+                (1, 1),
             );
-            r.launch(MimiKernel::Advance, &[ENC_FRAMES, 1], &[&counters], 1);
             r.finish()
         };
         Ok(Streams {

@@ -8,28 +8,74 @@
 //! convolution its overlap tail, each transformer layer a K and a V ring, and a small counter
 //! buffer the transformer positions and frames seen ([`MimiKernel::Advance`] moves them at the
 //! end of a frame).
+//!
+//! # Arithmetic at Moshi's Mimi (f32 weights, 2 transformer steps per 80 ms frame)
+//!
+//! Bytes are what a launch must move at least (weights, plus activations where they dominate);
+//! "µs" is that at 3.3 TB/s. Every launch also pays the device's dispatch and barrier cost
+//! (a few µs on a Vulkan driver), which is what a frame's ~205 launches (112 encoder, 93
+//! decoder) cost in the end: the kernels below are sized so that no launch runs a long serial
+//! loop on a few threads (the old kernels' cost: 16 attention threads, one 64-thread workgroup
+//! for all 8 RVQ levels, 2 LayerNorm threads, one thread per output over 8192-term sums).
+//!
+//! | launch (per frame) | bytes | workgroups | µs at 3.3 TB/s |
+//! |---|---|---|---|
+//! | Linear `in_proj` 512→1536 (×8 layers ×2 directions) | 3.1 MB | 192 | 0.95 |
+//! | Linear `out_proj` 512→512 | 1.0 MB | 64 | 0.32 |
+//! | Linear `linear1` 512→2048 (GELU) | 4.2 MB | 256 | 1.27 |
+//! | Linear `linear2` 2048→512 | 4.2 MB | 64 | 1.27 |
+//! | Attention, 8 heads × 64, 250 keys, 2 rows | 1.0 MB of K/V | 16 (256 threads) | 0.3 |
+//! | LayerNorm 2 × 512 | 8 KB | 2 | launch-bound |
+//! | RvqScore, one level: 2048 × 256 (×8 levels) | 2.1 MB | 256 | 0.64 |
+//! | RvqPick, one level (×8) | 16 KB | 1 | launch-bound |
+//! | ConvSplit enc. down 512→1024 k16 s8, 2 columns | 33.5 MB | 1024 | 10.2 |
+//! | ConvSplit enc. down 256→512 k12 s6, 16 columns | 6.3 MB | 1024 | 1.9 |
+//! | ConvSplit enc. last 1024→512 k3, 2 columns | 6.3 MB | 512 | 1.9 |
+//! | ConvSplit enc. downsample 512→512 k4 s2 | 4.2 MB | 512 | 1.3 |
+//! | ConvSplit dec. conv0 512→1024 k7, 2 columns | 14.7 MB | 1024 | 4.4 |
+//! | ConvTrSplit dec. 1024→512 k16 s8, 2→16 columns | 33.5 MB | 1536 | 10.2 |
+//! | ConvTrSplit dec. 512→256 k12 s6, 16→96 | 6.3 MB | 3328 | 1.9 |
+//! | ConvTrSplit dec. 128→64 k8 s4, 480→1920 | 0.5 MB of activations | 15424 | 0.2 |
+//! | Conv (a thread per output) enc. stage-1 residual 64→32 k3, 1920 columns | 0.7 MB of activations | 960 | 0.2 |
+//!
+//! A frame pair moves about 333 MB of weights (201 MB of transformers, 50 + 59 MB of SEANet,
+//! 17 MB of centroids), ~100 µs at 3.3 TB/s; with ~205 dependent launches at a few µs each,
+//! encode + decode should come to roughly 0.6–1 ms on an H200-class card (not measured here).
+//!
+//! The weights are read once per slot: a batch of slots records each slot's launches in turn
+//! (a slot dimension in the kernels is not done yet).
 
 use crate::bindings::{declare_bindings, declare_uniform, Access};
-use crate::shaders::WORKGROUP_REDUCE;
 
-/// One Mimi kernel (each its own WGSL module with entry point `main`, 64 threads per
-/// workgroup; most run one thread per index through `PER_INDEX_MAIN`).
+/// One Mimi kernel (each its own WGSL module with entry point `main`): either one thread per
+/// index through `PER_INDEX_MAIN` (64 threads per workgroup), or its own entry point over a
+/// grid of workgroups the host chooses ([`MimiKernel::grid_launched`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum MimiKernel {
-    /// Causal convolution over the kept history and the new input (optional ELU on the input,
-    /// replicate padding on the first frame, optional accumulation into the output).
+    /// Causal convolution over the kept history and the new input (replicate padding on the
+    /// first frame, optional accumulation into the output, optional ELU of the output into the
+    /// output or a second buffer), one thread per output.
     Conv,
+    /// [`MimiKernel::Conv`] with the input-channel sum split across a workgroup (long sums).
+    ConvSplit,
     /// Moves a convolution's history forward by the columns just consumed.
     ConvHistory,
-    /// Streaming transposed convolution (groups 1 or depthwise) with its overlap tail.
+    /// Streaming transposed convolution (groups 1 or depthwise) with its overlap tail, one
+    /// thread per output.
     ConvTranspose,
+    /// [`MimiKernel::ConvTranspose`] (groups 1) with the input-channel sum split across a
+    /// workgroup; the new tail goes to a second buffer that a [`MimiKernel::Transpose`] copy
+    /// moves over the tail.
+    ConvTrSplit,
     /// RVQ decode: the latent of one frame's codes (centroid sums through both output
     /// projections).
     RvqDecode,
-    /// Split-RVQ nearest-centroid search of one latent step, all levels, with the screen's
-    /// rigorous error bound: marks a level whose nearest centroid the f32 arithmetic cannot
-    /// prove.
-    RvqSearch,
+    /// Split-RVQ search, first half of one level: every centroid's value `½‖c‖² − x·c` and its
+    /// rigorous f32 error bound, one 32-lane team per centroid.
+    RvqScore,
+    /// Split-RVQ search, second half of one level: the argmin of the scored values (lowest index
+    /// on ties), whether the bound proves it, the code, and the acoustic residual update.
+    RvqPick,
     /// `out[b, a] = in[a, b]`.
     Transpose,
     /// Row-wise LayerNorm with weight and bias.
@@ -46,12 +92,15 @@ pub enum MimiKernel {
 
 impl MimiKernel {
     /// Every kernel.
-    pub const ALL: [MimiKernel; 11] = [
+    pub const ALL: [MimiKernel; 14] = [
         MimiKernel::Conv,
+        MimiKernel::ConvSplit,
         MimiKernel::ConvHistory,
         MimiKernel::ConvTranspose,
+        MimiKernel::ConvTrSplit,
         MimiKernel::RvqDecode,
-        MimiKernel::RvqSearch,
+        MimiKernel::RvqScore,
+        MimiKernel::RvqPick,
         MimiKernel::Transpose,
         MimiKernel::LayerNorm,
         MimiKernel::Linear,
@@ -63,21 +112,25 @@ impl MimiKernel {
     /// The module's WGSL source.
     pub fn source(self) -> String {
         let body = match self {
-            MimiKernel::Conv => CONV,
-            MimiKernel::ConvHistory => CONV_HISTORY,
-            MimiKernel::ConvTranspose => CONV_TRANSPOSE,
-            MimiKernel::RvqDecode => RVQ_DECODE,
-            MimiKernel::RvqSearch => RVQ_SEARCH,
-            MimiKernel::Transpose => TRANSPOSE,
-            MimiKernel::LayerNorm => LAYER_NORM,
-            MimiKernel::Linear => LINEAR,
-            MimiKernel::RopeStore => ROPE_STORE,
-            MimiKernel::Attention => ATTENTION,
-            MimiKernel::Advance => ADVANCE,
+            MimiKernel::Conv => [CONV_IN, CONV_OUT, CONV].concat(),
+            MimiKernel::ConvSplit => [CONV_IN, CONV_OUT, CONV_SPLIT].concat(),
+            MimiKernel::ConvHistory => CONV_HISTORY.to_string(),
+            MimiKernel::ConvTranspose => [CONV_OUT, CONV_TR_FULL, CONV_TRANSPOSE].concat(),
+            MimiKernel::ConvTrSplit => [CONV_OUT, CONV_TR_FULL, CONV_TR_SPLIT].concat(),
+            MimiKernel::RvqDecode => RVQ_DECODE.to_string(),
+            MimiKernel::RvqScore => RVQ_SCORE.to_string(),
+            MimiKernel::RvqPick => RVQ_PICK.to_string(),
+            MimiKernel::Transpose => TRANSPOSE.to_string(),
+            MimiKernel::LayerNorm => LAYER_NORM.to_string(),
+            MimiKernel::Linear => LINEAR.to_string(),
+            MimiKernel::RopeStore => ROPE_STORE.to_string(),
+            MimiKernel::Attention => ATTENTION.to_string(),
+            MimiKernel::Advance => ADVANCE.to_string(),
         };
-        let main = match self {
-            MimiKernel::RvqSearch | MimiKernel::Advance => "",
-            _ => PER_INDEX_MAIN,
+        let main = if self.grid_launched() {
+            ""
+        } else {
+            PER_INDEX_MAIN
         };
         let bindings = declare_bindings(self.access(), "P: Params", self.buffers());
         let own = self.params().split(',').map(|f| match f.split_once(':') {
@@ -90,22 +143,45 @@ impl MimiKernel {
             "{self:?}: more fields than the 16-word block"
         );
         let params = declare_uniform("Params", fields);
-        let reduce = match self {
-            MimiKernel::RvqSearch => WORKGROUP_REDUCE,
-            _ => "",
+        let reduce = if self.grid_launched()
+            && !matches!(
+                self,
+                MimiKernel::Advance | MimiKernel::ConvSplit | MimiKernel::ConvTrSplit
+            ) {
+            REDUCE_256
+        } else {
+            ""
         };
-        [&bindings, &params, ELU, reduce, body, main].concat()
+        [&bindings, &params, ELU, reduce, &body, main].concat()
+    }
+
+    /// Whether the kernel has its own entry point over a grid of workgroups the host chooses
+    /// (one workgroup per row, head, centroid team...), rather than one thread per index.
+    pub(crate) fn grid_launched(self) -> bool {
+        matches!(
+            self,
+            MimiKernel::ConvSplit
+                | MimiKernel::ConvTrSplit
+                | MimiKernel::RvqScore
+                | MimiKernel::RvqPick
+                | MimiKernel::LayerNorm
+                | MimiKernel::Linear
+                | MimiKernel::Attention
+                | MimiKernel::Advance
+        )
     }
 
     /// How the kernel binds its buffers (binding 0 is always the uniform block).
     pub(crate) fn access(self) -> &'static [Access] {
         use Access::{Read as R, Uniform as U, Write as W};
         match self {
-            MimiKernel::Conv => &[U, R, R, R, R, W, R],
+            MimiKernel::Conv | MimiKernel::ConvSplit => &[U, R, R, R, R, W, W, R],
             MimiKernel::ConvHistory => &[U, R, W, R],
-            MimiKernel::ConvTranspose => &[U, R, W, R, R, W],
+            MimiKernel::ConvTranspose => &[U, R, W, R, R, W, W],
+            MimiKernel::ConvTrSplit => &[U, R, R, R, R, W, W, W],
             MimiKernel::RvqDecode => &[U, R, R, R, R, W],
-            MimiKernel::RvqSearch => &[U, R, R, R, R, W, W],
+            MimiKernel::RvqScore => &[U, R, R, R, R, W],
+            MimiKernel::RvqPick => &[U, R, R, R, W, W],
             MimiKernel::Transpose => &[U, R, W],
             MimiKernel::LayerNorm => &[U, R, R, R, W],
             MimiKernel::Linear => &[U, R, R, W, R],
@@ -120,13 +196,17 @@ impl MimiKernel {
     /// `f32` written as its bits).
     pub(crate) fn params(self) -> &'static str {
         match self {
-            MimiKernel::Conv => {
-                "cin, cout, k, stride, dilation, pad, tin, tout, elu, replicate, counter, accumulate"
+            MimiKernel::Conv | MimiKernel::ConvSplit => {
+                "cin, cout, k, stride, dilation, pad, tin, tout, replicate, counter, accumulate, \
+                 elu_y, dual"
             }
             MimiKernel::ConvHistory => "cin, pad, tin, replicate, counter",
-            MimiKernel::ConvTranspose => "cin, cout, k, stride, tin, tout, tail_len, elu, depthwise",
+            MimiKernel::ConvTranspose | MimiKernel::ConvTrSplit => {
+                "cin, cout, k, stride, tin, tout, tail_len, depthwise, accumulate, elu_y, dual"
+            }
             MimiKernel::RvqDecode => "dim, cb_dim, bins, n_codebooks",
-            MimiKernel::RvqSearch => "cb_dim, bins, n_codebooks, bound: f32",
+            MimiKernel::RvqScore => "cb_dim, bins, level, bound: f32",
+            MimiKernel::RvqPick => "cb_dim, bins, n_codebooks, level",
             MimiKernel::Transpose => "a, b",
             MimiKernel::LayerNorm => "rows, d, eps: f32",
             MimiKernel::Linear => "rows, cols, outs, mode",
@@ -142,15 +222,21 @@ impl MimiKernel {
     /// its order (binding 0 is the uniform block `P`).
     fn buffers(self) -> &'static str {
         match self {
-            MimiKernel::Conv => "x: f32, hist: f32, w: f32, bias: f32, y: f32, counters: u32",
+            MimiKernel::Conv | MimiKernel::ConvSplit => {
+                "x: f32, hist: f32, w: f32, bias: f32, y: f32, ye: f32, counters: u32"
+            }
             MimiKernel::ConvHistory => "x: f32, hist: f32, counters: u32",
-            MimiKernel::ConvTranspose => "x: f32, tail: f32, w: f32, bias: f32, y: f32",
+            MimiKernel::ConvTranspose => "x: f32, tail: f32, w: f32, bias: f32, y: f32, ye: f32",
+            MimiKernel::ConvTrSplit => {
+                "x: f32, tail: f32, w: f32, bias: f32, y: f32, ye: f32, tail_new: f32"
+            }
             MimiKernel::RvqDecode => {
                 "codes: u32, centroids: f32, w_first: f32, w_rest: f32, y: f32"
             }
-            MimiKernel::RvqSearch => {
-                "x_first: f32, x_rest: f32, centroids: f32, stats: f32, resid: f32, out: u32"
+            MimiKernel::RvqScore => {
+                "x_first: f32, resid: f32, centroids: f32, stats: f32, scored: f32"
             }
+            MimiKernel::RvqPick => "x_rest: f32, centroids: f32, scored: f32, resid: f32, out: u32",
             MimiKernel::Transpose => "src: f32, dst: f32",
             MimiKernel::LayerNorm => "x: f32, weight: f32, bias: f32, y: f32",
             MimiKernel::Linear => "x: f32, w: f32, y: f32, scale: f32",
@@ -161,7 +247,7 @@ impl MimiKernel {
     }
 }
 
-/// The ELU of the convolutions' inputs.
+/// The ELU (of the convolutions' outputs that feed an ELU convolution).
 const ELU: &str = r#"
 fn elu(v: f32) -> f32 {
     return select(exp(v) - 1.0, v, v > 0.0);
@@ -183,37 +269,113 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 }
 "#;
 
-/// One thread per output `(o, t)`; padded column `j` is history column `j` for `j < pad`
-/// (the first input sample on the first frame under replicate padding), else input column
-/// `j − pad`.
+/// The input and output sides every convolution kernel shares. Padded column `j` of input
+/// channel `c` is history column `j` for `j < pad` (the first input sample on the first frame
+/// under replicate padding), else input column `j − pad`. The input is read as it is: a
+/// convolution that takes an ELU of its input reads the ELU buffer its producer wrote
+/// ([`CONV_OUT`]), so the ELU runs once per value, not once per weight tap and output.
+const CONV_IN: &str = r#"
+fn xin(c: u32, j: u32, first: bool) -> f32 {
+    let pad = P.pad;
+    if (j < pad) {
+        return select(hist[c * pad + j], x[c * P.tin], first);
+    }
+    return x[c * P.tin + j - pad];
+}
+"#;
+
+/// The output side of every convolution kernel: the finished value `v` of output `at` (bias
+/// included) added to `y[at]` when `accumulate`; then `y[at]` gets it (or its ELU when
+/// `elu_y`), and `ye[at]` its ELU when `dual` (the input of the next ELU convolution).
+const CONV_OUT: &str = r#"
+fn put(at: u32, v: f32) {
+    var r = v;
+    if (P.accumulate != 0u) {
+        r = y[at] + r;
+    }
+    if (P.dual != 0u) {
+        ye[at] = elu(r);
+    }
+    y[at] = select(r, elu(r), P.elu_y != 0u);
+}
+"#;
+
+/// One thread per output `(o, t)` (time fastest, so a warp reads adjacent input columns and one
+/// weight): the whole `cin·k` sum serially. For short sums (`cin·k` < 256: the full-rate
+/// SEANet stages).
 const CONV: &str = r#"
 fn body(idx: u32) {
     let tout = P.tout;
     let o = idx / tout;
     let t = idx % tout;
     let first = P.replicate != 0u && counters[P.counter] == 0u;
-    let pad = P.pad;
     var acc = bias[o];
     for (var c = 0u; c < P.cin; c++) {
         for (var i = 0u; i < P.k; i++) {
-            let j = t * P.stride + i * P.dilation;
-            var v: f32;
-            if (j < pad) {
-                v = select(hist[c * pad + j], x[c * P.tin], first);
-            } else {
-                v = x[c * P.tin + j - pad];
-            }
-            if (P.elu != 0u) {
-                v = elu(v);
-            }
-            acc += w[(o * P.cin + c) * P.k + i] * v;
+            acc += w[(o * P.cin + c) * P.k + i] * xin(c, t * P.stride + i * P.dilation, first);
         }
     }
-    let at = o * tout + t;
-    if (P.accumulate != 0u) {
-        acc = y[at] + acc;
+    put(o * tout + t, acc);
+}
+"#;
+
+/// 64 threads per workgroup `(o, b)`: output channel `o`, output columns `8b .. 8b + 8`. The
+/// `cin·k` sum is split across the threads (thread `l` takes terms `l, l + 64, ...`: its weight
+/// loads are one contiguous row across the workgroup, and each weight is used for the 8
+/// columns), then summed by a fixed tree. For long sums (the low-rate stages, 256–1024 channels).
+const CONV_SPLIT: &str = r#"
+var<workgroup> part0: array<vec4<f32>, 64>;
+var<workgroup> part1: array<vec4<f32>, 64>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let o = wid.x;
+    let t0 = wid.y * 8u;
+    let tout = P.tout;
+    let k = P.k;
+    let n = P.cin * k;
+    let s = P.stride;
+    let first = P.replicate != 0u && counters[P.counter] == 0u;
+    // Columns past the last read the last one (in bounds; never written).
+    let last = tout - 1u;
+    let j0 = min(t0, last) * s;
+    let j1 = min(t0 + 1u, last) * s;
+    let j2 = min(t0 + 2u, last) * s;
+    let j3 = min(t0 + 3u, last) * s;
+    let j4 = min(t0 + 4u, last) * s;
+    let j5 = min(t0 + 5u, last) * s;
+    let j6 = min(t0 + 6u, last) * s;
+    let j7 = min(t0 + 7u, last) * s;
+    var a0 = vec4<f32>(0.0);
+    var a1 = vec4<f32>(0.0);
+    for (var r = lid; r < n; r += 64u) {
+        let c = r / k;
+        let off = (r - c * k) * P.dilation;
+        let wv = w[o * n + r];
+        a0 += wv * vec4<f32>(xin(c, j0 + off, first), xin(c, j1 + off, first),
+                             xin(c, j2 + off, first), xin(c, j3 + off, first));
+        a1 += wv * vec4<f32>(xin(c, j4 + off, first), xin(c, j5 + off, first),
+                             xin(c, j6 + off, first), xin(c, j7 + off, first));
     }
-    y[at] = acc;
+    part0[lid] = a0;
+    part1[lid] = a1;
+    workgroupBarrier();
+    for (var h = 32u; h > 0u; h >>= 1u) {
+        if (lid < h) {
+            part0[lid] = part0[lid] + part0[lid + h];
+            part1[lid] = part1[lid] + part1[lid + h];
+        }
+        workgroupBarrier();
+    }
+    if (lid < 8u && t0 + lid < tout) {
+        var v: f32;
+        if (lid < 4u) {
+            v = part0[0][lid];
+        } else {
+            v = part1[0][lid - 4u];
+        }
+        put(o * tout + t0 + lid, v + bias[o]);
+    }
 }
 "#;
 
@@ -236,18 +398,14 @@ fn body(c: u32) {
 }
 "#;
 
-/// `tout = tin·stride`, `tail_len = k − stride ≤ tout`. One thread per output `(o, i)`: the full transposed convolution's column `i`
-/// (without bias) plus the bias plus the kept tail; a thread with `i < tail` also replaces tail
-/// column `i` with column `tout + i` of this call (it alone reads and writes it).
-const CONV_TRANSPOSE: &str = r#"
-fn input(c: u32, t: u32) -> f32 {
-    let v = x[c * P.tin + t];
-    return select(v, elu(v), P.elu != 0u);
-}
-
-fn full(o: u32, i: u32) -> f32 {
+/// The full transposed convolution's column `i` (without bias or tail) of output channel `o`,
+/// over the input channels `c0, c0 + step, ...` (weights `[cout, cin, k]` on the device; a
+/// depthwise one `[cout, 1, k]`). `tout = tin·stride`, `tail_len = k − stride ≤ tout`.
+const CONV_TR_FULL: &str = r#"
+fn full(o: u32, i: u32, c0: u32, step: u32) -> f32 {
     let k = P.k;
     let s = P.stride;
+    let cin = P.cin;
     var acc = 0.0;
     // Input steps t with t·s ≤ i < t·s + k.
     var t_lo = 0u;
@@ -258,27 +416,81 @@ fn full(o: u32, i: u32) -> f32 {
     for (var t = t_lo; t < t_hi; t++) {
         let j = i - t * s;
         if (P.depthwise != 0u) {
-            acc += w[o * k + j] * input(o, t);
+            acc += w[o * k + j] * x[o * P.tin + t];
         } else {
-            for (var c = 0u; c < P.cin; c++) {
-                acc += w[(c * P.cout + o) * k + j] * input(c, t);
+            for (var c = c0; c < cin; c += step) {
+                acc += w[(o * cin + c) * k + j] * x[c * P.tin + t];
             }
         }
     }
     return acc;
 }
+"#;
 
+/// One thread per output `(o, i)`: the full column `i` plus the bias plus the kept tail; a thread
+/// with `i < tail` also replaces tail column `i` with column `tout + i` of this call (it alone
+/// reads and writes it). For depthwise and short sums.
+const CONV_TRANSPOSE: &str = r#"
 fn body(idx: u32) {
     let tout = P.tout;
     let pt = P.tail_len;
     let o = idx / tout;
     let i = idx % tout;
-    var v = full(o, i) + bias[o];
+    var v = full(o, i, 0u, 1u) + bias[o];
     if (i < pt) {
         v += tail[o * pt + i];
-        tail[o * pt + i] = full(o, tout + i);
+        tail[o * pt + i] = full(o, tout + i, 0u, 1u);
     }
-    y[o * tout + i] = v;
+    put(o * tout + i, v);
+}
+"#;
+
+/// 64 threads per workgroup `(o, b)`: columns `8b .. 8b + 8` of the `tout + tail_len` full
+/// columns of output channel `o`, the input channels split across the threads, summed by a
+/// fixed tree. A column below `tout` is written with the bias and the kept tail; a column
+/// `tout + i` goes to `tail_new[i]` (the next launch copies it over the tail, so no workgroup
+/// reads a tail column another overwrites).
+const CONV_TR_SPLIT: &str = r#"
+var<workgroup> part0: array<vec4<f32>, 64>;
+var<workgroup> part1: array<vec4<f32>, 64>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let o = wid.x;
+    let i0 = wid.y * 8u;
+    let a0 = vec4<f32>(full(o, i0, lid, 64u), full(o, i0 + 1u, lid, 64u),
+                       full(o, i0 + 2u, lid, 64u), full(o, i0 + 3u, lid, 64u));
+    let a1 = vec4<f32>(full(o, i0 + 4u, lid, 64u), full(o, i0 + 5u, lid, 64u),
+                       full(o, i0 + 6u, lid, 64u), full(o, i0 + 7u, lid, 64u));
+    part0[lid] = a0;
+    part1[lid] = a1;
+    workgroupBarrier();
+    for (var h = 32u; h > 0u; h >>= 1u) {
+        if (lid < h) {
+            part0[lid] = part0[lid] + part0[lid + h];
+            part1[lid] = part1[lid] + part1[lid + h];
+        }
+        workgroupBarrier();
+    }
+    let tout = P.tout;
+    let pt = P.tail_len;
+    let i = i0 + lid;
+    if (lid < 8u && i < tout + pt) {
+        var v: f32;
+        if (lid < 4u) {
+            v = part0[0][lid];
+        } else {
+            v = part1[0][lid - 4u];
+        }
+        if (i < tout) {
+            if (i < pt) {
+                v += tail[o * pt + i];
+            }
+            put(o * tout + i, v + bias[o]);
+        } else {
+            tail_new[o * pt + i - tout] = v;
+        }
+    }
 }
 "#;
 
@@ -307,155 +519,194 @@ fn body(c: u32) {
 }
 "#;
 
-/// `bound` is the relative error of an f32 dot product of `cb_dim` terms, γ, with margin. One
-/// workgroup. Per level: every centroid's
-/// `v = ½‖c‖² − x·c` and its error bound `e = bound·‖c‖·‖x‖ + 4u(|½‖c‖²| + |v|)`; the smallest
-/// `v` wins (first index on ties); the level is marked when another centroid's lower bound
-/// `v − e` reaches the smallest upper bound (its code is then decided by the host). The
-/// acoustic residual (a copy of its projected latent) loses the chosen centroid after each
-/// level. Output `codes[q]`, then the number of marked levels.
-const RVQ_SEARCH: &str = r#"
-var<workgroup> best_v: array<f32, 64>;
-var<workgroup> best_i: array<u32, 64>;
-var<workgroup> upper: array<f32, 64>;
+/// The 256-thread tree reductions of the grid-launched kernels (a fixed pairing order, so every
+/// workgroup that reduces the same values gets the same bits). Each call begins and ends with a
+/// barrier, so the shared array is free again when it returns.
+const REDUCE_256: &str = r#"
+var<workgroup> red: array<f32, 256>;
 
-fn x_at(q: u32, j: u32) -> f32 {
-    if (q == 0u) {
+fn reduce_256(lid: u32, v: f32, is_max: bool) -> f32 {
+    workgroupBarrier();
+    red[lid] = v;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            let a = red[lid];
+            let o = red[lid + s];
+            red[lid] = select(a + o, max(a, o), is_max);
+        }
+        workgroupBarrier();
+    }
+    let total = red[0];
+    workgroupBarrier();
+    return total;
+}
+
+// Sums `v` over each aligned team of 32 lanes; lane 0 of each team gets its team's total.
+fn reduce_team_32(lid: u32, v: f32) -> f32 {
+    workgroupBarrier();
+    red[lid] = v;
+    workgroupBarrier();
+    let lane = lid % 32u;
+    for (var s = 16u; s > 0u; s >>= 1u) {
+        if (lane < s) {
+            red[lid] = red[lid] + red[lid + s];
+        }
+        workgroupBarrier();
+    }
+    return red[lid];
+}
+"#;
+
+/// 256 threads as 8 teams of 32 lanes; workgroup `g` scores centroids `8g .. 8g + 8` of level
+/// `level`, a team per centroid (its lanes read the centroid's row 32 values apart, so a team's
+/// load is one contiguous 128-byte line, and sum their parts by a fixed tree). `‖x‖` comes from a
+/// fixed-order tree that every workgroup evaluates identically. Writes `scored[2i] = v` and
+/// `scored[2i + 1] = e` for centroid `i`: `v = ½‖c‖² − x·c` and its bound
+/// `e = bound·‖c‖·‖x‖ + 4u(|½‖c‖²| + |v|)` (`bound` covers any summation order of the dot
+/// product, so the tree's order keeps the proof).
+const RVQ_SCORE: &str = r#"
+fn x_at(j: u32) -> f32 {
+    if (P.level == 0u) {
         return x_first[j];
     }
     return resid[j];
 }
 
-// Centroid i of level q: (v, e) = (½‖c‖² − x·c in f32, its error bound) for ‖x‖ = xn.
-fn value_and_error(q: u32, i: u32, xn: f32) -> vec2<f32> {
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let cb = P.cb_dim;
-    let k = q * P.bins + i;
-    var dot = 0.0;
-    for (var j = 0u; j < cb; j++) {
-        dot += centroids[k * cb + j] * x_at(q, j);
+    let bins = P.bins;
+    var sq = 0.0;
+    for (var j = lid; j < cb; j += 256u) {
+        let v = x_at(j);
+        sq += v * v;
     }
-    let h = stats[2u * k];
-    let v = h - dot;
-    let u = 5.9604645e-8;
-    let e = P.bound * stats[2u * k + 1u] * xn + 4.0 * u * (abs(h) + abs(v)) + 1e-30;
-    return vec2<f32>(v, e);
+    let xn = sqrt(reduce_256(lid, sq, false));
+    let i = wid.x * 8u + lid / 32u;
+    let lane = lid % 32u;
+    let k = P.level * bins + min(i, bins - 1u);
+    var dot = 0.0;
+    if (i < bins) {
+        for (var j = lane; j < cb; j += 32u) {
+            dot += centroids[k * cb + j] * x_at(j);
+        }
+    }
+    let total = reduce_team_32(lid, dot);
+    if (lane == 0u && i < bins) {
+        let h = stats[2u * k];
+        let v = h - total;
+        let u = 5.9604645e-8;
+        let e = P.bound * stats[2u * k + 1u] * xn + 4.0 * u * (abs(h) + abs(v)) + 1e-30;
+        scored[2u * i] = v;
+        scored[2u * i + 1u] = e;
+    }
 }
+"#;
 
-@compute @workgroup_size(64)
+/// One workgroup of 256 threads. The smallest scored `v` wins (the first index on ties, in each
+/// thread's increasing scan and in the tree); the level is marked when a centroid other than the
+/// winner has a lower bound `v − e` at or below the smallest upper bound `v + e` (its code is then
+/// decided by the host). Level 0 also copies the acoustic latent into the residual (level 0
+/// never reads it); a level above 0 then removes its chosen centroid from the residual. Writes
+/// `out[level]` and adds the level's mark to `out[n_codebooks]` (level 0 sets it).
+const RVQ_PICK: &str = r#"
+var<workgroup> best_i: array<u32, 256>;
+
+@compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) lid: u32) {
     let cb = P.cb_dim;
     let bins = P.bins;
-    let nq = P.n_codebooks;
-    for (var j = lid; j < cb; j += 64u) {
-        resid[j] = x_rest[j];
+    let q = P.level;
+    var bv = 3.0e38;
+    var bi = 0xffffffffu;
+    var up = 3.0e38;
+    for (var i = lid; i < bins; i += 256u) {
+        let v = scored[2u * i];
+        if (v < bv) {
+            bv = v;
+            bi = i;
+        }
+        up = min(up, v + scored[2u * i + 1u]);
     }
-    var marked = 0u;
+    // The smallest upper bound (a min as the negated max of the negations).
+    let top = -reduce_256(lid, -up, true);
+    // Argmin with the lowest index on ties: the shared value array of the reductions and the
+    // index array, by the same tree.
+    red[lid] = bv;
+    best_i[lid] = bi;
     workgroupBarrier();
-    for (var q = 0u; q < nq; q++) {
-        // ‖x‖ by a fixed-order tree.
-        var sq = 0.0;
-        for (var j = lid; j < cb; j += 64u) {
-            let v = x_at(q, j);
-            sq += v * v;
-        }
-        let xn = sqrt(workgroup_reduce(lid, sq, false));
-        var bv = 3.0e38;
-        var bi = 0xffffffffu;
-        var up = 3.0e38;
-        for (var i = lid; i < bins; i += 64u) {
-            let ve = value_and_error(q, i, xn);
-            let v = ve.x;
-            let e = ve.y;
-            if (v < bv) {
-                bv = v;
-                bi = i;
-            }
-            up = min(up, v + e);
-        }
-        best_v[lid] = bv;
-        best_i[lid] = bi;
-        upper[lid] = up;
-        workgroupBarrier();
-        for (var s = 32u; s > 0u; s >>= 1u) {
-            if (lid < s) {
-                let ov = best_v[lid + s];
-                let oi = best_i[lid + s];
-                if (ov < best_v[lid] || (ov == best_v[lid] && oi < best_i[lid])) {
-                    best_v[lid] = ov;
-                    best_i[lid] = oi;
-                }
-                upper[lid] = min(upper[lid], upper[lid + s]);
-            }
-            workgroupBarrier();
-        }
-        let win = best_i[0];
-        let top = upper[0];
-        // Centroids that the bound cannot rule out (a count, exact in f32).
-        var hits = 0.0;
-        for (var i = lid; i < bins; i += 64u) {
-            let ve = value_and_error(q, i, xn);
-            if (ve.x - ve.y <= top) {
-                hits += 1.0;
-            }
-        }
-        let lower_hits = workgroup_reduce(lid, hits, false);
-        // A non-finite latent gives no winner: code 0, and the host decides.
-        let code = select(0u, win, win < bins);
-        if (lid == 0u) {
-            out[q] = code;
-        }
-        if (lower_hits != 1.0 || win >= bins) {
-            marked += 1u;
-        }
-        workgroupBarrier();
-        if (q > 0u) {
-            for (var j = lid; j < cb; j += 64u) {
-                resid[j] = resid[j] - centroids[(q * bins + code) * cb + j];
+    for (var s = 128u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            let ov = red[lid + s];
+            let oi = best_i[lid + s];
+            if (ov < red[lid] || (ov == red[lid] && oi < best_i[lid])) {
+                red[lid] = ov;
+                best_i[lid] = oi;
             }
         }
         workgroupBarrier();
     }
+    let win = best_i[0];
+    // Centroids that the bound cannot rule out (a count, exact in f32).
+    var hits = 0.0;
+    for (var i = lid; i < bins; i += 256u) {
+        if (scored[2u * i] - scored[2u * i + 1u] <= top) {
+            hits += 1.0;
+        }
+    }
+    let lower_hits = reduce_256(lid, hits, false);
+    // A non-finite latent gives no winner: code 0, and the host decides.
+    let code = select(0u, win, win < bins);
     if (lid == 0u) {
-        out[nq] = marked;
+        out[q] = code;
+        let mark = select(0u, 1u, lower_hits != 1.0 || win >= bins);
+        let n = P.n_codebooks;
+        out[n] = select(out[n], 0u, q == 0u) + mark;
+    }
+    for (var j = lid; j < cb; j += 256u) {
+        if (q == 0u) {
+            resid[j] = x_rest[j];
+        } else {
+            resid[j] = resid[j] - centroids[(q * bins + code) * cb + j];
+        }
     }
 }
 "#;
 
-/// `out[r·a + c] = in[c·b + r]` (channel-major `[a, b]` to row-major `[b, a]`).
-const TRANSPOSE: &str = r#"
-fn body(idx: u32) {
-    let r = idx / P.a;
-    let c = idx % P.a;
-    dst[idx] = src[c * P.b + r];
-}
-"#;
-
-/// One thread per row: mean, then variance of the centred
-/// values (two passes).
+/// One workgroup of 256 threads per row (the grid's x): the mean by a tree, then the variance
+/// of the centred values by a tree (two passes, as the CPU), then the normalised row.
 const LAYER_NORM: &str = r#"
-fn body(r: u32) {
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let d = P.d;
+    let base = wid.x * d;
     var sum = 0.0;
-    for (var c = 0u; c < d; c++) {
-        sum += x[r * d + c];
+    for (var c = lid; c < d; c += 256u) {
+        sum += x[base + c];
     }
-    let mean = sum / f32(d);
+    let mean = reduce_256(lid, sum, false) / f32(d);
     var var_sum = 0.0;
-    for (var c = 0u; c < d; c++) {
-        let v = x[r * d + c] - mean;
+    for (var c = lid; c < d; c += 256u) {
+        let v = x[base + c] - mean;
         var_sum += v * v;
     }
-    let inv = 1.0 / sqrt(var_sum / f32(d) + P.eps);
-    for (var c = 0u; c < d; c++) {
-        y[r * d + c] = (x[r * d + c] - mean) * inv * weight[c] + bias[c];
+    let inv = 1.0 / sqrt(reduce_256(lid, var_sum, false) / f32(d) + P.eps);
+    for (var c = lid; c < d; c += 256u) {
+        y[base + c] = (x[base + c] - mean) * inv * weight[c] + bias[c];
     }
 }
 "#;
 
-/// `mode` 0: write, 1: `y += scale[o]·acc` (LayerScale residual),
-/// 2: `y = GELU(acc)` with erf. One thread per output `(r, o)`. The erf is the Chebyshev fit of
-/// `erfc` (fractional error below 1.2e-7) that the CPU kernels use.
+/// `mode` 0: write, 1: `y += scale[o]·acc` (LayerScale residual), 2: `y = GELU(acc)` with erf.
+/// 256 threads as 8 teams of 32 lanes; workgroup `(g, b)` computes outputs `8g .. 8g + 8` of rows
+/// `4b .. 4b + 4`, a team per output: its lanes stride the weight row 32 values apart (one
+/// contiguous 128-byte line per step, each weight loaded once and used for the 4 rows) and sum
+/// their parts by a fixed tree. The erf is the Chebyshev fit of `erfc` (fractional error below
+/// 1.2e-7) that the CPU kernels use.
 const LINEAR: &str = r#"
+var<workgroup> part: array<vec4<f32>, 256>;
+
 fn gelu(a: f32) -> f32 {
     let z = abs(a) * 0.70710678118654752;
     let t = 1.0 / (0.5 * z + 1.0);
@@ -474,23 +725,55 @@ fn gelu(a: f32) -> f32 {
     return 0.5 * a * (1.0 + erf);
 }
 
-fn body(idx: u32) {
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let cols = P.cols;
     let outs = P.outs;
-    let mode = P.mode;
-    let r = idx / outs;
-    let o = idx % outs;
-    var acc = 0.0;
-    for (var c = 0u; c < cols; c++) {
-        acc += w[o * cols + c] * x[r * cols + c];
+    let rows = P.rows;
+    let o = wid.x * 8u + lid / 32u;
+    let lane = lid % 32u;
+    let r0 = wid.y * 4u;
+    // Rows past the last read the last row (in bounds; their sums are never written).
+    let x0 = min(r0, rows - 1u) * cols;
+    let x1 = min(r0 + 1u, rows - 1u) * cols;
+    let x2 = min(r0 + 2u, rows - 1u) * cols;
+    let x3 = min(r0 + 3u, rows - 1u) * cols;
+    var acc = vec4<f32>(0.0);
+    if (o < outs) {
+        let wo = o * cols;
+        for (var c = lane; c < cols; c += 32u) {
+            let wv = w[wo + c];
+            acc += wv * vec4<f32>(x[x0 + c], x[x1 + c], x[x2 + c], x[x3 + c]);
+        }
     }
-    if (mode == 1u) {
-        y[idx] = y[idx] + scale[o] * acc;
-    } else if (mode == 2u) {
-        y[idx] = gelu(acc);
-    } else {
-        y[idx] = acc;
+    part[lid] = acc;
+    workgroupBarrier();
+    for (var s = 16u; s > 0u; s >>= 1u) {
+        if (lane < s) {
+            part[lid] = part[lid] + part[lid + s];
+        }
+        workgroupBarrier();
     }
+    if (lane < 4u && o < outs && r0 + lane < rows) {
+        let a = part[lid - lane][lane];
+        let idx = (r0 + lane) * outs + o;
+        if (P.mode == 1u) {
+            y[idx] = y[idx] + scale[o] * a;
+        } else if (P.mode == 2u) {
+            y[idx] = gelu(a);
+        } else {
+            y[idx] = a;
+        }
+    }
+}
+"#;
+
+/// `out[r·a + c] = in[c·b + r]` (channel-major `[a, b]` to row-major `[b, a]`).
+const TRANSPOSE: &str = r#"
+fn body(idx: u32) {
+    let r = idx / P.a;
+    let c = idx % P.a;
+    dst[idx] = src[c * P.b + r];
 }
 "#;
 
@@ -550,18 +833,24 @@ fn body(idx: u32) {
 }
 "#;
 
-/// `head_dim ≤ 128`. One thread per `(row, head)`: query position `p = counter + row` attends to the positions still
-/// in the ring (the rows of this call are stored already) within its context, `max(p + 1 −
-/// context, total − capacity) ..= p`; softmax by max, then exponentials and the weighted sum.
+/// `head_dim ≤ 128`. One workgroup of 256 threads per `(head, row)` (the grid's x and y): query
+/// position `p = counter + row` attends to the positions still in the ring (the rows of this call
+/// are stored already) within its context, `max(p + 1 − context, total − capacity) ..= p`, in
+/// chunks of 256 keys with an online softmax: a thread per key scores it (the query held in
+/// workgroup memory), tree max and sum, then the `256 / head_dim` groups of `head_dim` threads
+/// each accumulate every group-th key's values for one output dimension (coalesced rows of V),
+/// and a fixed-order sum of the groups gives the output.
 const ATTENTION: &str = r#"
-fn body(idx: u32) {
+var<workgroup> q_s: array<f32, 128>;
+var<workgroup> p_s: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let d = P.d;
-    let heads = P.heads;
     let hd = P.head_dim;
     let cap = P.capacity;
-    let scale = P.scale;
-    let r = idx / heads;
-    let h = idx % heads;
+    let h = wid.x;
+    let r = wid.y;
     let base = counters[P.counter];
     let p = base + r;
     let total = base + P.rows;
@@ -572,36 +861,52 @@ fn body(idx: u32) {
     if (total > cap) {
         lo = max(lo, total - cap);
     }
+    let n = p + 1u - lo;
     let qo = r * 3u * d + h * hd;
+    if (lid < hd) {
+        q_s[lid] = qkv[qo + lid];
+    }
+    let groups = 256u / hd;
+    let g = lid / hd;
+    let jj = lid % hd;
     var m = -3.0e38;
-    for (var kp = lo; kp <= p; kp++) {
-        let ko = (kp % cap) * d + h * hd;
-        var s = 0.0;
-        for (var j = 0u; j < hd; j++) {
-            s += qkv[qo + j] * kc[ko + j];
+    var l = 0.0;
+    var acc = 0.0;
+    for (var c0 = 0u; c0 < n; c0 += 256u) {
+        workgroupBarrier();
+        let live = c0 + lid < n;
+        var s = -3.0e38;
+        if (live) {
+            let ko = ((lo + c0 + lid) % cap) * d + h * hd;
+            var dot = 0.0;
+            for (var j = 0u; j < hd; j++) {
+                dot += q_s[j] * kc[ko + j];
+            }
+            s = dot * P.scale;
         }
-        m = max(m, s * scale);
-    }
-    var acc: array<f32, 128>;
-    for (var j = 0u; j < hd; j++) {
-        acc[j] = 0.0;
-    }
-    var sum = 0.0;
-    for (var kp = lo; kp <= p; kp++) {
-        let ko = (kp % cap) * d + h * hd;
-        var s = 0.0;
-        for (var j = 0u; j < hd; j++) {
-            s += qkv[qo + j] * kc[ko + j];
-        }
-        let e = exp(s * scale - m);
-        sum += e;
-        for (var j = 0u; j < hd; j++) {
-            acc[j] += e * vc[ko + j];
+        let m_new = max(m, reduce_256(lid, s, true));
+        let pr = select(0.0, exp(s - m_new), live);
+        p_s[lid] = pr;
+        let f = exp(m - m_new);
+        l = l * f + reduce_256(lid, pr, false);
+        acc *= f;
+        m = m_new;
+        let cnt = min(256u, n - c0);
+        if (g < groups) {
+            for (var k = g; k < cnt; k += groups) {
+                acc += p_s[k] * vc[((lo + c0 + k) % cap) * d + h * hd + jj];
+            }
         }
     }
-    let inv = 1.0 / sum;
-    for (var j = 0u; j < hd; j++) {
-        out[r * d + h * hd + j] = acc[j] * inv;
+    workgroupBarrier();
+    p_s[lid] = acc;
+    workgroupBarrier();
+    if (lid < hd) {
+        var sum = 0.0;
+        for (var k = 0u; k < groups; k++) {
+            sum += p_s[k * hd + lid];
+        }
+        out[r * d + h * hd + lid] = sum / l;
     }
 }
 "#;
