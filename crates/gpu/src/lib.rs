@@ -39,7 +39,7 @@ pub mod shaders;
 mod uniforms;
 
 pub use context::{adapters, choose_adapter, AdapterChoice, AdapterDesc, GpuContext, GpuOptions};
-pub use lm::{GpuLm, GpuLmWeights};
+pub use lm::{AttentionRow, AttentionShape, GpuAttention, GpuLm, GpuLmOptions, GpuLmWeights};
 pub use matrix::GpuMatrix;
 pub use mimi::{GpuMimi, GpuMimiBatch, GpuMimiWeights, MimiKernel, TestConvOut};
 pub use probe::BandwidthProbe;

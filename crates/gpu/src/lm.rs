@@ -4,14 +4,14 @@
 use std::sync::Arc;
 
 use model::lm::{
-    check_active_rows, check_lengths, LayerWeights, LmBackend, LmError, LmModel, LmSpec, NO_TOKEN,
-    UNGENERATED,
+    check_active_rows, check_lengths, KvDtype, LayerWeights, LmBackend, LmError, LmModel, LmSpec,
+    NO_TOKEN, UNGENERATED,
 };
 use model::sampling::{Sampler, SamplingError};
 
 use crate::context::GpuContext;
 use crate::dispatch::{Dispatch, Grid};
-use crate::matrix::{f32_bytes, GpuMatrix};
+use crate::matrix::{f32_bytes, i32_bytes, GpuMatrix};
 use crate::sample::{device_samples, SampleStage};
 use crate::shaders::{step, Module, MAX_ROWS};
 use crate::uniforms::{MatParams, Misc};
@@ -207,6 +207,131 @@ struct Stack {
     hidden: usize,
     ctx: usize,
     eps: f32,
+    attn: AttnPlan,
+}
+
+/// How a stack's attention runs: the ring's element type and its split into key chunks.
+#[derive(Debug, Clone, Copy)]
+struct AttnPlan {
+    kv16: bool,
+    chunk: usize,
+    nchunks: usize,
+}
+
+impl AttnPlan {
+    /// The plan of `heads` heads of `head_dim` over a ring of `ctx` entries, chunks of at most
+    /// `chunk` keys; refuses what the kernels cannot run.
+    fn new(
+        heads: usize,
+        head_dim: usize,
+        ctx: usize,
+        chunk: usize,
+        kv16: bool,
+    ) -> Result<AttnPlan, GpuError> {
+        let bad = |why: String| GpuError::Unsupported {
+            format: format!("attention of {heads} heads x {head_dim} over {ctx} entries"),
+            why,
+        };
+        if !(1..=MAX_CHUNK).contains(&chunk) {
+            return Err(bad(format!("key chunks of 1 to {MAX_CHUNK}, not {chunk}")));
+        }
+        if head_dim == 0 || head_dim > MAX_HEAD_DIM || !head_dim.is_multiple_of(2) || ctx == 0 {
+            return Err(bad(format!(
+                "even head sizes up to {MAX_HEAD_DIM} and a non-empty ring"
+            )));
+        }
+        let chunk = chunk.min(ctx);
+        let nchunks = ctx.div_ceil(chunk);
+        if heads * nchunks > 65535 {
+            return Err(bad(format!(
+                "at most 65535 workgroups per row, not {} (use longer chunks)",
+                heads * nchunks
+            )));
+        }
+        Ok(AttnPlan {
+            kv16,
+            chunk,
+            nchunks,
+        })
+    }
+
+    /// 32-bit words of one ring entry of `d` values.
+    fn entry_words(&self, d: usize) -> usize {
+        if self.kv16 {
+            d / 2
+        } else {
+            d
+        }
+    }
+
+    /// Floats of the split-K partials of one row (`[m, l, acc[head_dim]]` per head and chunk).
+    fn partial_floats(&self, heads: usize, head_dim: usize) -> usize {
+        heads * self.nchunks * (head_dim + 2)
+    }
+}
+
+/// Most keys one attention workgroup scores (one per thread of the 64).
+const MAX_CHUNK: usize = 64;
+/// Largest head size of the attention kernel (its workgroup copy of the query).
+const MAX_HEAD_DIM: usize = 256;
+
+/// A kernel launch of a non-weight module: its uniform block `m`, its buffers after the uniform.
+fn misc_dispatch(
+    ctx: &GpuContext,
+    module: Module,
+    m: Misc,
+    bufs: &[&wgpu::Buffer],
+    grid: Grid,
+) -> Dispatch {
+    let uni = ctx.uniform("misc", &m.bytes());
+    let mut all = vec![&uni];
+    all.extend_from_slice(bufs);
+    Dispatch {
+        pipeline: ctx.pipeline(module),
+        bind: ctx.bind(module, &all),
+        grid,
+        _uniform: uni,
+    }
+}
+
+/// The buffers of one attention layer.
+struct AttnBufs<'a> {
+    qkv: &'a wgpu::Buffer,
+    kc: &'a wgpu::Buffer,
+    vc: &'a wgpu::Buffer,
+    step: &'a wgpu::Buffer,
+    rope: &'a wgpu::Buffer,
+    partials: &'a wgpu::Buffer,
+    dst: &'a wgpu::Buffer,
+}
+
+/// The dispatches of one attention layer over `m`'s shape: RoPE and KV store, the split-K pass
+/// (`heads × nchunks` workgroups per row), and the merge (`heads` per row) unless one chunk
+/// covers the ring.
+fn attention_dispatches(ctx: &GpuContext, m: Misc, b: &AttnBufs<'_>, out: &mut Vec<Dispatch>) {
+    out.push(misc_dispatch(
+        ctx,
+        Module::RopeStore,
+        m,
+        &[b.qkv, b.kc, b.vc, b.step, b.rope],
+        Grid::PerRow((m.d / 2).div_ceil(64)),
+    ));
+    out.push(misc_dispatch(
+        ctx,
+        Module::Attention,
+        m,
+        &[b.qkv, b.kc, b.vc, b.partials, b.dst, b.step],
+        Grid::HeadsPerRow(m.heads * m.nchunks),
+    ));
+    if !m.direct {
+        out.push(misc_dispatch(
+            ctx,
+            Module::AttentionMerge,
+            m,
+            &[b.partials, b.dst, b.step],
+            Grid::HeadsPerRow(m.heads),
+        ));
+    }
 }
 
 /// Everything a stack's layer dispatches bind besides its weights.
@@ -216,25 +341,13 @@ struct LayerBinds<'a> {
     norms: &'a wgpu::Buffer,
     step: &'a wgpu::Buffer,
     rope: &'a wgpu::Buffer,
-    scores: &'a wgpu::Buffer,
+    partials: &'a wgpu::Buffer,
     stack: Stack,
 }
 
 impl LayerBinds<'_> {
-    fn misc(&self, label: &str, m: Misc) -> wgpu::Buffer {
-        self.ctx.uniform(label, &m.bytes())
-    }
-
     fn simple(&self, module: Module, m: Misc, bufs: &[&wgpu::Buffer], grid: Grid) -> Dispatch {
-        let uni = self.misc("misc", m);
-        let mut all = vec![&uni];
-        all.extend_from_slice(bufs);
-        Dispatch {
-            pipeline: self.ctx.pipeline(module),
-            bind: self.ctx.bind(module, &all),
-            grid,
-            _uniform: uni,
-        }
+        misc_dispatch(self.ctx, module, m, bufs, grid)
     }
 
     fn norm(&self, from: &wgpu::Buffer, to: &wgpu::Buffer, w_off: usize) -> Dispatch {
@@ -287,22 +400,24 @@ impl LayerBinds<'_> {
             fixed_slot: fixed_slot.map_or(-1, |k| k as i32),
             rope: fixed_slot.is_none(),
             hidden: s.hidden as u32,
+            kv16: s.attn.kv16,
+            chunk: s.attn.chunk as u32,
+            nchunks: s.attn.nchunks as u32,
+            direct: s.attn.nchunks == 1,
             ..Default::default()
         };
         out.push(self.norm(&wk.x, &wk.h, w.norm1));
         out.extend(matmul(&w.in_proj, &wk.h, &wk.qkv, s.d, 3 * s.d, false));
-        out.push(self.simple(
-            Module::RopeStore,
-            misc,
-            &[&wk.qkv, kc, vc, self.step, self.rope],
-            Grid::PerRow((s.d / 2).div_ceil(64) as u32),
-        ));
-        out.push(self.simple(
-            Module::Attention,
-            misc,
-            &[&wk.qkv, kc, vc, self.scores, &wk.attn, self.step],
-            Grid::HeadsPerRow(s.heads as u32),
-        ));
+        let bufs = AttnBufs {
+            qkv: &wk.qkv,
+            kc,
+            vc,
+            step: self.step,
+            rope: self.rope,
+            partials: self.partials,
+            dst: &wk.attn,
+        };
+        attention_dispatches(ctx, misc, &bufs, out);
         out.extend(matmul(&w.out_proj, &wk.attn, &wk.x, s.d, s.d, true));
         out.push(self.norm(&wk.x, &wk.h, w.norm2));
         out.extend(matmul(&w.lin_in, &wk.h, &wk.g, s.d, 2 * s.hidden, false));
@@ -366,10 +481,42 @@ impl std::fmt::Debug for GpuLm {
     }
 }
 
+/// Options of a [`GpuLm`].
+#[derive(Debug, Clone, Copy)]
+pub struct GpuLmOptions {
+    /// Element type of the temporal transformer's KV rings on the device: f32, or bf16 (two per
+    /// 32-bit word, rounded to nearest even as the CPU's [`KvDtype::Bf16`] rounds; half the KV
+    /// bytes attention reads). The Depformer's rings (a handful of entries) stay f32, as on the
+    /// CPU.
+    pub kv_dtype: KvDtype,
+    /// Most keys one attention workgroup scores (1 to 64; see [`crate::shaders`]' attention
+    /// arithmetic for why 64). Smaller values only serve tests: they make the short rings of the
+    /// fixtures run the split-K merge.
+    pub attention_chunk: usize,
+}
+
+impl Default for GpuLmOptions {
+    fn default() -> Self {
+        GpuLmOptions {
+            kv_dtype: KvDtype::F32,
+            attention_chunk: MAX_CHUNK,
+        }
+    }
+}
+
 impl GpuLm {
-    /// A backend for `rows` sessions (1..=[`MAX_ROWS`]) over the uploaded weights. The KV rings
-    /// hold f32 (the CPU's `KvDtype::Bf16` has no device counterpart yet).
+    /// A backend for `rows` sessions (1..=[`MAX_ROWS`]) over the uploaded weights, its KV rings in
+    /// f32 ([`GpuLmOptions::default`]).
     pub fn new(w: Arc<GpuLmWeights>, rows: usize) -> Result<GpuLm, GpuError> {
+        Self::with_options(w, rows, GpuLmOptions::default())
+    }
+
+    /// A backend for `rows` sessions (1..=[`MAX_ROWS`]) over the uploaded weights, with `opts`.
+    pub fn with_options(
+        w: Arc<GpuLmWeights>,
+        rows: usize,
+        opts: GpuLmOptions,
+    ) -> Result<GpuLm, GpuError> {
         let s = w.spec.clone();
         if rows == 0 || rows > MAX_ROWS {
             return Err(GpuError::Unsupported {
@@ -391,7 +538,22 @@ impl GpuLm {
         let storage = wgpu::BufferUsages::STORAGE
             | wgpu::BufferUsages::COPY_DST
             | wgpu::BufferUsages::COPY_SRC;
-        let kv_bytes = (rows * s.context * s.dim * 4) as u64;
+        let kv16 = opts.kv_dtype == KvDtype::Bf16;
+        let t_attn = AttnPlan::new(
+            s.num_heads,
+            s.head_dim,
+            s.context,
+            opts.attention_chunk,
+            kv16,
+        )?;
+        let d_attn = AttnPlan::new(
+            s.dep_heads,
+            s.dep_head_dim,
+            s.dep_q,
+            opts.attention_chunk,
+            false,
+        )?;
+        let kv_bytes = (rows * s.context * t_attn.entry_words(s.dim) * 4) as u64;
         if kv_bytes > ctx.max_binding() {
             return Err(GpuError::DoesNotFit {
                 what: format!("the KV ring of one layer for {rows} sessions"),
@@ -412,6 +574,7 @@ impl GpuLm {
             hidden: s.hidden,
             ctx: s.context,
             eps: s.eps,
+            attn: t_attn,
         };
         let dep_stack = Stack {
             d: s.dep_dim,
@@ -420,10 +583,15 @@ impl GpuLm {
             hidden: s.dep_hidden,
             ctx: s.dep_q,
             eps: s.eps,
+            attn: d_attn,
         };
-        let scores = ctx.buffer(
-            "scores",
-            (rows * (s.num_heads * s.context).max(s.dep_heads * s.dep_q) * 4) as u64,
+        let partials = ctx.buffer(
+            "attention_partials",
+            (rows
+                * t_attn
+                    .partial_floats(s.num_heads, s.head_dim)
+                    .max(d_attn.partial_floats(s.dep_heads, s.dep_head_dim))
+                * 4) as u64,
             storage,
         )?;
         let tw = Work::new(&ctx, rows, s.dim, s.hidden)?;
@@ -443,7 +611,7 @@ impl GpuLm {
             norms: &w.norms,
             step: &step_buf,
             rope: &rope,
-            scores: &scores,
+            partials: &partials,
             stack: temporal_stack,
         };
         let emb_p = |slot: usize, ld: usize| MatParams {
@@ -554,7 +722,7 @@ impl GpuLm {
             keep.push(k);
             keep.push(v);
         }
-        keep.push(scores);
+        keep.push(partials);
         keep.push(dummy);
 
         let sample = SampleStage::new(
@@ -943,5 +1111,230 @@ fn fill_bytes(out: &mut Vec<u8>, words: impl Iterator<Item = [u8; 4]>) {
     out.clear();
     for w in words {
         out.extend_from_slice(&w);
+    }
+}
+
+/// The shape of a standalone attention layer ([`GpuAttention`]).
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionShape {
+    /// Heads.
+    pub heads: usize,
+    /// Values per head (even, at most 256).
+    pub head_dim: usize,
+    /// Ring capacity per session.
+    pub context: usize,
+    /// Sessions (rings).
+    pub sessions: usize,
+    /// Element type of the rings.
+    pub kv_dtype: KvDtype,
+    /// Most keys per attention workgroup (1 to 64).
+    pub chunk: usize,
+    /// The Depformer's mode: every row writes slot `k` and attends to slots `0..=k` (no RoPE
+    /// either way here).
+    pub fixed_slot: Option<usize>,
+}
+
+/// One active row of a [`GpuAttention::step`]: its session, the ring slot its new key and value
+/// go to, and how many entries it attends to (the newest being that slot).
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionRow {
+    /// Session (ring) of the row.
+    pub session: usize,
+    /// Ring slot written this step.
+    pub slot: usize,
+    /// Entries attended (1 to the context).
+    pub count: usize,
+}
+
+/// The LM's attention kernels on their own (KV store, split-K pass, merge) over rings this
+/// object owns: what the property tests compare with a reference at any shape, Moshi's
+/// included, without a whole model.
+#[derive(Debug)]
+pub struct GpuAttention {
+    ctx: GpuContext,
+    shape: AttentionShape,
+    plan: AttnPlan,
+    qkv: wgpu::Buffer,
+    kc: wgpu::Buffer,
+    vc: wgpu::Buffer,
+    step: wgpu::Buffer,
+    dst: wgpu::Buffer,
+    readback: wgpu::Buffer,
+    dispatches: Vec<Dispatch>,
+    _keep: Vec<wgpu::Buffer>,
+}
+
+impl GpuAttention {
+    /// The kernels and rings (zeroed) of `shape` on `ctx`.
+    pub fn new(ctx: &GpuContext, shape: AttentionShape) -> Result<GpuAttention, GpuError> {
+        let plan = AttnPlan::new(
+            shape.heads,
+            shape.head_dim,
+            shape.context,
+            shape.chunk,
+            shape.kv_dtype == KvDtype::Bf16,
+        )?;
+        if shape.sessions == 0 || shape.fixed_slot.is_some_and(|k| k >= shape.context) {
+            return Err(GpuError::Unsupported {
+                format: format!("attention of shape {shape:?}"),
+                why: "at least one session, and a fixed slot inside the ring".into(),
+            });
+        }
+        let d = shape.heads * shape.head_dim;
+        let storage = wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_DST
+            | wgpu::BufferUsages::COPY_SRC;
+        let ring = (shape.sessions * shape.context * plan.entry_words(d) * 4) as u64;
+        if ring > ctx.max_binding() {
+            return Err(GpuError::DoesNotFit {
+                what: format!("the KV ring of {} sessions", shape.sessions),
+                needed: ring,
+                available: ctx.max_binding(),
+            });
+        }
+        let b = |label: &str, n: u64| ctx.buffer(label, n, storage);
+        let qkv = b("qkv", (MAX_ROWS * 3 * d * 4) as u64)?;
+        let kc = b("k_ring", ring)?;
+        let vc = b("v_ring", ring)?;
+        let step = b("step", (step::TOKENS * 4) as u64)?;
+        let rope = b("rope", 4)?;
+        let partials = b(
+            "attention_partials",
+            (MAX_ROWS * plan.partial_floats(shape.heads, shape.head_dim) * 4) as u64,
+        )?;
+        let dst = b("attn", (MAX_ROWS * d * 4) as u64)?;
+        let readback = ctx.buffer(
+            "readback",
+            (MAX_ROWS * d * 4) as u64,
+            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        )?;
+        let m = Misc {
+            d: d as u32,
+            heads: shape.heads as u32,
+            head_dim: shape.head_dim as u32,
+            ctx: shape.context as u32,
+            fixed_slot: shape.fixed_slot.map_or(-1, |k| k as i32),
+            rope: false,
+            kv16: plan.kv16,
+            chunk: plan.chunk as u32,
+            nchunks: plan.nchunks as u32,
+            direct: plan.nchunks == 1,
+            ..Default::default()
+        };
+        let bufs = AttnBufs {
+            qkv: &qkv,
+            kc: &kc,
+            vc: &vc,
+            step: &step,
+            rope: &rope,
+            partials: &partials,
+            dst: &dst,
+        };
+        let mut dispatches = Vec::new();
+        attention_dispatches(ctx, m, &bufs, &mut dispatches);
+        Ok(GpuAttention {
+            ctx: ctx.clone(),
+            shape,
+            plan,
+            qkv,
+            kc,
+            vc,
+            step,
+            dst,
+            readback,
+            dispatches,
+            _keep: vec![rope, partials],
+        })
+    }
+
+    /// Kernel launches of one step (store, split-K pass, merge unless one chunk covers the ring).
+    pub fn dispatches(&self) -> usize {
+        self.dispatches.len()
+    }
+
+    /// Key chunks of a full ring (workgroups of the split-K pass per head and row).
+    pub fn chunks(&self) -> usize {
+        self.plan.nchunks
+    }
+
+    /// Writes the whole ring of `session`: `k` and `v` hold `context × heads · head_dim` values,
+    /// entry by entry (bf16 rings store them rounded to nearest even, as the device's store does).
+    pub fn fill(&self, session: usize, k: &[f32], v: &[f32]) -> Result<(), GpuError> {
+        let s = self.shape;
+        let n = s.context * s.heads * s.head_dim;
+        if session >= s.sessions || k.len() != n || v.len() != n {
+            return Err(GpuError::Runtime(format!(
+                "attention fill: session {session} of {}, {} and {} values for {n}",
+                s.sessions,
+                k.len(),
+                v.len()
+            )));
+        }
+        let words = |x: &[f32]| -> Vec<u8> {
+            if self.plan.kv16 {
+                let mut h = vec![0u16; x.len()];
+                kernels::attention::to_bf16_reference(x, &mut h);
+                h.iter().flat_map(|v| v.to_le_bytes()).collect()
+            } else {
+                f32_bytes(x)
+            }
+        };
+        let off = (session * self.plan.entry_words(s.heads * s.head_dim) * s.context * 4) as u64;
+        let q = self.ctx.queue();
+        q.write_buffer(&self.kc, off, &words(k));
+        q.write_buffer(&self.vc, off, &words(v));
+        Ok(())
+    }
+
+    /// One step of `rows` (1 to 8): row `i`'s fused `qkv[i · 3d ..][.. 3d]` (q, k, v; `d =
+    /// heads · head_dim`) stores its k and v at its slot, then attends with its q; `out[i · d ..]`
+    /// receives its attention output.
+    pub fn step(
+        &mut self,
+        rows: &[AttentionRow],
+        qkv: &[f32],
+        out: &mut [f32],
+    ) -> Result<(), GpuError> {
+        let s = self.shape;
+        let (n, d) = (rows.len(), s.heads * s.head_dim);
+        let bad_row = |r: &AttentionRow| {
+            r.session >= s.sessions || r.slot >= s.context || r.count == 0 || r.count > s.context
+        };
+        if n == 0 || n > MAX_ROWS || qkv.len() != n * 3 * d || out.len() != n * d {
+            return Err(GpuError::Runtime(format!(
+                "attention step: {n} rows, {} qkv and {} output values",
+                qkv.len(),
+                out.len()
+            )));
+        }
+        if let Some(r) = rows.iter().find(|r| bad_row(r)) {
+            return Err(GpuError::Runtime(format!(
+                "attention step: row {r:?} outside a ring of {} entries",
+                s.context
+            )));
+        }
+        let mut st = vec![0i32; step::TOKENS];
+        st[0] = n as i32;
+        for (i, r) in rows.iter().enumerate() {
+            st[step::SESS + i] = r.session as i32;
+            st[step::SLOT + i] = r.slot as i32;
+            st[step::COUNT + i] = r.count as i32;
+        }
+        let q = self.ctx.queue();
+        q.write_buffer(&self.step, 0, &i32_bytes(&st));
+        q.write_buffer(&self.qkv, 0, &f32_bytes(qkv));
+        let mut enc = self
+            .ctx
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+            for disp in &self.dispatches {
+                disp.record(&mut pass, n as u32);
+            }
+        }
+        enc.copy_buffer_to_buffer(&self.dst, 0, &self.readback, 0, (n * d * 4) as u64);
+        q.submit([enc.finish()]);
+        crate::context::read_mapped(&self.ctx, &self.readback, out)
     }
 }

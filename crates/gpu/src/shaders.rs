@@ -13,7 +13,7 @@ use crate::WeightKind;
 mod layer;
 mod matvec;
 
-use layer::{ATTENTION, GATE, RMS_NORM, ROPE_STORE};
+use layer::{ATTENTION, ATTENTION_MERGE, GATE, RMS_NORM, ROPE_STORE};
 use matvec::{load4, EMBED_BODY, MATMUL_BODY, MAT_SCALES};
 
 /// Most activation rows one matrix product handles (the batch of a GPU backend).
@@ -113,8 +113,10 @@ pub enum Module {
     RmsNorm,
     /// RoPE and KV-ring store.
     RopeStore,
-    /// Attention over the KV ring.
+    /// Attention over the KV ring, split-K first pass: one key chunk of one head per workgroup.
     Attention,
+    /// Attention over the KV ring, split-K merge of the chunks of each head.
+    AttentionMerge,
     /// Gated SiLU.
     Gate,
     /// Token sampling ([`crate::sample`]).
@@ -135,6 +137,7 @@ impl Module {
             Module::RmsNorm,
             Module::RopeStore,
             Module::Attention,
+            Module::AttentionMerge,
             Module::Gate,
             Module::Sample,
             Module::Copy,
@@ -159,6 +162,7 @@ impl Module {
             Module::RmsNorm => [PRELUDE, &Misc::wgsl(), WORKGROUP_REDUCE, RMS_NORM].concat(),
             Module::RopeStore => [PRELUDE, &Misc::wgsl(), ROPE_STORE, PER_ROW_MAIN].concat(),
             Module::Attention => [PRELUDE, &Misc::wgsl(), WORKGROUP_REDUCE, ATTENTION].concat(),
+            Module::AttentionMerge => [PRELUDE, &Misc::wgsl(), ATTENTION_MERGE].concat(),
             Module::Gate => [PRELUDE, &Misc::wgsl(), GATE, PER_ROW_MAIN].concat(),
             Module::Sample => [&SampleParams::wgsl(), SAMPLE_WGSL].concat(),
             Module::Copy => [&CopyParams::wgsl(), COPY_WGSL].concat(),
@@ -175,6 +179,7 @@ impl Module {
             Module::RmsNorm => &[U, R, R, W, R],
             Module::RopeStore => &[U, W, W, W, R, R],
             Module::Attention => &[U, R, R, R, W, W, R],
+            Module::AttentionMerge => &[U, R, W, R],
             Module::Gate => &[U, R, W, R],
             Module::Sample => &[U, R, W, W, W],
             Module::Copy => &[U, R, W],
@@ -192,12 +197,13 @@ impl Module {
             Module::RmsNorm => ("M: Misc", "x: f32, w: f32, dst: f32, stepb: i32"),
             Module::RopeStore => (
                 "M: Misc",
-                "qkv: f32, kc: f32, vc: f32, stepb: i32, rope: f32",
+                "qkv: f32, kc: u32, vc: u32, stepb: i32, rope: f32",
             ),
             Module::Attention => (
                 "M: Misc",
-                "qkv: f32, kc: f32, vc: f32, scores: f32, dst: f32, stepb: i32",
+                "qkv: f32, kc: u32, vc: u32, part: f32, dst: f32, stepb: i32",
             ),
+            Module::AttentionMerge => ("M: Misc", "part: f32, dst: f32, stepb: i32"),
             Module::Gate => ("M: Misc", "g: f32, u: f32, stepb: i32"),
             Module::Sample => (
                 "S: SampleParams",

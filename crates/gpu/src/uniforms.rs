@@ -8,7 +8,9 @@ uniform_block! {
     /// The uniform block `M` of the non-weight kernels (RMS norm, RoPE and KV store, attention,
     /// gated SiLU; [`crate::shaders::Module::source`] declares it to them); each reads the fields
     /// it needs. `ctx` is the ring capacity per session, `fixed_slot` the ring slot of a Depformer
-    /// step (−1 for the temporal stack).
+    /// step (−1 for the temporal stack), `kv16` whether the ring holds bf16 pairs (else f32),
+    /// `chunk` the keys per attention workgroup (≤ 64), `nchunks` the chunks of a full ring
+    /// (the partials' stride), `direct` whether one chunk covers the ring (no merge pass).
     pub(crate) struct Misc {
         pub(crate) d: u32,
         pub(crate) w_off: u32,
@@ -19,6 +21,10 @@ uniform_block! {
         pub(crate) fixed_slot: i32,
         pub(crate) rope: bool,
         pub(crate) hidden: u32,
+        pub(crate) kv16: bool,
+        pub(crate) chunk: u32,
+        pub(crate) nchunks: u32,
+        pub(crate) direct: bool,
     }
 }
 
