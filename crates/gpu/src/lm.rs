@@ -546,13 +546,22 @@ impl GpuLm {
             opts.attention_chunk,
             kv16,
         )?;
-        let d_attn = AttnPlan::new(
-            s.dep_heads,
-            s.dep_head_dim,
-            s.dep_q,
-            opts.attention_chunk,
-            false,
-        )?;
+        // No Depformer (speech-to-text models): no Depformer attention to plan.
+        let d_attn = if s.dep_q == 0 {
+            AttnPlan {
+                kv16: false,
+                chunk: 1,
+                nchunks: 1,
+            }
+        } else {
+            AttnPlan::new(
+                s.dep_heads,
+                s.dep_head_dim,
+                s.dep_q,
+                opts.attention_chunk,
+                false,
+            )?
+        };
         let kv_bytes = (rows * s.context * t_attn.entry_words(s.dim) * 4) as u64;
         if kv_bytes > ctx.max_binding() {
             return Err(GpuError::DoesNotFit {
