@@ -87,6 +87,13 @@ pub struct BenchArgs {
     /// (`kernels::set_avx512_allowed`, interleaved), reported as `simd=avx512` / `simd=avx2`.
     #[arg(long)]
     pub ab_avx512: bool,
+    /// With `--device gpu`: time every kernel launch with device timestamps (where the adapter has
+    /// them inside compute passes; else launches are counted, untimed) and print, per cell, figures
+    /// per frame: `profile kernel=NAME shape=XxYxZ calls=N us=T bytes=B gbps=G` (shape = workgroups
+    /// per launch, bytes = storage bound) and `profile host phase=record|submit|wait us=T`. The
+    /// timed frames then include the timestamps' own cost.
+    #[arg(long)]
+    pub profile: bool,
     /// Where `bench lm` / `bench mimi` run (`gpu`: on the adapter, one submission per LM frame or
     /// per Mimi direction, against a device copy kernel).
     #[command(flatten)]

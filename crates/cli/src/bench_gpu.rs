@@ -13,6 +13,64 @@ use model::sampling::{Sampler, SamplerConfig};
 
 use crate::bench_args::{stats, BenchArgs};
 
+/// The profile of the frames of one cell (`--profile`): each frame starts from a cleared profile
+/// (so a bandwidth probe or a seek between frames is left out) and is resolved right after its
+/// timed span.
+pub(crate) struct FrameProfile {
+    acc: Option<gpu::ProfileReport>,
+}
+
+impl FrameProfile {
+    /// An empty profile, or none when `ctx` does not profile.
+    pub(crate) fn new(ctx: &gpu::GpuContext) -> FrameProfile {
+        FrameProfile {
+            acc: ctx
+                .profile_report()
+                .map(|r| gpu::ProfileReport::empty(r.mode)),
+        }
+    }
+
+    /// Before a frame's timed span.
+    pub(crate) fn begin(&self, ctx: &gpu::GpuContext) {
+        if self.acc.is_some() {
+            ctx.profile_reset();
+        }
+    }
+
+    /// After a frame's timed span: resolves its launches and adds them.
+    pub(crate) fn end(&mut self, ctx: &gpu::GpuContext) -> Result<()> {
+        if let Some(acc) = &mut self.acc {
+            ctx.profile_frame()?;
+            if let Some(r) = ctx.profile_report() {
+                acc.merge(&r);
+            }
+        }
+        Ok(())
+    }
+
+    /// Prints the `profile` lines (nothing without profiling).
+    pub(crate) fn print(&self, tag: &str) {
+        if let Some(acc) = &self.acc {
+            for l in acc.lines(tag) {
+                println!("{l}");
+            }
+        }
+    }
+
+    /// What was gathered (`None` without profiling).
+    pub(crate) fn report(&self) -> Option<&gpu::ProfileReport> {
+        self.acc.as_ref()
+    }
+}
+
+/// The device options of a GPU bench: profiling with `--profile`.
+pub(crate) fn gpu_options(args: &BenchArgs) -> gpu::GpuOptions {
+    gpu::GpuOptions {
+        profile: args.profile,
+        ..Default::default()
+    }
+}
+
 /// One measured cell (tests read it; the bench prints it).
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct GpuLmCell {
@@ -32,6 +90,8 @@ pub(crate) struct GpuLmCell {
     pub weight_bytes: usize,
     /// KV bytes read per frame at `pos`.
     pub kv_bytes: usize,
+    /// The profile of the cell's frames (`--profile`).
+    pub profile: Option<gpu::ProfileReport>,
 }
 
 /// Times `model` on the adapter (`None`: the best of any type) and prints one `result` line per
@@ -42,7 +102,7 @@ pub(crate) fn bench_lm_gpu(
     label: &str,
     model: LmModel,
 ) -> Result<Vec<GpuLmCell>> {
-    let ctx = gpu::GpuContext::new(gpu::AdapterChoice::Gpu(adapter), gpu::GpuOptions::default())?;
+    let ctx = gpu::GpuContext::new(gpu::AdapterChoice::Gpu(adapter), gpu_options(args))?;
     let probe = gpu::BandwidthProbe::new(&ctx, args.probe_mb)?;
     let spec = model.spec().clone();
     let weight_bytes = model.streamed_weight_bytes();
@@ -91,25 +151,30 @@ pub(crate) fn bench_lm_gpu(
                 weight_bytes,
                 // The device's KV rings hold f32.
                 kv_bytes: 2 * spec.num_layers * window * spec.dim * 4,
+                profile: None,
             }
         })
         .collect();
     let mut subs = vec![0u64; positions.len()];
+    let mut profiles: Vec<FrameProfile> =
+        positions.iter().map(|_| FrameProfile::new(&ctx)).collect();
     for _ in 0..args.rounds {
         let bw = probe.measure()?;
-        for (c, s) in cells.iter_mut().zip(&mut subs) {
+        for ((c, s), prof) in cells.iter_mut().zip(&mut subs).zip(&mut profiles) {
             gen.seek_for_bench(c.pos);
             for _ in 0..args.lm_frames {
                 let before = gen.backend().submissions();
+                prof.begin(&ctx);
                 let t = Instant::now();
                 step(&mut gen)?;
                 c.ms.push(t.elapsed().as_secs_f64() * 1e3);
+                prof.end(&ctx)?;
                 *s += gen.backend().submissions() - before;
                 c.probe.push(bw);
             }
         }
     }
-    for (c, s) in cells.iter_mut().zip(subs) {
+    for ((c, s), prof) in cells.iter_mut().zip(subs).zip(&profiles) {
         c.submissions_per_frame = s as f64 / c.ms.len().max(1) as f64;
         let (m, lo, hi) = stats(&c.ms);
         let (bw, bwlo, bwhi) = stats(&c.probe);
@@ -127,6 +192,8 @@ pub(crate) fn bench_lm_gpu(
             c.dispatches,
             c.submissions_per_frame,
         );
+        prof.print(&format!("what=lm_frame format={label} pos={}", c.pos));
+        c.profile = prof.report().cloned();
     }
     Ok(cells)
 }
@@ -154,6 +221,8 @@ pub(crate) struct GpuMimiCell {
     pub batch_ms: Vec<f64>,
     /// Submissions per batch tick (2 when each direction is one submission for all slots).
     pub batch_submissions_per_tick: f64,
+    /// The profile of the single-slot frames (`--profile`).
+    pub profile: Option<gpu::ProfileReport>,
 }
 
 /// Times `mimi`'s streaming encode and decode on the adapter (`None`: the best of any type), one
@@ -166,7 +235,7 @@ pub(crate) fn bench_mimi_gpu(
     label: &str,
     mimi: Arc<Mimi>,
 ) -> Result<GpuMimiCell> {
-    let ctx = gpu::GpuContext::new(gpu::AdapterChoice::Gpu(adapter), gpu::GpuOptions::default())?;
+    let ctx = gpu::GpuContext::new(gpu::AdapterChoice::Gpu(adapter), gpu_options(args))?;
     let probe = gpu::BandwidthProbe::new(&ctx, args.probe_mb)?;
     let t0 = Instant::now();
     let weights = gpu::GpuMimiWeights::upload(&ctx, mimi.clone())?;
@@ -228,20 +297,26 @@ pub(crate) fn bench_mimi_gpu(
         slots,
         batch_ms: Vec::new(),
         batch_submissions_per_tick: 0.0,
+        profile: None,
     };
     let batch_subs0 = batch.as_ref().map_or(0, |b| b.submissions());
     let (subs0, host0) = (codec.submissions(), codec.host_decisions());
+    let (mut prof, mut batch_prof) = (FrameProfile::new(&ctx), FrameProfile::new(&ctx));
     for _ in 0..args.rounds {
         let bw = probe.measure()?;
         for _ in 0..args.mimi_frames {
+            prof.begin(&ctx);
             let (e, d) = frame(&mut codec)?;
+            prof.end(&ctx)?;
             cell.enc_ms.push(e);
             cell.dec_ms.push(d);
             cell.probe.push(bw);
         }
         if let Some(b) = batch.as_mut() {
             for _ in 0..args.mimi_frames {
+                batch_prof.begin(&ctx);
                 cell.batch_ms.push(tick(b)?);
+                batch_prof.end(&ctx)?;
             }
         }
     }
@@ -287,6 +362,7 @@ pub(crate) fn bench_mimi_gpu(
             v.len(),
         );
     }
+    prof.print("what=mimi_encdec");
     if let Some(b) = &batch {
         let (m, lo, hi) = stats(&cell.batch_ms);
         let (single, _, _) = stats(&sum);
@@ -302,7 +378,9 @@ pub(crate) fn bench_mimi_gpu(
             slots * (enc_l + dec_l),
             cell.batch_submissions_per_tick,
         );
+        batch_prof.print(&format!("what=mimi_batch_encdec slots={slots}"));
     }
+    cell.profile = prof.report().cloned();
     Ok(cell)
 }
 
@@ -357,6 +435,41 @@ mod tests {
             assert!(c.ms.iter().all(|&m| m > 0.0) && c.probe.iter().all(|&b| b > 0.0));
         }
         assert!(cells[1].kv_bytes > cells[0].kv_bytes);
+        assert!(cells.iter().all(|c| c.profile.is_none()));
+    }
+
+    /// `--profile`: each cell's profile holds its timed frames only (not the probe's launches nor
+    /// the warm-up), every launch of each.
+    #[test]
+    fn gpu_lm_bench_profile_holds_every_launch_of_the_timed_frames() {
+        if gpu::skip_test_without_adapter() {
+            return;
+        }
+        let args = Cli::parse_from([
+            "bench",
+            "lm",
+            "--device",
+            "gpu",
+            "--rounds",
+            "2",
+            "--lm-frames",
+            "2",
+            "--positions",
+            "0,7",
+            "--probe-mb",
+            "4",
+            "--profile",
+        ])
+        .bench;
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/lm");
+        let model = model::MoshiModel::open(&dir).unwrap().lm;
+        let cells = bench_lm_gpu(&args, None, "fixture", model).unwrap();
+        for c in &cells {
+            let p = c.profile.as_ref().expect("a profile with --profile");
+            assert_eq!(p.frames, 4, "{p:#?}");
+            assert_eq!(p.calls_per_frame(), c.dispatches as f64, "{p:#?}");
+            assert!(p.kernels.iter().all(|k| k.kernel != "Copy"), "{p:#?}");
+        }
     }
 
     /// The GPU Mimi bench on the fixture codec: each direction of a frame is one submission, the
@@ -401,5 +514,38 @@ mod tests {
         assert_eq!(cell.slots, 2);
         assert_eq!(cell.batch_ms.len(), 6);
         assert_eq!(cell.batch_submissions_per_tick, 2.0, "{cell:?}");
+        assert!(cell.profile.is_none());
+    }
+
+    /// `--profile` on the Mimi bench: the single-slot profile holds every launch of each timed
+    /// encode + decode.
+    #[test]
+    fn gpu_mimi_bench_profile_holds_every_launch_of_the_timed_frames() {
+        if gpu::skip_test_without_adapter() {
+            return;
+        }
+        let args = Cli::parse_from([
+            "bench",
+            "mimi",
+            "--device",
+            "gpu",
+            "--rounds",
+            "1",
+            "--mimi-frames",
+            "3",
+            "--probe-mb",
+            "4",
+            "--slots",
+            "0",
+            "--profile",
+        ])
+        .bench;
+        let (dir, _) = crate::cmd_trace_mimi::tests::bundle("bench-gpu-profile");
+        let mimi = crate::cmd_mimi::open_mimi(&dir, 8).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let cell = bench_mimi_gpu(&args, None, "fixture", mimi).unwrap();
+        let p = cell.profile.as_ref().expect("a profile with --profile");
+        assert_eq!(p.frames, 3, "{p:#?}");
+        assert_eq!(p.calls_per_frame(), cell.dispatches as f64, "{p:#?}");
     }
 }
