@@ -450,3 +450,47 @@ fn rvq_search_gives_the_exact_codes() {
         }
     }
 }
+
+#[test]
+fn rvq_decode_matches_reference() {
+    let Some(ctx) = common::context() else {
+        return;
+    };
+    for m in [mimi_sized_quantizer(), common::mimi_fixture_codec()] {
+        let w = GpuMimiWeights::upload(&ctx, m.clone()).unwrap();
+        let books = m.codebook_weights();
+        let dw = m.decoder_weights();
+        let (cb, bins, nq, d) = (
+            books.cb_dim,
+            m.cardinality(),
+            m.n_codebooks(),
+            m.dimension(),
+        );
+        for case in 0..3usize {
+            let codes: Vec<u32> = (0..nq)
+                .map(|q| ((case * 577 + q * 131 + 7) % bins) as u32)
+                .collect();
+            let got = w.test_rvq_decode(&codes).unwrap();
+            let row = |q: usize, j: usize| {
+                books.centroids[(q * bins + codes[q] as usize) * cb + j] as f64
+            };
+            let want: Vec<f64> = (0..d)
+                .map(|c| {
+                    (0..cb)
+                        .map(|j| {
+                            let rest: f64 = (1..nq).map(|q| row(q, j)).sum();
+                            dw.first_output_proj[c * cb + j] as f64 * row(0, j)
+                                + dw.rest_output_proj[c * cb + j] as f64 * rest
+                        })
+                        .sum()
+                })
+                .collect();
+            assert_close(
+                &format!("rvq decode (cb {cb}, case {case})"),
+                &got,
+                &want,
+                TOL,
+            );
+        }
+    }
+}

@@ -736,6 +736,27 @@ impl<'a> Recorder<'a> {
         Ok(())
     }
 
+    /// The latent `y` (`[dim]`) of one frame's `codes` ([`MimiKernel::RvqDecode`]).
+    fn rvq_decode(&mut self, codes: &wgpu::Buffer, y: &wgpu::Buffer) {
+        let w = self.w;
+        let m = &w.mimi;
+        let (d, bins, nq) = (m.dimension(), m.cardinality(), m.n_codebooks());
+        let g = &w.dec;
+        self.launch_grid(
+            MimiKernel::RvqDecode,
+            &[d as u32, w.cb_dim as u32, bins as u32, nq as u32],
+            &[
+                codes,
+                &g.centroids,
+                &g.first_output_proj,
+                &g.rest_output_proj,
+                y,
+            ],
+            d,
+            (d.div_ceil(8) as u32, 1),
+        );
+    }
+
     /// A residual unit in place on `a` (`[dim, t]`) and its ELU `ea`, `h` its hidden scratch
     /// (which holds the ELU of the first convolution's output, all the second one reads).
     fn res(
@@ -933,19 +954,7 @@ impl Streams {
             let mut r = Recorder::new(w, &counters)?;
             let lat = r.buffer("dec latent", d)?;
             let emb = r.buffer("dec emb", d * t2)?;
-            let (bins, cbd) = (m.cardinality(), w.cb_dim);
-            r.launch(
-                MimiKernel::RvqDecode,
-                &[d as u32, cbd as u32, bins as u32, nq as u32],
-                &[
-                    &codes_in,
-                    &g.centroids,
-                    &g.first_output_proj,
-                    &g.rest_output_proj,
-                    &lat,
-                ],
-                d,
-            );
+            r.rvq_decode(&codes_in, &lat);
             r.tap(Stage::DecLatent, &lat, d);
             r.conv_tr(&g.upsample, &lat, 1, ConvOut::Raw(&emb))?;
             r.tap(Stage::DecUpsample, &emb, d * t2);

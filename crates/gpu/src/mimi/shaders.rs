@@ -28,6 +28,7 @@
 //! | LayerNorm 2 × 512 | 8 KB | 2 | launch-bound |
 //! | RvqScore, one level: 2048 × 256 (×8 levels) | 2.1 MB | 256 | 0.64 |
 //! | RvqPick, one level (×8) | 16 KB | 1 | launch-bound |
+//! | RvqDecode: 8 centroids and 2 projections 512 × 256 | 1.1 MB | 64 | 0.33 |
 //! | ConvSplit enc. down 512→1024 k16 s8, 2 columns | 33.5 MB | 1024 | 10.2 |
 //! | ConvSplit enc. down 256→512 k12 s6, 16 columns | 6.3 MB | 1024 | 1.9 |
 //! | ConvSplit enc. last 1024→512 k3, 2 columns | 6.3 MB | 512 | 1.9 |
@@ -162,6 +163,7 @@ impl MimiKernel {
             self,
             MimiKernel::ConvSplit
                 | MimiKernel::ConvTrSplit
+                | MimiKernel::RvqDecode
                 | MimiKernel::RvqScore
                 | MimiKernel::RvqPick
                 | MimiKernel::LayerNorm
@@ -494,28 +496,34 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 }
 "#;
 
-/// One thread per latent channel: the semantic
-/// centroid through its output projection plus the sum of the acoustic centroids (in level
-/// order) through theirs.
+/// 256 threads as 8 teams of 32 lanes; workgroup `g` computes latent channels `8g .. 8g + 8`, a
+/// team per channel: the semantic centroid through its output projection plus the sum of the
+/// acoustic centroids (in level order) through theirs, the lanes striding the projection rows
+/// 32 values apart and summing their parts by a fixed tree.
 const RVQ_DECODE: &str = r#"
 fn centroid(q: u32, j: u32) -> f32 {
     let code = min(codes[q], P.bins - 1u);
     return centroids[(q * P.bins + code) * P.cb_dim + j];
 }
 
-fn body(c: u32) {
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let cb = P.cb_dim;
-    var first = 0.0;
-    var rest = 0.0;
-    for (var j = 0u; j < cb; j++) {
-        first += w_first[c * cb + j] * centroid(0u, j);
-        var acc = 0.0;
+    let c = wid.x * 8u + lid / 32u;
+    let lane = lid % 32u;
+    let row = min(c, P.dim - 1u) * cb;
+    var acc = 0.0;
+    for (var j = lane; j < cb; j += 32u) {
+        var rest = 0.0;
         for (var q = 1u; q < P.n_codebooks; q++) {
-            acc += centroid(q, j);
+            rest += centroid(q, j);
         }
-        rest += w_rest[c * cb + j] * acc;
+        acc += w_first[row + j] * centroid(0u, j) + w_rest[row + j] * rest;
     }
-    y[c] = first + rest;
+    let total = reduce_team_32(lid, acc);
+    if (lane == 0u && c < P.dim) {
+        y[c] = total;
+    }
 }
 "#;
 

@@ -230,4 +230,17 @@ impl GpuMimiWeights {
         let words = self.test_run(&mut r, None, &[(&codes, nq + 1)])?;
         Ok(words.iter().map(|v| v.to_bits()).collect())
     }
+
+    /// The codec's RVQ decode of one frame's `codes` (one per level): the latent `[dim]`.
+    #[doc(hidden)]
+    pub fn test_rvq_decode(&self, codes: &[u32]) -> Result<Vec<f32>, GpuError> {
+        let d = self.mimi.dimension();
+        let counters = self.test_buffer(&[0.0; 4])?;
+        let mut r = Recorder::new(self, &counters)?;
+        let words: Vec<f32> = codes.iter().map(|&c| f32::from_bits(c)).collect();
+        let cb = self.test_buffer(&words)?;
+        let y = self.test_buffer(&vec![0.0; d])?;
+        r.rvq_decode(&cb, &y);
+        self.test_run(&mut r, None, &[(&y, d)])
+    }
 }
