@@ -211,7 +211,8 @@ fn convolutions_match_reference_streaming_over_frames() {
     // (cin, cout, k, stride, dilation, replicate, tin): the encoder's last downsampling
     // (512→1024, k16, s8, 16 columns), its last conv (1024→512, k3, 2 columns), a residual unit's
     // first conv at 512 channels, the full-rate first stage's (64→32, k3, 1920 columns: the
-    // per-output kernel); odd: short sums, dilation, replicate padding, stride 2 with a long sum.
+    // per-output kernel); odd: short sums, dilation, replicate padding, stride 2 with a long sum;
+    // the decoder's last (64→1, k3, 1920 columns: a medium sum split for want of outputs).
     let cases = [
         (512, 1024, 16, 8, 1, false, 16),
         (1024, 512, 3, 1, 1, false, 2),
@@ -220,6 +221,7 @@ fn convolutions_match_reference_streaming_over_frames() {
         (5, 7, 7, 1, 3, true, 9),
         (100, 9, 5, 2, 1, true, 6),
         (300, 3, 1, 1, 1, false, 13),
+        (64, 1, 3, 1, 1, false, 1920),
     ];
     for (i, &(cin, cout, k, stride, dil, rep, tin)) in cases.iter().enumerate() {
         let (c, frames) = conv_case(cin, cout, k, stride, dil, rep, tin, 1000 + 10 * i as u64);

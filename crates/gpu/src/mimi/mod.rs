@@ -416,6 +416,10 @@ fn compile(
 /// and each thread a serial loop of thousands of terms).
 const SPLIT_SUM: usize = 256;
 
+/// Outputs below which a thread per output leaves most of the device idle (a few hundred
+/// workgroups of 64).
+const FEW_THREADS: usize = 16384;
+
 /// Where a convolution's output goes.
 #[derive(Debug, Clone, Copy)]
 enum ConvOut<'b> {
@@ -543,9 +547,9 @@ impl<'a> Recorder<'a> {
 
     /// `y [cout, tin/stride] (+)= conv(x [cin, tin])` with the convolution's history, the
     /// output going to `out`. The input is read as it is (an ELU convolution reads the ELU
-    /// buffer its producer wrote). A long sum (`cin·k` ≥ [`SPLIT_SUM`]) runs as
-    /// [`MimiKernel::ConvSplit`], a workgroup per output channel and 8 columns; a short one as
-    /// [`MimiKernel::Conv`], a thread per output.
+    /// buffer its producer wrote). A long sum (`cin·k` ≥ [`SPLIT_SUM`], or a quarter of it over
+    /// fewer than [`FEW_THREADS`] outputs) runs as [`MimiKernel::ConvSplit`], a workgroup per
+    /// output channel and 8 columns; a short one as [`MimiKernel::Conv`], a thread per output.
     fn conv(
         &mut self,
         c: &ConvGpu,
@@ -578,7 +582,10 @@ impl<'a> Recorder<'a> {
         ];
         let counters = self.counters;
         let bufs = [x, &hist, &c.weight, &c.bias, y, ye, counters];
-        if s.cin * s.k >= SPLIT_SUM {
+        let sum = s.cin * s.k;
+        // A medium sum splits too where a thread per output would fill few workgroups (the
+        // decoder's last convolution: 1920 outputs of 192 terms).
+        if sum >= SPLIT_SUM || (sum >= SPLIT_SUM / 4 && s.cout * tout < FEW_THREADS) {
             let groups = (s.cout as u32, tout.div_ceil(8) as u32);
             self.launch_grid(MimiKernel::ConvSplit, &words, &bufs, s.cout * tout, groups);
         } else {
