@@ -8,6 +8,7 @@ mod cmd_devices;
 mod cmd_inspect;
 mod cmd_mimi;
 mod cmd_serve;
+mod cmd_stt;
 mod cmd_synth;
 mod cmd_trace_duplex;
 mod cmd_trace_lm;
@@ -58,6 +59,8 @@ enum Command {
     /// With `--device gpu`, `bench lm` / `bench mimi` time the adapter: one submission per LM frame
     /// or per Mimi direction, against a device copy kernel.
     Bench(cmd_bench::BenchArgs),
+    /// Transcribe a WAV with a Kyutai speech-to-text model (words with timestamps; --json, --vad).
+    Stt(cmd_stt::SttArgs),
     /// List the GPU adapters (numbers for --gpu N) and what --device auto takes.
     Devices(cmd_devices::DevicesArgs),
     /// Dump every intermediate of a component for parity checks against Kyutai's Python package.
@@ -135,6 +138,7 @@ fn dispatch(cmd: Command) -> Result<()> {
         Command::Mimi(c) => cmd_mimi::run(&c),
         Command::Bench(a) => cmd_bench::run(&a),
         Command::Devices(a) => cmd_devices::run(&a),
+        Command::Stt(a) => cmd_stt::run(&a),
         Command::Trace(TraceCmd::Mimi(a)) => cmd_trace_mimi::run(&a),
         Command::Trace(TraceCmd::Lm(a)) => cmd_trace_lm::run(&a),
         Command::Trace(TraceCmd::Duplex(a)) => cmd_trace_duplex::run(&a),

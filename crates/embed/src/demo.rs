@@ -37,20 +37,26 @@ const FILES: &[(&str, &[u8])] = &[
 
 /// Writes the bundle to a per-user cache folder (once; later calls only compare) and returns the folder.
 pub fn materialize() -> Result<PathBuf, EmbedError> {
-    let total: usize = FILES.iter().map(|(_, b)| b.len()).sum();
+    write_bundle("demo", FILES)
+}
+
+/// Writes `files` to the cache folder `<tag>-<version>-<total bytes>` (once; later calls only
+/// compare) and returns the folder.
+pub(crate) fn write_bundle(tag: &str, files: &[(&str, &[u8])]) -> Result<PathBuf, EmbedError> {
+    let total: usize = files.iter().map(|(_, b)| b.len()).sum();
     let base = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
         .unwrap_or_else(std::env::temp_dir);
     let dir = base
         .join("moshi-native")
-        .join(format!("demo-{}-{total}", env!("CARGO_PKG_VERSION")));
+        .join(format!("{tag}-{}-{total}", env!("CARGO_PKG_VERSION")));
     let io = |source| EmbedError::Io {
         path: dir.clone(),
         source,
     };
     std::fs::create_dir_all(&dir).map_err(io)?;
-    for (name, bytes) in FILES {
+    for (name, bytes) in files {
         let path = dir.join(name);
         let same = std::fs::read(&path).map(|b| b == *bytes).unwrap_or(false);
         if !same {

@@ -2,6 +2,7 @@
 //! with the CLI so the three open models the same way:
 //!
 //! * [`demo`]: the tiny random-weight demo bundle compiled in, written to a cache folder on first use;
+//! * [`demo_stt`]: the same for the tiny random-weight speech-to-text bundle;
 //! * [`open_mimi`]: a Mimi codec on its own, from a bundle directory or a weights file (no LM is loaded);
 //! * [`describe`]: what a weights file or bundle directory holds, as JSON (`moshi-native inspect`'s facts);
 //! * [`SamplingParams`]: sampling settings as flat values, as the bindings take them.
@@ -9,6 +10,7 @@
 #![warn(missing_docs)]
 
 pub mod demo;
+pub mod demo_stt;
 mod describe;
 mod mimi;
 mod sampling;
