@@ -158,6 +158,8 @@ struct Inner {
     queue: wgpu::Queue,
     limits: wgpu::Limits,
     opts: GpuOptions,
+    /// The device has subgroup operations and the matmul uses them (see [`GpuContext::subgroups`]).
+    subgroups: std::sync::atomic::AtomicBool,
     pipelines: Mutex<HashMap<Module, Arc<wgpu::ComputePipeline>>>,
     layouts: Mutex<HashMap<&'static [Access], Arc<wgpu::BindGroupLayout>>>,
     buffers: AtomicU64,
@@ -210,6 +212,9 @@ impl GpuContext {
         if timed {
             features |= timestamps;
         }
+        // Subgroup shuffles speed up the matmul's reduction; requested only where offered.
+        let subgroups = adapter.features() & wgpu::Features::SUBGROUP;
+        features |= subgroups;
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("moshi"),
             required_features: features,
@@ -229,6 +234,7 @@ impl GpuContext {
                 queue,
                 limits,
                 opts,
+                subgroups: std::sync::atomic::AtomicBool::new(!subgroups.is_empty()),
                 pipelines: Mutex::new(HashMap::new()),
                 layouts: Mutex::new(HashMap::new()),
                 buffers: AtomicU64::new(0),
@@ -242,6 +248,19 @@ impl GpuContext {
     /// The adapter the device runs on.
     pub fn adapter(&self) -> &AdapterDesc {
         &self.inner.adapter
+    }
+
+    /// Whether the matmul kernels recorded from now on reduce with subgroup shuffles (the device
+    /// has `wgpu::Features::SUBGROUP`). Either way the results are the same bits.
+    pub fn subgroups(&self) -> bool {
+        self.inner.subgroups.load(Ordering::Relaxed)
+    }
+
+    /// Turns the subgroup reduction off (`false`) for dispatches created after the call, or back
+    /// on where the device has it (tests force the shared-memory fallback with it).
+    pub fn set_subgroups(&self, on: bool) {
+        let has = self.device().features().contains(wgpu::Features::SUBGROUP);
+        self.inner.subgroups.store(on && has, Ordering::Relaxed);
     }
 
     /// Buffers created through this context so far (all at load / warm-up).

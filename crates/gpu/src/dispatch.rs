@@ -5,7 +5,9 @@
 /// How many workgroups a dispatch runs.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Grid {
-    /// One workgroup per weight row (folded into 2-D past the 65 535 limit of one dimension).
+    /// `r` workgroups over a matrix's rows (the matmul's: [`crate::shaders::MATMUL_ROWS`] rows
+    /// each), folded into 2-D past the 65 535 limit of one dimension: the kernel numbers its
+    /// workgroups `x + y · width` and skips those past the end.
     Rows(u32),
     /// `x` workgroups for each active row (`y` = rows of the step).
     PerRow(u32),

@@ -4,7 +4,7 @@ use kernels::{Matrix, WeightFormat};
 
 use crate::context::GpuContext;
 use crate::dispatch::{Dispatch, Grid};
-use crate::shaders::{Module, MAX_ROWS};
+use crate::shaders::{Module, MATMUL_ROWS, MAX_ROWS};
 use crate::uniforms::MatParams;
 use crate::{GpuError, WeightKind};
 
@@ -28,6 +28,10 @@ pub struct GpuMatrix {
     cols: usize,
     /// Values per scale group (1 for dense formats: unused).
     group: usize,
+    /// Bytes of the codes plane per row on the device: the checkpoint's row, zero-padded to a
+    /// multiple of 16 (only f16/bf16 rows of `cols ≡ 4 mod 8` are padded, by 8 bytes) so that
+    /// every row starts on a 16-byte boundary for the matmul's `vec4<u32>` loads.
+    ld_bytes: usize,
     pub(crate) chunks: Vec<Chunk>,
 }
 
@@ -53,6 +57,7 @@ impl GpuMatrix {
         }
         let parts = m.checkpoint_parts();
         let row_bytes = parts.codes.len() / rows;
+        let ld_bytes = row_bytes.div_ceil(16) * 16;
         let groups = if parts.scales.is_empty() {
             0
         } else {
@@ -60,7 +65,7 @@ impl GpuMatrix {
         };
         let max = ctx.max_binding() as usize;
         // Whole rows per chunk; the scale planes are 2 bytes per group.
-        let per_row = row_bytes.max(groups * 2).max(1);
+        let per_row = ld_bytes.max(groups * 2).max(1);
         let chunk_rows = (max / per_row).min(rows);
         if chunk_rows == 0 {
             return Err(GpuError::DoesNotFit {
@@ -73,10 +78,19 @@ impl GpuMatrix {
         let mut row0 = 0;
         while row0 < rows {
             let n = chunk_rows.min(rows - row0);
-            let codes = ctx.storage_init(
-                label,
-                &parts.codes[row0 * row_bytes..(row0 + n) * row_bytes],
-            )?;
+            let src = &parts.codes[row0 * row_bytes..(row0 + n) * row_bytes];
+            let codes = if ld_bytes == row_bytes {
+                ctx.storage_init(label, src)?
+            } else {
+                let mut padded = vec![0u8; n * ld_bytes];
+                for (d, s) in padded
+                    .chunks_exact_mut(ld_bytes)
+                    .zip(src.chunks_exact(row_bytes))
+                {
+                    d[..row_bytes].copy_from_slice(s);
+                }
+                ctx.storage_init(label, &padded)?
+            };
             let plane = |v: &[u16]| -> Vec<u8> {
                 if v.is_empty() {
                     Vec::new()
@@ -103,6 +117,7 @@ impl GpuMatrix {
             rows,
             cols,
             group,
+            ld_bytes,
             chunks,
         })
     }
@@ -140,7 +155,16 @@ impl GpuMatrix {
         step: &wgpu::Buffer,
         p: &MatParams,
     ) -> Vec<Dispatch> {
-        let module = op(self.kind);
+        let module = match op(self.kind) {
+            Module::Matmul(k) if ctx.subgroups() => Module::MatmulSubgroup(k),
+            m => m,
+        };
+        // The matmul reads activations as `vec4<f32>` (every caller passes row strides of a
+        // multiple-of-4 column count).
+        debug_assert!(
+            p.ld_x.is_multiple_of(4) && p.x_off.is_multiple_of(4),
+            "unaligned activations"
+        );
         let pipeline = ctx.pipeline(module);
         (0..self.chunks.len())
             .map(|c| {
@@ -150,6 +174,7 @@ impl GpuMatrix {
                     cols: self.cols as u32,
                     group: self.group as u32,
                     row0: ch.row0 as u32,
+                    ld_w: (self.ld_bytes / 4) as u32,
                     ..*p
                 };
                 let uni = ctx.uniform("params", &block.bytes());
@@ -159,7 +184,7 @@ impl GpuMatrix {
                 );
                 let grid = match module {
                     Module::Embed(_) => Grid::PerRow((self.cols / 4).div_ceil(64) as u32),
-                    _ => Grid::Rows(ch.rows as u32),
+                    _ => Grid::Rows((ch.rows as u32).div_ceil(MATMUL_ROWS)),
                 };
                 Dispatch {
                     pipeline: pipeline.clone(),

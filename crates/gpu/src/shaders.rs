@@ -14,7 +14,8 @@ mod layer;
 mod matvec;
 
 use layer::{ATTENTION, ATTENTION_MERGE, GATE, RMS_NORM, ROPE_STORE};
-use matvec::{load4, EMBED_BODY, MATMUL_BODY, MAT_SCALES};
+pub(crate) use matvec::MATMUL_ROWS;
+use matvec::{load4, matmul_body, EMBED_BODY, MAT_SCALES};
 
 /// Most activation rows one matrix product handles (the batch of a GPU backend).
 pub const MAX_ROWS: usize = 8;
@@ -105,8 +106,11 @@ fn workgroup_reduce(lid: u32, v: f32, is_max: bool) -> f32 {
 /// What a compute module does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Module {
-    /// Matrix product with weights of a format.
+    /// Matrix product with weights of a format (the shared-memory reduction, any device).
     Matmul(WeightKind),
+    /// The same matrix product reducing with subgroup shuffles: compiled only on a device with
+    /// `wgpu::Features::SUBGROUP`, and bit for bit the same results as [`Module::Matmul`].
+    MatmulSubgroup(WeightKind),
     /// Embedding-row gather and add with weights of a format.
     Embed(WeightKind),
     /// RMS norm.
@@ -126,7 +130,8 @@ pub enum Module {
 }
 
 impl Module {
-    /// Every module the backend compiles.
+    /// Every module the backend compiles on any device (the subgroup variants, which need a
+    /// device feature, are [`Module::subgroup_variants`]).
     pub fn all() -> Vec<Module> {
         let mut v = Vec::new();
         for k in WeightKind::ALL {
@@ -145,11 +150,21 @@ impl Module {
         v
     }
 
+    /// The modules that need `wgpu::Features::SUBGROUP` (naga takes the subgroup built-ins
+    /// without WGSL's `enable subgroups;`, which it does not parse yet).
+    pub fn subgroup_variants() -> Vec<Module> {
+        WeightKind::ALL
+            .into_iter()
+            .map(Module::MatmulSubgroup)
+            .collect()
+    }
+
     /// The module's WGSL source (entry point `main`).
     pub fn source(self) -> String {
         let mat = MatParams::wgsl();
         let body = match self {
-            Module::Matmul(k) => [PRELUDE, &mat, MAT_SCALES, &load4(k), MATMUL_BODY].concat(),
+            Module::Matmul(k) => [PRELUDE, &mat, &matmul_body(k, false)].concat(),
+            Module::MatmulSubgroup(k) => [PRELUDE, &mat, &matmul_body(k, true)].concat(),
             Module::Embed(k) => [
                 PRELUDE,
                 &mat,
@@ -175,7 +190,9 @@ impl Module {
     pub(crate) fn access(self) -> &'static [Access] {
         use Access::{Read as R, Uniform as U, Write as W};
         match self {
-            Module::Matmul(_) | Module::Embed(_) => &[U, R, R, R, R, W, R],
+            Module::Matmul(_) | Module::MatmulSubgroup(_) | Module::Embed(_) => {
+                &[U, R, R, R, R, W, R]
+            }
             Module::RmsNorm => &[U, R, R, W, R],
             Module::RopeStore => &[U, W, W, W, R, R],
             Module::Attention => &[U, R, R, R, W, W, R],
@@ -190,7 +207,13 @@ impl Module {
     /// of its storage bindings, in the order of [`Module::access`].
     fn bindings(self) -> (&'static str, &'static str) {
         match self {
-            Module::Matmul(_) | Module::Embed(_) => (
+            // 16-byte loads of the codes and activations (rows of a multiple of 16 bytes: see
+            // `GpuMatrix::upload`; activation offsets and strides multiples of 4).
+            Module::Matmul(_) | Module::MatmulSubgroup(_) => (
+                "P: MatParams",
+                "codes: vec4<u32>, scales: u32, biases: u32, x: vec4<f32>, y: f32, stepb: i32",
+            ),
+            Module::Embed(_) => (
                 "P: MatParams",
                 "codes: u32, scales: u32, biases: u32, x: f32, y: f32, stepb: i32",
             ),

@@ -31,7 +31,8 @@ uniform_block! {
 uniform_block! {
     /// The uniform block `P` of a weight-reading dispatch: the chunk's shape (set per chunk by
     /// [`crate::matrix::GpuMatrix::dispatches`], whatever the caller gave), then the caller's
-    /// strides, offsets and token columns.
+    /// strides, offsets and token columns. The matmul reads activations as `vec4<f32>`: `ld_x`
+    /// and `x_off` must be multiples of 4.
     pub(crate) struct MatParams {
         pub(crate) rows: u32,
         pub(crate) cols: u32,
@@ -45,6 +46,9 @@ uniform_block! {
         pub(crate) tok_base: u32,
         pub(crate) tok_stride: u32,
         pub(crate) tok_slot: u32,
+        /// Words (u32) of the codes plane per row: rows are padded to 16 bytes (see
+        /// [`crate::matrix::GpuMatrix::upload`]).
+        pub(crate) ld_w: u32,
     }
 }
 
