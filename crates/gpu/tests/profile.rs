@@ -23,6 +23,7 @@ fn profiling_context() -> Option<GpuContext> {
 fn lm_kernel_names() -> HashSet<String> {
     gpu::shaders::Module::all()
         .iter()
+        .chain(&gpu::shaders::Module::subgroup_variants())
         .map(|m| format!("{m:?}").replace(' ', "_"))
         .collect()
 }
