@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{bail, Context, Result};
 use model::lm::{Generator, LmError, LmFrame, LmModel, NoObserver};
 use model::mimi::{CodecBackend, Mimi};
 use model::sampling::{Sampler, SamplerConfig};
@@ -384,6 +384,161 @@ pub(crate) fn bench_mimi_gpu(
     Ok(cell)
 }
 
+/// One measured `bench duplex --device gpu` run (tests read it; the bench prints it).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct GpuDuplexCell {
+    /// Push-to-answer time of each timed frame through the session, ms.
+    pub e2e: Vec<f64>,
+    /// The session's own phases per timed frame, ms: pass (total), encode, LM, decode.
+    pub pass: Vec<f64>,
+    /// Encode phase, ms.
+    pub encode: Vec<f64>,
+    /// LM phase, ms.
+    pub lm: Vec<f64>,
+    /// Decode phase, ms.
+    pub decode: Vec<f64>,
+    /// Frames the session had processed at the end.
+    pub frames: u64,
+    /// The profile of the timed frames (`--profile`).
+    pub profile: Option<gpu::ProfileReport>,
+}
+
+/// `bench duplex --device gpu`: the frame pass a conversation runs with `--device gpu` (a
+/// [`runtime::Session`] on its [`runtime::SessionRunner`] worker thread over an engine whose LM and
+/// Mimi are on the device: Mimi encode, LM step, Mimi decode), fed one frame at a time through its
+/// input ring and answered through its event queue; prints one `result` line in the CPU duplex
+/// bench's format (threads=1: the model runs on the device) and, with `--profile`, the `profile`
+/// lines of the timed frames.
+pub(crate) fn bench_duplex_gpu(
+    args: &BenchArgs,
+    adapter: Option<usize>,
+    label: &str,
+    parts: crate::cmd_bench::DuplexParts,
+) -> Result<GpuDuplexCell> {
+    let ctx = gpu::GpuContext::new(gpu::AdapterChoice::Gpu(adapter), gpu_options(args))?;
+    let t0 = Instant::now();
+    let opts = runtime::EngineOptions {
+        device: runtime::Device::Gpu {
+            adapter,
+            threads: 1,
+        },
+        ..Default::default()
+    };
+    let engine =
+        runtime::Engine::from_parts_on(parts.lm, parts.mimi, parts.tokenizer, opts, ctx.clone())?;
+    eprintln!(
+        "duplex {label} on {}: uploaded in {:.1} s",
+        ctx.adapter(),
+        t0.elapsed().as_secs_f64()
+    );
+    let session = runtime::Session::new(
+        engine,
+        runtime::SessionOptions {
+            output_rate: args.output_rate,
+            ..Default::default()
+        },
+    )?;
+    let mut runner = session.spawn(16)?;
+    let mut producer = runner.producer().context("runner producer")?;
+    let events = runner.events().context("runner events")?;
+    let frames = args.duplex_frames.max(1);
+    let pcm = model::mimi::bench::test_signal(
+        (frames * args.rounds + 3) * runtime::FRAME_SIZE,
+        runtime::SAMPLE_RATE as usize,
+    );
+    let n_frames = pcm.len() / runtime::FRAME_SIZE;
+    let mut fed = 0usize;
+    let mut processed = 0u64;
+    // One frame through the session: push, wait for the answer, recycle its buffers.
+    let mut pass = || -> Result<(f64, runtime::FrameTimings)> {
+        let f = fed % n_frames;
+        fed += 1;
+        let frame = &pcm[f * runtime::FRAME_SIZE..(f + 1) * runtime::FRAME_SIZE];
+        let t = Instant::now();
+        producer.push(frame);
+        let ev = match events.recv() {
+            Some(runtime::Event::Frame(ev)) => ev,
+            Some(other) => bail!("duplex session ended: {other:?}"),
+            None => bail!("duplex session ended"),
+        };
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        let timings = ev.timings;
+        processed = ev.frame_index + 1;
+        events.recycle(ev);
+        Ok((ms, timings))
+    };
+    // Warm-up: three frames (the first decodes nothing).
+    for _ in 0..3 {
+        pass()?;
+    }
+    let mut prof = FrameProfile::new(&ctx);
+    let ms = |us: u32| f64::from(us) / 1e3;
+    let mut cell = GpuDuplexCell {
+        e2e: Vec::new(),
+        pass: Vec::new(),
+        encode: Vec::new(),
+        lm: Vec::new(),
+        decode: Vec::new(),
+        frames: 0,
+        profile: None,
+    };
+    let (mut resample, mut detok, mut lag) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..args.rounds {
+        for k in 0..frames {
+            prof.begin(&ctx);
+            let (total, t) = pass()?;
+            prof.end(&ctx)?;
+            if args.per_frame {
+                eprintln!(
+                    "frame device=gpu format={label} round={round} i={k} e2e={total:.2} pass={:.2} encode={:.2} \
+                     lm={:.2} decode={:.2} resample={:.3} detok={:.3} lag={:.2}",
+                    ms(t.total_us),
+                    ms(t.encode_us),
+                    ms(t.lm_us),
+                    ms(t.decode_us),
+                    ms(t.resample_us),
+                    ms(t.detok_us),
+                    ms(t.lag_us)
+                );
+            }
+            cell.e2e.push(total);
+            cell.pass.push(ms(t.total_us));
+            cell.encode.push(ms(t.encode_us));
+            cell.lm.push(ms(t.lm_us));
+            cell.decode.push(ms(t.decode_us));
+            resample.push(ms(t.resample_us));
+            detok.push(ms(t.detok_us));
+            lag.push(ms(t.lag_us));
+        }
+    }
+    runner.stop()?;
+    cell.frames = processed;
+    let med = |v: &[f64]| stats(v).0;
+    let (m, lo, hi) = stats(&cell.e2e);
+    let parts_ms = med(&cell.encode) + med(&cell.lm) + med(&cell.decode);
+    println!(
+        "result impl=ours what=duplex_frame device=gpu adapter=\"{}\" format={label} threads=1 kv=f32 output_rate={} \
+         ms={m:.1} min={lo:.1} max={hi:.1} n={} pass_ms={:.1} parts_ms={parts_ms:.1} overhead={:.3} rounds={} \
+         encode_ms={:.2} lm_ms={:.1} decode_ms={:.2} resample_ms={:.3} detok_ms={:.3} lag_ms={:.1} pos={}",
+        ctx.adapter().name,
+        args.output_rate,
+        cell.e2e.len(),
+        med(&cell.pass),
+        m / parts_ms,
+        args.rounds,
+        med(&cell.encode),
+        med(&cell.lm),
+        med(&cell.decode),
+        med(&resample),
+        med(&detok),
+        med(&lag),
+        cell.frames,
+    );
+    prof.print(&format!("what=duplex_frame format={label}"));
+    cell.profile = prof.report().cloned();
+    Ok(cell)
+}
+
 #[cfg(test)]
 mod tests {
     use clap::Parser;
@@ -515,6 +670,50 @@ mod tests {
         assert_eq!(cell.batch_ms.len(), 6);
         assert_eq!(cell.batch_submissions_per_tick, 2.0, "{cell:?}");
         assert!(cell.profile.is_none());
+    }
+
+    /// `bench duplex --device gpu --profile` on the fixture bundle: every timed frame goes through
+    /// the session, and its profile holds exactly one Mimi encode, one LM frame and one Mimi
+    /// decode per frame (the launch counts of a device LM and codec built beside it).
+    #[test]
+    fn gpu_duplex_bench_runs_the_whole_frame_on_the_device() {
+        if gpu::skip_test_without_adapter() {
+            return;
+        }
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/lm");
+        let args = Cli::parse_from([
+            "bench",
+            "duplex",
+            "--device",
+            "gpu",
+            "--rounds",
+            "2",
+            "--duplex-frames",
+            "2",
+            "--profile",
+            "--bundle",
+            dir.to_str().unwrap(),
+        ])
+        .bench;
+        let m = model::MoshiModel::open(&dir).unwrap();
+        let ctx = gpu::GpuContext::new(gpu::AdapterChoice::Gpu(None), gpu::GpuOptions::default())
+            .unwrap();
+        let lm = gpu::GpuLm::new(gpu::GpuLmWeights::upload(&ctx, &m.lm).unwrap(), 1).unwrap();
+        let codec = gpu::GpuMimi::new(gpu::GpuMimiWeights::upload(&ctx, Arc::new(m.mimi)).unwrap())
+            .unwrap();
+        let (dec, enc) = codec.launches_per_frame();
+        let expected = lm.dispatches_per_frame() + dec + enc;
+        let mut parts = crate::cmd_bench::duplex_parts(&args).unwrap();
+        assert_eq!(parts.len(), 1);
+        let (label, p) = parts.remove(0);
+        let cell = bench_duplex_gpu(&args, None, &label, p).unwrap();
+        assert_eq!(cell.e2e.len(), 4);
+        assert!(cell.e2e.iter().all(|&ms| ms > 0.0));
+        assert!(cell.lm.iter().all(|&ms| ms > 0.0), "{cell:?}");
+        assert_eq!(cell.frames, 3 + 4);
+        let p = cell.profile.as_ref().expect("a profile with --profile");
+        assert_eq!(p.frames, 4, "{p:#?}");
+        assert_eq!(p.calls_per_frame(), expected as f64, "{p:#?}");
     }
 
     /// `--profile` on the Mimi bench: the single-slot profile holds every launch of each timed

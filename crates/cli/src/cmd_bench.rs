@@ -163,7 +163,16 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 );
                 crate::bench_gpu::bench_mimi_gpu(args, adapter, &src, mimi)?;
             }
-            _ => bail!("bench --device gpu measures `lm` and `mimi`"),
+            What::Duplex => {
+                print_machine();
+                println!(
+                    "\n## duplex on the GPU: frame pass through the session (Mimi encode, LM step, Mimi decode on the device), ms"
+                );
+                for (label, parts) in duplex_parts(args)? {
+                    crate::bench_gpu::bench_duplex_gpu(args, adapter, &label, parts)?;
+                }
+            }
+            _ => bail!("bench --device gpu measures `lm`, `mimi` and `duplex`"),
         }
         return Ok(());
     }
@@ -528,6 +537,28 @@ fn duplex_sources(args: &BenchArgs, kv: KvDtype) -> Result<Vec<(String, Arc<runt
         },
         kv_dtype: kv,
     };
+    duplex_parts(args)?
+        .into_iter()
+        .map(|(label, p)| {
+            let engine = runtime::Engine::from_parts(p.lm, p.mimi, p.tokenizer, opts.clone())?;
+            Ok((label, engine))
+        })
+        .collect()
+}
+
+/// The components of one `bench duplex` engine.
+pub(crate) struct DuplexParts {
+    /// The LM.
+    pub lm: LmModel,
+    /// The codec.
+    pub mimi: Arc<Mimi>,
+    /// The tokenizer (detokenization runs in the frame pass).
+    pub tokenizer: Option<Arc<model::text::SentencePiece>>,
+}
+
+/// The LM, Mimi and tokenizer of `bench duplex`: the bundle's (`--bundle`), else synthetic moshiko
+/// LMs in each `--formats` with a synthetic Mimi and a tiny tokenizer.
+pub(crate) fn duplex_parts(args: &BenchArgs) -> Result<Vec<(String, DuplexParts)>> {
     if let Some(dir) = &args.bundle {
         let t0 = Instant::now();
         let name = model::checkpoint::Bundle::open(dir)?
@@ -536,14 +567,19 @@ fn duplex_sources(args: &BenchArgs, kv: KvDtype) -> Result<Vec<(String, Arc<runt
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let engine = runtime::Engine::open(dir, opts)
+        let m = model::MoshiModel::open_on(dir, &Pool::new(runtime::physical_cores()))
             .with_context(|| format!("opening the bundle {}", dir.display()))?;
         eprintln!(
             "duplex: bundle {} opened in {:.1} s",
             dir.display(),
             t0.elapsed().as_secs_f64()
         );
-        return Ok(vec![(format!("bundle:{name}"), engine)]);
+        let parts = DuplexParts {
+            lm: m.lm,
+            mimi: Arc::new(m.mimi),
+            tokenizer: Some(Arc::new(m.tokenizer)),
+        };
+        return Ok(vec![(format!("bundle:{name}"), parts)]);
     }
     let spec = LmSpec::moshiko();
     let mut out = Vec::new();
@@ -561,12 +597,16 @@ fn duplex_sources(args: &BenchArgs, kv: KvDtype) -> Result<Vec<(String, Arc<runt
         let spm = model::text::SentencePiece::from_bytes(&model::checkpoint::synth::tiny_spm(
             spec.text_card,
         ))?;
-        let engine = runtime::Engine::from_parts(lm, mimi, Some(Arc::new(spm)), opts.clone())?;
         eprintln!(
             "duplex: synthetic {f} built in {:.1} s",
             t0.elapsed().as_secs_f64()
         );
-        out.push((f.clone(), engine));
+        let parts = DuplexParts {
+            lm,
+            mimi,
+            tokenizer: Some(Arc::new(spm)),
+        };
+        out.push((f.clone(), parts));
     }
     Ok(out)
 }

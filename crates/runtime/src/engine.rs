@@ -11,6 +11,13 @@ use model::{LoadTimings, MoshiModel};
 
 use crate::RuntimeError;
 
+/// A device context opened by the caller ([`Engine::from_parts_on`]); without the `gpu` feature
+/// there is none.
+#[cfg(feature = "gpu")]
+type OpenedGpu = gpu::GpuContext;
+#[cfg(not(feature = "gpu"))]
+type OpenedGpu = std::convert::Infallible;
+
 /// Where a session's LM and codec run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Device {
@@ -183,6 +190,35 @@ impl Engine {
         tokenizer: Option<Arc<SentencePiece>>,
         opts: EngineOptions,
     ) -> Result<Arc<Engine>, RuntimeError> {
+        Engine::assemble(lm, mimi, tokenizer, opts, None)
+    }
+
+    /// [`Engine::from_parts`] on a GPU context the caller opened (one that profiles its launches,
+    /// say: `gpu::GpuOptions::profile`, read back through the caller's handle). `opts.device` must
+    /// be [`Device::Gpu`]; the context's adapter is used whatever its `adapter` says.
+    #[cfg(feature = "gpu")]
+    pub fn from_parts_on(
+        lm: LmModel,
+        mimi: Arc<Mimi>,
+        tokenizer: Option<Arc<SentencePiece>>,
+        opts: EngineOptions,
+        ctx: gpu::GpuContext,
+    ) -> Result<Arc<Engine>, RuntimeError> {
+        if !matches!(opts.device, Device::Gpu { .. }) {
+            return Err(RuntimeError::InvalidOption(
+                "Engine::from_parts_on takes a GPU context: opts.device must be Device::Gpu".into(),
+            ));
+        }
+        Engine::assemble(lm, mimi, tokenizer, opts, Some(ctx))
+    }
+
+    fn assemble(
+        lm: LmModel,
+        mimi: Arc<Mimi>,
+        tokenizer: Option<Arc<SentencePiece>>,
+        opts: EngineOptions,
+        ctx: Option<OpenedGpu>,
+    ) -> Result<Arc<Engine>, RuntimeError> {
         if opts.device.threads() == 0 {
             return Err(RuntimeError::InvalidOption("threads must be >= 1".into()));
         }
@@ -216,14 +252,21 @@ impl Engine {
         #[cfg(feature = "gpu")]
         let (gpu_lm, gpu_mimi) = match opts.device {
             Device::Gpu { adapter, .. } => {
-                let choice = gpu::AdapterChoice::Gpu(adapter);
-                let ctx = gpu::GpuContext::new(choice, gpu::GpuOptions::default())?;
+                let ctx = match ctx {
+                    Some(c) => c,
+                    None => gpu::GpuContext::new(
+                        gpu::AdapterChoice::Gpu(adapter),
+                        gpu::GpuOptions::default(),
+                    )?,
+                };
                 let lm_w = gpu::GpuLmWeights::upload(&ctx, &lm)?;
                 let mimi_w = gpu::GpuMimiWeights::upload(&ctx, mimi.clone())?;
                 (Some(lm_w), Some(mimi_w))
             }
             Device::Cpu { .. } => (None, None),
         };
+        #[cfg(not(feature = "gpu"))]
+        let _ = ctx;
         #[cfg(not(feature = "gpu"))]
         if let Device::Gpu { .. } = opts.device {
             return Err(RuntimeError::Device(
