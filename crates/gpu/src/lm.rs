@@ -305,22 +305,15 @@ struct AttnBufs<'a> {
     dst: &'a wgpu::Buffer,
 }
 
-/// The dispatches of one attention layer over `m`'s shape: RoPE and KV store, the split-K pass
-/// (`heads × nchunks` workgroups per row), and the merge (`heads` per row) unless one chunk
+/// The dispatches of one attention layer over `m`'s shape: the split-K pass with RoPE and the KV
+/// store (`heads × nchunks` workgroups per row), and the merge (`heads` per row) unless one chunk
 /// covers the ring.
 fn attention_dispatches(ctx: &GpuContext, m: Misc, b: &AttnBufs<'_>, out: &mut Vec<Dispatch>) {
     out.push(misc_dispatch(
         ctx,
-        Module::RopeStore,
-        m,
-        &[b.qkv, b.kc, b.vc, b.step, b.rope],
-        Grid::PerRow((m.d / 2).div_ceil(64)),
-    ));
-    out.push(misc_dispatch(
-        ctx,
         Module::Attention,
         m,
-        &[b.qkv, b.kc, b.vc, b.partials, b.dst, b.step],
+        &[b.qkv, b.kc, b.vc, b.partials, b.dst, b.step, b.rope],
         Grid::HeadsPerRow(m.heads * m.nchunks),
     ));
     if !m.direct {
@@ -1256,7 +1249,8 @@ impl GpuAttention {
         })
     }
 
-    /// Kernel launches of one step (store, split-K pass, merge unless one chunk covers the ring).
+    /// Kernel launches of one step (split-K pass with the store, merge unless one chunk covers the
+    /// ring).
     pub fn dispatches(&self) -> usize {
         self.dispatches.len()
     }

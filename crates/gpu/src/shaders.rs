@@ -1,7 +1,7 @@
 //! The WGSL sources. A weight-reading kernel (matrix product, embedding gather) is one body
 //! written once plus a per-format `load4` that dequantizes four consecutive weights of a row from
-//! the checkpoint-format planes ([`kernels::CheckpointParts`]); the other kernels (RMS norm, RoPE and
-//! KV store, attention, gated SiLU) do not read weights in a quantized format.
+//! the checkpoint-format planes ([`kernels::CheckpointParts`]); the other kernels (RMS norm,
+//! attention with RoPE and the KV store, gated SiLU) do not read weights in a quantized format.
 //!
 //! Every module is also translated to MSL and HLSL by a test (`tests/naga_targets.rs`), so a shader
 //! only Metal or DX12 would reject fails here.
@@ -13,7 +13,7 @@ use crate::WeightKind;
 mod layer;
 mod matvec;
 
-use layer::{ATTENTION, ATTENTION_MERGE, GATE, RMS_NORM, ROPE_STORE};
+use layer::{ATTENTION, ATTENTION_MERGE, GATE, RMS_NORM};
 pub(crate) use matvec::MATMUL_ROWS;
 use matvec::{load4, matmul_body, EMBED_BODY, MAT_SCALES};
 
@@ -115,9 +115,8 @@ pub enum Module {
     Embed(WeightKind),
     /// RMS norm.
     RmsNorm,
-    /// RoPE and KV-ring store.
-    RopeStore,
-    /// Attention over the KV ring, split-K first pass: one key chunk of one head per workgroup.
+    /// Attention over the KV ring, split-K first pass: one key chunk of one head per workgroup
+    /// (RoPE of q and k and the KV-ring store folded in).
     Attention,
     /// Attention over the KV ring, split-K merge of the chunks of each head.
     AttentionMerge,
@@ -140,7 +139,6 @@ impl Module {
         }
         v.extend([
             Module::RmsNorm,
-            Module::RopeStore,
             Module::Attention,
             Module::AttentionMerge,
             Module::Gate,
@@ -175,7 +173,6 @@ impl Module {
             ]
             .concat(),
             Module::RmsNorm => [PRELUDE, &Misc::wgsl(), WORKGROUP_REDUCE, RMS_NORM].concat(),
-            Module::RopeStore => [PRELUDE, &Misc::wgsl(), ROPE_STORE, PER_ROW_MAIN].concat(),
             Module::Attention => [PRELUDE, &Misc::wgsl(), WORKGROUP_REDUCE, ATTENTION].concat(),
             Module::AttentionMerge => [PRELUDE, &Misc::wgsl(), ATTENTION_MERGE].concat(),
             Module::Gate => [PRELUDE, &Misc::wgsl(), GATE, PER_ROW_MAIN].concat(),
@@ -194,8 +191,7 @@ impl Module {
                 &[U, R, R, R, R, W, R]
             }
             Module::RmsNorm => &[U, R, R, W, R],
-            Module::RopeStore => &[U, W, W, W, R, R],
-            Module::Attention => &[U, R, R, R, W, W, R],
+            Module::Attention => &[U, R, W, W, W, W, R, R],
             Module::AttentionMerge => &[U, R, W, R],
             Module::Gate => &[U, R, W, R],
             Module::Sample => &[U, R, W, W, W],
@@ -218,13 +214,9 @@ impl Module {
                 "codes: u32, scales: u32, biases: u32, x: f32, y: f32, stepb: i32",
             ),
             Module::RmsNorm => ("M: Misc", "x: f32, w: f32, dst: f32, stepb: i32"),
-            Module::RopeStore => (
-                "M: Misc",
-                "qkv: f32, kc: u32, vc: u32, stepb: i32, rope: f32",
-            ),
             Module::Attention => (
                 "M: Misc",
-                "qkv: f32, kc: u32, vc: u32, part: f32, dst: f32, stepb: i32",
+                "qkv: f32, kc: u32, vc: u32, part: f32, dst: f32, stepb: i32, rope: f32",
             ),
             Module::AttentionMerge => ("M: Misc", "part: f32, dst: f32, stepb: i32"),
             Module::Gate => ("M: Misc", "g: f32, u: f32, stepb: i32"),

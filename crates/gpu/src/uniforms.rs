@@ -5,7 +5,7 @@
 use crate::bindings::uniform_block;
 
 uniform_block! {
-    /// The uniform block `M` of the non-weight kernels (RMS norm, RoPE and KV store, attention,
+    /// The uniform block `M` of the non-weight kernels (RMS norm, attention with RoPE and KV store,
     /// gated SiLU; [`crate::shaders::Module::source`] declares it to them); each reads the fields
     /// it needs. `ctx` is the ring capacity per session, `fixed_slot` the ring slot of a Depformer
     /// step (−1 for the temporal stack), `kv16` whether the ring holds bf16 pairs (else f32),

@@ -189,7 +189,7 @@ fn moshi_temporal_shape_matches_f64_reference() {
             fixed_slot: None,
         };
         let mut c = Case::new(&ctx, shape, 11);
-        assert_eq!((c.att.chunks(), c.att.dispatches()), (47, 3));
+        assert_eq!((c.att.chunks(), c.att.dispatches()), (47, 2));
         for count in [1, 2, 63, 64, 65, 128, 129, 2999] {
             c.check(
                 &[row(0, count - 1, count)],

@@ -1,13 +1,14 @@
-//! The transformer layer's kernels that read no quantized weights: RMS norm, RoPE and KV-ring
-//! store, attention over the ring (split-K flash decoding: [`ATTENTION`] then [`ATTENTION_MERGE`]),
-//! gated SiLU.
+//! The transformer layer's kernels that read no quantized weights: RMS norm, attention over the
+//! KV ring (split-K flash decoding: [`ATTENTION`], which also applies RoPE and stores this step's
+//! k and v, then [`ATTENTION_MERGE`]), gated SiLU.
 //!
 //! # Attention arithmetic at Moshi's shapes
 //!
 //! Temporal transformer: 32 layers of 32 heads × 128 (d = 4096), a ring of 3000 entries, key
 //! chunks of 64 (47 chunks per head). Per layer and row the split-K pass launches 32 × 47 = 1504
-//! workgroups of 64 threads and the merge 32; per frame 48 128 + 1024 workgroups, 3 dispatches
-//! per layer (store, pass, merge).
+//! workgroups of 64 threads and the merge 32; per frame 48 128 + 1024 workgroups, 2 dispatches
+//! per layer (the pass with RoPE and the KV store folded in, the merge: as many as the store and
+//! the one-workgroup-per-head attention before).
 //!
 //! | position | K + V read per frame, f32 | bf16 | at 3.3 TB/s, f32 | bf16 |
 //! |---|---|---|---|---|
@@ -19,7 +20,8 @@
 //! find a key (the rest return at their first instruction), so the layer costs what its launches
 //! cost, not bytes. The Depformer (16 heads × 64, a ring of its 8 steps) fits one chunk: its
 //! pass writes the normalised output itself (`M.direct`), 16 workgroups a layer and no merge,
-//! reading at most 8 × 1024 × 2 × 4 B = 64 KB.
+//! reading at most 8 × 1024 × 2 × 4 B = 64 KB: one dispatch a layer where there were two
+//! (48 fewer a frame).
 //!
 //! Why chunks of 64 keys: one key per thread of the 64-thread workgroup for the softmax of the
 //! chunk (a single fixed-order tree reduction for its maximum and one for its sum, no online
@@ -50,64 +52,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 }
 "#;
 
-/// RoPE (interleaved pairs, the host's cos/sin per row and frequency) on q and k of each active
-/// row's fused `qkv` (q rotated in place for the attention kernel), then k and v stored in the
-/// row's session's ring at this step's slot. KV ring layout per layer: `[session][slot][d]` in
-/// 32-bit words: one f32 per word, or with `M.kv16` two bf16 per word (value `2i` in the low half,
-/// rounded to nearest even as the CPU's `KvDtype::Bf16` rounds). A thread's pair `(j, j + 1)` is
-/// exactly one 16-bit word, so the packing needs no cooperation between threads.
-pub(super) const ROPE_STORE: &str = r#"
-// f32 -> bf16 bits, rounded to nearest even, a NaN kept quiet (the CPU's `to_bf16`).
-fn bf16_bits(x: f32) -> u32 {
-    let b = bitcast<u32>(x);
-    if ((b & 0x7fffffffu) > 0x7f800000u) {
-        return (b | 0x00400000u) >> 16u;
-    }
-    return (b + 0x7fffu + ((b >> 16u) & 1u)) >> 16u;
-}
-
-fn body(b: u32, p: u32) {
-    let d = M.d;
-    if (p >= d / 2u) {
-        return;
-    }
-    let j = 2u * p;
-    let q0 = b * 3u * d + j;
-    let k0 = q0 + d;
-    let v0 = k0 + d;
-    var k = vec2<f32>(qkv[k0], qkv[k0 + 1u]);
-    if (M.rope != 0u) {
-        let nhalf = M.head_dim / 2u;
-        let ri = 2u * (b * nhalf + p % nhalf);
-        let c = rope[ri];
-        let s = rope[ri + 1u];
-        let q = vec2<f32>(qkv[q0], qkv[q0 + 1u]);
-        qkv[q0] = q.x * c - q.y * s;
-        qkv[q0 + 1u] = q.x * s + q.y * c;
-        k = vec2<f32>(k.x * c - k.y * s, k.x * s + k.y * c);
-    }
-    let v = vec2<f32>(qkv[v0], qkv[v0 + 1u]);
-    let sess = u32(stepb[SESS + b]);
-    var slot = u32(stepb[SLOT + b]);
-    if (M.fixed_slot >= 0) {
-        slot = u32(M.fixed_slot);
-    }
-    let o = (sess * M.ctx + slot) * d + j;
-    if (M.kv16 != 0u) {
-        kc[o / 2u] = bf16_bits(k.x) | (bf16_bits(k.y) << 16u);
-        vc[o / 2u] = bf16_bits(v.x) | (bf16_bits(v.y) << 16u);
-    } else {
-        kc[o] = bitcast<u32>(k.x);
-        kc[o + 1u] = bitcast<u32>(k.y);
-        vc[o] = bitcast<u32>(v.x);
-        vc[o + 1u] = bitcast<u32>(v.y);
-    }
-}
-"#;
-
-/// Split-K attention, first pass: workgroup `x = c · heads + h` of active row `y` scores key chunk
-/// `c` (the row's attended entries `c · chunk ..` in age order, at most `chunk ≤ 64` of them) of
-/// head `h` and writes its partial: the chunk's maximum score `m`, `l = Σ exp(s − m)` and the
+/// Split-K attention, first pass, with RoPE and the KV store folded in: workgroup `x = c · heads +
+/// h` of active row `y` rotates head `h` of the row's q as it loads it (RoPE on interleaved pairs,
+/// the host's cos/sin per row and frequency; none for the Depformer); the workgroup whose chunk
+/// holds the newest entry first rotates head `h` of this step's k and stores it and v in the
+/// row's session's ring at this step's slot (no other workgroup of the step reads that slot, so
+/// no other needs to wait for it). KV ring layout per layer: `[session][slot][d]` in 32-bit
+/// words: one f32 per word, or with `M.kv16` two bf16 per word (value `2i` in the low half,
+/// rounded to nearest even as the CPU's `KvDtype::Bf16` rounds; a thread's pair is exactly one
+/// word). Then it scores key chunk `c` (the row's attended entries `c · chunk ..` in age order,
+/// at most `chunk ≤ 64` of them) of head `h` and writes its partial: the chunk's maximum score `m`, `l = Σ exp(s − m)` and the
 /// unnormalised `acc = Σ exp(s − m) v` at `part[((b · heads + h) · nchunks + c) · (head_dim + 2)
 /// ..]` as `[m, l, acc..]`. A chunk past the row's count returns at once. With `M.direct` (one
 /// chunk covers the whole ring: the Depformer, short contexts) it writes `acc / l` to `dst` and no
@@ -126,6 +80,26 @@ const MAX_HD: u32 = 256u;
 var<workgroup> qs: array<f32, MAX_HD>;
 var<workgroup> dots: array<f32, 512>;
 var<workgroup> probs: array<f32, 64>;
+
+// f32 -> bf16 bits, rounded to nearest even, a NaN kept quiet (the CPU's `to_bf16`).
+fn bf16_bits(x: f32) -> u32 {
+    let b = bitcast<u32>(x);
+    if ((b & 0x7fffffffu) > 0x7f800000u) {
+        return (b | 0x00400000u) >> 16u;
+    }
+    return (b + 0x7fffu + ((b >> 16u) & 1u)) >> 16u;
+}
+
+// Pair `v` rotated by the angle of frequency `t` of active row `b` (when the stack has RoPE).
+fn rotate(v: vec2<f32>, b: u32, t: u32) -> vec2<f32> {
+    if (M.rope == 0u) {
+        return v;
+    }
+    let ri = 2u * (b * (M.head_dim / 2u) + t);
+    let c = rope[ri];
+    let s = rope[ri + 1u];
+    return vec2<f32>(v.x * c - v.y * s, v.x * s + v.y * c);
+}
 
 // The two values of a 16-bit KV word (low half first).
 fn bf16_pair(x: u32) -> vec2<f32> {
@@ -156,16 +130,40 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let hw = select(hd, hd / 2u, kv16);
     let ew = select(d, d / 2u, kv16);
     let q0 = b * 3u * d + h * hd;
-    for (var t = lid; t < hd; t += WG) {
-        qs[t] = qkv[q0 + t];
+    let nhalf = hd / 2u;
+    for (var t = lid; t < nhalf; t += WG) {
+        let q = rotate(vec2<f32>(qkv[q0 + 2u * t], qkv[q0 + 2u * t + 1u]), b, t);
+        qs[2u * t] = q.x;
+        qs[2u * t + 1u] = q.y;
+    }
+    let ring = sess * M.ctx;
+    let head = h * hw;
+    if (c == (count - 1u) / M.chunk) {
+        let k0 = q0 + d;
+        let v0 = k0 + d;
+        for (var t = lid; t < nhalf; t += WG) {
+            let k = rotate(vec2<f32>(qkv[k0 + 2u * t], qkv[k0 + 2u * t + 1u]), b, t);
+            let v = vec2<f32>(qkv[v0 + 2u * t], qkv[v0 + 2u * t + 1u]);
+            if (kv16) {
+                let o = (ring + newest) * ew + head + t;
+                kc[o] = bf16_bits(k.x) | (bf16_bits(k.y) << 16u);
+                vc[o] = bf16_bits(v.x) | (bf16_bits(v.y) << 16u);
+            } else {
+                let o = (ring + newest) * ew + head + 2u * t;
+                kc[o] = bitcast<u32>(k.x);
+                kc[o + 1u] = bitcast<u32>(k.y);
+                vc[o] = bitcast<u32>(v.x);
+                vc[o + 1u] = bitcast<u32>(v.y);
+            }
+        }
+        // This workgroup reads the entry back below.
+        storageBarrier();
     }
     // The chunk's first slot: the oldest attended entry is `newest + 1 − count` (mod ctx).
     var s0 = (newest + M.ctx + 1u - count) % M.ctx + start;
     if (s0 >= M.ctx) {
         s0 -= M.ctx;
     }
-    let ring = sess * M.ctx;
-    let head = h * hw;
     workgroupBarrier();
 
     let kl = lid / LANES;
