@@ -188,13 +188,14 @@ pub fn run(args: &TraceLmArgs) -> Result<()> {
             Traced::Cpu(Box::new(LmGen::new(&model, kv)?), Pool::new(threads))
         }
         runtime::Device::Gpu { adapter, .. } => {
-            if kv != KvDtype::F32 {
-                bail!("--device gpu keeps the KV cache in f32: use --kv-dtype f32");
-            }
             let ctx =
                 gpu::GpuContext::new(gpu::AdapterChoice::Gpu(adapter), gpu::GpuOptions::default())?;
             eprintln!("trace lm: the LM runs on {}", ctx.adapter());
-            let lm = gpu::GpuLm::new(gpu::GpuLmWeights::upload(&ctx, &model)?, 1)?;
+            let opts = gpu::GpuLmOptions {
+                kv_dtype: kv,
+                ..Default::default()
+            };
+            let lm = gpu::GpuLm::with_options(gpu::GpuLmWeights::upload(&ctx, &model)?, 1, opts)?;
             Traced::Gpu(Box::new(Generator::new(Box::new(lm))?))
         }
     };

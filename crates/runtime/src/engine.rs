@@ -102,7 +102,7 @@ fn linux_physical_cores() -> Option<usize> {
 pub struct EngineOptions {
     /// Where sessions compute. Default: the CPU with one thread.
     pub device: Device,
-    /// Element type of the LM's temporal KV ring. Default F32.
+    /// Element type of the LM's temporal KV ring, on the CPU and on the GPU. Default F32.
     pub kv_dtype: KvDtype,
 }
 
@@ -369,7 +369,12 @@ impl Engine {
     ) -> Result<Box<dyn LmBackend>, RuntimeError> {
         #[cfg(feature = "gpu")]
         if let Some(w) = &self.gpu_lm {
-            return Ok(Box::new(gpu::GpuLm::new(w.clone(), rows)?));
+            // The engine's KV element type holds on the device too (bf16: half the bytes).
+            let opts = gpu::GpuLmOptions {
+                kv_dtype: self.opts.kv_dtype,
+                ..Default::default()
+            };
+            return Ok(Box::new(gpu::GpuLm::with_options(w.clone(), rows, opts)?));
         }
         match compute {
             Compute::Cpu(pool) => {
