@@ -103,8 +103,8 @@ pub enum DeviceArg {
 pub struct EngineArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Threads per session, shared by Mimi and the LM (default: `duplex` / `generate` one per physical
-    /// core; `serve` 1, with as many sessions as physical cores).
+    /// Threads per session, shared by Mimi and the LM (default: one per physical core; `serve`: threads
+    /// per worker, default the physical cores divided by its workers, see `serve --help`).
     #[arg(long)]
     pub threads: Option<usize>,
     /// Element type of the LM KV cache.
@@ -181,13 +181,28 @@ impl EngineArgs {
         self.device.resolve(threads)
     }
 
+    /// Checks the flags that need no model (thread count, device): `open` calls it first, and a command
+    /// with other early checks calls it before them, so a bad flag fails before the weights are read.
+    /// Returns the resolved device for `threads` threads.
+    pub fn check(&self, threads: usize) -> Result<runtime::Device> {
+        if threads == 0 || threads > 256 {
+            bail!("--threads must be between 1 and 256 (got {threads})");
+        }
+        let device = self.device(threads)?;
+        if let runtime::Device::Gpu { adapter, .. } = device {
+            // The adapter is looked up again when the engine uploads the weights; asking now names a
+            // missing GPU as such, before a multi-gigabyte read.
+            gpu::choose_adapter(&gpu::adapters(), gpu::AdapterChoice::Gpu(adapter))
+                .context("--device gpu")?;
+        }
+        Ok(device)
+    }
+
     /// Resolves the model and opens the engine (`--threads` or `default_threads` per session, printed),
     /// printing the demo label when relevant.
     pub fn open(&self, default_threads: usize) -> Result<Opened> {
         let threads = self.threads(default_threads);
-        if threads == 0 || threads > 256 {
-            bail!("--threads must be between 1 and 256 (got {threads})");
-        }
+        let device = self.check(threads)?;
         eprintln!(
             "moshi-native: {threads} thread(s) per session for Mimi and the LM ({} physical cores)",
             runtime::physical_cores()
@@ -197,14 +212,20 @@ impl EngineArgs {
             eprintln!("{}", embed::demo::LABEL);
         }
         let opts = runtime::EngineOptions {
-            device: self.device(threads)?,
+            device,
             kv_dtype: match self.kv_dtype {
                 KvDtypeArg::F32 => model::lm::KvDtype::F32,
                 KvDtypeArg::Bf16 => model::lm::KvDtype::Bf16,
             },
         };
-        let (engine, timings) = runtime::Engine::open_timed(&dir, opts)
-            .with_context(|| format!("cannot open the model bundle {}", dir.display()))?;
+        let (engine, timings) = runtime::Engine::open_timed(&dir, opts).map_err(|e| {
+            // A device that fails while the weights are uploaded is not a bad bundle.
+            let what = match e {
+                runtime::RuntimeError::Device(_) => "cannot start the compute device".to_string(),
+                _ => format!("cannot open the model bundle {}", dir.display()),
+            };
+            anyhow::Error::new(e).context(what)
+        })?;
         eprintln!("moshi-native: {}", load_line(&timings));
         match engine.gpu_adapter() {
             Some(a) => eprintln!("moshi-native: device gpu: the LM and Mimi run on adapter {a}"),

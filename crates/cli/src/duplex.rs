@@ -168,8 +168,41 @@ fn summary(label: &str, demo: bool, r: &RunResult, out: &std::path::Path) {
     );
 }
 
+/// Fails unless `path` can be written (an existing file opened for writing, untouched; a missing one
+/// created and removed again), so a bad output path is reported before the model loads and the whole
+/// input is processed, not after. `flag` names it in the message.
+pub fn check_writable(path: &std::path::Path, flag: &str) -> Result<()> {
+    let fail = |e: std::io::Error| {
+        anyhow::Error::new(e).context(format!("{flag} {}: cannot write there", path.display()))
+    };
+    if path.is_dir() {
+        bail!("{flag} {}: is a directory", path.display());
+    }
+    if path.exists() {
+        // Append mode: the check must not truncate what is there.
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(path)
+            .map_err(fail)?;
+        return Ok(());
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(fail)?;
+    std::fs::remove_file(path).map_err(fail)?;
+    Ok(())
+}
+
 /// Runs `duplex`.
 pub fn run_duplex(a: &DuplexArgs) -> Result<()> {
+    // What can fail without the model fails before it loads.
+    a.sampling.config()?;
+    check_writable(&a.out, "--out")?;
+    if let Some(t) = &a.text_out {
+        check_writable(t, "--text-out")?;
+    }
     let mut user = runtime::audio::read_wav(&a.input).map(|w| w.samples)
         .with_context(|| {
             format!(
@@ -223,6 +256,11 @@ pub fn run_generate(a: &GenerateArgs) -> Result<()> {
         bail!("--seconds must be in (0, 3600] (got {})", a.seconds);
     }
     let frames = ((a.seconds / 0.08).ceil() as usize).max(1);
+    a.sampling.config()?;
+    check_writable(&a.out, "--out")?;
+    if let Some(t) = &a.text_out {
+        check_writable(t, "--text-out")?;
+    }
     let opened = a.engine.open(EngineArgs::all_cores())?;
     let mut s = session(&opened, &a.sampling, frames)?;
     if let Some(p) = &a.prompt {

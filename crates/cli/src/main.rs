@@ -17,6 +17,7 @@ mod cmd_verify;
 mod common;
 mod duplex;
 mod fetch;
+mod logging;
 mod models;
 mod realtime;
 
@@ -30,6 +31,9 @@ struct Cli {
     /// Print tracing logs (RUST_LOG overrides the filter).
     #[arg(long, short, global = true)]
     verbose: bool,
+    /// Log line format (`json`: one object per line, for log collectors).
+    #[arg(long, value_enum, global = true, default_value_t = logging::LogFormat::Text)]
+    log_format: logging::LogFormat,
     #[command(subcommand)]
     cmd: Command,
 }
@@ -78,20 +82,16 @@ enum TraceCmd {
     Duplex(cmd_trace_duplex::TraceDuplexArgs),
 }
 
-fn init_logging(verbose: bool) {
-    let default = if verbose { "debug" } else { "warn" };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
-}
-
 fn main() {
     common::process_start();
     let cli = Cli::parse();
-    init_logging(cli.verbose);
+    // `serve` logs each session's start and end at INFO by default; other commands only warnings.
+    let default = match (&cli.cmd, cli.verbose) {
+        (_, true) => "debug",
+        (Command::Serve(_), false) => "warn,server=info",
+        _ => "warn",
+    };
+    logging::init(default, cli.log_format);
     if let Err(e) = dispatch(cli.cmd) {
         eprintln!("{}", render_error(&e));
         std::process::exit(1);

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
-use axum::extract::{RawQuery, State, WebSocketUpgrade};
+use axum::extract::{ConnectInfo, RawQuery, State, WebSocketUpgrade};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -44,7 +44,13 @@ pub struct ServeConfig {
     /// Secret a client must present to open `/api/chat` (`Authorization: Bearer` or the
     /// `worker_auth_id` query parameter); `None` = open to anyone who can connect.
     pub auth_token: Option<String>,
+    /// Close a session whose client sent no audio for this long, freeing its slot (`None` = never).
+    pub idle_timeout: Option<Duration>,
 }
+
+/// Default of [`ServeConfig::idle_timeout`]: a browser whose microphone runs sends a packet every
+/// 20 to 80 ms, so a minute without one is a client gone or stuck, not a pause in speech.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl Default for ServeConfig {
     fn default() -> Self {
@@ -56,7 +62,57 @@ impl Default for ServeConfig {
             max_queue: 8,
             tls: None,
             auth_token: None,
+            idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
         }
+    }
+}
+
+/// The listening socket and the TLS configuration of a server, made before anything expensive:
+/// `serve` binds its port and reads its certificate and key before it loads the model, so a port in
+/// use or a bad key fails in milliseconds, not after the weights are read. Until a [`Server`] runs
+/// on it, connections wait in the kernel's backlog.
+pub struct Listener {
+    socket: std::net::TcpListener,
+    addr: SocketAddr,
+    tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
+}
+
+impl Listener {
+    /// Binds `host:port` (0 = any free port) and reads the TLS files, if any.
+    pub fn bind(
+        host: &str,
+        port: u16,
+        tls: Option<&crate::tls::TlsFiles>,
+    ) -> Result<Listener, ServerError> {
+        // The certificate first: it is the cheaper mistake to report, and nothing is bound yet.
+        let tls = tls.map(crate::tls::server_config).transpose()?;
+        let socket =
+            std::net::TcpListener::bind((host, port)).map_err(|source| ServerError::Io {
+                context: format!("binding {host}:{port}"),
+                source,
+            })?;
+        // tokio takes the socket over in [`Server::on`]; it must not block.
+        socket
+            .set_nonblocking(true)
+            .map_err(|source| ServerError::Io {
+                context: "making the listening socket non-blocking".into(),
+                source,
+            })?;
+        let addr = socket.local_addr().map_err(|source| ServerError::Io {
+            context: "local address".into(),
+            source,
+        })?;
+        Ok(Listener { socket, addr, tls })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Whether it serves HTTPS.
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
     }
 }
 
@@ -66,65 +122,63 @@ pub struct Server {
     addr: SocketAddr,
     state: Arc<AppState>,
     shutdown_tx: watch::Sender<bool>,
-    tls: Option<crate::tls::TlsFiles>,
+    tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
 }
 
 impl Server {
-    /// Validates the configuration and binds the listening socket.
+    /// Validates the configuration and binds the listening socket (and reads the TLS files).
     pub async fn bind(
         config: ServeConfig,
         backend: Arc<dyn Backend>,
     ) -> Result<Server, ServerError> {
-        if config.max_sessions == 0 {
-            return Err(ServerError::Config(
-                "--max-sessions must be at least 1".into(),
-            ));
-        }
-        if let Some(d) = &config.static_dir {
-            if !d.join("index.html").is_file() {
-                return Err(ServerError::Config(format!(
-                    "--static {}: no index.html there",
-                    d.display()
-                )));
-            }
-        }
-        if config.auth_token.as_deref() == Some("") {
-            return Err(ServerError::Config("--auth-token must not be empty".into()));
-        }
+        validate(&config)?;
+        let listener = Listener::bind(&config.host, config.port, config.tls.as_ref())?;
+        Server::on(listener, config, backend)
+    }
+
+    /// A server on a socket bound earlier ([`Listener::bind`]); `config.host`, `config.port` and
+    /// `config.tls` are not used (the listener has them). Must be called inside a tokio runtime.
+    pub fn on(
+        listener: Listener,
+        config: ServeConfig,
+        backend: Arc<dyn Backend>,
+    ) -> Result<Server, ServerError> {
+        validate(&config)?;
         if let Some(w) = exposure_warning(
             &config.host,
             config.auth_token.is_some(),
-            config.tls.is_some(),
+            listener.tls.is_some(),
         ) {
             tracing::warn!("{w}");
         }
-        let listener = tokio::net::TcpListener::bind((config.host.as_str(), config.port))
-            .await
-            .map_err(|source| ServerError::Io {
-                context: format!("binding {}:{}", config.host, config.port),
+        let Listener { socket, addr, tls } = listener;
+        let listener =
+            tokio::net::TcpListener::from_std(socket).map_err(|source| ServerError::Io {
+                context: "listening socket".into(),
                 source,
             })?;
-        let addr = listener.local_addr().map_err(|source| ServerError::Io {
-            context: "local address".into(),
-            source,
-        })?;
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let metrics = Arc::new(Metrics::default());
+        metrics
+            .sessions_max
+            .store(config.max_sessions as u64, Relaxed);
         let state = Arc::new(AppState {
             backend,
-            metrics: Arc::new(Metrics::default()),
+            metrics,
             slots: Arc::new(Semaphore::new(config.max_sessions)),
             max_queue: config.max_queue,
             shutdown: shutdown_rx,
             tracker: Arc::new(()),
             static_dir: config.static_dir,
             auth_token: config.auth_token,
+            idle_timeout: config.idle_timeout,
         });
         Ok(Server {
             listener,
             addr,
             state,
             shutdown_tx,
-            tls: config.tls,
+            tls,
         })
     }
 
@@ -162,8 +216,8 @@ impl Server {
         tracing::info!("listening on {scheme}://{addr}");
         let served = match tls {
             None => axum::serve(
-                axum::serve::ListenerExt::tap_io(listener, |tcp| tune_socket(tcp)),
-                app,
+                PlainListener(listener),
+                app.into_make_service_with_connect_info::<Peer>(),
             )
             .with_graceful_shutdown(graceful)
             .await
@@ -172,14 +226,17 @@ impl Server {
                 source,
             }),
             Some(files) => {
-                let tls_listener = crate::tls::TlsListener::new(listener, &files)?;
-                axum::serve(tls_listener, app)
-                    .with_graceful_shutdown(graceful)
-                    .await
-                    .map_err(|source| ServerError::Io {
-                        context: "serving".into(),
-                        source,
-                    })
+                let tls_listener = crate::tls::TlsListener::with_config(listener, files)?;
+                axum::serve(
+                    tls_listener,
+                    app.into_make_service_with_connect_info::<Peer>(),
+                )
+                .with_graceful_shutdown(graceful)
+                .await
+                .map_err(|source| ServerError::Io {
+                    context: "serving".into(),
+                    source,
+                })
             }
         };
         let _ = shutdown_tx.send(true);
@@ -194,6 +251,32 @@ impl Server {
         }
         served
     }
+}
+
+/// The checks of a configuration that need no socket (also run by `serve` before it loads the model).
+pub fn validate(config: &ServeConfig) -> Result<(), ServerError> {
+    if config.max_sessions == 0 {
+        return Err(ServerError::Config(
+            "--max-sessions must be at least 1".into(),
+        ));
+    }
+    if let Some(d) = &config.static_dir {
+        if !d.join("index.html").is_file() {
+            return Err(ServerError::Config(format!(
+                "--static {}: no index.html there",
+                d.display()
+            )));
+        }
+    }
+    if config.auth_token.as_deref() == Some("") {
+        return Err(ServerError::Config("--auth-token must not be empty".into()));
+    }
+    if config.idle_timeout == Some(Duration::ZERO) {
+        return Err(ServerError::Config(
+            "--idle-timeout must be at least 1 s (or off)".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Completes on ctrl-c or SIGTERM.
@@ -224,6 +307,17 @@ pub const WORKER_THREADS: usize = 2;
 
 /// Builds a multi-threaded tokio runtime, serves until ctrl-c/SIGTERM, and returns.
 pub fn run_blocking(config: ServeConfig, backend: Arc<dyn Backend>) -> Result<(), ServerError> {
+    validate(&config)?;
+    let listener = Listener::bind(&config.host, config.port, config.tls.as_ref())?;
+    run_blocking_on(listener, config, backend)
+}
+
+/// [`run_blocking`] on a socket bound earlier ([`Listener::bind`]).
+pub fn run_blocking_on(
+    listener: Listener,
+    config: ServeConfig,
+    backend: Arc<dyn Backend>,
+) -> Result<(), ServerError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(WORKER_THREADS)
         .enable_all()
@@ -234,7 +328,7 @@ pub fn run_blocking(config: ServeConfig, backend: Arc<dyn Backend>) -> Result<()
             source,
         })?;
     rt.block_on(async move {
-        let server = Server::bind(config, backend).await?;
+        let server = Server::on(listener, config, backend)?;
         server.run_until(shutdown_signal()).await
     })
 }
@@ -243,6 +337,7 @@ fn router(state: Arc<AppState>) -> Router {
     let r = Router::new()
         .route("/api/chat", get(chat))
         .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
         .route("/metrics", get(metrics));
     let r = if state.static_dir.is_some() {
         r.fallback(get(static_file))
@@ -258,8 +353,59 @@ fn router(state: Arc<AppState>) -> Router {
     r.with_state(state)
 }
 
+/// The address of a connection's peer, for the session logs (the plain and the TLS listener both
+/// accept with a socket address).
+#[derive(Clone, Copy, Debug)]
+struct Peer(SocketAddr);
+
+/// The plain listener: every accepted socket tuned ([`tune_socket`]).
+struct PlainListener(tokio::net::TcpListener);
+
+impl axum::serve::Listener for PlainListener {
+    type Io = tokio::net::TcpStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            match self.0.accept().await {
+                Ok((tcp, peer)) => {
+                    tune_socket(&tcp);
+                    return (tcp, peer);
+                }
+                // Out of file descriptors and the like: wait instead of spinning.
+                Err(e) => {
+                    tracing::warn!("accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.0.local_addr()
+    }
+}
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, PlainListener>>
+    for Peer
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, PlainListener>) -> Self {
+        Peer(*stream.remote_addr())
+    }
+}
+
+impl
+    axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, crate::tls::TlsListener>>
+    for Peer
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, crate::tls::TlsListener>) -> Self {
+        Peer(*stream.remote_addr())
+    }
+}
+
 async fn chat(
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+    ConnectInfo(Peer(peer)): ConnectInfo<Peer>,
     headers: HeaderMap,
     RawQuery(query): RawQuery,
     State(state): State<Arc<AppState>>,
@@ -280,9 +426,35 @@ async fn chat(
         Ok(ws) => ws,
         Err(rejection) => return rejection.into_response(),
     };
+    // Behind a proxy the socket's peer is the proxy: the logs name the client it forwarded.
+    let peer = match headers
+        .get("x-forwarded-for")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(',').next())
+        .filter(|c| c.len() <= 64)
+    {
+        Some(client) => format!("{} via {peer}", client.trim()),
+        None => peer.to_string(),
+    };
     ws.max_message_size(MAX_MESSAGE_BYTES)
         .max_frame_size(MAX_MESSAGE_BYTES)
-        .on_upgrade(move |socket| crate::ws::handle_socket(socket, query, state))
+        .on_upgrade(move |socket| crate::ws::handle_socket(socket, query, state, peer))
+}
+
+/// Readiness for a load balancer: 200 while a conversation would be admitted at once (a slot is
+/// free), 503 when every slot is taken or the server is shutting down. `/healthz` is liveness only.
+async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    let free = state.slots.available_permits();
+    let max = state.metrics.sessions_max.load(Relaxed);
+    if *state.shutdown.borrow() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response();
+    }
+    let status = if free > 0 {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, format!("{free} of {max} slots free\n")).into_response()
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {

@@ -1,7 +1,9 @@
 //! WebSocket server speaking Kyutai's `/api/chat` protocol, with Ogg/Opus audio, Prometheus
 //! metrics and a built-in web page.
 //!
-//! Entry points: [`Server::bind`] + [`Server::run_until`] (async), or [`run_blocking`]. The model
+//! Entry points: [`Server::bind`] + [`Server::run_until`] (async), or [`run_blocking`]; a caller that
+//! must bind before it builds its backend (`serve` binds, then loads the model) uses
+//! [`Listener::bind`], then [`Server::on`] or [`run_blocking_on`]. The model
 //! is anything implementing [`backend::Backend`]; [`backend::RuntimeBackend`] serves the `runtime`
 //! crate's engine.
 
@@ -19,7 +21,8 @@ pub mod tls;
 mod ws;
 
 pub use app::{
-    run_blocking, shutdown_signal, ServeConfig, Server, MAX_MESSAGE_BYTES, WORKER_THREADS,
+    run_blocking, run_blocking_on, shutdown_signal, validate, Listener, ServeConfig, Server,
+    MAX_MESSAGE_BYTES, WORKER_THREADS,
 };
 pub use error::ServerError;
 pub use ws::{OUT_QUEUE, WIRE_BUFFER};

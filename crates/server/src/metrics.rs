@@ -101,6 +101,10 @@ pub struct Metrics {
     pub ogg_bytes_skipped: AtomicU64,
     /// `/api/chat` requests refused for a missing or wrong token (HTTP 401).
     pub unauthorized: AtomicU64,
+    /// Sessions closed because their client sent no audio for the idle timeout.
+    pub sessions_idle_closed: AtomicU64,
+    /// Conversations admitted at once (`ServeConfig::max_sessions`; constant).
+    pub sessions_max: AtomicU64,
     /// Commands received from clients, indexed by [`SessionCommand::index`].
     pub commands: [AtomicU64; 4],
     /// Largest input backlog (frames) over the active sessions at the last frame.
@@ -238,6 +242,18 @@ impl Metrics {
             "gauge",
             "Largest input backlog seen, in 80 ms frames.",
             self.lag_frames_max.load(Relaxed),
+        );
+        put(
+            "moshi_sessions_idle_closed_total",
+            "counter",
+            "Sessions closed because the client sent no audio for the idle timeout.",
+            self.sessions_idle_closed.load(Relaxed),
+        );
+        put(
+            "moshi_sessions_max",
+            "gauge",
+            "Conversations admitted at once.",
+            self.sessions_max.load(Relaxed),
         );
         put(
             "moshi_unauthorized_total",

@@ -20,4 +20,6 @@ pub(crate) struct AppState {
     pub static_dir: Option<PathBuf>,
     /// Secret required on `/api/chat` (`None` = open).
     pub auth_token: Option<String>,
+    /// A session whose client sends no audio for this long is closed (`None` = never).
+    pub idle_timeout: Option<std::time::Duration>,
 }

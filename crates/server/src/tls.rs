@@ -101,7 +101,16 @@ pub struct TlsListener {
 impl TlsListener {
     /// Wraps a bound TCP listener. Must be called inside a tokio runtime.
     pub fn new(tcp: TcpListener, files: &TlsFiles) -> Result<TlsListener, ServerError> {
-        let acceptor = TlsAcceptor::from(server_config(files)?);
+        Self::with_config(tcp, server_config(files)?)
+    }
+
+    /// Wraps a bound TCP listener with a configuration already read ([`server_config`]). Must be
+    /// called inside a tokio runtime.
+    pub fn with_config(
+        tcp: TcpListener,
+        config: Arc<rustls::ServerConfig>,
+    ) -> Result<TlsListener, ServerError> {
+        let acceptor = TlsAcceptor::from(config);
         let addr = tcp.local_addr().map_err(|source| ServerError::Io {
             context: "local address".into(),
             source,

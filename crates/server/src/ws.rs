@@ -177,13 +177,18 @@ impl Conn {
 }
 
 /// Serves one upgraded WebSocket until it closes, the session ends or the server shuts down.
-pub(crate) async fn handle_socket(socket: WebSocket, query: Option<String>, state: Arc<AppState>) {
+pub(crate) async fn handle_socket(
+    socket: WebSocket,
+    query: Option<String>,
+    state: Arc<AppState>,
+    peer: String,
+) {
     let metrics = state.metrics.clone();
     let _open = Gauge::inc(&metrics.connections_open);
     let _conn = state.tracker.clone();
     let (out_tx, out_rx) = mpsc::channel::<Out>(OUT_QUEUE);
     let mut conn = Conn::new(socket, out_rx);
-    let end = run_connection(&mut conn, &out_tx, query, &state).await;
+    let end = run_connection(&mut conn, &out_tx, query, &state, &peer).await;
     if let Some((code, reason)) = end {
         conn.send_ctrl(&out_tx, Out::Close(code, reason)).await;
     }
@@ -197,6 +202,7 @@ async fn run_connection(
     out: &mpsc::Sender<Out>,
     query: Option<String>,
     state: &Arc<AppState>,
+    peer: &str,
 ) -> Option<(u16, String)> {
     let metrics = &state.metrics;
     let mut shutdown = state.shutdown.clone();
@@ -279,6 +285,9 @@ async fn run_connection(
     };
     let _active = Gauge::inc(&metrics.sessions_active);
     metrics.sessions_total.fetch_add(1, Relaxed);
+    let started = std::time::Instant::now();
+    let counts = Arc::new(SessionCounts::default());
+    let (mut frames_in, mut frames_dropped) = (0u64, 0u64);
     let mut input = opened.input;
     let mut stopper = opened.stopper;
     let (ended_tx, mut ended_rx) = tokio::sync::oneshot::channel::<Option<(u16, String)>>();
@@ -286,9 +295,10 @@ async fn run_connection(
         let out = out.clone();
         let metrics = metrics.clone();
         let events = opened.events;
+        let counts = counts.clone();
         std::thread::Builder::new()
             .name("moshi-ws-out".into())
-            .spawn(move || output_loop(events, out, metrics, ended_tx))
+            .spawn(move || output_loop(events, out, metrics, counts, ended_tx))
     };
     let out_thread = match out_thread {
         Ok(t) => t,
@@ -301,7 +311,11 @@ async fn run_connection(
     };
     conn.send_ctrl(out, Out::Bin(protocol::handshake().into()))
         .await;
-    tracing::debug!("session started");
+    tracing::info!(
+        "session started: peer {peer}, {} of {} slots taken",
+        metrics.sessions_active.load(Relaxed),
+        metrics.sessions_max.load(Relaxed)
+    );
 
     // ---- input loop
     let mut decoder = match OggOpusDecoder::new() {
@@ -313,8 +327,20 @@ async fn run_connection(
     };
     let mut pcm = Vec::with_capacity(4 * 1920);
     let mut last_stats = crate::codec::DecodeStats::default();
+    // Re-armed by every audio message (a timer reset, no allocation); fires once the client has sent
+    // no audio for the idle timeout. Without a timeout it never fires.
+    let idle_limit = state.idle_timeout;
+    let idle = tokio::time::sleep(idle_limit.unwrap_or(Duration::from_secs(86_400 * 365)));
+    tokio::pin!(idle);
     let end = loop {
         tokio::select! {
+            () = &mut idle, if idle_limit.is_some() => {
+                let secs = idle_limit.map_or(0, |d| d.as_secs());
+                metrics.sessions_idle_closed.fetch_add(1, Relaxed);
+                let why = format!("idle: no audio for {secs} s");
+                conn.send_error(out, &why).await;
+                break Some((CLOSE_POLICY, why));
+            }
             m = conn.recv() => match m {
                 None | Some(Ok(Message::Close(_))) => break None,
                 Some(Err(e)) => {
@@ -324,6 +350,9 @@ async fn run_connection(
                 }
                 Some(Ok(Message::Binary(data))) => match protocol::parse_client_message(&data) {
                     ClientMessage::Audio(bytes) => {
+                        if let Some(d) = idle_limit {
+                            idle.as_mut().reset(tokio::time::Instant::now() + d);
+                        }
                         if let Some(dec) = decoder.as_mut() {
                             dec.push(bytes, &mut pcm);
                             let st = dec.stats();
@@ -336,6 +365,8 @@ async fn run_connection(
                             pcm.clear();
                             metrics.frames_in.fetch_add(u64::from(r.frames_completed), Relaxed);
                             metrics.frames_dropped.fetch_add(u64::from(r.frames_dropped), Relaxed);
+                            frames_in += u64::from(r.frames_completed);
+                            frames_dropped += u64::from(r.frames_dropped);
                         }
                     }
                     ClientMessage::Control(code) => {
@@ -370,8 +401,25 @@ async fn run_connection(
         .await;
     drop(input);
     drop(permit);
-    tracing::debug!("session ended");
+    let why = match &end {
+        None => "client closed".to_string(),
+        Some((_, reason)) => reason.clone(),
+    };
+    tracing::info!(
+        "session ended: peer {peer}, {:.1} s, frames in {frames_in} / out {} / dropped {frames_dropped}, \
+         messages dropped {}, {why}",
+        started.elapsed().as_secs_f64(),
+        counts.frames_out.load(Relaxed),
+        counts.messages_dropped.load(Relaxed)
+    );
     end
+}
+
+/// What one session's output thread counted, for its end-of-session log line.
+#[derive(Default)]
+struct SessionCounts {
+    frames_out: std::sync::atomic::AtomicU64,
+    messages_dropped: std::sync::atomic::AtomicU64,
 }
 
 struct WaitGuard<'a>(&'a Metrics);
@@ -402,6 +450,7 @@ fn output_loop(
     mut events: Box<dyn EventSource>,
     out: mpsc::Sender<Out>,
     metrics: Arc<Metrics>,
+    counts: Arc<SessionCounts>,
     ended: tokio::sync::oneshot::Sender<Option<(u16, String)>>,
 ) {
     let mut encoder = match OggOpusEncoder::new() {
@@ -432,6 +481,7 @@ fn output_loop(
         match ev {
             BackendEvent::Frame(f) => {
                 metrics.frames_processed.fetch_add(1, Relaxed);
+                counts.frames_out.fetch_add(1, Relaxed);
                 metrics.observe_frame(&f);
                 metrics.observe_lag(f.counters.queued as u64);
                 bytes.clear();
@@ -448,6 +498,7 @@ fn output_loop(
                         }
                         Err(mpsc::error::TrySendError::Full(_)) => {
                             metrics.messages_dropped.fetch_add(1, Relaxed);
+                            counts.messages_dropped.fetch_add(1, Relaxed);
                         }
                         Err(mpsc::error::TrySendError::Closed(_)) => break,
                     }
@@ -460,6 +511,7 @@ fn output_loop(
                         }
                         Err(mpsc::error::TrySendError::Full(_)) => {
                             metrics.messages_dropped.fetch_add(1, Relaxed);
+                            counts.messages_dropped.fetch_add(1, Relaxed);
                         }
                         Err(mpsc::error::TrySendError::Closed(_)) => break,
                     }

@@ -54,6 +54,28 @@ impl RuntimeBackend {
         self.runners.lock().map_or(0, |r| r.len())
     }
 
+    /// Starts `n` batched runners of [`RuntimeBackend::batch`] slots now (their KV caches allocated,
+    /// their codecs warmed up), so that the first conversations do not pay for it and a failure shows
+    /// at start-up. Does nothing when `batch` is 1 (single-session workers start per conversation).
+    pub fn start_runners(&self, n: usize) -> Result<(), BackendError> {
+        if self.batch <= 1 {
+            return Ok(());
+        }
+        let mut runners = self.runners.lock().unwrap_or_else(|e| e.into_inner());
+        while runners.len() < n {
+            let r = runtime::BatchRunner::spawn(
+                self.engine.clone(),
+                runtime::BatchOptions {
+                    slots: self.batch,
+                    event_capacity: EVENT_CAPACITY,
+                },
+            )
+            .map_err(|e| BackendError(e.to_string()))?;
+            runners.push(Arc::new(r));
+        }
+        Ok(())
+    }
+
     /// A free slot in an existing batched runner, or a new runner.
     fn open_batched(
         &self,
