@@ -335,13 +335,18 @@ pub fn run(a: &ServeArgs) -> Result<()> {
             .context("starting the batched workers")?;
     }
     eprintln!("moshi-native serve: {}", plan.line());
+    let batching = if batch > 1 {
+        format!(", batched {batch} per worker")
+    } else {
+        String::new()
+    };
     let auth = if a.auth_token.is_some() {
         ", token required"
     } else {
         ""
     };
     eprintln!(
-        "moshi-native serve: {scheme}://{}:{}/ ({max_sessions} concurrent sessions, queue {}{auth})",
+        "moshi-native serve: {scheme}://{}:{}/ ({max_sessions} concurrent sessions{batching}, queue {}{auth})",
         a.host, port, a.max_queue
     );
     config.max_sessions = max_sessions;
