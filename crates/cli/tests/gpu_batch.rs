@@ -155,12 +155,7 @@ fn batch_runner_on_gpu_matches_the_cpu_batch_path() {
         assert_eq!(g.audio, c.audio, "slot {slot}: audio tokens");
         assert_eq!(g.text, c.text, "slot {slot}: text");
         assert_eq!(g.pcm.len(), c.pcm.len(), "slot {slot}: samples");
-        let err = g
-            .pcm
-            .iter()
-            .zip(&c.pcm)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0f32, f32::max);
+        let err = testkit::compare::max_abs_diff(&g.pcm, &c.pcm);
         eprintln!("slot {slot}: GPU vs CPU samples max abs diff {err:e}");
         assert!(err < 1e-4, "slot {slot}: samples differ by {err}");
     }

@@ -15,6 +15,7 @@ use model::lm::{
     CpuLm, Generator, KvDtype, LmBackend, LmError, LmFrame, LmModel, LmObserver, LmRecorder,
 };
 use model::sampling::{Sampler, SamplerConfig};
+use testkit::compare::max_abs_diff;
 use testkit::TensorFile;
 
 fn fixtures() -> PathBuf {
@@ -38,14 +39,6 @@ fn run(backend: Box<dyn LmBackend>, steps: usize) -> LmRecorder {
     let out = run_observed(&mut gen, steps, SamplerConfig::greedy(), &mut rec);
     (rec.out_text, rec.out_audio) = (out.text, out.audio);
     rec
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 fn cpu_backend(m: LmModel) -> Box<dyn LmBackend> {
@@ -202,7 +195,8 @@ fn batch_rows_are_independent_and_reset() {
     }
 }
 
-/// Bad input is a typed error that leaves the state alone, as on the CPU.
+/// Bad input is a typed error that leaves the state alone, as on the CPU: after the refusals, one
+/// valid frame gives bit for bit what a fresh backend's first frame gives.
 #[test]
 fn bad_tokens_are_refused() {
     let Some(ctx) = common::context() else { return };
@@ -220,6 +214,42 @@ fn bad_tokens_are_refused() {
         g.depformer_step(&[0], 0, &[0]).is_err(),
         "depformer before a temporal step"
     );
+    let after = one_frame(&mut g);
+    let fresh = one_frame(&mut gpu_backend(&ctx, &m, 1));
+    assert!(fresh.iter().flatten().any(|&b| b != 0));
+    for (i, (a, f)) in after.iter().zip(&fresh).enumerate() {
+        assert!(
+            a == f,
+            "output {i} of the frame after the refusals differs from a fresh backend's first frame"
+        );
+    }
+}
+
+/// One frame of session 0 from a fixed valid input column: the bits of the text logits, the
+/// temporal output and every Depformer step's logits (each step fed the previous one's argmax,
+/// the first the text logits').
+fn one_frame(g: &mut GpuLm) -> Vec<Vec<u32>> {
+    let spec = g.spec().clone();
+    let col: Vec<u32> = (0..spec.num_streams())
+        .map(|i| {
+            if i == 0 {
+                3
+            } else {
+                (1 + 3 * i as u32) % spec.card as u32
+            }
+        })
+        .collect();
+    g.temporal_step(&[0], &col).unwrap();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    let argmax = |v: &[f32]| (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b }) as u32;
+    let mut out = vec![bits(g.text_logits()), bits(g.transformer_out())];
+    let mut prev = argmax(g.text_logits());
+    for step in 0..spec.dep_q {
+        let logits = g.depformer_step(&[0], step, &[prev]).unwrap();
+        out.push(bits(logits));
+        prev = argmax(logits);
+    }
+    out
 }
 
 /// Nothing is created per frame: buffers and bind groups are counted over 100 frames (the KV ring

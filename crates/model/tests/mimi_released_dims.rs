@@ -69,11 +69,7 @@ fn released_dims_pool_equals_single_thread() {
 
 /// Max |a − b| within 1e-4 of max(1, max |reference|).
 fn assert_close_to_scale(got: &[f32], reference: &[f32], what: &str) {
-    let err = got
-        .iter()
-        .zip(reference)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f32::max);
+    let err = testkit::compare::max_abs_diff(got, reference);
     let scale = reference.iter().map(|v| v.abs()).fold(0.0, f32::max);
     assert!(err <= 1e-4 * scale.max(1.0), "{what} {err} (scale {scale})");
 }

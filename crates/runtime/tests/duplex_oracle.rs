@@ -60,12 +60,7 @@ fn server_loop_matches_the_python_server_emulation() {
         }
     }
     assert_eq!(got.pcm.len(), want_pcm.len());
-    let max_err = got
-        .pcm
-        .iter()
-        .zip(&want_pcm)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
+    let max_err = testkit::compare::max_abs_diff(&got.pcm, &want_pcm);
     eprintln!(
         "duplex parity: {} outputs, pcm max abs error {max_err:e}",
         s_out

@@ -79,11 +79,7 @@ async fn two_conversations_in_one_batch_get_their_own_frames() {
             gp.len()
         );
         assert_eq!(gp.len(), wp.len(), "conversation {i}: output length");
-        let d = gp
-            .iter()
-            .zip(wp)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0f32, f32::max);
+        let d = testkit::compare::max_abs_diff(gp, wp);
         assert!(d <= 1e-4, "conversation {i}: pcm differs by {d}");
         assert_eq!(gt, wt, "conversation {i}: text");
     }

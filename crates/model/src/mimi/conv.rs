@@ -778,11 +778,7 @@ mod tests {
             work.fit_conv(&conv, t, 1);
             let mut whole = vec![0.0; cout * t / s];
             conv.forward(&mut st, &[0], &mut work, &x, t, false, &mut whole, None);
-            let err = want
-                .iter()
-                .zip(&whole)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f32::max);
+            let err = testkit::compare::max_abs_diff(&whole, &want);
             assert!(err < 1e-4, "whole {k} {s} {d} {err}");
             // streaming in chunks of 8 samples
             let mut st = vec![conv.state(8)];
@@ -796,11 +792,7 @@ mod tests {
                         .copy_from_slice(&oc[o * 8 / s..(o + 1) * 8 / s]);
                 }
             }
-            let err = want
-                .iter()
-                .zip(&got)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f32::max);
+            let err = testkit::compare::max_abs_diff(&got, &want);
             assert!(err < 1e-4, "stream {k} {s} {d} {err}");
         }
     }

@@ -138,10 +138,7 @@ fn resamples_any_rate_to_24k_on_read() {
 }
 
 fn max_err(a: &[f32], b: &[f32]) -> f32 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
+    testkit::compare::max_abs_diff(a, b)
 }
 
 #[test]
