@@ -396,6 +396,54 @@ pub fn attend_chunks<'r, R>(
 ) where
     R: Fn(usize) -> &'r KvRing + Sync,
 {
+    let level = arch::active();
+    attend_chunks_level(level, rings, m, q, q_stride, t, context, out, scores, pool)
+}
+
+/// [`attend_chunks`] with the kernels of a named set, whatever set is active: the seam through
+/// which property tests compare every set this CPU runs with an independent reference.
+/// [`KernelError::Unsupported`] (and nothing written) when this CPU cannot run `set`.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_chunks_with<'r, R>(
+    set: KernelSet,
+    rings: R,
+    m: usize,
+    q: &[f32],
+    q_stride: usize,
+    t: usize,
+    context: usize,
+    out: &mut [f32],
+    scores: &mut Vec<f32>,
+    pool: Option<&crate::Pool>,
+) -> Result<(), KernelError>
+where
+    R: Fn(usize) -> &'r KvRing + Sync,
+{
+    if !set.available() {
+        return Err(KernelError::Unsupported(format!(
+            "kernel set {set} on this CPU"
+        )));
+    }
+    let level = arch::table(set);
+    attend_chunks_level(level, rings, m, q, q_stride, t, context, out, scores, pool);
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attend_chunks_level<'r, R>(
+    level: &Kernels,
+    rings: R,
+    m: usize,
+    q: &[f32],
+    q_stride: usize,
+    t: usize,
+    context: usize,
+    out: &mut [f32],
+    scores: &mut Vec<f32>,
+    pool: Option<&crate::Pool>,
+) where
+    R: Fn(usize) -> &'r KvRing + Sync,
+{
     if m == 0 {
         return;
     }
@@ -423,7 +471,6 @@ pub fn attend_chunks<'r, R>(
         // Grows once (warm-up), never in steady state.
         scores.resize(units * cmax, 0.0);
     }
-    let level = arch::active();
     let outp = SendPtr(out.as_mut_ptr());
     let sp = SendPtr(scores.as_mut_ptr());
     let unit = |u: usize| {

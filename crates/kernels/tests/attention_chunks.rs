@@ -1,9 +1,22 @@
-//! `attend_chunks` (several rings in one call) against `KvRing::attend_chunk` ring by ring:
-//! rings of different capacities, fill levels and wrap positions, f32 and bf16 keys, no pool and
-//! pools of 1 and 2 threads. Each stream's output must be bitwise the one-ring result.
+//! Chunked attention (`attend_chunks`, `KvRing::attend_chunk`: `t` causal queries per stream).
+//!
+//! 1. `attend_chunks` (several rings in one call) against `KvRing::attend_chunk` ring by ring:
+//!    rings of different capacities, fill levels and wrap positions, f32 and bf16 keys, no pool
+//!    and pools of 1 and 2 threads. Each stream's output must be bitwise the one-ring result.
+//! 2. Every kernel set this CPU runs (`attend_chunks_with`), against an independent naive
+//!    attention in f64 over the pushed history (keys and values rounded to bf16 first for a bf16
+//!    ring): chunks of t > 1 queries, rings that wrapped, contexts shorter and longer than the
+//!    ring. Tolerance per output element, with `S` the largest `Σ|q·k|/√d` of the head's window,
+//!    `n` its length and `V` its largest `|v|`: `(2.2·(d + 8)·2⁻²⁴·(1 + S) + (n + 8)·2⁻²³)·V
+//!    + 1e-6`. An f32 score differs from the exact one by at most about `d·2⁻²⁴·S` (the dot
+//!    product's roundings) plus the `exp`'s few ulp, a softmax moves by at most twice its largest
+//!    score change in total, and the weighted sum of `n` values adds `n` roundings of at most
+//!    `V`. The `bfmmla` path (bf16 ring on a CPU with FEAT_BF16) adds `2.1·Δ·V`, with
+//!    `Δ = (2⁻¹⁸ + (d + 8)·2⁻²⁴)·S` as derived in `attention_props.rs`.
 
-use kernels::attention::{attend_chunks, KvDtype, KvRing};
-use kernels::Pool;
+use half::bf16;
+use kernels::attention::{attend_chunks, attend_chunks_with, KvDtype, KvRing};
+use kernels::{KernelSet, Pool};
 use proptest::prelude::*;
 
 fn lcg(seed: &mut u64) -> f32 {
@@ -120,5 +133,211 @@ fn mimi_sized_streams_in_one_dispatch() {
         check(&shape, 8, 64, 2, 250, dtype, 7, Some(&pool));
         assert_eq!(pool.dispatches().wrapping_sub(before), 1);
         check(&shape, 8, 64, 2, 250, dtype, 8, Some(&Pool::new(1)));
+    }
+}
+
+/// One stream of the naive reference: its ring and every key and value pushed into it.
+struct Stream {
+    ring: KvRing,
+    keys: Vec<Vec<f32>>,
+    values: Vec<Vec<f32>>,
+}
+
+/// A ring of `cap` entries that received `pushes` random keys (`±2`) and values (`±3`), with the
+/// values as the ring stores them (bf16-rounded for a bf16 ring).
+fn stream(
+    cap: usize,
+    pushes: usize,
+    nh: usize,
+    hd: usize,
+    dtype: KvDtype,
+    seed: &mut u64,
+) -> Stream {
+    let d = nh * hd;
+    let mut ring = KvRing::new(cap, nh, hd, dtype).unwrap();
+    let stored = |x: f32| match dtype {
+        KvDtype::F32 => x,
+        KvDtype::Bf16 => bf16::from_f32(x).to_f32(),
+    };
+    let (mut keys, mut values) = (Vec::new(), Vec::new());
+    for _ in 0..pushes {
+        let k: Vec<f32> = (0..d).map(|_| lcg(seed) * 2.0).collect();
+        let v: Vec<f32> = (0..d).map(|_| lcg(seed) * 3.0).collect();
+        ring.push(&k, &v);
+        keys.push(k.into_iter().map(stored).collect());
+        values.push(v.into_iter().map(stored).collect());
+    }
+    Stream { ring, keys, values }
+}
+
+/// Naive causal attention of query row `s` of a chunk of `t` (the query of entry
+/// `p = pushes − t + s`) over entries `max(p + 1 − context, pushes − cap) ..= p`, head `h`, in
+/// f64. Returns the output and the tolerance of the module docs for it.
+#[allow(clippy::too_many_arguments)]
+fn naive_head(
+    st: &Stream,
+    q: &[f32],
+    h: usize,
+    hd: usize,
+    s: usize,
+    t: usize,
+    context: usize,
+    bfmmla: bool,
+) -> (Vec<f64>, f64) {
+    let pushes = st.keys.len();
+    let cap = st.ring.capacity();
+    let p = pushes - t + s;
+    let lo = (p + 1)
+        .saturating_sub(context)
+        .max(pushes.saturating_sub(cap));
+    let cols = h * hd..(h + 1) * hd;
+    let inv = 1.0 / (hd as f64).sqrt();
+    let (mut scores, mut mags) = (Vec::new(), Vec::new());
+    for k in &st.keys[lo..=p] {
+        let (dot, mag) = k[cols.clone()]
+            .iter()
+            .zip(q)
+            .fold((0f64, 0f64), |(a, m), (&k, &q)| {
+                (a + k as f64 * q as f64, m + (k as f64 * q as f64).abs())
+            });
+        scores.push(dot * inv);
+        mags.push(mag * inv);
+    }
+    let top = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let w: Vec<f64> = scores.iter().map(|x| (x - top).exp()).collect();
+    let z: f64 = w.iter().sum();
+    let mut out = vec![0f64; hd];
+    let mut vmax = 0f64;
+    for (wi, v) in w.iter().zip(&st.values[lo..=p]) {
+        for (o, &x) in out.iter_mut().zip(&v[cols.clone()]) {
+            *o += wi / z * x as f64;
+            vmax = vmax.max((x as f64).abs());
+        }
+    }
+    let smax = mags.iter().cloned().fold(0f64, f64::max);
+    let n = (p + 1 - lo) as f64;
+    let eps = 2f64.powi(-24);
+    let mut tol =
+        (2.2 * (hd as f64 + 8.0) * eps * (1.0 + smax) + (n + 8.0) * 2.0 * eps) * vmax + 1e-6;
+    if bfmmla {
+        let delta = (2f64.powi(-18) + (hd as f64 + 8.0) * eps) * smax;
+        tol += 2.1 * delta * vmax;
+    }
+    (out, tol)
+}
+
+/// Says once per set and process that a set this CPU lacks is left out.
+fn say_skipped(set: KernelSet) {
+    use std::sync::Mutex;
+    static SAID: Mutex<Vec<KernelSet>> = Mutex::new(Vec::new());
+    let mut said = SAID.lock().unwrap();
+    if !said.contains(&set) {
+        said.push(set);
+        eprintln!("attention_chunks: the {set} kernels are not available on this CPU: skipped");
+    }
+}
+
+/// Every kernel set's `attend_chunks_with` against [`naive_head`] for streams of
+/// `(capacity, pushes)`.
+fn check_naive(
+    shape: &[(usize, usize)],
+    nh: usize,
+    hd: usize,
+    t: usize,
+    context: usize,
+    dtype: KvDtype,
+    seed: u64,
+    pool: Option<&Pool>,
+) {
+    let (d, m) = (nh * hd, shape.len());
+    let stride = d + 1;
+    let mut s = seed | 1;
+    let streams: Vec<Stream> = shape
+        .iter()
+        .map(|&(cap, pushes)| stream(cap, pushes, nh, hd, dtype, &mut s))
+        .collect();
+    let q: Vec<f32> = (0..m * t * stride).map(|_| lcg(&mut s) * 2.0).collect();
+    let mut scores = Vec::new();
+    for set in KernelSet::ALL {
+        let mut got = vec![f32::NAN; m * t * d];
+        let ran = attend_chunks_with(
+            set,
+            |j| &streams[j].ring,
+            m,
+            &q,
+            stride,
+            t,
+            context,
+            &mut got,
+            &mut scores,
+            pool,
+        );
+        if ran.is_err() {
+            assert!(!set.available(), "{set} refused although available");
+            say_skipped(set);
+            continue;
+        }
+        let bfmmla = set.bfmmla_attention() && dtype == KvDtype::Bf16;
+        for (j, st) in streams.iter().enumerate() {
+            for row in 0..t {
+                let r = j * t + row;
+                for h in 0..nh {
+                    let qh = &q[r * stride + h * hd..r * stride + (h + 1) * hd];
+                    let (want, tol) = naive_head(st, qh, h, hd, row, t, context, bfmmla);
+                    let g = &got[r * d + h * hd..r * d + (h + 1) * hd];
+                    for (i, (&g, &w)) in g.iter().zip(&want).enumerate() {
+                        // Written so that NaN fails: `!(x <= tol)`.
+                        let err = (g as f64 - w).abs();
+                        assert!(
+                            err <= tol,
+                            "{set} {dtype:?} shape {shape:?} nh {nh} hd {hd} t {t} context {context}: \
+                             stream {j} row {row} head {h} [{i}]: {g} vs {w} (tol {tol:e})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    /// t > 1 queries per stream; capacities and push counts such that most rings wrapped.
+    #[test]
+    fn every_set_matches_a_naive_f64_attention(
+        shape in proptest::collection::vec((1usize..40, 0usize..120), 1..4),
+        nh in 1usize..4,
+        hd_half in 1usize..20,
+        t in 2usize..6,
+        context in 1usize..60,
+        bf16 in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let shape: Vec<_> = shape.into_iter().map(|(c, p)| (c.max(t), p.max(t))).collect();
+        let dtype = if bf16 { KvDtype::Bf16 } else { KvDtype::F32 };
+        check_naive(&shape, nh, 2 * hd_half, t, context, dtype, seed, None);
+    }
+}
+
+/// Fixed cases: Mimi's shape (8 heads of 64, context 250, t = 2) wrapped and not, a context
+/// shorter than the ring, a ring shorter than the context, a chunk as long as the ring; one
+/// pool dispatch for several streams.
+#[test]
+fn fixed_shapes_match_a_naive_f64_attention() {
+    let pool = Pool::new(2);
+    for dtype in [KvDtype::F32, KvDtype::Bf16] {
+        check_naive(
+            &[(250, 2), (250, 251), (250, 600)],
+            8,
+            64,
+            2,
+            250,
+            dtype,
+            3,
+            Some(&pool),
+        );
+        check_naive(&[(16, 40), (16, 7)], 2, 16, 4, 5, dtype, 4, None);
+        check_naive(&[(6, 20)], 3, 8, 3, 50, dtype, 5, None);
+        check_naive(&[(4, 9)], 1, 32, 4, 4, dtype, 6, None);
     }
 }

@@ -199,6 +199,10 @@ pub fn set_f32_activations(on: bool) {
 }
 
 /// The table of `set`, which must be [`KernelSet::available`] (checked in debug builds).
+///
+/// This depends on the CPU and the environment only, never on the run-time allow flags: the
+/// `*_with(set, ..)` entry points that tests use to compare two sets must run exactly the set they
+/// name even while another test thread of the same binary flips a flag ([`active`] applies them).
 pub(crate) fn table(set: KernelSet) -> &'static Kernels {
     debug_assert!(set.available(), "{set:?} is not available on this CPU");
     match set {
@@ -207,9 +211,7 @@ pub(crate) fn table(set: KernelSet) -> &'static Kernels {
         #[cfg(target_arch = "x86_64")]
         KernelSet::Avx2Vnni => &x86::AVX2_VNNI,
         #[cfg(target_arch = "x86_64")]
-        KernelSet::Avx512 if VNNI_ALLOWED.load(Ordering::Relaxed) && features().avxvnni => {
-            &x86::AVX512_VNNI
-        }
+        KernelSet::Avx512 if features().avxvnni => &x86::AVX512_VNNI,
         #[cfg(target_arch = "x86_64")]
         KernelSet::Avx512 => &x86::AVX512,
         #[cfg(target_arch = "aarch64")]
@@ -224,9 +226,14 @@ pub(crate) fn table(set: KernelSet) -> &'static Kernels {
     }
 }
 
-/// The active table ([`kernel_set`]).
+/// The active table ([`kernel_set`]); with AVX-512 active, [`set_vnni_allowed`]`(false)` also
+/// moves its lone tiles from the AVX-VNNI to the plain AVX2 ymm kernel.
 pub(crate) fn active() -> &'static Kernels {
-    table(kernel_set())
+    match kernel_set() {
+        #[cfg(target_arch = "x86_64")]
+        KernelSet::Avx512 if !VNNI_ALLOWED.load(Ordering::Relaxed) => &x86::AVX512,
+        set => table(set),
+    }
 }
 
 /// Sum of `v` for the benchmarks' streaming-read probe (AVX2 when the CPU has it).
