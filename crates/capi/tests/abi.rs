@@ -534,6 +534,7 @@ fn mimi_matches_the_fixture_and_refuses_misuse() {
             assert!((0..nq).all(|q| frame_codes[q] == codes[q * t]));
 
             // Wrong sizes and NULL buffers, in call order.
+            let fresh_pcm = pcm.clone();
             let p = padded.as_ptr();
             let c = frame_codes.as_mut_ptr();
             let out = pcm.as_mut_ptr();
@@ -555,6 +556,33 @@ fn mimi_matches_the_fixture_and_refuses_misuse() {
                 MnStatus::Null,
             );
             expect(mn_session_pause(mimi.cast()), MnStatus::InvalidHandle);
+            // The refusals moved neither stream: the encoder continues after frame 0 with the
+            // fixture's codes of the next frames, and the decoder (unused since the reset)
+            // decodes bit for bit what the freshly opened handle decoded.
+            for f in 1..t {
+                let s = &padded[f * fs..(f + 1) * fs];
+                expect(
+                    mn_mimi_encode_frame(mimi, s.as_ptr(), fs, c, nq),
+                    MnStatus::Ok,
+                );
+                let got: Vec<u32> = std::slice::from_raw_parts(c, nq).to_vec();
+                let want: Vec<u32> = (0..nq).map(|q| codes[q * t + f]).collect();
+                assert_eq!(got, want, "encoded frame {f} after the refusals");
+            }
+            let mut again = vec![0f32; t * fs];
+            for f in 0..t {
+                let cf: Vec<u32> = (0..nq).map(|q| codes[q * t + f]).collect();
+                let o = again[f * fs..].as_mut_ptr();
+                expect(
+                    mn_mimi_decode_frame(mimi, cf.as_ptr(), nq, o, fs),
+                    MnStatus::Ok,
+                );
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+            assert!(
+                bits(&again) == bits(&fresh_pcm),
+                "decoded frames after the refusals differ from a fresh handle's"
+            );
 
             // Use after destroy.
             expect(mn_mimi_destroy(mimi), MnStatus::Ok);
