@@ -52,10 +52,38 @@ fn every_module_translates_to_hlsl() {
         let mut out = String::new();
         let opts = naga::back::hlsl::Options::default();
         let popts = naga::back::hlsl::PipelineOptions::default();
-        naga::back::hlsl::Writer::new(&mut out, &opts, &popts)
+        let reflection = naga::back::hlsl::Writer::new(&mut out, &opts, &popts)
             .write(&module, &info, None)
             .unwrap_or_else(|e| panic!("{m}: HLSL: {e}"));
-        assert!(out.contains("[numthreads("), "{m}: no HLSL entry point");
+        // Every entry point of the module was written, under the name the reflection gives, with
+        // its workgroup size (not merely some `[numthreads(` somewhere in the text).
+        assert!(!module.entry_points.is_empty(), "{m}: no entry point");
+        assert_eq!(
+            reflection.entry_point_names.len(),
+            module.entry_points.len(),
+            "{m}: HLSL entry points"
+        );
+        for (ep, name) in module
+            .entry_points
+            .iter()
+            .zip(&reflection.entry_point_names)
+        {
+            let name = name
+                .as_ref()
+                .unwrap_or_else(|e| panic!("{m}: HLSL entry point {}: {e:?}", ep.name));
+            let [x, y, z] = ep.workgroup_size;
+            let def = out
+                .find(&format!("void {name}("))
+                .unwrap_or_else(|| panic!("{m}: entry point {} ({name}) not written", ep.name));
+            // The last `[numthreads(` before the definition is this entry point's attribute.
+            let attr = out[..def].rfind("[numthreads(").map(|a| &out[a..def]);
+            let head = format!("[numthreads({x}, {y}, {z})]");
+            assert!(
+                attr.is_some_and(|a| a.trim_end() == head),
+                "{m}: entry point {} ({name}): attribute {attr:?}, want {head}",
+                ep.name
+            );
+        }
     }
 }
 

@@ -84,12 +84,14 @@ mod tests {
         Engine::open(&dir, EngineOptions::cpu(threads)).unwrap()
     }
 
+    /// The timings of one warm-up pass are consistent: the whole pass is the sum of its three
+    /// stages and the lag includes it. (No stage is asserted to have taken time: a truncated
+    /// microsecond count of a fast stage may be 0, and tests assert no timings.)
     #[test]
-    fn warm_up_times_one_full_pass() {
+    fn warm_up_timings_add_up() {
         let w = warm_up(&fixture_engine(1)).unwrap();
-        assert!(w.lm_us > 0 && w.encode_us > 0 && w.decode_us > 0, "{w:?}");
-        assert_eq!(w.total_us, w.encode_us + w.lm_us + w.decode_us);
-        assert!(w.lag_us >= w.total_us);
+        assert_eq!(w.total_us, w.encode_us + w.lm_us + w.decode_us, "{w:?}");
+        assert!(w.lag_us >= w.total_us, "{w:?}");
     }
 
     #[test]

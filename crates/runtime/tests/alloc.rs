@@ -31,7 +31,8 @@ fn steady_state_frames_do_not_allocate() {
     // The counter itself works and sees other threads (the harness's own `main` thread is left out: it
     // allocates at unpredictable moments, e.g. its 60-second "still running" notice under load).
     assert!(testkit::other_thread_probe(|f| allocations(f)) >= 1);
-    // Sampling (not greedy) so the sampler's paths are exercised; a small queue so drops happen too.
+    // Sampling (not greedy) so the sampler's paths are exercised; a small queue, which bursts of
+    // input overfill, so drops happen too.
     // Two threads and a 48 kHz output exercise the pool workers and the output resampler.
     for (threads, output_rate) in [(1, 24_000), (2, 48_000)] {
         let engine = runtime::Engine::open(&bundle_dir(), EngineOptions::cpu(threads)).unwrap();
@@ -50,6 +51,24 @@ fn steady_state_frames_do_not_allocate() {
         assert_eq!(
             allocs, 0,
             "{allocs} heap allocations over {frames} steady-state frames ({threads} threads)"
+        );
+        // Bursts of four frames into the two-frame queue: the oldest two of each are dropped,
+        // without allocating either.
+        let (mut frames, mut dropped) = (0, 0);
+        let allocs = allocations(|| {
+            for burst in pcm[..40 * FRAME_SIZE].chunks(4 * FRAME_SIZE) {
+                dropped += s.push_pcm(burst).unwrap().frames_dropped as usize;
+                while let Step::Frame(f) = s.step().unwrap() {
+                    std::hint::black_box((f.pcm.len(), f.text.len(), f.text_token));
+                    frames += 1;
+                }
+            }
+        });
+        assert!(dropped > 0, "the bursts overfilled the queue");
+        assert_eq!(frames + dropped, 40);
+        assert_eq!(
+            allocs, 0,
+            "{allocs} heap allocations with drops ({threads} threads)"
         );
         // Commands between frames do not allocate either.
         s.interrupt();
