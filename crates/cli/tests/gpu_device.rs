@@ -153,7 +153,9 @@ fn duplex_on_gpu_reproduces_the_oracle_trace() {
         err <= 1e-4 + 0.5 / 32767.0,
         "duplex reply: max abs error {err} against the oracle"
     );
-    // The transcript is the text the server sent (its kind-2 messages, in order).
+    // The transcript is the text the server sent (its kind-2 messages, in order), less the
+    // pieces of control tokens ("<s>"), which Python's server sends and the session's
+    // detokenizer does not emit (the known difference `runtime/tests/duplex_oracle.rs` states).
     let json: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(root().join("fixtures/duplex/text_messages.json")).unwrap(),
     )
@@ -163,6 +165,7 @@ fn duplex_on_gpu_reproduces_the_oracle_trace() {
         .unwrap()
         .iter()
         .map(|m| m.as_str().unwrap())
+        .filter(|m| !["<s>", "</s>"].contains(m))
         .collect();
     assert!(!want_text.is_empty());
     assert_eq!(transcript, want_text, "transcript: GPU vs oracle");

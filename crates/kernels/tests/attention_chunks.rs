@@ -239,6 +239,7 @@ fn say_skipped(set: KernelSet) {
 
 /// Every kernel set's `attend_chunks_with` against [`naive_head`] for streams of
 /// `(capacity, pushes)`.
+#[allow(clippy::too_many_arguments)]
 fn check_naive(
     shape: &[(usize, usize)],
     nh: usize,
