@@ -319,6 +319,15 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         },
         mimi_model_file: String::new(),
         instance_name: format!("moshi-native {}", env!("CARGO_PKG_VERSION")),
+        model: Some(server::protocol::ServedModel {
+            name: crate::models::bundle_name(&opened.dir, opened.demo),
+            format: crate::realtime::format_name(measured.format),
+            device: match opened.engine.gpu_adapter() {
+                Some(a) => format!("gpu ({a})"),
+                None => crate::models::count(measured.threads, "cpu thread"),
+            },
+            demo: opened.demo,
+        }),
         realtime: Some(server::protocol::RealtimeNotice {
             frame_ms: f64::from(measured.frame.total_us) / 1e3,
             holds: runtime::realtime::RealtimeCheck::new(&measured.frame).holds(),
@@ -346,8 +355,11 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         ""
     };
     eprintln!(
-        "moshi-native serve: {scheme}://{}:{}/ ({max_sessions} concurrent sessions{batching}, queue {}{auth})",
-        a.host, port, a.max_queue
+        "moshi-native serve: {scheme}://{}:{}/ ({}{batching}, queue {}{auth})",
+        a.host,
+        port,
+        crate::models::count(max_sessions, "concurrent session"),
+        a.max_queue
     );
     config.max_sessions = max_sessions;
     server::run_blocking_on(listener, config, Arc::new(backend)).context("server failed")?;

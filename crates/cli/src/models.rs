@@ -126,6 +126,38 @@ pub fn find_in_cache(cache: &Path, spec: &RepoSpec) -> Option<PathBuf> {
         .then_some(snap)
 }
 
+/// `n` and `what`, with an `s` unless `n` is 1 ("1 frame", "2 frames").
+pub fn count(n: usize, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
+}
+
+/// A short name for a bundle directory: `demo`, the repository of a Hugging Face cache snapshot
+/// (`kyutai/moshiko-candle-q8`), else the folder's name.
+pub fn bundle_name(dir: &Path, demo: bool) -> String {
+    if demo {
+        return "demo".into();
+    }
+    // <cache>/models--org--name/snapshots/<revision>
+    let repo = dir
+        .parent()
+        .filter(|p| p.file_name().is_some_and(|n| n == "snapshots"))
+        .and_then(Path::parent)
+        .and_then(Path::file_name)
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("models--"));
+    match repo {
+        Some(r) => r.replacen("--", "/", 1),
+        None => dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| dir.display().to_string()),
+    }
+}
+
 /// Model-selection flags shared by every command that loads weights.
 #[derive(Args, Clone, Debug, Default)]
 pub struct ModelArgs {
@@ -160,6 +192,9 @@ impl ModelArgs {
 
     /// [`ModelArgs::resolve`] against an explicit hub cache root.
     pub fn resolve_with_cache(&self, cache: &Path) -> Result<ModelSource> {
+        if let Some(w) = self.ignored_flags() {
+            eprintln!("moshi-native: warning: {w}");
+        }
         match self.model.as_deref() {
             Some("demo") => return Ok(ModelSource::Demo),
             Some(other) => bail!(
@@ -190,10 +225,77 @@ impl ModelArgs {
     }
 }
 
+impl ModelArgs {
+    /// The flags given that the chosen source ignores (`--model demo --variant moshika`), said in
+    /// one line; `None` when every flag given is used.
+    pub fn ignored_flags(&self) -> Option<String> {
+        let chosen = match (&self.model, &self.model_dir) {
+            (Some(m), _) => format!("--model {m}"),
+            (None, Some(d)) => format!("the bundle directory {}", d.display()),
+            (None, None) => return None,
+        };
+        let mut ignored = Vec::new();
+        if let Some(v) = self.variant {
+            ignored.push(format!("--variant {v}"));
+        }
+        if let Some(p) = self.preset {
+            ignored.push(format!("--preset {p}"));
+        }
+        if self.model.is_some() && self.model_dir.is_some() {
+            ignored.push("--model-dir (or MOSHI_MODEL_DIR)".into());
+        }
+        (!ignored.is_empty()).then(|| {
+            format!(
+                "{} ignored: {chosen} decides the weights",
+                ignored.join(" and ")
+            )
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::ffi::OsString;
+
+    #[test]
+    fn flags_the_chosen_model_ignores_are_named() {
+        let demo = ModelArgs {
+            model: Some("demo".into()),
+            variant: Some(Variant::Moshika),
+            ..Default::default()
+        };
+        assert_eq!(
+            demo.ignored_flags().as_deref(),
+            Some("--variant moshika ignored: --model demo decides the weights")
+        );
+        let dir = ModelArgs {
+            model_dir: Some("/b".into()),
+            preset: Some(Preset::Q4),
+            ..Default::default()
+        };
+        assert!(dir
+            .ignored_flags()
+            .unwrap()
+            .starts_with("--preset q4 ignored"));
+        let cache = ModelArgs {
+            variant: Some(Variant::Moshika),
+            preset: Some(Preset::Q4),
+            ..Default::default()
+        };
+        assert_eq!(cache.ignored_flags(), None);
+        assert_eq!(count(1, "frame"), "1 frame");
+        assert_eq!(count(0, "frame"), "0 frames");
+        assert_eq!(count(2, "frame"), "2 frames");
+    }
+
+    #[test]
+    fn bundle_names_read_like_their_source() {
+        let snap = Path::new("/c/models--kyutai--moshiko-candle-q8/snapshots/abc");
+        assert_eq!(bundle_name(snap, false), "kyutai/moshiko-candle-q8");
+        assert_eq!(bundle_name(Path::new("/x/my-bundle"), false), "my-bundle");
+        assert_eq!(bundle_name(snap, true), "demo");
+    }
 
     #[test]
     fn every_preset_routes_to_its_repo_and_files() {

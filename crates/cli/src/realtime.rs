@@ -18,7 +18,8 @@ fn bits_per_weight(f: WeightFormat) -> f64 {
     }
 }
 
-fn format_name(f: WeightFormat) -> String {
+/// The short name of a weight format (`q8_0`, `mlx-q4`, ...).
+pub(crate) fn format_name(f: WeightFormat) -> String {
     match f {
         WeightFormat::F32 => "f32".into(),
         WeightFormat::Bf16 => "bf16".into(),

@@ -336,6 +336,7 @@ pub fn run_blocking_on(
 fn router(state: Arc<AppState>) -> Router {
     let r = Router::new()
         .route("/api/chat", get(chat))
+        .route("/api/info", get(info))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics));
@@ -455,6 +456,37 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
         StatusCode::SERVICE_UNAVAILABLE
     };
     (status, format!("{free} of {max} slots free\n")).into_response()
+}
+
+/// `GET /api/info`: what the page shows before a conversation starts (the model, where it runs, the
+/// real-time verdict, whether a token is needed). Holds no secret: the token itself is never sent.
+async fn info(State(state): State<Arc<AppState>>) -> Response {
+    #[derive(serde::Serialize)]
+    struct Info {
+        instance_name: String,
+        lm_model_file: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        model: Option<crate::protocol::ServedModel>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        realtime: Option<crate::protocol::RealtimeNotice>,
+        token_required: bool,
+    }
+    let b = state.backend.info();
+    let body = Info {
+        instance_name: b.instance_name,
+        lm_model_file: b.lm_model_file,
+        model: b.model,
+        realtime: b.realtime,
+        token_required: state.auth_token.is_some(),
+    };
+    (
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        serde_json::to_string(&body).unwrap_or_else(|_| "{}".into()),
+    )
+        .into_response()
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {

@@ -18,7 +18,8 @@ pub const KIND_CONTROL: u8 = 3;
 pub const KIND_METADATA: u8 = 4;
 /// Kind byte of an error message (UTF-8 reason; the server closes afterwards).
 pub const KIND_ERROR: u8 = 5;
-/// Kind byte of a ping (either direction; no payload).
+/// Kind byte of a ping (either direction). The server's pings to a client waiting for a slot carry
+/// its place in the queue as ASCII digits (`1` = next); other pings have no payload.
 pub const KIND_PING: u8 = 6;
 
 /// Protocol version announced in the handshake.
@@ -380,6 +381,22 @@ pub struct BackendInfo {
     pub instance_name: String,
     /// Whether this machine holds real time with this model, measured at start-up.
     pub realtime: Option<RealtimeNotice>,
+    /// What is served, in words for the web page (absent when the backend does not say).
+    pub model: Option<ServedModel>,
+}
+
+/// The served model as the web page shows it before and during a conversation: sent in the metadata
+/// (an extra field; Kyutai's web client ignores it) and at `GET /api/info`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ServedModel {
+    /// The model's name (variant or bundle folder), e.g. `moshiko`.
+    pub name: String,
+    /// Weight format, e.g. `q8 (GGUF Q8_0)`.
+    pub format: String,
+    /// Where it runs, e.g. `cpu, 2 threads`.
+    pub device: String,
+    /// True for the tiny random-weight demo model (its speech is noise, not words).
+    pub demo: bool,
 }
 
 /// Whether a frame pass fits in the 80 ms a frame lasts, as measured when the server started, and what
@@ -423,6 +440,9 @@ pub struct Metadata {
     /// Real-time verdict of this server (absent when not measured).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub realtime: Option<RealtimeNotice>,
+    /// What is served (absent when the backend does not say).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<ServedModel>,
 }
 
 impl Metadata {
@@ -441,6 +461,7 @@ impl Metadata {
             instance_name: info.instance_name.clone(),
             build_info: BuildInfo::current(),
             realtime: info.realtime.clone(),
+            model: info.model.clone(),
         }
     }
 

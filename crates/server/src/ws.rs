@@ -237,6 +237,15 @@ async fn run_connection(
             }
             let acquire = state.slots.clone().acquire_owned();
             tokio::pin!(acquire);
+            // The page shows the place in the queue. Admission is first come, first served, so the
+            // place is at most the one taken on arrival and at most the number still waiting (an
+            // upper bound when someone ahead leaves and someone behind arrives).
+            let arrival = waiting + 1;
+            let place = || {
+                let p = arrival.min(metrics.sessions_waiting.load(Relaxed)).max(1);
+                Out::Bin(protocol::message(protocol::KIND_PING, p.to_string().as_bytes()).into())
+            };
+            let _ = out.try_send(place());
             let mut tick = tokio::time::interval(WAIT_PING);
             tick.tick().await;
             loop {
@@ -246,7 +255,7 @@ async fn run_connection(
                         Err(_) => return Some((CLOSE_GOING_AWAY, "server shutting down".into())),
                     },
                     _ = tick.tick() => {
-                        let _ = out.try_send(Out::Bin(Bytes::from_static(&[protocol::KIND_PING])));
+                        let _ = out.try_send(place());
                     }
                     m = conn.recv() => match m {
                         None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return None,

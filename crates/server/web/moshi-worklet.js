@@ -1,5 +1,6 @@
 // AudioWorklet processors of the moshi-native page.
-//  - "moshi-capture": forwards microphone samples to the page in blocks.
+//  - "moshi-capture": forwards microphone samples to the page in blocks (and the partial block on
+//    "flush").
 //  - "moshi-player": a jitter buffer for the model's voice. It starts after `startMs` of audio is
 //    buffered, and when the buffer grows beyond `maxMs` (the connection delivered a burst after a
 //    stall) it drops the oldest audio down to `targetMs`, so latency stays bounded.
@@ -9,16 +10,24 @@ class CaptureProcessor extends AudioWorkletProcessor {
     super();
     this.block = new Float32Array(1024);
     this.fill = 0;
+    // "flush": send the partial block, then {flushed}, so the page's recording ends exactly at Stop.
+    this.port.onmessage = (e) => {
+      if (e.data !== "flush") return;
+      if (this.fill > 0) this.port.postMessage(this.block.slice(0, this.fill));
+      this.fill = 0;
+      this.port.postMessage({ flushed: true });
+    };
   }
   process(inputs) {
+    // A render quantum without input channels (the microphone not started yet) counts as silence:
+    // every quantum is forwarded, so the samples sent follow the audio clock.
     const ch = inputs[0] && inputs[0][0];
-    if (ch) {
-      for (let i = 0; i < ch.length; i++) {
-        this.block[this.fill++] = ch[i];
-        if (this.fill === this.block.length) {
-          this.port.postMessage(this.block.slice(0));
-          this.fill = 0;
-        }
+    const n = ch ? ch.length : 128;
+    for (let i = 0; i < n; i++) {
+      this.block[this.fill++] = ch ? ch[i] : 0;
+      if (this.fill === this.block.length) {
+        this.port.postMessage(this.block.slice(0));
+        this.fill = 0;
       }
     }
     return true;

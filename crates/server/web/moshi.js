@@ -7,8 +7,6 @@
 const MODEL_RATE = 24000;
 const $ = (id) => document.getElementById(id);
 
-const stats = { audioIn: 0, textIn: 0, decodedSamples: 0, pagesOut: 0, bufferMs: 0, droppedMs: 0, state: "idle", errors: [], commands: [], paused: false };
-window.moshiStats = stats;
 
 // ---------------------------------------------------------------------------------------------
 // Ogg (RFC 3533): CRC-32 with polynomial 0x04c11db7, no reflection, initial value 0.
@@ -137,8 +135,83 @@ function opusTags() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Recording: both voices at the model rate, kept in this tab only. Your channel is the microphone
+// as sent (silence while paused), one sample per sample of the audio clock from the microphone's
+// start to Stop; Moshi's voice is placed where it was heard: right after its previous piece, or at
+// "now" when it fell silent for longer than the playback buffer would hide.
+class Recording {
+  constructor() {
+    this.you = []; this.youLen = 0;
+    this.moshi = []; this.moshiCursor = 0;
+    this.text = []; // [seconds from the start, piece]
+    this.startedAt = 0;
+  }
+  addYou(x) { this.you.push(x); this.youLen += x.length; }
+  addMoshi(x) {
+    if (this.youLen - this.moshiCursor > 0.25 * MODEL_RATE) this.moshiCursor = this.youLen;
+    this.moshi.push([this.moshiCursor, x]);
+    this.moshiCursor += x.length;
+  }
+  addText(piece) { this.text.push([(performance.now() - this.startedAt) / 1000, piece]); }
+  empty() { return this.youLen === 0 && this.text.length === 0; }
+
+  // 16-bit PCM stereo WAV (you left, Moshi right), as long as your channel.
+  wav() {
+    const n = this.youLen;
+    const buf = new ArrayBuffer(44 + n * 4);
+    const dv = new DataView(buf);
+    const str = (o, s) => { for (let i = 0; i < s.length; i++) dv.setUint8(o + i, s.charCodeAt(i)); };
+    str(0, "RIFF"); dv.setUint32(4, 36 + n * 4, true); str(8, "WAVE");
+    str(12, "fmt "); dv.setUint32(16, 16, true); dv.setUint16(20, 1, true); dv.setUint16(22, 2, true);
+    dv.setUint32(24, MODEL_RATE, true); dv.setUint32(28, MODEL_RATE * 4, true); dv.setUint16(32, 4, true); dv.setUint16(34, 16, true);
+    str(36, "data"); dv.setUint32(40, n * 4, true);
+    const pcm = new Int16Array(buf, 44, n * 2);
+    const q = (v) => Math.max(-32768, Math.min(32767, Math.round(v * 32767)));
+    let o = 0;
+    for (const c of this.you) { for (let i = 0; i < c.length; i++) pcm[2 * (o + i)] = q(c[i]); o += c.length; }
+    for (const [at, c] of this.moshi) {
+      for (let i = 0; i < c.length && at + i < n; i++) pcm[2 * (at + i) + 1] = q(c[i]);
+    }
+    return new Blob([buf], { type: "audio/wav" });
+  }
+
+  // One line per burst of speech: "[mm:ss.s] words".
+  transcript(header) {
+    const lines = [header, ""];
+    let line = null, last = -1e9;
+    for (const [t, piece] of this.text) {
+      if (line === null || t - last > 1.2) {
+        if (line !== null) lines.push(line);
+        const m = Math.floor(t / 60), s = (t - 60 * m).toFixed(1).padStart(4, "0");
+        line = `[${String(m).padStart(2, "0")}:${s}] ` + piece.trimStart();
+      } else {
+        line += piece;
+      }
+      last = t;
+    }
+    if (line !== null) lines.push(line);
+    return new Blob([lines.join("\n") + "\n"], { type: "text/plain" });
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Page state and what the server said about itself.
+
+const stats = {
+  audioIn: 0, textIn: 0, decodedSamples: 0, pagesOut: 0, bufferMs: 0, droppedMs: 0,
+  state: "idle", errors: [], commands: [], paused: false,
+  // Meters: the largest level seen and how often the drawn level changed, per voice.
+  meters: { you: { max: 0, changes: 0 }, moshi: { max: 0, changes: 0 } },
+  speakingSeen: { you: false, moshi: false },
+  latencyMs: null, queuePosition: null,
+  // The recording: samples per channel, and the audio-clock length of the talk (seconds).
+  recordedSamples: 0, talkSeconds: 0, downloads: [],
+};
+window.moshiStats = stats;
 
 let session = null;
+let recording = null;
+const TOKEN_KEY = "moshi-native-token";
 
 function setState(s, label) {
   stats.state = s;
@@ -154,10 +227,22 @@ function showError(msg) {
 
 function showNotice(msg) { $("notice").textContent = msg; }
 
+function showInfo(m) {
+  const about = m.model || null;
+  const parts = about ? [about.name, about.format, about.device] : [m.lm_model_file, m.instance_name];
+  $("model").textContent = parts.filter(Boolean).join(" · ");
+  $("demo").dataset.on = about && about.demo ? "1" : "0";
+  if (m.realtime && typeof m.realtime.text === "string") {
+    const holds = m.realtime.holds === true;
+    $("realtime").textContent = (holds ? "✓ " : "✗ ") + m.realtime.text;
+    $("realtime").dataset.holds = String(holds);
+  }
+}
+
 // What the server's error messages and close codes mean for the person in front of the page.
 function explainServerError(text) {
   if (text.startsWith("server busy")) return "The server is busy: every conversation slot is taken and the waiting line is full. Try again in a minute.";
-  if (text.startsWith("invalid") || text.includes("parameter")) return "The server refused a setting: " + text + ". Check the sampling values.";
+  if (text.startsWith("invalid") || text.includes("parameter")) return "The server refused a setting: " + text + ". Check the sampling values under Advanced.";
   if (text.startsWith("cannot open a session")) return "The server could not start a conversation (" + text + "). Try again; if it persists, check the server log.";
   return "Server error: " + text;
 }
@@ -166,9 +251,38 @@ function explainClose(e, handshaken) {
   if (e.code === 1001) return "The server is shutting down.";
   if (e.code === 1008) return "The server closed the conversation: " + (e.reason || "protocol error") + ".";
   if (e.code === 1011) return "The server hit an error: " + (e.reason || "session error") + ".";
-  if (e.code === 1006 && !handshaken) return "Could not connect to the server. It may be down, or it may need a token: open this page as ?worker_auth_id=YOUR_TOKEN.";
+  if (e.code === 1006 && !handshaken) return "Could not connect to the server: it may be down.";
   return "Disconnected" + (e.reason ? ": " + e.reason : "") + ".";
 }
+
+// ---------------------------------------------------------------------------------------------
+// Token: asked for when the server answers 401, remembered for this tab (sessionStorage).
+
+function token() {
+  return new URLSearchParams(location.search).get("worker_auth_id") || sessionStorage.getItem(TOKEN_KEY) || "";
+}
+function askToken(why) {
+  $("token-box").dataset.on = "1";
+  $("token-why").textContent = why;
+  setState("token", "token needed");
+  $("token").focus();
+}
+// The chat endpoint answers a plain GET with 401 when the token is missing or wrong (checked before
+// any model work), so the page can ask for one before opening the WebSocket.
+async function tokenAccepted() {
+  const q = new URLSearchParams();
+  const t = token();
+  if (t) q.set("worker_auth_id", t);
+  try {
+    const r = await fetch("/api/chat?" + q.toString(), { cache: "no-store" });
+    return r.status !== 401;
+  } catch (_) {
+    return true; // unreachable server: the WebSocket says so
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Controls.
 
 const CONTROL = { pause: 2, reset: 3, resume: 4, interrupt: 5 };
 
@@ -211,6 +325,7 @@ function newConversation() {
   const s = session;
   if (!s || !sendControl(s, "reset")) return;
   if (s.player) s.player.port.postMessage("reset");
+  s.latency.length = 0;
   $("transcript").textContent = "";
   showNotice("New conversation started.");
 }
@@ -222,15 +337,17 @@ function paramsFromForm() {
     if (k === "seed" || v === "") continue;
     q.set(k, v);
   }
-  // A token given in the page's own address is passed on (servers started with --auth-token).
-  const token = new URLSearchParams(location.search).get("worker_auth_id");
-  if (token) q.set("worker_auth_id", token);
+  const t = token();
+  if (t) q.set("worker_auth_id", t);
   const seed = form.get("seed");
   const s = seed ? Number(seed) : Math.floor(Math.random() * 1e6);
   q.set("text_seed", String(s));
   q.set("audio_seed", String(s + 1));
   return q;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Conversation.
 
 async function start() {
   if (typeof AudioEncoder === "undefined" || typeof AudioDecoder === "undefined") {
@@ -240,12 +357,27 @@ async function start() {
   }
   $("error").textContent = "";
   showNotice("");
-  $("transcript").textContent = "";
-  const s = { ws: null, ctx: null, stream: null, encoder: null, decoder: null, player: null, closed: false, micPaused: false, handshaken: false };
+  const s = {
+    ws: null, ctx: null, stream: null, encoder: null, decoder: null, player: null, cap: null,
+    closed: false, micPaused: false, handshaken: false,
+    youLevel: 0, moshiMeter: null,
+    sent: [], decoded: 0, latency: [], // [input samples at the end of a page, time sent]
+  };
   session = s;
   $("toggle").dataset.running = "1";
   $("toggle").textContent = "Stop";
-  setState("connecting");
+  setState("connecting", "connecting…");
+  if (!(await tokenAccepted())) {
+    stop(false);
+    askToken(token() ? "The server refused this token." : "Ask whoever runs it.");
+    return;
+  }
+  if (session !== s) return;
+  $("token-box").dataset.on = "0";
+  $("transcript").textContent = "";
+  recording = new Recording();
+  stats.latencyMs = null;
+  updateDownloads();
 
   try {
     s.ctx = new AudioContext({ sampleRate: MODEL_RATE, latencyHint: "interactive" });
@@ -256,19 +388,29 @@ async function start() {
   await s.ctx.audioWorklet.addModule("/moshi-worklet.js");
   s.player = new AudioWorkletNode(s.ctx, "moshi-player", { numberOfInputs: 0, outputChannelCount: [1] });
   s.player.connect(s.ctx.destination);
+  s.moshiMeter = s.ctx.createAnalyser();
+  s.moshiMeter.fftSize = 1024;
+  s.player.connect(s.moshiMeter);
   s.player.port.onmessage = (e) => { stats.bufferMs = e.data.bufferMs; stats.droppedMs = e.data.droppedMs; };
 
-  // Decoder: Ogg pages from the server → packets → PCM → jitter buffer.
+  // Decoder: Ogg pages from the server → packets → PCM → jitter buffer and recording.
   const reader = new OggReader();
-  let outResampler = null;
+  let outResampler = null, recResampler = null;
   let ts = 0;
   s.decoder = new AudioDecoder({
     output: (ad) => {
       const pcm = new Float32Array(ad.numberOfFrames);
       ad.copyTo(pcm, { planeIndex: 0, format: "f32-planar" });
-      if (!outResampler) outResampler = new Resampler(ad.sampleRate, s.ctx.sampleRate);
+      if (!outResampler) {
+        outResampler = new Resampler(ad.sampleRate, s.ctx.sampleRate);
+        recResampler = new Resampler(ad.sampleRate, MODEL_RATE);
+      }
       ad.close();
-      stats.decodedSamples += pcm.length * (MODEL_RATE / outResampler.step / s.ctx.sampleRate);
+      if (s.closed) return;
+      const atModelRate = recResampler.process(pcm);
+      stats.decodedSamples += atModelRate.length;
+      noteAnswer(s, atModelRate.length);
+      if (recording) recording.addMoshi(atModelRate);
       s.player.port.postMessage(outResampler.process(pcm));
     },
     error: (e) => showError("decoder: " + e.message),
@@ -285,7 +427,9 @@ async function start() {
   ws.onclose = (e) => {
     if (session === s && !s.closed) {
       if (e.code !== 1000) showError(explainClose(e, s.handshaken));
-      setState(e.code === 1000 ? "idle" : "error", e.code === 1013 ? "busy" : e.reason ? "closed: " + e.reason : "closed");
+      if (e.code === 1013) setState("busy", "server busy");
+      else if (e.code === 1000) setState("idle", "ended");
+      else setState("disconnected", "disconnected");
       stop(false);
     }
   };
@@ -297,7 +441,8 @@ async function start() {
     switch (b[0]) {
       case 0:
         s.handshaken = true;
-        setState("connected");
+        stats.queuePosition = null;
+        setState("connected", "talking");
         setControls(true);
         startMic(s).catch((err) => { showError("microphone: " + err.message); stop(true); });
         break;
@@ -314,29 +459,48 @@ async function start() {
         break;
       case 2: {
         stats.textIn++;
+        const piece = new TextDecoder().decode(payload);
+        if (recording) recording.addText(piece);
         const t = $("transcript");
-        t.textContent += new TextDecoder().decode(payload);
+        t.textContent += piece;
         t.scrollTop = t.scrollHeight;
         break;
       }
       case 4:
-        try {
-          const m = JSON.parse(new TextDecoder().decode(payload));
-          $("model").textContent = [m.instance_name, m.lm_model_file].filter(Boolean).join(" · ");
-          // Our server's start-up verdict: whether this machine keeps up with real time, and what would help.
-          if (m.realtime && typeof m.realtime.text === "string") {
-            $("realtime").textContent = m.realtime.text;
-            $("realtime").dataset.holds = String(m.realtime.holds === true);
-          }
-        } catch (_) { /* ignore */ }
+        try { showInfo(JSON.parse(new TextDecoder().decode(payload))); } catch (_) { /* ignore */ }
         break;
       case 5:
         showError(explainServerError(new TextDecoder().decode(payload)));
+        if (new TextDecoder().decode(payload).startsWith("server busy")) setState("busy", "server busy");
+        break;
+      case 6:
+        // While waiting for a slot, our server's pings carry the place in the queue.
+        if (!s.handshaken && payload.length > 0) {
+          const place = Number(new TextDecoder().decode(payload));
+          if (Number.isFinite(place) && place > 0) {
+            stats.queuePosition = place;
+            setState("waiting", place === 1 ? "waiting: next in line" : `waiting: ${place} in line`);
+          }
+        }
         break;
       default:
-        break; // ping and unknown kinds
+        break;
     }
   };
+}
+
+// Round trip: Moshi answers every 80 ms input frame with one output frame, so the answer to the
+// input that ended at sample N is the output that ends at sample N. Its latency is the time from
+// sending that input to decoding that output here.
+function noteAnswer(s, samples) {
+  s.decoded += samples;
+  let sentAt = null;
+  while (s.sent.length && s.sent[0][0] <= s.decoded) sentAt = s.sent.shift()[1];
+  if (sentAt === null) return;
+  s.latency.push(performance.now() - sentAt);
+  if (s.latency.length > 25) s.latency.shift();
+  const sorted = [...s.latency].sort((a, b) => a - b);
+  stats.latencyMs = sorted[sorted.length >> 1];
 }
 
 async function startMic(s) {
@@ -346,17 +510,21 @@ async function startMic(s) {
   if (session !== s || s.closed) { s.stream.getTracks().forEach((t) => t.stop()); return; }
   const src = s.ctx.createMediaStreamSource(s.stream);
   const cap = new AudioWorkletNode(s.ctx, "moshi-capture", { numberOfOutputs: 1, outputChannelCount: [1] });
+  s.cap = cap;
   const mute = s.ctx.createGain();
   mute.gain.value = 0;
   src.connect(cap); cap.connect(mute); mute.connect(s.ctx.destination);
+  s.talkStart = s.ctx.currentTime;
+  recording.startedAt = performance.now();
 
   const ogg = new OggWriter((Math.random() * 0x7fffffff) | 0);
   const send = (page) => {
-    if (s.ws.readyState !== WebSocket.OPEN) return;
+    if (s.ws.readyState !== WebSocket.OPEN) return false;
     const m = new Uint8Array(1 + page.length);
     m[0] = 1; m.set(page, 1);
     s.ws.send(m);
     stats.pagesOut++;
+    return true;
   };
   send(ogg.page([opusHead()], 0, 2));
   send(ogg.page([opusTags()], 0, 0));
@@ -369,7 +537,7 @@ async function startMic(s) {
       pending.push(pkt);
       granule += Math.round((chunk.duration || 20000) * 48 / 1000);
       if (pending.length === 2) { // two 20 ms packets per page, as Kyutai's client
-        send(ogg.page(pending, granule, 0));
+        if (send(ogg.page(pending, granule, 0))) s.sent.push([granule / 2, performance.now()]);
         pending = [];
       }
     },
@@ -379,9 +547,14 @@ async function startMic(s) {
   const rs = new Resampler(s.ctx.sampleRate, MODEL_RATE);
   let t = 0;
   cap.port.onmessage = (e) => {
-    if (s.closed || s.micPaused || s.encoder.state !== "configured") return;
+    if (e.data && e.data.flushed) { if (s.onFlushed) s.onFlushed(); return; }
     const x = rs.process(e.data);
     if (x.length === 0) return;
+    // Your meter shows what Moshi hears: the samples sent (nothing while paused).
+    s.youLevel = s.micPaused ? 0 : rms(x);
+    // Recorded as Moshi heard it: silence while the microphone is paused.
+    if (recording) recording.addYou(s.micPaused ? new Float32Array(x.length) : x);
+    if (s.closed || s.micPaused || s.encoder.state !== "configured") return;
     const ad = new AudioData({ format: "f32-planar", sampleRate: MODEL_RATE, numberOfFrames: x.length, numberOfChannels: 1, timestamp: t, data: x });
     t += Math.round((x.length * 1e6) / MODEL_RATE);
     s.encoder.encode(ad);
@@ -389,49 +562,173 @@ async function startMic(s) {
   };
 }
 
-function stop(closeSocket) {
+// Ends the conversation. The microphone's last partial block is collected first (bounded wait), so
+// the recording ends at Stop.
+async function stop(closeSocket) {
   const s = session;
   if (!s) return;
   s.closed = true;
   session = null;
   if (closeSocket && s.ws && s.ws.readyState <= 1) s.ws.close(1000);
-  if (s.stream) s.stream.getTracks().forEach((t) => t.stop());
-  for (const c of [s.encoder, s.decoder]) { try { if (c && c.state !== "closed") c.close(); } catch (_) { /* closed */ } }
-  if (s.ctx) s.ctx.close();
   $("toggle").dataset.running = "0";
   $("toggle").textContent = "Start conversation";
   setControls(false);
-  if (stats.state !== "error") setState("idle");
+  if (stats.state === "connected" || stats.state === "waiting" || stats.state === "connecting") setState("idle", "ended");
+  if (s.cap && s.ctx && s.ctx.state === "running") {
+    const end = s.ctx.currentTime;
+    await new Promise((done) => {
+      s.onFlushed = done;
+      s.cap.port.postMessage("flush");
+      setTimeout(done, 1000);
+    });
+    stats.talkSeconds = end - s.talkStart;
+  }
+  if (s.stream) s.stream.getTracks().forEach((t) => t.stop());
+  for (const c of [s.encoder, s.decoder]) { try { if (c && c.state !== "closed") c.close(); } catch (_) { /* closed */ } }
+  if (s.ctx) s.ctx.close();
+  updateDownloads();
 }
 
-$("toggle").addEventListener("click", () => {
-  if (session) stop(true);
-  else start().catch((e) => { showError(e.message); setState("error"); stop(true); });
+// ---------------------------------------------------------------------------------------------
+// Downloads.
+
+function stamp() {
+  const d = recording && recording.startedAt ? new Date(performance.timeOrigin + recording.startedAt) : new Date();
+  const p = (n) => String(n).padStart(2, "0");
+  return `${d.getFullYear()}${p(d.getMonth() + 1)}${p(d.getDate())}-${p(d.getHours())}${p(d.getMinutes())}${p(d.getSeconds())}`;
+}
+function download(blob, name) {
+  const a = document.createElement("a");
+  a.href = URL.createObjectURL(blob);
+  a.download = name;
+  document.body.appendChild(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(a.href), 60000);
+  stats.downloads.push(name);
+}
+function updateDownloads() {
+  const has = recording && !recording.empty();
+  $("download-wav").disabled = !has;
+  $("download-txt").disabled = !has;
+  if (recording) stats.recordedSamples = recording.youLen;
+  $("recinfo").textContent = has
+    ? `${(recording.youLen / MODEL_RATE).toFixed(1)} s recorded in this tab (you left, Moshi right).`
+    : "Recorded in this tab only, from Start to Stop.";
+}
+$("download-wav").addEventListener("click", () => {
+  if (recording) download(recording.wav(), `moshi-conversation-${stamp()}.wav`);
+});
+$("download-txt").addEventListener("click", () => {
+  if (!recording) return;
+  const header = `Moshi's transcript, ${new Date().toISOString()} (${$("model").textContent}); times from the start of the conversation.`;
+  download(recording.transcript(header), `moshi-transcript-${stamp()}.txt`);
 });
 
-$("pause").addEventListener("click", togglePause);
-$("interrupt").addEventListener("click", interrupt);
-$("reset").addEventListener("click", newConversation);
+// ---------------------------------------------------------------------------------------------
+// Meters: a scrolling level trace per voice, and who is speaking.
+
+const SPEAKING = 0.02; // RMS above which a voice counts as speaking (about -34 dBFS)
+const meterBuf = new Float32Array(1024);
+const traces = { you: new Float32Array(120), moshi: new Float32Array(120) };
+function rms(x) {
+  let e = 0;
+  for (let i = 0; i < x.length; i++) e += x[i] * x[i];
+  return x.length ? Math.sqrt(e / x.length) : 0;
+}
+// Moshi's meter shows what is playing now (the player's output), not what just arrived.
+function level(analyser) {
+  if (!analyser) return 0;
+  analyser.getFloatTimeDomainData(meterBuf);
+  return rms(meterBuf);
+}
+function drawTrace(canvas, trace, color) {
+  const g = canvas.getContext("2d");
+  const w = canvas.width, h = canvas.height, n = trace.length, bw = w / n;
+  g.clearRect(0, 0, w, h);
+  g.fillStyle = color;
+  for (let i = 0; i < n; i++) {
+    // Log scale from -60 dBFS to 0.
+    const db = 20 * Math.log10(Math.max(trace[i], 1e-6));
+    const v = Math.max(0, Math.min(1, (db + 60) / 60));
+    const bh = Math.max(1, v * h);
+    g.fillRect(i * bw, (h - bh) / 2, Math.max(1, bw - 1), bh);
+  }
+}
+function meterTick() {
+  const s = session;
+  const css = getComputedStyle(document.documentElement);
+  for (const who of ["you", "moshi"]) {
+    const lv = !s ? 0 : who === "you" ? s.youLevel || 0 : level(s.moshiMeter);
+    const tr = traces[who];
+    const prev = tr[tr.length - 1];
+    tr.copyWithin(0, 1);
+    tr[tr.length - 1] = lv;
+    const m = stats.meters[who];
+    m.max = Math.max(m.max, lv);
+    if (Math.abs(lv - prev) > 1e-3) m.changes++;
+    const on = lv > SPEAKING;
+    if (on) stats.speakingSeen[who] = true;
+    $(who + "-speaking").dataset.on = on ? "1" : "0";
+    drawTrace($(who + "-meter"), tr, css.getPropertyValue("--" + who).trim());
+  }
+  const youOn = $("you-speaking").dataset.on === "1", moshiOn = $("moshi-speaking").dataset.on === "1";
+  $("speaking").textContent = !s ? "" : youOn && moshiOn ? "You are both speaking" : moshiOn ? "Moshi is speaking" : youOn ? "You are speaking" : "";
+}
+setInterval(meterTick, 80);
 
 setInterval(() => {
   $("stat-audio-in").textContent = stats.audioIn;
   $("stat-text-in").textContent = stats.textIn;
   $("stat-decoded").textContent = (stats.decodedSamples / MODEL_RATE).toFixed(1);
   $("stat-pages-out").textContent = stats.pagesOut;
-  $("stat-buffer").textContent = Math.round(stats.bufferMs);
   $("stat-dropped").textContent = Math.round(stats.droppedMs);
+  $("latency").textContent = stats.latencyMs === null ? "–" : Math.round(stats.latencyMs) + " ms";
+  $("buffer").textContent = session && session.handshaken ? Math.round(stats.bufferMs) + " ms" : "–";
   const fill = $("lagfill");
   fill.style.width = Math.min(100, stats.bufferMs / 3) + "%";
   fill.dataset.level = stats.bufferMs > 250 ? "high" : stats.bufferMs > 150 ? "mid" : "low";
+  if (session) updateDownloads();
 }, 200);
 
-// ?autostart=1 starts at once (kiosk use and the headless browser test); other query keys
-// prefill the settings form.
+// ---------------------------------------------------------------------------------------------
+// Wiring and start-up.
+
+function startConversation() {
+  start().catch((e) => { showError(e.message); setState("error"); stop(true); });
+}
+$("toggle").addEventListener("click", () => {
+  if (session) stop(true);
+  else startConversation();
+});
+$("pause").addEventListener("click", togglePause);
+$("interrupt").addEventListener("click", interrupt);
+$("reset").addEventListener("click", newConversation);
+$("token-form").addEventListener("submit", (e) => {
+  e.preventDefault();
+  const t = $("token").value.trim();
+  if (!t) return;
+  sessionStorage.setItem(TOKEN_KEY, t);
+  $("token").value = "";
+  $("token-box").dataset.on = "0";
+  setState("idle", "ready");
+  startConversation();
+});
+
+// What is served, before any conversation (our server's /api/info; other servers: said later by
+// the metadata message).
+fetch("/api/info", { cache: "no-store" })
+  .then((r) => (r.ok ? r.json() : Promise.reject(new Error("no /api/info"))))
+  .then((m) => {
+    showInfo(m);
+    if (m.token_required && !token() && !session) askToken("Ask whoever runs it.");
+  })
+  .catch(() => { $("model").textContent = ""; });
+
+// ?autostart=1 starts at once (kiosk use); other query keys prefill the settings form.
 const qs = new URLSearchParams(location.search);
 for (const [k, v] of qs.entries()) {
   const input = document.querySelector(`#settings [name="${k}"]`);
   if (input) input.value = v;
 }
-if (qs.get("autostart") === "1") {
-  start().catch((e) => { showError(e.message); setState("error"); stop(true); });
-}
+if (qs.get("autostart") === "1") startConversation();
