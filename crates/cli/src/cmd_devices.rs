@@ -10,7 +10,7 @@ pub struct DevicesArgs {}
 
 /// Lists the adapters.
 pub fn run(_a: &DevicesArgs) -> Result<()> {
-    let list = gpu::adapters();
+    let list = crate::loader_noise::quiet(gpu::adapters);
     if list.is_empty() {
         println!("no GPU adapter (Vulkan, Metal or DX12): --device auto runs on the CPU");
         return Ok(());

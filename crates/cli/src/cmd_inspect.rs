@@ -95,10 +95,75 @@ fn print_weights(w: &Weights, list: bool) {
     }
 }
 
+/// What a file is when it is not weights: Mimi codes written by `mimi encode` / `trace mimi`
+/// (described, `Ok(true)`), a WAV (refused with a hint), or neither (`Ok(false)`).
+fn inspect_other(path: &Path) -> Result<bool> {
+    let mut head = [0u8; 4];
+    {
+        use std::io::Read;
+        let mut f =
+            std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+        let n = f.read(&mut head)?;
+        if n == 4 && (&head == b"RIFF" || &head == b"RIFX" || &head == b"RF64") {
+            bail!(
+                "{} is a WAV file, not weights\nhint: `mimi encode` turns audio into codes; inspect takes weights files and bundle directories",
+                path.display()
+            );
+        }
+    }
+    // A .codes file is small safetensors: read it whole only when it names itself or looks like one.
+    let is_codes_name = path.extension().is_some_and(|e| e == "codes");
+    let len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    if !is_codes_name && len > (64 << 20) {
+        return Ok(false);
+    }
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let Ok(hdr) = model::checkpoint::safetensors::parse(&bytes) else {
+        return Ok(false);
+    };
+    let tagged = hdr
+        .metadata
+        .get("format")
+        .is_some_and(|f| f == "moshi-native-mimi-codes");
+    let codes = hdr.tensors.iter().find(|t| t.name == "codes");
+    let only_codes = hdr
+        .tensors
+        .iter()
+        .all(|t| matches!(t.name.as_str(), "codes" | "num_samples"));
+    let Some(codes) = codes.filter(|_| tagged || only_codes) else {
+        return Ok(false);
+    };
+    use crate::models::count;
+    println!("{}: Mimi codes (from `mimi encode`)", path.display());
+    if let [nq, t] = codes.shape[..] {
+        println!(
+            "  codes:     {} x {} ({:.2} s at 12.5 frames/s), {}",
+            count(nq, "codebook"),
+            count(t, "frame"),
+            t as f64 * 0.08,
+            codes.dtype.name()
+        );
+    } else {
+        println!("  codes:     shape {:?}", codes.shape);
+    }
+    if let Some(n) = hdr.tensors.iter().find(|t| t.name == "num_samples") {
+        if n.len == 8 {
+            let v = i64::from_le_bytes(bytes[n.offset..n.offset + 8].try_into().expect("8 bytes"));
+            println!("  samples:   {v} ({:.2} s at 24 kHz)", v as f64 / 24_000.0);
+        }
+    }
+    println!(
+        "  decode:    moshi-native mimi decode {} OUT.wav",
+        path.display()
+    );
+    Ok(true)
+}
+
 fn inspect_file(path: &Path, list: bool) -> Result<()> {
+    if inspect_other(path)? {
+        return Ok(());
+    }
     let (w, comp) = guess_component(path).context("refused")?;
-    println!("{}: {comp} weights", path.display());
-    print_weights(&w, list);
     let (schema, what) = match comp {
         Component::Lm => (
             Schema::lm(&LmConfig::moshiko_v0_1()),
@@ -106,6 +171,17 @@ fn inspect_file(path: &Path, list: bool) -> Result<()> {
         ),
         Component::Mimi => (Schema::mimi(&MimiConfig::v0_1()), "released Mimi"),
     };
+    // Weights share their tensor names with the released files whatever their dimensions; a file
+    // holding none of them is something else.
+    if !w.is_empty() && !w.names().any(|n| schema.get(n).is_some()) {
+        bail!(
+            "refused: {} holds {} and none is a Moshi LM or Mimi weight\nhint: inspect takes Moshi / Mimi weights (safetensors, GGUF, MLX) and bundle directories",
+            path.display(),
+            crate::models::count(w.len(), "tensor")
+        );
+    }
+    println!("{}: {comp} weights", path.display());
+    print_weights(&w, list);
     match w.check(&schema) {
         Ok(()) => println!("  schema:    matches the {what}"),
         Err(e) => {
@@ -125,7 +201,8 @@ fn inspect_file(path: &Path, list: bool) -> Result<()> {
 }
 
 fn inspect_bundle(dir: &Path, list: bool) -> Result<()> {
-    let b = Bundle::open(dir).with_context(|| format!("refused: bundle {}", dir.display()))?;
+    // The bundle's errors name the directory already.
+    let b = Bundle::open(dir).context("refused")?;
     println!("{}: bundle", dir.display());
     match &b.files.config {
         Some(p) => println!("  config:    {}", p.display()),
@@ -133,7 +210,7 @@ fn inspect_bundle(dir: &Path, list: bool) -> Result<()> {
     }
     let c = &b.config.lm;
     println!(
-        "  lm:        dim {} x {} layers ({} heads), ffn {}, depformer {} x {} ({} heads, ffn {}), n_q {}, dep_q {}, card {}, text_card {}, context {:?}",
+        "  lm:        dim {} x {} layers ({} heads), ffn {}, depformer {} x {} ({} heads, ffn {}), n_q {}, dep_q {}, card {}, text_card {}, context {}",
         c.dim,
         c.num_layers,
         c.num_heads,
@@ -146,7 +223,10 @@ fn inspect_bundle(dir: &Path, list: bool) -> Result<()> {
         c.dep_q,
         c.card,
         c.text_card,
-        c.context
+        match c.context {
+            Some(n) => n.to_string(),
+            None => "unbounded".into(),
+        }
     );
     let m = &b.mimi_config;
     println!(

@@ -11,7 +11,11 @@
 //! `decode` also accepts a file with only `codes` (as written by `trace mimi`), then writes all
 //! `T · frame_size` samples.
 //!
-//! Input WAVs must be 24 kHz mono, 16-bit PCM or 32-bit float; output WAVs are 32-bit float.
+//! `encode` reads any WAV `duplex` reads (8/16/24/32-bit PCM or 32-bit float, any rate, any channel
+//! count: resampled to 24 kHz and mixed down to mono, as `duplex` does); `decode` writes 16-bit PCM
+//! (what every audio tool opens), or 32-bit float with `--float`. The model is chosen as everywhere
+//! else (`--model demo`, `--model-dir`, `MOSHI_MODEL_DIR`, `--variant`/`--preset` in the Hugging
+//! Face cache): every bundle carries the same Mimi.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -21,14 +25,16 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
 use kernels::Pool;
 use model::mimi::{Mimi, MimiDecoder, MimiEncoder};
+use runtime::audio::WavFormat;
+
+use crate::models::{count, ModelArgs};
 
 /// Flags shared by the Mimi commands.
 #[derive(Args, Debug, Clone)]
 pub struct MimiModelArgs {
-    /// Bundle directory: `config.json` naming `mimi_name` (and optionally
-    /// `mimi_config_name`), or the released Mimi file name in the directory.
-    #[arg(long, value_name = "DIR")]
-    pub model_dir: PathBuf,
+    /// Which bundle's Mimi to use (they are all the same codec).
+    #[command(flatten)]
+    pub model: ModelArgs,
     /// Number of codebooks (Moshi uses 8).
     #[arg(long, default_value_t = 8)]
     pub codebooks: usize,
@@ -37,24 +43,39 @@ pub struct MimiModelArgs {
     pub threads: usize,
 }
 
+impl MimiModelArgs {
+    /// The bundle directory the flags name (the demo bundle is written to its cache folder first).
+    fn dir(&self) -> Result<PathBuf> {
+        crate::common::warn_threads(self.threads);
+        Ok(match self.model.resolve()? {
+            crate::models::ModelSource::Demo => embed::demo::materialize()?,
+            crate::models::ModelSource::Dir(d) => d,
+        })
+    }
+}
+
 /// `moshi-native mimi ...`
 #[derive(Subcommand, Debug)]
 pub enum MimiCmd {
-    /// Encode a 24 kHz mono WAV into a `.codes` file.
+    /// Encode a WAV into a `.codes` file (any WAV `duplex` takes: resampled to 24 kHz, mixed down
+    /// to mono).
     Encode {
-        /// Input WAV (24 kHz mono, 16-bit PCM or 32-bit float).
+        /// Input WAV (8/16/24/32-bit PCM or 32-bit float, any rate, mono or more channels).
         input: PathBuf,
         /// Output `.codes` (safetensors with `codes` i64 [n_codebooks, T]).
         output: PathBuf,
         #[command(flatten)]
         model: MimiModelArgs,
     },
-    /// Decode a `.codes` file into a 24 kHz mono 32-bit float WAV.
+    /// Decode a `.codes` file into a 24 kHz mono WAV (16-bit PCM, or 32-bit float with --float).
     Decode {
-        /// Input `.codes`.
+        /// Input `.codes` (as written by `mimi encode`).
         input: PathBuf,
         /// Output WAV.
         output: PathBuf,
+        /// Write 32-bit float samples instead of 16-bit PCM.
+        #[arg(long)]
+        float: bool,
         #[command(flatten)]
         model: MimiModelArgs,
     },
@@ -108,23 +129,6 @@ pub fn read_wav_24k_mono(path: &Path) -> Result<Vec<f32>> {
         );
     }
     Ok(samples)
-}
-
-/// Writes a 24 kHz mono 32-bit float WAV.
-pub fn write_wav_f32(path: &Path, pcm: &[f32], sample_rate: u32) -> Result<()> {
-    let spec = hound::WavSpec {
-        channels: 1,
-        sample_rate,
-        bits_per_sample: 32,
-        sample_format: hound::SampleFormat::Float,
-    };
-    let mut w = hound::WavWriter::create(path, spec)
-        .with_context(|| format!("creating {}", path.display()))?;
-    for &s in pcm {
-        w.write_sample(s)?;
-    }
-    w.finalize()?;
-    Ok(())
 }
 
 /// A tensor to write: name, safetensors dtype, shape, little-endian bytes.
@@ -186,14 +190,37 @@ pub fn run(cmd: &MimiCmd) -> Result<()> {
         MimiCmd::Decode {
             input,
             output,
+            float,
             model,
-        } => decode(input, output, model),
+        } => decode(
+            input,
+            output,
+            model,
+            if *float {
+                WavFormat::F32
+            } else {
+                WavFormat::I16
+            },
+        ),
     }
 }
 
 fn encode(input: &Path, output: &Path, m: &MimiModelArgs) -> Result<()> {
-    let pcm = read_wav_24k_mono(input)?;
-    let mimi = open_mimi(&m.model_dir, m.codebooks)?;
+    let wav = runtime::audio::read_wav(input).with_context(|| {
+        format!(
+            "cannot read {}\nhint: mimi encode takes a WAV file (8/16/24/32-bit PCM or 32-bit float, any rate, mono or stereo)",
+            input.display()
+        )
+    })?;
+    let src = wav.source;
+    if src.sample_rate != 24_000 || src.channels != 1 {
+        eprintln!(
+            "{}: {src}, converted to 24000 Hz mono as duplex does",
+            input.display()
+        );
+    }
+    let pcm = wav.samples;
+    let mimi = open_mimi(&m.dir()?, m.codebooks)?;
     let fs = mimi.frame_size();
     let nq = mimi.n_codebooks();
     let t = pcm.len().div_ceil(fs);
@@ -239,8 +266,10 @@ fn encode(input: &Path, output: &Path, m: &MimiModelArgs) -> Result<()> {
         Some(&meta),
     )?;
     eprintln!(
-        "{}: {t} frames x {nq} codebooks -> {}",
+        "{}: {} x {} -> {}",
         input.display(),
+        count(t, "frame"),
+        count(nq, "codebook"),
         output.display()
     );
     Ok(())
@@ -249,8 +278,18 @@ fn encode(input: &Path, output: &Path, m: &MimiModelArgs) -> Result<()> {
 /// Reads `codes` (i64 [n_q, T]) and the optional `num_samples` from a `.codes` file.
 pub fn read_codes(path: &Path) -> Result<(Vec<u32>, usize, usize, Option<usize>)> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let hdr = model::checkpoint::safetensors::parse(&bytes)
-        .map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    if bytes.starts_with(b"RIFF") || bytes.starts_with(b"RIFX") || bytes.starts_with(b"RF64") {
+        bail!(
+            "{} is a WAV file, not Mimi codes\nhint: `mimi encode IN.wav OUT.codes` turns audio into codes; `mimi decode` takes the .codes file it writes",
+            path.display()
+        );
+    }
+    let hdr = model::checkpoint::safetensors::parse(&bytes).map_err(|e| {
+        anyhow!(
+            "{} is not a .codes file ({e})\nhint: `mimi decode` takes the .codes file `mimi encode` writes",
+            path.display()
+        )
+    })?;
     let find = |n: &str| hdr.tensors.iter().find(|t| t.name == n);
     let ct = find("codes").ok_or_else(|| anyhow!("{}: no `codes` tensor", path.display()))?;
     if !ct.dtype.name().eq_ignore_ascii_case("i64") || ct.shape.len() != 2 {
@@ -281,9 +320,9 @@ pub fn read_codes(path: &Path) -> Result<(Vec<u32>, usize, usize, Option<usize>)
     Ok((codes, nq, t, ns))
 }
 
-fn decode(input: &Path, output: &Path, m: &MimiModelArgs) -> Result<()> {
+fn decode(input: &Path, output: &Path, m: &MimiModelArgs, format: WavFormat) -> Result<()> {
     let (codes, nq, t, ns) = read_codes(input)?;
-    let mimi = open_mimi(&m.model_dir, nq)?;
+    let mimi = open_mimi(&m.dir()?, nq)?;
     let fs = mimi.frame_size();
     let pool = pool(m.threads);
     let mut dec = MimiDecoder::new(mimi.clone());
@@ -302,12 +341,14 @@ fn decode(input: &Path, output: &Path, m: &MimiModelArgs) -> Result<()> {
     if let Some(n) = ns {
         pcm.truncate(n.min(pcm.len()));
     }
-    write_wav_f32(output, &pcm, mimi.config().sample_rate as u32)?;
+    runtime::audio::write_wav_mono(output, &pcm, mimi.config().sample_rate as u32, format)
+        .with_context(|| format!("cannot write {}", output.display()))?;
     eprintln!(
-        "{}: {t} frames -> {} ({} samples)",
+        "{}: {} -> {} ({})",
         input.display(),
+        count(t, "frame"),
         output.display(),
-        pcm.len()
+        count(pcm.len(), "sample")
     );
     Ok(())
 }
@@ -330,14 +371,17 @@ mod tests {
         );
         std::fs::write(dir.join("config.json"), cfg).unwrap();
         let model = MimiModelArgs {
-            model_dir: dir.to_path_buf(),
+            model: ModelArgs {
+                model_dir: Some(dir.to_path_buf()),
+                ..Default::default()
+            },
             codebooks: 8,
             threads: 1,
         };
         let codes_path = dir.join("x.codes");
         let wav_path = dir.join("x.wav");
         encode(&fx.join("input.wav"), &codes_path, &model).unwrap();
-        decode(&codes_path, &wav_path, &model).unwrap();
+        decode(&codes_path, &wav_path, &model, WavFormat::F32).unwrap();
         let (codes, nq, t, ns) = read_codes(&codes_path).unwrap();
         let input = read_wav_24k_mono(&fx.join("input.wav")).unwrap();
         assert_eq!(

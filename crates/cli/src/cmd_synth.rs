@@ -14,7 +14,8 @@ pub struct SynthArgs {
     /// Model size: `moshiko` (released 7B dimensions; moshika has the same architecture).
     #[arg(long, default_value = "moshiko")]
     pub variant: String,
-    /// Layout: bf16 | candle-bf16 | q8-gguf | q4-gguf | mlx-q4 | mlx-q8.
+    /// Layout: bf16 | candle-bf16 | q8-gguf | q4-gguf | mlx-q4 | mlx-q8, or a `--preset` name of the
+    /// other commands (q8 = q8-gguf, q4 = mlx-q4, as the released bundles they name).
     #[arg(long, default_value = "bf16")]
     pub format: String,
     /// Kyutai config.json to take the LM (and `mimi_config_name`) dimensions from instead of `--variant`.
@@ -28,11 +29,23 @@ pub struct SynthArgs {
     pub seed: u64,
 }
 
+/// The layout a `--preset` name stands for (the released bundle of that preset), or `name` itself.
+fn preset_layout(name: &str) -> Result<&str> {
+    Ok(match name {
+        "q8" => "q8-gguf",
+        "q4" => "mlx-q4",
+        "mlx-bf16" => bail!(
+            "--format mlx-bf16: synth has no MLX bf16 layout\nhint: --format bf16 writes the PyTorch bf16 layout"
+        ),
+        other => other,
+    })
+}
+
 /// Runs `synth`.
 pub fn run(args: &SynthArgs) -> Result<()> {
-    let format = SynthFormat::parse(&args.format).with_context(|| {
+    let format = SynthFormat::parse(preset_layout(&args.format)?).with_context(|| {
         format!(
-            "unknown --format `{}` (bf16, candle-bf16, q8-gguf, q4-gguf, mlx-q4, mlx-q8)",
+            "unknown --format `{}` (bf16, candle-bf16, q8-gguf, q4-gguf, mlx-q4, mlx-q8; or the presets q8, q4, mlx-q8)",
             args.format
         )
     })?;
@@ -88,7 +101,8 @@ mod tests {
     fn tiny_synth_bundle_inspects_clean() {
         let out = testkit::ScratchDir::new("cli-synth");
         let cfg = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/lm/config.json");
-        for format in ["bf16", "q8-gguf", "mlx-q4"] {
+        // Layout names, and preset names as the other commands spell them.
+        for format in ["bf16", "q8-gguf", "mlx-q4", "q8", "q4"] {
             let dir = out.join(format);
             run(&SynthArgs {
                 variant: "moshiko".into(),
@@ -104,6 +118,10 @@ mod tests {
             })
             .unwrap();
         }
+        assert_eq!(preset_layout("q8").unwrap(), "q8-gguf");
+        assert_eq!(preset_layout("q4").unwrap(), "mlx-q4");
+        assert_eq!(preset_layout("mlx-q8").unwrap(), "mlx-q8");
+        assert!(preset_layout("mlx-bf16").is_err());
         assert!(run(&SynthArgs {
             variant: "moshiko".into(),
             format: "q3".into(),

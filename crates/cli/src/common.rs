@@ -204,9 +204,11 @@ impl EngineArgs {
         let threads = self.threads(default_threads);
         let device = self.check(threads)?;
         eprintln!(
-            "moshi-native: {threads} thread(s) per session for Mimi and the LM ({} physical cores)",
-            runtime::physical_cores()
+            "moshi-native: {} per session for Mimi and the LM ({})",
+            crate::models::count(threads, "thread"),
+            crate::models::count(runtime::physical_cores(), "physical core")
         );
+        warn_threads(threads);
         let (dir, demo) = self.locate()?;
         if demo {
             eprintln!("{}", embed::demo::LABEL);
@@ -218,7 +220,14 @@ impl EngineArgs {
                 KvDtypeArg::Bf16 => model::lm::KvDtype::Bf16,
             },
         };
-        let (engine, timings) = runtime::Engine::open_timed(&dir, opts).map_err(|e| {
+        let gpu = matches!(opts.device, runtime::Device::Gpu { .. });
+        let open = || runtime::Engine::open_timed(&dir, opts);
+        let opened = if gpu {
+            crate::loader_noise::quiet(open)
+        } else {
+            open()
+        };
+        let (engine, timings) = opened.map_err(|e| {
             // A device that fails while the weights are uploaded is not a bad bundle.
             let what = match e {
                 runtime::RuntimeError::Device(_) => "cannot start the compute device".to_string(),
@@ -232,6 +241,18 @@ impl EngineArgs {
             None => eprintln!("moshi-native: device cpu"),
         }
         Ok(Opened { engine, demo, dir })
+    }
+}
+
+/// Warns when `threads` is more than the machine's physical cores: the extra threads wait for each
+/// other at every step, which makes a frame slower, not faster.
+pub fn warn_threads(threads: usize) {
+    let cores = runtime::physical_cores();
+    if threads > cores {
+        eprintln!(
+            "moshi-native: warning: --threads {threads} is more than the {} here: threads beyond one per core wait for each other (slower, not faster)",
+            crate::models::count(cores, "physical core")
+        );
     }
 }
 
@@ -304,7 +325,7 @@ fn resolve_device(
         DeviceArg::Cpu => runtime::Device::Cpu { threads },
         DeviceArg::Gpu => runtime::Device::Gpu { adapter, threads },
         DeviceArg::Auto => {
-            let list = gpu::adapters();
+            let list = crate::loader_noise::quiet(gpu::adapters);
             let pick = match adapter {
                 Some(i) => list.get(i).filter(|a| a.is_hardware_gpu()).map(|a| a.index),
                 None => gpu::choose_adapter(&list, gpu::AdapterChoice::Auto)?,

@@ -154,10 +154,19 @@ fn session(
     Session::new(opened.engine.clone(), opts).context("cannot create a session")
 }
 
+/// The transcript as a text file: ends with a newline, as text files do.
+fn text_file(text: &str) -> String {
+    let mut t = text.to_string();
+    if !t.ends_with('\n') {
+        t.push('\n');
+    }
+    t
+}
+
 fn summary(label: &str, demo: bool, r: &RunResult, out: &std::path::Path) {
     eprintln!(
-        "{label}: {} frames ({:.2} s of audio) in {:.2} s, {:.1} frames/s, real-time factor {:.2}, {} dropped -> {}{}",
-        r.frames,
+        "{label}: {} ({:.2} s of audio) in {:.2} s, {:.1} frames/s, real-time factor {:.2}, {} dropped -> {}{}",
+        crate::models::count(r.frames, "frame"),
         r.frames as f64 * 0.08,
         r.elapsed,
         r.frames as f64 / r.elapsed.max(1e-9),
@@ -241,7 +250,8 @@ pub fn run_duplex(a: &DuplexArgs) -> Result<()> {
     }
     .with_context(|| format!("cannot write {}", a.out.display()))?;
     if let Some(t) = &a.text_out {
-        std::fs::write(t, &r.text).with_context(|| format!("cannot write {}", t.display()))?;
+        std::fs::write(t, text_file(&r.text))
+            .with_context(|| format!("cannot write {}", t.display()))?;
     }
     summary("duplex", opened.demo, &r, &a.out);
     if !r.text.is_empty() {
@@ -269,6 +279,16 @@ pub fn run_generate(a: &GenerateArgs) -> Result<()> {
             .tokenizer()
             .context("this bundle has no SentencePiece tokenizer, so --prompt cannot be used")?;
         let ids = tok.encode(p);
+        // One prompt token per frame: what does not fit in --seconds is never said.
+        if ids.len() > frames {
+            eprintln!(
+                "moshi-native: warning: the prompt is {} but --seconds {} allows {} (one token per 80 ms frame): only its start is used; give --seconds {:.1} or more for all of it",
+                crate::models::count(ids.len(), "token"),
+                a.seconds,
+                crate::models::count(frames, "frame"),
+                ids.len() as f64 * 0.08
+            );
+        }
         s.force_text(&ids).context("cannot force the prompt")?;
     }
     let user = vec![0.0f32; frames * FRAME_SIZE];
@@ -286,7 +306,8 @@ pub fn run_generate(a: &GenerateArgs) -> Result<()> {
     runtime::audio::write_wav_mono(&a.out, &r.moshi, SAMPLE_RATE, WavFormat::I16)
         .with_context(|| format!("cannot write {}", a.out.display()))?;
     if let Some(t) = &a.text_out {
-        std::fs::write(t, &r.text).with_context(|| format!("cannot write {}", t.display()))?;
+        std::fs::write(t, text_file(&r.text))
+            .with_context(|| format!("cannot write {}", t.display()))?;
     }
     summary("generate", opened.demo, &r, &a.out);
     Ok(())

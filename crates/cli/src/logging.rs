@@ -27,7 +27,9 @@ pub fn init(default: &str, format: LogFormat) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // Colour codes only for a terminal: logs piped to a file stay plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     let _ = match format {
         LogFormat::Text => b.try_init(),
         LogFormat::Json => b.event_format(JsonLines).try_init(),

@@ -4,8 +4,10 @@ mod bench_args;
 mod bench_batch;
 mod bench_gpu;
 mod cmd_bench;
+mod cmd_completions;
 mod cmd_devices;
 mod cmd_inspect;
+mod cmd_list;
 mod cmd_mimi;
 mod cmd_serve;
 mod cmd_stt;
@@ -17,12 +19,13 @@ mod cmd_verify;
 mod common;
 mod duplex;
 mod fetch;
+mod loader_noise;
 mod logging;
 mod models;
 mod realtime;
 
 use anyhow::Result;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// Native inference engine for Kyutai's Moshi speech-to-speech model and its Mimi codec.
 #[derive(Parser, Debug)]
@@ -67,6 +70,10 @@ enum Command {
     Stt(cmd_stt::SttArgs),
     /// List the GPU adapters (numbers for --gpu N) and what --device auto takes.
     Devices(cmd_devices::DevicesArgs),
+    /// The released bundles already in the Hugging Face cache: variant, preset, size, complete or partial.
+    List(cmd_list::ListArgs),
+    /// Print the shell completion script (bash, zsh or fish) on stdout.
+    Completions(cmd_completions::CompletionsArgs),
     /// Dump every intermediate of a component for parity checks against Kyutai's Python package.
     #[command(subcommand)]
     Trace(TraceCmd),
@@ -139,6 +146,8 @@ fn dispatch(cmd: Command) -> Result<()> {
         Command::Bench(a) => cmd_bench::run(&a),
         Command::Devices(a) => cmd_devices::run(&a),
         Command::Stt(a) => cmd_stt::run(&a),
+        Command::List(a) => cmd_list::run(&a),
+        Command::Completions(a) => cmd_completions::run(&a, &mut Cli::command()),
         Command::Trace(TraceCmd::Mimi(a)) => cmd_trace_mimi::run(&a),
         Command::Trace(TraceCmd::Lm(a)) => cmd_trace_lm::run(&a),
         Command::Trace(TraceCmd::Duplex(a)) => cmd_trace_duplex::run(&a),

@@ -39,6 +39,9 @@ pub enum AudioError {
     /// The input is not a WAV file, or its header is malformed.
     #[error("not a valid WAV file: {0}")]
     NotWav(String),
+    /// The WAV holds no audio: its data is empty (or ends before the first sample).
+    #[error("the WAV file is empty: it holds no audio samples")]
+    Empty,
     /// The file ends before the sample data its header announces.
     #[error("truncated WAV file: the data ends before the length given in its header")]
     Truncated,
@@ -70,6 +73,15 @@ fn map_hound(e: hound::Error) -> AudioError {
         hound::Error::TooWide | hound::Error::InvalidSampleFormat => {
             AudioError::Unsupported("sample format not supported".into())
         }
+    }
+}
+
+/// [`map_hound`], except that a file whose data ends before its first sample is empty, not truncated
+/// (a recording that was started and never written to).
+fn empty_if_first(index: usize, e: hound::Error) -> AudioError {
+    match map_hound(e) {
+        AudioError::Truncated if index == 0 => AudioError::Empty,
+        other => other,
     }
 }
 
@@ -154,14 +166,14 @@ fn decode_mono<R: Read>(
     };
     match (spec.sample_format, spec.bits_per_sample) {
         (hound::SampleFormat::Float, 32) => {
-            for s in reader.samples::<f32>() {
-                push(s.map_err(map_hound)?);
+            for (i, s) in reader.samples::<f32>().enumerate() {
+                push(s.map_err(|e| empty_if_first(i, e))?);
             }
         }
         (hound::SampleFormat::Int, bits @ (8 | 16 | 24 | 32)) => {
             let norm = 1.0 / (1u64 << (bits - 1)) as f64;
-            for s in reader.samples::<i32>() {
-                push((f64::from(s.map_err(map_hound)?) * norm) as f32);
+            for (i, s) in reader.samples::<i32>().enumerate() {
+                push((f64::from(s.map_err(|e| empty_if_first(i, e))?) * norm) as f32);
             }
         }
         _ => {
@@ -172,6 +184,9 @@ fn decode_mono<R: Read>(
     }
     if k != 0 {
         return Err(AudioError::Truncated);
+    }
+    if mono.is_empty() {
+        return Err(AudioError::Empty);
     }
     Ok((mono, info))
 }

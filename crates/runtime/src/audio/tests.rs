@@ -156,6 +156,13 @@ fn typed_errors_for_bad_input() {
         read_wav_from(Cursor::new(cut)),
         Err(AudioError::Truncated)
     ));
+    // The header alone (a recording never written to), and a data chunk of length 0: empty, not
+    // truncated.
+    let header_only = full[..full.len() - 200].to_vec();
+    let err = read_wav_from(Cursor::new(header_only)).unwrap_err();
+    assert!(matches!(err, AudioError::Empty), "{err:?}");
+    let err = read_wav_from(Cursor::new(wav_int(24_000, 1, 16, &[]))).unwrap_err();
+    assert!(matches!(err, AudioError::Empty), "{err:?}");
     // Cut inside the header.
     assert!(read_wav_from(Cursor::new(full[..20].to_vec())).is_err());
     // 64-bit float: a valid WAV that hound does not read.

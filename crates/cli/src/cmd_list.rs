@@ -1,0 +1,182 @@
+//! `moshi-native list`: the released bundles already in the Hugging Face cache, each with its
+//! variant, preset, size on disk and whether it is complete (every file of the bundle present in
+//! the snapshot `refs/main` names) or partial (what is missing, and any download left unfinished).
+
+use std::path::Path;
+
+use anyhow::Result;
+use clap::{Args, ValueEnum};
+
+use crate::models::{hub_cache_dir, repo_cache_dir, repo_spec, Preset, RepoSpec, Variant};
+
+/// Flags of `list` (none: the cache is found as every command finds it, `HF_HUB_CACHE`,
+/// `HF_HOME/hub`, `~/.cache/huggingface/hub`).
+#[derive(Args, Debug)]
+pub struct ListArgs {}
+
+/// One bundle found in the cache.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Found {
+    /// The voice.
+    pub variant: Variant,
+    /// The weight format.
+    pub preset: Preset,
+    /// Bytes of the bundle's files present (complete files and unfinished downloads).
+    pub bytes: u64,
+    /// The bundle's files not in the snapshot.
+    pub missing: Vec<&'static str>,
+    /// Downloads left unfinished (`blobs/*.incomplete`).
+    pub unfinished: usize,
+}
+
+impl Found {
+    /// Every file is in the snapshot.
+    pub fn complete(&self) -> bool {
+        self.missing.is_empty()
+    }
+}
+
+fn file_len(p: &Path) -> u64 {
+    std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)
+}
+
+/// What the cache at `cache` holds of one bundle, `None` when nothing of it is there.
+fn look(cache: &Path, variant: Variant, preset: Preset, spec: &RepoSpec) -> Option<Found> {
+    let repo = repo_cache_dir(cache, &spec.repo);
+    if !repo.is_dir() {
+        return None;
+    }
+    let snap = std::fs::read_to_string(repo.join("refs").join("main"))
+        .ok()
+        .map(|rev| repo.join("snapshots").join(rev.trim()));
+    let mut bytes = 0;
+    let mut missing = Vec::new();
+    for f in &spec.files {
+        match snap.as_ref().map(|s| s.join(f)).filter(|p| p.is_file()) {
+            Some(p) => bytes += file_len(&p),
+            None => missing.push(*f),
+        }
+    }
+    let mut unfinished = 0;
+    if let Ok(rd) = std::fs::read_dir(repo.join("blobs")) {
+        for e in rd.flatten() {
+            if e.file_name().to_string_lossy().ends_with(".incomplete") {
+                unfinished += 1;
+                bytes += file_len(&e.path());
+            }
+        }
+    }
+    Some(Found {
+        variant,
+        preset,
+        bytes,
+        missing,
+        unfinished,
+    })
+}
+
+/// Every released bundle the cache at `cache` holds anything of, in variant × preset order.
+pub fn scan(cache: &Path) -> Vec<Found> {
+    let mut out = Vec::new();
+    for variant in Variant::value_variants() {
+        for preset in Preset::value_variants() {
+            if let Some(f) = look(cache, *variant, *preset, &repo_spec(*variant, *preset)) {
+                out.push(f);
+            }
+        }
+    }
+    out
+}
+
+fn human(bytes: u64) -> String {
+    let b = bytes as f64;
+    if b >= 1e9 {
+        format!("{:.2} GB", b / 1e9)
+    } else if b >= 1e6 {
+        format!("{:.1} MB", b / 1e6)
+    } else if b >= 1e3 {
+        format!("{:.1} kB", b / 1e3)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
+/// Runs `list`.
+pub fn run(_a: &ListArgs) -> Result<()> {
+    let cache = hub_cache_dir();
+    let found = scan(&cache);
+    if found.is_empty() {
+        println!(
+            "no released bundle in the Hugging Face cache ({})",
+            cache.display()
+        );
+        println!("fetch one with `moshi-native fetch --variant moshiko --preset q8`, or try `--model demo`");
+        return Ok(());
+    }
+    println!("bundles in {}:", cache.display());
+    println!("  {:<8} {:<9} {:>9}  state", "variant", "preset", "size");
+    for f in &found {
+        let state = if f.complete() {
+            "complete".to_string()
+        } else {
+            let mut s = format!("partial: missing {}", f.missing.join(", "));
+            if f.unfinished > 0 {
+                s.push_str(&format!(
+                    " ({} unfinished; `moshi-native fetch --variant {} --preset {}` resumes)",
+                    crate::models::count(f.unfinished, "download"),
+                    f.variant,
+                    f.preset
+                ));
+            }
+            s
+        };
+        println!(
+            "  {:<8} {:<9} {:>9}  {state}",
+            f.variant.to_string(),
+            f.preset.to_string(),
+            human(f.bytes)
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scan_tells_complete_from_partial() {
+        let cache = testkit::ScratchDir::new("list");
+        assert!(scan(&cache).is_empty());
+        // A complete q8 moshiko, and a moshika q4 whose LM download stopped halfway.
+        let spec = repo_spec(Variant::Moshiko, Preset::Q8);
+        let repo = repo_cache_dir(&cache, &spec.repo);
+        std::fs::create_dir_all(repo.join("refs")).unwrap();
+        std::fs::write(repo.join("refs/main"), "r1\n").unwrap();
+        let snap = repo.join("snapshots/r1");
+        std::fs::create_dir_all(&snap).unwrap();
+        for f in &spec.files {
+            std::fs::write(snap.join(f), b"0123456789").unwrap();
+        }
+        let spec4 = repo_spec(Variant::Moshika, Preset::Q4);
+        let repo4 = repo_cache_dir(&cache, &spec4.repo);
+        std::fs::create_dir_all(repo4.join("blobs")).unwrap();
+        std::fs::write(repo4.join("blobs/model.q4.safetensors.incomplete"), b"0123").unwrap();
+        let found = scan(&cache);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert_eq!(
+            (found[0].variant, found[0].preset),
+            (Variant::Moshiko, Preset::Q8)
+        );
+        assert!(found[0].complete());
+        assert_eq!(found[0].bytes, 30);
+        assert_eq!(
+            (found[1].variant, found[1].preset),
+            (Variant::Moshika, Preset::Q4)
+        );
+        assert!(!found[1].complete());
+        assert_eq!(found[1].missing.len(), 3);
+        assert_eq!(found[1].unfinished, 1);
+        assert_eq!(found[1].bytes, 4);
+    }
+}
