@@ -544,8 +544,7 @@ const BF16_KV_ORACLE_BOUND: f32 = 0.1;
 
 /// bf16 KV on the device, teacher-forced along the f32 device run (which gives the oracle's
 /// tokens): within [`BF16_KV_ORACLE_BOUND`] of the oracle's floats; free-running: the CPU bf16
-/// ring's tokens, and its floats within 2e-4 (the same rounding of the same values; 1e-4 of
-/// `lm_parity.rs` plus the logits' larger values here). For the merge path (chunk 3) and the
+/// ring's tokens, and its floats within 2e-2 (a measured bound: see the comment at the check). For the merge path (chunk 3) and the
 /// one-chunk path.
 #[test]
 fn bf16_kv_within_its_bound_of_the_oracle_and_matches_the_cpu_bf16_ring() {
@@ -623,12 +622,16 @@ fn bf16_kv_within_its_bound_of_the_oracle_and_matches_the_cpu_bf16_ring() {
         ] {
             let diff = max_abs_diff(a, b);
             eprintln!("bf16 KV chunk {chunk} {name}: max |gpu - cpu bf16| {diff:e}");
-            // 2e-4 assumed the device's f32 K/V equal the CPU's before their bf16 rounding; the
-            // 8-row matvec sums in another order, so a K/V value's bf16 rounding can fall the
-            // other way (one bf16 ulp, 2^-8 relative): measured 6.4e-4 on the text logits with
-            // the merge path (chunk 3) on lavapipe. Bounded at 2e-3 until a derived bound.
+            // The device's f32 K/V are not the CPU's bits before their bf16 rounding (the matvec
+            // sums in another order, and the order depends on the adapter's subgroup size), so a
+            // K/V value's rounding can fall the other way (one bf16 ulp, 2^-8 relative) and that
+            // carries through the layers. Measured on the text logits: 6.4e-4 on lavapipe
+            // (subgroups of 8, chunk 3), 4.2e-3 on an NVIDIA H200 (subgroups of 32, chunk 64).
+            // Bounded at 2e-2, a measured bound (not derived), still well under the 0.067 that
+            // bf16 KV itself moves the logits from f32; a store that truncates instead of rounding
+            // is caught by the kernel tests above, which compare with the CPU's rounding exactly.
             assert!(
-                diff < 2e-3,
+                diff < 2e-2,
                 "bf16 chunk {chunk} {name}: {diff} from the CPU"
             );
         }
