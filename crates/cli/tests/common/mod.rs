@@ -1,0 +1,129 @@
+//! What the CLI's process-level `serve` tests share: a free port, plain HTTP GETs, one metric of
+//! `/metrics`, and a minimal blocking WebSocket client (RFC 6455 framing by hand, so the tests need
+//! no extra dependency). Each test binary uses a part of it.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::Duration;
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn http_get(port: u16, path: &str) -> Option<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut v = String::new();
+    s.read_to_string(&mut v).ok()?;
+    Some(v)
+}
+
+pub fn metric(port: u16, name: &str) -> Option<u64> {
+    let body = http_get(port, "/metrics")?;
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// A blocking WebSocket client connection.
+pub struct Ws {
+    /// The connection (tests clone it to read and write from two threads).
+    pub s: TcpStream,
+}
+
+impl Ws {
+    pub fn connect(port: u16) -> Ws {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        write!(
+            s,
+            "GET /api/chat HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n\
+             Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+             Sec-WebSocket-Version: 13\r\n\r\n"
+        )
+        .unwrap();
+        let mut head = Vec::new();
+        let mut b = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            s.read_exact(&mut b).unwrap();
+            head.push(b[0]);
+        }
+        let head = String::from_utf8_lossy(&head);
+        assert!(head.starts_with("HTTP/1.1 101"), "upgrade refused: {head}");
+        Ws { s }
+    }
+
+    /// Next message as (opcode, payload); None on EOF or error.
+    pub fn read(&mut self) -> Option<(u8, Vec<u8>)> {
+        let mut h = [0u8; 2];
+        self.s.read_exact(&mut h).ok()?;
+        let op = h[0] & 0x0f;
+        let mut len = u64::from(h[1] & 0x7f);
+        if len == 126 {
+            let mut b = [0u8; 2];
+            self.s.read_exact(&mut b).ok()?;
+            len = u64::from(u16::from_be_bytes(b));
+        } else if len == 127 {
+            let mut b = [0u8; 8];
+            self.s.read_exact(&mut b).ok()?;
+            len = u64::from_be_bytes(b);
+        }
+        assert!(h[1] & 0x80 == 0, "server frames are never masked");
+        assert!(len < 1 << 24, "absurd frame length {len}");
+        let mut p = vec![0u8; len as usize];
+        self.s.read_exact(&mut p).ok()?;
+        Some((op, p))
+    }
+
+    pub fn send_binary(&mut self, payload: &[u8]) -> bool {
+        let mask = [0x12u8, 0x34, 0x56, 0x78];
+        let mut f = vec![0x82u8];
+        let n = payload.len();
+        if n < 126 {
+            f.push(0x80 | n as u8);
+        } else if n < 1 << 16 {
+            f.push(0x80 | 126);
+            f.extend_from_slice(&(n as u16).to_be_bytes());
+        } else {
+            f.push(0x80 | 127);
+            f.extend_from_slice(&(n as u64).to_be_bytes());
+        }
+        f.extend_from_slice(&mask);
+        f.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+        self.s.write_all(&f).is_ok()
+    }
+
+    pub fn close(mut self) {
+        // A masked close frame with no payload, then wait for the server's close.
+        let _ = self.s.write_all(&[0x88, 0x80, 1, 2, 3, 4]);
+        while let Some((op, _)) = self.read() {
+            if op == 8 {
+                break;
+            }
+        }
+    }
+
+    /// Reads until the handshake (kind 0); returns the kinds seen before it.
+    pub fn wait_handshake(&mut self) -> Vec<u8> {
+        let mut kinds = Vec::new();
+        while let Some((op, p)) = self.read() {
+            if op == 2 && !p.is_empty() {
+                if p[0] == 0 {
+                    return kinds;
+                }
+                kinds.push(p[0]);
+            }
+            assert!(op != 8, "closed before the handshake");
+        }
+        panic!("no handshake");
+    }
+}
