@@ -5,36 +5,14 @@
 //! `synth --format` takes the preset names; no loader noise from `devices`; no colour codes in piped
 //! logs; counts read "1 frame"; transcripts end with a newline; `completions` and `list`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 
 use testkit::ScratchDir;
 
-fn bin() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_moshi-native"));
-    // The demo bundle and any hub lookups stay inside this test's own folders.
-    c.env("XDG_CACHE_HOME", caches().join("xdg"))
-        .env("HF_HUB_CACHE", caches().join("hub"))
-        .env_remove("MOSHI_MODEL_DIR");
-    c
-}
+mod common;
 
-/// The cache folders every run of this process shares (the demo bundle is written once).
-fn caches() -> &'static Path {
-    static DIR: OnceLock<ScratchDir> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let d = ScratchDir::new("cli-consistency-caches");
-        for sub in ["xdg", "hub"] {
-            std::fs::create_dir_all(d.join(sub)).unwrap();
-        }
-        d
-    })
-}
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+use common::{bin, root};
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()

@@ -1,37 +1,14 @@
 //! End-to-end tests of the `moshi-native` binary on the bundled demo model and the committed
 //! fixture bundle: output WAV format and length, non-silence, transcript, and error exits.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 
 use testkit::ScratchDir;
 
-fn bin() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_moshi-native"));
-    // Keep the demo bundle and any hub lookups inside the test's own folders.
-    c.env("XDG_CACHE_HOME", caches().join("xdg"))
-        .env("HF_HUB_CACHE", caches().join("hub"))
-        .env_remove("MOSHI_MODEL_DIR");
-    c
-}
+mod common;
 
-/// The cache folders every run of this process shares (the demo bundle is written once). A
-/// static is never dropped, so they stay, as any user's cache would.
-fn caches() -> &'static Path {
-    static DIR: OnceLock<ScratchDir> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let d = ScratchDir::new("cli-caches");
-        for sub in ["xdg", "hub"] {
-            std::fs::create_dir_all(d.join(sub)).unwrap();
-        }
-        d
-    })
-}
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+use common::{bin, root};
 
 fn run(c: &mut Command) -> Output {
     let o = c.output().expect("binary runs");

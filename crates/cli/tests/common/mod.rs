@@ -1,11 +1,16 @@
 //! What the CLI's process-level `serve` tests share: a free port, plain HTTP GETs, one metric of
-//! `/metrics`, and a minimal blocking WebSocket client (RFC 6455 framing by hand, so the tests need
+//! `/metrics`, the binary with its caches in the test's own folders, and a minimal blocking WebSocket client (RFC 6455 framing by hand, so the tests need
 //! no extra dependency). Each test binary uses a part of it.
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
 use std::time::Duration;
+
+use testkit::ScratchDir;
 
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -126,4 +131,32 @@ impl Ws {
         }
         panic!("no handshake");
     }
+}
+
+/// The binary under test, with its caches inside this test process's own folders.
+pub fn bin() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_moshi-native"));
+    // Keep the demo bundle and any hub lookups inside the test's own folders.
+    c.env("XDG_CACHE_HOME", caches().join("xdg"))
+        .env("HF_HUB_CACHE", caches().join("hub"))
+        .env_remove("MOSHI_MODEL_DIR");
+    c
+}
+
+/// The cache folders every run of this process shares (the demo bundle is written once). A
+/// static is never dropped, so they stay, as any user's cache would.
+pub fn caches() -> &'static Path {
+    static DIR: OnceLock<ScratchDir> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let d = ScratchDir::new("cli-caches");
+        for sub in ["xdg", "hub"] {
+            std::fs::create_dir_all(d.join(sub)).unwrap();
+        }
+        d
+    })
+}
+
+/// The checkout's root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
