@@ -21,8 +21,9 @@
 #   SECS CLIENTS MAX_SESSIONS SESSION_SECS INTERVAL PORT OUT: as their names say
 #
 # Output under $OUT (default target/soak/<timestamp>/): samples.tsv, client.log, server.log,
-# metrics-before.txt, metrics-after.txt, summary.txt (figures and verdict). Exit status 0 when every check
-# of the verdict passes, 1 otherwise. Not run in CI (it takes wall time).
+# metrics-before.txt, metrics-after.txt, exit.txt, summary.txt (figures and verdict, written by
+# tools/soak/verdict.sh, which can be rerun on the folder). Exit status 0 when every check of the verdict
+# passes, 1 otherwise. Not run in CI (it takes wall time).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -37,7 +38,7 @@ BUILD=${BUILD:-1}
 READY_SECS=${READY_SECS:-3600}
 OUT=${OUT:-target/soak/$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$OUT"
-rm -f "$OUT/summary.txt" "$OUT/samples.tsv"
+rm -f "$OUT/summary.txt" "$OUT/samples.tsv" "$OUT/exit.txt"
 
 case "$PROFILE" in
     debug) flag=() ;;
@@ -133,61 +134,7 @@ SRC=$?
 set -e
 trap - EXIT
 
-# Verdict. "Flat" means the second half of the run reaches no higher than the first half did after
-# warm-up (the first 10% of the samples, when the caches and pools are still filling, are left out):
-# fds and threads not above it at all, RSS not more than 5% above it (allocator and page-cache jitter).
-# The last sample is taken 5 s after the clients stopped: sessions_active must be back to 0 there.
-# Errors: the client's connect errors, refusals and error messages, and ERROR or panic lines of the
-# server, must all be 0. Dropped frames are NOT errors: a full-size model on a small machine cannot
-# keep up in real time and drops frames by design (they are counted in the metrics).
-metric() { awk -v n="$1" '$1==n{print $2}' "$OUT/metrics-after.txt" 2>/dev/null || true; }
-total=$(tail -n 1 "$OUT/client.log" || true)
-field() { echo "$total" | sed -n "s/.*\"$1\":\([0-9]*\).*/\1/p"; }
-panics=$(grep -ci panic "$OUT/server.log" || true)
-errors=$(grep -c -E '(^| )ERROR( |$)|"level":"ERROR"' "$OUT/server.log" || true)
-fails=()
-check() { # name ok(0/1) detail
-    if [ "$2" = 1 ]; then echo "PASS $1: $3"; else
-        echo "FAIL $1: $3"
-        fails+=("$1")
-    fi
-}
-{
-    echo "wall seconds: $(($(date +%s) - START))"
-    awk -F'\t' '
-        NR > 1 { n++; s[n] = $1; r[n] = $2; f[n] = $3; t[n] = $4; a[n] = $5 }
-        END {
-            w = int(n / 10) + 1; h = int(n / 2)
-            for (i = w; i <= h; i++) { if (r[i] > rw) rw = r[i]; if (f[i] > fw) fw = f[i]; if (t[i] > tw) tw = t[i] }
-            for (i = h + 1; i <= n; i++) { if (r[i] > rl) rl = r[i]; if (f[i] > fl) fl = f[i]; if (t[i] > tl) tl = t[i] }
-            printf "samples: %d (warm-up: samples 1-%d; first half after it: %d-%d; second half: %d-%d)\n", n, w - 1, w, h, h + 1, n
-            printf "rss_kib first/last, max first half/max second half: %d/%d, %d/%d (growth %.2f%%)\n", r[1], r[n], rw, rl, rw ? 100 * (rl - rw) / rw : 0
-            printf "fds first/last, max first half/max second half: %d/%d, %d/%d\n", f[1], f[n], fw, fl
-            printf "threads first/last, max first half/max second half: %d/%d, %d/%d\n", t[1], t[n], tw, tl
-            printf "flat_rss=%d flat_fds=%d flat_threads=%d sessions_active_last=%s\n", (n >= 4 && rl <= rw * 1.05), (n >= 4 && fl <= fw), (n >= 4 && tl <= tw), a[n]
-        }' "$OUT/samples.tsv" | tee "$OUT/flat.txt"
-    echo "client total: $total"
-    grep -E '^moshi_(sessions|frames|messages|connections)' "$OUT/metrics-after.txt" 2>/dev/null || true
-    echo "panics in server log: $panics; ERROR lines: $errors"
-    echo "server exit code after SIGTERM: $SRC; client exit code: $CRC"
-    echo "--- verdict"
-    flat=$(tail -n 1 "$OUT/flat.txt")
-    has() { case " $flat " in *" $1 "*) echo 1 ;; *) echo 0 ;; esac }
-    check "server alive" $((server_died == 0)) "server_died=$server_died"
-    check "clean exit" $((SRC == 0 && CRC == 0)) "server $SRC, client $CRC"
-    check "rss flat" "$(has flat_rss=1)" "$(sed -n 2p "$OUT/flat.txt")"
-    check "fds flat" "$(has flat_fds=1)" "$(sed -n 3p "$OUT/flat.txt")"
-    check "threads flat" "$(has flat_threads=1)" "$(sed -n 4p "$OUT/flat.txt")"
-    check "sessions closed" "$(has sessions_active_last=0)" "moshi_sessions_active at the end: $(metric moshi_sessions_active)"
-    s=$(field sessions)
-    ce=$(field connect_errors)
-    rf=$(field refused)
-    em=$(field error_messages)
-    check "sessions ran" $((${s:-0} > 0)) "${s:-0} sessions"
-    check "0 client errors" $((${ce:-1} == 0 && ${rf:-1} == 0 && ${em:-1} == 0)) \
-        "connect_errors=${ce:-?} refused=${rf:-?} error_messages=${em:-?}"
-    check "0 server errors" $((panics == 0 && errors == 0)) "panics=$panics ERROR lines=$errors"
-    if [ "${#fails[@]}" -eq 0 ]; then echo "SOAK PASSED"; else echo "SOAK FAILED: ${fails[*]}"; fi
-} | tee -a "$OUT/summary.txt"
-echo "results in $OUT"
-grep -q '^SOAK PASSED$' "$OUT/summary.txt"
+printf 'server_died=%s\nserver_exit=%s\nclient_exit=%s\nwall_secs=%s\n' "$server_died" "$SRC" "$CRC" \
+    $(($(date +%s) - START)) >"$OUT/exit.txt"
+echo "ended: $(date -u +%Y-%m-%dT%H:%M:%SZ)" >>"$OUT/setup.txt"
+bash "$(dirname "$0")/verdict.sh" "$OUT"
