@@ -192,6 +192,8 @@ def main():
     soak_client = os.path.abspath(sys.argv[2]) if len(sys.argv) == 3 else None
     nginx = os.environ.get("NGINX") or shutil.which("nginx") or "/usr/sbin/nginx"
     tmp = tempfile.mkdtemp(prefix="moshi-lb-")
+    # Run as root, nginx's workers switch to an unprivileged user that must reach its temp folders here.
+    os.chmod(tmp, 0o755)
     procs = {}
     try:
         a, b, lb = free_ports(3)
