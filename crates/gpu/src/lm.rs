@@ -11,9 +11,9 @@ use model::sampling::{Sampler, SamplingError};
 
 use crate::context::GpuContext;
 use crate::dispatch::{Dispatch, Grid};
-use crate::matrix::{f32_bytes, i32_bytes, GpuMatrix};
+use crate::matrix::{f32_bytes, i32_bytes, GpuMatrix, Op};
 use crate::sample::{device_samples, SampleStage};
-use crate::shaders::{step, Module, MAX_ROWS};
+use crate::shaders::{step, Fuse, Module, MAX_ROWS};
 use crate::uniforms::{MatParams, Misc};
 use crate::GpuError;
 
@@ -98,9 +98,11 @@ impl GpuLmWeights {
 
     fn upload_all(ctx: &GpuContext, model: &LmModel, s: LmSpec) -> Result<GpuLmWeights, GpuError> {
         let mut norms: Vec<f32> = Vec::new();
+        // Each norm starts on a 16-byte boundary (the fused matmul reads it as `vec4<f32>`).
         let mut push_norm = |v: &[f32]| {
             let o = norms.len();
             norms.extend_from_slice(v);
+            norms.resize(norms.len().div_ceil(4) * 4, 0.0);
             o
         };
         let mut layer = |label: &str, w: LayerWeights<'_>, shared_norms: Option<(usize, usize)>| {
@@ -111,7 +113,7 @@ impl GpuLmWeights {
                 norm2,
                 in_proj: GpuMatrix::upload(ctx, label, w.in_proj)?,
                 out_proj: GpuMatrix::upload(ctx, label, w.out_proj)?,
-                lin_in: GpuMatrix::upload(ctx, label, w.lin_in)?,
+                lin_in: GpuMatrix::upload_gated(ctx, label, w.lin_in)?,
                 lin_out: GpuMatrix::upload(ctx, label, w.lin_out)?,
             })
         };
@@ -169,10 +171,8 @@ impl GpuLmWeights {
 #[derive(Debug)]
 struct Work {
     x: wgpu::Buffer,
-    h: wgpu::Buffer,
     qkv: wgpu::Buffer,
     attn: wgpu::Buffer,
-    g: wgpu::Buffer,
     u: wgpu::Buffer,
 }
 
@@ -189,10 +189,8 @@ impl Work {
         };
         Ok(Work {
             x: b("x", d)?,
-            h: b("h", d)?,
             qkv: b("qkv", 3 * d)?,
             attn: b("attn", d)?,
-            g: b("g", 2 * hidden)?,
             u: b("u", hidden)?,
         })
     }
@@ -359,8 +357,11 @@ impl LayerBinds<'_> {
         )
     }
 
-    /// The dispatches of one layer: x += attn(norm1 x); x += ffn(norm2 x). `fixed_slot` is the
-    /// Depformer step (its ring slot; no RoPE), `None` for the temporal stack.
+    /// The dispatches of one layer: x += attn(norm1 x); x += ffn(norm2 x), 5 launches (6 with
+    /// the attention's merge): the norms run inside `in_proj` and `lin_in` ([`Fuse::Norm`]), the
+    /// gated SiLU in `lin_in`'s epilogue ([`Fuse::NormGate`]), the residual adds in `out_proj`'s
+    /// and `lin_out`'s (`accumulate`). `fixed_slot` is the Depformer step (its ring slot; no
+    /// RoPE), `None` for the temporal stack.
     fn layer(
         &self,
         w: &LayerGpu,
@@ -370,21 +371,25 @@ impl LayerBinds<'_> {
         out: &mut Vec<Dispatch>,
     ) {
         let (s, wk, ctx) = (self.stack, self.work, self.ctx);
-        // `y (+)= W x` over the step's rows of `x` (stride `ld_x`) and `y` (stride `ld_y`).
+        // `y (+)= W f(x)` over the step's rows of `x` (stride `ld_x`) and `y` (stride `ld_y`),
+        // `f` the fused norm of weights at `norm` (and gate) or nothing.
         let matmul = |m: &GpuMatrix,
+                      (fuse, norm): (Fuse, usize),
                       x: &wgpu::Buffer,
                       y: &wgpu::Buffer,
-                      ld_x: usize,
-                      ld_y: usize,
+                      (ld_x, ld_y): (usize, usize),
                       accumulate: bool| {
             let p = MatParams {
                 ld_x: ld_x as u32,
                 ld_y: ld_y as u32,
                 accumulate,
+                norm_off: norm as u32,
+                eps: s.eps,
                 ..Default::default()
             };
-            m.dispatches(ctx, Module::Matmul, x, y, self.step, &p)
+            m.dispatches(ctx, Op::Matmul(fuse), x, y, self.step, self.norms, &p)
         };
+        let plain = (Fuse::Plain, 0);
         let misc = Misc {
             d: s.d as u32,
             heads: s.heads as u32,
@@ -399,8 +404,14 @@ impl LayerBinds<'_> {
             direct: s.attn.nchunks == 1,
             ..Default::default()
         };
-        out.push(self.norm(&wk.x, &wk.h, w.norm1));
-        out.extend(matmul(&w.in_proj, &wk.h, &wk.qkv, s.d, 3 * s.d, false));
+        out.extend(matmul(
+            &w.in_proj,
+            (Fuse::Norm, w.norm1),
+            &wk.x,
+            &wk.qkv,
+            (s.d, 3 * s.d),
+            false,
+        ));
         let bufs = AttnBufs {
             qkv: &wk.qkv,
             kc,
@@ -411,16 +422,30 @@ impl LayerBinds<'_> {
             dst: &wk.attn,
         };
         attention_dispatches(ctx, misc, &bufs, out);
-        out.extend(matmul(&w.out_proj, &wk.attn, &wk.x, s.d, s.d, true));
-        out.push(self.norm(&wk.x, &wk.h, w.norm2));
-        out.extend(matmul(&w.lin_in, &wk.h, &wk.g, s.d, 2 * s.hidden, false));
-        out.push(self.simple(
-            Module::Gate,
-            misc,
-            &[&wk.g, &wk.u, self.step],
-            Grid::PerRow(s.hidden.div_ceil(64) as u32),
+        out.extend(matmul(
+            &w.out_proj,
+            plain,
+            &wk.attn,
+            &wk.x,
+            (s.d, s.d),
+            true,
         ));
-        out.extend(matmul(&w.lin_out, &wk.u, &wk.x, s.hidden, s.d, true));
+        out.extend(matmul(
+            &w.lin_in,
+            (Fuse::NormGate, w.norm2),
+            &wk.x,
+            &wk.u,
+            (s.d, s.hidden),
+            false,
+        ));
+        out.extend(matmul(
+            &w.lin_out,
+            plain,
+            &wk.u,
+            &wk.x,
+            (s.hidden, s.d),
+            true,
+        ));
     }
 }
 
@@ -627,19 +652,21 @@ impl GpuLm {
         for (i, m) in w.audio_emb.iter().enumerate() {
             temporal.extend(m.dispatches(
                 &ctx,
-                Module::Embed,
+                Op::Embed,
                 &dummy,
                 &tw.x,
                 &step_buf,
+                &dummy,
                 &emb_p(1 + i, s.dim),
             ));
         }
         temporal.extend(w.text_emb.dispatches(
             &ctx,
-            Module::Embed,
+            Op::Embed,
             &dummy,
             &tw.x,
             &step_buf,
+            &dummy,
             &emb_p(0, s.dim),
         ));
         for l in &w.layers {
@@ -657,10 +684,11 @@ impl GpuLm {
         };
         temporal.extend(w.text_linear.dispatches(
             &ctx,
-            Module::Matmul,
+            Op::Matmul(Fuse::Plain),
             &tout,
             &text_logits_dev,
             &step_buf,
+            &w.norms,
             &head_p(s.dim, s.text_card),
         ));
 
@@ -686,10 +714,11 @@ impl GpuLm {
             let mut d = Vec::new();
             d.extend(w.dep_in[k].dispatches(
                 &ctx,
-                Module::Matmul,
+                Op::Matmul(Fuse::Plain),
                 &tout,
                 &dw.x,
                 &step_buf,
+                &w.norms,
                 &head_p(s.dim, s.dep_dim),
             ));
             let p = MatParams {
@@ -701,10 +730,11 @@ impl GpuLm {
             };
             d.extend(w.dep_tok_emb[k].dispatches(
                 &ctx,
-                Module::Embed,
+                Op::Embed,
                 &dummy,
                 &dw.x,
                 &step_buf,
+                &dummy,
                 &p,
             ));
             for (j, steps) in w.dep_layers.iter().enumerate() {
@@ -712,10 +742,11 @@ impl GpuLm {
             }
             d.extend(w.dep_linear[k].dispatches(
                 &ctx,
-                Module::Matmul,
+                Op::Matmul(Fuse::Plain),
                 &dw.x,
                 &dep_logits_dev,
                 &step_buf,
+                &w.norms,
                 &head_p(s.dep_dim, s.card),
             ));
             dep.push(d);

@@ -4,7 +4,7 @@ use kernels::{Matrix, WeightFormat};
 
 use crate::context::GpuContext;
 use crate::dispatch::{Dispatch, Grid};
-use crate::shaders::{Module, MATMUL_ROWS, MAX_ROWS};
+use crate::shaders::{Fuse, Module, MATMUL_ROWS, MAX_ROWS};
 use crate::uniforms::MatParams;
 use crate::{GpuError, WeightKind};
 
@@ -38,6 +38,23 @@ pub struct GpuMatrix {
 impl GpuMatrix {
     /// Uploads `m` (load time; allocates).
     pub fn upload(ctx: &GpuContext, label: &str, m: &Matrix) -> Result<GpuMatrix, GpuError> {
+        Self::upload_rows(ctx, label, m, false)
+    }
+
+    /// Uploads a gated FFN's input matrix `m` (`2h` rows: the `h` rows of `a`, then the `h` of
+    /// `g`) with its rows interleaved, `a_0, g_0, a_1, g_1, ..`, for the matmul's
+    /// [`Fuse::NormGate`] epilogue (each pair in one workgroup). A permutation of whole rows, so
+    /// every code and scale is the checkpoint's.
+    pub fn upload_gated(ctx: &GpuContext, label: &str, m: &Matrix) -> Result<GpuMatrix, GpuError> {
+        Self::upload_rows(ctx, label, m, true)
+    }
+
+    fn upload_rows(
+        ctx: &GpuContext,
+        label: &str,
+        m: &Matrix,
+        gated: bool,
+    ) -> Result<GpuMatrix, GpuError> {
         let format = m.format();
         let unsupported = |why: String| GpuError::Unsupported {
             format: format!("{format:?}"),
@@ -55,7 +72,12 @@ impl GpuMatrix {
                 "{label}: {cols} columns (the kernels need a multiple of 4)"
             )));
         }
-        let parts = m.checkpoint_parts();
+        if gated && !rows.is_multiple_of(2) {
+            return Err(unsupported(format!(
+                "{label}: a gated matrix of {rows} rows (two halves needed)"
+            )));
+        }
+        let mut parts = m.checkpoint_parts();
         let row_bytes = parts.codes.len() / rows;
         let ld_bytes = row_bytes.div_ceil(16) * 16;
         let groups = if parts.scales.is_empty() {
@@ -63,10 +85,19 @@ impl GpuMatrix {
         } else {
             parts.scales.len() / rows
         };
+        if gated {
+            parts.codes = interleave_halves(&parts.codes, rows, row_bytes);
+            parts.scales = interleave_halves(&parts.scales, rows, groups);
+            parts.biases = interleave_halves(&parts.biases, rows, groups);
+        }
         let max = ctx.max_binding() as usize;
         // Whole rows per chunk; the scale planes are 2 bytes per group.
         let per_row = ld_bytes.max(groups * 2).max(1);
-        let chunk_rows = (max / per_row).min(rows);
+        let mut chunk_rows = (max / per_row).min(rows);
+        if gated {
+            // A chunk holds whole pairs.
+            chunk_rows -= chunk_rows % 2;
+        }
         if chunk_rows == 0 {
             return Err(GpuError::DoesNotFit {
                 what: format!("one row of {label}"),
@@ -144,20 +175,23 @@ impl GpuMatrix {
 
     /// The dispatches of one of the matrix's kernels (one per chunk) over `x` / `y` with `step`
     /// (the step buffer), created once: each is a pipeline, a bind group and a grid. `op` is
-    /// [`Module::Matmul`], `y (+)= W x`, or [`Module::Embed`], `y[b] += row(token(b))` (`x` is
-    /// bound but not read).
+    /// [`Module::Matmul`], `y (+)= W x` with what it fuses (a fused norm's weights in `nw` at
+    /// `p.norm_off`), or [`Module::Embed`], `y[b] += row(token(b))` (`x` and `nw` are not read).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn dispatches(
         &self,
         ctx: &GpuContext,
-        op: fn(WeightKind) -> Module,
+        op: Op,
         x: &wgpu::Buffer,
         y: &wgpu::Buffer,
         step: &wgpu::Buffer,
+        nw: &wgpu::Buffer,
         p: &MatParams,
     ) -> Vec<Dispatch> {
-        let module = match op(self.kind) {
-            Module::Matmul(k) if ctx.subgroups() => Module::MatmulSubgroup(k),
-            m => m,
+        let module = match op {
+            Op::Matmul(f) if ctx.subgroups() => Module::MatmulSubgroup(self.kind, f),
+            Op::Matmul(f) => Module::Matmul(self.kind, f),
+            Op::Embed => Module::Embed(self.kind),
         };
         // The matmul reads activations as `vec4<f32>` (every caller passes row strides of a
         // multiple-of-4 column count).
@@ -178,10 +212,11 @@ impl GpuMatrix {
                     ..*p
                 };
                 let uni = ctx.uniform("params", &block.bytes());
-                let bind = ctx.bind(
-                    module,
-                    &[&uni, &ch.codes, &ch.scales, &ch.biases, x, y, step],
-                );
+                let mut bufs = vec![&uni, &ch.codes, &ch.scales, &ch.biases, x, y, step];
+                if op != Op::Embed {
+                    bufs.push(nw);
+                }
+                let bind = ctx.bind(module, &bufs);
                 let grid = match module {
                     Module::Embed(_) => Grid::PerRow((self.cols / 4).div_ceil(64) as u32),
                     _ => Grid::Rows((ch.rows as u32).div_ceil(MATMUL_ROWS)),
@@ -195,6 +230,30 @@ impl GpuMatrix {
             })
             .collect()
     }
+}
+
+/// What a weight-reading dispatch computes (its module follows from the matrix's format).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    /// The matrix product with what it fuses.
+    Matmul(Fuse),
+    /// The embedding gather.
+    Embed,
+}
+
+/// `v` (`rows` rows of `per_row` items: the two halves of a gated matrix) with its rows
+/// reordered `0, h, 1, h + 1, ..` (`h = rows / 2`); empty stays empty.
+fn interleave_halves<T: Copy>(v: &[T], rows: usize, per_row: usize) -> Vec<T> {
+    if v.is_empty() {
+        return Vec::new();
+    }
+    let h = rows / 2;
+    let mut out = Vec::with_capacity(v.len());
+    for j in 0..h {
+        out.extend_from_slice(&v[j * per_row..(j + 1) * per_row]);
+        out.extend_from_slice(&v[(h + j) * per_row..(h + j + 1) * per_row]);
+    }
+    out
 }
 
 /// Writes the step buffer of a standalone product: `n` active rows.
@@ -228,8 +287,55 @@ impl GpuContext {
             ld_y: m.rows() as u32,
             ..Default::default()
         };
-        let ds = w.dispatches(self, Module::Matmul, &xb, &yb, &step, &p);
+        let ds = w.dispatches(self, Op::Matmul(Fuse::Plain), &xb, &yb, &step, &xb, &p);
         self.run_and_read(&ds, n as u32, &yb, n * m.rows())
+    }
+
+    /// The fused products of the LM's layers on the device, once (tests): `y = W · rms_norm(x)`
+    /// ([`Fuse::Norm`], `y [n, rows]`) or `y = silu_gate(W · rms_norm(x))` ([`Fuse::NormGate`],
+    /// `y [n, rows / 2]`: `silu(a_j) · g_j` of the halves `a`, `g` of the product), the norm of
+    /// weights `norm` (`cols` values) and `eps`; [`Fuse::Plain`] is [`GpuContext::matmul_once`].
+    pub fn matmul_fused_once(
+        &self,
+        m: &Matrix,
+        fuse: Fuse,
+        norm: &[f32],
+        eps: f32,
+        x: &[f32],
+        n: usize,
+    ) -> Result<Vec<f32>, GpuError> {
+        if n == 0 || n > MAX_ROWS || x.len() != n * m.cols() || norm.len() != m.cols() {
+            return Err(GpuError::Runtime(format!(
+                "matmul_fused_once: {n} rows of {} values and a norm of as many expected, {} \
+                 and {} given",
+                m.cols(),
+                x.len(),
+                norm.len()
+            )));
+        }
+        let gated = fuse == Fuse::NormGate;
+        let w = if gated {
+            GpuMatrix::upload_gated(self, "w", m)?
+        } else {
+            GpuMatrix::upload(self, "w", m)?
+        };
+        let out_rows = if gated { m.rows() / 2 } else { m.rows() };
+        let xb = self.storage_init("x", &f32_bytes(x))?;
+        let nw = self.storage_init("norm", &f32_bytes(norm))?;
+        let yb = self.buffer(
+            "y",
+            (n * out_rows * 4) as u64,
+            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+        )?;
+        let step = self.storage_init("step", &step_bytes(n))?;
+        let p = MatParams {
+            ld_x: m.cols() as u32,
+            ld_y: out_rows as u32,
+            eps,
+            ..Default::default()
+        };
+        let ds = w.dispatches(self, Op::Matmul(fuse), &xb, &yb, &step, &nw, &p);
+        self.run_and_read(&ds, n as u32, &yb, n * out_rows)
     }
 
     /// Row `r` of each `tokens[b]` of `m` gathered on the device (`n = tokens.len()` rows, −1 gives
@@ -256,7 +362,7 @@ impl GpuContext {
             tok_stride: 1,
             ..Default::default()
         };
-        let ds = w.dispatches(self, Module::Embed, &dummy, &yb, &step, &p);
+        let ds = w.dispatches(self, Op::Embed, &dummy, &yb, &step, &dummy, &p);
         self.run_and_read(&ds, n as u32, &yb, n * m.cols())
     }
 

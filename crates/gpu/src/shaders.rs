@@ -14,6 +14,7 @@ mod layer;
 mod matvec;
 
 use layer::{ATTENTION, ATTENTION_MERGE, GATE, RMS_NORM};
+pub use matvec::Fuse;
 pub(crate) use matvec::MATMUL_ROWS;
 use matvec::{load4, matmul_body, EMBED_BODY, MAT_SCALES};
 
@@ -103,14 +104,18 @@ fn workgroup_reduce(lid: u32, v: f32, is_max: bool) -> f32 {
 }
 "#;
 
+/// Every fusion of the matrix product.
+const FUSES: [Fuse; 3] = [Fuse::Plain, Fuse::Norm, Fuse::NormGate];
+
 /// What a compute module does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Module {
-    /// Matrix product with weights of a format (the shared-memory reduction, any device).
-    Matmul(WeightKind),
+    /// Matrix product with weights of a format, with what it fuses (the shared-memory
+    /// reduction, any device).
+    Matmul(WeightKind, Fuse),
     /// The same matrix product reducing with subgroup shuffles: compiled only on a device with
     /// `wgpu::Features::SUBGROUP`, and bit for bit the same results as [`Module::Matmul`].
-    MatmulSubgroup(WeightKind),
+    MatmulSubgroup(WeightKind, Fuse),
     /// Embedding-row gather and add with weights of a format.
     Embed(WeightKind),
     /// RMS norm.
@@ -134,7 +139,9 @@ impl Module {
     pub fn all() -> Vec<Module> {
         let mut v = Vec::new();
         for k in WeightKind::ALL {
-            v.push(Module::Matmul(k));
+            for f in FUSES {
+                v.push(Module::Matmul(k, f));
+            }
             v.push(Module::Embed(k));
         }
         v.extend([
@@ -153,7 +160,7 @@ impl Module {
     pub fn subgroup_variants() -> Vec<Module> {
         WeightKind::ALL
             .into_iter()
-            .map(Module::MatmulSubgroup)
+            .flat_map(|k| FUSES.map(|f| Module::MatmulSubgroup(k, f)))
             .collect()
     }
 
@@ -161,8 +168,8 @@ impl Module {
     pub fn source(self) -> String {
         let mat = MatParams::wgsl();
         let body = match self {
-            Module::Matmul(k) => [PRELUDE, &mat, &matmul_body(k, false)].concat(),
-            Module::MatmulSubgroup(k) => [PRELUDE, &mat, &matmul_body(k, true)].concat(),
+            Module::Matmul(k, f) => [PRELUDE, &mat, &matmul_body(k, false, f)].concat(),
+            Module::MatmulSubgroup(k, f) => [PRELUDE, &mat, &matmul_body(k, true, f)].concat(),
             Module::Embed(k) => [
                 PRELUDE,
                 &mat,
@@ -187,9 +194,8 @@ impl Module {
     pub(crate) fn access(self) -> &'static [Access] {
         use Access::{Read as R, Uniform as U, Write as W};
         match self {
-            Module::Matmul(_) | Module::MatmulSubgroup(_) | Module::Embed(_) => {
-                &[U, R, R, R, R, W, R]
-            }
+            Module::Matmul(..) | Module::MatmulSubgroup(..) => &[U, R, R, R, R, W, R, R],
+            Module::Embed(_) => &[U, R, R, R, R, W, R],
             Module::RmsNorm => &[U, R, R, W, R],
             Module::Attention => &[U, R, W, W, W, W, R, R],
             Module::AttentionMerge => &[U, R, W, R],
@@ -205,9 +211,11 @@ impl Module {
         match self {
             // 16-byte loads of the codes and activations (rows of a multiple of 16 bytes: see
             // `GpuMatrix::upload`; activation offsets and strides multiples of 4).
-            Module::Matmul(_) | Module::MatmulSubgroup(_) => (
+            // `nw`: the RMS norm weights of a fused norm (any buffer otherwise).
+            Module::Matmul(..) | Module::MatmulSubgroup(..) => (
                 "P: MatParams",
-                "codes: vec4<u32>, scales: u32, biases: u32, x: vec4<f32>, y: f32, stepb: i32",
+                "codes: vec4<u32>, scales: u32, biases: u32, x: vec4<f32>, y: f32, stepb: i32, \
+                 nw: vec4<f32>",
             ),
             Module::Embed(_) => (
                 "P: MatParams",

@@ -49,6 +49,10 @@ uniform_block! {
         /// Words (u32) of the codes plane per row: rows are padded to 16 bytes (see
         /// [`crate::matrix::GpuMatrix::upload`]).
         pub(crate) ld_w: u32,
+        /// Offset (floats, a multiple of 4) of a fused RMS norm's weights in the `nw` binding.
+        pub(crate) norm_off: u32,
+        /// The fused RMS norm's epsilon.
+        pub(crate) eps: f32,
     }
 }
 

@@ -34,6 +34,23 @@
 //!   invocation per (row, batch row) finishes the tree in shared memory after one barrier. The
 //!   tree is the same, so both paths give the same bits, on every subgroup size.
 //!
+//! # Fusions ([`Fuse`])
+//!
+//! A layer is `x += out_proj(attn(in_proj(norm1 x))); x += lin_out(gate(lin_in(norm2 x)))`.
+//! The residual adds are the epilogues of `out_proj` and `lin_out` (`P.accumulate`). The RMS
+//! norms are prologues of `in_proj` and `lin_in` ([`Fuse::Norm`]): every workgroup sums the
+//! squares of its `n` activation rows itself (256 invocations, a fixed 256-wide tree) and loads
+//! `x · (w · inv)`, the CPU's grouping. That costs each workgroup `n · cols · 4` bytes from L2
+//! (16 KiB at d = 4096): 1536 × 16 KiB = 25 MB for `in_proj`, 2816 × 16 KiB = 46 MB for
+//! `lin_in`, about 2.5 and 4.6 µs of an H200's ~10 TB/s L2 spread over the SMs and overlapped
+//! with other workgroups' weight streams, against ~24 µs measured for each one-workgroup
+//! `RmsNorm` launch it replaces (latency-bound: 64 serial loads per invocation, twice). The
+//! gated SiLU is `lin_in`'s epilogue ([`Fuse::NormGate`]): its rows are interleaved at upload
+//! (`a_j`, `g_j` adjacent, in one workgroup), so the workgroup writes `silu(a_j) · g_j` and
+//! nothing else: the `2·hidden` intermediate is never stored. Per frame that removes 2 norm
+//! launches and 1 gate launch per layer: 32 × 3 = 96 temporal and 8 × 6 × 3 = 144 Depformer,
+//! **724 → 484 launches** (the final norm, read back as `transformer_out`, stays a launch).
+//!
 //! # Arithmetic at Moshi's shapes (`n = 1`, 3.3 TB/s)
 //!
 //! Bytes per weight: f32 4, f16/bf16 2, q8_0 1.0625, q4_0 0.5625, MLX 4-bit (group 64) 0.5625,
@@ -135,6 +152,19 @@ pub(super) fn load4(kind: WeightKind) -> String {
         _ => "",
     };
     format!("{half}\nfn load4(r: u32, k: u32) -> vec4<f32> {{{body}\n}}\n")
+}
+
+/// What a matrix product fuses around `y = W x`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Fuse {
+    /// The product alone (`y (+)= W x`).
+    Plain,
+    /// `y = W · rms_norm(x)`: each workgroup computes the rows' norms itself and scales the
+    /// activations as it loads them (the norm's weights at `P.norm_off` of `nw`).
+    Norm,
+    /// [`Fuse::Norm`], then the gated SiLU of the FFN as the epilogue: the matrix's rows
+    /// interleaved as `a_0, g_0, a_1, g_1, ..` at upload, `y[j] = silu(a_j) · g_j`.
+    NormGate,
 }
 
 /// Weight rows per matmul workgroup: one 32-lane team per row, 8 teams in 256 invocations.
@@ -300,9 +330,10 @@ fn nib_hi(w: u32) -> vec4<f32> {
 /// The matrix product `y[b, y_off + row0 + r] (+)= Σ_c W[r, c] · x[b, x_off + c]` for the
 /// chunk's rows `r` and the step's `n ≤ 8` activation rows (see the module docs for the design),
 /// `subgroups` selecting the subgroup-shuffle reduction.
-pub(super) fn matmul_body(kind: WeightKind, subgroups: bool) -> String {
+pub(super) fn matmul_body(kind: WeightKind, subgroups: bool, fuse: Fuse) -> String {
     use std::fmt::Write;
     let f = step_format(kind);
+    let norm = matches!(fuse, Fuse::Norm | Fuse::NormGate);
     let maxn = crate::shaders::MAX_ROWS;
     let mut s = String::new();
     s.push_str(UNPACK);
@@ -340,12 +371,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         },
     );
     for b in 0..maxn {
+        let _ = writeln!(s, "    let xb{b} = ({b}u * P.ld_x + P.x_off) / 4u;");
+    }
+    if norm {
+        s.push_str(&norm_prologue(maxn));
+    }
+    for b in 0..maxn {
         let _ = writeln!(s, "    var acc{b} = 0.0;");
     }
     s.push_str("    if (r < P.rows) {\n        let wr = r * (P.ld_w / 4u);\n");
-    for b in 0..maxn {
-        let _ = writeln!(s, "        let xb{b} = ({b}u * P.ld_x + P.x_off) / 4u;");
-    }
     let _ = write!(
         s,
         "        let steps = {steps};\n        for (var s = lane; s < steps; s += TEAM) {{\n            {load}\n",
@@ -354,6 +388,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     );
     if f.half_tail {
         s.push_str("            let tail = 8u * s + 4u >= P.cols;\n");
+    }
+    if norm {
+        // The norm's weights of this step's columns, read once for all rows.
+        let _ = writeln!(s, "            let no = P.norm_off / 4u + {}u * s;", f.nv);
+        for k in 0..f.nv {
+            let _ = writeln!(s, "            let nw{k} = nw[no + {k}u];");
+        }
     }
     for b in 0..maxn {
         let _ = writeln!(s, "            if (n > {b}u) {{");
@@ -364,6 +405,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                 "x[xo]".to_string()
             } else {
                 format!("x[xo + {k}u]")
+            };
+            // The CPU's grouping of the norm: `x · (w · inv)`.
+            let xk = if norm {
+                format!("{xk} * (nw{k} * inv{b})")
+            } else {
+                xk
             };
             let xk = if f.half_tail && k == 1 {
                 format!("select({xk}, vec4<f32>(0.0), tail)")
@@ -414,7 +461,32 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
                     red[base + i] = red[base + i] + red[base + i + m];
                 }
             }
-            let o = b * P.ld_y + P.y_off + P.row0 + rr;
+"#,
+    );
+    if fuse == Fuse::NormGate {
+        // Rows come in pairs (`a_j`, `g_j`: see `GpuMatrix::upload_gated`); the pair's second
+        // team finishes its sum before the first reads it.
+        s.push_str(
+            r#"        }
+    }
+    workgroupBarrier();
+    if (lid < TEAMS / 2u * MAXN) {
+        let pr = lid / MAXN;
+        let b = lid % MAXN;
+        let rr = wg * TEAMS + 2u * pr;
+        if (rr + 1u < P.rows && b < n) {
+            let a = red[(2u * pr * MAXN + b) * TEAM];
+            let g = red[((2u * pr + 1u) * MAXN + b) * TEAM];
+            // The CPU's `silu_gate`: a / (1 + e^-a) · g.
+            y[b * P.ld_y + P.y_off + (P.row0 + rr) / 2u] = a / (1.0 + exp(-a)) * g;
+        }
+    }
+}
+"#,
+        );
+    } else {
+        s.push_str(
+            r#"            let o = b * P.ld_y + P.y_off + P.row0 + rr;
             var v = red[base];
             if (P.accumulate != 0u) {
                 v = y[o] + v;
@@ -424,6 +496,58 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
 }
 "#,
+        );
+    }
+    s
+}
+
+/// The RMS norm prologue: `inv{b} = 1/√(mean(x_b²) + eps)` of each active row over `P.cols`
+/// values, every workgroup computing it for itself (the rows are 16 KiB at d = 4096, read from
+/// L2; one launch fewer per norm, no workgroup waiting on another). A fixed 256-wide tree in the
+/// shared array, numbered by `lid` on both reduction paths (its bits do not depend on the
+/// subgroup size); rows past `n` sum zeros, so every barrier stays in uniform control flow.
+fn norm_prologue(maxn: usize) -> String {
+    use std::fmt::Write;
+    let wg = TEAM * MATMUL_ROWS;
+    let mut s = String::new();
+    for b in 0..maxn {
+        let _ = write!(
+            s,
+            r#"    var ss{b} = 0.0;
+    if (n > {b}u) {{
+        for (var i = lid; i < P.cols / 4u; i += {wg}u) {{
+            let v = x[xb{b} + i];
+            ss{b} += dot(v, v);
+        }}
+    }}
+    red[{b}u * {wg}u + lid] = ss{b};
+"#
+        );
+    }
+    let _ = write!(
+        s,
+        r#"    workgroupBarrier();
+    for (var st = {half}u; st > 0u; st >>= 1u) {{
+        if (lid < st) {{
+            for (var b = 0u; b < MAXN; b++) {{
+                red[b * {wg}u + lid] += red[b * {wg}u + lid + st];
+            }}
+        }}
+        workgroupBarrier();
+    }}
+"#,
+        half = wg / 2
+    );
+    for b in 0..maxn {
+        let _ = writeln!(
+            s,
+            "    let inv{b} = 1.0 / sqrt(red[{b}u * {wg}u] / f32(P.cols) + P.eps);"
+        );
+    }
+    // Every invocation has its factors before the array is reused by the reduction.
+    s.push_str(
+        "    workgroupBarrier();
+",
     );
     s
 }
