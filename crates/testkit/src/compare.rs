@@ -110,6 +110,54 @@ pub fn assert_close(ours: &[f32], reference: &[f32], tol: f32, what: &str) -> f3
     d
 }
 
+/// [`try_max_abs_diff`] against a reference computed in f64 (a test's own f64 evaluation of the
+/// math), the difference taken in f64 so that the reference's extra precision is not rounded
+/// away before it is compared. A non-finite reference value is reported as its f32 cast (NaN and
+/// the infinities survive it).
+pub fn try_max_abs_diff_f64(ours: &[f32], reference: &[f64]) -> Result<f64, Mismatch> {
+    if ours.len() != reference.len() {
+        return Err(Mismatch::Length {
+            ours: ours.len(),
+            reference: reference.len(),
+        });
+    }
+    let mut max = 0f64;
+    for (index, (&a, &b)) in ours.iter().zip(reference).enumerate() {
+        if !a.is_finite() {
+            return Err(Mismatch::NonFinite {
+                side: Side::Ours,
+                index,
+                value: a,
+            });
+        }
+        if !b.is_finite() {
+            return Err(Mismatch::NonFinite {
+                side: Side::Reference,
+                index,
+                value: b as f32,
+            });
+        }
+        let d = (a as f64 - b).abs();
+        if d > max {
+            max = d;
+        }
+    }
+    Ok(max)
+}
+
+/// [`assert_close`] against an f64 reference ([`try_max_abs_diff_f64`]): fails on a length
+/// mismatch, a non-finite value on either side, or a difference above `tol`; returns the largest
+/// absolute difference.
+#[track_caller]
+pub fn assert_close_f64(ours: &[f32], reference: &[f64], tol: f64, what: &str) -> f64 {
+    let d = match try_max_abs_diff_f64(ours, reference) {
+        Ok(d) => d,
+        Err(e) => panic!("{what}: {e}"),
+    };
+    assert!(d <= tol, "{what}: max abs difference {d:e} > {tol:e}");
+    d
+}
+
 /// (largest absolute difference, RMS difference relative to the reference's standard deviation).
 /// Panics like [`max_abs_diff`] on a length mismatch or a non-finite value.
 #[track_caller]
@@ -184,6 +232,45 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn f64_references_fail_on_non_finite_values_either_side() {
+        assert_eq!(try_max_abs_diff_f64(&[1.0, 2.0], &[1.0, 2.5]), Ok(0.5));
+        // A difference below f32's resolution at 1 is kept (taken in f64), exactly.
+        let tiny = 2f64.powi(-30);
+        assert_eq!(assert_close_f64(&[1.0], &[1.0 + tiny], 1e-8, "x"), tiny);
+        for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            // The reference's NaN after a large finite difference: a fold with f64::max would
+            // keep the 5 and drop the NaN.
+            match try_max_abs_diff_f64(&[5.0, 0.0], &[0.0, bad]) {
+                Err(Mismatch::NonFinite {
+                    side: Side::Reference,
+                    index: 1,
+                    ..
+                }) => {}
+                other => panic!("{bad}: {other:?}"),
+            }
+            let ours = [bad as f32];
+            match try_max_abs_diff_f64(&ours, &[0.0]) {
+                Err(Mismatch::NonFinite {
+                    side: Side::Ours,
+                    index: 0,
+                    ..
+                }) => {}
+                other => panic!("{bad}: {other:?}"),
+            }
+            let panicked =
+                std::panic::catch_unwind(|| assert_close_f64(&[0.0], &[bad], f64::MAX, "x"));
+            assert!(
+                panicked.is_err(),
+                "assert_close_f64 passed a {bad} reference"
+            );
+        }
+        assert!(matches!(
+            try_max_abs_diff_f64(&[1.0], &[1.0, 2.0]),
+            Err(Mismatch::Length { .. })
+        ));
     }
 
     #[test]
