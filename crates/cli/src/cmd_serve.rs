@@ -75,7 +75,7 @@ pub struct ServeArgs {
     pub max_queued_frames: usize,
 }
 
-fn cache_dir() -> PathBuf {
+pub(crate) fn cache_dir() -> PathBuf {
     std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
@@ -232,6 +232,10 @@ pub fn slots_fitting(kv_per_slot: u64, available: u64) -> usize {
 
 /// Runs the server until ctrl-c or SIGTERM.
 pub fn run(a: &ServeArgs) -> Result<()> {
+    // A speech-to-text model (`--model demo-stt`, an STT bundle) serves /api/asr-streaming instead.
+    if let Some((dir, demo)) = crate::serve_stt::stt_model(a)? {
+        return crate::serve_stt::run(a, dir, demo);
+    }
     if a.max_queued_frames == 0 {
         bail!("--max-queued-frames must be at least 1");
     }

@@ -23,6 +23,7 @@ mod loader_noise;
 mod logging;
 mod models;
 mod realtime;
+mod serve_stt;
 
 use anyhow::Result;
 use clap::{CommandFactory, Parser, Subcommand};

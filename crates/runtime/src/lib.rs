@@ -47,6 +47,7 @@ mod ring;
 mod runner;
 mod session;
 mod stepper;
+mod stt_driver;
 
 #[doc(hidden)]
 pub use batch::BatchBench;
@@ -60,6 +61,9 @@ pub use runner::{EventReceiver, SessionRunner};
 pub use session::{Session, SessionOptions};
 #[doc(hidden)]
 pub use stepper::{Phase, PhaseHook};
+pub use stt_driver::{
+    SttNotify, SttOutput, SttRunner, SttRunnerOptions, SttSession, SttStepOutput,
+};
 
 /// The model's sample rate (Hz).
 pub const SAMPLE_RATE: u32 = 24_000;

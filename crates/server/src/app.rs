@@ -172,6 +172,8 @@ impl Server {
             static_dir: config.static_dir,
             auth_token: config.auth_token,
             idle_timeout: config.idle_timeout,
+            asr: None,
+            chat: true,
         });
         Ok(Server {
             listener,
@@ -185,6 +187,25 @@ impl Server {
     /// The bound address.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Also serves `asr` at `/api/asr-streaming`; with `chat` false, `/api/chat` is not mounted (a
+    /// speech-to-text-only server). Call before [`Server::run_until`].
+    pub fn with_asr(mut self, asr: Arc<crate::asr::AsrService>, chat: bool) -> Server {
+        self.state
+            .metrics
+            .stt
+            .streams_max
+            .store(asr.max_streams() as u64, Relaxed);
+        if !chat {
+            self.state.metrics.sessions_max.store(0, Relaxed);
+        }
+        // Nothing else holds the state before the server runs.
+        if let Some(st) = Arc::get_mut(&mut self.state) {
+            st.asr = Some(asr);
+            st.chat = chat;
+        }
+        self
     }
 
     /// The server's counters.
@@ -333,9 +354,41 @@ pub fn run_blocking_on(
     })
 }
 
+/// [`run_blocking_on`] with the speech-to-text service `asr` at `/api/asr-streaming`, beside
+/// `/api/chat` on `backend` when one is given (one process serving both), else alone.
+pub fn run_blocking_asr(
+    listener: Listener,
+    config: ServeConfig,
+    backend: Option<Arc<dyn Backend>>,
+    asr: Arc<crate::asr::AsrService>,
+) -> Result<(), ServerError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(WORKER_THREADS)
+        .enable_all()
+        .thread_name("moshi-http")
+        .build()
+        .map_err(|source| ServerError::Io {
+            context: "starting tokio".into(),
+            source,
+        })?;
+    let chat = backend.is_some();
+    let backend = backend.unwrap_or_else(|| Arc::new(crate::asr::NoChat));
+    let served = rt.block_on(async move {
+        let server = Server::on(listener, config, backend)?.with_asr(asr.clone(), chat);
+        server.run_until(shutdown_signal()).await
+    });
+    served
+}
+
 fn router(state: Arc<AppState>) -> Router {
-    let r = Router::new()
-        .route("/api/chat", get(chat))
+    let mut r = Router::new();
+    if state.chat {
+        r = r.route("/api/chat", get(chat));
+    }
+    if state.asr.is_some() {
+        r = r.route("/api/asr-streaming", get(asr_streaming));
+    }
+    let r = r
         .route("/api/info", get(info))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
@@ -442,6 +495,39 @@ async fn chat(
         .on_upgrade(move |socket| crate::ws::handle_socket(socket, query, state, peer))
 }
 
+/// `/api/asr-streaming`: the token (Kyutai's header or query parameter, or `/api/chat`'s) is checked
+/// before the upgrade, as on `/api/chat`.
+async fn asr_streaming(
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+    ConnectInfo(Peer(peer)): ConnectInfo<Peer>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+    State(state): State<Arc<AppState>>,
+) -> Response {
+    let Some(asr) = state.asr.clone() else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    if let Some(token) = &state.auth_token {
+        if !crate::asr::asr_authorized(token, &headers, query.as_deref()) {
+            state.metrics.stt.unauthorized.fetch_add(1, Relaxed);
+            return (
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Bearer")],
+                "missing or wrong token (kyutai-api-key, auth_id, Authorization: Bearer or worker_auth_id)\n",
+            )
+                .into_response();
+        }
+    }
+    let ws = match ws {
+        Ok(ws) => ws,
+        Err(rejection) => return rejection.into_response(),
+    };
+    let peer = peer.to_string();
+    ws.max_message_size(MAX_MESSAGE_BYTES)
+        .max_frame_size(MAX_MESSAGE_BYTES)
+        .on_upgrade(move |socket| crate::asr::handle_socket(socket, state, asr, peer))
+}
+
 /// Readiness for a load balancer: 200 while a conversation would be admitted at once (a slot is
 /// free), 503 when every slot is taken or the server is shutting down. `/healthz` is liveness only.
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
@@ -449,6 +535,26 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     let max = state.metrics.sessions_max.load(Relaxed);
     if *state.shutdown.borrow() {
         return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response();
+    }
+    if let Some(asr) = &state.asr {
+        // Ready while either service would admit a client at once.
+        let stt_free = asr.free_streams();
+        let chat_free = if state.chat { free } else { 0 };
+        let status = if stt_free + chat_free > 0 {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        };
+        let chat = if state.chat {
+            format!("{free} of {max} slots free, ")
+        } else {
+            String::new()
+        };
+        let body = format!(
+            "{chat}{stt_free} of {} speech-to-text streams free\n",
+            asr.max_streams()
+        );
+        return (status, body).into_response();
     }
     let status = if free > 0 {
         StatusCode::OK

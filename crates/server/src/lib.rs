@@ -8,6 +8,8 @@
 //! crate's engine.
 
 mod app;
+pub mod asr;
+pub mod asr_protocol;
 pub mod auth;
 pub mod backend;
 pub mod codec;
@@ -21,8 +23,8 @@ pub mod tls;
 mod ws;
 
 pub use app::{
-    run_blocking, run_blocking_on, shutdown_signal, validate, Listener, ServeConfig, Server,
-    MAX_MESSAGE_BYTES, WORKER_THREADS,
+    run_blocking, run_blocking_asr, run_blocking_on, shutdown_signal, validate, Listener,
+    ServeConfig, Server, MAX_MESSAGE_BYTES, WORKER_THREADS,
 };
 pub use error::ServerError;
 pub use ws::{OUT_QUEUE, WIRE_BUFFER};

@@ -42,7 +42,7 @@ impl Histogram {
 
     /// The `_bucket`, `_sum` and `_count` lines of `name`, with `labels` (`key="value"` pairs, or "")
     /// before `le`.
-    fn render(&self, s: &mut String, name: &str, labels: &str) {
+    pub(crate) fn render(&self, s: &mut String, name: &str, labels: &str) {
         let sep = if labels.is_empty() { "" } else { "," };
         let mut cumulative = 0;
         for (i, b) in BUCKETS.iter().enumerate() {
@@ -117,6 +117,8 @@ pub struct Metrics {
     pub phases: [Histogram; PHASES.len()],
     /// From a frame's arrival (the client audio that completed it) to the end of its pass.
     pub lag: Histogram,
+    /// The speech-to-text route's counters (`/api/asr-streaming`).
+    pub stt: crate::asr::SttMetrics,
 }
 
 impl Metrics {
@@ -293,6 +295,7 @@ impl Metrics {
              of its pass: queueing plus the pass.\n# TYPE moshi_frame_lag_seconds histogram"
         );
         self.lag.render(&mut s, "moshi_frame_lag_seconds", "");
+        self.stt.render(&mut s);
         s
     }
 }

@@ -30,17 +30,17 @@ pub const OUT_QUEUE: usize = 64;
 /// closes the socket after 10 s without any message.
 const WAIT_PING: Duration = Duration::from_secs(3);
 
-enum Out {
+pub(crate) enum Out {
     Bin(Bytes),
     Close(u16, String),
 }
 
 /// Close codes (RFC 6455).
-const CLOSE_NORMAL: u16 = 1000;
-const CLOSE_GOING_AWAY: u16 = 1001;
-const CLOSE_POLICY: u16 = 1008;
-const CLOSE_TRY_AGAIN: u16 = 1013;
-const CLOSE_ERROR: u16 = 1011;
+pub(crate) const CLOSE_NORMAL: u16 = 1000;
+pub(crate) const CLOSE_GOING_AWAY: u16 = 1001;
+pub(crate) const CLOSE_POLICY: u16 = 1008;
+pub(crate) const CLOSE_TRY_AGAIN: u16 = 1013;
+pub(crate) const CLOSE_ERROR: u16 = 1011;
 
 struct Gauge<'a>(&'a std::sync::atomic::AtomicU64);
 impl<'a> Gauge<'a> {
@@ -62,7 +62,7 @@ impl Drop for Gauge<'_> {
 /// one task needs no lock (splitting it into halves polled by two tasks does: a lock whose waiting
 /// side boxes a waker, an allocation whenever the two meet), and a client that stops reading still
 /// has its input read, while its output queue fills and drops.
-struct Conn {
+pub(crate) struct Conn {
     socket: WebSocket,
     queue: mpsc::Receiver<Out>,
     /// A message taken from the queue that the socket had no room for yet.
@@ -76,7 +76,7 @@ struct Conn {
 }
 
 impl Conn {
-    fn new(socket: WebSocket, queue: mpsc::Receiver<Out>) -> Self {
+    pub(crate) fn new(socket: WebSocket, queue: mpsc::Receiver<Out>) -> Self {
         Conn {
             socket,
             queue,
@@ -137,7 +137,7 @@ impl Conn {
 
     /// The next message from the client (`None` once the socket is closed), writing meanwhile.
     /// Cancel-safe: a message is either returned or left in the socket.
-    async fn recv(&mut self) -> Option<Result<Message, axum::Error>> {
+    pub(crate) async fn recv(&mut self) -> Option<Result<Message, axum::Error>> {
         poll_fn(|cx| {
             let _ = self.poll_write(cx);
             self.socket.poll_next_unpin(cx)
@@ -146,7 +146,7 @@ impl Conn {
     }
 
     /// Runs `work` to completion, writing meanwhile (the client is not read).
-    async fn drive<F: Future>(&mut self, work: F) -> F::Output {
+    pub(crate) async fn drive<F: Future>(&mut self, work: F) -> F::Output {
         let mut work = pin!(work);
         poll_fn(|cx| {
             let _ = self.poll_write(cx);
@@ -157,7 +157,7 @@ impl Conn {
 
     /// Queues a message that must not be dropped (metadata, handshake, error, close), waiting a
     /// bounded time for room: a client that stopped reading cannot hold its connection task.
-    async fn send_ctrl(&mut self, out: &mpsc::Sender<Out>, m: Out) {
+    pub(crate) async fn send_ctrl(&mut self, out: &mpsc::Sender<Out>, m: Out) {
         let _ = self
             .drive(tokio::time::timeout(Duration::from_secs(1), out.send(m)))
             .await;
@@ -170,7 +170,7 @@ impl Conn {
 
     /// Writes out the queue and the close frame once every sender is gone (bounded: a client that
     /// never reads cannot hold the task).
-    async fn finish(mut self) {
+    pub(crate) async fn finish(mut self) {
         let _ =
             tokio::time::timeout(Duration::from_secs(2), poll_fn(|cx| self.poll_write(cx))).await;
     }
