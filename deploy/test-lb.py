@@ -31,6 +31,7 @@ import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONF = os.path.join(ROOT, "deploy", "nginx", "moshi.conf")
+SYNC = os.path.join(ROOT, "deploy", "nginx", "readyz-sync.sh")
 # The addresses of the committed example instances and the port it listens on.
 EXAMPLE_A, EXAMPLE_B, EXAMPLE_LISTEN = "127.0.0.1:8001", "127.0.0.1:8002", "listen 8080;"
 WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
@@ -90,8 +91,8 @@ def wait_for(what, cond, secs=20):
 class WsClient:
     """A minimal WebSocket client (RFC 6455) that opens /api/chat and holds the conversation."""
 
-    def __init__(self, port, path="/api/chat"):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=15)
+    def __init__(self, port, path="/api/chat", timeout=15):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
         key = base64.b64encode(os.urandom(16)).decode()
         self.sock.sendall(
             (
@@ -281,6 +282,7 @@ def main():
         wait_for("client 2's slot freed", lambda: metric(ports[survivor], "moshi_sessions_active") == 0)
         procs[first].send_signal(signal.SIGKILL)
         procs[first].wait()
+        killed_at = time.monotonic()
         check(c1.closed_by_peer(), f"client 1 disconnected when instance {first} died")
         for k in range(3):
             c = WsClient(lb)
@@ -301,11 +303,68 @@ def main():
         check(c5.status == 503, f"one instance dead and the other full: 503 (got {c5.status})")
         c5.close()
         hold.close()
+
+        # 5. An instance that is loading (port bound, nothing answered: what `serve` looks like
+        # before its model is loaded) on the dead one's port. readyz-sync.sh marks it down, so that
+        # nginx sends it nothing once the dead instance's max_fails mark has expired.
+        dead_port = ports[first]
+        loading = socket.socket()
+        loading.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        loading.bind(("127.0.0.1", dead_port))
+        loading.listen(16)
+        conf = os.path.join(tmp, "moshi.conf")
+
+        def sync(expect):
+            reloads = open(os.path.join(tmp, "error.log"), errors="replace").read().count("reconfiguring")
+            env = dict(os.environ, NGINX_TEST=" ".join(cmd + ["-t", "-q"]),
+                       NGINX_RELOAD=" ".join(cmd + ["-s", "reload"]))
+            out = subprocess.run(["bash", SYNC, conf], env=env, capture_output=True, text=True, timeout=30)
+            check(out.returncode == 0 and out.stdout.count(expect) == 2,
+                  f"readyz-sync: {expect!r} in both upstreams ({out.stdout.strip()!r} {out.stderr.strip()!r})")
+            wait_for("nginx reloaded", lambda: open(os.path.join(tmp, "error.log"), errors="replace")
+                     .read().count("reconfiguring") > reloads)
+            time.sleep(0.5)  # the old worker processes stop accepting
+
+        sync(f"127.0.0.1:{dead_port} ")
+        check(re.search(rf"server 127\.0\.0\.1:{dead_port} [^;]* down;", open(conf).read()) is not None,
+              "the loading instance is down in the configuration")
+        # Past fail_timeout (10 s, compared in whole seconds by nginx, so up to 11) since nginx last
+        # failed to reach the port, so max_fails alone would let nginx try it again: only `down` keeps
+        # the next clients away from it.
+        time.sleep(max(0.0, 12.5 - (time.monotonic() - killed_at)))
+        for k in range(3):
+            try:
+                c = WsClient(lb, timeout=5)
+                admitted = c.status == 101 and c.wait_handshake()
+            except socket.timeout:
+                raise Failure(f"client {k + 1} while an instance loads: no answer in 5 s (sent to the loading one)")
+            check(admitted,
+                  f"client {k + 1} while an instance loads: admitted by {survivor}, not held by the loading one")
+            c.close()
+            wait_for("its slot freed", lambda: metric(ports[survivor], "moshi_sessions_active") == 0)
+        # Loaded again: a real instance on that port; readyz-sync takes `down` away.
+        loading.close()
+        log = open(os.path.join(tmp, f"serve-{first}-again.log"), "w")
+        procs[first] = subprocess.Popen(
+            [binary, "serve", "--model", "demo", "--host", "127.0.0.1", "--port", str(dead_port),
+             "--max-sessions", "1"],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+        wait_for(f"instance {first} ready again", lambda: http_get(dead_port, "/readyz")[0] == 200, 60)
+        sync(f"127.0.0.1:{dead_port} ")
+        check(" down;" not in open(conf).read(), "no instance down in the configuration any more")
+        c1, c2 = WsClient(lb), WsClient(lb)
+        check(c1.status == 101 and c1.wait_handshake() and c2.status == 101 and c2.wait_handshake(),
+              "two clients admitted after the instance came back")
+        wait_for("both counted", lambda: sum(active().values()) == 2)
+        check(active() == {"A": 1, "B": 1}, f"and on different instances again: {active()}")
+        c1.close()
+        c2.close()
         print(f"load-balancer test passed in {time.monotonic() - t0:.1f} s")
         return 0
     except (Failure, OSError, subprocess.SubprocessError, ValueError, KeyError) as e:
         print(f"load-balancer test FAILED after {time.monotonic() - t0:.1f} s: {e}", file=sys.stderr)
-        for name in ["error.log", "serve-A.log", "serve-B.log"]:
+        for name in ["error.log", "serve-A.log", "serve-B.log", "serve-A-again.log", "serve-B-again.log"]:
             path = os.path.join(tmp, name)
             if os.path.exists(path):
                 print(f"--- {name} (last lines)", file=sys.stderr)
