@@ -20,7 +20,7 @@
 //! stream whose output queue is full is skipped until its reader catches up. After warm-up a tick
 //! allocates nothing except the token list of a finished word (`model::stt::SttEvent::Word`).
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TryRecvError};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle, Thread};
@@ -112,6 +112,8 @@ struct StreamShared {
     closed: AtomicBool,
     /// Back to the start of a stream at the next tick.
     reset: AtomicBool,
+    /// Input frames published before the reset was asked (the worker discards those only).
+    reset_mark: AtomicU64,
 }
 
 struct Shared {
@@ -231,6 +233,7 @@ impl SttRunner {
             capacity,
             closed: AtomicBool::new(false),
             reset: AtomicBool::new(false),
+            reset_mark: AtomicU64::new(0),
         });
         let (tx, rx) = mpsc::sync_channel(capacity + 1);
         let mut busy = self.shared.busy();
@@ -343,6 +346,13 @@ impl SttSession {
     /// Back to the start of a stream at the next tick: queued input is discarded and the model state,
     /// word rules and encoder stream start afresh (items already in the queue stay).
     pub fn reset(&mut self) {
+        // Only what was pushed before this call is discarded: audio pushed right after it belongs to
+        // the new stream, whenever the worker applies the reset.
+        let ring = &self.stream.ring;
+        self.stream
+            .reset_mark
+            .store(ring.published(), Ordering::Release);
+        ring.forget_partial();
         self.stream.reset.store(true, Ordering::Release);
         self.worker.unpark();
     }
@@ -456,9 +466,9 @@ impl Worker {
                 continue;
             }
             if s.stream.reset.swap(false, Ordering::AcqRel) {
-                let ring = &s.stream.ring;
-                ring.discard_before(ring.published());
-                ring.forget_partial();
+                s.stream
+                    .ring
+                    .discard_before(s.stream.reset_mark.load(Ordering::Acquire));
                 s.prefix_left = self.prefix;
                 s.steps = 0;
                 self.encoder.reset(b);
