@@ -339,3 +339,87 @@ fn model_text(bundle: &Bundle, tokens: &[u32]) -> String {
         .decode(tokens)
         .unwrap()
 }
+
+/// The route's door: a wrong or missing token gets HTTP 401 before any model work, `?auth_id=` is
+/// accepted as Kyutai's clients send it, `/readyz` counts the free streams, and a client beyond the
+/// slots and the queue gets `Error` then a 1013 close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_readiness_and_a_full_server() {
+    let dir = root().join("fixtures/stt/1b");
+    let bundle = Bundle::open(&dir).unwrap();
+    let model = Arc::new(SttModel::load(&bundle, &kernels::Pool::new(1)).unwrap());
+    let spm = SentencePiece::load(&bundle.files.tokenizer).unwrap();
+    let runner = runtime::SttRunner::spawn(
+        model,
+        runtime::SttRunnerOptions {
+            slots: 1,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let asr = Arc::new(AsrService::new(runner, spm, "demo-stt".into()));
+    let config = ServeConfig {
+        host: "127.0.0.1".into(),
+        port: 0,
+        auth_token: Some(TOKEN.into()),
+        max_queue: 0,
+        ..Default::default()
+    };
+    let srv = Server::bind(config, Arc::new(server::asr::NoChat))
+        .await
+        .unwrap()
+        .with_asr(asr.clone(), false);
+    let addr = srv.local_addr();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let done = tokio::spawn(srv.run_until(async {
+        let _ = stop_rx.await;
+    }));
+    let readyz = || async {
+        let (status, body) = common::http_get(addr, "/readyz").await;
+        (status, body)
+    };
+    assert_eq!(
+        readyz().await.1.trim(),
+        "1 of 1 speech-to-text streams free"
+    );
+    for url in [
+        format!("ws://{addr}/api/asr-streaming"),
+        format!("ws://{addr}/api/asr-streaming?auth_id=wrong"),
+    ] {
+        match tokio_tungstenite::connect_async(url).await {
+            Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
+                assert_eq!(r.status().as_u16(), 401)
+            }
+            other => panic!("expected HTTP 401, got {:?}", other.map(|_| ())),
+        }
+    }
+    let (mut first, _) =
+        tokio_tungstenite::connect_async(format!("ws://{addr}/api/asr-streaming?auth_id={TOKEN}"))
+            .await
+            .unwrap();
+    let m = first.next().await.unwrap().unwrap();
+    assert_eq!(decode(&m.into_data())[0].1, V::Str("Ready".into()));
+    let (status, body) = readyz().await;
+    assert_eq!(
+        (status, body.trim()),
+        (503, "0 of 1 speech-to-text streams free")
+    );
+    let (mut second, _) =
+        tokio_tungstenite::connect_async(format!("ws://{addr}/api/asr-streaming?auth_id={TOKEN}"))
+            .await
+            .unwrap();
+    let m = second.next().await.unwrap().unwrap();
+    let d = decode(&m.into_data());
+    assert_eq!(d[0].1, V::Str("Error".into()), "{d:?}");
+    let mut code = None;
+    while let Some(Ok(m)) = second.next().await {
+        if let Message::Close(Some(f)) = m {
+            code = Some(u16::from(f.code));
+        }
+    }
+    assert_eq!(code, Some(1013));
+    drop(first);
+    let _ = stop_tx.send(());
+    done.await.unwrap().unwrap();
+    asr.stop();
+}
