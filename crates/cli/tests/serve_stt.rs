@@ -1,0 +1,63 @@
+//! `moshi-native serve --model demo-stt` as a process: it says it runs the demo speech-to-text model,
+//! serves `/api/asr-streaming` (not `/api/chat`), `/readyz` counts its streams, `/metrics` has the
+//! `moshi_stt_*` counters, and SIGTERM ends it with code 0. The protocol itself is tested in
+//! `crates/server/tests/asr_replay.rs`.
+#![cfg(unix)]
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::{bin, free_port, http_get, metric};
+
+#[test]
+fn serve_demo_stt_answers_on_the_asr_route() {
+    let port = free_port();
+    let child = bin()
+        .args([
+            "serve",
+            "--model",
+            "demo-stt",
+            "--threads",
+            "1",
+            "--max-sessions",
+            "3",
+        ])
+        .args(["--port", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let ready = loop {
+        match http_get(port, "/readyz") {
+            Some(r) if r.contains("streams free") => break r,
+            _ if t.elapsed() < Duration::from_secs(60) => {
+                std::thread::sleep(Duration::from_millis(100))
+            }
+            other => panic!("no readiness: {other:?}"),
+        }
+    };
+    assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
+    assert!(
+        ready.contains("3 of 3 speech-to-text streams free"),
+        "{ready}"
+    );
+    assert_eq!(metric(port, "moshi_stt_streams_max"), Some(3));
+    let chat = http_get(port, "/api/chat").unwrap();
+    assert!(chat.starts_with("HTTP/1.1 404"), "{chat}");
+    // The route exists: a plain GET without the upgrade is refused by the WebSocket extractor, not 404.
+    let asr = http_get(port, "/api/asr-streaming").unwrap();
+    assert!(!asr.starts_with("HTTP/1.1 404"), "{asr}");
+    let st = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains(embed::demo_stt::LABEL), "{err}");
+    assert!(err.contains("/api/asr-streaming"), "{err}");
+}
