@@ -12,7 +12,7 @@ use common::{
 
 use std::sync::Arc;
 
-use gpu::{GpuContext, GpuMimiBatch, GpuMimiWeights};
+use gpu::{GpuContext, GpuMimi, GpuMimiBatch, GpuMimiWeights};
 use model::mimi::{BatchCodecBackend, CodecBackend, CpuMimi, Mimi};
 use testkit::compare::max_abs_diff;
 
@@ -186,4 +186,66 @@ fn zero_slots_is_refused() {
     };
     let w = GpuMimiWeights::upload(&ctx, mimi()).unwrap();
     assert!(GpuMimiBatch::new(w, 0).is_err());
+}
+
+/// Eight slots listed in a different order every tick with one slot left out: every listed
+/// slot's codes and samples are the same bits as those of a `GpuMimi` of its own fed the same
+/// frames (the batch reads each slot's input, state and output at that slot, whatever its place
+/// in the list).
+#[test]
+fn eight_slots_out_of_order_equal_codecs_alone_bit_for_bit() {
+    const N: usize = 8;
+    let Some(ctx) = common::context() else {
+        return;
+    };
+    let m = mimi();
+    let w = GpuMimiWeights::upload(&ctx, m.clone()).unwrap();
+    let mut g = GpuMimiBatch::new(w.clone(), N).unwrap();
+    let mut alone: Vec<GpuMimi> = (0..N).map(|_| GpuMimi::new(w.clone()).unwrap()).collect();
+    let (fs, nq) = (m.frame_size(), m.n_codebooks());
+    let pcm = input_frames(fs);
+    let t = pcm.len() / fs;
+    let mut seen = [0usize; N];
+    for k in 0..6 {
+        // A permutation of the slots (7 is prime to 8) that turns every tick, minus one slot.
+        let out_slot = (3 * k) % N;
+        let slots: Vec<usize> = (0..N)
+            .map(|i| (3 + 7 * (i + k)) % N)
+            .filter(|&s| s != out_slot)
+            .collect();
+        // Slot s: the fixture's frames from frame s on, scaled by 1 - s/10.
+        let frames: Vec<f32> = slots
+            .iter()
+            .flat_map(|&s| {
+                let f = (seen[s] + s) % t;
+                let scale = 1.0 - 0.1 * s as f32;
+                pcm[f * fs..(f + 1) * fs].iter().map(move |v| v * scale)
+            })
+            .collect();
+        let got = g.encode_frames(&slots, &frames).unwrap().to_vec();
+        let mut out = vec![0.0f32; slots.len() * fs];
+        g.decode_frames(&slots, &got, &mut out).unwrap();
+        for (i, &s) in slots.iter().enumerate() {
+            let want = alone[s]
+                .encode_frame(&frames[i * fs..(i + 1) * fs])
+                .unwrap()
+                .to_vec();
+            assert_eq!(
+                &got[i * nq..(i + 1) * nq],
+                &want[..],
+                "tick {k} slot {s}: codes"
+            );
+            let mut one = vec![0.0f32; fs];
+            alone[s].decode_frame(&want, &mut one).unwrap();
+            let same = out[i * fs..(i + 1) * fs]
+                .iter()
+                .zip(&one)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "tick {k} slot {s}: samples differ from the codec alone"
+            );
+            seen[s] += 1;
+        }
+    }
 }
