@@ -10,7 +10,8 @@ use embed::{guess_component, variant};
 use model::checkpoint::Schema;
 use model::checkpoint::{Bundle, CheckpointError, Component};
 use model::checkpoint::{LmConfig, MimiConfig};
-use model::checkpoint::{Quant, Weights};
+use model::checkpoint::{OpenOptions, Quant, Weights};
+use model::stt::{SttPlan, SttRelease};
 
 /// Flags of `moshi-native inspect`.
 #[derive(Args, Debug, Clone)]
@@ -159,17 +160,57 @@ fn inspect_other(path: &Path) -> Result<bool> {
     Ok(true)
 }
 
+/// A lone LM file: Moshi's, or a speech-to-text one (no Depformer tensor; the voice-activity heads
+/// of stt-1b are accepted here, where a duplex bundle refuses them).
+fn open_lone_file(path: &Path) -> Result<(Weights, Component)> {
+    match guess_component(path) {
+        Err(CheckpointError::ExtraHeads { .. }) => {
+            let mut o = OpenOptions::new(Component::Lm);
+            o.allow_extra_heads = true;
+            Ok((
+                Weights::open_with(path, &o).context("refused")?,
+                Component::Lm,
+            ))
+        }
+        r => r.context("refused"),
+    }
+}
+
+/// The released configuration a lone LM file is checked against: a speech-to-text release when
+/// the file has no Depformer (the one whose tensors it matches, else the one with as many extra
+/// heads), else moshiko v0.1.
+fn lone_lm_schema(w: &Weights) -> (Schema, String) {
+    let has_depformer = w.names().any(|n| n.starts_with("depformer"));
+    if has_depformer || w.is_empty() {
+        return (
+            Schema::lm(&LmConfig::moshiko_v0_1()),
+            "released moshiko/moshika v0.1 LM".into(),
+        );
+    }
+    let heads = w.names().filter(|n| n.starts_with("extra_heads.")).count();
+    let release = SttRelease::ALL
+        .into_iter()
+        .find(|r| w.check(&Schema::lm(&r.lm_config())).is_ok())
+        .or_else(|| {
+            SttRelease::ALL
+                .into_iter()
+                .find(|r| r.lm_config().extra_heads_num_heads == heads)
+        })
+        .unwrap_or(SttRelease::Stt1b);
+    (
+        Schema::lm(&release.lm_config()),
+        format!("released {release} speech-to-text LM ({})", release.repo()),
+    )
+}
+
 fn inspect_file(path: &Path, list: bool) -> Result<()> {
     if inspect_other(path)? {
         return Ok(());
     }
-    let (w, comp) = guess_component(path).context("refused")?;
+    let (w, comp) = open_lone_file(path)?;
     let (schema, what) = match comp {
-        Component::Lm => (
-            Schema::lm(&LmConfig::moshiko_v0_1()),
-            "released moshiko/moshika v0.1 LM",
-        ),
-        Component::Mimi => (Schema::mimi(&MimiConfig::v0_1()), "released Mimi"),
+        Component::Lm => lone_lm_schema(&w),
+        Component::Mimi => (Schema::mimi(&MimiConfig::v0_1()), "released Mimi".into()),
     };
     // Weights share their tensor names with the released files whatever their dimensions; a file
     // holding none of them is something else.
@@ -209,6 +250,10 @@ fn inspect_bundle(dir: &Path, list: bool) -> Result<()> {
         None => println!("  config:    none (released moshiko v0.1 configuration applies)"),
     }
     let c = &b.config.lm;
+    if let Some(stt) = &b.config.stt {
+        print_stt_facts(c, stt);
+        return inspect_bundle_weights(&b, list);
+    }
     println!(
         "  lm:        dim {} x {} layers ({} heads), ffn {}, depformer {} x {} ({} heads, ffn {}), n_q {}, dep_q {}, card {}, text_card {}, context {}",
         c.dim,
@@ -228,6 +273,54 @@ fn inspect_bundle(dir: &Path, list: bool) -> Result<()> {
             None => "unbounded".into(),
         }
     );
+    inspect_bundle_weights(&b, list)
+}
+
+/// What a speech-to-text bundle is (`model_type` "stt"): the temporal transformer, the stream plan
+/// its `stt_config` gives, the extra heads, and the release it has the dimensions of.
+fn print_stt_facts(c: &LmConfig, stt: &model::checkpoint::SttConfig) {
+    let plan = SttPlan::from_config(stt);
+    let release = match SttRelease::matching(c) {
+        Some(r) => format!("the dimensions of {r} ({})", r.repo()),
+        None => "not the dimensions of a released model (stt-1b, stt-2.6b)".into(),
+    };
+    println!("  model:     speech-to-text (model_type stt), {release}");
+    println!(
+        "  lm:        dim {} x {} layers ({} heads), ffn {}, n_q {} audio codebooks in, dep_q {} (no Depformer), card {}, text_card {}, context {}",
+        c.dim,
+        c.num_layers,
+        c.num_heads,
+        c.ffn_hidden(),
+        c.n_q,
+        c.dep_q,
+        c.card,
+        c.text_card,
+        match c.context {
+            Some(n) => n.to_string(),
+            None => "unbounded".into(),
+        }
+    );
+    if c.extra_heads_num_heads > 0 {
+        println!(
+            "  heads:     {} extra heads x {} outputs (voice activity: Step.prs; --vad reads head 2)",
+            c.extra_heads_num_heads, c.extra_heads_dim
+        );
+    } else {
+        println!("  heads:     no extra heads (no voice-activity probabilities)");
+    }
+    println!(
+        "  stream:    audio delay {} s = {} steps, silence prefix {} s = {} frames, flush {} frames; words start at (step - {}) / 12.5 s",
+        stt.audio_delay_seconds,
+        plan.delay_tokens,
+        stt.audio_silence_prefix_seconds,
+        plan.prefix_frames,
+        plan.flush_frames,
+        plan.skip()
+    );
+}
+
+/// The Mimi line, the tokenizer and both weight files of an opened bundle.
+fn inspect_bundle_weights(b: &Bundle, list: bool) -> Result<()> {
     let m = &b.mimi_config;
     println!(
         "  mimi:      dim {}, filters {}, transformer {} x {} ({} heads), codebooks {} x {} (dim {}){}",

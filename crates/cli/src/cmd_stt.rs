@@ -16,9 +16,14 @@ use model::text::SentencePiece;
 pub struct SttArgs {
     /// The audio to transcribe: a 24 kHz mono WAV (16-bit PCM or 32-bit float).
     pub input: PathBuf,
-    /// `demo-stt` selects the tiny random-weight STT model bundled with the binary.
+    /// `stt-1b` (kyutai/stt-1b-en_fr) or `stt-2.6b` (kyutai/stt-2.6b-en), looked up in the Hugging
+    /// Face cache (`moshi-native fetch --model stt-1b`); `demo-stt` selects the tiny random-weight
+    /// STT model bundled with the binary.
     #[arg(long, value_name = "NAME")]
     pub model: Option<String>,
+    /// Released weight format of `--model stt-…`: bf16 (PyTorch, default), candle-bf16, mlx-bf16.
+    #[arg(long, value_enum)]
+    pub preset: Option<crate::models::Preset>,
     /// An STT bundle directory (config.json with `stt_config`, weights, Mimi, tokenizer).
     #[arg(long, value_name = "DIR")]
     pub model_dir: Option<PathBuf>,
@@ -38,15 +43,12 @@ const END_OF_TURN: f32 = 0.5;
 
 /// Runs `stt`.
 pub fn run(a: &SttArgs) -> Result<()> {
-    let (dir, demo) = match (a.model.as_deref(), &a.model_dir) {
-        (Some("demo-stt"), None) => (embed::demo_stt::materialize()?, true),
-        (Some(other), None) => bail!(
-            "unknown --model `{other}`\nhint: the built-in STT model is `demo-stt`; use --model-dir for a bundle directory"
-        ),
-        (None, Some(d)) => (d.clone(), false),
-        (None, None) => bail!("no model\nhint: pass --model demo-stt or --model-dir DIR"),
-        (Some(_), Some(_)) => bail!("--model and --model-dir are exclusive"),
-    };
+    let (dir, demo) = crate::models::resolve_stt(
+        a.model.as_deref(),
+        a.model_dir.as_deref(),
+        a.preset,
+        &crate::models::hub_cache_dir(),
+    )?;
     if demo {
         eprintln!("{}", embed::demo_stt::LABEL);
     }

@@ -5,6 +5,10 @@
 //!
 //! Bundles with random weights (the demo model, `synth` bundles) get every check that does not
 //! need a trained model; the speech checks are reported but marked "random weights".
+//!
+//! A speech-to-text bundle (`model_type` "stt": `--model demo-stt|stt-1b|stt-2.6b`, or a
+//! `--model-dir` holding one) gets the same static checks, then the clip is transcribed instead
+//! of answered (words, and the extra heads' voice-activity probabilities when it has them).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -82,6 +86,8 @@ pub struct Report {
     pub load_s: Option<f64>,
     /// Mean LM and Mimi (encode + decode) time per frame (ms), and the frames they cover.
     pub per_frame_ms: Option<(f64, f64, usize)>,
+    /// Speech-to-text: mean time per frame of Mimi encode + model step (ms), and the frames.
+    pub stt_frame_ms: Option<(f64, usize)>,
     /// Whether the weights were treated as random.
     pub random: bool,
     /// The checks, in the order they ran.
@@ -89,7 +95,7 @@ pub struct Report {
 }
 
 impl Report {
-    fn push(&mut self, name: &'static str, verdict: Verdict, detail: impl Into<String>) {
+    pub(crate) fn push(&mut self, name: &'static str, verdict: Verdict, detail: impl Into<String>) {
         self.checks.push(Check {
             name,
             verdict,
@@ -97,7 +103,7 @@ impl Report {
         });
     }
 
-    fn speech(&mut self, name: &'static str, ok: bool, detail: String) {
+    pub(crate) fn speech(&mut self, name: &'static str, ok: bool, detail: String) {
         let verdict = match (self.random, ok) {
             (true, _) => Verdict::RandomWeights,
             (false, true) => Verdict::Pass,
@@ -114,7 +120,7 @@ impl Report {
             .collect()
     }
 
-    fn print(&self) {
+    pub(crate) fn print(&self) {
         println!("moshi-native verify: {}", self.dir.display());
         println!("  format        {}", self.format);
         println!("  variant       {}", self.variant);
@@ -122,11 +128,14 @@ impl Report {
             Some(s) => println!("  load time     {s:.2} s"),
             None => println!("  load time     (not loaded)"),
         }
-        match self.per_frame_ms {
-            Some((lm, mimi, n)) => println!(
+        match (self.per_frame_ms, self.stt_frame_ms) {
+            (Some((lm, mimi, n)), _) => println!(
                 "  ms per frame  LM {lm:.2}, Mimi {mimi:.2} (encode + decode), over {n} frames of 80 ms"
             ),
-            None => println!("  ms per frame  (not run)"),
+            (None, Some((ms, n))) => println!(
+                "  ms per frame  {ms:.2} (speech-to-text: Mimi encode + model step), over {n} frames of 80 ms"
+            ),
+            (None, None) => println!("  ms per frame  (not run)"),
         }
         println!("  checks");
         for c in &self.checks {
@@ -187,7 +196,15 @@ fn trained_tokenizer(tok: &SentencePiece) -> bool {
 
 /// Builds the report; an error here means the model could not even be located.
 pub fn verify(a: &VerifyArgs) -> Result<Report> {
-    let (dir, demo) = a.engine.locate()?;
+    let (dir, demo) = match a.engine.model.model.as_deref() {
+        Some(m) if crate::models::is_stt_name(m) => crate::models::resolve_stt(
+            Some(m),
+            None,
+            a.engine.model.preset,
+            &crate::models::hub_cache_dir(),
+        )?,
+        _ => a.engine.locate()?,
+    };
     let mut r = Report {
         dir: dir.clone(),
         format: "?".into(),
@@ -207,8 +224,17 @@ pub fn verify(a: &VerifyArgs) -> Result<Report> {
                 .samples
         }
     };
-    if !static_checks(&mut r, &dir, demo) {
+    let Some(bundle) = static_checks(&mut r, &dir, demo) else {
         return Ok(r);
+    };
+    if bundle.config.stt.is_some() {
+        crate::common::warn_threads(a.engine.threads(1));
+        return Ok(crate::verify_stt::stt_checks(
+            r,
+            &bundle,
+            &clip,
+            a.engine.threads(1),
+        ));
     }
     let t = Instant::now();
     let opened = match a.engine.open(1) {
@@ -233,13 +259,14 @@ pub fn verify(a: &VerifyArgs) -> Result<Report> {
     Ok(r)
 }
 
-/// Bundle files, schema inventory and tensor statistics. Returns whether the model can be run.
-fn static_checks(r: &mut Report, dir: &Path, demo: bool) -> bool {
+/// Bundle files, schema inventory and tensor statistics. Returns the bundle when the model can be
+/// run.
+fn static_checks(r: &mut Report, dir: &Path, demo: bool) -> Option<Bundle> {
     let bundle = match Bundle::open(dir) {
         Ok(b) => b,
         Err(e) => {
             r.push("bundle files", Verdict::Fail, e.to_string());
-            return false;
+            return None;
         }
     };
     let tok = match SentencePiece::load(&bundle.files.tokenizer) {
@@ -250,7 +277,7 @@ fn static_checks(r: &mut Report, dir: &Path, demo: bool) -> bool {
                 Verdict::Fail,
                 format!("tokenizer {}: {e}", bundle.files.tokenizer.display()),
             );
-            return false;
+            return None;
         }
     };
     let trained = trained_tokenizer(&tok);
@@ -283,7 +310,7 @@ fn static_checks(r: &mut Report, dir: &Path, demo: bool) -> bool {
                 Verdict::Fail,
                 format!("LM weights: {e}"),
             );
-            return false;
+            return None;
         }
     };
     let mimi = match bundle.mimi_weights() {
@@ -294,7 +321,7 @@ fn static_checks(r: &mut Report, dir: &Path, demo: bool) -> bool {
                 Verdict::Fail,
                 format!("Mimi weights: {e}"),
             );
-            return false;
+            return None;
         }
     };
     r.format = format!("LM {}, Mimi {}", lm.format(), mimi.format());
@@ -338,15 +365,15 @@ fn static_checks(r: &mut Report, dir: &Path, demo: bool) -> bool {
                     Verdict::Fail,
                     format!("{}{more}", problems[..problems.len().min(3)].join("; ")),
                 );
-                return false;
+                return None;
             }
         }
         Err(e) => {
             r.push("tensor statistics", Verdict::Fail, e.to_string());
-            return false;
+            return None;
         }
     }
-    true
+    Some(bundle)
 }
 
 fn audit_both(lm: &Weights, mimi: &Weights) -> Result<(AuditReport, AuditReport)> {
@@ -454,7 +481,7 @@ fn duplex_checks(
 }
 
 /// Streaming Mimi encode then decode of the clip, compared with the input.
-fn mimi_check(r: &mut Report, mimi: &std::sync::Arc<Mimi>, clip: &[f32]) -> Result<()> {
+pub(crate) fn mimi_check(r: &mut Report, mimi: &std::sync::Arc<Mimi>, clip: &[f32]) -> Result<()> {
     let fs = mimi.frame_size();
     let frames = clip.len().div_ceil(fs);
     let mut input = clip.to_vec();

@@ -20,6 +20,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::models::{hub_cache_dir, repo_cache_dir, repo_spec, Preset, RepoSpec, Variant};
+use crate::models::{stt_repo_spec, SttRelease, STT_DEFAULT_PRESET};
 
 /// The public hub, used when `HF_ENDPOINT` is not set.
 pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
@@ -27,12 +28,16 @@ pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
 /// Flags of `moshi-native fetch`.
 #[derive(Args, Debug, Clone)]
 pub struct FetchArgs {
-    /// Released voice.
-    #[arg(long, value_enum, default_value_t = Variant::Moshiko)]
-    pub variant: Variant,
-    /// Released weight format.
-    #[arg(long, value_enum, default_value_t = Preset::Q8)]
-    pub preset: Preset,
+    /// Released Moshi voice (default moshiko).
+    #[arg(long, value_enum, conflicts_with = "model")]
+    pub variant: Option<Variant>,
+    /// A speech-to-text model instead of Moshi: `stt-1b` (kyutai/stt-1b-en_fr) or `stt-2.6b`
+    /// (kyutai/stt-2.6b-en); presets bf16 (PyTorch, the default), candle-bf16, mlx-bf16.
+    #[arg(long, value_name = "NAME")]
+    pub model: Option<String>,
+    /// Released weight format (default: q8 for Moshi, bf16 for speech-to-text).
+    #[arg(long, value_enum)]
+    pub preset: Option<Preset>,
     /// Hub cache root to download into (default: HF_HUB_CACHE, HF_HOME/hub or ~/.cache/huggingface/hub).
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
@@ -42,15 +47,27 @@ pub struct FetchArgs {
 pub fn run(args: &FetchArgs) -> Result<()> {
     let endpoint = std::env::var("HF_ENDPOINT").unwrap_or_else(|_| DEFAULT_ENDPOINT.to_string());
     let cache = args.dir.clone().unwrap_or_else(hub_cache_dir);
-    let spec = repo_spec(args.variant, args.preset);
+    let (what, spec) = plan(args)?;
     let snap = fetch_repo(&endpoint, &cache, &spec, true)?;
-    println!(
-        "{} {} ready in {}",
-        args.variant,
-        args.preset,
-        snap.display()
-    );
+    println!("{what} ready in {}", snap.display());
     Ok(())
+}
+
+/// What `fetch` downloads for `args`: a name for the output line (`moshiko q8`, `stt-1b bf16`)
+/// and the repository with its files. No network.
+pub fn plan(args: &FetchArgs) -> Result<(String, RepoSpec)> {
+    if let Some(name) = &args.model {
+        let Some(v) = SttRelease::parse(name) else {
+            bail!(
+                "unknown --model `{name}`\nhint: fetch knows the speech-to-text models stt-1b and stt-2.6b; Moshi is chosen with --variant"
+            );
+        };
+        let preset = args.preset.unwrap_or(STT_DEFAULT_PRESET);
+        return Ok((format!("{v} {preset}"), stt_repo_spec(v, preset)?));
+    }
+    let variant = args.variant.unwrap_or(Variant::Moshiko);
+    let preset = args.preset.unwrap_or(Preset::Q8);
+    Ok((format!("{variant} {preset}"), repo_spec(variant, preset)))
 }
 
 /// Downloads (or resumes) every file of `spec` into the hub cache at `cache`; returns the snapshot dir.
@@ -386,6 +403,77 @@ mod tests {
         // A third run finds everything in place and asks for nothing.
         assert_eq!(fetch_repo(&ep, &cache, &spec, false).unwrap(), snap);
         assert!(log.lock().unwrap().is_empty(), "{:?}", log.lock().unwrap());
+    }
+
+    fn fetch_args(flags: &[&str]) -> FetchArgs {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: FetchArgs,
+        }
+        let mut v = vec!["fetch"];
+        v.extend_from_slice(flags);
+        Cli::try_parse_from(v).map(|c| c.args).unwrap()
+    }
+
+    #[test]
+    fn plans_name_moshi_and_stt_repositories() {
+        let (what, spec) = plan(&fetch_args(&[])).unwrap();
+        assert_eq!(
+            (what.as_str(), spec.repo.as_str()),
+            ("moshiko q8", "kyutai/moshiko-candle-q8")
+        );
+        let (what, spec) = plan(&fetch_args(&["--model", "stt-1b"])).unwrap();
+        assert_eq!(
+            (what.as_str(), spec.repo.as_str()),
+            ("stt-1b bf16", "kyutai/stt-1b-en_fr")
+        );
+        let (_, spec) = plan(&fetch_args(&[
+            "--model",
+            "stt-2.6b",
+            "--preset",
+            "candle-bf16",
+        ]))
+        .unwrap();
+        assert_eq!(spec.repo, "kyutai/stt-2.6b-en-candle");
+        assert!(spec.files.contains(&"tokenizer_en_audio_4000.model"));
+        let (_, spec) = plan(&fetch_args(&["--model", "stt-1b", "--preset", "mlx-bf16"])).unwrap();
+        assert_eq!(spec.repo, "kyutai/stt-1b-en_fr-mlx");
+        let e = plan(&fetch_args(&["--model", "stt-1b", "--preset", "q4"])).unwrap_err();
+        assert!(e.to_string().contains("no `q4` release"), "{e}");
+        assert!(plan(&fetch_args(&["--model", "moshiko"])).is_err());
+    }
+
+    #[test]
+    fn stt_bundle_downloads_and_resolves_for_stt() {
+        // The whole STT plan through the loopback hub, then `stt --model stt-1b --preset candle-bf16`'s
+        // resolution finds the snapshot.
+        let (_, spec) = plan(&fetch_args(&[
+            "--model",
+            "stt-1b",
+            "--preset",
+            "candle-bf16",
+        ]))
+        .unwrap();
+        let files = spec_files(&spec);
+        let (ep, log) = serve(files.clone(), None);
+        let cache = ScratchDir::new("fetch-stt");
+        let snap = fetch_repo(&ep, &cache, &spec, false).unwrap();
+        for (f, (_, body)) in spec.files.iter().zip(&files) {
+            assert_eq!(&fs::read(snap.join(f)).unwrap(), body, "{f}");
+        }
+        let log = log.lock().unwrap();
+        assert!(
+            log.iter().any(|l| l.starts_with(
+                "/kyutai/stt-1b-en_fr-candle/resolve/main/mimi-pytorch-e351c8d8@125.safetensors"
+            )),
+            "{log:?}"
+        );
+        let found =
+            crate::models::resolve_stt(Some("stt-1b"), None, Some(Preset::CandleBf16), &cache)
+                .unwrap();
+        assert_eq!(found, (snap, false));
     }
 
     #[test]

@@ -24,6 +24,7 @@ mod logging;
 mod models;
 mod realtime;
 mod serve_stt;
+mod verify_stt;
 
 use anyhow::Result;
 use clap::{CommandFactory, Parser, Subcommand};

@@ -49,6 +49,10 @@ pub enum Preset {
     /// MLX affine 8-bit (`kyutai/<variant>-mlx-q8`).
     #[value(name = "mlx-q8")]
     MlxQ8,
+    /// candle bf16 safetensors (`kyutai/<variant>-candle-bf16`; speech-to-text: `kyutai/<stt>-candle`,
+    /// the files Kyutai's Rust server reads).
+    #[value(name = "candle-bf16")]
+    CandleBf16,
 }
 
 impl fmt::Display for Preset {
@@ -59,6 +63,7 @@ impl fmt::Display for Preset {
             Preset::Q4 => "q4",
             Preset::MlxBf16 => "mlx-bf16",
             Preset::MlxQ8 => "mlx-q8",
+            Preset::CandleBf16 => "candle-bf16",
         })
     }
 }
@@ -82,12 +87,107 @@ pub fn repo_spec(variant: Variant, preset: Preset) -> RepoSpec {
         Preset::Q4 => ("mlx-q4", "model.q4.safetensors"),
         Preset::MlxBf16 => ("mlx-bf16", "model.safetensors"),
         Preset::MlxQ8 => ("mlx-q8", "model.q8.safetensors"),
+        Preset::CandleBf16 => ("candle-bf16", "model.safetensors"),
     };
     RepoSpec {
         repo: format!("kyutai/{variant}-{suffix}"),
         lm_file,
         files: vec![lm_file, MIMI_FILE, SPM_FILE],
     }
+}
+
+pub use model::stt::SttRelease;
+
+/// The presets Kyutai released its speech-to-text models in (no quantized files: `synth` writes
+/// q8_0 / q4_0 layouts).
+pub const STT_PRESETS: [Preset; 3] = [Preset::Bf16, Preset::CandleBf16, Preset::MlxBf16];
+
+/// The Mimi file of the speech-to-text repositories (the same weights as Moshi's, another name).
+pub const STT_MIMI_FILE: &str = "mimi-pytorch-e351c8d8@125.safetensors";
+
+/// The repository and files of a speech-to-text model in `preset`: PyTorch `kyutai/stt-…`
+/// (`bf16`), candle `…-candle` (`candle-bf16`) or MLX `…-mlx` (`mlx-bf16`), each with
+/// `config.json` (it carries `stt_config`), `model.safetensors`, Mimi and the tokenizer. Kyutai
+/// released no quantized speech-to-text files: other presets are an error naming the three.
+pub fn stt_repo_spec(variant: SttRelease, preset: Preset) -> Result<RepoSpec> {
+    let suffix = match preset {
+        Preset::Bf16 => "",
+        Preset::CandleBf16 => "-candle",
+        Preset::MlxBf16 => "-mlx",
+        other => bail!(
+            "{variant} has no `{other}` release\nhint: Kyutai released {variant} as --preset bf16 (PyTorch), candle-bf16 or mlx-bf16; `moshi-native synth` writes q8_0 / q4_0 layouts"
+        ),
+    };
+    Ok(RepoSpec {
+        repo: format!("{}{suffix}", variant.repo()),
+        lm_file: "model.safetensors",
+        files: vec![
+            "config.json",
+            "model.safetensors",
+            STT_MIMI_FILE,
+            variant.tokenizer(),
+        ],
+    })
+}
+
+/// Whether `--model NAME` names a speech-to-text model (`demo-stt`, `stt-1b`, `stt-2.6b`).
+pub fn is_stt_name(name: &str) -> bool {
+    name == "demo-stt" || SttRelease::parse(name).is_some()
+}
+
+/// The default preset of the speech-to-text models: the PyTorch release (the parity reference).
+pub const STT_DEFAULT_PRESET: Preset = Preset::Bf16;
+
+/// Resolves the flags of a speech-to-text command to a bundle directory and whether it is the
+/// bundled demo: `--model demo-stt`, `--model stt-1b|stt-2.6b` (found in the hub cache at `cache`
+/// in `--preset`, default bf16), or `--model-dir DIR`.
+pub fn resolve_stt(
+    model: Option<&str>,
+    model_dir: Option<&Path>,
+    preset: Option<Preset>,
+    cache: &Path,
+) -> Result<(PathBuf, bool)> {
+    if let (Some(m), Some(_)) = (model, model_dir) {
+        bail!("--model {m} and --model-dir are exclusive");
+    }
+    if let Some(dir) = model_dir {
+        if preset.is_some() {
+            eprintln!(
+                "moshi-native: warning: --preset ignored: the bundle directory {} decides the weights",
+                dir.display()
+            );
+        }
+        if !dir.is_dir() {
+            bail!(
+                "model directory {} does not exist\nhint: pass a speech-to-text bundle directory (config.json with stt_config, weights, Mimi, tokenizer)",
+                dir.display()
+            );
+        }
+        return Ok((dir.to_path_buf(), false));
+    }
+    let name = model
+        .context("no model\nhint: pass --model demo-stt|stt-1b|stt-2.6b or --model-dir DIR")?;
+    if name == "demo-stt" {
+        if let Some(p) = preset {
+            eprintln!(
+                "moshi-native: warning: --preset {p} ignored: --model demo-stt decides the weights"
+            );
+        }
+        return Ok((embed::demo_stt::materialize()?, true));
+    }
+    let Some(variant) = SttRelease::parse(name) else {
+        bail!("unknown --model `{name}`\nhint: the speech-to-text models are demo-stt (built in), stt-1b and stt-2.6b; use --model-dir for a bundle directory");
+    };
+    let preset = preset.unwrap_or(STT_DEFAULT_PRESET);
+    let spec = stt_repo_spec(variant, preset)?;
+    let dir = find_in_cache(cache, &spec).with_context(|| {
+        format!(
+            "{variant} {preset} ({}) is not in the Hugging Face cache ({})\nhint: run `moshi-native fetch --model {variant} --preset {preset}`, or try `--model demo-stt`",
+            spec.repo,
+            cache.display()
+        )
+    })?;
+    Ok((dir, false))
 }
 
 /// The root of the Hugging Face hub cache: `HF_HUB_CACHE`, else `HF_HOME/hub`, else
@@ -330,6 +430,12 @@ mod tests {
                 "kyutai/moshiko-mlx-q8",
                 "model.q8.safetensors",
             ),
+            (
+                Variant::Moshika,
+                Preset::CandleBf16,
+                "kyutai/moshika-candle-bf16",
+                "model.safetensors",
+            ),
         ];
         for (v, p, repo, lm) in cases {
             let s = repo_spec(v, p);
@@ -426,5 +532,112 @@ mod tests {
             ..Default::default()
         };
         assert!(missing.resolve_with_cache(&tmp).is_err());
+    }
+
+    #[test]
+    fn stt_models_route_to_kyutais_repositories() {
+        let cases = [
+            (SttRelease::Stt1b, Preset::Bf16, "kyutai/stt-1b-en_fr"),
+            (
+                SttRelease::Stt1b,
+                Preset::CandleBf16,
+                "kyutai/stt-1b-en_fr-candle",
+            ),
+            (
+                SttRelease::Stt1b,
+                Preset::MlxBf16,
+                "kyutai/stt-1b-en_fr-mlx",
+            ),
+            (SttRelease::Stt2b6, Preset::Bf16, "kyutai/stt-2.6b-en"),
+            (
+                SttRelease::Stt2b6,
+                Preset::CandleBf16,
+                "kyutai/stt-2.6b-en-candle",
+            ),
+            (
+                SttRelease::Stt2b6,
+                Preset::MlxBf16,
+                "kyutai/stt-2.6b-en-mlx",
+            ),
+        ];
+        for (v, p, repo) in cases {
+            let s = stt_repo_spec(v, p).unwrap();
+            assert_eq!(s.repo, repo);
+            assert_eq!(s.lm_file, "model.safetensors");
+            assert_eq!(
+                s.files,
+                vec![
+                    "config.json",
+                    "model.safetensors",
+                    STT_MIMI_FILE,
+                    v.tokenizer()
+                ]
+            );
+            assert_eq!(SttRelease::parse(v.name()), Some(v));
+        }
+        assert_eq!(
+            SttRelease::Stt1b.tokenizer(),
+            "tokenizer_en_fr_audio_8000.model"
+        );
+        assert_eq!(
+            SttRelease::Stt2b6.tokenizer(),
+            "tokenizer_en_audio_4000.model"
+        );
+        for p in [Preset::Q8, Preset::Q4, Preset::MlxQ8] {
+            let e = stt_repo_spec(SttRelease::Stt1b, p).unwrap_err().to_string();
+            assert!(e.contains("no `") && e.contains("candle-bf16"), "{e}");
+        }
+        assert_eq!(SttRelease::parse("stt-7b"), None);
+    }
+
+    #[test]
+    fn stt_resolution_demo_dir_and_cache() {
+        let scratch = testkit::ScratchDir::new("models-stt");
+        let cache = scratch.to_path_buf();
+        // Not in the cache: the hint names the fetch command of that model and preset.
+        let e = resolve_stt(Some("stt-2.6b"), None, Some(Preset::MlxBf16), &cache)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("kyutai/stt-2.6b-en-mlx"), "{e}");
+        assert!(
+            e.contains("moshi-native fetch --model stt-2.6b --preset mlx-bf16"),
+            "{e}"
+        );
+        // A complete snapshot of the default preset (PyTorch) resolves to its folder.
+        let spec = stt_repo_spec(SttRelease::Stt1b, STT_DEFAULT_PRESET).unwrap();
+        let repo = repo_cache_dir(&cache, &spec.repo);
+        std::fs::create_dir_all(repo.join("refs")).unwrap();
+        std::fs::write(repo.join("refs/main"), "r9").unwrap();
+        let snap = repo.join("snapshots/r9");
+        std::fs::create_dir_all(&snap).unwrap();
+        for f in &spec.files[1..] {
+            std::fs::write(snap.join(f), b"x").unwrap();
+        }
+        assert!(
+            resolve_stt(Some("stt-1b"), None, None, &cache).is_err(),
+            "config.json missing: incomplete"
+        );
+        std::fs::write(snap.join("config.json"), b"{}").unwrap();
+        assert_eq!(
+            resolve_stt(Some("stt-1b"), None, None, &cache).unwrap(),
+            (snap.clone(), false)
+        );
+        // The other presets of the same model are other repositories.
+        assert!(resolve_stt(Some("stt-1b"), None, Some(Preset::CandleBf16), &cache).is_err());
+        let (demo, is_demo) = resolve_stt(Some("demo-stt"), None, None, &cache).unwrap();
+        assert!(is_demo && demo.join("config.json").is_file());
+        assert_eq!(
+            resolve_stt(None, Some(&snap), None, &cache).unwrap(),
+            (snap.clone(), false)
+        );
+        for bad in [
+            resolve_stt(Some("demo"), None, None, &cache),
+            resolve_stt(None, None, None, &cache),
+            resolve_stt(Some("stt-1b"), Some(&snap), None, &cache),
+            resolve_stt(None, Some(&snap.join("nope")), None, &cache),
+            resolve_stt(Some("stt-1b"), None, Some(Preset::Q8), &cache),
+        ] {
+            assert!(bad.is_err());
+        }
     }
 }

@@ -8,9 +8,11 @@
 //!
 //! [`LmBackend`]: crate::lm::LmBackend
 
+mod release;
 mod stream;
 mod words;
 
+pub use release::SttRelease;
 pub use stream::{SttBatch, SttModel, SttStream};
 pub use words::{SttEvent, WordAssembler, MAX_EXTRA_HEADS};
 
