@@ -307,9 +307,11 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     }
     let max_sessions = plan.max_sessions;
     let batch = plan.batch;
-    let measured = crate::realtime::measure(&opened.engine)?;
-    let notice = crate::realtime::notice(&measured);
-    eprintln!("moshi-native serve: {notice}");
+    // Timed before the workers allocate their KV caches: the probe's own full-context caches (one
+    // worker's slots) are freed when it returns.
+    let measured = crate::realtime::measure(&opened.engine, batch, plan.workers)?;
+    let verdict = crate::realtime::verdict(&measured);
+    eprintln!("moshi-native serve: {}", verdict.text);
     let file_name = |p: &std::path::Path| {
         p.file_name()
             .map(|s| s.to_string_lossy().into_owned())
@@ -333,9 +335,20 @@ pub fn run(a: &ServeArgs) -> Result<()> {
             demo: opened.demo,
         }),
         realtime: Some(server::protocol::RealtimeNotice {
-            frame_ms: f64::from(measured.frame.total_us) / 1e3,
-            holds: runtime::realtime::RealtimeCheck::new(&measured.frame).holds(),
-            text: notice,
+            frame_ms: verdict.start_ms,
+            frame_full_ms: verdict.full_ms,
+            holds: verdict.holds,
+            conversations: verdict
+                .capacity
+                .iter()
+                .map(|c| server::protocol::RealtimeCapacity {
+                    format: c.format.clone(),
+                    basis: if c.measured { "measured" } else { "estimated" },
+                    at_start: c.at_start,
+                    at_full: c.at_full,
+                })
+                .collect(),
+            text: verdict.text,
         }),
     };
     let mut backend = RuntimeBackend::new(opened.engine, info);

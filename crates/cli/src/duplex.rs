@@ -238,7 +238,7 @@ pub fn run_duplex(a: &DuplexArgs) -> Result<()> {
         f64::from(warm.lag_us) / 1e6,
         crate::common::process_start().elapsed().as_secs_f64()
     );
-    let measured = crate::realtime::measured(&opened.engine, warm);
+    let measured = crate::realtime::measured_start(&opened.engine, warm);
     eprintln!("moshi-native: {}", crate::realtime::notice(&measured));
     let bar = progress_bar(frames);
     let r = run_frames(&mut s, &user, &bar, |_| {})?;

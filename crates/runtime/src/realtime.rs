@@ -48,6 +48,84 @@ pub fn time_passes(engine: &Arc<Engine>, passes: usize) -> Result<FrameTimings, 
     Ok(timed[timed.len() / 2])
 }
 
+/// What [`probe`] measured at start-up, after warm-up passes that are not counted (GPU pipelines
+/// compiled, weights faulted in, caches warm); every figure is a median of the timed passes.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Probe {
+    /// One conversation's full frame pass (encode, LM, decode) at KV position 0.
+    pub start: FrameTimings,
+    /// Conversations of the batched LM steps timed below (1 = none batched).
+    pub rows: usize,
+    /// LM step of `rows` conversations together at KV position 0, microseconds.
+    pub rows_start_lm_us: u32,
+    /// KV position of the full-context steps: the LM's temporal context (its KV window), in frames.
+    pub context: usize,
+    /// LM step of one conversation at the full context, microseconds.
+    pub full_lm_us: u32,
+    /// LM step of `rows` conversations together, each at the full context, microseconds.
+    pub rows_full_lm_us: u32,
+}
+
+/// Times what the start-up real-time notice needs: one conversation's whole frame pass at KV position
+/// 0 ([`time_passes`]), then the LM step of one and of `rows` conversations stepped together (the
+/// batched worker's step), at position 0 and with every KV cache seeked to the full context (the
+/// worst case a conversation reaches after `context` frames; the caches hold meaningless entries, so
+/// attention reads exactly as many keys). Each shape runs once uncounted, then `passes` times (median).
+/// The `rows` full-context KV caches are allocated here and freed on return (call it before the
+/// serving workers allocate theirs). The engine's sessions are unaffected.
+#[cfg(feature = "bench")]
+pub fn probe(engine: &Arc<Engine>, rows: usize, passes: usize) -> Result<Probe, RuntimeError> {
+    use crate::stepper::{lm_error, Stepper};
+    let start = time_passes(engine, passes)?;
+    let rows = rows.max(1);
+    let passes = passes.max(1);
+    let compute = engine.compute();
+    let mut st = Stepper::new(engine, &compute, rows, None)?;
+    let codes = [0u32; crate::N_AUDIO];
+    // One LM step of rows 0..n; a row's sampling error is an error here too.
+    let step = |st: &mut Stepper, n: usize| -> Result<u32, RuntimeError> {
+        st.begin_tick();
+        for r in 0..n {
+            st.admit_with(r, &codes, None, 0);
+        }
+        st.step_lm()?;
+        for i in 0..n {
+            st.take_result(i).map_err(|e| lm_error(e, 0))?;
+        }
+        Ok(st.lm_us())
+    };
+    let median = |st: &mut Stepper, n: usize| -> Result<u32, RuntimeError> {
+        step(st, n)?;
+        let mut t = Vec::with_capacity(passes);
+        for _ in 0..passes {
+            t.push(step(st, n)?);
+        }
+        t.sort_unstable();
+        Ok(t[t.len() / 2])
+    };
+    // Position 0: a few steps in, far from any context length.
+    let rows_start_lm_us = if rows > 1 {
+        median(&mut st, rows)?
+    } else {
+        start.lm_us
+    };
+    let context = st.seek(engine.lm().spec().context);
+    let full_lm_us = median(&mut st, 1)?;
+    let rows_full_lm_us = if rows > 1 {
+        median(&mut st, rows)?
+    } else {
+        full_lm_us
+    };
+    Ok(Probe {
+        start,
+        rows,
+        rows_start_lm_us,
+        context,
+        full_lm_us,
+        rows_full_lm_us,
+    })
+}
+
 /// The verdict on one measured frame pass.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RealtimeCheck {
@@ -99,6 +177,29 @@ mod tests {
         let w = time_passes(&fixture_engine(1), 3).unwrap();
         assert!(w.lm_us > 0 && w.encode_us > 0 && w.decode_us > 0, "{w:?}");
         assert_eq!(w.total_us, w.encode_us + w.lm_us + w.decode_us);
+    }
+
+    /// The probe's shapes are all timed and the full context costs the LM something more than
+    /// position 0 can without it: the fixture LM's context is 10 frames, so the seek puts 10 keys in
+    /// every cache. (No timing is asserted beyond "each shape was stepped": the figures are medians of
+    /// real passes.)
+    #[test]
+    fn probe_times_every_shape_at_both_positions() {
+        let e = fixture_engine(1);
+        let p = probe(&e, 3, 2).unwrap();
+        assert_eq!((p.rows, p.context), (3, 10), "{p:?}");
+        assert_eq!(
+            p.start.total_us,
+            p.start.encode_us + p.start.lm_us + p.start.decode_us
+        );
+        for us in [p.rows_start_lm_us, p.full_lm_us, p.rows_full_lm_us] {
+            assert!(us > 0, "{p:?}");
+        }
+        // One row: the batched figures are the single ones.
+        let p = probe(&e, 1, 1).unwrap();
+        assert_eq!(p.rows, 1);
+        assert_eq!(p.rows_start_lm_us, p.start.lm_us);
+        assert_eq!(p.rows_full_lm_us, p.full_lm_us);
     }
 
     #[test]

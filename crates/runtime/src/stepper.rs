@@ -154,6 +154,15 @@ impl Stepper {
         self.samplers[row].reset();
     }
 
+    /// Benchmark helper: every row at call `offset` with KV caches holding `min(offset, context)`
+    /// meaningless entries, so a step attends over as many keys as a conversation that long (the
+    /// start-up real-time probe, [`crate::realtime::probe`]). Returns row 0's call count after it.
+    #[cfg(feature = "bench")]
+    pub(crate) fn seek(&mut self, offset: usize) -> usize {
+        self.gen.seek_for_bench(offset);
+        self.gen.offset(0)
+    }
+
     /// Start a tick: no row prepared yet.
     pub(crate) fn begin_tick(&mut self) {
         self.active.clear();

@@ -162,6 +162,9 @@ impl Server {
         metrics
             .sessions_max
             .store(config.max_sessions as u64, Relaxed);
+        if let Some(r) = backend.info().realtime {
+            metrics.set_realtime(r);
+        }
         let state = Arc::new(AppState {
             backend,
             metrics,

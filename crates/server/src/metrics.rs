@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use crate::backend::FrameEvent;
-use crate::protocol::SessionCommand;
+use crate::protocol::{RealtimeNotice, SessionCommand};
 
 /// Upper bounds (seconds) of the latency histogram buckets: from a Mimi encode on many cores (a few ms)
 /// to a q8 LM step on two (hundreds of ms); 0.08 is the real-time budget of a frame.
@@ -119,9 +119,64 @@ pub struct Metrics {
     pub lag: Histogram,
     /// The speech-to-text route's counters (`/api/asr-streaming`).
     pub stt: crate::asr::SttMetrics,
+    /// The real-time verdict measured at start-up (set once; the same as the metadata message's).
+    realtime: std::sync::OnceLock<RealtimeNotice>,
 }
 
 impl Metrics {
+    /// Publishes the start-up real-time verdict as gauges (the first call wins: it is measured once).
+    pub fn set_realtime(&self, notice: RealtimeNotice) {
+        let _ = self.realtime.set(notice);
+    }
+
+    /// The `moshi_realtime_*` gauges of the start-up verdict, when one was measured.
+    fn render_realtime(&self, s: &mut String) {
+        let Some(r) = self.realtime.get() else {
+            return;
+        };
+        let _ = writeln!(
+            s,
+            "# HELP moshi_realtime_frame_seconds One conversation's frame pass measured at start-up after \
+             warm-up, at KV position 0 (kv=\"start\") and at the full context (kv=\"full\"); real time is 0.08.\n\
+             # TYPE moshi_realtime_frame_seconds gauge\n\
+             moshi_realtime_frame_seconds{{kv=\"start\"}} {}",
+            r.frame_ms / 1e3
+        );
+        if let Some(full) = r.frame_full_ms {
+            let _ = writeln!(
+                s,
+                "moshi_realtime_frame_seconds{{kv=\"full\"}} {}",
+                full / 1e3
+            );
+        }
+        let _ = writeln!(
+            s,
+            "# HELP moshi_realtime_holds 1 when one conversation keeps up with real time (with headroom) \
+             through a full context, as measured at start-up.\n# TYPE moshi_realtime_holds gauge\n\
+             moshi_realtime_holds {}",
+            u8::from(r.holds)
+        );
+        if r.conversations.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            s,
+            "# HELP moshi_realtime_conversations Conversations this server holds in real time at once, per \
+             weight format (basis: measured for the served format, estimated from bytes per frame for \
+             another), all at their start (kv=\"start\") or all at the full context (kv=\"full\").\n\
+             # TYPE moshi_realtime_conversations gauge"
+        );
+        for c in &r.conversations {
+            for (kv, n) in [("start", c.at_start), ("full", c.at_full)] {
+                let _ = writeln!(
+                    s,
+                    "moshi_realtime_conversations{{format=\"{}\",basis=\"{}\",kv=\"{kv}\"}} {n}",
+                    c.format, c.basis
+                );
+            }
+        }
+    }
+
     /// Records the wall time of one frame pass.
     pub fn observe_step(&self, micros: u64) {
         self.step.observe_us(micros);
@@ -296,6 +351,7 @@ impl Metrics {
         );
         self.lag.render(&mut s, "moshi_frame_lag_seconds", "");
         self.stt.render(&mut s);
+        self.render_realtime(&mut s);
         s
     }
 }
@@ -337,6 +393,45 @@ mod tests {
             "moshi_step_seconds_bucket{le=\"0.1\"} 2",
         ] {
             assert!(t.contains(name), "missing `{name}` in\n{t}");
+        }
+    }
+
+    /// The start-up verdict is published as the metadata carries it: both frame times, the verdict and
+    /// every format's conversation counts; nothing before it is set.
+    #[test]
+    fn the_realtime_verdict_is_published_as_gauges() {
+        let m = Metrics::default();
+        assert!(!m.render().contains("moshi_realtime"));
+        m.set_realtime(RealtimeNotice {
+            frame_ms: 46.0,
+            frame_full_ms: Some(64.0),
+            holds: true,
+            conversations: vec![
+                crate::protocol::RealtimeCapacity {
+                    format: "q4_0".into(),
+                    basis: "measured",
+                    at_start: 4,
+                    at_full: 1,
+                },
+                crate::protocol::RealtimeCapacity {
+                    format: "q8_0".into(),
+                    basis: "estimated",
+                    at_start: 0,
+                    at_full: 0,
+                },
+            ],
+            text: String::new(),
+        });
+        let t = m.render();
+        for line in [
+            "moshi_realtime_frame_seconds{kv=\"start\"} 0.046",
+            "moshi_realtime_frame_seconds{kv=\"full\"} 0.064",
+            "moshi_realtime_holds 1",
+            "moshi_realtime_conversations{format=\"q4_0\",basis=\"measured\",kv=\"start\"} 4",
+            "moshi_realtime_conversations{format=\"q4_0\",basis=\"measured\",kv=\"full\"} 1",
+            "moshi_realtime_conversations{format=\"q8_0\",basis=\"estimated\",kv=\"full\"} 0",
+        ] {
+            assert!(t.contains(line), "missing `{line}` in\n{t}");
         }
     }
 

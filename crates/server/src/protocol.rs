@@ -402,14 +402,35 @@ pub struct ServedModel {
 /// Whether a frame pass fits in the 80 ms a frame lasts, as measured when the server started, and what
 /// would help if not. Sent in the metadata (an extra field; Kyutai's web client ignores it) and shown on
 /// the built-in page.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct RealtimeNotice {
-    /// Milliseconds of one full frame pass at start-up.
+    /// Milliseconds of one conversation's full frame pass at KV position 0, measured at start-up after
+    /// warm-up.
     pub frame_ms: f64,
-    /// Whether that fits the 80 ms budget with headroom.
+    /// Milliseconds of the same pass at the full context (every KV entry in use), when measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub frame_full_ms: Option<f64>,
+    /// Whether one conversation keeps up with headroom (through the full context when it was measured).
     pub holds: bool,
+    /// Conversations held in real time at once, per weight format (empty when not measured).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub conversations: Vec<RealtimeCapacity>,
     /// One paragraph for the user: the verdict and, when it does not hold, what would.
     pub text: String,
+}
+
+/// Conversations a server holds in real time at once with one weight format: timed for the format it
+/// serves, estimated from bytes per frame for another.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct RealtimeCapacity {
+    /// Weight format, e.g. `q8_0`.
+    pub format: String,
+    /// `measured` (the loaded format) or `estimated`.
+    pub basis: &'static str,
+    /// Conversations at once while all are at their start (KV position 0).
+    pub at_start: usize,
+    /// Conversations at once through a full context (the whole length of a conversation).
+    pub at_full: usize,
 }
 
 /// The metadata message (kind 4) with the fields Kyutai's web client validates.
@@ -561,7 +582,14 @@ mod tests {
         let info = BackendInfo {
             realtime: Some(RealtimeNotice {
                 frame_ms: 377.0,
+                frame_full_ms: Some(465.0),
                 holds: false,
+                conversations: vec![RealtimeCapacity {
+                    format: "q8_0".into(),
+                    basis: "measured",
+                    at_start: 0,
+                    at_full: 0,
+                }],
                 text: "does NOT keep up".into(),
             }),
             ..Default::default()
@@ -569,6 +597,10 @@ mod tests {
         let with = json(&info);
         assert_eq!(with["realtime"]["holds"], false);
         assert_eq!(with["realtime"]["frame_ms"], 377.0);
+        assert_eq!(with["realtime"]["frame_full_ms"], 465.0);
+        assert_eq!(with["realtime"]["conversations"][0]["format"], "q8_0");
+        assert_eq!(with["realtime"]["conversations"][0]["basis"], "measured");
+        assert_eq!(with["realtime"]["conversations"][0]["at_full"], 0);
         assert_eq!(with["realtime"]["text"], "does NOT keep up");
         let mut rest = with.as_object().unwrap().clone();
         rest.remove("realtime");

@@ -377,6 +377,7 @@ fn described_tiny_backend() -> server::backend::RuntimeBackend {
             "Real time: a frame pass takes {:.0} ms here, of the 80 ms a frame lasts.",
             check.frame_ms
         ),
+        ..Default::default()
     };
     server::backend::RuntimeBackend::new(
         engine,
