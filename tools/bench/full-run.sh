@@ -78,7 +78,7 @@ stamp() { echo "$(date -u +%T) load $(cut -d' ' -f1-3 /proc/loadavg)"; }
 echo "# build"
 for c in "cargo build --release -p moshi-native" \
          "cargo build --release -p moshi-kernels --features bench --example kernel_bench" \
-         "cargo build --release -p moshi-runtime --example batch_tick" \
+         "cargo build --release -p moshi-bench --example batch_tick" \
          "cargo build --release -p moshi-server-native --example load" \
          "cargo test --release -p moshi-model --test fast_path_drift --no-run"; do
   echo "\$ $c"; $c 2>&1 | grep -v '^ *Compiling' || { echo "build failed: $c"; exit 1; }
@@ -182,7 +182,7 @@ fi
 if part 5 batch 2; then
   # Mimi slots only (synthetic in-memory Mimi): with --bundle, `bench batch` adds the whole server tick,
   # whose 4-slot runner and 4 single sessions hold 8 f32 KV caches (8 x 3.1 GB) next to the weights:
-  # killed for memory on a 24 GiB machine (crates/cli/src/bench_batch.rs, bench_server_tick).
+  # killed for memory on a 24 GiB machine (crates/bench/src/drivers/batch.rs, bench_server_tick).
   run $B bench batch --slots 4 --threads 1,2 --rounds $BR --mimi-frames $BMF
   run $EX/batch_tick --formats q4_0 --threads 1,2 --positions $POS --context 3000 --rounds $BT_R --frames 2 --slots 4
   done_part 5

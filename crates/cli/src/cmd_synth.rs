@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
+use bench::synth::{write_bundle, SynthFormat};
 use clap::Args;
-use model::checkpoint::synth::{write_bundle, SynthFormat};
 use model::checkpoint::{BundleConfig, LmConfig, MimiConfig};
 
 /// Flags of `moshi-native synth`.

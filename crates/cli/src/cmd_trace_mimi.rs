@@ -193,25 +193,11 @@ pub fn trace_on(
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use testkit::compare::max_abs_diff;
     use testkit::TensorFile;
 
     use super::*;
-
-    /// The fixture codec as a bundle directory of its own (removed when dropped), and the
-    /// fixture directory.
-    pub(crate) fn bundle(tag: &str) -> (testkit::ScratchDir, PathBuf) {
-        let fx = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/mimi");
-        let dir = testkit::ScratchDir::new(&format!("mimi-trace-{tag}"));
-        let cfg = format!(
-            r#"{{"mimi_name": "{}", "mimi_config_name": "{}"}}"#,
-            fx.join("mimi.safetensors").display(),
-            fx.join("mimi_config.json").display()
-        );
-        std::fs::write(dir.join("config.json"), cfg).unwrap();
-        (dir, fx)
-    }
 
     /// `--device gpu` writes the CPU's file: the same tensors and shapes, codes identical, every
     /// float within 1e-4 (any adapter: lavapipe here; skipped without one unless
@@ -221,7 +207,7 @@ pub(crate) mod tests {
         if gpu::skip_test_without_adapter() {
             return;
         }
-        let (dir, fx) = bundle("gpu");
+        let (dir, fx) = testkit::mimi_bundle("gpu");
         let (c, g) = (dir.join("cpu.safetensors"), dir.join("gpu.safetensors"));
         trace_on(&dir, &fx.join("input.wav"), &c, 8, None).unwrap();
         run(&TraceMimiArgs {
@@ -254,7 +240,7 @@ pub(crate) mod tests {
 
     #[test]
     fn trace_matches_oracle_fixture() {
-        let (dir, fx) = bundle("cpu");
+        let (dir, fx) = testkit::mimi_bundle("cpu");
         let out = dir.join("trace.safetensors");
         trace_on(&dir, &fx.join("input.wav"), &out, 8, None).unwrap();
         let got = TensorFile::open(&out);

@@ -706,9 +706,9 @@ mod tests {
     fn synth_bundle_passes_as_random_weights() {
         let tiny = Bundle::open(&fixtures().join("lm")).unwrap();
         let dir = ScratchDir::new("verify-synth");
-        model::checkpoint::synth::write_bundle(
+        bench::synth::write_bundle(
             &dir,
-            model::checkpoint::synth::SynthFormat::Q8Gguf,
+            bench::synth::SynthFormat::Q8Gguf,
             &tiny.config.lm,
             &tiny.mimi_config,
             7,

@@ -1,9 +1,5 @@
 //! The `moshi-native` binary: talk to Moshi, run Mimi, inspect and trace models.
 
-mod bench_args;
-mod bench_batch;
-mod bench_gpu;
-mod cmd_bench;
 mod cmd_completions;
 mod cmd_devices;
 mod cmd_inspect;
@@ -67,7 +63,7 @@ enum Command {
     ///
     /// With `--device gpu`, `bench lm` / `bench mimi` time the adapter: one submission per LM frame
     /// or per Mimi direction, against a device copy kernel.
-    Bench(cmd_bench::BenchArgs),
+    Bench(BenchCmd),
     /// Transcribe a WAV with a Kyutai speech-to-text model (words with timestamps; --json, --vad).
     Stt(cmd_stt::SttArgs),
     /// List the GPU adapters (numbers for --gpu N) and what --device auto takes.
@@ -79,6 +75,18 @@ enum Command {
     /// Dump every intermediate of a component for parity checks against Kyutai's Python package.
     #[command(subcommand)]
     Trace(TraceCmd),
+}
+
+/// `moshi-native bench`: the benchmark drivers' flags (crate `moshi-bench`) and the device pair every
+/// command that can run on a GPU takes.
+#[derive(clap::Args, Debug)]
+struct BenchCmd {
+    #[command(flatten)]
+    bench: bench::drivers::BenchArgs,
+    /// Where `bench lm` / `bench mimi` / `bench duplex` run (`gpu`: on the adapter, one submission per
+    /// LM frame or per Mimi direction, against a device copy kernel).
+    #[command(flatten)]
+    device: common::DeviceArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -145,7 +153,7 @@ fn dispatch(cmd: Command) -> Result<()> {
         Command::Inspect(a) => cmd_inspect::run(&a),
         Command::Synth(a) => cmd_synth::run(&a),
         Command::Mimi(c) => cmd_mimi::run(&c),
-        Command::Bench(a) => cmd_bench::run(&a),
+        Command::Bench(a) => bench::drivers::run(&a.bench, &a.device.resolve(1)?),
         Command::Devices(a) => cmd_devices::run(&a),
         Command::Stt(a) => cmd_stt::run(&a),
         Command::List(a) => cmd_list::run(&a),

@@ -448,7 +448,7 @@ fn mimi_sized_quantizer() -> Arc<Mimi> {
     .unwrap();
     cfg.quantizer.dimension = 256;
     cfg.quantizer.bins = 2048;
-    let t = model::mimi::bench::synthetic_tensors(&cfg, 77);
+    let t = bench::mimi::synthetic_tensors(&cfg, 77);
     Arc::new(Mimi::from_tensors(&t, &cfg, 8).unwrap())
 }
 

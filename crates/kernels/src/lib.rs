@@ -90,7 +90,7 @@ pub use arch::{
     KernelSet,
 };
 pub use matrix::{CheckpointParts, Matrix, Scratch, WeightFormat};
-pub use mem::{advise_huge_pages, set_huge_pages_allowed};
+pub use mem::{advise_huge_pages, huge_page_share, set_huge_pages_allowed};
 pub use pool::Pool;
 
 /// Software-prefetch distance in bytes of the streaming kernels (AVX-512 quantized matmul and

@@ -85,3 +85,25 @@ pub(crate) fn collapse_huge<T>(buf: &[T]) {
         crate::arch::sys::collapse_huge_pages(start, len);
     }
 }
+
+/// `; anonymous memory on huge pages: H of A GB` from `/proc/self/smaps_rollup` (Linux; empty
+/// elsewhere or when it cannot be read): how much of the repacked weights the OS backs with
+/// transparent huge pages, which sets how fast they stream.
+pub fn huge_page_share() -> String {
+    let Ok(text) = std::fs::read_to_string("/proc/self/smaps_rollup") else {
+        return String::new();
+    };
+    let kb = |key: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+    };
+    match (kb("AnonHugePages:"), kb("Anonymous:")) {
+        (Some(h), Some(a)) => format!(
+            "; anonymous memory on huge pages: {:.2} of {:.2} GB",
+            h as f64 / 1e6 * 1.024,
+            a as f64 / 1e6 * 1.024
+        ),
+        _ => String::new(),
+    }
+}

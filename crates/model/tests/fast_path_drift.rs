@@ -10,9 +10,10 @@
 //! `MOSHI_DRIFT_FORMATS` (comma list of `q8_0`, `q4_0`, `mlx-q4`, `mlx-q8`; default `q8_0,mlx-q4`)
 //! and `MOSHI_DRIFT_STEPS` (default 8) choose what runs.
 
+use bench::lm::SyntheticSource;
 use kernels::{Pool, WeightFormat};
 use model::checkpoint::LmConfig;
-use model::lm::{KvDtype, LmGen, LmModel, LmRecorder, LmSpec, StepOptions, SyntheticSource};
+use model::lm::{KvDtype, LmGen, LmModel, LmRecorder, LmSpec, StepOptions};
 use model::sampling::{Sampler, SamplerConfig};
 
 fn run(model: &LmModel, steps: usize, pool: &Pool) -> LmRecorder {

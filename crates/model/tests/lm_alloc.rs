@@ -116,7 +116,7 @@ fn long_context_step() {
         LmConfig::from_json(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
     let mut spec = model::lm::LmSpec::from_config(&cfg).unwrap();
     spec.context = 40;
-    let src = model::lm::SyntheticSource {
+    let src = bench::lm::SyntheticSource {
         format: kernels::WeightFormat::Q8_0,
         seed: 3,
     };

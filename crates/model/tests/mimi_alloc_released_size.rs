@@ -40,7 +40,7 @@ const SUBSET_TICKS: [Tick; 3] = [(&[2, 0], None), (&[1], None), (&[1, 2], Some(1
 fn mimi_frames_at_released_size_allocate_nothing_on_any_thread() {
     // The counter sees other threads (guards against a vacuous test).
     assert!(testkit::other_thread_probe(|f| allocations(f)) >= 1);
-    let mimi = model::mimi::bench::synthetic_mimi(8, 5).unwrap();
+    let mimi = bench::mimi::synthetic_mimi(8, 5).unwrap();
     let pool = Pool::new(2);
     if std::env::var_os("MOSHI_RELEASED_SIZE_SUBSET").is_some_and(|v| v == "1") {
         eprintln!("released size: the subset (MOSHI_RELEASED_SIZE_SUBSET=1)");
@@ -60,7 +60,7 @@ fn mimi_frames_at_released_size_allocate_nothing_on_any_thread() {
 fn released_size_frame_path(mimi: &Arc<Mimi>, p: Option<&Pool>, measured: usize) {
     let fs = mimi.frame_size();
     let frames = 2 + measured;
-    let input = model::mimi::bench::test_signal(frames * fs, 24000);
+    let input = bench::mimi::test_signal(frames * fs, 24000);
     let mut enc = MimiEncoder::new(mimi.clone());
     let mut dec = MimiDecoder::new(mimi.clone());
     let mut codes = vec![0u32; mimi.n_codebooks()];
@@ -83,7 +83,7 @@ fn released_size_frame_path(mimi: &Arc<Mimi>, p: Option<&Pool>, measured: usize)
 /// any thread.
 fn batched_frame_path(mimi: &Arc<Mimi>, p: Option<&Pool>, measured: &[Tick]) {
     let (fs, nq) = (mimi.frame_size(), mimi.n_codebooks());
-    let input = model::mimi::bench::test_signal(8 * fs, 24000);
+    let input = bench::mimi::test_signal(8 * fs, 24000);
     let mut enc = MimiBatchEncoder::new(mimi.clone(), 3);
     let mut dec = MimiBatchDecoder::new(mimi.clone(), 3);
     let mut pcm = vec![0.0f32; 3 * fs];

@@ -24,7 +24,8 @@
 
 mod mimi_common;
 
-use model::mimi::{bench, Mimi, MimiBatchDecoder, MimiBatchEncoder, MimiDecoder, MimiEncoder};
+use bench::mimi as bench;
+use model::mimi::{Mimi, MimiBatchDecoder, MimiBatchEncoder, MimiDecoder, MimiEncoder};
 use std::sync::Arc;
 
 /// What stream `s` does at tick `k`.

@@ -2,7 +2,8 @@
 //! weights: shapes load, streaming equals non-streaming while the KV ring does not limit the
 //! window, outputs are finite and codes in range.
 
-use model::mimi::{bench, MimiDecoder, MimiEncoder};
+use bench::mimi as bench;
+use model::mimi::{MimiDecoder, MimiEncoder};
 
 #[test]
 fn released_dims_stream_equals_batch() {

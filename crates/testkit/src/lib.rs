@@ -45,7 +45,7 @@ pub mod rng;
 mod scratch;
 
 pub use fixture::{fixtures_dir, poke_f32, TensorFile};
-pub use scratch::{lm_bundle_copy, ScratchDir};
+pub use scratch::{lm_bundle_copy, mimi_bundle, ScratchDir};
 
 use kernels::WeightFormat;
 

@@ -66,3 +66,18 @@ pub fn lm_bundle_copy(tag: &str) -> ScratchDir {
     }
     dir
 }
+
+/// The fixture codec (`fixtures/mimi`) as a bundle directory of its own: a [`ScratchDir`] whose
+/// `config.json` names the fixture's weights and config in place (removed when dropped), and the
+/// fixture directory (its `input.wav` and traces).
+pub fn mimi_bundle(tag: &str) -> (ScratchDir, std::path::PathBuf) {
+    let fx = crate::fixtures_dir("mimi");
+    let dir = ScratchDir::new(&format!("mimi-trace-{tag}"));
+    let cfg = format!(
+        r#"{{"mimi_name": "{}", "mimi_config_name": "{}"}}"#,
+        fx.join("mimi.safetensors").display(),
+        fx.join("mimi_config.json").display()
+    );
+    std::fs::write(dir.join("config.json"), cfg).unwrap();
+    (dir, fx)
+}

@@ -26,8 +26,6 @@ mod mlx;
 pub mod names;
 pub mod safetensors;
 mod schema;
-#[cfg(feature = "bench")]
-pub mod synth;
 mod weights;
 
 use std::fmt;

@@ -95,8 +95,8 @@ pub trait LmBackend: Send {
     fn reset_row(&mut self, b: usize);
 
     /// Benchmark helper: every row at position `offset` with caches holding `min(offset, context)`
-    /// meaningless entries.
-    #[cfg(feature = "bench")]
+    /// meaningless entries. Not behind a feature: a backend crate (the GPU's) then implements the
+    /// trait the same way whoever turns what on, and the benchmarks (`moshi-bench`) reach it.
     fn seek_for_bench(&mut self, offset: usize);
 }
 
@@ -205,7 +205,6 @@ where
             state.reset_session(b);
         }
     }
-    #[cfg(feature = "bench")]
     fn seek_for_bench(&mut self, offset: usize) {
         self.state.borrow_mut().seek_for_bench(offset);
     }

@@ -166,7 +166,6 @@ impl TokenCache {
         self.offset = 0;
     }
 
-    #[cfg(feature = "bench")]
     fn seek(&mut self, offset: usize) {
         for (k, &init) in self.initial.iter().enumerate() {
             self.cache[k * self.ct..(k + 1) * self.ct].fill(init);
@@ -371,7 +370,6 @@ impl Core {
         }
     }
 
-    #[cfg(feature = "bench")]
     fn seek(&mut self, offset: usize) {
         for tc in &mut self.tcs {
             tc.reset();
@@ -581,7 +579,6 @@ impl<B: LmBackend + ?Sized> Generator<B> {
     }
 
     /// Benchmark helper: every session jumps to call `offset` (see [`LmGen::seek_for_bench`]).
-    #[cfg(feature = "bench")]
     pub fn seek_for_bench(&mut self, offset: usize) {
         self.core.seek(offset);
         self.backend.seek_for_bench(offset);
@@ -643,7 +640,6 @@ impl LmGen {
 
     /// Benchmark helper: jump to call `offset` with KV caches holding `min(offset, context)` zero
     /// entries and the token cache holding initial tokens (see [`LmState::seek_for_bench`]).
-    #[cfg(feature = "bench")]
     pub fn seek_for_bench(&mut self, offset: usize) {
         self.reset();
         self.0.seek_for_bench(offset);
@@ -754,7 +750,6 @@ impl LmBatchGen {
     }
 
     /// Benchmark helper: every session jumps to call `offset` (see [`LmGen::seek_for_bench`]).
-    #[cfg(feature = "bench")]
     pub fn seek_for_bench(&mut self, offset: usize) {
         self.core.seek(offset);
         self.state.seek_for_bench(offset);

@@ -22,8 +22,6 @@ mod load;
 mod model;
 mod source;
 mod spec;
-#[cfg(feature = "bench")]
-mod synthetic;
 
 pub use backend::{CpuLm, LmBackend};
 pub use gen::{
@@ -32,12 +30,10 @@ pub use gen::{
 };
 pub use kernels::attention::KvDtype;
 pub use model::{LayerWeights, LmModel, LmState};
-#[cfg(feature = "bench")]
+#[cfg(any(test, feature = "testing"))]
 pub use source::DequantizedSource;
 pub use source::TensorSource;
 pub use spec::LmSpec;
-#[cfg(feature = "bench")]
-pub use synthetic::SyntheticSource;
 
 /// An input slot that holds no token (Python's −1, e.g. a user stream without input): the model
 /// embeds it as a zero vector. Tokens are `u32` everywhere; the two sentinels sit above every

@@ -152,7 +152,6 @@ impl LmState {
 
     /// Benchmark helper: reset, then fill every temporal KV cache with `min(pos, context)` zero
     /// entries and set the positions to `pos`, as if `pos` steps had run (values are meaningless).
-    #[cfg(feature = "bench")]
     pub fn seek_for_bench(&mut self, pos: usize) {
         self.reset();
         if let Some(first) = self.kv.first() {

@@ -1,6 +1,6 @@
-//! Where LM tensors come from: a checkpoint ([`Weights`]), or (feature `bench`) synthetic random
-//! values (`SyntheticSource`, in `synthetic.rs`) and any source dequantized to f32
-//! (`DequantizedSource`).
+//! Where LM tensors come from: a checkpoint ([`Weights`]), or (tests, feature `testing`) any source
+//! dequantized to f32 (`DequantizedSource`). Synthetic random weights are `bench::lm::SyntheticSource`
+//! (crate `moshi-bench`).
 
 use std::ops::Range;
 
@@ -65,12 +65,12 @@ impl TensorSource for Weights {
 }
 
 /// Every matrix of another source dequantized to f32: a run on it isolates loading and name mapping
-/// from the kernels' activation quantization (feature `bench`).
-#[cfg(feature = "bench")]
+/// from the kernels' activation quantization (tests; feature `testing`).
+#[cfg(any(test, feature = "testing"))]
 #[derive(Debug, Clone, Copy)]
 pub struct DequantizedSource<'a, S: ?Sized>(pub &'a S);
 
-#[cfg(feature = "bench")]
+#[cfg(any(test, feature = "testing"))]
 impl<S: TensorSource + ?Sized> DequantizedSource<'_, S> {
     fn dequantize(m: Matrix) -> Result<Matrix> {
         let (r, c) = (m.rows(), m.cols());
@@ -82,7 +82,7 @@ impl<S: TensorSource + ?Sized> DequantizedSource<'_, S> {
     }
 }
 
-#[cfg(feature = "bench")]
+#[cfg(any(test, feature = "testing"))]
 impl<S: TensorSource + ?Sized> TensorSource for DequantizedSource<'_, S> {
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
         Self::dequantize(self.0.matrix(name, rows, cols)?)

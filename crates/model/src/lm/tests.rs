@@ -287,31 +287,6 @@ fn bf16_kv_cache_stays_close() {
     assert!(d > 0.0 && d < 0.2, "bf16 KV text logits diff {d}");
 }
 
-#[test]
-fn synthetic_source_runs_at_any_format() {
-    let mut spec = LmSpec::from_config(&tiny_config()).unwrap();
-    spec.num_layers = 1;
-    for format in [
-        kernels::WeightFormat::F32,
-        kernels::WeightFormat::Bf16,
-        kernels::WeightFormat::Q8_0,
-        kernels::WeightFormat::Q4_0,
-        kernels::WeightFormat::MlxAffine { bits: 4, group: 32 },
-        kernels::WeightFormat::MlxAffine { bits: 8, group: 32 },
-    ] {
-        let src = SyntheticSource { format, seed: 1 };
-        let model = LmModel::from_source(&src, spec.clone()).unwrap();
-        assert!(model.streamed_weight_bytes() > 0);
-        let pool = Pool::new(1);
-        let mut s = Sampler::new(SamplerConfig::seeded(1), 128, 64).unwrap();
-        let mut g = LmGen::new(&model, KvDtype::Bf16).unwrap();
-        for _ in 0..3 {
-            g.step(&model, &[1; 8], &mut s, &pool).unwrap();
-        }
-        assert!(g.state().text_logits().iter().all(|x| x.is_finite()));
-    }
-}
-
 /// Loads the tiny LM of another bundle directory (`fixtures/<dir>`), any weight format.
 fn bundle_model(dir: &str) -> LmModel {
     let b = crate::checkpoint::Bundle::open(&fixture_dir().join("..").join(dir)).unwrap();

@@ -22,9 +22,6 @@ mod seanet;
 mod stream;
 mod transformer;
 
-#[cfg(feature = "bench")]
-pub mod bench;
-
 pub use backend::{BatchCodecBackend, CodecBackend, CpuMimi, CpuMimiBatch};
 pub use export::{
     CodebookWeights, ConvTrWeights, ConvWeights, DecoderWeights, EncoderWeights, ResBlockWeights,

@@ -1,5 +1,5 @@
 //! The flags of `moshi-native bench` and the small helpers every bench part shares (statistics, the pool
-//! settle). A leaf module: the bench parts (`cmd_bench`, `bench_batch`, `bench_gpu`) import it, it imports
+//! settle). A leaf module: the bench parts (`drivers`, `batch`, `on_gpu`) import it, it imports
 //! none of them.
 
 use std::path::PathBuf;
@@ -94,10 +94,6 @@ pub struct BenchArgs {
     /// timed frames then include the timestamps' own cost.
     #[arg(long)]
     pub profile: bool,
-    /// Where `bench lm` / `bench mimi` run (`gpu`: on the adapter, one submission per LM frame or
-    /// per Mimi direction, against a device copy kernel).
-    #[command(flatten)]
-    pub device: crate::common::DeviceArgs,
 }
 
 /// Median (mean of the two middle values for an even count), min and max.

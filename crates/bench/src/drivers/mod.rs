@@ -1,4 +1,3 @@
-// wire: Bench(cmd_bench::BenchArgs) => cmd_bench::run(&a)
 //! `moshi-native bench`: speed at full moshiko dimensions with synthetic weights, each result next to
 //! its roofline measured in the same run.
 //!
@@ -10,10 +9,10 @@
 //!   Roofline = (streamed weight bytes + KV bytes read at P) ÷ read-probe bandwidth measured in
 //!   the same round and thread count. With `--device gpu` (`--gpu N`): the frame on the adapter as
 //!   one sampled step (one submission), against a device copy kernel's bandwidth measured in the
-//!   same round, with the dispatches and submissions per frame ([`crate::bench_gpu`]).
+//!   same round, with the dispatches and submissions per frame ([`on_gpu`]).
 //! * `mimi`: streaming encode and decode, ms per 80 ms frame. With `--device gpu`: the codec on
 //!   the adapter, one submission per direction, with its dispatches per frame and the device copy
-//!   kernel's bandwidth as a weights-only roofline ([`crate::bench_gpu`]).
+//!   kernel's bandwidth as a weights-only roofline ([`on_gpu`]).
 //! * `duplex`: the product frame pass (a [`runtime::Session`] on its [`runtime::SessionRunner`] worker
 //!   thread, fed through its input ring, answered through its event queue), per phase, next to the LM
 //!   frame and the Mimi encode + decode timed alone in the same rounds: the overhead ratio.
@@ -31,12 +30,18 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use kernels::attention::KvDtype;
 use kernels::{Pool, WeightFormat};
-use model::lm::{LmBatchGen, LmFrame, LmGen, LmModel, LmSpec, SyntheticSource};
+use model::lm::{LmBatchGen, LmFrame, LmGen, LmModel, LmSpec};
 use model::mimi::Mimi;
+
+use crate::lm::SyntheticSource;
 use model::sampling::{Sampler, SamplerConfig};
 
-use crate::bench_args::{settle, stats};
-pub use crate::bench_args::{BenchArgs, What};
+mod args;
+mod batch;
+mod on_gpu;
+
+use args::{settle, stats};
+pub use args::{BenchArgs, What};
 
 /// The AVX-512 settings each cell is timed with: allowed and forbidden with `--ab-avx512`
 /// (interleaved), else one cell with the default.
@@ -135,15 +140,16 @@ fn kv_elt_bytes(k: KvDtype) -> usize {
     }
 }
 
-/// Runs `bench`.
-pub fn run(args: &BenchArgs) -> Result<()> {
+/// Runs `bench` on `device` (the CLI resolves `--device` / `--gpu N`; only `Device::Gpu`'s adapter is
+/// read: the CPU parts take their thread counts from `--threads`).
+pub fn run(args: &BenchArgs, device: &runtime::Device) -> Result<()> {
     if args.threads.is_empty() || args.threads.contains(&0) {
         bail!("--threads needs positive counts");
     }
     if args.rounds == 0 {
         bail!("--rounds must be at least 1");
     }
-    if let runtime::Device::Gpu { adapter, .. } = args.device.resolve(1)? {
+    if let runtime::Device::Gpu { adapter, .. } = *device {
         match args.what {
             What::Lm => {
                 print_machine();
@@ -152,7 +158,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 );
                 for (label, fmt) in lm_sources(args)? {
                     let lm = build_lm(args, &label, fmt)?;
-                    crate::bench_gpu::bench_lm_gpu(args, adapter, &label, lm)?;
+                    on_gpu::bench_lm_gpu(args, adapter, &label, lm)?;
                 }
             }
             What::Mimi => {
@@ -161,7 +167,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 println!(
                     "\n## mimi on the GPU ({src}): streaming ms per 80 ms frame, one submission per direction"
                 );
-                crate::bench_gpu::bench_mimi_gpu(args, adapter, &src, mimi)?;
+                on_gpu::bench_mimi_gpu(args, adapter, &src, mimi)?;
             }
             What::Duplex => {
                 print_machine();
@@ -169,7 +175,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     "\n## duplex on the GPU: frame pass through the session (Mimi encode, LM step, Mimi decode on the device), ms"
                 );
                 for (label, parts) in duplex_parts(args)? {
-                    crate::bench_gpu::bench_duplex_gpu(args, adapter, &label, parts)?;
+                    on_gpu::bench_duplex_gpu(args, adapter, &label, parts)?;
                 }
             }
             _ => bail!("bench --device gpu measures `lm`, `mimi` and `duplex`"),
@@ -193,7 +199,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         bench_lm(args, &pools, &probe)?;
     }
     if args.what == What::Batch {
-        crate::bench_batch::run(args, &pools)?;
+        batch::run(args, &pools)?;
     }
     if args.what == What::Duplex {
         bench_duplex(args, &pools)?;
@@ -276,7 +282,7 @@ fn mimi_source(args: &BenchArgs) -> Result<(Arc<Mimi>, String)> {
             )
         }
         None => (
-            model::mimi::bench::synthetic_mimi(8, 42)?,
+            crate::mimi::synthetic_mimi(8, 42)?,
             "synthetic in memory".to_string(),
         ),
     };
@@ -292,7 +298,7 @@ fn bench_mimi(args: &BenchArgs, pools: &[Pool]) -> Result<()> {
     // The 1-thread path runs without a pool, as the runtime does for threads = 1.
     let pool_of = |pi: usize| (args.threads[pi] > 1).then_some(&pools[pi]);
     for pi in 0..pools.len() {
-        model::mimi::bench::time_frames(&mimi, 2, pool_of(pi))?;
+        crate::mimi::time_frames(&mimi, 2, pool_of(pi))?;
     }
     // Cells: (thread index, AVX-512 allowed) — with --ab-avx512 each thread count is timed
     // with the AVX-512 kernels allowed and forbidden, interleaved within every round.
@@ -312,7 +318,7 @@ fn bench_mimi(args: &BenchArgs, pools: &[Pool]) -> Result<()> {
                 kernels::set_avx512_allowed(on);
             }
             settle();
-            let (e, d) = model::mimi::bench::time_frames(&mimi, args.mimi_frames, pool_of(pi))?;
+            let (e, d) = crate::mimi::time_frames(&mimi, args.mimi_frames, pool_of(pi))?;
             sum[ci].extend(e.iter().zip(&d).map(|(a, b)| a + b));
             enc[ci].extend(e);
             dec[ci].extend(d);
@@ -392,7 +398,7 @@ fn build_lm(args: &BenchArgs, label: &str, format: Option<WeightFormat>) -> Resu
         "lm {label}: built in {:.1} s, {:.3} GB streamed per frame{}",
         t0.elapsed().as_secs_f64(),
         model.streamed_weight_bytes() as f64 / 1e9,
-        crate::common::huge_page_share()
+        kernels::huge_page_share()
     );
     Ok(model)
 }
@@ -593,10 +599,8 @@ pub(crate) fn duplex_parts(args: &BenchArgs) -> Result<Vec<(String, DuplexParts)
             spec.clone(),
         )
         .with_context(|| format!("building synthetic {f} LM"))?;
-        let mimi = model::mimi::bench::synthetic_mimi(8, 42)?;
-        let spm = model::text::SentencePiece::from_bytes(&model::checkpoint::synth::tiny_spm(
-            spec.text_card,
-        ))?;
+        let mimi = crate::mimi::synthetic_mimi(8, 42)?;
+        let spm = model::text::SentencePiece::from_bytes(&crate::synth::tiny_spm(spec.text_card))?;
         eprintln!(
             "duplex: synthetic {f} built in {:.1} s",
             t0.elapsed().as_secs_f64()
@@ -685,7 +689,7 @@ fn bench_duplex(args: &BenchArgs, pools: &[Pool]) -> Result<()> {
         let user: Vec<u32> = (0..spec.n_user() as u32)
             .map(|i| (100 + 37 * i) % spec.card as u32)
             .collect();
-        let pcm = model::mimi::bench::test_signal(
+        let pcm = crate::mimi::test_signal(
             (frames * args.rounds + 3) * runtime::FRAME_SIZE,
             runtime::SAMPLE_RATE as usize,
         );
@@ -724,7 +728,7 @@ fn bench_duplex(args: &BenchArgs, pools: &[Pool]) -> Result<()> {
                 pass(pi, &mut sessions)?;
             }
             gen.step(base.lm(), &user, &mut sampler, pool)?;
-            model::mimi::bench::time_frames(base.mimi(), 2, pool_of(pi))?;
+            crate::mimi::time_frames(base.mimi(), 2, pool_of(pi))?;
         }
         let mut cells = vec![DuplexCell::default(); n];
         let ms = |us: u32| f64::from(us) / 1e3;
@@ -747,8 +751,7 @@ fn bench_duplex(args: &BenchArgs, pools: &[Pool]) -> Result<()> {
                 settle();
                 let d0 = pool.dispatches();
                 let mimi_frames = args.mimi_frames.max(1);
-                let (e, d) =
-                    model::mimi::bench::time_frames(base.mimi(), mimi_frames, pool_of(pi))?;
+                let (e, d) = crate::mimi::time_frames(base.mimi(), mimi_frames, pool_of(pi))?;
                 c.mimi_dispatches = pool.dispatches().wrapping_sub(d0) / mimi_frames as u32;
                 let mimi: Vec<f64> = e.iter().zip(&d).map(|(a, b)| a + b).collect();
                 settle();

@@ -4,7 +4,7 @@
 //! round, per weight format, thread count and KV position. Medians with min–max over all samples.
 //!
 //! ```text
-//! flock /tmp/moshi-bench.lock cargo run --release -p moshi-runtime --example batch_tick -- \
+//! flock /tmp/moshi-bench.lock cargo run --release -p moshi-bench --example batch_tick -- \
 //!     --formats q8_0,q4_0 --threads 1,2 --positions 0,375 --rounds 5 --slots 4
 //! ```
 //!
@@ -13,9 +13,10 @@
 
 use std::time::{Duration, Instant};
 
+use bench::lm::SyntheticSource;
 use kernels::attention::KvDtype;
 use kernels::{Pool, WeightFormat};
-use model::lm::{LmBatchGen, LmError, LmFrame, LmGen, LmModel, LmSpec, SyntheticSource};
+use model::lm::{LmBatchGen, LmError, LmFrame, LmGen, LmModel, LmSpec};
 use model::sampling::{Sampler, SamplerConfig};
 
 fn arg<T: std::str::FromStr>(args: &[String], name: &str, default: &str) -> Vec<T> {

@@ -15,13 +15,13 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::mimi::{stage_breakdown_slots, time_slot_ticks, SlotMode};
 use anyhow::{bail, Result};
 use kernels::Pool;
-use model::mimi::bench::{stage_breakdown_slots, time_slot_ticks, SlotMode};
 use model::mimi::Mimi;
 use runtime::{BatchBench, Engine, EngineOptions, Session, SessionOptions, FRAME_SIZE};
 
-use crate::bench_args::{settle, stats, BenchArgs};
+use super::args::{settle, stats, BenchArgs};
 
 /// One timed configuration: its samples (ms per tick) and its per-round ratios to the one-stream cell.
 #[derive(Default, Clone)]
@@ -60,7 +60,7 @@ pub fn run(args: &BenchArgs, pools: &[Pool]) -> Result<()> {
             let w = b.mimi_weights()?;
             Arc::new(Mimi::load(&w, &b.mimi_config, 8)?)
         }
-        None => model::mimi::bench::synthetic_mimi(8, 42)?,
+        None => crate::mimi::synthetic_mimi(8, 42)?,
     };
     bench_mimi_slots(args, pools, &mimi)?;
     drop(mimi);
@@ -153,7 +153,7 @@ fn bench_server_tick(args: &BenchArgs, dir: &std::path::Path, threads: usize) ->
     let mut sessions: Vec<Session> = (0..slots)
         .map(|_| Session::with_kv_capacity(engine.clone(), opts.clone(), kv_capacity))
         .collect::<Result<_, _>>()?;
-    let signal = model::mimi::bench::test_signal((total + slots) * FRAME_SIZE, 24_000);
+    let signal = crate::mimi::test_signal((total + slots) * FRAME_SIZE, 24_000);
     // Slot j's frame of tick k: the signal from frame k + j on.
     let mut frames = vec![0.0; slots * FRAME_SIZE];
     let fill = |k: usize, frames: &mut [f32]| {

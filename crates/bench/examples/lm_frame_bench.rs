@@ -5,16 +5,17 @@
 //! and 2 threads, interleaved round by round with a memory-read probe using the same thread count.
 //!
 //! ```text
-//! cargo run --release -p moshi-model --example lm_frame_bench -- [FORMATS] [ROUNDS] [POSITIONS] [THREADS]
-//! cargo run --release -p moshi-model --example lm_frame_bench -- bf16,q8_0,q4_0 5 0,375,3000 1,2
+//! cargo run --release -p moshi-bench --example lm_frame_bench -- [FORMATS] [ROUNDS] [POSITIONS] [THREADS]
+//! cargo run --release -p moshi-bench --example lm_frame_bench -- bf16,q8_0,q4_0 5 0,375,3000 1,2
 //! ```
 //! Prints a Markdown table (medians and min–max over the rounds).
 
 use std::time::Instant;
 
+use bench::lm::SyntheticSource;
 use kernels::bench::read_probe;
 use kernels::{Pool, WeightFormat};
-use model::lm::{KvDtype, LmGen, LmModel, LmSpec, SyntheticSource};
+use model::lm::{KvDtype, LmGen, LmModel, LmSpec};
 use model::sampling::{Sampler, SamplerConfig};
 
 fn parse_format(s: &str) -> WeightFormat {

@@ -1,15 +1,17 @@
 //! Synthetic Mimi weights of realistic scale and a frame-timing helper for benchmarks.
 //!
-//! Used by `moshi-native bench mimi` and `cargo run --release -p moshi-model --example
+//! Used by `moshi-native bench mimi` and `cargo run --release -p moshi-bench --example
 //! mimi_bench`; not part of the inference path.
 
-use super::{Mimi, MimiBatchDecoder, MimiBatchEncoder, MimiDecoder, MimiEncoder, MimiError, Pool};
-use crate::checkpoint::MimiConfig;
+use model::checkpoint::MimiConfig;
+use model::mimi::{
+    Mimi, MimiBatchDecoder, MimiBatchEncoder, MimiDecoder, MimiEncoder, MimiError, Pool,
+};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Named tensors, as [`super::MimiTensors`] accepts them.
+/// Named tensors, as [`model::mimi::MimiTensors`] accepts them.
 pub type TensorMap = HashMap<String, (Vec<f32>, Vec<usize>)>;
 
 /// A small deterministic generator (xorshift64*), uniform in [-1, 1).
@@ -230,14 +232,14 @@ pub fn synthetic_tensors(cfg: &MimiConfig, seed: u64) -> TensorMap {
 
 /// A released-size Mimi with synthetic weights.
 pub fn synthetic_mimi(n_codebooks: usize, seed: u64) -> Result<Arc<Mimi>, MimiError> {
-    synthetic_mimi_with(n_codebooks, seed, &super::MimiOptions::default())
+    synthetic_mimi_with(n_codebooks, seed, &model::mimi::MimiOptions::default())
 }
 
 /// [`synthetic_mimi`] with explicit load options.
 pub fn synthetic_mimi_with(
     n_codebooks: usize,
     seed: u64,
-    opts: &super::MimiOptions,
+    opts: &model::mimi::MimiOptions,
 ) -> Result<Arc<Mimi>, MimiError> {
     let cfg = MimiConfig::v0_1();
     let t = synthetic_tensors(&cfg, seed);
@@ -418,7 +420,7 @@ pub fn stage_breakdown_slots(
     ticks: usize,
     pool: Option<&Pool>,
 ) -> Result<Vec<(&'static str, f64)>, MimiError> {
-    use super::Stage;
+    use model::mimi::Stage;
     let (fs, nq) = (mimi.frame_size(), mimi.n_codebooks());
     let signal = test_signal((ticks + slots) * fs, mimi.config().sample_rate);
     let active: Vec<usize> = (0..slots).collect();

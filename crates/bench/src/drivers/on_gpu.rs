@@ -11,7 +11,7 @@ use model::lm::{Generator, LmError, LmFrame, LmModel, NoObserver};
 use model::mimi::{CodecBackend, Mimi};
 use model::sampling::{Sampler, SamplerConfig};
 
-use crate::bench_args::{stats, BenchArgs};
+use super::args::{stats, BenchArgs};
 
 /// The profile of the frames of one cell (`--profile`): each frame starts from a cleared profile
 /// (so a bandwidth probe or a seek between frames is left out) and is resolved right after its
@@ -413,7 +413,7 @@ pub(crate) fn bench_duplex_gpu(
     args: &BenchArgs,
     adapter: Option<usize>,
     label: &str,
-    parts: crate::cmd_bench::DuplexParts,
+    parts: super::DuplexParts,
 ) -> Result<GpuDuplexCell> {
     let ctx = gpu::GpuContext::new(gpu::AdapterChoice::Gpu(adapter), gpu_options(args))?;
     let t0 = Instant::now();
@@ -442,7 +442,7 @@ pub(crate) fn bench_duplex_gpu(
     let mut producer = runner.producer().context("runner producer")?;
     let events = runner.events().context("runner events")?;
     let frames = args.duplex_frames.max(1);
-    let pcm = model::mimi::bench::test_signal(
+    let pcm = crate::mimi::test_signal(
         (frames * args.rounds + 3) * runtime::FRAME_SIZE,
         runtime::SAMPLE_RATE as usize,
     );
@@ -562,8 +562,6 @@ mod tests {
         let args = Cli::parse_from([
             "bench",
             "lm",
-            "--device",
-            "gpu",
             "--rounds",
             "2",
             "--lm-frames",
@@ -603,8 +601,6 @@ mod tests {
         let args = Cli::parse_from([
             "bench",
             "lm",
-            "--device",
-            "gpu",
             "--rounds",
             "2",
             "--lm-frames",
@@ -638,8 +634,6 @@ mod tests {
         let args = Cli::parse_from([
             "bench",
             "mimi",
-            "--device",
-            "gpu",
             "--rounds",
             "2",
             "--mimi-frames",
@@ -650,8 +644,8 @@ mod tests {
             "2",
         ])
         .bench;
-        let (dir, _) = crate::cmd_trace_mimi::tests::bundle("bench-gpu");
-        let mimi = crate::cmd_mimi::open_mimi(&dir, 8).unwrap();
+        let (dir, _) = testkit::mimi_bundle("bench-gpu");
+        let mimi = embed::open_mimi(&dir, None, 8).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
         let ctx = gpu::GpuContext::new(gpu::AdapterChoice::Gpu(None), gpu::GpuOptions::default())
             .unwrap();
@@ -684,8 +678,6 @@ mod tests {
         let args = Cli::parse_from([
             "bench",
             "duplex",
-            "--device",
-            "gpu",
             "--rounds",
             "2",
             "--duplex-frames",
@@ -703,7 +695,7 @@ mod tests {
             .unwrap();
         let (dec, enc) = codec.launches_per_frame();
         let expected = lm.dispatches_per_frame() + dec + enc;
-        let mut parts = crate::cmd_bench::duplex_parts(&args).unwrap();
+        let mut parts = crate::drivers::duplex_parts(&args).unwrap();
         assert_eq!(parts.len(), 1);
         let (label, p) = parts.remove(0);
         let cell = bench_duplex_gpu(&args, None, &label, p).unwrap();
@@ -726,8 +718,6 @@ mod tests {
         let args = Cli::parse_from([
             "bench",
             "mimi",
-            "--device",
-            "gpu",
             "--rounds",
             "1",
             "--mimi-frames",
@@ -739,8 +729,8 @@ mod tests {
             "--profile",
         ])
         .bench;
-        let (dir, _) = crate::cmd_trace_mimi::tests::bundle("bench-gpu-profile");
-        let mimi = crate::cmd_mimi::open_mimi(&dir, 8).unwrap();
+        let (dir, _) = testkit::mimi_bundle("bench-gpu-profile");
+        let mimi = embed::open_mimi(&dir, None, 8).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
         let cell = bench_mimi_gpu(&args, None, "fixture", mimi).unwrap();
         let p = cell.profile.as_ref().expect("a profile with --profile");

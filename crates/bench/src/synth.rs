@@ -8,10 +8,10 @@ use std::path::{Path, PathBuf};
 
 use half::{bf16, f16};
 
-use super::gguf;
-use super::CheckpointError;
-use crate::checkpoint::{LmConfig, MimiConfig, MIMI_NAME, TOKENIZER_NAME};
-use crate::checkpoint::{Schema, TensorSpec};
+use model::checkpoint::gguf;
+use model::checkpoint::CheckpointError;
+use model::checkpoint::{LmConfig, MimiConfig, MIMI_NAME, TOKENIZER_NAME};
+use model::checkpoint::{Schema, TensorSpec};
 
 /// Output layout of [`write_bundle`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -460,7 +460,11 @@ fn lm_header(format: SynthFormat, infos: &Infos<'_>) -> (Vec<u8>, Vec<u64>, u64)
             let mlx = matches!(format, SynthFormat::MlxQ4 | SynthFormat::MlxQ8);
             let metadata: std::collections::BTreeMap<String, String> =
                 [("format".to_string(), "mlx".to_string())].into();
-            let h = super::safetensors::header_bytes_with(infos, mlx.then_some(&metadata), !mlx);
+            let h = model::checkpoint::safetensors::header_bytes_with(
+                infos,
+                mlx.then_some(&metadata),
+                !mlx,
+            );
             let mut offsets = Vec::with_capacity(infos.len());
             let mut off = 0u64;
             for i in infos {
@@ -570,7 +574,7 @@ pub fn write_mimi_header_only(
     hf: bool,
 ) -> Result<u64, CheckpointError> {
     let infos = mimi_infos(cfg, hf)?;
-    let header = super::safetensors::header_bytes(&infos, None);
+    let header = model::checkpoint::safetensors::header_bytes(&infos, None);
     let total = header.len() as u64 + infos.iter().map(|i| i.3 as u64).sum::<u64>();
     let mut f = File::create(path).map_err(io_err(path))?;
     f.write_all(&header).map_err(io_err(path))?;
@@ -587,7 +591,7 @@ fn mimi_infos(cfg: &MimiConfig, hf: bool) -> Result<Infos<'static>, CheckpointEr
             infos.push((t.name, "F32", t.shape, n * 4));
             continue;
         }
-        let names = super::names::to_hf_mimi(&t.name)
+        let names = model::checkpoint::names::to_hf_mimi(&t.name)
             .ok_or_else(|| CheckpointError::NoSuchTensor(t.name.clone()))?;
         let k = names.len();
         let mut shape = t.shape.clone();
@@ -753,9 +757,9 @@ pub fn mimi_config_json(c: &MimiConfig) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::names::Layout;
-    use crate::checkpoint::Bundle;
-    use crate::checkpoint::Quant;
+    use model::checkpoint::names::Layout;
+    use model::checkpoint::Bundle;
+    use model::checkpoint::Quant;
     use testkit::ScratchDir;
 
     fn tiny() -> (LmConfig, MimiConfig) {
@@ -788,7 +792,7 @@ mod tests {
         (lm, mimi)
     }
 
-    /// Q4_0 blocks written by the generator decode (through the loader's dequantizer) to the drawn
+    /// Q4_0 blocks written by the generator decode (through the kernels' block decoder) to the drawn
     /// values within the format's rounding: the levels are d·(q − 8), q in 0..=15, with d (after its f16
     /// rounding) set so the value of largest magnitude sits on q = 0 up to that rounding. A value inside
     /// the 16 levels is off by at most |d|/2 (round to nearest); one beyond the last level on the other
@@ -810,9 +814,19 @@ mod tests {
         })
         .unwrap();
         assert_eq!(bytes.len(), 4 * 64 / 32 * 18);
-        let mut dec = Vec::new();
-        super::super::dequant::dequant_plain(crate::checkpoint::DType::Q4_0, &bytes, &mut dec)
-            .unwrap();
+        // The kernels read the file's GGUF blocks as they are (the loader's dequantizer is private
+        // to the model crate; both decode d·(q − 8)).
+        let m = kernels::Matrix::from_bytes(
+            kernels::WeightFormat::Q4_0,
+            4,
+            64,
+            kernels::Storage::from_vec(bytes.clone()),
+        )
+        .unwrap();
+        let mut dec = vec![0f32; 4 * 64];
+        for (r, row) in dec.chunks_exact_mut(64).enumerate() {
+            m.row_f32(r, row);
+        }
         for (b, (x, y)) in bytes
             .chunks_exact(18)
             .zip(drawn.chunks_exact(32).zip(dec.chunks_exact(32)))
@@ -871,7 +885,7 @@ mod tests {
             if let Quant::Mlx { .. } = q {
                 w.matrix("text_emb.weight").unwrap();
             }
-            let spm = crate::text::SentencePiece::load(&b.files.tokenizer).unwrap();
+            let spm = model::text::SentencePiece::load(&b.files.tokenizer).unwrap();
             let _ = spm;
         }
     }
@@ -893,7 +907,7 @@ mod tests {
         ] {
             let p = root.join(format!("{fmt:?}"));
             let len = write_lm_header_only(&p, fmt, &cfg).unwrap();
-            let w = crate::checkpoint::Weights::open(&p, crate::checkpoint::Component::Lm).unwrap();
+            let w = model::checkpoint::Weights::open(&p, model::checkpoint::Component::Lm).unwrap();
             assert_eq!(w.file_len() as u64, len);
             assert_eq!(w.layout(), layout, "{fmt:?}");
             w.check(&schema).unwrap_or_else(|e| panic!("{fmt:?}: {e}"));
@@ -922,7 +936,7 @@ mod tests {
             let p = root.join(format!("mimi-{hf}.safetensors"));
             write_mimi_header_only(&p, &cfg, hf).unwrap();
             let w =
-                crate::checkpoint::Weights::open(&p, crate::checkpoint::Component::Mimi).unwrap();
+                model::checkpoint::Weights::open(&p, model::checkpoint::Component::Mimi).unwrap();
             assert_eq!(w.layout(), layout);
             w.check(&schema).unwrap_or_else(|e| panic!("hf={hf}: {e}"));
             let i = w.info("decoder.model.11.convtr.convtr.weight").unwrap();

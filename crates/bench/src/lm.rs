@@ -1,13 +1,14 @@
 //! Random LM weights at any dimensions ([`SyntheticSource`]), for benchmarks and smoke tests without a
-//! checkpoint (feature `bench`).
+//! checkpoint.
 
 use std::ops::Range;
 
 use kernels::{Matrix, Storage, WeightFormat};
+use model::lm::{LmError, TensorSource};
+use model::sampling::Rng;
 
-use super::source::{shape_err, Result, TensorSource};
-use super::LmError;
-use crate::sampling::Rng;
+/// The results of a [`TensorSource`].
+type Result<T> = std::result::Result<T, LmError>;
 
 /// Random weights in one storage format, generated deterministically from the tensor name.
 /// Matrix values are uniform with magnitude about `1/sqrt(cols)` (bf16: magnitude in
@@ -129,7 +130,11 @@ impl TensorSource for SyntheticSource {
     fn matrix_rows(&self, name: &str, shape: [usize; 2], take: Range<usize>) -> Result<Matrix> {
         let ([rows, cols], start, n) = (shape, take.start, take.len());
         if start + n > rows {
-            return Err(shape_err(name, &[rows, cols], &[start + n, cols]));
+            return Err(LmError::Shape {
+                name: name.to_string(),
+                expected: vec![rows, cols],
+                got: vec![start + n, cols],
+            });
         }
         self.build(&format!("{name}[{start}..]"), n, cols)
     }
@@ -137,5 +142,46 @@ impl TensorSource for SyntheticSource {
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
         let mut rng = Rng::new(self.seed ^ name_hash(name));
         Ok((0..len).map(|_| 0.5 + rng.next_f64() as f32).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kernels::attention::KvDtype;
+    use kernels::Pool;
+    use model::checkpoint::LmConfig;
+    use model::lm::{LmGen, LmModel, LmSpec};
+    use model::sampling::{Sampler, SamplerConfig};
+
+    use super::*;
+
+    fn tiny_config() -> LmConfig {
+        let path = testkit::fixtures_dir("lm").join("config.json");
+        LmConfig::from_json(&std::fs::read_to_string(path).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn synthetic_source_runs_at_any_format() {
+        let mut spec = LmSpec::from_config(&tiny_config()).unwrap();
+        spec.num_layers = 1;
+        for format in [
+            kernels::WeightFormat::F32,
+            kernels::WeightFormat::Bf16,
+            kernels::WeightFormat::Q8_0,
+            kernels::WeightFormat::Q4_0,
+            kernels::WeightFormat::MlxAffine { bits: 4, group: 32 },
+            kernels::WeightFormat::MlxAffine { bits: 8, group: 32 },
+        ] {
+            let src = SyntheticSource { format, seed: 1 };
+            let model = LmModel::from_source(&src, spec.clone()).unwrap();
+            assert!(model.streamed_weight_bytes() > 0);
+            let pool = Pool::new(1);
+            let mut s = Sampler::new(SamplerConfig::seeded(1), 128, 64).unwrap();
+            let mut g = LmGen::new(&model, KvDtype::Bf16).unwrap();
+            for _ in 0..3 {
+                g.step(&model, &[1; 8], &mut s, &pool).unwrap();
+            }
+            assert!(g.state().text_logits().iter().all(|x| x.is_finite()));
+        }
     }
 }
