@@ -8,7 +8,7 @@
  *                      memory bandwidth moves from one process to the next.
  * Build: cc -O2 -march=native -mprefer-vector-width=512 -ffp-contract=fast -pthread \
  *        -o host_probe tools/bench/host_probe.c
- * (see BENCHMARKS.md, "Fresh processes" and "Method notes").
+ * (see docs/bench-log.md, "Fresh processes", and BENCHMARKS.md, "Method notes").
  */
 #define _GNU_SOURCE
 #include <pthread.h>

@@ -321,7 +321,7 @@ impl Conv1d {
     /// streams are its units of work, one thread each: a stream's input and output then stay
     /// in one core's cache, and the call costs one dispatch instead of one per stream (Mimi's
     /// SEANets for 4 streams on 2 threads: 2.78× one stream's time, against 3.06× with each
-    /// stream split over both threads; medians, `BENCHMARKS.md`). Returns `t_out`.
+    /// stream split over both threads; medians, `docs/bench-log.md`). Returns `t_out`.
     pub fn forward_streams(
         &self,
         input: &[f32],

@@ -247,7 +247,7 @@ pub(crate) struct BView<'a> {
     pub(crate) n: usize,
     /// Kernels that can should read whole panels in place rather than gather them: set when
     /// consecutive rows overlap (the taps of a stride-1 convolution), so the rows of a panel
-    /// share cache lines. Measured on AVX-512 (one thread, Mimi's layers, `BENCHMARKS.md`): in
+    /// share cache lines. Measured on AVX-512 (one thread, Mimi's layers, `docs/bench-log.md`): in
     /// place is 6–15 % faster for the k = 3 and k = 7 layers, gathering 3–25 % faster when the
     /// rows are far apart (k = 1 layers, phases of a strided one), where a contiguous copy
     /// streams better than rows spread over the input.

@@ -95,7 +95,7 @@ pub(crate) type SeanetDecoder = Seanet<(ConvTr1d, Vec<ResBlock>)>;
 /// every layer hands each stream's data from core to core. Run as a chain, one stream through
 /// all its high-rate layers, on a pool whole streams go to the threads: one dispatch for the
 /// chain, each stream's data in one core. Measured for 4 slots on 2 threads: the SEANets cost
-/// 2.35–2.45× one slot's instead of 2.65–2.96× (`BENCHMARKS.md`); on one thread the order makes
+/// 2.35–2.45× one slot's instead of 2.65–2.96× (`docs/bench-log.md`); on one thread the order makes
 /// no measurable difference. Their weights are small and stay in cache, so nothing is lost by
 /// not sharing them. The low-rate stages, whose weights outweigh their activations, keep
 /// running all streams together (each weight read once).

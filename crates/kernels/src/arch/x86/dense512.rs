@@ -3,10 +3,10 @@
 //! Mimi's transformer linears are f32 and take several activation rows at once: 2 per conversation
 //! (two 25 Hz steps per 80 ms frame), 8 for a 4-slot server tick. The AVX2 kernel feeds 2 activation
 //! rows per pass over a block of weight rows, so 8 rows cost four passes (the 4-slot transformers
-//! took 1.5–1.8× one slot's time, `BENCHMARKS.md`). Here one pass serves up to 8 activation rows
-//! from 16 accumulators of 512 bits (4 weight rows × 4 register pairs), so a 4-slot tick reads each
-//! weight block once: 8 rows over Mimi's ~100 MB of transformer weights took 2–8 % less time than
-//! in two 4-row passes (`BENCHMARKS.md`).
+//! took 1.5–1.8× one slot's time, `docs/bench-log.md`). Here one pass serves up to 8 activation
+//! rows from 16 accumulators of 512 bits (4 weight rows × 4 register pairs), so a 4-slot tick reads
+//! each weight block once: 8 rows over Mimi's ~100 MB of transformer weights took 2–8 % less time
+//! than in two 4-row passes (`docs/bench-log.md`).
 //!
 //! The results are bitwise those of the AVX2 kernel (`matvec::dense_f32`; `matrix_props` checks it):
 //! a 512-bit register holds two activation rows side by side, each half doing the AVX2 kernel's

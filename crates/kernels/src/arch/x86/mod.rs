@@ -44,7 +44,7 @@ pub(crate) fn hsum(v: __m256) -> f32 {
 /// prefetch would be wasted: there each stream fetches its twin row of the next block instead (all
 /// of those lines are read next, one block later). Blocks up to 16 KiB are treated so (the current
 /// and the next block then fit in L1 together). Measured on Mimi's transformer linears, most of
-/// whose weights lie in 512-column rows (`BENCHMARKS.md`): ~25 % less time at 8 activation rows
+/// whose weights lie in 512-column rows (`docs/bench-log.md`): ~25 % less time at 8 activation rows
 /// and ~10 % less at 2 than with the in-row distance.
 #[inline(always)]
 pub(crate) fn dense_prefetch_distance(row_bytes: usize, block: usize) -> usize {
