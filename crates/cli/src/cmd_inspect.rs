@@ -2,6 +2,7 @@
 //! total size, schema check; refusals print a clear message and exit non-zero.
 
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -12,6 +13,14 @@ use model::checkpoint::{Bundle, CheckpointError, Component};
 use model::checkpoint::{LmConfig, MimiConfig};
 use model::checkpoint::{OpenOptions, Quant, Weights};
 use model::stt::{SttPlan, SttRelease};
+
+/// `println!` that hands a failed write back (`?`) instead of panicking: `inspect … | head` closes the
+/// pipe early, and `main` ends quietly on that error.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        writeln!(std::io::stdout().lock(), $($arg)*)?
+    };
+}
 
 /// Flags of `moshi-native inspect`.
 #[derive(Args, Debug, Clone)]
@@ -49,15 +58,15 @@ fn human(bytes: usize) -> String {
     }
 }
 
-fn print_weights(w: &Weights, list: bool) {
-    println!(
+fn print_weights(w: &Weights, list: bool) -> Result<()> {
+    out!(
         "  file:      {} ({})",
         w.path().display(),
         human(w.file_len())
     );
-    println!("  format:    {}", w.format());
-    println!("  layout:    {}", w.layout().name());
-    println!("  variant:   {}", variant(w));
+    out!("  format:    {}", w.format());
+    out!("  layout:    {}", w.layout().name());
+    out!("  variant:   {}", variant(w));
     let mut per: BTreeMap<String, (usize, usize, usize)> = BTreeMap::new();
     let mut total_values = 0usize;
     let mut total_bytes = 0usize;
@@ -71,14 +80,14 @@ fn print_weights(w: &Weights, list: bool) {
         total_values += values;
         total_bytes += info.bytes;
     }
-    println!(
+    out!(
         "  tensors:   {} canonical, {} values, {}",
         w.len(),
         total_values,
         human(total_bytes)
     );
     for (q, (c, v, b)) in &per {
-        println!(
+        out!(
             "    {q:<14} {c:>5} tensors {v:>14} values {:>10}",
             human(*b)
         );
@@ -91,9 +100,10 @@ fn print_weights(w: &Weights, list: bool) {
             } else {
                 format!("  <- {}", info.sources.join(", "))
             };
-            println!("    {n} {:?} {}{src}", info.shape, info.quant.name());
+            out!("    {n} {:?} {}{src}", info.shape, info.quant.name());
         }
     }
+    Ok(())
 }
 
 /// What a file is when it is not weights: Mimi codes written by `mimi encode` / `trace mimi`
@@ -135,9 +145,9 @@ fn inspect_other(path: &Path) -> Result<bool> {
         return Ok(false);
     };
     use crate::models::count;
-    println!("{}: Mimi codes (from `mimi encode`)", path.display());
+    out!("{}: Mimi codes (from `mimi encode`)", path.display());
     if let [nq, t] = codes.shape[..] {
-        println!(
+        out!(
             "  codes:     {} x {} ({:.2} s at 12.5 frames/s), {}",
             count(nq, "codebook"),
             count(t, "frame"),
@@ -145,15 +155,15 @@ fn inspect_other(path: &Path) -> Result<bool> {
             codes.dtype.name()
         );
     } else {
-        println!("  codes:     shape {:?}", codes.shape);
+        out!("  codes:     shape {:?}", codes.shape);
     }
     if let Some(n) = hdr.tensors.iter().find(|t| t.name == "num_samples") {
         if n.len == 8 {
             let v = i64::from_le_bytes(bytes[n.offset..n.offset + 8].try_into().expect("8 bytes"));
-            println!("  samples:   {v} ({:.2} s at 24 kHz)", v as f64 / 24_000.0);
+            out!("  samples:   {v} ({:.2} s at 24 kHz)", v as f64 / 24_000.0);
         }
     }
-    println!(
+    out!(
         "  decode:    moshi-native mimi decode {} OUT.wav",
         path.display()
     );
@@ -221,13 +231,15 @@ fn inspect_file(path: &Path, list: bool) -> Result<()> {
             crate::models::count(w.len(), "tensor")
         );
     }
-    println!("{}: {comp} weights", path.display());
-    print_weights(&w, list);
+    out!("{}: {comp} weights", path.display());
+    print_weights(&w, list)?;
     match w.check(&schema) {
-        Ok(()) => println!("  schema:    matches the {what}"),
+        Ok(()) => {
+            out!("  schema:    matches the {what}");
+        }
         Err(e) => {
-            println!("  schema:    differs from the {what}: {e}");
-            println!("             (a bundle directory is checked against the dimensions of its config.json)");
+            out!("  schema:    differs from the {what}: {e}");
+            out!("             (a bundle directory is checked against the dimensions of its config.json)");
         }
     }
     // Quantized storage summary per tensor kind.
@@ -236,7 +248,7 @@ fn inspect_file(path: &Path, list: bool) -> Result<()> {
         .filter(|n| matches!(w.quant(n), Some(Quant::Mlx { .. })))
         .count();
     if quantized > 0 {
-        println!("  mlx triplets: {quantized}");
+        out!("  mlx triplets: {quantized}");
     }
     Ok(())
 }
@@ -244,17 +256,21 @@ fn inspect_file(path: &Path, list: bool) -> Result<()> {
 fn inspect_bundle(dir: &Path, list: bool) -> Result<()> {
     // The bundle's errors name the directory already.
     let b = Bundle::open(dir).context("refused")?;
-    println!("{}: bundle", dir.display());
+    out!("{}: bundle", dir.display());
     match &b.files.config {
-        Some(p) => println!("  config:    {}", p.display()),
-        None => println!("  config:    none (released moshiko v0.1 configuration applies)"),
+        Some(p) => {
+            out!("  config:    {}", p.display());
+        }
+        None => {
+            out!("  config:    none (released moshiko v0.1 configuration applies)");
+        }
     }
     let c = &b.config.lm;
     if let Some(stt) = &b.config.stt {
-        print_stt_facts(c, stt);
+        print_stt_facts(c, stt)?;
         return inspect_bundle_weights(&b, list);
     }
-    println!(
+    out!(
         "  lm:        dim {} x {} layers ({} heads), ffn {}, depformer {} x {} ({} heads, ffn {}), n_q {}, dep_q {}, card {}, text_card {}, context {}",
         c.dim,
         c.num_layers,
@@ -278,14 +294,14 @@ fn inspect_bundle(dir: &Path, list: bool) -> Result<()> {
 
 /// What a speech-to-text bundle is (`model_type` "stt"): the temporal transformer, the stream plan
 /// its `stt_config` gives, the extra heads, and the release it has the dimensions of.
-fn print_stt_facts(c: &LmConfig, stt: &model::checkpoint::SttConfig) {
+fn print_stt_facts(c: &LmConfig, stt: &model::checkpoint::SttConfig) -> Result<()> {
     let plan = SttPlan::from_config(stt);
     let release = match SttRelease::matching(c) {
         Some(r) => format!("the dimensions of {r} ({})", r.repo()),
         None => "not the dimensions of a released model (stt-1b, stt-2.6b)".into(),
     };
-    println!("  model:     speech-to-text (model_type stt), {release}");
-    println!(
+    out!("  model:     speech-to-text (model_type stt), {release}");
+    out!(
         "  lm:        dim {} x {} layers ({} heads), ffn {}, n_q {} audio codebooks in, dep_q {} (no Depformer), card {}, text_card {}, context {}",
         c.dim,
         c.num_layers,
@@ -301,14 +317,14 @@ fn print_stt_facts(c: &LmConfig, stt: &model::checkpoint::SttConfig) {
         }
     );
     if c.extra_heads_num_heads > 0 {
-        println!(
+        out!(
             "  heads:     {} extra heads x {} outputs (voice activity: Step.prs; --vad reads head 2)",
             c.extra_heads_num_heads, c.extra_heads_dim
         );
     } else {
-        println!("  heads:     no extra heads (no voice-activity probabilities)");
+        out!("  heads:     no extra heads (no voice-activity probabilities)");
     }
-    println!(
+    out!(
         "  stream:    audio delay {} s = {} steps, silence prefix {} s = {} frames, flush {} frames; words start at (step - {}) / 12.5 s",
         stt.audio_delay_seconds,
         plan.delay_tokens,
@@ -317,12 +333,13 @@ fn print_stt_facts(c: &LmConfig, stt: &model::checkpoint::SttConfig) {
         plan.flush_frames,
         plan.skip()
     );
+    Ok(())
 }
 
 /// The Mimi line, the tokenizer and both weight files of an opened bundle.
 fn inspect_bundle_weights(b: &Bundle, list: bool) -> Result<()> {
     let m = &b.mimi_config;
-    println!(
+    out!(
         "  mimi:      dim {}, filters {}, transformer {} x {} ({} heads), codebooks {} x {} (dim {}){}",
         m.seanet.dimension,
         m.seanet.n_filters,
@@ -337,7 +354,7 @@ fn inspect_bundle_weights(b: &Bundle, list: bool) -> Result<()> {
             None => String::new(),
         }
     );
-    println!(
+    out!(
         "  tokenizer: {} ({})",
         b.files.tokenizer.display(),
         human(
@@ -358,10 +375,10 @@ fn print_bundle_weights(
     opened: Result<Weights, CheckpointError>,
     list: bool,
 ) -> Result<()> {
-    println!("{title} weights:");
+    out!("{title} weights:");
     let w = opened.with_context(|| format!("refused: {title} weights {}", file.display()))?;
-    print_weights(&w, list);
-    println!("  schema:    complete ({} tensors)", w.len());
+    print_weights(&w, list)?;
+    out!("  schema:    complete ({} tensors)", w.len());
     Ok(())
 }
 

@@ -110,9 +110,21 @@ fn main() {
     };
     logging::init(default, cli.log_format);
     if let Err(e) = dispatch(cli.cmd) {
+        if is_broken_pipe(&e) {
+            // The reader went away (`inspect … | head`): what it wanted was written; no message.
+            std::process::exit(0);
+        }
         eprintln!("{}", render_error(&e));
         std::process::exit(1);
     }
+}
+
+/// Whether `e` is a write to a closed pipe (EPIPE), anywhere in its chain.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 /// One clear line (the context chain, causes repeated by their wrapper skipped), then any
