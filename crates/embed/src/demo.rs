@@ -6,8 +6,6 @@
 
 use std::path::PathBuf;
 
-use model::checkpoint::{MIMI_NAME, TOKENIZER_NAME};
-
 use crate::EmbedError;
 
 /// The label front ends print when they run on the demo model.
@@ -24,7 +22,7 @@ const FILES: &[(&str, &[u8])] = &[
         include_bytes!("../../../fixtures/lm/model.safetensors"),
     ),
     (
-        MIMI_NAME,
+        "tokenizer-e351c8d8-checkpoint125.safetensors",
         include_bytes!("../../../fixtures/mimi/mimi.safetensors"),
     ),
     (
@@ -32,7 +30,7 @@ const FILES: &[(&str, &[u8])] = &[
         include_bytes!("../../../fixtures/mimi/mimi_config.json"),
     ),
     (
-        TOKENIZER_NAME,
+        "tokenizer_spm_32k_3.model",
         include_bytes!("../../../fixtures/lm/tokenizer_spm_32k_3.model"),
     ),
 ];

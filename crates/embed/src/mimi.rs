@@ -3,10 +3,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use model::checkpoint::{Component, MimiConfig, OpenOptions, Weights, MIMI_NAME};
+use model::checkpoint::{Component, MimiConfig, OpenOptions, Weights};
 use model::mimi::Mimi;
 
 use crate::EmbedError;
+
+/// Released Mimi file name, used when a bundle directory has no `config.json`.
+pub const DEFAULT_MIMI_FILE: &str = "tokenizer-e351c8d8-checkpoint125.safetensors";
 
 /// A bundle-relative name (`file://` prefix allowed) as a path.
 fn resolve(dir: &Path, name: &str) -> PathBuf {
@@ -31,7 +34,7 @@ fn config_err(path: &Path, e: impl std::fmt::Display) -> EmbedError {
 fn bundle_files(dir: &Path) -> Result<(PathBuf, Option<PathBuf>), EmbedError> {
     let cfg_path = dir.join("config.json");
     if !cfg_path.is_file() {
-        return Ok((dir.join(MIMI_NAME), None));
+        return Ok((dir.join(DEFAULT_MIMI_FILE), None));
     }
     let text = std::fs::read_to_string(&cfg_path).map_err(|source| EmbedError::Io {
         path: cfg_path.clone(),
@@ -41,7 +44,7 @@ fn bundle_files(dir: &Path) -> Result<(PathBuf, Option<PathBuf>), EmbedError> {
     let weights = v
         .get("mimi_name")
         .and_then(|x| x.as_str())
-        .unwrap_or(MIMI_NAME);
+        .unwrap_or(DEFAULT_MIMI_FILE);
     let config = v.get("mimi_config_name").and_then(|x| x.as_str());
     Ok((resolve(dir, weights), config.map(|c| resolve(dir, c))))
 }

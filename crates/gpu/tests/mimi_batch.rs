@@ -249,3 +249,48 @@ fn eight_slots_out_of_order_equal_codecs_alone_bit_for_bit() {
         }
     }
 }
+
+/// The profile of one batched tick (4 slots, 3 listed out of order): each kernel launch of the
+/// codec runs once per call whatever the number of listed slots, its grid carrying the slots
+/// (the kernel's x times 3 for a grid-launched kernel, 3 layers of z for one with a thread per
+/// output), so the tick's launches are those of one slot. The profile lines are printed (the
+/// structure of a tick on this adapter; lavapipe gives no speed).
+#[test]
+fn a_batched_tick_launches_each_kernel_once_for_all_listed_slots() {
+    let Some(ctx) = common::context_with(gpu::GpuOptions {
+        profile: true,
+        ..Default::default()
+    }) else {
+        return;
+    };
+    let m = mimi();
+    let w = GpuMimiWeights::upload(&ctx, m.clone()).unwrap();
+    let mut g = GpuMimiBatch::new(w, 4).unwrap();
+    let (dec, enc) = g.launches_per_call();
+    let (fs, nq) = (m.frame_size(), m.n_codebooks());
+    let pcm = input_frames(fs);
+    let slots = [3, 0, 2];
+    let frames = tick_frames(&pcm, fs, &slots, |s| s);
+    let mut out = vec![0.0f32; slots.len() * fs];
+    ctx.profile_reset();
+    let codes = g.encode_frames(&slots, &frames).unwrap().to_vec();
+    g.decode_frames(&slots, &codes, &mut out).unwrap();
+    ctx.profile_frame().unwrap();
+    let r = ctx.profile_report().unwrap();
+    for l in r.lines("what=mimi_batch slots=3") {
+        println!("{l}");
+    }
+    assert_eq!(codes.len(), slots.len() * nq);
+    assert_eq!(r.calls_per_frame(), (enc + dec) as f64, "{r:#?}");
+    for k in &r.kernels {
+        let [x, _, z] = k.grid;
+        assert!(
+            z == 3 || (z == 1 && x % 3 == 0),
+            "{} grid {:?}: the 3 listed slots are not in it",
+            k.kernel,
+            k.grid
+        );
+    }
+    // (A host decision adds a copy and a submission, no launch.)
+    assert_eq!(g.host_decisions(), 0);
+}

@@ -301,6 +301,69 @@ fn convolutions_match_reference_streaming_over_frames() {
 
 /// A streaming transposed convolution in f64: per frame `[cout, tin·stride]`, the previous
 /// frame's overlap (`k − stride` columns, without bias) added to the first columns.
+/// The slot dimension of the convolution kernels: 3 slots, ticks listing some of them in
+/// varying order, each slot fed its own frames. Every listed slot's output is the same bits as
+/// the same convolution run alone over that slot's frames (its history, its first-frame
+/// padding and its frame counter are its own), and a slot left out of a tick keeps its output.
+/// At the encoder's last downsampling (`ConvSplit`, the slots innermost in the grid's x) and at
+/// an odd replicate-padded dilated shape (`Conv` and `ConvHistory`, a layer of z per slot).
+#[test]
+fn convolution_slots_each_run_as_alone() {
+    let Some(w) = weights() else {
+        return;
+    };
+    const SLOTS: usize = 3;
+    let lists: [&[usize]; 5] = [&[2, 0], &[0, 1, 2], &[1], &[2, 1, 0], &[0, 2]];
+    for (i, &(cin, cout, k, stride, dil, rep, tin)) in
+        [(512, 1024, 16, 8, 1, false, 16), (5, 7, 7, 1, 3, true, 9)]
+            .iter()
+            .enumerate()
+    {
+        let (c, _) = conv_case(cin, cout, k, stride, dil, rep, tin, 3000 + 10 * i as u64);
+        let n = cout * (tin / stride);
+        // Slot s's j-th frame.
+        let frame = |s: usize, j: usize| vals(4000 + 100 * s as u64 + j as u64, cin * tin, 1.0);
+        let mut seen = [0usize; SLOTS];
+        let ticks: Vec<(Vec<usize>, Vec<f32>)> = lists
+            .iter()
+            .map(|l| {
+                let input = l
+                    .iter()
+                    .flat_map(|&s| {
+                        seen[s] += 1;
+                        frame(s, seen[s] - 1)
+                    })
+                    .collect();
+                (l.to_vec(), input)
+            })
+            .collect();
+        let got = w.test_conv_slots(&c, SLOTS, &ticks, tin).unwrap();
+        for s in 0..SLOTS {
+            let frames: Vec<Vec<f32>> = (0..seen[s]).map(|j| frame(s, j)).collect();
+            let alone = w
+                .test_conv(&c, &frames, tin, TestConvOut::Raw, None)
+                .unwrap();
+            let mut j = 0;
+            let mut before = vec![0.0f32; n];
+            for (t, l) in lists.iter().enumerate() {
+                let region = &got[t][s * n..(s + 1) * n];
+                let want = if l.contains(&s) {
+                    j += 1;
+                    &alone[(j - 1) * n..j * n]
+                } else {
+                    &before[..]
+                };
+                let same = region
+                    .iter()
+                    .zip(want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "conv {cin}->{cout} tick {t} slot {s} (listed {l:?})");
+                before = region.to_vec();
+            }
+        }
+    }
+}
+
 fn conv_tr_ref(c: &ConvTrWeights, frames: &[Vec<f32>], tin: usize) -> Vec<Vec<f64>> {
     let (s, k) = (c.stride, c.k);
     let (tout, pt) = (tin * s, k - s);

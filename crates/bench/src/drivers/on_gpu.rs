@@ -366,7 +366,7 @@ pub(crate) fn bench_mimi_gpu(
     if let Some(b) = &batch {
         let (m, lo, hi) = stats(&cell.batch_ms);
         let (single, _, _) = stats(&sum);
-        let (dec_l, enc_l) = b.launches_per_slot();
+        let (dec_l, enc_l) = b.launches_per_call();
         println!(
             "result impl=ours what=mimi_batch_encdec device=gpu adapter=\"{}\" source=\"{label}\" slots={slots} \
              ms={m:.3} min={lo:.3} max={hi:.3} n={} ms_per_slot={:.3} ratio_to_single={:.2} \
@@ -375,7 +375,7 @@ pub(crate) fn bench_mimi_gpu(
             cell.batch_ms.len(),
             m / slots as f64,
             m / single,
-            slots * (enc_l + dec_l),
+            enc_l + dec_l,
             cell.batch_submissions_per_tick,
         );
         batch_prof.print(&format!("what=mimi_batch_encdec slots={slots}"));

@@ -5,8 +5,10 @@ use std::sync::Arc;
 
 use model::mimi::{BatchCodecBackend, MimiError};
 
-use super::GpuMimiWeights;
-use super::{bytes_of_f32, check_code_range, dispatch, read_words, Decider, Streams};
+use super::record::dispatch;
+use super::streams::{Decider, Streams};
+use super::weights::GpuMimiWeights;
+use super::{bytes_of_f32, check_code_range, read_words};
 use crate::{GpuContext, GpuError};
 
 /// The device codecs of `slots` conversation slots over one engine's uploaded weights: every
@@ -15,17 +17,18 @@ use crate::{GpuContext, GpuError};
 /// [`BatchCodecBackend`].
 ///
 /// An [`BatchCodecBackend::encode_frames`] (or `decode_frames`) call is one submission for all
-/// listed slots: one `Queue::write_buffer` of their inputs (back to back, in the order of the
-/// list) into a staging buffer, copies from there into each slot's input buffer, every listed
-/// slot's recorded launches in one compute pass, copies of each slot's output into one
+/// listed slots: one `Queue::write_buffer` of the slot list and one of their inputs (back to
+/// back, in the order of the list) into a staging buffer, copies from there into each slot's
+/// region of the input buffer, the direction's recorded launches once in one compute pass
+/// (each launch's grid one layer per listed slot, so each kernel runs once per call and its
+/// workgroups of every slot read the same weights), copies of each slot's output into one
 /// readback buffer, one map. An encoder level the device cannot prove costs that slot one more
 /// submission (the host's exact decision, as in [`super::GpuMimi`]).
-///
-/// The kernels run per slot: a tick reads the codec's weights once per listed slot (a slot
-/// dimension in the kernels, reading each weight once per tick, is not done yet).
 pub struct GpuMimiBatch {
     w: Arc<GpuMimiWeights>,
-    streams: Vec<Streams>,
+    streams: Streams,
+    /// The slot list's bytes (the number listed, then the slots).
+    list_bytes: Vec<u8>,
     /// The listed slots' inputs, back to back (PCM or codes).
     staging: wgpu::Buffer,
     readback: wgpu::Buffer,
@@ -42,7 +45,7 @@ impl std::fmt::Debug for GpuMimiBatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GpuMimiBatch")
             .field("adapter", self.w.ctx.adapter())
-            .field("slots", &self.streams.len())
+            .field("slots", &self.streams.slots)
             .finish()
     }
 }
@@ -51,7 +54,8 @@ device_codec_accessors!(GpuMimiBatch);
 
 impl GpuMimiBatch {
     /// Fresh streams of `slots` slots (at least one) over the uploaded weights: allocates every
-    /// state, work, staging and readback buffer and records each slot's launches.
+    /// state, work, staging and readback buffer and records the launches of both directions
+    /// over all slots.
     pub fn new(w: Arc<GpuMimiWeights>, slots: usize) -> Result<GpuMimiBatch, GpuError> {
         if slots == 0 {
             return Err(GpuError::Unsupported {
@@ -61,9 +65,7 @@ impl GpuMimiBatch {
         }
         let m = &w.mimi;
         let (fs, nq, cb) = (m.frame_size(), m.n_codebooks(), w.cb_dim);
-        let streams = (0..slots)
-            .map(|_| Streams::new(&w))
-            .collect::<Result<Vec<_>, GpuError>>()?;
+        let streams = Streams::new(&w, slots)?;
         let ctx = &w.ctx;
         let staging = ctx.buffer(
             "mimi batch staging",
@@ -77,6 +79,7 @@ impl GpuMimiBatch {
         )?;
         Ok(GpuMimiBatch {
             streams,
+            list_bytes: vec![0; (slots + 1) * 4],
             staging,
             readback,
             codes_bytes: vec![0; slots * nq * 4],
@@ -88,10 +91,10 @@ impl GpuMimiBatch {
         })
     }
 
-    /// Kernel launches of one slot's decoder frame and encoder frame (a call runs those of
-    /// every listed slot).
-    pub fn launches_per_slot(&self) -> (usize, usize) {
-        let s = &self.streams[0];
+    /// Kernel launches of a decoder call and of an encoder call, whatever the number of listed
+    /// slots (each launch runs for all of them).
+    pub fn launches_per_call(&self) -> (usize, usize) {
+        let s = &self.streams;
         (s.dec.launches.len(), s.enc.launches.len())
     }
 
@@ -103,7 +106,7 @@ impl GpuMimiBatch {
         per_slot: usize,
         what: &str,
     ) -> Result<(), MimiError> {
-        let n = self.streams.len();
+        let n = self.streams.slots;
         let mut bad = None;
         for &s in slots {
             match self.listed.get_mut(s) {
@@ -137,60 +140,64 @@ impl GpuMimiBatch {
         }
     }
 
-    /// One submission: the staged inputs copied to each listed slot's `input` buffer (`in_bytes`
-    /// each), every listed slot's launches of one direction in one pass, each slot's `output`
-    /// (`out_bytes`) copied into the readback buffer in list order.
-    fn run(&mut self, slots: &[usize], encoder_side: bool, in_bytes: u64, out_bytes: u64) {
+    /// One submission: the slot list written, the staged inputs copied to each listed slot's
+    /// region of the direction's input buffer, the direction's launches once in one pass for
+    /// all listed slots, each slot's output region copied into the readback buffer in list
+    /// order.
+    fn run(&mut self, slots: &[usize], encoder_side: bool) {
         let ctx = &self.w.ctx;
+        let words = std::iter::once(slots.len()).chain(slots.iter().copied());
+        for (b, v) in self.list_bytes.chunks_exact_mut(4).zip(words) {
+            b.copy_from_slice(&(v as u32).to_le_bytes());
+        }
+        let list = &self.list_bytes[..(slots.len() + 1) * 4];
+        ctx.queue().write_buffer(&self.streams.list, 0, list);
         let mut enc = ctx
             .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        let (d, input, output) = self.streams.side(encoder_side);
         for (i, &s) in slots.iter().enumerate() {
-            let (_, input, _) = self.streams[s].side(encoder_side);
-            enc.copy_buffer_to_buffer(&self.staging, i as u64 * in_bytes, input, 0, in_bytes);
+            let (at, bytes) = input.region(s);
+            enc.copy_buffer_to_buffer(&self.staging, i as u64 * bytes, &input.buf, at, bytes);
         }
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-            for &s in slots {
-                let (d, _, _) = self.streams[s].side(encoder_side);
-                dispatch(&mut pass, &d.launches);
-            }
+            dispatch(&mut pass, &d.launches, slots.len());
         }
         for (i, &s) in slots.iter().enumerate() {
-            let (_, _, output) = self.streams[s].side(encoder_side);
-            enc.copy_buffer_to_buffer(output, 0, &self.readback, i as u64 * out_bytes, out_bytes);
+            let (at, bytes) = output.region(s);
+            enc.copy_buffer_to_buffer(&output.buf, at, &self.readback, i as u64 * bytes, bytes);
         }
         ctx.queue().submit([enc.finish()]);
         self.d.submissions += 1;
     }
 
     fn encode(&mut self, slots: &[usize], pcm: &[f32]) -> Result<(), GpuError> {
-        let (fs, nq) = (self.frame_size(), self.n_codebooks());
+        let nq = self.n_codebooks();
         let k = slots.len();
         self.w
             .ctx
             .queue()
             .write_buffer(&self.staging, 0, bytes_of_f32(pcm));
-        self.run(slots, true, (fs * 4) as u64, ((nq + 1) * 4) as u64);
+        self.run(slots, true);
         let words = &mut self.words[..k * (nq + 1)];
         read_words(&self.w.ctx, &self.readback, words)?;
         for (i, &s) in slots.iter().enumerate() {
             let words = &self.words[i * (nq + 1)..(i + 1) * (nq + 1)];
             let codes = &mut self.codes[i * nq..(i + 1) * nq];
             self.d
-                .decide(&self.w, &self.streams[s], &self.readback, words, codes)?;
+                .decide(&self.w, (&self.streams, s), &self.readback, words, codes)?;
         }
         Ok(())
     }
 
     fn decode(&mut self, slots: &[usize], codes: &[u32], out: &mut [f32]) -> Result<(), GpuError> {
-        let (fs, nq) = (self.frame_size(), self.n_codebooks());
         let bytes = &mut self.codes_bytes[..codes.len() * 4];
         for (b, c) in bytes.chunks_exact_mut(4).zip(codes) {
             b.copy_from_slice(&c.to_le_bytes());
         }
         self.w.ctx.queue().write_buffer(&self.staging, 0, bytes);
-        self.run(slots, false, (nq * 4) as u64, (fs * 4) as u64);
+        self.run(slots, false);
         crate::context::read_mapped(&self.w.ctx, &self.readback, out)
     }
 }
@@ -205,7 +212,7 @@ impl BatchCodecBackend for GpuMimiBatch {
     }
 
     fn slots(&self) -> usize {
-        self.streams.len()
+        self.streams.slots
     }
 
     fn encode_frames(&mut self, slots: &[usize], pcm: &[f32]) -> Result<&[u32], MimiError> {
@@ -236,14 +243,14 @@ impl BatchCodecBackend for GpuMimiBatch {
 
     /// Zeroes `slot`'s streaming buffers in one submission (a slot out of range: nothing).
     fn reset(&mut self, slot: usize) {
-        let Some(st) = self.streams.get(slot) else {
+        if slot >= self.streams.slots {
             return;
-        };
+        }
         let ctx = &self.w.ctx;
         let mut enc = ctx
             .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-        st.clear(&mut enc);
+        self.streams.clear(&mut enc, slot);
         ctx.queue().submit([enc.finish()]);
         self.d.submissions += 1;
     }

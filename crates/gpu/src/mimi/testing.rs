@@ -5,7 +5,10 @@
 
 use model::mimi::{ConvTrWeights, ConvWeights};
 
-use super::{f32_bytes, storage_usage, ConvOut, GpuMimiWeights, MimiKernel, Recorder, Uploader};
+use super::record::{ConvOut, Recorder, SlotBuf};
+use super::shaders::MimiKernel;
+use super::weights::{GpuMimiWeights, Uploader};
+use super::{f32_bytes, storage_usage};
 use crate::GpuError;
 
 /// How a tested convolution writes its output (see the codec's `ConvOut`).
@@ -21,13 +24,23 @@ pub enum TestConvOut {
 }
 
 impl GpuMimiWeights {
-    /// A storage buffer holding `v` that the readback may copy from.
-    fn test_buffer(&self, v: &[f32]) -> Result<wgpu::Buffer, GpuError> {
-        let b = self
+    /// A storage buffer holding `v` as one slot's region, that the readback may copy from.
+    fn test_buffer(&self, v: &[f32]) -> Result<SlotBuf, GpuError> {
+        let stride = v.len().max(1);
+        let buf = self
             .ctx
-            .buffer("mimi test", (v.len().max(1) * 4) as u64, storage_usage())?;
-        self.ctx.queue().write_buffer(&b, 0, &f32_bytes(v));
-        Ok(b)
+            .buffer("mimi test", (stride * 4) as u64, storage_usage())?;
+        self.ctx.queue().write_buffer(&buf, 0, &f32_bytes(v));
+        Ok(SlotBuf { buf, stride })
+    }
+
+    /// The slot list of a one-slot test: slot 0.
+    fn test_list(&self) -> Result<wgpu::Buffer, GpuError> {
+        let list = [1u32, 0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<u8>>();
+        self.ctx.storage_init("mimi test slot list", &list)
     }
 
     /// Runs `r`'s launches in one submission (after `first` is written to `input`, when given)
@@ -35,12 +48,12 @@ impl GpuMimiWeights {
     fn test_run(
         &self,
         r: &mut Recorder<'_>,
-        input: Option<(&wgpu::Buffer, &[f32])>,
-        outs: &[(&wgpu::Buffer, usize)],
+        input: Option<(&SlotBuf, &[f32])>,
+        outs: &[(&SlotBuf, usize)],
     ) -> Result<Vec<f32>, GpuError> {
         let ctx = &self.ctx;
         if let Some((b, v)) = input {
-            ctx.queue().write_buffer(b, 0, &f32_bytes(v));
+            ctx.queue().write_buffer(&b.buf, 0, &f32_bytes(v));
         }
         let total: usize = outs.iter().map(|o| o.1).sum();
         let read = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
@@ -50,11 +63,11 @@ impl GpuMimiWeights {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-            super::dispatch(&mut pass, &r.launches);
+            super::record::dispatch(&mut pass, &r.launches, 1);
         }
         let mut off = 0;
         for (b, n) in outs {
-            enc.copy_buffer_to_buffer(b, 0, &rb, off, (*n * 4) as u64);
+            enc.copy_buffer_to_buffer(&b.buf, 0, &rb, off, (*n * 4) as u64);
             off += (*n * 4) as u64;
         }
         ctx.queue().submit([enc.finish()]);
@@ -73,14 +86,15 @@ impl GpuMimiWeights {
         mode: u32,
     ) -> Result<Vec<f32>, GpuError> {
         let counters = self.test_buffer(&[0.0; 4])?;
-        let mut r = Recorder::new(self, &counters)?;
+        let list = self.test_list()?;
+        let mut r = Recorder::new(self, 1, &counters, &list)?;
         let (xb, wb, yb, sb) = (
             self.test_buffer(x)?,
             self.test_buffer(w)?,
             self.test_buffer(y)?,
             self.test_buffer(scale)?,
         );
-        r.linear(&xb, &wb, &yb, &sb, (rows, cols, outs), mode);
+        r.linear(&xb, &wb.buf, &yb, &sb.buf, (rows, cols, outs), mode);
         self.test_run(&mut r, None, &[(&yb, rows * outs)])
     }
 
@@ -94,14 +108,15 @@ impl GpuMimiWeights {
         d: usize,
     ) -> Result<Vec<f32>, GpuError> {
         let counters = self.test_buffer(&[0.0; 4])?;
-        let mut r = Recorder::new(self, &counters)?;
+        let list = self.test_list()?;
+        let mut r = Recorder::new(self, 1, &counters, &list)?;
         let (xb, wb, bb) = (
             self.test_buffer(x)?,
             self.test_buffer(weight)?,
             self.test_buffer(bias)?,
         );
         let yb = self.test_buffer(&vec![0.0; rows * d])?;
-        r.layer_norm(&xb, (&wb, &bb), &yb, rows, d);
+        r.layer_norm(&xb, (&wb.buf, &bb.buf), &yb, rows, d);
         self.test_run(&mut r, None, &[(&yb, rows * d)])
     }
 
@@ -119,8 +134,9 @@ impl GpuMimiWeights {
     ) -> Result<Vec<f32>, GpuError> {
         let up = Uploader { ctx: &self.ctx };
         let cg = up.conv(c)?;
-        let counters = self.ctx.storage_init("mimi test counters", &[0; 16])?;
-        let mut r = Recorder::new(self, &counters)?;
+        let counters = self.test_buffer(&[0.0; 4])?;
+        let list = self.test_list()?;
+        let mut r = Recorder::new(self, 1, &counters, &list)?;
         let n = c.cout * (tin / c.stride);
         let x = self.test_buffer(&vec![0.0; c.cin * tin])?;
         let init = y0.map(<[f32]>::to_vec).unwrap_or_else(|| vec![0.0; n]);
@@ -136,13 +152,74 @@ impl GpuMimiWeights {
         r.launch_grid(MimiKernel::Advance, &[0, 1], &[&counters], 1, (1, 1));
         let mut all = Vec::new();
         for f in frames {
-            self.ctx.queue().write_buffer(&y, 0, &f32_bytes(&init));
-            let outs: &[(&wgpu::Buffer, usize)] = if out == TestConvOut::Dual {
+            self.ctx.queue().write_buffer(&y.buf, 0, &f32_bytes(&init));
+            let outs: &[(&SlotBuf, usize)] = if out == TestConvOut::Dual {
                 &[(&y, n), (&ye, n)]
             } else {
                 &[(&y, n)]
             };
             all.extend(self.test_run(&mut r, Some((&x, f)), outs)?);
+        }
+        Ok(all)
+    }
+
+    /// A streaming convolution (output `Raw`) over `slots` slots, one submission per tick: tick
+    /// `i` lists the slots `ticks[i].0` (in that order) with their inputs `ticks[i].1`, one
+    /// `[cin, tin]` frame per listed slot, back to back. Returns per tick the whole output
+    /// buffer: every slot's region `[cout, tin/stride]` in slot order (a slot left out of a
+    /// tick keeps what it had).
+    #[doc(hidden)]
+    pub fn test_conv_slots(
+        &self,
+        c: &ConvWeights,
+        slots: usize,
+        ticks: &[(Vec<usize>, Vec<f32>)],
+        tin: usize,
+    ) -> Result<Vec<Vec<f32>>, GpuError> {
+        let ctx = &self.ctx;
+        let up = Uploader { ctx };
+        let cg = up.conv(c)?;
+        let counters = SlotBuf {
+            buf: ctx.buffer("mimi test counters", (slots * 16) as u64, storage_usage())?,
+            stride: 4,
+        };
+        let list = ctx.buffer(
+            "mimi test slot list",
+            ((slots + 1) * 4) as u64,
+            storage_usage(),
+        )?;
+        let mut r = Recorder::new(self, slots, &counters, &list)?;
+        let n = c.cout * (tin / c.stride);
+        let x = r.buffer("mimi test x", c.cin * tin)?;
+        let y = r.buffer("mimi test y", n)?;
+        r.conv(&cg, &x, tin, ConvOut::Raw(&y), false, 0)?;
+        r.launch_grid(MimiKernel::Advance, &[0, 1], &[&counters], 1, (1, 1));
+        let read = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
+        let rb = ctx.buffer("mimi test readback", (slots * n * 4) as u64, read)?;
+        let mut all = Vec::new();
+        for (listed, input) in ticks {
+            let words: Vec<u32> = std::iter::once(listed.len() as u32)
+                .chain(listed.iter().map(|&s| s as u32))
+                .collect();
+            let bytes: Vec<u8> = words.iter().flat_map(|v| v.to_le_bytes()).collect();
+            ctx.queue().write_buffer(&list, 0, &bytes);
+            for (i, &s) in listed.iter().enumerate() {
+                let frame = &input[i * c.cin * tin..(i + 1) * c.cin * tin];
+                ctx.queue()
+                    .write_buffer(&x.buf, x.region(s).0, &f32_bytes(frame));
+            }
+            let mut enc = ctx
+                .device()
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+            {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+                super::record::dispatch(&mut pass, &r.launches, listed.len());
+            }
+            enc.copy_buffer_to_buffer(&y.buf, 0, &rb, 0, (slots * n * 4) as u64);
+            ctx.queue().submit([enc.finish()]);
+            let mut out = vec![0.0; slots * n];
+            crate::context::read_mapped(ctx, &rb, &mut out)?;
+            all.push(out);
         }
         Ok(all)
     }
@@ -158,8 +235,9 @@ impl GpuMimiWeights {
     ) -> Result<Vec<f32>, GpuError> {
         let up = Uploader { ctx: &self.ctx };
         let cg = up.conv_tr(c)?;
-        let counters = self.ctx.storage_init("mimi test counters", &[0; 16])?;
-        let mut r = Recorder::new(self, &counters)?;
+        let counters = self.test_buffer(&[0.0; 4])?;
+        let list = self.test_list()?;
+        let mut r = Recorder::new(self, 1, &counters, &list)?;
         let n = c.cout * tin * c.stride;
         let x = self.test_buffer(&vec![0.0; c.cin * tin])?;
         let y = self.test_buffer(&vec![0.0; n])?;
@@ -182,10 +260,9 @@ impl GpuMimiWeights {
         (rows, d, heads): (usize, usize, usize),
         (cap, context, pos): (usize, usize, u32),
     ) -> Result<Vec<f32>, GpuError> {
-        let counters = self
-            .ctx
-            .storage_init("mimi test counters", &[pos.to_le_bytes(), [0; 4]].concat())?;
-        let mut r = Recorder::new(self, &counters)?;
+        let counters = self.test_buffer(&[f32::from_bits(pos), 0.0, 0.0, 0.0])?;
+        let list = self.test_list()?;
+        let mut r = Recorder::new(self, 1, &counters, &list)?;
         let (qb, kb, vb) = (
             self.test_buffer(qkv)?,
             self.test_buffer(kc)?,
@@ -221,11 +298,10 @@ impl GpuMimiWeights {
     pub fn test_rvq_search(&self, first: &[f32], rest: &[f32]) -> Result<Vec<u32>, GpuError> {
         let nq = self.mimi.n_codebooks();
         let counters = self.test_buffer(&[0.0; 4])?;
-        let mut r = Recorder::new(self, &counters)?;
+        let list = self.test_list()?;
+        let mut r = Recorder::new(self, 1, &counters, &list)?;
         let (fb, rb) = (self.test_buffer(first)?, self.test_buffer(rest)?);
-        let codes = self
-            .ctx
-            .buffer("mimi test codes", ((nq + 1) * 4) as u64, storage_usage())?;
+        let codes = self.test_buffer(&vec![0.0; nq + 1])?;
         r.rvq_search(&fb, &rb, &codes)?;
         let words = self.test_run(&mut r, None, &[(&codes, nq + 1)])?;
         Ok(words.iter().map(|v| v.to_bits()).collect())
@@ -236,7 +312,8 @@ impl GpuMimiWeights {
     pub fn test_rvq_decode(&self, codes: &[u32]) -> Result<Vec<f32>, GpuError> {
         let d = self.mimi.dimension();
         let counters = self.test_buffer(&[0.0; 4])?;
-        let mut r = Recorder::new(self, &counters)?;
+        let list = self.test_list()?;
+        let mut r = Recorder::new(self, 1, &counters, &list)?;
         let words: Vec<f32> = codes.iter().map(|&c| f32::from_bits(c)).collect();
         let cb = self.test_buffer(&words)?;
         let y = self.test_buffer(&vec![0.0; d])?;
