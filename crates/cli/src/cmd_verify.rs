@@ -619,8 +619,8 @@ mod tests {
         for name in [
             "config.json",
             "model.safetensors",
-            "tokenizer_spm_32k_3.model",
-            "tokenizer-e351c8d8-checkpoint125.safetensors",
+            model::checkpoint::TOKENIZER_NAME,
+            model::checkpoint::MIMI_NAME,
             "mimi_config.json",
         ] {
             std::fs::copy(src.join(name), dst.join(name)).unwrap();
@@ -755,7 +755,7 @@ mod tests {
     #[test]
     fn truncated_file_fails_with_the_cause() {
         let dir = copy_bundle("trunc");
-        let path = dir.join("tokenizer-e351c8d8-checkpoint125.safetensors");
+        let path = dir.join(model::checkpoint::MIMI_NAME);
         let bytes = std::fs::read(&path).unwrap();
         std::fs::write(&path, &bytes[..bytes.len() * 2 / 3]).unwrap();
         let e = verify_error(&dir);

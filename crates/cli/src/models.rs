@@ -11,10 +11,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 
-/// The Mimi codec file shared by every released bundle.
-pub const MIMI_FILE: &str = "tokenizer-e351c8d8-checkpoint125.safetensors";
-/// The SentencePiece text tokenizer shared by every released bundle.
-pub const SPM_FILE: &str = "tokenizer_spm_32k_3.model";
+// The Mimi codec file and the SentencePiece tokenizer shared by every released bundle are the names a
+// bundle's `config.json` defaults to (`model::checkpoint`), written once there.
+use model::checkpoint::{MIMI_NAME, TOKENIZER_NAME};
 
 /// Which released voice to use.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -92,7 +91,7 @@ pub fn repo_spec(variant: Variant, preset: Preset) -> RepoSpec {
     RepoSpec {
         repo: format!("kyutai/{variant}-{suffix}"),
         lm_file,
-        files: vec![lm_file, MIMI_FILE, SPM_FILE],
+        files: vec![lm_file, MIMI_NAME, TOKENIZER_NAME],
     }
 }
 
@@ -441,7 +440,7 @@ mod tests {
             let s = repo_spec(v, p);
             assert_eq!(s.repo, repo);
             assert_eq!(s.lm_file, lm);
-            assert_eq!(s.files, vec![lm, MIMI_FILE, SPM_FILE]);
+            assert_eq!(s.files, vec![lm, MIMI_NAME, TOKENIZER_NAME]);
         }
     }
 
@@ -503,7 +502,7 @@ mod tests {
             args.resolve_with_cache(&tmp).is_err(),
             "incomplete snapshot must not resolve"
         );
-        std::fs::write(snap.join(SPM_FILE), b"x").unwrap();
+        std::fs::write(snap.join(TOKENIZER_NAME), b"x").unwrap();
         assert_eq!(
             args.resolve_with_cache(&tmp).unwrap(),
             ModelSource::Dir(snap.clone())

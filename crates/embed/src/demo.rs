@@ -6,6 +6,8 @@
 
 use std::path::PathBuf;
 
+use model::checkpoint::{MIMI_NAME, TOKENIZER_NAME};
+
 use crate::EmbedError;
 
 /// The label front ends print when they run on the demo model.
@@ -22,7 +24,7 @@ const FILES: &[(&str, &[u8])] = &[
         include_bytes!("../../../fixtures/lm/model.safetensors"),
     ),
     (
-        "tokenizer-e351c8d8-checkpoint125.safetensors",
+        MIMI_NAME,
         include_bytes!("../../../fixtures/mimi/mimi.safetensors"),
     ),
     (
@@ -30,7 +32,7 @@ const FILES: &[(&str, &[u8])] = &[
         include_bytes!("../../../fixtures/mimi/mimi_config.json"),
     ),
     (
-        "tokenizer_spm_32k_3.model",
+        TOKENIZER_NAME,
         include_bytes!("../../../fixtures/lm/tokenizer_spm_32k_3.model"),
     ),
 ];

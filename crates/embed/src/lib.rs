@@ -16,7 +16,7 @@ mod mimi;
 mod sampling;
 
 pub use describe::{describe, guess_component, variant};
-pub use mimi::{open_mimi, DEFAULT_MIMI_FILE};
+pub use mimi::open_mimi;
 pub use sampling::SamplingParams;
 
 use std::path::PathBuf;

@@ -3,13 +3,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use model::checkpoint::{Component, MimiConfig, OpenOptions, Weights};
+use model::checkpoint::{Component, MimiConfig, OpenOptions, Weights, MIMI_NAME};
 use model::mimi::Mimi;
 
 use crate::EmbedError;
-
-/// Released Mimi file name, used when a bundle directory has no `config.json`.
-pub const DEFAULT_MIMI_FILE: &str = "tokenizer-e351c8d8-checkpoint125.safetensors";
 
 /// A bundle-relative name (`file://` prefix allowed) as a path.
 fn resolve(dir: &Path, name: &str) -> PathBuf {
@@ -34,7 +31,7 @@ fn config_err(path: &Path, e: impl std::fmt::Display) -> EmbedError {
 fn bundle_files(dir: &Path) -> Result<(PathBuf, Option<PathBuf>), EmbedError> {
     let cfg_path = dir.join("config.json");
     if !cfg_path.is_file() {
-        return Ok((dir.join(DEFAULT_MIMI_FILE), None));
+        return Ok((dir.join(MIMI_NAME), None));
     }
     let text = std::fs::read_to_string(&cfg_path).map_err(|source| EmbedError::Io {
         path: cfg_path.clone(),
@@ -44,7 +41,7 @@ fn bundle_files(dir: &Path) -> Result<(PathBuf, Option<PathBuf>), EmbedError> {
     let weights = v
         .get("mimi_name")
         .and_then(|x| x.as_str())
-        .unwrap_or(DEFAULT_MIMI_FILE);
+        .unwrap_or(MIMI_NAME);
     let config = v.get("mimi_config_name").and_then(|x| x.as_str());
     Ok((resolve(dir, weights), config.map(|c| resolve(dir, c))))
 }

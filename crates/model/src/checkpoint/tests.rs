@@ -453,11 +453,7 @@ fn bundle_refusals() {
             ..
         })
     ));
-    std::fs::copy(
-        src.join("tokenizer-e351c8d8-checkpoint125.safetensors"),
-        dir.join("mimi.safetensors"),
-    )
-    .unwrap();
+    std::fs::copy(src.join(MIMI_NAME), dir.join("mimi.safetensors")).unwrap();
     // `hf://org/repo/file` and `file://` references resolve inside the bundle directory.
     let patched = cfg
         .replace(
