@@ -10,6 +10,9 @@
 //! * [`BatchRunner`]: several conversations ([`BatchSession`]s, same producer / control / events as a
 //!   `SessionRunner`) on one worker thread, stepped together by one batched LM step (weights read once). A
 //!   `Session` is a batch of one: both run the same conversation and stepper code.
+//! * [`SttRunner`]: many speech-to-text streams on one worker thread, one batched step per tick (servers).
+//! * [`SttEngine`] / [`Transcriber`]: one speech-to-text stream driven by the caller (push PCM, pull word,
+//!   voice-activity and end-of-turn events; the C ABI's and Python's transcriber).
 //!
 //! See `docs/CONTRACTS.md` (runtime section) for the contract and `examples/duplex.rs` for a runnable example.
 //!
@@ -48,6 +51,7 @@ mod runner;
 mod session;
 mod stepper;
 mod stt_driver;
+mod transcriber;
 
 #[doc(hidden)]
 pub use batch::BatchBench;
@@ -64,6 +68,7 @@ pub use stepper::{Phase, PhaseHook};
 pub use stt_driver::{
     SttNotify, SttOutput, SttRunner, SttRunnerOptions, SttSession, SttStepOutput,
 };
+pub use transcriber::{SttEngine, Transcriber, TranscriberOptions, TranscriptEvent};
 
 /// The model's sample rate (Hz).
 pub const SAMPLE_RATE: u32 = 24_000;

@@ -1,0 +1,229 @@
+//! The caller-driven transcriber (`runtime::Transcriber`) on the oracle's STT bundles (`fixtures/stt/{1b,2b6}`,
+//! `tools/oracle/gen_stt.py`): pushed in uneven pieces, pulled and flushed, its events are the oracle's
+//! (`events.json`: steps, tokens and times exact, voice-activity probabilities within 1e-4); reset, refusals
+//! and the end-of-turn rule.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use runtime::{EngineOptions, SttEngine, Transcriber, TranscriberOptions, TranscriptEvent};
+use serde_json::{json, Value};
+
+fn dir(v: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/stt")
+        .join(v)
+}
+
+fn engine(v: &str) -> Arc<SttEngine> {
+    SttEngine::open(&dir(v), EngineOptions::cpu(1)).unwrap()
+}
+
+fn oracle(v: &str) -> Value {
+    let text = std::fs::read_to_string(dir(v).join("events.json")).unwrap();
+    serde_json::from_str::<Value>(&text).unwrap()
+}
+
+/// A float32 WAV's samples (the oracle's `input.wav`).
+fn input(v: &str) -> Vec<f32> {
+    runtime::audio::read_wav_strict(dir(v).join("input.wav")).unwrap()
+}
+
+/// An event as the oracle writes it (`Step`, `Word` with tokens, `EndWord`), or `None` for `EndOfTurn`
+/// (not an oracle event; checked separately).
+fn to_json(e: &TranscriptEvent<'_>) -> Option<Value> {
+    Some(match *e {
+        TranscriptEvent::Step { step_idx, prs } => json!({"type": "Step", "step_idx": step_idx,
+            "prs": prs.iter().map(|&p| f64::from(p)).collect::<Vec<_>>()}),
+        TranscriptEvent::Word {
+            tokens, start_time, ..
+        } => json!({"type": "Word", "tokens": tokens, "start_time": start_time}),
+        TranscriptEvent::EndWord { stop_time, .. } => {
+            json!({"type": "EndWord", "stop_time": stop_time})
+        }
+        TranscriptEvent::EndOfTurn { .. } => return None,
+    })
+}
+
+/// Every event of `pcm` pushed in `chunk`-sample pieces (pulling after each), then flushed.
+fn transcribe(t: &mut Transcriber, pcm: &[f32], chunk: usize) -> Vec<Value> {
+    let mut out = Vec::new();
+    let spm = t.engine().tokenizer().clone();
+    let drain = |t: &mut Transcriber, out: &mut Vec<Value>| {
+        while let Some(e) = t.pull().unwrap() {
+            let j = to_json(&e).unwrap_or_else(|| {
+                let TranscriptEvent::EndOfTurn {
+                    step_idx,
+                    probability,
+                } = e
+                else {
+                    unreachable!()
+                };
+                json!({"type": "EndOfTurn", "step_idx": step_idx, "p": probability})
+            });
+            if let TranscriptEvent::Word { text, tokens, .. } = e {
+                let want = spm.decode(tokens).unwrap();
+                assert_eq!(text, want.trim(), "word text");
+            }
+            out.push(j);
+        }
+    };
+    for c in pcm.chunks(chunk) {
+        t.push(c).unwrap();
+        drain(t, &mut out);
+    }
+    t.flush();
+    drain(t, &mut out);
+    out
+}
+
+/// Compares with the oracle's events: types, steps, tokens and times exact, probabilities within 1e-4.
+fn assert_oracle(got: &[Value], want: &Value, what: &str) {
+    let got: Vec<&Value> = got.iter().filter(|e| e["type"] != "EndOfTurn").collect();
+    let want = want.as_array().unwrap();
+    assert_eq!(got.len(), want.len(), "{what}: event count");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        if w["type"] == "Step" {
+            assert_eq!(g["step_idx"], w["step_idx"], "{what} event {i}");
+            let (gp, wp) = (g["prs"].as_array().unwrap(), w["prs"].as_array().unwrap());
+            assert_eq!(gp.len(), wp.len(), "{what} event {i}");
+            for (a, b) in gp.iter().zip(wp) {
+                let (a, b) = (a.as_f64().unwrap(), b.as_f64().unwrap());
+                assert!((a - b).abs() <= 1e-4, "{what} event {i}: prs {a} vs {b}");
+            }
+        } else {
+            assert_eq!(*g, w, "{what} event {i}");
+        }
+    }
+}
+
+#[test]
+fn events_are_the_oracles_whatever_the_push_sizes() {
+    for v in ["1b", "2b6"] {
+        let e = engine(v);
+        let want = oracle(v);
+        let pcm = input(v);
+        let frames = want["plan"]["frames"].as_u64().unwrap() as usize;
+        let mut t = Transcriber::new(e.clone(), TranscriberOptions::default()).unwrap();
+        for chunk in [1000, 1920, 7, pcm.len()] {
+            let got = transcribe(&mut t, &pcm, chunk);
+            assert_oracle(&got, &want["events"], &format!("{v}, pushes of {chunk}"));
+            // The oracle's frames: prefix + audio + flush.
+            assert_eq!(t.steps(), frames, "{v}: steps");
+            assert!(got.iter().any(|e| e["type"] == "Word"), "{v}: no word");
+            t.reset();
+        }
+    }
+}
+
+#[test]
+fn end_of_turn_follows_kyutais_rule() {
+    let e = engine("1b");
+    let mut t = Transcriber::new(e.clone(), TranscriberOptions::default()).unwrap();
+    let got = transcribe(&mut t, &input("1b"), 1920);
+    // Rebuilt from the oracle's steps: head 2 above 0.5, once until the next word or word end.
+    let mut want = Vec::new();
+    let mut armed = true;
+    for ev in oracle("1b")["events"].as_array().unwrap() {
+        match ev["type"].as_str().unwrap() {
+            "Step" => {
+                let p = ev["prs"][2].as_f64().unwrap();
+                if p > 0.5 && armed {
+                    armed = false;
+                    want.push(ev["step_idx"].as_u64().unwrap());
+                }
+            }
+            _ => armed = true,
+        }
+    }
+    let eot: Vec<u64> = got
+        .iter()
+        .filter(|e| e["type"] == "EndOfTurn")
+        .map(|e| e["step_idx"].as_u64().unwrap())
+        .collect();
+    assert_eq!(eot, want);
+    assert!(!want.is_empty(), "the fixture has no end of turn");
+    // Each comes right after its step's Step event.
+    for (i, e) in got.iter().enumerate() {
+        if e["type"] == "EndOfTurn" {
+            assert_eq!(got[i - 1]["type"], "Step");
+            assert_eq!(got[i - 1]["step_idx"], e["step_idx"]);
+            assert!(e["p"].as_f64().unwrap() > 0.5);
+        }
+    }
+    // A threshold above 1 never fires; a head the model lacks never fires.
+    for opts in [
+        TranscriberOptions {
+            end_of_turn_threshold: 1.0,
+            ..Default::default()
+        },
+        TranscriberOptions {
+            end_of_turn_head: 4,
+            ..Default::default()
+        },
+    ] {
+        let mut t = Transcriber::new(e.clone(), opts).unwrap();
+        let got = transcribe(&mut t, &input("1b"), 1920);
+        assert!(got.iter().all(|e| e["type"] != "EndOfTurn"));
+    }
+}
+
+#[test]
+fn reset_mid_stream_and_refusals_leave_a_fresh_stream() {
+    let e = engine("1b");
+    let pcm = input("1b");
+    let mut fresh = Transcriber::new(e.clone(), TranscriberOptions::default()).unwrap();
+    let want = transcribe(&mut fresh, &pcm, 1920);
+
+    let mut t = Transcriber::new(e.clone(), TranscriberOptions::default()).unwrap();
+    // Half a stream, some events left unpulled, then reset.
+    t.push(&pcm[..pcm.len() / 2]).unwrap();
+    assert!(t.pull().unwrap().is_some());
+    t.reset();
+    assert_eq!(
+        (t.steps(), t.pending_samples(), t.queued_events()),
+        (0, 0, 0)
+    );
+    assert!(t.pull().unwrap().is_none());
+    // A refused push queues nothing.
+    let mut bad = pcm[..3000].to_vec();
+    bad[2999] = f32::NAN;
+    let err = t.push(&bad).unwrap_err().to_string();
+    assert!(err.contains("2999"), "{err}");
+    assert_eq!(t.pending_samples(), 0);
+    bad[2999] = f32::INFINITY;
+    assert!(t.push(&bad).is_err());
+    assert_eq!(transcribe(&mut t, &pcm, 1920), want);
+}
+
+#[test]
+fn opening_refuses_other_bundles_and_options() {
+    let lm = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/lm");
+    let err = SttEngine::open(&lm, EngineOptions::cpu(1)).unwrap_err();
+    assert!(matches!(err, runtime::RuntimeError::Model(_)), "{err}");
+    assert!(err.to_string().contains("speech-to-text"), "{err}");
+    let err = SttEngine::open(&dir("1b"), EngineOptions::cpu(0)).unwrap_err();
+    assert!(
+        matches!(err, runtime::RuntimeError::InvalidOption(_)),
+        "{err}"
+    );
+    let gpu = EngineOptions {
+        device: runtime::Device::Gpu {
+            adapter: None,
+            threads: 1,
+        },
+        ..Default::default()
+    };
+    assert!(SttEngine::open(&dir("1b"), gpu).is_err());
+    let e = engine("1b");
+    let opts = TranscriberOptions {
+        reserve_frames: 0,
+        ..Default::default()
+    };
+    assert!(Transcriber::new(e.clone(), opts).is_err());
+    let opts = TranscriberOptions {
+        end_of_turn_threshold: f32::NAN,
+        ..Default::default()
+    };
+    assert!(Transcriber::new(e, opts).is_err());
+}
