@@ -6,11 +6,11 @@
  *    MN_STATUS_NO_FRAME), < 0 is an error whose message mn_last_error() gives on the same thread;
  *  - never lets a Rust panic cross the boundary (it becomes MN_STATUS_PANIC and the handle involved is
  *    poisoned: only its destroy function still works);
- *  - handles (MnEngine, MnSession, MnMimi) are opaque; NULL handles are refused with MN_STATUS_NULL;
- *    a destroyed handle is refused with MN_STATUS_DESTROYED (its small shell is kept for that purpose,
- *    so a handle value is never reused); a handle used by two threads at once makes the second call fail
- *    with MN_STATUS_BUSY, except the session controls (interrupt, pause, resume, reset, stop), which may be
- *    called from any thread at any time;
+ *  - handles (MnEngine, MnSession, MnMimi, MnSttEngine, MnSttTranscriber) are opaque; NULL handles are
+ *    refused with MN_STATUS_NULL; a destroyed handle is refused with MN_STATUS_DESTROYED (its small
+ *    shell is kept for that purpose, so a handle value is never reused); a handle used by two threads at
+ *    once makes the second call fail with MN_STATUS_BUSY, except the session controls (interrupt, pause,
+ *    resume, reset, stop), which may be called from any thread at any time;
  *  - buffers passed in are borrowed for the duration of the call only; buffers handed out are owned by
  *    the library and stay valid as documented on each function; the library never frees caller memory.
  */
@@ -53,6 +53,32 @@
 #define MN_KV_DTYPE_BF16 1
 
 /**
+ * Most voice-activity probabilities an `MnSttEvent` carries (Kyutai's stt-1b has 4 heads).
+ */
+#define MN_STT_MAX_HEADS 8
+
+/**
+ * `MnSttEvent::kind`: a model step ran; `prs` holds the voice-activity probabilities (models with
+ * voice-activity heads only, as Kyutai's server sends it).
+ */
+#define MN_STT_EVENT_STEP 1
+
+/**
+ * `MnSttEvent::kind`: the end-of-turn head crossed its threshold (`probability`); once per turn.
+ */
+#define MN_STT_EVENT_END_OF_TURN 2
+
+/**
+ * `MnSttEvent::kind`: a word (`text`, `tokens`, start time in `time`).
+ */
+#define MN_STT_EVENT_WORD 3
+
+/**
+ * `MnSttEvent::kind`: the last word ended (stop time in `time`).
+ */
+#define MN_STT_EVENT_END_WORD 4
+
+/**
  * The result of every call: `>= 0` success, `< 0` error (message in `mn_last_error()`).
  */
 enum MnStatus
@@ -65,7 +91,8 @@ enum MnStatus
    */
   MN_STATUS_OK = 0,
   /**
-   * `mn_session_pull`: no whole input frame is queued; push more PCM.
+   * `mn_session_pull`, `mn_stt_pull`: no whole input frame is queued (and, for `mn_stt_pull`, no event
+   * waits); push more PCM.
    */
   MN_STATUS_NO_FRAME = 1,
   /**
@@ -148,6 +175,19 @@ typedef struct MnMimi MnMimi;
  * released by `mn_session_destroy`. Push and pull from one thread at a time; the controls from any.
  */
 typedef struct MnSession MnSession;
+
+/**
+ * A loaded speech-to-text model (Kyutai's stt-1b-en_fr / stt-2.6b-en bundles, or the bundled demo),
+ * shared by any number of transcribers. Created by `mn_stt_engine_open`, released by
+ * `mn_stt_engine_destroy`; transcribers keep the weights alive.
+ */
+typedef struct MnSttEngine MnSttEngine;
+
+/**
+ * One transcription stream: Mimi encoder and LM state, queued input and events. Created by
+ * `mn_stt_transcriber_create`, released by `mn_stt_transcriber_destroy`; one thread at a time.
+ */
+typedef struct MnSttTranscriber MnSttTranscriber;
 
 /**
  * Options of `mn_engine_open`. Initialise with `mn_engine_options_default`, then change fields.
@@ -295,6 +335,114 @@ typedef struct MnFrame {
    */
   uint64_t queued;
 } MnFrame;
+
+/**
+ * What an STT engine runs: filled by `mn_stt_engine_info`. Set `struct_size` first.
+ */
+typedef struct MnSttInfo {
+  /**
+   * `sizeof(MnSttInfo)`, set by the caller.
+   */
+  uint32_t struct_size;
+  /**
+   * Voice-activity heads (4 for stt-1b, 0 for stt-2.6b): the length of `MnSttEvent::prs`.
+   */
+  uint32_t n_heads;
+  /**
+   * Frames of silence fed before the audio (0 for stt-1b, 13 for stt-2.6b).
+   */
+  uint32_t prefix_frames;
+  /**
+   * The text's delay behind the audio, in 80 ms steps (6 for stt-1b, 31 for stt-2.6b).
+   */
+  uint32_t delay_steps;
+  /**
+   * Frames of silence `mn_stt_flush` queues after the audio (the delay + 1 s).
+   */
+  uint32_t flush_frames;
+  /**
+   * 1 for the bundled random-weight demo model, else 0.
+   */
+  uint32_t is_demo;
+} MnSttInfo;
+
+/**
+ * Options of `mn_stt_transcriber_create`. Initialise with `mn_stt_options_default`, then change fields.
+ */
+typedef struct MnSttOptions {
+  /**
+   * `sizeof(MnSttOptions)`; set by `mn_stt_options_default`.
+   */
+  uint32_t struct_size;
+  /**
+   * The voice-activity head read for the end of a turn. Default 2 (Kyutai's scripts; 2 s on stt-1b).
+   */
+  uint32_t end_of_turn_head;
+  /**
+   * `MN_STT_EVENT_END_OF_TURN` is reported when that head's probability exceeds this. Default 0.5.
+   */
+  float end_of_turn_threshold;
+  /**
+   * Input frames (80 ms) reserved up front (>= 1); pushing further ahead of the pulls grows the
+   * input. Default 64.
+   */
+  uint32_t reserve_frames;
+} MnSttOptions;
+
+/**
+ * One event of a transcriber. Set `struct_size` (`sizeof(MnSttEvent)`) before `mn_stt_pull`; the other
+ * fields are written by it (those a kind does not use are zero / NULL).
+ */
+typedef struct MnSttEvent {
+  /**
+   * `sizeof(MnSttEvent)`, set by the caller.
+   */
+  uint32_t struct_size;
+  /**
+   * `MN_STT_EVENT_STEP`, `_END_OF_TURN`, `_WORD` or `_END_WORD`. Within one step they come in this
+   * order (Kyutai's server order, the end of turn right after its step).
+   */
+  uint32_t kind;
+  /**
+   * The model step that produced the event, counted from 1 since the start of the stream (the silence
+   * prefix counts).
+   */
+  uint64_t step_idx;
+  /**
+   * WORD: its start time; END_WORD: the stop time; in seconds from the first audio sample. 0 otherwise.
+   */
+  double time;
+  /**
+   * WORD: its text, NUL-terminated UTF-8 (surrounding spaces trimmed); "" otherwise. Owned by the
+   * transcriber: valid until the next `mn_stt_pull`, `mn_stt_reset` or `mn_stt_transcriber_destroy`.
+   */
+  const char *text;
+  /**
+   * Bytes of `text` before the NUL.
+   */
+  size_t text_len;
+  /**
+   * WORD: its SentencePiece token ids; NULL otherwise. Owned by the transcriber, valid as `text`.
+   */
+  const uint32_t *tokens;
+  /**
+   * Ids at `tokens`.
+   */
+  size_t n_tokens;
+  /**
+   * STEP and END_OF_TURN: valid entries of `prs` (the model's heads); 0 otherwise.
+   */
+  uint32_t n_prs;
+  /**
+   * END_OF_TURN: the end-of-turn head's probability; 0 otherwise.
+   */
+  float probability;
+  /**
+   * STEP and END_OF_TURN (that step's): each voice-activity head's probability of no voice activity
+   * over its horizon (stt-1b: 0.5, 1, 2 and 3 s).
+   */
+  float prs[MN_STT_MAX_HEADS];
+} MnSttEvent;
 
 #ifdef __cplusplus
 extern "C" {
@@ -513,6 +661,116 @@ MnStatus mn_session_stop(struct MnSession *session);
  * successful calls leave it untouched. Never NULL.
  */
 const char *mn_last_error(void);
+
+/**
+ * Opens a speech-to-text model: `bundle_dir` is an STT bundle directory (Kyutai `config.json` with
+ * `stt_config`, LM weights, Mimi weights, SentencePiece model), or NULL for the tiny random-weight
+ * `demo-stt` model compiled into the library (written once to a per-user cache folder; its words are
+ * noise). `options` may be NULL (defaults): `threads` per transcriber and `kv_dtype` are used. A Moshi
+ * bundle is refused with `MN_STATUS_MODEL`. On success `*engine` is a new handle owned by the caller.
+ *
+ * # Safety
+ * `bundle_dir` is NULL or a NUL-terminated UTF-8 path; `options` is NULL or valid for reads;
+ * `engine` is NULL or valid for writes.
+ */
+MnStatus mn_stt_engine_open(const char *bundle_dir,
+                            const struct MnEngineOptions *options,
+                            struct MnSttEngine **engine);
+
+/**
+ * Destroys an STT engine handle. Transcribers created from it keep working. Afterwards every call with
+ * this handle returns `MN_STATUS_DESTROYED`.
+ *
+ * # Safety
+ * `engine` is NULL or a handle from `mn_stt_engine_open`.
+ */
+MnStatus mn_stt_engine_destroy(struct MnSttEngine *engine);
+
+/**
+ * Fills `*info` (whose `struct_size` the caller set) with what `engine` runs.
+ *
+ * # Safety
+ * `engine` is NULL or a handle from `mn_stt_engine_open`; `info` is NULL or points to an `MnSttInfo`.
+ */
+MnStatus mn_stt_engine_info(const struct MnSttEngine *engine,
+                            struct MnSttInfo *info);
+
+/**
+ * Fills `*options` with the defaults (and its `struct_size`).
+ *
+ * # Safety
+ * `options` is NULL or points to writable memory of `sizeof(MnSttOptions)` bytes.
+ */
+MnStatus mn_stt_options_default(struct MnSttOptions *options);
+
+/**
+ * Creates a transcriber on `engine` (its memory is allocated here). `options` may be NULL (defaults).
+ * On success `*transcriber` is a new handle owned by the caller (release with
+ * `mn_stt_transcriber_destroy`).
+ *
+ * # Safety
+ * `engine` is NULL or a handle from `mn_stt_engine_open`; `options` NULL or readable; `transcriber`
+ * NULL or writable.
+ */
+MnStatus mn_stt_transcriber_create(const struct MnSttEngine *engine,
+                                   const struct MnSttOptions *options,
+                                   struct MnSttTranscriber **transcriber);
+
+/**
+ * Destroys a transcriber (frees its memory; the pointers of its last event become invalid). Afterwards
+ * every call with this handle returns `MN_STATUS_DESTROYED`. Works on a poisoned handle.
+ *
+ * # Safety
+ * `transcriber` is NULL or a handle from `mn_stt_transcriber_create`.
+ */
+MnStatus mn_stt_transcriber_destroy(struct MnSttTranscriber *transcriber);
+
+/**
+ * Queues `n_samples` samples of 24 kHz mono PCM (any length); computes nothing (the pulls do). Nothing is
+ * ever dropped: the input grows past its reserve when the caller pushes far ahead of its pulls. A sample
+ * that is NaN or infinite refuses the whole call (`MN_STATUS_INVALID_ARGUMENT`) and queues nothing.
+ * `pcm` is read during the call only; it may be NULL when `n_samples` is 0.
+ *
+ * # Safety
+ * `transcriber` is NULL or a handle from `mn_stt_transcriber_create`; `pcm` is NULL or readable for
+ * `n_samples` floats.
+ */
+MnStatus mn_stt_push(struct MnSttTranscriber *transcriber,
+                     const float *pcm,
+                     size_t n_samples);
+
+/**
+ * Writes the next event to `*event`: a waiting one, else the events of the next model step when a whole
+ * 1920-sample frame is queued (the step runs in this call; the first one also runs the model's silence
+ * prefix). Returns `MN_STATUS_OK` (an event), or `MN_STATUS_NO_FRAME` when no event waits and less than a
+ * frame is queued (push more, or flush); `*event` is written only with `MN_STATUS_OK`. After warm-up this
+ * allocates nothing except when a word completes.
+ *
+ * # Safety
+ * `transcriber` is NULL or a handle from `mn_stt_transcriber_create`; `event` is NULL or points to an
+ * `MnSttEvent`.
+ */
+MnStatus mn_stt_pull(struct MnSttTranscriber *transcriber,
+                     struct MnSttEvent *event);
+
+/**
+ * The end of the audio: queues zeros up to a whole frame, then the model's flush (its delay + 1 s of
+ * silence, as Kyutai's scripts do), so that the following pulls deliver the last words. The stream goes
+ * on afterwards; `mn_stt_reset` starts a new one.
+ *
+ * # Safety
+ * `transcriber` is NULL or a handle from `mn_stt_transcriber_create`.
+ */
+MnStatus mn_stt_flush(struct MnSttTranscriber *transcriber);
+
+/**
+ * Starts a new stream: queued input and events are dropped, the next pull starts from a fresh model
+ * state (step 1, times from 0). Allocates nothing.
+ *
+ * # Safety
+ * `transcriber` is NULL or a handle from `mn_stt_transcriber_create`.
+ */
+MnStatus mn_stt_reset(struct MnSttTranscriber *transcriber);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -20,6 +20,8 @@ const POISONED: u32 = 0xBAD0_0000;
 pub(crate) const ENGINE: u32 = 0x4D4E_0001;
 pub(crate) const SESSION: u32 = 0x4D4E_0002;
 pub(crate) const MIMI: u32 = 0x4D4E_0003;
+pub(crate) const STT_ENGINE: u32 = 0x4D4E_0004;
+pub(crate) const STT_TRANSCRIBER: u32 = 0x4D4E_0005;
 
 /// `repr(C)` keeps `tag` first in every kind of shell, so reading it through a handle of the wrong kind
 /// reads a tag (and is refused).

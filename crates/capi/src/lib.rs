@@ -2,9 +2,11 @@
 //!
 //! A thin layer over the runtime's public API: [`runtime::Engine`] behind `MnEngine`, a caller-driven
 //! [`runtime::Session`] behind `MnSession` (push PCM, pull frames, controls from any thread), and the
-//! streaming Mimi codec (`model::mimi::{MimiEncoder, MimiDecoder}`) behind `MnMimi`. Conventions
+//! streaming Mimi codec (`model::mimi::{MimiEncoder, MimiDecoder}`) behind `MnMimi`, and Kyutai's
+//! speech-to-text models ([`runtime::SttEngine`] behind `MnSttEngine`, a caller-driven
+//! [`runtime::Transcriber`] behind `MnSttTranscriber`: push PCM, pull events). Conventions
 //! (status codes, the thread-local last error, handle lifetimes, buffer ownership) are written at the top
-//! of the header; `examples/duplex.c` is a complete program.
+//! of the header; `examples/duplex.c` and `examples/transcribe.c` are complete programs.
 //!
 //! Every exported function runs its body inside [`std::panic::catch_unwind`]; the state machine of a
 //! handle lives in `handle.rs`.
@@ -16,11 +18,13 @@ mod handle;
 mod mimi;
 mod session;
 mod status;
+mod stt;
 
 pub use engine::*;
 pub use mimi::*;
 pub use session::*;
 pub use status::*;
+pub use stt::*;
 
 /// The model's sample rate (Hz): the rate of every PCM buffer pushed into a session or a Mimi.
 pub const MN_SAMPLE_RATE: u32 = 24_000;

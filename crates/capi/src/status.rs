@@ -10,7 +10,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 pub enum MnStatus {
     /// Success.
     Ok = 0,
-    /// `mn_session_pull`: no whole input frame is queued; push more PCM.
+    /// `mn_session_pull`, `mn_stt_pull`: no whole input frame is queued (and, for `mn_stt_pull`, no event
+    /// waits); push more PCM.
     NoFrame = 1,
     /// `mn_session_pull`: the session is paused (input queues up, nothing is computed).
     Paused = 2,

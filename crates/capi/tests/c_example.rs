@@ -1,5 +1,7 @@
-//! `examples/duplex.c` compiled with the system C compiler against the committed header and the built
-//! library (shared and static), run on the demo model; its output equals a Rust session fed the same way.
+//! `examples/duplex.c` and `examples/transcribe.c` compiled with the system C compiler against the
+//! committed header and the built library (shared and static), run on the demo models: the duplex
+//! program's output equals a Rust session fed the same way; the transcriber's words, times and ends of
+//! turn are the oracle's (`fixtures/stt/1b`, the `demo-stt` bundle).
 
 mod common;
 
@@ -20,19 +22,19 @@ fn lib_dir() -> PathBuf {
     dir
 }
 
-fn compile(out: &Path, link: &[String]) {
+fn compile(source: &str, out: &Path, link: &[String]) {
     let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let status = Command::new(&cc)
         .args(["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-I"])
         .arg(crate_dir.join("include"))
-        .arg(crate_dir.join("examples/duplex.c"))
+        .arg(crate_dir.join("examples").join(source))
         .arg("-o")
         .arg(out)
         .args(link)
         .status()
         .unwrap_or_else(|e| panic!("cannot run the C compiler `{cc}`: {e}"));
-    assert!(status.success(), "{cc} failed on examples/duplex.c");
+    assert!(status.success(), "{cc} failed on examples/{source}");
 }
 
 /// Rust reference: the runtime fed the same pushes as the C program (80 ms each, then pull).
@@ -53,12 +55,13 @@ fn reference(input: &[f32]) -> Vec<f32> {
     pcm
 }
 
-#[test]
-fn the_c_example_runs_full_duplex_on_the_demo_model() {
+/// The example `source` built against the shared library and (on Linux, when built) the static one.
+fn binaries(source: &str, work: &testkit::ScratchDir) -> (Vec<PathBuf>, PathBuf) {
     let lib = lib_dir();
-    let work = testkit::ScratchDir::new("capi-c");
-    let shared = work.join("duplex");
+    let stem = source.trim_end_matches(".c");
+    let shared = work.join(stem);
     compile(
+        source,
         &shared,
         &[
             format!("-L{}", lib.display()),
@@ -69,8 +72,9 @@ fn the_c_example_runs_full_duplex_on_the_demo_model() {
     let mut binaries = vec![shared];
     let archive = lib.join("libmoshi_native.a");
     if cfg!(target_os = "linux") && archive.is_file() {
-        let static_bin = work.join("duplex-static");
+        let static_bin = work.join(format!("{stem}-static"));
         compile(
+            source,
             &static_bin,
             &[
                 archive.display().to_string(),
@@ -81,7 +85,13 @@ fn the_c_example_runs_full_duplex_on_the_demo_model() {
         );
         binaries.push(static_bin);
     }
+    (binaries, lib)
+}
 
+#[test]
+fn the_c_example_runs_full_duplex_on_the_demo_model() {
+    let work = testkit::ScratchDir::new("capi-c");
+    let (binaries, lib) = binaries("duplex.c", &work);
     let input_path = fixtures().join("audio/hello.wav");
     let input = runtime::audio::read_wav_strict(&input_path).unwrap();
     let want = reference(&input);
@@ -118,5 +128,107 @@ fn the_c_example_runs_full_duplex_on_the_demo_model() {
     }
     // Usage errors exit with status 2.
     let run = Command::new(work.join("duplex")).output().unwrap();
+    assert_eq!(run.status.code(), Some(2));
+}
+
+/// What `transcribe.c` prints for the oracle's events (`events.json`): a word at its end (its EndWord, or
+/// the next word's start), an end of turn when head 2's probability first exceeds 0.5 after a word.
+fn oracle_transcript() -> String {
+    let dir = fixtures().join("stt/1b");
+    let spm = model::text::SentencePiece::load(dir.join("tokenizer.model")).unwrap();
+    let text = std::fs::read_to_string(dir.join("events.json")).unwrap();
+    let j: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut out = String::new();
+    let mut pending: Option<(String, f64)> = None;
+    let mut armed = true;
+    for e in j["events"].as_array().unwrap() {
+        match e["type"].as_str().unwrap() {
+            "Step" => {
+                let p = e["prs"][2].as_f64().unwrap();
+                if armed && p > 0.5 {
+                    armed = false;
+                    out += &format!("<end of turn, p = {p:.2}>\n");
+                }
+            }
+            kind => {
+                armed = true;
+                let t = e[if kind == "Word" {
+                    "start_time"
+                } else {
+                    "stop_time"
+                }]
+                .as_f64()
+                .unwrap();
+                if let Some((w, s)) = pending.take() {
+                    out += &format!("[{s:6.2} - {t:6.2}] {w}\n");
+                }
+                if kind == "Word" {
+                    let ids: Vec<u32> = e["tokens"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|x| x.as_u64().unwrap() as u32)
+                        .collect();
+                    pending = Some((spm.decode(&ids).unwrap().trim().to_string(), t));
+                }
+            }
+        }
+    }
+    if let Some((w, s)) = pending {
+        out += &format!("[{s:6.2} -       ] {w}\n");
+    }
+    out
+}
+
+#[test]
+fn the_c_transcriber_prints_the_oracles_words_on_the_demo_model() {
+    let work = testkit::ScratchDir::new("capi-c-stt");
+    let (binaries, lib) = binaries("transcribe.c", &work);
+    let want = oracle_transcript();
+    assert!(
+        want.contains("end of turn") && want.matches('[').count() >= 3,
+        "{want}"
+    );
+    let input = fixtures().join("stt/1b/input.wav");
+    for bin in binaries {
+        let run = Command::new(&bin)
+            .env("LD_LIBRARY_PATH", &lib)
+            .arg(&input)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(run.status.success(), "{} failed: {stderr}", bin.display());
+        assert!(stderr.contains("DEMO MODEL"), "{stderr}");
+        assert!(
+            stderr.contains("39 steps, 5 words, 4 voice-activity heads"),
+            "{stderr}"
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&run.stdout),
+            want,
+            "{}",
+            bin.display()
+        );
+    }
+    // The same with the bundle named; a Moshi bundle is refused (exit 1, the library's message).
+    let run = Command::new(work.join("transcribe"))
+        .env("LD_LIBRARY_PATH", &lib)
+        .arg(&input)
+        .arg(fixtures().join("stt/1b"))
+        .output()
+        .unwrap();
+    assert!(run.status.success());
+    assert!(!String::from_utf8_lossy(&run.stderr).contains("DEMO"));
+    assert_eq!(String::from_utf8_lossy(&run.stdout), want);
+    let run = Command::new(work.join("transcribe"))
+        .env("LD_LIBRARY_PATH", &lib)
+        .arg(&input)
+        .arg(fixtures().join("lm"))
+        .output()
+        .unwrap();
+    assert_eq!(run.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(stderr.contains("speech-to-text"), "{stderr}");
+    let run = Command::new(work.join("transcribe")).output().unwrap();
     assert_eq!(run.status.code(), Some(2));
 }

@@ -157,6 +157,8 @@ pub enum TranscriptEvent<'a> {
         step_idx: usize,
         /// That head's no-voice probability.
         probability: f32,
+        /// Every head's probability at that step (as its `Step`).
+        prs: &'a [f32],
     },
     /// A word was closed.
     Word {
@@ -189,6 +191,8 @@ enum Queued {
     EndOfTurn {
         step_idx: usize,
         probability: f32,
+        n: usize,
+        prs: [f32; MAX_EXTRA_HEADS],
     },
     Word {
         step_idx: usize,
@@ -212,9 +216,12 @@ impl Queued {
             Queued::EndOfTurn {
                 step_idx,
                 probability,
+                n,
+                prs,
             } => TranscriptEvent::EndOfTurn {
                 step_idx: *step_idx,
                 probability: *probability,
+                prs: &prs[..*n],
             },
             Queued::Word {
                 step_idx,
@@ -433,6 +440,8 @@ impl Outbox {
                         self.queue.push_back(Queued::EndOfTurn {
                             step_idx,
                             probability: prs[head],
+                            n: *n_heads,
+                            prs: *prs,
                         });
                     }
                 }

@@ -55,6 +55,7 @@ fn transcribe(t: &mut Transcriber, pcm: &[f32], chunk: usize) -> Vec<Value> {
                 let TranscriptEvent::EndOfTurn {
                     step_idx,
                     probability,
+                    ..
                 } = e
                 else {
                     unreachable!()
