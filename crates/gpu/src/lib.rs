@@ -20,7 +20,8 @@
 //!   [`model::mimi::CodecBackend`]: encoder and decoder with their streaming state in device
 //!   memory; only PCM and codes cross the bus. [`GpuMimiBatch`] implements
 //!   [`model::mimi::BatchCodecBackend`]: every slot of a batch driver, one submission per call for
-//!   all listed slots.
+//!   all listed slots, each kernel launched once for all of them (a slot dimension in every Mimi
+//!   kernel).
 //!
 //! Every buffer and bind group is created at load ([`GpuContext::buffers_created`] counts them); a
 //! step records one command buffer (wgpu creates command encoders per submission by design),
