@@ -1,0 +1,106 @@
+//! Steady-state `mn_stt_push` / `mn_stt_pull` allocate nothing except when a word completes (counting
+//! allocator): the model hands a finished word's tokens over in a fresh list (`model::stt::SttEvent::Word`)
+//! and the transcriber decodes its text. Reset and flush allocate nothing.
+//!
+//! One test in this binary: the counter sees every thread (pool workers included) but the harness's `main`.
+
+mod common;
+
+use std::ptr::{null, null_mut};
+
+use common::*;
+use moshi_native::*;
+use testkit::all_thread_allocations_during as allocations;
+
+#[global_allocator]
+static GLOBAL: testkit::CountingAlloc = testkit::CountingAlloc;
+
+/// Allocations a word of `n` tokens may cost: the model's token list (grown as the word grows: 4, 8,
+/// 16 ... ids), the transcriber's copy of it, and the decoded text (one string per piece in
+/// `SentencePiece::decode`, the output's growth, the trimmed copy).
+fn per_word(n: usize) -> usize {
+    4 + 2 * n
+}
+
+#[test]
+fn steady_state_push_and_pull_allocate_only_for_words() {
+    assert!(testkit::other_thread_probe(|f| allocations(f)) >= 1);
+    // SAFETY: valid handles and buffers throughout.
+    unsafe {
+        for threads in [1, 2] {
+            let mut opts = std::mem::zeroed::<MnEngineOptions>();
+            expect(mn_engine_options_default(&mut opts), MnStatus::Ok);
+            opts.threads = threads;
+            let mut engine = null_mut();
+            expect(mn_stt_engine_open(null(), &opts, &mut engine), MnStatus::Ok);
+            let mut t = null_mut();
+            expect(
+                mn_stt_transcriber_create(engine, null(), &mut t),
+                MnStatus::Ok,
+            );
+            let pcm = signal(160);
+            let mut ev = MnSttEvent {
+                struct_size: std::mem::size_of::<MnSttEvent>() as u32,
+                kind: 0,
+                step_idx: 0,
+                time: 0.0,
+                text: null(),
+                text_len: 0,
+                tokens: null(),
+                n_tokens: 0,
+                n_prs: 0,
+                probability: 0.0,
+                prs: [0.0; MN_STT_MAX_HEADS],
+            };
+            // Half a frame per push, then every ready event; per call: (allocations, allowance of the
+            // words it pulled).
+            let mut calls: Vec<(usize, usize)> = Vec::with_capacity(4096);
+            let mut run = |frames: std::ops::Range<usize>, calls: &mut Vec<(usize, usize)>| {
+                let chunk = MN_FRAME_SIZE / 2;
+                for c in pcm[frames.start * MN_FRAME_SIZE..frames.end * MN_FRAME_SIZE].chunks(chunk)
+                {
+                    let a = allocations(|| {
+                        expect(mn_stt_push(t, c.as_ptr(), c.len()), MnStatus::Ok);
+                    });
+                    calls.push((a, 0));
+                    loop {
+                        let mut st = MnStatus::Ok;
+                        let a = allocations(|| st = mn_stt_pull(t, &mut ev));
+                        let word = st == MnStatus::Ok && ev.kind == MN_STT_EVENT_WORD;
+                        calls.push((a, if word { per_word(ev.n_tokens) } else { 0 }));
+                        if st == MnStatus::NoFrame {
+                            break;
+                        }
+                        expect(st, MnStatus::Ok);
+                    }
+                }
+            };
+            // Warm-up past the tiny LM's context and Mimi's (their KV rings wrap).
+            run(0..60, &mut calls);
+            calls.clear();
+            run(60..160, &mut calls);
+            let allowed: usize = calls.iter().map(|c| c.1).sum();
+            let total: usize = calls.iter().map(|c| c.0).sum();
+            let silent = calls.iter().filter(|c| c.0 == 0).count();
+            eprintln!(
+                "{threads} threads: {total} allocations over 100 frames ({} calls, {silent} without), \
+                 words allow {allowed}",
+                calls.len()
+            );
+            // A word's allocations fall on the pull that ran its step (the one returning that step's
+            // first event, its Step), not on the Word's own pull: the bound is over the window.
+            assert!(
+                total <= allowed,
+                "{total} allocations over 100 frames, the words allow {allowed} ({threads} threads)"
+            );
+            // Flush and reset only queue zeros or clear.
+            let allocs = allocations(|| {
+                expect(mn_stt_flush(t), MnStatus::Ok);
+                expect(mn_stt_reset(t), MnStatus::Ok);
+            });
+            assert_eq!(allocs, 0);
+            expect(mn_stt_transcriber_destroy(t), MnStatus::Ok);
+            expect(mn_stt_engine_destroy(engine), MnStatus::Ok);
+        }
+    }
+}
