@@ -1,11 +1,12 @@
-"""moshi-native: Kyutai's Moshi (full-duplex speech LM) and Mimi (neural audio codec), in Rust.
+"""moshi-native: Kyutai's Moshi (full-duplex speech LM), Mimi (neural audio codec) and speech-to-text
+models, in Rust.
 
 All PCM is mono float32 at 24 kHz (``SAMPLE_RATE``) unless a session's ``output_rate`` says otherwise;
 one model frame is 1920 samples (``FRAME_SIZE``, 80 ms). Compute runs with the GIL released.
 """
 
 from os import PathLike
-from typing import Optional, Union
+from typing import Literal, Optional, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -122,6 +123,84 @@ class Session:
     @property
     def frame_index(self) -> int: ...
     def counters(self) -> dict[str, int]: ...
+
+class SttEngine:
+    """A loaded speech-to-text model (Kyutai's stt-1b-en_fr / stt-2.6b-en), shared by transcribers.
+
+    ``path=None`` opens the tiny random-weight ``demo-stt`` model (its words are noise); a Moshi bundle
+    raises ``MoshiError``.
+    """
+
+    def __init__(self, path: Optional[_Path] = None, threads: int = 1, kv_dtype: str = "f32") -> None: ...
+    @property
+    def is_demo(self) -> bool: ...
+    @property
+    def n_heads(self) -> int:
+        """Voice-activity heads (4 for stt-1b, 0 for stt-2.6b): the length of a step's ``prs``."""
+    @property
+    def delay_steps(self) -> int:
+        """The text's delay behind the audio in 80 ms steps (6 for stt-1b, 31 for stt-2.6b)."""
+    @property
+    def prefix_frames(self) -> int:
+        """Frames of silence fed before the audio (0 for stt-1b, 13 for stt-2.6b)."""
+    @property
+    def flush_frames(self) -> int:
+        """Frames of silence ``Transcriber.flush`` queues (the delay + 1 s)."""
+    def transcriber(
+        self, *, end_of_turn_head: int = 2, end_of_turn_threshold: float = 0.5, reserve_frames: int = 64
+    ) -> "Transcriber": ...
+
+class SttEvent:
+    """One transcriber event; the fields its ``type`` does not use are None."""
+
+    type: Literal["Step", "EndOfTurn", "Word", "EndWord"]
+    step_idx: int
+    """The model step that produced it, from 1 (the silence prefix counts)."""
+    text: Optional[str]
+    """Word: its text, surrounding spaces trimmed."""
+    tokens: Optional[list[int]]
+    """Word: its SentencePiece ids."""
+    start_time: Optional[float]
+    """Word: its start, seconds from the first audio sample."""
+    stop_time: Optional[float]
+    """EndWord: the stop time, seconds from the first audio sample."""
+    prs: Optional[npt.NDArray[np.float32]]
+    """Step and EndOfTurn: each voice-activity head's no-voice probability."""
+    probability: Optional[float]
+    """EndOfTurn: the end-of-turn head's probability."""
+
+class Transcriber:
+    """One speech-to-text stream driven by the caller: ``push`` PCM, ``pull`` events, ``flush``, ``reset``.
+
+    Nothing pushed is ever dropped; the model steps inside ``pull`` (GIL released). An ``EndOfTurn``
+    follows the step at which head ``end_of_turn_head`` first exceeds ``end_of_turn_threshold`` after a
+    word (Kyutai's rule).
+    """
+
+    def __init__(
+        self,
+        engine: SttEngine,
+        *,
+        end_of_turn_head: int = 2,
+        end_of_turn_threshold: float = 0.5,
+        reserve_frames: int = 64,
+    ) -> None: ...
+    def push(self, pcm: npt.ArrayLike) -> None:
+        """Queue 24 kHz mono PCM (any length); a NaN or infinite sample raises ValueError, queuing nothing."""
+    def pull(self) -> Optional[SttEvent]:
+        """The next event (running a step if a whole frame is queued); None when less than a frame is queued."""
+    def events(self) -> list[SttEvent]:
+        """Every event ready now."""
+    def process(self, pcm: npt.ArrayLike) -> list[SttEvent]:
+        """``push(pcm)``, then every event ready."""
+    def flush(self) -> list[SttEvent]:
+        """End of the audio: the delay + 1 s of silence; returns the events it brings out."""
+    def reset(self) -> None:
+        """Start a new stream (queued input and events are dropped)."""
+    @property
+    def steps(self) -> int: ...
+    @property
+    def pending_samples(self) -> int: ...
 
 def inspect(path: _Path) -> dict:
     """Describe a weights file or bundle directory (format, layout, variant, tensors, dimensions)."""

@@ -1,6 +1,7 @@
 //! Python bindings of moshi-native: the module `moshi_native`.
 //!
-//! A thin layer over the runtime's public API (`runtime::{Engine, Session}`), the streaming Mimi codec
+//! A thin layer over the runtime's public API (`runtime::{Engine, Session}` and, for Kyutai's
+//! speech-to-text models, `runtime::{SttEngine, Transcriber}`), the streaming Mimi codec
 //! (`model::mimi`) and `embed` (demo model, opening Mimi alone, describing checkpoints). Compute runs with
 //! the GIL released; PCM and codes cross as numpy arrays (outputs are built from owned vectors, no copy).
 //! The Python-facing documentation is in the docstrings and `moshi_native.pyi`.
@@ -17,6 +18,8 @@ use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+
+mod stt;
 
 create_exception!(
     moshi_native,
@@ -41,6 +44,17 @@ fn samples<'a>(a: &'a PyArrayLike1<'_, f32, AllowTypeChange>) -> std::borrow::Co
     match a.as_slice() {
         Ok(s) => s.into(),
         Err(_) => a.as_array().to_vec().into(),
+    }
+}
+
+/// "f32" or "bf16".
+fn parse_kv_dtype(s: &str) -> PyResult<KvDtype> {
+    match s {
+        "f32" => Ok(KvDtype::F32),
+        "bf16" => Ok(KvDtype::Bf16),
+        other => Err(PyValueError::new_err(format!(
+            "kv_dtype {other:?}: expected \"f32\" or \"bf16\""
+        ))),
     }
 }
 
@@ -281,15 +295,7 @@ impl Engine {
         threads: usize,
         kv_dtype: &str,
     ) -> PyResult<Engine> {
-        let kv_dtype = match kv_dtype {
-            "f32" => KvDtype::F32,
-            "bf16" => KvDtype::Bf16,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "kv_dtype {other:?}: expected \"f32\" or \"bf16\""
-                )))
-            }
-        };
+        let kv_dtype = parse_kv_dtype(kv_dtype)?;
         let demo = path.is_none();
         let engine = py.allow_threads(|| {
             let dir = match path {
@@ -606,7 +612,7 @@ fn write_wav(
         .map_err(err)
 }
 
-/// moshi-native: Kyutai's Moshi (full-duplex speech LM) and Mimi (neural audio codec), in Rust.
+/// moshi-native: Kyutai's Moshi (full-duplex speech LM), Mimi (neural audio codec) and speech-to-text models, in Rust.
 #[pymodule(name = "moshi_native")]
 fn moshi_native_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
@@ -618,6 +624,9 @@ fn moshi_native_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Session>()?;
     m.add_class::<Frame>()?;
     m.add_class::<PushReport>()?;
+    m.add_class::<stt::SttEngine>()?;
+    m.add_class::<stt::Transcriber>()?;
+    m.add_class::<stt::SttEvent>()?;
     m.add_function(wrap_pyfunction!(inspect, m)?)?;
     m.add_function(wrap_pyfunction!(read_wav, m)?)?;
     m.add_function(wrap_pyfunction!(write_wav, m)?)?;
