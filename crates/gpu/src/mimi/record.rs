@@ -1,8 +1,9 @@
 //! Recording a direction's frame: [`Recorder`] makes every launch (its uniform block and bind
 //! group) once, when a codec is made; a call then replays them. Each launch runs for every slot
-//! listed in the call at once: its workgroup grid gets a third dimension, one layer per listed
-//! slot ([`dispatch`]), and the kernel finds its slot's region of every per-slot buffer through
-//! the tick's slot list and the strides in its uniform block (see [`super::shaders`]).
+//! listed in the call at once: its workgroup grid carries the listed slots (innermost in x for a
+//! grid-launched kernel, one layer of z each for a kernel with a thread per output:
+//! [`dispatch`]), and the kernel finds its slot's region of every per-slot buffer through the
+//! call's slot list and the strides in its uniform block (see [`super::shaders`]).
 
 use std::sync::Arc;
 
