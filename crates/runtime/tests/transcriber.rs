@@ -228,3 +228,84 @@ fn opening_refuses_other_bundles_and_options() {
     };
     assert!(Transcriber::new(e, opts).is_err());
 }
+
+/// Deterministic pseudo-random push sizes and audio over a long stream (the tiny model's context wraps many
+/// times): the transcriber's events are a lone `SttStream`'s, exactly, pulled at any moment.
+#[test]
+fn long_streams_equal_a_lone_stt_stream() {
+    use model::stt::{SttEvent, SttStream};
+    let e = engine("1b");
+    let frames = 150;
+    let mut s = 0x9E37_79B9u32;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 17;
+        s ^= s << 5;
+        s
+    };
+    let pcm: Vec<f32> = (0..frames * 1920)
+        .map(|i| {
+            let t = i as f32 / 24_000.0;
+            0.3 * (2.0 * std::f32::consts::PI * 210.0 * t).sin() * (1.7 * t).sin().abs()
+                + 0.05 * ((next() % 2001) as f32 / 1000.0 - 1.0)
+        })
+        .collect();
+    let pool = std::sync::Arc::new(kernels::Pool::new(1));
+    let mut lone = SttStream::cpu(e.model(), pool).unwrap();
+    let mut want = Vec::new();
+    let mut on_step = |_: &_, ev: &[SttEvent]| want.extend(ev.iter().cloned());
+    lone.push_pcm(&pcm, &mut on_step).unwrap();
+    lone.flush(&mut on_step).unwrap();
+    let mut t = Transcriber::new(e.clone(), TranscriberOptions::default()).unwrap();
+    let mut got = Vec::new();
+    let mut pos = 0;
+    while pos < pcm.len() {
+        let n = (next() as usize % 5000).min(pcm.len() - pos);
+        t.push(&pcm[pos..pos + n]).unwrap();
+        pos += n;
+        // Pull some of what is ready, sometimes nothing: the rest waits for a later pull.
+        for _ in 0..next() % 8 {
+            match t.pull().unwrap() {
+                Some(ev) => got.push(to_event(&ev)),
+                None => break,
+            }
+        }
+    }
+    t.flush();
+    while let Some(ev) = t.pull().unwrap() {
+        got.push(to_event(&ev));
+    }
+    let got: Vec<SttEvent> = got.into_iter().flatten().collect();
+    assert_eq!(got, want);
+    assert_eq!(t.steps(), frames + e.plan().flush_frames);
+    assert!(
+        got.iter()
+            .filter(|e| matches!(e, SttEvent::Word { .. }))
+            .count()
+            >= 10
+    );
+}
+
+/// The model's event a transcriber event stands for (`None` for the end of turn).
+fn to_event(e: &TranscriptEvent<'_>) -> Option<model::stt::SttEvent> {
+    use model::stt::{SttEvent, MAX_EXTRA_HEADS};
+    Some(match *e {
+        TranscriptEvent::Step { step_idx, prs } => {
+            let mut p = [0f32; MAX_EXTRA_HEADS];
+            p[..prs.len()].copy_from_slice(prs);
+            SttEvent::Step {
+                step_idx,
+                n_heads: prs.len(),
+                prs: p,
+            }
+        }
+        TranscriptEvent::Word {
+            tokens, start_time, ..
+        } => SttEvent::Word {
+            tokens: tokens.to_vec(),
+            start_time,
+        },
+        TranscriptEvent::EndWord { stop_time, .. } => SttEvent::EndWord { stop_time },
+        TranscriptEvent::EndOfTurn { .. } => return None,
+    })
+}
