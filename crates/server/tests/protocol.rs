@@ -8,11 +8,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use futures_util::SinkExt;
+use futures_util::{SinkExt, StreamExt};
 use server::testing::EchoBackend;
 use server::ServeConfig;
 use tokio_tungstenite::tungstenite::Message;
 
+/// Frames each framing sends in [`conversation_roundtrip_both_framings`].
+const ROUNDTRIP_FRAMES: usize = 110;
+
+/// Every frame comes back, in order, and nothing else: the client moves in lock-step with the
+/// server (it sends frame i only once frame i − 1 has been answered), so the counts are exact on
+/// any machine under any load. (It used to send at a fixed pace and close after a fixed tail,
+/// then check `answered + dropped == 109`: on a loaded machine the frames still queued or being
+/// encoded when the close arrived were neither, and the test failed now and then.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conversation_roundtrip_both_framings() {
     let srv = start_echo(2, 2).await;
@@ -34,38 +42,145 @@ async fn conversation_roundtrip_both_framings() {
         }
         assert_eq!(meta["text_topk"], 25);
         assert!(meta["build_info"]["git_describe"].is_string());
-        let dropped_before = srv.metrics.frames_dropped.load(Relaxed);
-        let r = converse(
-            ws,
-            110,
-            Duration::from_millis(40),
-            browser,
-            Duration::from_millis(500),
-        )
-        .await;
-        let (pcm, packets) = decode_all(&r.audio_bytes);
-        // Echo: every frame after the first comes back (1920 samples = two 960-sample packets),
-        // except frames dropped because the (loaded) machine fell behind, which are counted.
-        let dropped = (srv.metrics.frames_dropped.load(Relaxed) - dropped_before) as usize;
+        let m = &srv.metrics;
+        let before = [
+            &m.frames_in,
+            &m.frames_processed,
+            &m.frames_dropped,
+            &m.messages_dropped,
+        ]
+        .map(|c| c.load(Relaxed));
+        let r = converse_lockstep(ws, ROUNDTRIP_FRAMES, browser).await;
         assert!(
-            packets >= 2 * 60,
-            "browser={browser}: {packets} packets, {dropped} dropped"
+            eventually(5, || m.sessions_active.load(Relaxed) == 0).await,
+            "browser={browser}: the session did not end after the client's close"
         );
+        let after = [
+            &m.frames_in,
+            &m.frames_processed,
+            &m.frames_dropped,
+            &m.messages_dropped,
+        ]
+        .map(|c| c.load(Relaxed));
+        let delta: Vec<u64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
+        // Every frame received and processed, none dropped on the way in or out.
+        let n = ROUNDTRIP_FRAMES as u64;
         assert_eq!(
-            packets / 2 + dropped,
-            109,
-            "every frame is either answered or counted as dropped"
+            delta,
+            [n, n, 0, 0],
+            "browser={browser}: frames in, processed, dropped, messages dropped"
         );
+        // The echo answers every frame but the first (as LMGen gives nothing at its first step)
+        // with one audio message of 1920 samples: two 960-sample Opus packets.
+        let answered = ROUNDTRIP_FRAMES - 1;
+        assert_eq!(
+            r.audio_messages, answered,
+            "browser={browser}: audio messages"
+        );
+        let (pcm, packets) = decode_all(&r.audio_bytes);
+        assert_eq!(packets, 2 * answered, "browser={browser}: Opus packets");
         assert_eq!(pcm.len(), packets * 960);
         let rms = (pcm.iter().map(|x| x * x).sum::<f32>() / pcm.len() as f32).sqrt();
         assert!(rms > 0.05, "echoed tone is audible (rms {rms})");
-        assert!(r.text_messages >= 30, "{}", r.text_messages);
-        assert!(r.text.contains(" w3"));
+        // A text piece " w{i}" for every third frame i > 0, in order.
+        let want: String = (1..ROUNDTRIP_FRAMES)
+            .filter(|i| i % 3 == 0)
+            .map(|i| format!(" w{i}"))
+            .collect();
+        assert_eq!(r.text, want, "browser={browser}: text");
+        assert_eq!(
+            r.text_messages,
+            answered / 3,
+            "browser={browser}: text messages"
+        );
         assert!(r.errors.is_empty(), "{:?}", r.errors);
+        assert!(
+            r.closed,
+            "browser={browser}: the server closed after the client's close"
+        );
     }
-    assert!(eventually(5, || srv.metrics.sessions_active.load(Relaxed) == 0).await);
-    assert!(srv.metrics.frames_processed.load(Relaxed) >= 200);
+    assert_eq!(
+        srv.metrics.frames_processed.load(Relaxed),
+        2 * ROUNDTRIP_FRAMES as u64
+    );
     srv.shutdown().await.unwrap();
+}
+
+/// How long the lock-step client waits for one frame's answer: the echo's 2 ms step is answered
+/// in well under a second even on a loaded machine, so a frame that never comes back fails here
+/// rather than hanging.
+const ANSWER_WAIT: Duration = Duration::from_secs(10);
+
+/// Sends `frames` 80 ms frames of a 440 Hz tone (browser framing when `browser`, else
+/// Python-client framing) in lock-step with the server: after frame i ≥ 1 it reads until that
+/// frame's audio message has come (frame 0 has none), collecting text, errors and audio on the
+/// way; then it closes and reads what follows up to the server's close. The session's input queue
+/// never holds more than two frames and nothing is in flight at the close, so what it counts does
+/// not depend on timing.
+async fn converse_lockstep(mut ws: Ws, frames: usize, browser: bool) -> Received {
+    let mut r = Received::default();
+    let mut browser_enc = BrowserEncoder::new(1234);
+    let mut py_enc = server::codec::OggOpusEncoder::new().unwrap();
+    for i in 0..frames {
+        let pcm = tone(1920, i * 1920, 440.0);
+        if browser {
+            // The browser sends each Ogg page as its own message.
+            let bytes = browser_enc.push(&pcm);
+            for page in split_pages(&bytes) {
+                assert!(send_bin(&mut ws, 1, page).await, "frame {i}: send");
+            }
+        } else {
+            let mut bytes = Vec::new();
+            py_enc.push(&pcm, &mut bytes).unwrap();
+            assert!(send_bin(&mut ws, 1, &bytes).await, "frame {i}: send");
+        }
+        if i == 0 {
+            continue;
+        }
+        let audio_before = r.audio_messages;
+        let deadline = tokio::time::Instant::now() + ANSWER_WAIT;
+        while r.audio_messages == audio_before {
+            match tokio::time::timeout_at(deadline, ws.next()).await {
+                Ok(Some(Ok(m))) => collect(&mut r, m),
+                Ok(_) => panic!("frame {i}: the connection ended before its answer ({r:?})"),
+                Err(_) => panic!("frame {i}: no audio answer in {ANSWER_WAIT:?}"),
+            }
+            assert!(!r.closed, "frame {i}: closed by the server");
+        }
+    }
+    ws.send(Message::Close(None)).await.unwrap();
+    let deadline = tokio::time::Instant::now() + ANSWER_WAIT;
+    while !r.closed {
+        match tokio::time::timeout_at(deadline, ws.next()).await {
+            Ok(Some(Ok(m))) => collect(&mut r, m),
+            Ok(_) => r.closed = true,
+            Err(_) => panic!("no close from the server in {ANSWER_WAIT:?}"),
+        }
+    }
+    r
+}
+
+/// Adds one server message to `r` (keep-alive pings of kind 6 and metadata are not counted).
+fn collect(r: &mut Received, m: Message) {
+    match m {
+        Message::Binary(b) => {
+            r.message_bytes += b.len();
+            match b.first() {
+                Some(1) => {
+                    r.audio_messages += 1;
+                    r.audio_bytes.extend_from_slice(&b[1..]);
+                }
+                Some(2) => {
+                    r.text_messages += 1;
+                    r.text.push_str(&String::from_utf8_lossy(&b[1..]));
+                }
+                Some(5) => r.errors.push(String::from_utf8_lossy(&b[1..]).into_owned()),
+                _ => {}
+            }
+        }
+        Message::Close(_) => r.closed = true,
+        _ => {}
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -218,7 +333,6 @@ async fn waiting_clients_get_keepalive_pings() {
     let srv = start_echo(1, 4).await;
     let a = ready(&srv, "").await;
     let mut b = connect(&srv.url("")).await;
-    use futures_util::StreamExt;
     let mut pings = 0;
     let deadline = tokio::time::Instant::now() + Duration::from_millis(7_000);
     while let Ok(Some(Ok(m))) = tokio::time::timeout_at(deadline, b.next()).await {
