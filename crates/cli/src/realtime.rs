@@ -282,7 +282,8 @@ pub fn verdict(m: &Measured) -> Verdict {
         }
         if m.kv == KvDtype::F32 {
             helps.push(
-                "--kv-dtype bf16 (half the bytes of the KV caches: the long-context cost halves)"
+                "--kv-dtype bf16, the default that --kv-dtype f32 replaced (half the bytes of the KV \
+                 caches: the long-context cost halves)"
                     .into(),
             );
         }

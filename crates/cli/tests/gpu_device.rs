@@ -33,12 +33,14 @@ fn moshi(dir: &testkit::ScratchDir, args: Vec<OsString>) -> String {
     stderr + &String::from_utf8_lossy(&o.stdout)
 }
 
-/// `duplex --greedy` of the fixture bundle on `input` with the `device` flags: the log, the
-/// reply WAV and the transcript file.
+/// `duplex --greedy --kv-dtype f32` of the fixture bundle on `input` with the `device` flags: the
+/// log, the reply WAV and the transcript file.
 fn duplex(device: &[&str], tag: &str, input: &Path) -> (String, Vec<u8>, String) {
     let dir = testkit::ScratchDir::new(&format!("gpu-cli-{tag}"));
     let (out, text) = (dir.join("reply.wav"), dir.join("reply.txt"));
-    let mut args: Vec<OsString> = ["duplex", "--greedy", "--threads", "1"]
+    // f32 KV caches, as the oracle computes: the product's bf16 default moves the logits (see
+    // `--kv-dtype`), and this test compares tokens exactly.
+    let mut args: Vec<OsString> = ["duplex", "--greedy", "--threads", "1", "--kv-dtype", "f32"]
         .iter()
         .chain(device)
         .map(|a| a.into())
