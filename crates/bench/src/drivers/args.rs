@@ -10,7 +10,7 @@ use clap::{Args, ValueEnum};
 /// What `moshi-native bench` measures.
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum What {
-    /// Everything below except `batch` and `duplex`, in one run.
+    /// Everything below except `batch`, `duplex` and `stt`, in one run.
     All,
     /// Streaming read bandwidth only.
     Probe,
@@ -25,6 +25,9 @@ pub enum What {
     /// The whole frame pass through the runtime's session, worker thread and input ring, per phase, with
     /// its overhead over the LM frame and the Mimi encode + decode timed alone.
     Duplex,
+    /// Speech-to-text: the batched tick (32-codebook Mimi encode + STT step) of `--streams` streams
+    /// against the same streams one at a time, and the real-time streams per variant and format.
+    Stt,
 }
 
 /// Flags of `moshi-native bench`.
@@ -70,6 +73,19 @@ pub struct BenchArgs {
     /// `bench batch` (and `bench mimi --device gpu`, 0 or 1 = skip): conversation slots per tick.
     #[arg(long, default_value_t = 4)]
     pub slots: usize,
+    /// `bench stt`: stream counts of the tick.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32,64")]
+    pub streams: Vec<usize>,
+    /// `bench stt`: released STT models to synthesise (stt-1b, stt-2.6b); ignored with `--bundle`.
+    #[arg(long, value_delimiter = ',', default_value = "stt-1b")]
+    pub stt_variants: Vec<String>,
+    /// `bench stt`: KV position of every stream (absent: the full context window, the steady state
+    /// of a stream older than the context).
+    #[arg(long, value_name = "STEPS")]
+    pub stt_position: Option<usize>,
+    /// `bench stt`: skip the cells whose KV caches would take more than this many GB.
+    #[arg(long, default_value_t = 8.0)]
+    pub stt_max_kv_gb: f64,
     /// Read-probe buffer size in MiB (well above the last-level cache).
     #[arg(long, default_value_t = 512)]
     pub probe_mb: usize,

@@ -16,6 +16,8 @@
 //! * `duplex`: the product frame pass (a [`runtime::Session`] on its [`runtime::SessionRunner`] worker
 //!   thread, fed through its input ring, answered through its event queue), per phase, next to the LM
 //!   frame and the Mimi encode + decode timed alone in the same rounds: the overhead ratio.
+//! * `stt`: the speech-to-text tick of N streams (one batched 32-codebook Mimi encode + one STT
+//!   step), batched against one stream at a time, and the real-time streams ([`stt`]).
 //!
 //! Noise handling (2 shared vCPUs): every round runs each thread count once, interleaved, with the
 //! read probe re-measured right before the timed frames; medians and min–max over rounds are
@@ -39,6 +41,7 @@ use model::sampling::{Sampler, SamplerConfig};
 mod args;
 mod batch;
 mod on_gpu;
+mod stt;
 
 use args::{settle, stats};
 pub use args::{BenchArgs, What};
@@ -203,6 +206,9 @@ pub fn run(args: &BenchArgs, device: &runtime::Device) -> Result<()> {
     }
     if args.what == What::Duplex {
         bench_duplex(args, &pools)?;
+    }
+    if args.what == What::Stt {
+        stt::run(args, &probe)?;
     }
     Ok(())
 }

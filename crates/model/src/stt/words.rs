@@ -114,10 +114,13 @@ impl WordAssembler {
         }
         if token == self.pad || token == self.epad {
             if !self.word.is_empty() {
+                // A copy leaves with the event (the step's one allocation, once per word); the
+                // buffer stays, so the next word's tokens are pushed without allocating.
                 emit(SttEvent::Word {
-                    tokens: std::mem::take(&mut self.word),
+                    tokens: self.word.clone(),
                     start_time: self.last_stop,
                 });
+                self.word.clear();
                 self.unended = true;
             }
         } else {
