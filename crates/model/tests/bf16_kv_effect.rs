@@ -187,7 +187,8 @@ fn worst(text: &Effect, audio: &[Effect]) -> (f64, f64, usize) {
 /// [0.6, 1.4] × the figure measured with round-to-nearest-even keys and values. The kernel sets
 /// sum f32 in different orders, which can change the bf16 rounding of a few elements: the AVX-512,
 /// AVX2 (`MOSHI_KERNELS_NO_AVX512=1`) and scalar (`MOSHI_KERNELS_SCALAR=1`) sets gave the same
-/// figures to the printed digits (NEON not run here). Measured against it (`tools/oracle/README.md`): truncation instead of rounding 1.96× (forced
+/// figures to the printed digits, and NEON with `bfmmla` bf16 keys (qemu `-cpu max`, CI's aarch64
+/// stage) the same within 0.00001. Measured against it (`tools/oracle/README.md`): truncation instead of rounding 1.96× (forced
 /// trace) and 2.2–2.8× (long run), values alone truncated 1.70× and 1.9–2.2×, values never stored
 /// 480×, and a "bf16" ring that stores f32 0×.
 const BAND: (f64, f64) = (0.6, 1.4);
