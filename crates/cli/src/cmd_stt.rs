@@ -8,6 +8,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use kernels::Pool;
 use model::checkpoint::Bundle;
+use model::lm::KvDtype;
 use model::stt::{SttEvent, SttModel, SttStream};
 use model::text::SentencePiece;
 
@@ -36,6 +37,10 @@ pub struct SttArgs {
     /// Worker threads.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
+    /// Where the temporal transformer runs (`--device gpu`: the LM step on the GPU, the extra heads
+    /// and Mimi's 32-codebook encoder on the CPU threads).
+    #[command(flatten)]
+    pub device: crate::common::DeviceArgs,
 }
 
 /// The end-of-turn rule of Kyutai's scripts: head 2's class-0 probability above this.
@@ -52,8 +57,11 @@ pub fn run(a: &SttArgs) -> Result<()> {
     if demo {
         eprintln!("{}", embed::demo_stt::LABEL);
     }
+    let threads = a.threads.max(1);
+    // A bad device flag fails before the weights are read.
+    let device = a.device.resolve(threads)?;
     let bundle = Bundle::open(&dir).with_context(|| format!("opening {}", dir.display()))?;
-    let pool = Arc::new(Pool::new(a.threads.max(1)));
+    let pool = Arc::new(Pool::new(threads));
     let model = Arc::new(SttModel::load(&bundle, &pool)?);
     if a.vad && model.n_heads() < 3 {
         bail!(
@@ -63,7 +71,12 @@ pub fn run(a: &SttArgs) -> Result<()> {
     }
     let spm = SentencePiece::load(&bundle.files.tokenizer)?;
     let pcm = crate::cmd_mimi::read_wav_24k_mono(&a.input)?;
-    let mut stream = SttStream::cpu(&model, pool)?;
+    let batch = runtime::stt_batch(&model, 1, KvDtype::F32, device, pool.clone())
+        .context("starting the speech-to-text step")?;
+    if let runtime::Device::Gpu { .. } = device {
+        eprintln!("moshi-native: device gpu: the LM step runs on the GPU, Mimi and the extra heads on the CPU");
+    }
+    let mut stream = SttStream::new(batch, pool);
     let mut out = Printer {
         spm: &spm,
         json: a.json,

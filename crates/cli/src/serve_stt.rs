@@ -63,12 +63,13 @@ pub fn locate(name: Option<&str>, dir: Option<&Path>) -> Result<(PathBuf, bool)>
     }
 }
 
-/// Loads the model and starts the driver: `streams` slots on `threads` threads.
+/// Loads the model and starts the driver: `streams` slots on `threads` threads, the LM step on
+/// `device`.
 pub fn start(
     dir: &Path,
     demo: bool,
     streams: usize,
-    threads: usize,
+    (threads, device): (usize, runtime::Device),
     queued_frames: usize,
     kv: KvDtypeArg,
 ) -> Result<Arc<AsrService>> {
@@ -93,6 +94,7 @@ pub fn start(
                 KvDtypeArg::F32 => model::lm::KvDtype::F32,
                 KvDtypeArg::Bf16 => model::lm::KvDtype::Bf16,
             },
+            device,
         },
     )
     .context("starting the speech-to-text driver")?;
@@ -150,9 +152,8 @@ pub fn run(a: &ServeArgs, dir: PathBuf, demo: bool) -> Result<()> {
         bail!("--max-sessions must be at least 1");
     }
     let threads = a.engine.threads(runtime::physical_cores());
-    if threads == 0 || threads > 256 {
-        bail!("--threads must be between 1 and 256 (got {threads})");
-    }
+    // Thread count and device checked before the socket is bound and the weights are read.
+    let device = a.engine.check(threads)?;
     let config = serve_config(a, streams)?;
     server::validate(&config)?;
     let listener = server::Listener::bind(&config.host, config.port, config.tls.as_ref())?;
@@ -166,14 +167,20 @@ pub fn run(a: &ServeArgs, dir: PathBuf, demo: bool) -> Result<()> {
         &dir,
         demo,
         streams,
-        threads,
+        (threads, device),
         a.max_queued_frames,
         a.engine.kv_dtype,
     )?;
+    let on = match device {
+        runtime::Device::Gpu { .. } => format!(
+            "the GPU (Mimi on {})",
+            crate::models::count(threads, "thread")
+        ),
+        runtime::Device::Cpu { .. } => crate::models::count(threads, "thread"),
+    };
     eprintln!(
-        "moshi-native serve: {}; up to {streams} streams share one batched step on {}",
-        asr.description,
-        crate::models::count(threads, "thread")
+        "moshi-native serve: {}; up to {streams} streams share one batched step on {on}",
+        asr.description
     );
     eprintln!(
         "moshi-native serve: {scheme}://{}:{port}/api/asr-streaming (queue {}{})",

@@ -66,7 +66,7 @@ pub use session::{Session, SessionOptions};
 #[doc(hidden)]
 pub use stepper::{Phase, PhaseHook};
 pub use stt_driver::{
-    SttNotify, SttOutput, SttRunner, SttRunnerOptions, SttSession, SttStepOutput,
+    stt_batch, SttNotify, SttOutput, SttRunner, SttRunnerOptions, SttSession, SttStepOutput,
 };
 pub use transcriber::{SttEngine, Transcriber, TranscriberOptions, TranscriptEvent};
 

@@ -18,7 +18,10 @@
 //! Backpressure never drops audio (a transcript must not lose words): the input ring holds
 //! `max_queued_frames`, and the caller stops reading its client while [`SttSession::room`] is short; a
 //! stream whose output queue is full is skipped until its reader catches up. After warm-up a tick
-//! allocates nothing except the token list of a finished word (`model::stt::SttEvent::Word`).
+//! allocates nothing except the token list of a finished word (`model::stt::SttEvent::Word`); with the LM
+//! on a GPU ([`SttRunnerOptions::device`]) the host side of the step is also wgpu's command recording
+//! and submission, which this crate does not count (no buffer or bind group is created per step:
+//! `crates/gpu/tests/lm_parity.rs`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TryRecvError};
@@ -27,12 +30,12 @@ use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
 use kernels::Pool;
-use model::lm::{CpuLm, KvDtype};
+use model::lm::{CpuLm, KvDtype, LmBackend};
 use model::mimi::MimiBatchEncoder;
 use model::stt::{SttBatch, SttEvent, SttModel, MAX_EXTRA_HEADS};
 
 use crate::ring::{FrameRing, PcmProducer, PushReport};
-use crate::{RuntimeError, FRAME_SIZE};
+use crate::{Device, RuntimeError, FRAME_SIZE};
 
 /// Options of [`SttRunner::spawn`].
 #[derive(Clone, Debug)]
@@ -47,6 +50,10 @@ pub struct SttRunnerOptions {
     pub output_capacity: usize,
     /// Element type of the KV caches.
     pub kv_dtype: KvDtype,
+    /// Where the LM step runs ([`stt_batch`]): the CPU, on the worker's pool, or a GPU (the `gpu`
+    /// feature; at most `gpu::shaders::MAX_ROWS` slots). Mimi's 32-codebook encoder runs on the
+    /// pool either way. `Device`'s own thread count is not read: `threads` sizes the pool.
+    pub device: Device,
 }
 
 impl Default for SttRunnerOptions {
@@ -57,8 +64,49 @@ impl Default for SttRunnerOptions {
             max_queued_frames: 64,
             output_capacity: 16,
             kv_dtype: KvDtype::F32,
+            device: Device::Cpu { threads: 1 },
         }
     }
+}
+
+/// The STT step of `rows` streams of `model` on `device`: the CPU backend on `pool`, or the GPU's
+/// ([`gpu::GpuLm`]: the temporal transformer with `dep_q = 0` on adapter `adapter`, weights uploaded
+/// here; the extra heads, a few KB, run on the host from the device's temporal output, read back
+/// with the text logits). KV caches in `kv_dtype`.
+pub fn stt_batch(
+    model: &Arc<SttModel>,
+    rows: usize,
+    kv_dtype: KvDtype,
+    device: Device,
+    pool: Arc<Pool>,
+) -> Result<SttBatch<dyn LmBackend>, RuntimeError> {
+    let backend: Box<dyn LmBackend> = match device {
+        Device::Cpu { .. } => Box::new(
+            CpuLm::new(model.lm().clone(), rows, kv_dtype, pool)
+                .map_err(|e| RuntimeError::Model(e.to_string()))?,
+        ),
+        #[cfg(feature = "gpu")]
+        Device::Gpu { adapter, .. } => {
+            let ctx =
+                gpu::GpuContext::new(gpu::AdapterChoice::Gpu(adapter), gpu::GpuOptions::default())?;
+            let weights = gpu::GpuLmWeights::upload(&ctx, model.lm())?;
+            let opts = gpu::GpuLmOptions {
+                kv_dtype,
+                ..Default::default()
+            };
+            Box::new(gpu::GpuLm::with_options(weights, rows, opts)?)
+        }
+        #[cfg(not(feature = "gpu"))]
+        Device::Gpu { .. } => {
+            let _ = pool;
+            return Err(RuntimeError::Device(
+                "this build has no GPU support (hint: build with the runtime's `gpu` feature, as the \
+                 moshi-native binary is, or use the CPU)"
+                    .into(),
+            ));
+        }
+    };
+    SttBatch::new(model.clone(), backend).map_err(|e| RuntimeError::Model(e.to_string()))
 }
 
 /// Called by the worker thread when a stream has news (an output item, room in its input); must not block.
@@ -164,9 +212,7 @@ impl SttRunner {
             ));
         }
         let pool = Arc::new(Pool::new(opts.threads));
-        let batch = model
-            .cpu_batch(opts.slots, opts.kv_dtype, pool.clone())
-            .map_err(|e| RuntimeError::Model(e.to_string()))?;
+        let batch = stt_batch(&model, opts.slots, opts.kv_dtype, opts.device, pool.clone())?;
         let encoder = MimiBatchEncoder::new(model.mimi().clone(), opts.slots);
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
@@ -382,7 +428,7 @@ struct Worker {
     shared: Arc<Shared>,
     joins: Receiver<Join>,
     pool: Arc<Pool>,
-    batch: SttBatch<CpuLm>,
+    batch: SttBatch<dyn LmBackend>,
     encoder: MimiBatchEncoder,
     slots: Vec<Option<Slot>>,
     /// Slots stepped this tick, in order, and their frames side by side.

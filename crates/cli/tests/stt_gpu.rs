@@ -1,0 +1,163 @@
+//! `--device gpu` on the speech-to-text commands (issue 32): `stt --model demo-stt --device gpu` gives
+//! the oracle's events on the 1b fixture input (words, start and stop times exact, the four
+//! voice-activity probabilities of every step within 1e-4), `serve --model demo-stt --device gpu`
+//! starts its batched driver with the LM on the device, and an adapter that does not exist or a batch
+//! larger than the GPU backend steps is refused with its reason. Skips with a printed reason when no adapter exists;
+//! `MOSHI_REQUIRE_GPU=1` (CI) makes that a failure.
+#![cfg(unix)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::{bin, free_port, http_get};
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/stt/1b")
+}
+
+#[test]
+fn stt_on_gpu_gives_the_oracles_events() {
+    if gpu::skip_test_without_adapter() {
+        return;
+    }
+    let cache = testkit::ScratchDir::new("stt-gpu-cli");
+    let wav = fixture().join("input.wav");
+    let o = Command::new(env!("CARGO_BIN_EXE_moshi-native"))
+        .env("XDG_CACHE_HOME", cache.path())
+        .args(["stt", "--model", "demo-stt", "--json", "--vad"])
+        .args(["--device", "gpu"])
+        .arg(&wav)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "stt --device gpu failed: {stderr}");
+    assert!(
+        stderr.contains("device gpu: the LM step runs on the GPU"),
+        "{stderr}"
+    );
+    let got: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect();
+    let want: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture().join("events.json")).unwrap())
+            .unwrap();
+    let spm = model::text::SentencePiece::load(fixture().join("tokenizer.model")).unwrap();
+    // `--vad` prints an EndOfTurn line of its own; the oracle's events are the others.
+    let got: Vec<&serde_json::Value> = got.iter().filter(|e| e["type"] != "EndOfTurn").collect();
+    let want = want["events"].as_array().unwrap();
+    assert_eq!(got.len(), want.len(), "{got:?}");
+    assert!(want.iter().any(|e| e["type"] == "Word"));
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g["type"], w["type"], "event {i}");
+        match w["type"].as_str().unwrap() {
+            "Step" => {
+                assert_eq!(g["step_idx"], w["step_idx"], "event {i}");
+                let (gp, wp) = (g["prs"].as_array().unwrap(), w["prs"].as_array().unwrap());
+                assert_eq!(gp.len(), wp.len(), "event {i}");
+                for (a, b) in gp.iter().zip(wp) {
+                    let (a, b) = (a.as_f64().unwrap(), b.as_f64().unwrap());
+                    assert!((a - b).abs() <= 1e-4, "event {i}: prs {a} vs {b}");
+                }
+            }
+            "Word" => {
+                assert_eq!(g["start_time"], w["start_time"], "event {i}");
+                let tokens: Vec<u32> = w["tokens"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|t| t.as_u64().unwrap() as u32)
+                    .collect();
+                assert_eq!(g["text"], spm.decode(&tokens).unwrap().trim(), "event {i}");
+            }
+            _ => assert_eq!(g["stop_time"], w["stop_time"], "event {i}"),
+        }
+    }
+    // The flag reaches the device: an adapter that does not exist is an error, not the CPU.
+    let o = Command::new(env!("CARGO_BIN_EXE_moshi-native"))
+        .env("XDG_CACHE_HOME", cache.path())
+        .args(["stt", "--model", "demo-stt", "--gpu", "99"])
+        .arg(&wav)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "stt --gpu 99 ran: {stderr}");
+    assert!(
+        stderr.contains("starting the speech-to-text step"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn serve_stt_on_gpu_starts_and_refuses_too_many_streams() {
+    if gpu::skip_test_without_adapter() {
+        return;
+    }
+    let port = free_port();
+    let child = bin()
+        .args(["serve", "--model", "demo-stt", "--threads", "1"])
+        .args(["--max-sessions", "2", "--device", "gpu"])
+        .args(["--port", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let ready = loop {
+        match http_get(port, "/readyz") {
+            Some(r) if r.contains("streams free") => break r,
+            _ if t.elapsed() < Duration::from_secs(120) => {
+                std::thread::sleep(Duration::from_millis(100))
+            }
+            other => panic!("no readiness: {other:?}"),
+        }
+    };
+    assert!(
+        ready.contains("2 of 2 speech-to-text streams free"),
+        "{ready}"
+    );
+    let st = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("one batched step on the GPU"), "{err}");
+
+    // More streams than the device backend's rows: refused with the reason, not a crash.
+    let max = gpu::shaders::MAX_ROWS;
+    let mut child = bin()
+        .args(["serve", "--model", "demo-stt", "--threads", "1"])
+        .args(["--max-sessions", &(max + 1).to_string(), "--device", "gpu"])
+        .args(["--port", &free_port().to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A server that accepted the batch would serve until killed: give it a deadline.
+    let t = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t.elapsed() > Duration::from_secs(120) {
+            child.kill().unwrap();
+            let o = child.wait_with_output().unwrap();
+            panic!(
+                "serve accepted {} streams on the GPU: {}",
+                max + 1,
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("a batch of {} rows", max + 1)),
+        "{err}"
+    );
+}
