@@ -431,9 +431,13 @@ impl Conv1d {
                 )
             }
         };
-        // Runs `chunks` shares on the pool, each with its own panel buffer.
+        // Runs `chunks` shares on the pool, each with its own panel buffer. The buffers are sized
+        // for the most shares a call of this layer can take (threads · `CHUNKS_PER_THREAD`), whatever
+        // `chunks` is now: fewer columns (one stream after a warm-up with four) can switch a
+        // layer from a column split to a row split with more chunks, which grew the scratch
+        // after warm-up on NEON.
         let split = |pool: &Pool, chunks: usize, share: &(dyn Fn(usize, &mut [f32]) + Sync)| {
-            with_panels(ig * k, chunks, |panels| {
+            with_panels(ig * k, pool.n_threads() * CHUNKS_PER_THREAD, |panels| {
                 pool.run(chunks, &|c| {
                     // SAFETY: chunk c is run once, by one thread.
                     share(c, unsafe { panels.share(c) })
@@ -989,7 +993,8 @@ impl ConvTranspose1d {
                         unsafe { rows_pregathered(wf, p, pa, &b, zp.0, t_in, None, pu) }
                     } else {
                         let chunks = pa.panels().div_ceil(pu).min(nt * CHUNKS_PER_THREAD);
-                        with_panels(pa.k, chunks, |panels| {
+                        // Sized for the most chunks any call can take (see `run_on`'s `split`).
+                        with_panels(pa.k, nt * CHUNKS_PER_THREAD, |panels| {
                             p.run(chunks, &|c| {
                                 // SAFETY: chunk c is run once, by one thread.
                                 zw(share_units(pa.panels(), pu, chunks, c), unsafe {
