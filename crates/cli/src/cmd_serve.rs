@@ -230,12 +230,9 @@ pub fn slots_fitting(kv_per_slot: u64, available: u64) -> usize {
     (available / 2 / kv_per_slot.max(1)) as usize
 }
 
-/// Runs the server until ctrl-c or SIGTERM.
+/// Runs the conversation server (a Moshi bundle) until ctrl-c or SIGTERM; `main` sends speech-to-text
+/// bundles to `serve_stt::run` instead.
 pub fn run(a: &ServeArgs) -> Result<()> {
-    // A speech-to-text model (`--model demo-stt`, an STT bundle) serves /api/asr-streaming instead.
-    if let Some((dir, demo)) = crate::serve_stt::stt_model(a)? {
-        return crate::serve_stt::run(a, dir, demo);
-    }
     if a.max_queued_frames == 0 {
         bail!("--max-queued-frames must be at least 1");
     }

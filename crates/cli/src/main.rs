@@ -20,6 +20,7 @@ mod logging;
 mod models;
 mod realtime;
 mod serve_stt;
+mod verify_report;
 mod verify_stt;
 
 use anyhow::Result;
@@ -159,7 +160,11 @@ fn dispatch(cmd: Command) -> Result<()> {
     match cmd {
         Command::Duplex(a) => duplex::run_duplex(&a),
         Command::Generate(a) => duplex::run_generate(&a),
-        Command::Serve(a) => cmd_serve::run(&a),
+        // A speech-to-text model (`--model demo-stt`, an STT bundle) serves /api/asr-streaming instead.
+        Command::Serve(a) => match serve_stt::stt_model(&a)? {
+            Some((dir, demo)) => serve_stt::run(&a, dir, demo),
+            None => cmd_serve::run(&a),
+        },
         Command::Fetch(a) => fetch::run(&a),
         Command::Verify(a) => cmd_verify::run(&a),
         Command::Inspect(a) => cmd_inspect::run(&a),

@@ -12,7 +12,7 @@ use model::checkpoint::Bundle;
 use model::stt::{SttEvent, SttModel, SttStream};
 use model::text::SentencePiece;
 
-use crate::cmd_verify::{mimi_check, Report, Verdict};
+use crate::verify_report::{mimi_check, Report, Verdict};
 
 /// Kyutai's end-of-turn rule: head 2's no-voice probability above this.
 const END_OF_TURN: f32 = 0.5;
@@ -165,82 +165,5 @@ fn judge(r: &mut Report, model: &SttModel, tr: &Transcript, want_steps: usize, f
             peak > END_OF_TURN,
             format!("head 2 reaches {peak:.2} in the flush (end of turn above {END_OF_TURN})"),
         );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::cmd_verify::{verify, VerifyArgs};
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: VerifyArgs,
-    }
-
-    fn args(flags: &[&str]) -> VerifyArgs {
-        let mut v = vec!["verify"];
-        v.extend_from_slice(flags);
-        Cli::parse_from(v).args
-    }
-
-    #[test]
-    fn demo_stt_passes_with_speech_checks_marked() {
-        let r = verify(&args(&["--model", "demo-stt"])).unwrap();
-        r.print();
-        assert!(r.random);
-        assert!(r.failures().is_empty(), "{:?}", r.failures());
-        for (name, verdict) in [
-            ("bundle files", Verdict::Pass),
-            ("schema inventory", Verdict::Pass),
-            ("tensor statistics", Verdict::Pass),
-            ("engine", Verdict::Pass),
-            ("transcription", Verdict::Pass),
-            ("voice activity", Verdict::Pass),
-            ("text decodes to words", Verdict::RandomWeights),
-            ("end of turn after the clip", Verdict::RandomWeights),
-            ("Mimi round trip", Verdict::RandomWeights),
-        ] {
-            let c = r.checks.iter().find(|c| c.name == name).expect(name);
-            assert_eq!(c.verdict, verdict, "{c:?}");
-        }
-        assert!(r.variant.contains("f32"), "{}", r.variant);
-        let (ms, n) = r.stt_frame_ms.unwrap();
-        assert!(ms > 0.0 && n > 50, "{ms} {n}");
-    }
-
-    #[test]
-    fn stt_model_not_in_cache_names_fetch() {
-        let cache = testkit::ScratchDir::new("verify-stt-cache");
-        let e = crate::models::resolve_stt(Some("stt-1b"), None, None, &cache)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("moshi-native fetch --model stt-1b"), "{e}");
-    }
-
-    #[test]
-    fn nan_in_an_extra_head_fails_the_statistics() {
-        let src = testkit::fixtures_dir("stt").join("1b");
-        let dir = testkit::ScratchDir::new("verify-stt-nan");
-        for f in std::fs::read_dir(&src).unwrap() {
-            let f = f.unwrap();
-            std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
-        }
-        testkit::poke_f32(
-            &dir.join("model.safetensors"),
-            "extra_heads.2.weight",
-            5,
-            f32::NAN,
-        );
-        let r = verify(&args(&["--model-dir", dir.to_str().unwrap()])).unwrap();
-        let c = r
-            .checks
-            .iter()
-            .find(|c| c.name == "tensor statistics")
-            .unwrap();
-        assert_eq!(c.verdict, Verdict::Fail, "{c:?}");
-        assert!(c.detail.contains("extra_heads.2.weight"), "{c:?}");
     }
 }
