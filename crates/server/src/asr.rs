@@ -10,24 +10,22 @@
 //! the model's delay (the rule of Kyutai's batched server), after that step's messages.
 
 use std::collections::VecDeque;
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::ws::{Message, WebSocket};
 use axum::http::HeaderMap;
 use bytes::BytesMut;
-use model::stt::SttPlan;
-use model::text::SentencePiece;
-use runtime::{SttOutput, SttRunner, SttSession, FRAME_SIZE};
-use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
+use runtime::{SttOutput, SttSession, FRAME_SIZE};
+use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit};
 
 use crate::asr_protocol::{self as wire, AsrClientMessage};
+pub use crate::asr_service::AsrService;
 use crate::auth::{is_authorized, same_secret};
 use crate::backend::{Backend, BackendError, BackendInfo, OpenSession};
 use crate::codec::OggOpusDecoder;
-use crate::metrics::Histogram;
+use crate::metrics::Gauge;
 use crate::protocol::{percent_decode, SessionParams};
 use crate::state::AppState;
 use crate::ws::{Conn, Out, CLOSE_ERROR, CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_TRY_AGAIN};
@@ -40,145 +38,6 @@ pub const AUTH_ID_PARAM: &str = "auth_id";
 pub const MAX_PENDING_MARKERS: usize = 4096;
 /// How long a message for a client that does not read may wait for room before the connection closes.
 const SEND_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// The speech-to-text service of a server: the batched driver, its tokenizer and admission slots.
-pub struct AsrService {
-    runner: SttRunner,
-    spm: SentencePiece,
-    plan: SttPlan,
-    slots: Arc<Semaphore>,
-    /// The model in words (for logs and `/api/info`).
-    pub description: String,
-}
-
-impl AsrService {
-    /// A service over a started runner (its slots are the streams admitted at once) and the model's
-    /// tokenizer.
-    pub fn new(runner: SttRunner, spm: SentencePiece, description: String) -> AsrService {
-        let plan = runner.model().plan();
-        let slots = Arc::new(Semaphore::new(runner.slots()));
-        AsrService {
-            runner,
-            spm,
-            plan,
-            slots,
-            description,
-        }
-    }
-
-    /// Streams admitted at once.
-    pub fn max_streams(&self) -> usize {
-        self.runner.slots()
-    }
-
-    /// Slots free now.
-    pub fn free_streams(&self) -> usize {
-        self.slots.available_permits()
-    }
-
-    /// Stops the driver (the streams' queues end).
-    pub fn stop(&self) {
-        let _ = self.runner.stop();
-    }
-}
-
-/// Counters of `/api/asr-streaming`, rendered with the others at `/metrics`.
-#[derive(Debug, Default)]
-pub struct SttMetrics {
-    /// Streams holding a slot.
-    pub streams_active: AtomicU64,
-    /// Clients waiting for a slot.
-    pub streams_waiting: AtomicU64,
-    /// Streams started.
-    pub streams_total: AtomicU64,
-    /// Clients refused (queue full, bad messages, the model failed).
-    pub streams_rejected: AtomicU64,
-    /// Streams admitted at once (constant; 0 without a speech-to-text model).
-    pub streams_max: AtomicU64,
-    /// Model steps run over all streams (one 80 ms frame each).
-    pub steps: AtomicU64,
-    /// Words sent.
-    pub words: AtomicU64,
-    /// Markers echoed.
-    pub markers: AtomicU64,
-    /// Requests refused for a missing or wrong token.
-    pub unauthorized: AtomicU64,
-    /// Wall time of the batched tick that ran each stream's step.
-    pub tick: Histogram,
-}
-
-impl SttMetrics {
-    /// Appends the Prometheus lines.
-    pub fn render(&self, s: &mut String) {
-        let mut put = |name: &str, kind: &str, help: &str, v: &AtomicU64| {
-            let _ = writeln!(
-                s,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {}",
-                v.load(Relaxed)
-            );
-        };
-        put(
-            "moshi_stt_streams_active",
-            "gauge",
-            "Speech-to-text streams holding a slot.",
-            &self.streams_active,
-        );
-        put(
-            "moshi_stt_streams_waiting",
-            "gauge",
-            "Speech-to-text clients waiting for a slot.",
-            &self.streams_waiting,
-        );
-        put(
-            "moshi_stt_streams_total",
-            "counter",
-            "Speech-to-text streams started.",
-            &self.streams_total,
-        );
-        put(
-            "moshi_stt_streams_rejected_total",
-            "counter",
-            "Speech-to-text clients refused.",
-            &self.streams_rejected,
-        );
-        put(
-            "moshi_stt_streams_max",
-            "gauge",
-            "Speech-to-text streams admitted at once.",
-            &self.streams_max,
-        );
-        put(
-            "moshi_stt_steps_total",
-            "counter",
-            "Speech-to-text model steps (80 ms frames) over all streams.",
-            &self.steps,
-        );
-        put(
-            "moshi_stt_words_total",
-            "counter",
-            "Words sent.",
-            &self.words,
-        );
-        put(
-            "moshi_stt_markers_total",
-            "counter",
-            "Markers echoed.",
-            &self.markers,
-        );
-        put(
-            "moshi_stt_unauthorized_total",
-            "counter",
-            "/api/asr-streaming requests refused for a missing or wrong token.",
-            &self.unauthorized,
-        );
-        let _ = writeln!(
-            s,
-            "# HELP moshi_stt_tick_seconds Wall time of the batched tick (Mimi encode + LM step of every \
-             stream stepped together), once per stream step.\n# TYPE moshi_stt_tick_seconds histogram"
-        );
-        self.tick.render(s, "moshi_stt_tick_seconds", "");
-    }
-}
 
 /// Whether the request carries `expected`: the `kyutai-api-key` header or the `auth_id` query parameter
 /// (Kyutai's), or what `/api/chat` accepts (`Authorization: Bearer`, `worker_auth_id`).
@@ -216,19 +75,6 @@ impl Backend for NoChat {
         Err(BackendError(
             "this server runs a speech-to-text model only (/api/asr-streaming)".into(),
         ))
-    }
-}
-
-struct Gauge<'a>(&'a AtomicU64);
-impl<'a> Gauge<'a> {
-    fn inc(a: &'a AtomicU64) -> Self {
-        a.fetch_add(1, Relaxed);
-        Gauge(a)
-    }
-}
-impl Drop for Gauge<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Relaxed);
     }
 }
 
@@ -317,8 +163,7 @@ impl Stream<'_> {
         if let Ok(p) = self.asr.slots.clone().try_acquire_owned() {
             return Ok(p);
         }
-        let waiting = m.streams_waiting.fetch_add(1, Relaxed);
-        let _w = Gauge(&m.streams_waiting);
+        let (_w, waiting) = Gauge::join(&m.streams_waiting);
         if waiting as usize >= self.state.max_queue {
             m.streams_rejected.fetch_add(1, Relaxed);
             self.send_error("server busy: all slots taken and the queue is full")

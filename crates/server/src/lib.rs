@@ -10,6 +10,7 @@
 mod app;
 pub mod asr;
 pub mod asr_protocol;
+mod asr_service;
 pub mod auth;
 pub mod backend;
 pub mod codec;

@@ -118,7 +118,7 @@ pub struct Metrics {
     /// From a frame's arrival (the client audio that completed it) to the end of its pass.
     pub lag: Histogram,
     /// The speech-to-text route's counters (`/api/asr-streaming`).
-    pub stt: crate::asr::SttMetrics,
+    pub stt: SttMetrics,
     /// The real-time verdict measured at start-up (set once; the same as the metadata message's).
     realtime: std::sync::OnceLock<RealtimeNotice>,
 }
@@ -353,6 +353,127 @@ impl Metrics {
         self.stt.render(&mut s);
         self.render_realtime(&mut s);
         s
+    }
+}
+
+/// Counters of `/api/asr-streaming`, rendered with the others at `/metrics`.
+#[derive(Debug, Default)]
+pub struct SttMetrics {
+    /// Streams holding a slot.
+    pub streams_active: AtomicU64,
+    /// Clients waiting for a slot.
+    pub streams_waiting: AtomicU64,
+    /// Streams started.
+    pub streams_total: AtomicU64,
+    /// Clients refused (queue full, bad messages, the model failed).
+    pub streams_rejected: AtomicU64,
+    /// Streams admitted at once (constant; 0 without a speech-to-text model).
+    pub streams_max: AtomicU64,
+    /// Model steps run over all streams (one 80 ms frame each).
+    pub steps: AtomicU64,
+    /// Words sent.
+    pub words: AtomicU64,
+    /// Markers echoed.
+    pub markers: AtomicU64,
+    /// Requests refused for a missing or wrong token.
+    pub unauthorized: AtomicU64,
+    /// Wall time of the batched tick that ran each stream's step.
+    pub tick: Histogram,
+}
+
+impl SttMetrics {
+    /// Appends the Prometheus lines.
+    pub fn render(&self, s: &mut String) {
+        let mut put = |name: &str, kind: &str, help: &str, v: &AtomicU64| {
+            let _ = writeln!(
+                s,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {}",
+                v.load(Relaxed)
+            );
+        };
+        put(
+            "moshi_stt_streams_active",
+            "gauge",
+            "Speech-to-text streams holding a slot.",
+            &self.streams_active,
+        );
+        put(
+            "moshi_stt_streams_waiting",
+            "gauge",
+            "Speech-to-text clients waiting for a slot.",
+            &self.streams_waiting,
+        );
+        put(
+            "moshi_stt_streams_total",
+            "counter",
+            "Speech-to-text streams started.",
+            &self.streams_total,
+        );
+        put(
+            "moshi_stt_streams_rejected_total",
+            "counter",
+            "Speech-to-text clients refused.",
+            &self.streams_rejected,
+        );
+        put(
+            "moshi_stt_streams_max",
+            "gauge",
+            "Speech-to-text streams admitted at once.",
+            &self.streams_max,
+        );
+        put(
+            "moshi_stt_steps_total",
+            "counter",
+            "Speech-to-text model steps (80 ms frames) over all streams.",
+            &self.steps,
+        );
+        put(
+            "moshi_stt_words_total",
+            "counter",
+            "Words sent.",
+            &self.words,
+        );
+        put(
+            "moshi_stt_markers_total",
+            "counter",
+            "Markers echoed.",
+            &self.markers,
+        );
+        put(
+            "moshi_stt_unauthorized_total",
+            "counter",
+            "/api/asr-streaming requests refused for a missing or wrong token.",
+            &self.unauthorized,
+        );
+        let _ = writeln!(
+            s,
+            "# HELP moshi_stt_tick_seconds Wall time of the batched tick (Mimi encode + LM step of every \
+             stream stepped together), once per stream step.\n# TYPE moshi_stt_tick_seconds histogram"
+        );
+        self.tick.render(s, "moshi_stt_tick_seconds", "");
+    }
+}
+
+/// Holds a gauge one higher while it lives: the count of what is in some state (open, waiting,
+/// active) stays right on every way out of that state, an early return or a dropped future included.
+pub(crate) struct Gauge<'a>(&'a AtomicU64);
+
+impl<'a> Gauge<'a> {
+    /// Raises `a` by one until the guard drops.
+    pub(crate) fn inc(a: &'a AtomicU64) -> Self {
+        Gauge::join(a).0
+    }
+
+    /// Raises `a` by one until the guard drops, and says what it was before (the place in a queue).
+    pub(crate) fn join(a: &'a AtomicU64) -> (Self, u64) {
+        let before = a.fetch_add(1, Relaxed);
+        (Gauge(a), before)
+    }
+}
+
+impl Drop for Gauge<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
     }
 }
 

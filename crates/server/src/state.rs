@@ -23,7 +23,7 @@ pub(crate) struct AppState {
     /// A session whose client sends no audio for this long is closed (`None` = never).
     pub idle_timeout: Option<std::time::Duration>,
     /// The speech-to-text service (`/api/asr-streaming`), if this server runs one.
-    pub asr: Option<Arc<crate::asr::AsrService>>,
+    pub asr: Option<Arc<crate::asr_service::AsrService>>,
     /// Whether `/api/chat` is served (false when only a speech-to-text model runs).
     pub chat: bool,
 }

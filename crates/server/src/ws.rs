@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
 use crate::backend::{BackendEvent, EventSource};
 use crate::codec::{OggOpusDecoder, OggOpusEncoder};
-use crate::metrics::Metrics;
+use crate::metrics::{Gauge, Metrics};
 use crate::protocol::{self, ClientMessage, Metadata, SessionCommand, SessionParams};
 use crate::state::AppState;
 
@@ -41,19 +41,6 @@ pub(crate) const CLOSE_GOING_AWAY: u16 = 1001;
 pub(crate) const CLOSE_POLICY: u16 = 1008;
 pub(crate) const CLOSE_TRY_AGAIN: u16 = 1013;
 pub(crate) const CLOSE_ERROR: u16 = 1011;
-
-struct Gauge<'a>(&'a std::sync::atomic::AtomicU64);
-impl<'a> Gauge<'a> {
-    fn inc(a: &'a std::sync::atomic::AtomicU64) -> Self {
-        a.fetch_add(1, Relaxed);
-        Gauge(a)
-    }
-}
-impl Drop for Gauge<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Relaxed);
-    }
-}
 
 /// The client's socket and the queue of messages for it, owned by the connection's one task.
 ///
@@ -227,8 +214,7 @@ async fn run_connection(
         Ok(p) => p,
         Err(_) => {
             // Reserve a place in the waiting queue (bounded).
-            let waiting = metrics.sessions_waiting.fetch_add(1, Relaxed);
-            let _waiting = WaitGuard(metrics);
+            let (_waiting, waiting) = Gauge::join(&metrics.sessions_waiting);
             if waiting as usize >= state.max_queue {
                 metrics.sessions_rejected.fetch_add(1, Relaxed);
                 conn.send_error(out, "server busy: all slots taken and the queue is full")
@@ -429,13 +415,6 @@ async fn run_connection(
 struct SessionCounts {
     frames_out: std::sync::atomic::AtomicU64,
     messages_dropped: std::sync::atomic::AtomicU64,
-}
-
-struct WaitGuard<'a>(&'a Metrics);
-impl Drop for WaitGuard<'_> {
-    fn drop(&mut self) {
-        self.0.sessions_waiting.fetch_sub(1, Relaxed);
-    }
 }
 
 /// Size of the output thread's message buffer (≈ 250 frames of audio and text messages).
