@@ -48,7 +48,7 @@ pub fn time_passes(engine: &Arc<Engine>, passes: usize) -> Result<FrameTimings, 
     Ok(timed[timed.len() / 2])
 }
 
-/// What [`probe`] measured at start-up, after warm-up passes that are not counted (GPU pipelines
+/// What `probe` (with the `bench` feature) measured at start-up, after warm-up passes that are not counted (GPU pipelines
 /// compiled, weights faulted in, caches warm); every figure is a median of the timed passes.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Probe {
@@ -134,7 +134,7 @@ pub struct RealtimeCheck {
 }
 
 impl RealtimeCheck {
-    /// The verdict on `full`, a full frame pass (see [`WarmUp::full`]).
+    /// The verdict on `full`, a full frame pass as [`Session::warm_up`] or [`time_passes`] times it.
     pub fn new(full: &FrameTimings) -> RealtimeCheck {
         RealtimeCheck {
             frame_ms: f64::from(full.total_us) / 1e3,

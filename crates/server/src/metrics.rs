@@ -12,8 +12,9 @@ const BUCKETS: [f64; 14] = [
     0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.6, 1.0,
 ];
 
-/// A latency histogram over [`BUCKETS`]: relaxed atomic adds only, so recording never blocks or
-/// allocates, and a scrape sees each counter exact (the buckets of one frame may be seen apart).
+/// A latency histogram over fixed buckets (2.5 ms to 1 s, and above): relaxed atomic adds only, so
+/// recording never blocks or allocates, and a scrape sees each counter exact (the buckets of one
+/// frame may be seen apart).
 #[derive(Debug, Default)]
 pub struct Histogram {
     /// Observations per bucket, not cumulative (index `BUCKETS.len()`: above the last bound).

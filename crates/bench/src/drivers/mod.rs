@@ -9,15 +9,15 @@
 //!   Roofline = (streamed weight bytes + KV bytes read at P) ÷ read-probe bandwidth measured in
 //!   the same round and thread count. With `--device gpu` (`--gpu N`): the frame on the adapter as
 //!   one sampled step (one submission), against a device copy kernel's bandwidth measured in the
-//!   same round, with the dispatches and submissions per frame ([`on_gpu`]).
+//!   same round, with the dispatches and submissions per frame (`on_gpu.rs`).
 //! * `mimi`: streaming encode and decode, ms per 80 ms frame. With `--device gpu`: the codec on
 //!   the adapter, one submission per direction, with its dispatches per frame and the device copy
-//!   kernel's bandwidth as a weights-only roofline ([`on_gpu`]).
+//!   kernel's bandwidth as a weights-only roofline (`on_gpu.rs`).
 //! * `duplex`: the product frame pass (a [`runtime::Session`] on its [`runtime::SessionRunner`] worker
 //!   thread, fed through its input ring, answered through its event queue), per phase, next to the LM
 //!   frame and the Mimi encode + decode timed alone in the same rounds: the overhead ratio.
 //! * `stt`: the speech-to-text tick of N streams (one batched 32-codebook Mimi encode + one STT
-//!   step), batched against one stream at a time, and the real-time streams ([`stt`]).
+//!   step), batched against one stream at a time, and the real-time streams (`stt.rs`).
 //!
 //! Noise handling (2 shared vCPUs): every round runs each thread count once, interleaved, with the
 //! read probe re-measured right before the timed frames; medians and min–max over rounds are

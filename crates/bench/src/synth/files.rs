@@ -123,7 +123,7 @@ pub struct Inventory {
     pub file_len: u64,
 }
 
-/// The inventory of the LM file [`write_bundle`] writes for `cfg` in `format`.
+/// The inventory of the LM file [`super::write_bundle`] writes for `cfg` in `format`.
 pub fn lm_inventory(cfg: &LmConfig, format: SynthFormat) -> Inventory {
     let outs = lm_outputs(cfg, format);
     let infos: Infos<'_> = outs.iter().flat_map(expand).collect();
