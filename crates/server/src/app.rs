@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Component, Path, PathBuf};
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -342,16 +342,7 @@ pub fn run_blocking_on(
     config: ServeConfig,
     backend: Arc<dyn Backend>,
 ) -> Result<(), ServerError> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(WORKER_THREADS)
-        .enable_all()
-        .thread_name("moshi-http")
-        .build()
-        .map_err(|source| ServerError::Io {
-            context: "starting tokio".into(),
-            source,
-        })?;
-    rt.block_on(async move {
+    block_on_http(async move {
         let server = Server::on(listener, config, backend)?;
         server.run_until(shutdown_signal()).await
     })
@@ -365,6 +356,18 @@ pub fn run_blocking_asr(
     backend: Option<Arc<dyn Backend>>,
     asr: Arc<crate::asr::AsrService>,
 ) -> Result<(), ServerError> {
+    let chat = backend.is_some();
+    let backend = backend.unwrap_or_else(|| Arc::new(crate::asr::NoChat));
+    block_on_http(async move {
+        let server = Server::on(listener, config, backend)?.with_asr(asr, chat);
+        server.run_until(shutdown_signal()).await
+    })
+}
+
+/// Runs `serve` to its end on a multi-threaded tokio runtime of [`WORKER_THREADS`] threads.
+fn block_on_http(
+    serve: impl std::future::Future<Output = Result<(), ServerError>>,
+) -> Result<(), ServerError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(WORKER_THREADS)
         .enable_all()
@@ -374,13 +377,7 @@ pub fn run_blocking_asr(
             context: "starting tokio".into(),
             source,
         })?;
-    let chat = backend.is_some();
-    let backend = backend.unwrap_or_else(|| Arc::new(crate::asr::NoChat));
-    let served = rt.block_on(async move {
-        let server = Server::on(listener, config, backend)?.with_asr(asr.clone(), chat);
-        server.run_until(shutdown_signal()).await
-    });
-    served
+    rt.block_on(serve)
 }
 
 fn router(state: Arc<AppState>) -> Router {
@@ -467,21 +464,15 @@ async fn chat(
     RawQuery(query): RawQuery,
     State(state): State<Arc<AppState>>,
 ) -> Response {
-    // The token is checked before the upgrade: a refused client costs no model work.
-    if let Some(token) = &state.auth_token {
-        if !is_authorized(token, &headers, query.as_deref()) {
-            state.metrics.unauthorized.fetch_add(1, Relaxed);
-            return (
-                StatusCode::UNAUTHORIZED,
-                [(header::WWW_AUTHENTICATE, "Bearer")],
-                "missing or wrong token (Authorization: Bearer, or worker_auth_id)\n",
-            )
-                .into_response();
-        }
-    }
-    let ws = match ws {
+    let ws = match checked_upgrade(
+        ws,
+        &state,
+        |token| is_authorized(token, &headers, query.as_deref()),
+        &state.metrics.unauthorized,
+        "missing or wrong token (Authorization: Bearer, or worker_auth_id)\n",
+    ) {
         Ok(ws) => ws,
-        Err(rejection) => return rejection.into_response(),
+        Err(refused) => return refused,
     };
     // Behind a proxy the socket's peer is the proxy: the logs name the client it forwarded.
     let peer = match headers
@@ -493,9 +484,37 @@ async fn chat(
         Some(client) => format!("{} via {peer}", client.trim()),
         None => peer.to_string(),
     };
-    ws.max_message_size(MAX_MESSAGE_BYTES)
-        .max_frame_size(MAX_MESSAGE_BYTES)
-        .on_upgrade(move |socket| crate::ws::handle_socket(socket, query, state, peer))
+    ws.on_upgrade(move |socket| crate::ws::handle_socket(socket, query, state, peer))
+}
+
+/// What both WebSocket routes check before the upgrade, so that a refused client costs no model
+/// work: the token, when the server has one (`authorized` accepts it where the route's clients put
+/// it; a refusal counts in `refused` and answers 401 with `hint`), then the upgrade request itself.
+/// The upgrade comes back with the message size limits set.
+// The refusal goes straight back to axum, once per refused request: boxing it would buy nothing.
+#[allow(clippy::result_large_err)]
+fn checked_upgrade(
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+    state: &AppState,
+    authorized: impl FnOnce(&str) -> bool,
+    refused: &AtomicU64,
+    hint: &'static str,
+) -> Result<WebSocketUpgrade, Response> {
+    if let Some(token) = &state.auth_token {
+        if !authorized(token) {
+            refused.fetch_add(1, Relaxed);
+            return Err((
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Bearer")],
+                hint,
+            )
+                .into_response());
+        }
+    }
+    let ws = ws.map_err(IntoResponse::into_response)?;
+    Ok(ws
+        .max_message_size(MAX_MESSAGE_BYTES)
+        .max_frame_size(MAX_MESSAGE_BYTES))
 }
 
 /// `/api/asr-streaming`: the token (Kyutai's header or query parameter, or `/api/chat`'s) is checked
@@ -510,25 +529,18 @@ async fn asr_streaming(
     let Some(asr) = state.asr.clone() else {
         return StatusCode::NOT_FOUND.into_response();
     };
-    if let Some(token) = &state.auth_token {
-        if !crate::asr::asr_authorized(token, &headers, query.as_deref()) {
-            state.metrics.stt.unauthorized.fetch_add(1, Relaxed);
-            return (
-                StatusCode::UNAUTHORIZED,
-                [(header::WWW_AUTHENTICATE, "Bearer")],
-                "missing or wrong token (kyutai-api-key, auth_id, Authorization: Bearer or worker_auth_id)\n",
-            )
-                .into_response();
-        }
-    }
-    let ws = match ws {
+    let ws = match checked_upgrade(
+        ws,
+        &state,
+        |token| crate::asr::asr_authorized(token, &headers, query.as_deref()),
+        &state.metrics.stt.unauthorized,
+        "missing or wrong token (kyutai-api-key, auth_id, Authorization: Bearer or worker_auth_id)\n",
+    ) {
         Ok(ws) => ws,
-        Err(rejection) => return rejection.into_response(),
+        Err(refused) => return refused,
     };
     let peer = peer.to_string();
-    ws.max_message_size(MAX_MESSAGE_BYTES)
-        .max_frame_size(MAX_MESSAGE_BYTES)
-        .on_upgrade(move |socket| crate::asr::handle_socket(socket, state, asr, peer))
+    ws.on_upgrade(move |socket| crate::asr::handle_socket(socket, state, asr, peer))
 }
 
 /// Readiness for a load balancer: 200 while a conversation would be admitted at once (a slot is

@@ -17,7 +17,7 @@ use model::stt::{SttEvent, SttModel, SttStream};
 use model::text::SentencePiece;
 use server::asr::AsrService;
 use server::asr_protocol::{parse_client, AsrClientMessage};
-use server::{ServeConfig, Server};
+use server::ServeConfig;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
@@ -170,31 +170,8 @@ async fn kyutai_stt_client_recording_is_transcribed_and_its_marker_echoed() {
     let due = plan.prefix_frames + before_marker / 1920 + plan.delay_tokens;
     assert!(due < reference.len());
 
-    let runner = runtime::SttRunner::spawn(
-        model.clone(),
-        runtime::SttRunnerOptions {
-            slots: 2,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let asr = Arc::new(AsrService::new(runner, spm, "demo-stt".into()));
-    let config = ServeConfig {
-        host: "127.0.0.1".into(),
-        port: 0,
-        auth_token: Some(TOKEN.into()),
-        ..Default::default()
-    };
-    let srv = Server::bind(config, Arc::new(server::asr::NoChat))
-        .await
-        .unwrap()
-        .with_asr(asr.clone(), false);
-    let addr = srv.local_addr();
-    let metrics = srv.metrics();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let done = tokio::spawn(srv.run_until(async {
-        let _ = stop_rx.await;
-    }));
+    let (srv, asr) = stt_server(model.clone(), spm, 2, ServeConfig::default().max_queue).await;
+    let (addr, metrics) = (srv.addr, srv.metrics.clone());
 
     let mut req = format!("ws://{addr}/api/asr-streaming")
         .into_client_request()
@@ -328,8 +305,7 @@ async fn kyutai_stt_client_recording_is_transcribed_and_its_marker_echoed() {
     );
     assert!(text.contains("moshi_stt_markers_total 1"), "{text}");
     assert!(text.contains("moshi_stt_streams_total 1"), "{text}");
-    let _ = stop_tx.send(());
-    done.await.unwrap().unwrap();
+    srv.shutdown().await.unwrap();
     asr.stop();
 }
 
@@ -338,6 +314,34 @@ fn model_text(bundle: &Bundle, tokens: &[u32]) -> String {
         .unwrap()
         .decode(tokens)
         .unwrap()
+}
+
+/// A loopback server of the speech-to-text route only (no `/api/chat`), with the token, over a
+/// runner of `slots` streams of `model` and `max_queue` waiting places.
+async fn stt_server(
+    model: Arc<SttModel>,
+    spm: SentencePiece,
+    slots: usize,
+    max_queue: usize,
+) -> (common::Running, Arc<AsrService>) {
+    let runner = runtime::SttRunner::spawn(
+        model,
+        runtime::SttRunnerOptions {
+            slots,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let asr = Arc::new(AsrService::new(runner, spm, "demo-stt".into()));
+    let config = ServeConfig {
+        auth_token: Some(TOKEN.into()),
+        max_queue,
+        ..Default::default()
+    };
+    let srv = common::bind(config, Arc::new(server::asr::NoChat))
+        .await
+        .with_asr(asr.clone(), false);
+    (common::launch(srv), asr)
 }
 
 /// The route's door: a wrong or missing token gets HTTP 401 before any model work, `?auth_id=` is
@@ -349,31 +353,8 @@ async fn auth_readiness_and_a_full_server() {
     let bundle = Bundle::open(&dir).unwrap();
     let model = Arc::new(SttModel::load(&bundle, &kernels::Pool::new(1)).unwrap());
     let spm = SentencePiece::load(&bundle.files.tokenizer).unwrap();
-    let runner = runtime::SttRunner::spawn(
-        model,
-        runtime::SttRunnerOptions {
-            slots: 1,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let asr = Arc::new(AsrService::new(runner, spm, "demo-stt".into()));
-    let config = ServeConfig {
-        host: "127.0.0.1".into(),
-        port: 0,
-        auth_token: Some(TOKEN.into()),
-        max_queue: 0,
-        ..Default::default()
-    };
-    let srv = Server::bind(config, Arc::new(server::asr::NoChat))
-        .await
-        .unwrap()
-        .with_asr(asr.clone(), false);
-    let addr = srv.local_addr();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let done = tokio::spawn(srv.run_until(async {
-        let _ = stop_rx.await;
-    }));
+    let (srv, asr) = stt_server(model, spm, 1, 0).await;
+    let addr = srv.addr;
     let readyz = || async {
         let (status, body) = common::http_get(addr, "/readyz").await;
         (status, body)
@@ -419,7 +400,6 @@ async fn auth_readiness_and_a_full_server() {
     }
     assert_eq!(code, Some(1013));
     drop(first);
-    let _ = stop_tx.send(());
-    done.await.unwrap().unwrap();
+    srv.shutdown().await.unwrap();
     asr.stop();
 }

@@ -141,7 +141,7 @@ async fn converse_lockstep(mut ws: Ws, frames: usize, browser: bool) -> Received
         let deadline = tokio::time::Instant::now() + ANSWER_WAIT;
         while r.audio_messages == audio_before {
             match tokio::time::timeout_at(deadline, ws.next()).await {
-                Ok(Some(Ok(m))) => collect(&mut r, m),
+                Ok(Some(Ok(m))) => r.add(m),
                 Ok(_) => panic!("frame {i}: the connection ended before its answer ({r:?})"),
                 Err(_) => panic!("frame {i}: no audio answer in {ANSWER_WAIT:?}"),
             }
@@ -152,35 +152,12 @@ async fn converse_lockstep(mut ws: Ws, frames: usize, browser: bool) -> Received
     let deadline = tokio::time::Instant::now() + ANSWER_WAIT;
     while !r.closed {
         match tokio::time::timeout_at(deadline, ws.next()).await {
-            Ok(Some(Ok(m))) => collect(&mut r, m),
+            Ok(Some(Ok(m))) => r.add(m),
             Ok(_) => r.closed = true,
             Err(_) => panic!("no close from the server in {ANSWER_WAIT:?}"),
         }
     }
     r
-}
-
-/// Adds one server message to `r` (keep-alive pings of kind 6 and metadata are not counted).
-fn collect(r: &mut Received, m: Message) {
-    match m {
-        Message::Binary(b) => {
-            r.message_bytes += b.len();
-            match b.first() {
-                Some(1) => {
-                    r.audio_messages += 1;
-                    r.audio_bytes.extend_from_slice(&b[1..]);
-                }
-                Some(2) => {
-                    r.text_messages += 1;
-                    r.text.push_str(&String::from_utf8_lossy(&b[1..]));
-                }
-                Some(5) => r.errors.push(String::from_utf8_lossy(&b[1..]).into_owned()),
-                _ => {}
-            }
-        }
-        Message::Close(_) => r.closed = true,
-        _ => {}
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -70,13 +70,24 @@ pub fn cfg(max_sessions: usize, max_queue: usize) -> ServeConfig {
     }
 }
 
+/// A server of `backend` with `config` on loopback (a port the system picks), running until
+/// [`Running::shutdown`].
 pub async fn start(config: ServeConfig, backend: Arc<dyn Backend>) -> Running {
+    launch(bind(config, backend).await)
+}
+
+/// `config` bound on loopback, on a port the system picks, not yet serving.
+pub async fn bind(config: ServeConfig, backend: Arc<dyn Backend>) -> Server {
     let config = ServeConfig {
         host: "127.0.0.1".into(),
         port: 0,
         ..config
     };
-    let server = Server::bind(config, backend).await.expect("bind");
+    Server::bind(config, backend).await.expect("bind")
+}
+
+/// Runs a bound server until [`Running::shutdown`].
+pub fn launch(server: Server) -> Running {
     let addr = server.local_addr();
     let metrics = server.metrics();
     let (tx, rx) = oneshot::channel::<()>();
@@ -326,6 +337,33 @@ pub struct Received {
     pub closed: bool,
 }
 
+impl Received {
+    /// Adds one server message (keep-alive pings of kind 6 and metadata are not counted).
+    pub fn add(&mut self, m: Message) {
+        match m {
+            Message::Binary(b) => {
+                self.message_bytes += b.len();
+                match b.first() {
+                    Some(1) => {
+                        self.audio_messages += 1;
+                        self.audio_bytes.extend_from_slice(&b[1..]);
+                    }
+                    Some(2) => {
+                        self.text_messages += 1;
+                        self.text.push_str(&String::from_utf8_lossy(&b[1..]));
+                    }
+                    Some(5) => self
+                        .errors
+                        .push(String::from_utf8_lossy(&b[1..]).into_owned()),
+                    _ => {}
+                }
+            }
+            Message::Close(_) => self.closed = true,
+            _ => {}
+        }
+    }
+}
+
 /// [`converse`] with Python-client framing and a 300 ms tail.
 pub async fn converse_briefly(ws: Ws, frames: usize, pace: Duration) -> Received {
     converse(ws, frames, pace, false, Duration::from_millis(300)).await
@@ -358,26 +396,11 @@ pub async fn converse_until(
         let mut r = Received::default();
         while let Some(m) = rx.next().await {
             match m {
-                Ok(Message::Binary(b)) => {
-                    r.message_bytes += b.len();
-                    match b.first() {
-                        Some(1) => {
-                            r.audio_messages += 1;
-                            r.audio_bytes.extend_from_slice(&b[1..]);
-                        }
-                        Some(2) => {
-                            r.text_messages += 1;
-                            r.text.push_str(&String::from_utf8_lossy(&b[1..]));
-                        }
-                        Some(5) => r.errors.push(String::from_utf8_lossy(&b[1..]).into_owned()),
-                        _ => {}
-                    }
-                }
-                Ok(Message::Close(_)) | Err(_) => {
-                    r.closed = true;
-                    break;
-                }
-                Ok(_) => {}
+                Ok(m) => r.add(m),
+                Err(_) => r.closed = true,
+            }
+            if r.closed {
+                break;
             }
         }
         r
