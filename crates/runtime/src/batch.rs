@@ -364,7 +364,7 @@ impl Worker {
         n: usize,
         kv_capacity: Option<usize>,
     ) -> Result<(Worker, Arc<Shared>, Sender<Join>), RuntimeError> {
-        let compute = engine.compute();
+        let compute = engine.workers();
         let stepper = Stepper::new(engine, &compute, n, kv_capacity)?;
         let codec = engine.batch_codec_backend(&compute, n)?;
         let nq = codec.n_codebooks();

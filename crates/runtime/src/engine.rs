@@ -125,30 +125,183 @@ impl EngineOptions {
     }
 }
 
-/// The compute context of one driver (a session, or a batch of them): what its LM backend and its codec
-/// backends share. On the CPU, the worker pool (on the GPU device the pool is unused by the model: the
-/// device state of the LM and of the codecs is created per driver by [`Engine::lm_backend`],
-/// [`Engine::codec_backend`] and [`Engine::batch_codec_backend`] over the engine's uploaded weights).
+/// The compute context of one driver (a session, or a batch of them): the worker pool its LM backend and
+/// its codec backends share (on a device that runs the model itself, the pool serves the driver's host
+/// work only). The device state of the backends is made per driver from the engine's [`Compute`].
+pub(crate) struct Workers(pub(crate) Arc<Pool>);
+
+/// The device an engine computes on, chosen once when the engine is opened: that device's handles on the
+/// LM and codec weights, from which every driver's backends are made. Each per-device choice of the runtime
+/// is one `match` on this value (or, before it exists, on [`Device`] in [`Compute::open`]); a new device is
+/// a new variant and one arm in each (see `docs/ARCHITECTURE.md`, "Adding a device").
+#[derive(Clone)]
 pub(crate) enum Compute {
-    Cpu(Arc<Pool>),
+    /// The CPU: the engine's own [`LmModel`] and [`Mimi`], split over each driver's pool.
+    Cpu,
+    /// A GPU: the weights uploaded once to its context, shared by every driver of the engine.
+    #[cfg(feature = "gpu")]
+    Gpu(Arc<GpuResident>),
+}
+
+/// The weights one GPU context holds for an engine (or for a speech-to-text step: [`crate::stt_batch`]).
+#[cfg(feature = "gpu")]
+pub(crate) struct GpuResident {
+    lm: Arc<gpu::GpuLmWeights>,
+    /// Mimi on the device; `None` for the speech-to-text step, whose 32-codebook encoder runs on the CPU.
+    mimi: Option<Arc<gpu::GpuMimiWeights>>,
+}
+
+impl Compute {
+    /// Opens `device` for `lm` and (when given) `mimi`: on a GPU, on the context `ctx` the caller
+    /// opened or else on a new one for the device's adapter, uploading the weights once.
+    pub(crate) fn open(
+        device: Device,
+        lm: &LmModel,
+        mimi: Option<&Arc<Mimi>>,
+        ctx: Option<OpenedGpu>,
+    ) -> Result<Compute, RuntimeError> {
+        match device {
+            Device::Cpu { .. } => Ok(Compute::Cpu),
+            #[cfg(feature = "gpu")]
+            Device::Gpu { adapter, .. } => {
+                let ctx = match ctx {
+                    Some(c) => c,
+                    None => gpu::GpuContext::new(
+                        gpu::AdapterChoice::Gpu(adapter),
+                        gpu::GpuOptions::default(),
+                    )?,
+                };
+                let lm = gpu::GpuLmWeights::upload(&ctx, lm)?;
+                let mimi = match mimi {
+                    Some(m) => Some(gpu::GpuMimiWeights::upload(&ctx, m.clone())?),
+                    None => None,
+                };
+                Ok(Compute::Gpu(Arc::new(GpuResident { lm, mimi })))
+            }
+            #[cfg(not(feature = "gpu"))]
+            Device::Gpu { .. } => {
+                let _ = (lm, mimi, ctx);
+                Err(RuntimeError::Device(
+                    "this build has no GPU support (hint: build with the runtime's `gpu` feature, as \
+                     the moshi-native binary is, or use the CPU)"
+                        .into(),
+                ))
+            }
+        }
+    }
+
+    /// This compute for options naming `device` ([`Engine::with_options`]): the weights stay where they
+    /// are, so a GPU engine may run on the CPU (it keeps the CPU weights) but not the other way round.
+    fn for_device(&self, device: &Device) -> Option<Compute> {
+        match (self, device) {
+            (_, Device::Cpu { .. }) => Some(Compute::Cpu),
+            #[cfg(feature = "gpu")]
+            (Compute::Gpu(_), Device::Gpu { .. }) => Some(self.clone()),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+
+    /// The adapter the model runs on, for logs (`None` on the CPU).
+    fn adapter(&self) -> Option<String> {
+        match self {
+            Compute::Cpu => None,
+            #[cfg(feature = "gpu")]
+            Compute::Gpu(g) => Some(g.lm.context().adapter().to_string()),
+        }
+    }
+
+    /// The LM backend of `rows` rows of `lm` (the CPU model the device was opened for), KV caches in
+    /// `kv_dtype`; `kv_capacity` (CPU only) shortens the temporal KV caches below the model's context
+    /// (see `CpuLm::with_kv_capacity`).
+    pub(crate) fn lm_backend(
+        &self,
+        lm: &Arc<LmModel>,
+        rows: usize,
+        kv_dtype: KvDtype,
+        kv_capacity: Option<usize>,
+        workers: &Workers,
+    ) -> Result<Box<dyn LmBackend>, RuntimeError> {
+        match self {
+            Compute::Cpu => {
+                let (lm, pool) = (lm.clone(), workers.0.clone());
+                let backend = match kv_capacity {
+                    Some(c) => CpuLm::with_kv_capacity(lm, rows, kv_dtype, c, pool),
+                    None => CpuLm::new(lm, rows, kv_dtype, pool),
+                };
+                Ok(Box::new(
+                    backend.map_err(|e| RuntimeError::Model(e.to_string()))?,
+                ))
+            }
+            #[cfg(feature = "gpu")]
+            Compute::Gpu(g) => {
+                let opts = gpu::GpuLmOptions {
+                    kv_dtype,
+                    ..Default::default()
+                };
+                Ok(Box::new(gpu::GpuLm::with_options(
+                    g.lm.clone(),
+                    rows,
+                    opts,
+                )?))
+            }
+        }
+    }
+
+    /// The codec of one conversation over `mimi` (its streaming state allocated here).
+    fn codec_backend(
+        &self,
+        mimi: &Arc<Mimi>,
+        workers: &Workers,
+    ) -> Result<Box<dyn CodecBackend>, RuntimeError> {
+        match self {
+            Compute::Cpu => Ok(Box::new(CpuMimi::new(mimi.clone(), workers.0.clone()))),
+            #[cfg(feature = "gpu")]
+            Compute::Gpu(g) => Ok(Box::new(gpu::GpuMimi::new(g.mimi()?)?)),
+        }
+    }
+
+    /// The codec of a batch driver with `slots` conversation slots (every slot's streams, coded together:
+    /// on a GPU one submission per tick and direction).
+    fn batch_codec_backend(
+        &self,
+        mimi: &Arc<Mimi>,
+        slots: usize,
+        workers: &Workers,
+    ) -> Result<Box<dyn BatchCodecBackend>, RuntimeError> {
+        match self {
+            Compute::Cpu => Ok(Box::new(CpuMimiBatch::new(
+                mimi.clone(),
+                slots,
+                workers.0.clone(),
+            ))),
+            #[cfg(feature = "gpu")]
+            Compute::Gpu(g) => Ok(Box::new(gpu::GpuMimiBatch::new(g.mimi()?, slots)?)),
+        }
+    }
+}
+
+#[cfg(feature = "gpu")]
+impl GpuResident {
+    fn mimi(&self) -> Result<Arc<gpu::GpuMimiWeights>, RuntimeError> {
+        self.mimi.clone().ok_or_else(|| {
+            RuntimeError::Device("this GPU context holds no Mimi weights (an LM-only step)".into())
+        })
+    }
 }
 
 /// The resident weight image: LM, Mimi and (optionally) the SentencePiece tokenizer of one bundle.
 ///
 /// Opened once, immutable, shared by any number of sessions through `Arc`. It owns no threads: every
-/// [`crate::Session`] (and every [`crate::BatchRunner`]) gets its own compute context from
+/// [`crate::Session`] (and every [`crate::BatchRunner`]) gets its own worker pool from
 /// [`EngineOptions::device`], so concurrent sessions never contend on a pool.
 pub struct Engine {
     lm: Arc<LmModel>,
     mimi: Arc<Mimi>,
     tokenizer: Option<Arc<SentencePiece>>,
     opts: EngineOptions,
-    /// The LM weights on the GPU ([`Device::Gpu`]).
-    #[cfg(feature = "gpu")]
-    gpu_lm: Option<Arc<gpu::GpuLmWeights>>,
-    /// The Mimi weights on the GPU ([`Device::Gpu`]), on the LM's device.
-    #[cfg(feature = "gpu")]
-    gpu_mimi: Option<Arc<gpu::GpuMimiWeights>>,
+    /// The device the sessions compute on, opened from `opts.device`.
+    compute: Compute,
 }
 
 impl std::fmt::Debug for Engine {
@@ -249,41 +402,13 @@ impl Engine {
                 crate::FRAME_SIZE
             )));
         }
-        #[cfg(feature = "gpu")]
-        let (gpu_lm, gpu_mimi) = match opts.device {
-            Device::Gpu { adapter, .. } => {
-                let ctx = match ctx {
-                    Some(c) => c,
-                    None => gpu::GpuContext::new(
-                        gpu::AdapterChoice::Gpu(adapter),
-                        gpu::GpuOptions::default(),
-                    )?,
-                };
-                let lm_w = gpu::GpuLmWeights::upload(&ctx, &lm)?;
-                let mimi_w = gpu::GpuMimiWeights::upload(&ctx, mimi.clone())?;
-                (Some(lm_w), Some(mimi_w))
-            }
-            Device::Cpu { .. } => (None, None),
-        };
-        #[cfg(not(feature = "gpu"))]
-        let _ = ctx;
-        #[cfg(not(feature = "gpu"))]
-        if let Device::Gpu { .. } = opts.device {
-            return Err(RuntimeError::Device(
-                "this build has no GPU support (hint: build with the runtime's `gpu` feature, as the \
-                 moshi-native binary is, or use the CPU)"
-                    .into(),
-            ));
-        }
+        let compute = Compute::open(opts.device, &lm, Some(&mimi), ctx)?;
         Ok(Arc::new(Engine {
             lm: Arc::new(lm),
             mimi,
             tokenizer,
             opts,
-            #[cfg(feature = "gpu")]
-            gpu_lm,
-            #[cfg(feature = "gpu")]
-            gpu_mimi,
+            compute,
         }))
     }
 
@@ -294,40 +419,23 @@ impl Engine {
         if opts.device.threads() == 0 {
             return Err(RuntimeError::InvalidOption("threads must be >= 1".into()));
         }
-        #[cfg(feature = "gpu")]
-        let (gpu_lm, gpu_mimi) = match opts.device {
-            Device::Gpu { .. } if self.gpu_lm.is_none() => {
-                return Err(RuntimeError::InvalidOption(
-                    "with_options cannot move an engine to the GPU: open it with Device::Gpu"
-                        .into(),
-                ))
-            }
-            Device::Gpu { .. } => (self.gpu_lm.clone(), self.gpu_mimi.clone()),
-            Device::Cpu { .. } => (None, None),
+        let Some(compute) = self.compute.for_device(&opts.device) else {
+            return Err(RuntimeError::InvalidOption(
+                "with_options cannot move an engine to the GPU: open it with Device::Gpu".into(),
+            ));
         };
-        #[cfg(not(feature = "gpu"))]
-        if let Device::Gpu { .. } = opts.device {
-            return Err(RuntimeError::Device("this build has no GPU support".into()));
-        }
         Ok(Arc::new(Engine {
             lm: self.lm.clone(),
             mimi: self.mimi.clone(),
             tokenizer: self.tokenizer.clone(),
             opts,
-            #[cfg(feature = "gpu")]
-            gpu_lm,
-            #[cfg(feature = "gpu")]
-            gpu_mimi,
+            compute,
         }))
     }
 
     /// The GPU adapter the LM runs on (`None` on the CPU).
     pub fn gpu_adapter(&self) -> Option<String> {
-        #[cfg(feature = "gpu")]
-        if let Some(w) = &self.gpu_lm {
-            return Some(w.context().adapter().to_string());
-        }
-        None
+        self.compute.adapter()
     }
 
     /// The options the engine was opened with.
@@ -350,79 +458,37 @@ impl Engine {
         self.tokenizer.as_ref()
     }
 
-    /// A fresh compute context for one driver.
-    pub(crate) fn compute(&self) -> Compute {
-        match self.opts.device {
-            Device::Cpu { threads } | Device::Gpu { threads, .. } => {
-                Compute::Cpu(Arc::new(Pool::new(threads)))
-            }
-        }
+    /// A fresh worker pool for one driver.
+    pub(crate) fn workers(&self) -> Workers {
+        Workers(Arc::new(Pool::new(self.opts.device.threads())))
     }
 
     /// The LM backend of a driver with `rows` conversation slots; `kv_capacity` (CPU only) shortens
     /// its temporal KV caches below the model's context (see `CpuLm::with_kv_capacity`).
     pub(crate) fn lm_backend(
         &self,
-        compute: &Compute,
+        workers: &Workers,
         rows: usize,
         kv_capacity: Option<usize>,
     ) -> Result<Box<dyn LmBackend>, RuntimeError> {
-        #[cfg(feature = "gpu")]
-        if let Some(w) = &self.gpu_lm {
-            // The engine's KV element type holds on the device too (bf16: half the bytes).
-            let opts = gpu::GpuLmOptions {
-                kv_dtype: self.opts.kv_dtype,
-                ..Default::default()
-            };
-            return Ok(Box::new(gpu::GpuLm::with_options(w.clone(), rows, opts)?));
-        }
-        match compute {
-            Compute::Cpu(pool) => {
-                let (lm, kv, pool) = (self.lm.clone(), self.opts.kv_dtype, pool.clone());
-                let backend = match kv_capacity {
-                    Some(c) => CpuLm::with_kv_capacity(lm, rows, kv, c, pool),
-                    None => CpuLm::new(lm, rows, kv, pool),
-                };
-                Ok(Box::new(
-                    backend.map_err(|e| RuntimeError::Model(e.to_string()))?,
-                ))
-            }
-        }
+        self.compute
+            .lm_backend(&self.lm, rows, self.opts.kv_dtype, kv_capacity, workers)
     }
 
-    /// The codec backend of one conversation: on the GPU device, Mimi on the device (its streaming state
-    /// allocated here).
+    /// The codec backend of one conversation (its streaming state allocated here).
     pub(crate) fn codec_backend(
         &self,
-        compute: &Compute,
+        workers: &Workers,
     ) -> Result<Box<dyn CodecBackend>, RuntimeError> {
-        #[cfg(feature = "gpu")]
-        if let Some(w) = &self.gpu_mimi {
-            return Ok(Box::new(gpu::GpuMimi::new(w.clone())?));
-        }
-        match compute {
-            Compute::Cpu(pool) => Ok(Box::new(CpuMimi::new(self.mimi.clone(), pool.clone()))),
-        }
+        self.compute.codec_backend(&self.mimi, workers)
     }
 
-    /// The codec of a batch driver with `slots` conversation slots (every slot's streams, coded together):
-    /// on the GPU device, every slot's Mimi streams on the device (`gpu::GpuMimiBatch`, its state
-    /// allocated here; one submission per tick and direction).
+    /// The codec of a batch driver with `slots` conversation slots (every slot's streams, coded together).
     pub(crate) fn batch_codec_backend(
         &self,
-        compute: &Compute,
+        workers: &Workers,
         slots: usize,
     ) -> Result<Box<dyn BatchCodecBackend>, RuntimeError> {
-        #[cfg(feature = "gpu")]
-        if let Some(w) = &self.gpu_mimi {
-            return Ok(Box::new(gpu::GpuMimiBatch::new(w.clone(), slots)?));
-        }
-        match compute {
-            Compute::Cpu(pool) => Ok(Box::new(CpuMimiBatch::new(
-                self.mimi.clone(),
-                slots,
-                pool.clone(),
-            ))),
-        }
+        self.compute.batch_codec_backend(&self.mimi, slots, workers)
     }
 }

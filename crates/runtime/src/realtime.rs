@@ -79,7 +79,7 @@ pub fn probe(engine: &Arc<Engine>, rows: usize, passes: usize) -> Result<Probe, 
     let start = time_passes(engine, passes)?;
     let rows = rows.max(1);
     let passes = passes.max(1);
-    let compute = engine.compute();
+    let compute = engine.workers();
     let mut st = Stepper::new(engine, &compute, rows, None)?;
     let codes = [0u32; crate::N_AUDIO];
     // One LM step of rows 0..n; a row's sampling error is an error here too.

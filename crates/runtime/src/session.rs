@@ -7,7 +7,7 @@ use model::sampling::SamplerConfig;
 
 use crate::control::SessionControl;
 use crate::conversation::{micros, Conversation};
-use crate::engine::Compute;
+use crate::engine::Workers;
 use crate::events::{Counters, FrameEvent, FrameTimings, Step};
 use crate::inlet::Inlet;
 use crate::ring::{FrameRing, PcmProducer, PushReport};
@@ -56,8 +56,8 @@ impl Default for SessionOptions {
 pub struct Session {
     conv: Conversation,
     stepper: Stepper,
-    /// The compute context the LM and codec backends share.
-    compute: Compute,
+    /// The worker pool the LM and codec backends share.
+    compute: Workers,
     producer: Option<PcmProducer>,
     opts: SessionOptions,
 }
@@ -101,7 +101,7 @@ impl Session {
                 "max_queued_frames must be >= 1".into(),
             ));
         }
-        let compute = engine.compute();
+        let compute = engine.workers();
         let mut stepper = Stepper::new(&engine, &compute, 1, kv_capacity)?;
         stepper.set_sampler(0, new_sampler(&engine, opts.sampling.clone())?);
         let ring = FrameRing::new(opts.max_queued_frames);
@@ -131,9 +131,7 @@ impl Session {
 
     /// Threads this session computes on (Mimi and the LM share them).
     pub fn threads(&self) -> usize {
-        match &self.compute {
-            Compute::Cpu(pool) => pool.n_threads(),
-        }
+        self.compute.0.n_threads()
     }
 
     /// Take the producer end of the input queue (once) to push from another thread.
@@ -426,8 +424,7 @@ mod tests {
             ..Default::default()
         };
         let mut s = Session::new(engine, opts).unwrap();
-        let Compute::Cpu(pool) = &s.compute;
-        let pool = pool.clone();
+        let pool = s.compute.0.clone();
         assert_eq!(pool.n_threads(), 2);
         let marks = Arc::new(Mutex::new(Vec::new()));
         let (m, p) = (marks.clone(), pool.clone());

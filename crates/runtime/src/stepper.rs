@@ -13,7 +13,7 @@ use model::lm::{Generator, LmBackend, LmError, LmFrame, LmObserver};
 use model::sampling::{Sampler, SamplerConfig, SamplingError};
 
 use crate::conversation::{micros as us, Conversation};
-use crate::engine::Compute;
+use crate::engine::Workers;
 use crate::events::{FrameTimings, StopReason};
 use crate::inlet::Begin;
 use crate::{Engine, RuntimeError, N_AUDIO};
@@ -114,7 +114,7 @@ impl Stepper {
     /// `kv_capacity`: see [`Engine::lm_backend`].
     pub(crate) fn new(
         engine: &Engine,
-        compute: &Compute,
+        compute: &Workers,
         rows: usize,
         kv_capacity: Option<usize>,
     ) -> Result<Stepper, RuntimeError> {

@@ -30,10 +30,11 @@ use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
 use kernels::Pool;
-use model::lm::{CpuLm, KvDtype, LmBackend};
+use model::lm::{KvDtype, LmBackend};
 use model::mimi::MimiBatchEncoder;
 use model::stt::{SttBatch, SttEvent, SttModel, MAX_EXTRA_HEADS};
 
+use crate::engine::{Compute, Workers};
 use crate::ring::{FrameRing, PcmProducer, PushReport};
 use crate::{Device, RuntimeError, FRAME_SIZE};
 
@@ -80,32 +81,8 @@ pub fn stt_batch(
     device: Device,
     pool: Arc<Pool>,
 ) -> Result<SttBatch<dyn LmBackend>, RuntimeError> {
-    let backend: Box<dyn LmBackend> = match device {
-        Device::Cpu { .. } => Box::new(
-            CpuLm::new(model.lm().clone(), rows, kv_dtype, pool)
-                .map_err(|e| RuntimeError::Model(e.to_string()))?,
-        ),
-        #[cfg(feature = "gpu")]
-        Device::Gpu { adapter, .. } => {
-            let ctx =
-                gpu::GpuContext::new(gpu::AdapterChoice::Gpu(adapter), gpu::GpuOptions::default())?;
-            let weights = gpu::GpuLmWeights::upload(&ctx, model.lm())?;
-            let opts = gpu::GpuLmOptions {
-                kv_dtype,
-                ..Default::default()
-            };
-            Box::new(gpu::GpuLm::with_options(weights, rows, opts)?)
-        }
-        #[cfg(not(feature = "gpu"))]
-        Device::Gpu { .. } => {
-            let _ = pool;
-            return Err(RuntimeError::Device(
-                "this build has no GPU support (hint: build with the runtime's `gpu` feature, as the \
-                 moshi-native binary is, or use the CPU)"
-                    .into(),
-            ));
-        }
-    };
+    let compute = Compute::open(device, model.lm(), None, None)?;
+    let backend = compute.lm_backend(model.lm(), rows, kv_dtype, None, &Workers(pool))?;
     SttBatch::new(model.clone(), backend).map_err(|e| RuntimeError::Model(e.to_string()))
 }
 
