@@ -284,12 +284,15 @@ fn inspect_bundle(dir: &Path, list: bool) -> Result<()> {
         c.dep_q,
         c.card,
         c.text_card,
-        match c.context {
-            Some(n) => n.to_string(),
-            None => "unbounded".into(),
-        }
+        context_words(c)
     );
     inspect_bundle_weights(&b, list)
+}
+
+/// The temporal context of `c` in frames, or "unbounded".
+fn context_words(c: &LmConfig) -> String {
+    c.context
+        .map_or_else(|| "unbounded".into(), |n| n.to_string())
 }
 
 /// What a speech-to-text bundle is (`model_type` "stt"): the temporal transformer, the stream plan
@@ -311,10 +314,7 @@ fn print_stt_facts(c: &LmConfig, stt: &model::checkpoint::SttConfig) -> Result<(
         c.dep_q,
         c.card,
         c.text_card,
-        match c.context {
-            Some(n) => n.to_string(),
-            None => "unbounded".into(),
-        }
+        context_words(c)
     );
     if c.extra_heads_num_heads > 0 {
         out!(

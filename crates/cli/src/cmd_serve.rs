@@ -6,7 +6,6 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use server::backend::{BackendInfo, RuntimeBackend};
-use server::ServeConfig;
 
 use crate::common::EngineArgs;
 
@@ -230,18 +229,8 @@ pub fn slots_fitting(kv_per_slot: u64, available: u64) -> usize {
     (available / 2 / kv_per_slot.max(1)) as usize
 }
 
-/// Runs the conversation server (a Moshi bundle) until ctrl-c or SIGTERM; `main` sends speech-to-text
-/// bundles to `serve_stt::run` instead.
-pub fn run(a: &ServeArgs) -> Result<()> {
-    if a.max_queued_frames == 0 {
-        bail!("--max-queued-frames must be at least 1");
-    }
-    let mut plan = plan(
-        runtime::physical_cores(),
-        a.engine.threads,
-        a.batch,
-        a.max_sessions,
-    )?;
+/// The server configuration of `serve`'s flags (TLS files made or read, the idle timeout).
+pub(crate) fn serve_config(a: &ServeArgs, max_sessions: usize) -> Result<server::ServeConfig> {
     let tls = if a.self_signed {
         let names = if a.host == "0.0.0.0" || a.host == "::" {
             vec![]
@@ -258,19 +247,34 @@ pub fn run(a: &ServeArgs) -> Result<()> {
             _ => None,
         }
     };
-    // Everything that can fail without the model is checked before it loads (seconds to minutes at
-    // full size): flags, the device, the TLS files and the port.
-    a.engine.check(plan.threads)?;
-    let mut config = ServeConfig {
+    Ok(server::ServeConfig {
         host: a.host.clone(),
         port: a.port,
         static_dir: a.static_dir.clone(),
-        max_sessions: plan.max_sessions,
+        max_sessions,
         max_queue: a.max_queue,
         tls,
         auth_token: a.auth_token.clone(),
         idle_timeout: (a.idle_timeout > 0).then(|| std::time::Duration::from_secs(a.idle_timeout)),
-    };
+    })
+}
+
+/// Runs the conversation server (a Moshi bundle) until ctrl-c or SIGTERM; `main` sends speech-to-text
+/// bundles to `serve_stt::run` instead.
+pub fn run(a: &ServeArgs) -> Result<()> {
+    if a.max_queued_frames == 0 {
+        bail!("--max-queued-frames must be at least 1");
+    }
+    let mut plan = plan(
+        runtime::physical_cores(),
+        a.engine.threads,
+        a.batch,
+        a.max_sessions,
+    )?;
+    let mut config = serve_config(a, plan.max_sessions)?;
+    // Everything that can fail without the model is checked before it loads (seconds to minutes at
+    // full size): flags, the device, the TLS files and the port.
+    a.engine.check(plan.threads)?;
     server::validate(&config)?;
     let listener = server::Listener::bind(&config.host, config.port, config.tls.as_ref())?;
     let scheme = if listener.is_tls() { "https" } else { "http" };

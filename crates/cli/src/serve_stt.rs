@@ -110,39 +110,6 @@ pub fn start(
     Ok(Arc::new(AsrService::new(runner, spm, description)))
 }
 
-/// The server configuration of `serve`'s flags (TLS files made or read, the idle timeout).
-fn serve_config(a: &ServeArgs, max_sessions: usize) -> Result<server::ServeConfig> {
-    let tls = if a.self_signed {
-        let names = if a.host == "0.0.0.0" || a.host == "::" {
-            vec![]
-        } else {
-            vec![a.host.clone()]
-        };
-        Some(server::tls::self_signed(
-            &crate::cmd_serve::cache_dir().join("tls"),
-            &names,
-        )?)
-    } else {
-        match (&a.tls_cert, &a.tls_key) {
-            (Some(cert), Some(key)) => Some(server::tls::TlsFiles {
-                cert: cert.clone(),
-                key: key.clone(),
-            }),
-            _ => None,
-        }
-    };
-    Ok(server::ServeConfig {
-        host: a.host.clone(),
-        port: a.port,
-        static_dir: a.static_dir.clone(),
-        max_sessions,
-        max_queue: a.max_queue,
-        tls,
-        auth_token: a.auth_token.clone(),
-        idle_timeout: (a.idle_timeout > 0).then(|| std::time::Duration::from_secs(a.idle_timeout)),
-    })
-}
-
 /// `serve` of a speech-to-text model alone.
 pub fn run(a: &ServeArgs, dir: PathBuf, demo: bool) -> Result<()> {
     let streams = a
@@ -154,7 +121,7 @@ pub fn run(a: &ServeArgs, dir: PathBuf, demo: bool) -> Result<()> {
     let threads = a.engine.threads(runtime::physical_cores());
     // Thread count and device checked before the socket is bound and the weights are read.
     let device = a.engine.check(threads)?;
-    let config = serve_config(a, streams)?;
+    let config = crate::cmd_serve::serve_config(a, streams)?;
     server::validate(&config)?;
     let listener = server::Listener::bind(&config.host, config.port, config.tls.as_ref())?;
     let scheme = if listener.is_tls() { "wss" } else { "ws" };

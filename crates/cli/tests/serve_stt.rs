@@ -5,11 +5,11 @@
 #![cfg(unix)]
 
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 mod common;
 
-use common::{bin, free_port, http_get, metric};
+use common::{bin, free_port, http_get, metric, wait_ready};
 
 #[test]
 fn serve_demo_stt_answers_on_the_asr_route() {
@@ -29,16 +29,7 @@ fn serve_demo_stt_answers_on_the_asr_route() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let t = Instant::now();
-    let ready = loop {
-        match http_get(port, "/readyz") {
-            Some(r) if r.contains("streams free") => break r,
-            _ if t.elapsed() < Duration::from_secs(60) => {
-                std::thread::sleep(Duration::from_millis(100))
-            }
-            other => panic!("no readiness: {other:?}"),
-        }
-    };
+    let ready = wait_ready(port, "streams free", Duration::from_secs(60));
     assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
     assert!(
         ready.contains("3 of 3 speech-to-text streams free"),

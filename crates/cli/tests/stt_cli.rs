@@ -7,6 +7,10 @@ use std::process::Command;
 
 use testkit::ScratchDir;
 
+mod common;
+
+use common::word_tokens;
+
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/stt/1b")
 }
@@ -52,12 +56,7 @@ fn stt_json_events_are_the_oracles() {
         assert_eq!(g["type"], w["type"]);
         if w["type"] == "Word" {
             assert_eq!(g["start_time"], w["start_time"]);
-            let tokens: Vec<u32> = w["tokens"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|t| t.as_u64().unwrap() as u32)
-                .collect();
+            let tokens = word_tokens(w);
             assert_eq!(g["text"], spm.decode(&tokens).unwrap().trim());
         } else {
             assert_eq!(g["stop_time"], w["stop_time"]);

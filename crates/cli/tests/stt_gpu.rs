@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{bin, free_port, http_get};
+use common::{bin, free_port, wait_ready, word_tokens};
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/stt/1b")
@@ -65,12 +65,7 @@ fn stt_on_gpu_gives_the_oracles_events() {
             }
             "Word" => {
                 assert_eq!(g["start_time"], w["start_time"], "event {i}");
-                let tokens: Vec<u32> = w["tokens"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|t| t.as_u64().unwrap() as u32)
-                    .collect();
+                let tokens = word_tokens(w);
                 assert_eq!(g["text"], spm.decode(&tokens).unwrap().trim(), "event {i}");
             }
             _ => assert_eq!(g["stop_time"], w["stop_time"], "event {i}"),
@@ -105,16 +100,7 @@ fn serve_stt_on_gpu_starts_and_refuses_too_many_streams() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let t = Instant::now();
-    let ready = loop {
-        match http_get(port, "/readyz") {
-            Some(r) if r.contains("streams free") => break r,
-            _ if t.elapsed() < Duration::from_secs(120) => {
-                std::thread::sleep(Duration::from_millis(100))
-            }
-            other => panic!("no readiness: {other:?}"),
-        }
-    };
+    let ready = wait_ready(port, "streams free", Duration::from_secs(120));
     assert!(
         ready.contains("2 of 2 speech-to-text streams free"),
         "{ready}"

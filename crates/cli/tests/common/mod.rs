@@ -33,6 +33,29 @@ pub fn http_get(port: u16, path: &str) -> Option<String> {
     Some(v)
 }
 
+/// Polls `/readyz` every 100 ms until its answer contains `needle` and returns that answer; panics
+/// with the last answer after `limit`.
+pub fn wait_ready(port: u16, needle: &str, limit: Duration) -> String {
+    let t = std::time::Instant::now();
+    loop {
+        match http_get(port, "/readyz") {
+            Some(r) if r.contains(needle) => return r,
+            _ if t.elapsed() < limit => std::thread::sleep(Duration::from_millis(100)),
+            other => panic!("no readiness: {other:?}"),
+        }
+    }
+}
+
+/// The token ids of a JSON `Word` event (its `tokens` array).
+pub fn word_tokens(word: &serde_json::Value) -> Vec<u32> {
+    word["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap() as u32)
+        .collect()
+}
+
 pub fn metric(port: u16, name: &str) -> Option<u64> {
     let body = http_get(port, "/metrics")?;
     body.lines()
