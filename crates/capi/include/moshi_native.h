@@ -53,6 +53,19 @@
 #define MN_KV_DTYPE_BF16 1
 
 /**
+ * `MnEngineOptions::device`: the CPU (the default): `threads` threads per session.
+ */
+#define MN_DEVICE_CPU 0
+
+/**
+ * `MnEngineOptions::device`: a GPU through wgpu (Vulkan, Metal, DX12): the LM and Mimi run on adapter
+ * `gpu_adapter`, their weights uploaded once by `mn_engine_open`. No usable adapter (or a library built
+ * without its `gpu` feature) makes `mn_engine_open` return `MN_STATUS_DEVICE`. The speech-to-text engine
+ * (`mn_stt_engine_open`) runs on the CPU only and refuses it with `MN_STATUS_INVALID_ARGUMENT`.
+ */
+#define MN_DEVICE_GPU 1
+
+/**
  * Most voice-activity probabilities an `MnSttEvent` carries (Kyutai's stt-1b has 4 heads).
  */
 #define MN_STT_MAX_HEADS 8
@@ -147,6 +160,11 @@ enum MnStatus
    * The handle is poisoned by an earlier panic; only its destroy function works.
    */
   MN_STATUS_POISONED = -11,
+  /**
+   * The compute device cannot be used: no GPU adapter (or not the one asked for), a library built
+   * without GPU support, or a size the device refuses (message says which).
+   */
+  MN_STATUS_DEVICE = -12,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -205,6 +223,16 @@ typedef struct MnEngineOptions {
    * `MN_KV_DTYPE_F32` (default) or `MN_KV_DTYPE_BF16`.
    */
   uint32_t kv_dtype;
+  /**
+   * Where sessions compute: `MN_DEVICE_CPU` (default) or `MN_DEVICE_GPU`; any other value is
+   * `MN_STATUS_INVALID_ARGUMENT`.
+   */
+  uint32_t device;
+  /**
+   * With `MN_DEVICE_GPU`: the adapter's index (as `moshi-native devices` numbers them), or -1 (default)
+   * for the best adapter of any type, software ones included. Not read on the CPU.
+   */
+  int32_t gpu_adapter;
 } MnEngineOptions;
 
 /**
@@ -474,6 +502,16 @@ MnStatus mn_engine_options_default(struct MnEngineOptions *options);
 MnStatus mn_engine_open(const char *bundle_dir,
                         const struct MnEngineOptions *options,
                         struct MnEngine **engine);
+
+/**
+ * Writes where `engine`'s sessions compute to `*device`: `MN_DEVICE_CPU` or `MN_DEVICE_GPU` (what the
+ * engine runs on, as opened: a caller can log it, or check that a GPU it asked for is in use).
+ *
+ * # Safety
+ * `engine` is NULL or a handle from `mn_engine_open`; `device` is NULL or valid for writes.
+ */
+MnStatus mn_engine_device(const struct MnEngine *engine,
+                          uint32_t *device);
 
 /**
  * Destroys an engine handle. Sessions created from it keep working; the weights are freed with the last

@@ -27,6 +27,14 @@ pub const MN_KV_DTYPE_F32: u32 = 0;
 /// `MnEngineOptions::kv_dtype`: bfloat16 KV cache (half the memory).
 pub const MN_KV_DTYPE_BF16: u32 = 1;
 
+/// `MnEngineOptions::device`: the CPU (the default): `threads` threads per session.
+pub const MN_DEVICE_CPU: u32 = 0;
+/// `MnEngineOptions::device`: a GPU through wgpu (Vulkan, Metal, DX12): the LM and Mimi run on adapter
+/// `gpu_adapter`, their weights uploaded once by `mn_engine_open`. No usable adapter (or a library built
+/// without its `gpu` feature) makes `mn_engine_open` return `MN_STATUS_DEVICE`. The speech-to-text engine
+/// (`mn_stt_engine_open`) runs on the CPU only and refuses it with `MN_STATUS_INVALID_ARGUMENT`.
+pub const MN_DEVICE_GPU: u32 = 1;
+
 /// Options of `mn_engine_open`. Initialise with `mn_engine_options_default`, then change fields.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -37,6 +45,12 @@ pub struct MnEngineOptions {
     pub threads: u32,
     /// `MN_KV_DTYPE_F32` (default) or `MN_KV_DTYPE_BF16`.
     pub kv_dtype: u32,
+    /// Where sessions compute: `MN_DEVICE_CPU` (default) or `MN_DEVICE_GPU`; any other value is
+    /// `MN_STATUS_INVALID_ARGUMENT`.
+    pub device: u32,
+    /// With `MN_DEVICE_GPU`: the adapter's index (as `moshi-native devices` numbers them), or -1 (default)
+    /// for the best adapter of any type, software ones included. Not read on the CPU.
+    pub gpu_adapter: i32,
 }
 
 impl COptions for MnEngineOptions {
@@ -51,6 +65,8 @@ impl COptions for MnEngineOptions {
                 KvDtype::Bf16 => MN_KV_DTYPE_BF16,
                 KvDtype::F32 => MN_KV_DTYPE_F32,
             },
+            device: MN_DEVICE_CPU,
+            gpu_adapter: -1,
         }
     }
 
@@ -70,12 +86,32 @@ impl COptions for MnEngineOptions {
                 ))
             }
         };
-        Ok(EngineOptions {
-            device: runtime::Device::Cpu {
-                threads: self.threads as usize,
+        let threads = self.threads as usize;
+        let device = match self.device {
+            MN_DEVICE_CPU => runtime::Device::Cpu { threads },
+            MN_DEVICE_GPU => runtime::Device::Gpu {
+                adapter: match self.gpu_adapter {
+                    -1 => None,
+                    i if i >= 0 => Some(i as usize),
+                    other => {
+                        return Err(Fail::new(
+                            MnStatus::InvalidArgument,
+                            format!(
+                            "gpu_adapter {other} (expected an adapter index, or -1 for the best)"
+                        ),
+                        ))
+                    }
+                },
+                threads,
             },
-            kv_dtype,
-        })
+            other => {
+                return Err(Fail::new(
+                    MnStatus::InvalidArgument,
+                    format!("device {other} (expected MN_DEVICE_CPU or MN_DEVICE_GPU)"),
+                ))
+            }
+        };
+        Ok(EngineOptions { device, kv_dtype })
     }
 }
 
@@ -135,6 +171,27 @@ pub(crate) unsafe fn engine_arc(engine: *const MnEngine) -> Result<Arc<Engine>, 
             Err(f) => return Err(f),
         }
     }
+}
+
+/// Writes where `engine`'s sessions compute to `*device`: `MN_DEVICE_CPU` or `MN_DEVICE_GPU` (what the
+/// engine runs on, as opened: a caller can log it, or check that a GPU it asked for is in use).
+///
+/// # Safety
+/// `engine` is NULL or a handle from `mn_engine_open`; `device` is NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn mn_engine_device(engine: *const MnEngine, device: *mut u32) -> MnStatus {
+    boundary(|| {
+        non_null(device, "device")?;
+        // SAFETY: forwarded contract.
+        let e = unsafe { engine_arc(engine) }?;
+        let d = match e.gpu_adapter() {
+            Some(_) => MN_DEVICE_GPU,
+            None => MN_DEVICE_CPU,
+        };
+        // SAFETY: not NULL, writable by the caller's contract.
+        unsafe { device.write(d) };
+        Ok(MnStatus::Ok)
+    })
 }
 
 /// Destroys an engine handle. Sessions created from it keep working; the weights are freed with the last

@@ -39,6 +39,9 @@ pub enum MnStatus {
     Panic = -10,
     /// The handle is poisoned by an earlier panic; only its destroy function works.
     Poisoned = -11,
+    /// The compute device cannot be used: no GPU adapter (or not the one asked for), a library built
+    /// without GPU support, or a size the device refuses (message says which).
+    Device = -12,
 }
 
 /// An error on its way to the caller: a status and its message.
@@ -55,6 +58,7 @@ impl From<runtime::RuntimeError> for Fail {
         let status = match e {
             runtime::RuntimeError::InvalidOption(_) => MnStatus::InvalidArgument,
             runtime::RuntimeError::Model(_) => MnStatus::Model,
+            runtime::RuntimeError::Device(_) => MnStatus::Device,
             _ => MnStatus::Runtime,
         };
         Fail(status, e.to_string())
