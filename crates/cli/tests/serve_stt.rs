@@ -9,7 +9,7 @@ use std::time::Duration;
 
 mod common;
 
-use common::{bin, free_port, http_get, metric, wait_ready};
+use common::{bin, free_port, http_get, metric, sigterm_exit, wait_ready};
 
 #[test]
 fn serve_demo_stt_answers_on_the_asr_route() {
@@ -41,14 +41,7 @@ fn serve_demo_stt_answers_on_the_asr_route() {
     // The route exists: a plain GET without the upgrade is refused by the WebSocket extractor, not 404.
     let asr = http_get(port, "/api/asr-streaming").unwrap();
     assert!(!asr.starts_with("HTTP/1.1 404"), "{asr}");
-    let st = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(st.success());
-    let out = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{err}");
+    let err = sigterm_exit(child);
     assert!(err.contains(embed::demo_stt::LABEL), "{err}");
     assert!(err.contains("/api/asr-streaming"), "{err}");
 }

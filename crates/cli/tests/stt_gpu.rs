@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{bin, free_port, wait_ready, word_tokens};
+use common::{bin, free_port, sigterm_exit, wait_ready, word_tokens};
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/stt/1b")
@@ -105,14 +105,7 @@ fn serve_stt_on_gpu_starts_and_refuses_too_many_streams() {
         ready.contains("2 of 2 speech-to-text streams free"),
         "{ready}"
     );
-    let st = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(st.success());
-    let out = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{err}");
+    let err = sigterm_exit(child);
     assert!(err.contains("one batched step on the GPU"), "{err}");
 
     // More streams than the device backend's rows: refused with the reason, not a crash.

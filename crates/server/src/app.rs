@@ -239,28 +239,10 @@ impl Server {
         let scheme = if tls.is_some() { "https" } else { "http" };
         tracing::info!("listening on {scheme}://{addr}");
         let served = match tls {
-            None => axum::serve(
-                PlainListener(listener),
-                app.into_make_service_with_connect_info::<Peer>(),
-            )
-            .with_graceful_shutdown(graceful)
-            .await
-            .map_err(|source| ServerError::Io {
-                context: "serving".into(),
-                source,
-            }),
+            None => serve_with(PlainListener(listener), app, graceful).await,
             Some(files) => {
                 let tls_listener = crate::tls::TlsListener::with_config(listener, files)?;
-                axum::serve(
-                    tls_listener,
-                    app.into_make_service_with_connect_info::<Peer>(),
-                )
-                .with_graceful_shutdown(graceful)
-                .await
-                .map_err(|source| ServerError::Io {
-                    context: "serving".into(),
-                    source,
-                })
+                serve_with(tls_listener, app, graceful).await
             }
         };
         let _ = shutdown_tx.send(true);
@@ -378,6 +360,27 @@ fn block_on_http(
             source,
         })?;
     rt.block_on(serve)
+}
+
+/// Serves `app` on `listener` (plain or TLS) until `graceful` resolves and the open HTTP
+/// connections have ended.
+async fn serve_with<L>(
+    listener: L,
+    app: Router,
+    graceful: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+    Peer: for<'a> axum::extract::connect_info::Connected<axum::serve::IncomingStream<'a, L>>,
+{
+    axum::serve(listener, app.into_make_service_with_connect_info::<Peer>())
+        .with_graceful_shutdown(graceful)
+        .await
+        .map_err(|source| ServerError::Io {
+            context: "serving".into(),
+            source,
+        })
 }
 
 fn router(state: Arc<AppState>) -> Router {

@@ -46,6 +46,20 @@ pub fn wait_ready(port: u16, needle: &str, limit: Duration) -> String {
     }
 }
 
+/// Sends SIGTERM to a `serve` child (stderr piped), waits for it, checks that it exited with 0 and
+/// returns its stderr.
+pub fn sigterm_exit(child: std::process::Child) -> String {
+    let st = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    err
+}
+
 /// The token ids of a JSON `Word` event (its `tokens` array).
 pub fn word_tokens(word: &serde_json::Value) -> Vec<u32> {
     word["tokens"]

@@ -182,7 +182,7 @@ impl Conv1d {
             let src = self.gemm_view(input, m, t_in, pool, rows, phases);
             let per_stream = self.in_ch * k;
             let rows: &[usize] = rows;
-            let (ig, og) = (self.in_ch / self.groups, self.out_ch / self.groups);
+            let ig = self.in_ch / self.groups;
             let ldc = m * t_out;
             let out = SendPtr(output.as_mut_ptr());
             let npanels_n = t_out.div_ceil(NR);
@@ -200,13 +200,12 @@ impl Conv1d {
                     // SAFETY: output holds out_ch·m·t_out values; stream j writes only its
                     // columns j·t_out.. of every row (row stride ldc).
                     unsafe {
-                        gemm(
+                        self.gemm_group(
                             level,
-                            &self.packed[g],
+                            g,
                             &b,
-                            out.0.add(g * og * ldc + j * t_out),
+                            out.0.add(j * t_out),
                             ldc,
-                            Some(&self.bias[g * og..]),
                             (0, self.packed[g].panels()),
                             (0, npanels_n),
                             buf,
@@ -245,19 +244,7 @@ impl Conv1d {
             let b = view(g);
             let out = &out;
             // SAFETY: output holds out_ch·t_out values; shares write disjoint rows/cols.
-            unsafe {
-                gemm(
-                    level,
-                    &self.packed[g],
-                    &b,
-                    out.0.add(g * og * t_out),
-                    t_out,
-                    Some(&self.bias[g * og..]),
-                    pr,
-                    qr,
-                    buf,
-                )
-            }
+            unsafe { self.gemm_group(level, g, &b, out.0, t_out, pr, qr, buf) }
         };
         // Runs `chunks` shares on the pool, each with its own panel buffer. The buffers are sized
         // for the most shares a call of this layer can take (threads · `CHUNKS_PER_THREAD`), whatever
@@ -328,6 +315,41 @@ impl Conv1d {
                     work(g, share_units(mp, pu, chunks, c), (0, npanels_n), buf)
                 });
             }
+        }
+    }
+
+    /// Group `g`'s product (bias included) over row panels `pr` and column panels `qr` of its
+    /// GEMM, written to its rows of an output whose first column is at `c` (row stride `ldc`).
+    ///
+    /// # Safety
+    /// `c` is valid for `out_ch` rows of `ldc` values and nobody else writes the block this call
+    /// writes; `buf` holds a panel share.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn gemm_group(
+        &self,
+        level: &Kernels,
+        g: usize,
+        b: &BView<'_>,
+        c: *mut f32,
+        ldc: usize,
+        pr: (usize, usize),
+        qr: (usize, usize),
+        buf: &mut [f32],
+    ) {
+        let og = self.out_ch / self.groups;
+        // SAFETY: group g's rows start g·og rows into the caller's output.
+        unsafe {
+            gemm(
+                level,
+                &self.packed[g],
+                b,
+                c.add(g * og * ldc),
+                ldc,
+                Some(&self.bias[g * og..]),
+                pr,
+                qr,
+                buf,
+            )
         }
     }
 
