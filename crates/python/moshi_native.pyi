@@ -50,9 +50,18 @@ class Mimi:
 class Engine:
     """A loaded Moshi model, shared by sessions. ``path=None`` opens the tiny random-weight demo model."""
 
-    def __init__(self, path: Optional[_Path] = None, threads: int = 1, kv_dtype: str = "f32") -> None: ...
+    def __init__(
+        self, path: Optional[_Path] = None, threads: int = 1, kv_dtype: str = "f32", device: str = "cpu"
+    ) -> None:
+        """``device``: "cpu", "gpu" (the best adapter) or "gpu:N"; a GPU that cannot be opened raises MoshiError."""
     @property
     def is_demo(self) -> bool: ...
+    @property
+    def device(self) -> str:
+        """Where the sessions compute: "cpu" or "gpu"."""
+    @property
+    def gpu_adapter(self) -> Optional[str]:
+        """The GPU adapter the model runs on, or None on the CPU."""
     def session(
         self,
         *,

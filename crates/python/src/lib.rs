@@ -47,6 +47,31 @@ fn samples<'a>(a: &'a PyArrayLike1<'_, f32, AllowTypeChange>) -> std::borrow::Co
     }
 }
 
+/// `device=`: "cpu", "gpu" (the best adapter, software ones included) or "gpu:N" (adapter N as
+/// `moshi-native devices` numbers them), with `threads` per session.
+fn parse_device(s: &str, threads: usize) -> PyResult<runtime::Device> {
+    let bad = || {
+        PyValueError::new_err(format!(
+            "device {s:?}: expected \"cpu\", \"gpu\" or \"gpu:N\" (an adapter index)"
+        ))
+    };
+    match s {
+        "cpu" => Ok(runtime::Device::Cpu { threads }),
+        "gpu" => Ok(runtime::Device::Gpu {
+            adapter: None,
+            threads,
+        }),
+        _ => {
+            let n = s.strip_prefix("gpu:").ok_or_else(bad)?;
+            let adapter = n.parse::<usize>().map_err(|_| bad())?;
+            Ok(runtime::Device::Gpu {
+                adapter: Some(adapter),
+                threads,
+            })
+        }
+    }
+}
+
 /// "f32" or "bf16".
 fn parse_kv_dtype(s: &str) -> PyResult<KvDtype> {
     match s {
@@ -275,10 +300,12 @@ impl Mimi {
 
 /// A loaded Moshi model (LM + Mimi + tokenizer), shared by sessions.
 ///
-/// `Engine(path=None, threads=1, kv_dtype="f32")`: `path` is a bundle directory (Kyutai `config.json`,
-/// LM weights, Mimi weights, SentencePiece model); None opens the tiny random-weight demo model bundled
-/// in the package (it proves the pipeline; it does not speak). `threads` are matrix-product threads per
-/// session; `kv_dtype` is "f32" or "bf16".
+/// `Engine(path=None, threads=1, kv_dtype="f32", device="cpu")`: `path` is a bundle directory (Kyutai
+/// `config.json`, LM weights, Mimi weights, SentencePiece model); None opens the tiny random-weight demo
+/// model bundled in the package (it proves the pipeline; it does not speak). `threads` are matrix-product
+/// threads per session; `kv_dtype` is "f32" or "bf16"; `device` is "cpu", "gpu" (the LM and Mimi on the
+/// best GPU adapter through wgpu, software ones included) or "gpu:N" (adapter N as `moshi-native devices`
+/// lists them); a GPU that cannot be opened raises `MoshiError`.
 #[pyclass(module = "moshi_native", frozen)]
 struct Engine {
     engine: Arc<runtime::Engine>,
@@ -288,24 +315,23 @@ struct Engine {
 #[pymethods]
 impl Engine {
     #[new]
-    #[pyo3(signature = (path=None, threads=1, kv_dtype="f32"))]
+    #[pyo3(signature = (path=None, threads=1, kv_dtype="f32", device="cpu"))]
     fn new(
         py: Python<'_>,
         path: Option<PathBuf>,
         threads: usize,
         kv_dtype: &str,
+        device: &str,
     ) -> PyResult<Engine> {
         let kv_dtype = parse_kv_dtype(kv_dtype)?;
+        let device = parse_device(device, threads)?;
         let demo = path.is_none();
         let engine = py.allow_threads(|| {
             let dir = match path {
                 Some(p) => p,
                 None => embed::demo::materialize().map_err(err)?,
             };
-            let opts = runtime::EngineOptions {
-                device: runtime::Device::Cpu { threads },
-                kv_dtype,
-            };
+            let opts = runtime::EngineOptions { device, kv_dtype };
             runtime::Engine::open(&dir, opts).map_err(err)
         })?;
         Ok(Engine { engine, demo })
@@ -315,6 +341,21 @@ impl Engine {
     #[getter]
     fn is_demo(&self) -> bool {
         self.demo
+    }
+
+    /// Where the sessions compute: "cpu" or "gpu".
+    #[getter]
+    fn device(&self) -> &'static str {
+        match self.engine.gpu_adapter() {
+            Some(_) => "gpu",
+            None => "cpu",
+        }
+    }
+
+    /// The GPU adapter the model runs on (its name, type and backend), or None on the CPU.
+    #[getter]
+    fn gpu_adapter(&self) -> Option<String> {
+        self.engine.gpu_adapter()
     }
 
     /// A new session on this engine (same keyword arguments as `Session`).
