@@ -9,26 +9,27 @@ use model::sampling::SamplerConfig;
 
 use crate::models::{ModelArgs, ModelSource};
 
-/// Sampling flags (defaults = Python `LMGen`: text 0.7/25, audio 0.8/250).
+/// Sampling flags. Their defaults are [`embed::SamplingParams`]'s (Python `LMGen`'s: text 0.7/25,
+/// audio 0.8/250), read from it so that they are written in one place.
 #[derive(Args, Clone, Debug)]
 pub struct SamplingArgs {
     /// Argmax for text and audio (overrides temperatures).
     #[arg(long)]
     pub greedy: bool,
     /// Seed of the random streams (text and audio streams are derived from it).
-    #[arg(long, default_value_t = model::sampling::DEFAULT_SEED)]
+    #[arg(long, default_value_t = embed::SamplingParams::default().seed)]
     pub seed: u64,
     /// Text temperature (0 = argmax).
-    #[arg(long, default_value_t = 0.7)]
+    #[arg(long, default_value_t = embed::SamplingParams::default().text_temperature)]
     pub text_temperature: f32,
     /// Text top-k (0 = all).
-    #[arg(long, default_value_t = 25)]
+    #[arg(long, default_value_t = embed::SamplingParams::default().text_top_k)]
     pub text_topk: usize,
     /// Audio temperature (0 = argmax).
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, default_value_t = embed::SamplingParams::default().audio_temperature)]
     pub audio_temperature: f32,
     /// Audio top-k (0 = all).
-    #[arg(long, default_value_t = 250)]
+    #[arg(long, default_value_t = embed::SamplingParams::default().audio_top_k)]
     pub audio_topk: usize,
     /// Multiply the text PAD probability by exp(pad_mult).
     #[arg(long)]
@@ -37,7 +38,7 @@ pub struct SamplingArgs {
     #[arg(long)]
     pub repetition_penalty: Option<f32>,
     /// Number of recent text tokens the repetition penalty looks at.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = embed::SamplingParams::default().repetition_penalty_context)]
     pub repetition_penalty_context: usize,
 }
 
@@ -328,4 +329,32 @@ fn resolve_device(
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::SamplingArgs;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        sampling: SamplingArgs,
+    }
+
+    /// No sampling flag means the sampler every other front end starts from (the C ABI, the Python
+    /// package, `SamplingParams::default()`): the defaults are read, not written again.
+    #[test]
+    fn no_flags_give_the_default_sampler() {
+        let a = Cli::try_parse_from(["duplex"]).unwrap().sampling;
+        assert_eq!(
+            a.config().unwrap(),
+            embed::SamplingParams::default().config()
+        );
+        assert_eq!(
+            a.repetition_penalty_context,
+            model::sampling::RepetitionPenalty::DEFAULT_CONTEXT
+        );
+    }
 }

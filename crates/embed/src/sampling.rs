@@ -39,7 +39,7 @@ impl Default for SamplingParams {
             audio_top_k: c.audio.top_k,
             pad_mult: None,
             repetition_penalty: None,
-            repetition_penalty_context: 64,
+            repetition_penalty_context: RepetitionPenalty::DEFAULT_CONTEXT,
         }
     }
 }

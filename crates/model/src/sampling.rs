@@ -169,6 +169,12 @@ pub struct SamplerConfig {
     pub epad_id: u32,
 }
 
+impl RepetitionPenalty {
+    /// Recent text tokens a penalty looks at when the caller names no number (the CLI, the C ABI,
+    /// the Python package and `/api/chat` all default to it).
+    pub const DEFAULT_CONTEXT: usize = 64;
+}
+
 /// Seed used by [`SamplerConfig::default`] (the value the Python server passes to `seed_all`).
 pub const DEFAULT_SEED: u64 = 42_424_242;
 

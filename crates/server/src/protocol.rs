@@ -175,7 +175,7 @@ impl Default for SessionParams {
             audio_topk: 250,
             pad_mult: 0.0,
             repetition_penalty: 1.0,
-            repetition_penalty_context: 64,
+            repetition_penalty_context: model::sampling::RepetitionPenalty::DEFAULT_CONTEXT,
             text_seed: None,
             audio_seed: None,
             max_steps: None,
