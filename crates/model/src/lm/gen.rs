@@ -813,7 +813,7 @@ impl LmBatchGen {
     /// are used), and `out[i]` receives session `active[i]`'s result: its frame (`None` during its
     /// first `max_delay` calls) or its own sampling error (that session should be reset; the others
     /// are unaffected). `force_text`, when given, holds one optional forced text token per active
-    /// row. Weights are read once for all active rows; inactive sessions are untouched.
+    /// row. Weights are read once for all active rows; inactive rows are untouched.
     ///
     /// An argument error is returned before anything is mutated.
     #[allow(clippy::too_many_arguments)]

@@ -48,13 +48,13 @@ pub const UNGENERATED: u32 = u32::MAX - 1;
 use crate::checkpoint::CheckpointError;
 use crate::sampling::SamplingError;
 
-/// Checks the `rows` argument of a batched LM step (the active conversation slots, see
-/// [`LmBackend`]) against a batch of `batch` slots: at least one, each below `batch`, none
-/// repeated. Every backend refuses a bad list with this same error before it touches any state.
+/// Checks the `rows` argument of a batched LM step (the active rows, one per conversation or
+/// stream, see [`LmBackend`]) against a batch of `batch` rows: at least one, each below `batch`,
+/// none repeated. Every backend refuses a bad list with this same error before it touches any state.
 pub fn check_active_rows(rows: &[usize], batch: usize) -> Result<(), LmError> {
     if rows.is_empty() || rows.len() > batch {
         return Err(LmError::Length {
-            what: "active sessions",
+            what: "active rows",
             expected: batch,
             got: rows.len(),
         });
@@ -62,7 +62,7 @@ pub fn check_active_rows(rows: &[usize], batch: usize) -> Result<(), LmError> {
     for (i, &b) in rows.iter().enumerate() {
         if b >= batch || rows[..i].contains(&b) {
             return Err(LmError::Config(format!(
-                "session {b} is out of range or repeated (batch of {batch})"
+                "row {b} is out of range or repeated (batch of {batch} rows)"
             )));
         }
     }
