@@ -18,7 +18,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use kernels::Pool;
 use model::checkpoint::Bundle;
-use model::lm::{Generator, KvDtype, LmGen, LmModel, LmRecorder, StepOptions};
+use model::lm::{Generator, KvDtype, LmModel, LmRecorder, StepOptions};
 use model::sampling::{Sampler, SamplerConfig};
 
 use crate::common::DeviceArgs;
@@ -53,14 +53,6 @@ pub struct TraceLmArgs {
     /// Where the LM runs.
     #[command(flatten)]
     pub device: DeviceArgs,
-}
-
-/// The generator of one traced session on the chosen device.
-enum Traced {
-    /// The CPU: the model, the session and its pool.
-    Cpu(Box<LmGen>, Pool),
-    /// The GPU backend of one row.
-    Gpu(Box<Generator<gpu::GpuLm>>),
 }
 
 /// One tensor read from a safetensors file.
@@ -183,22 +175,19 @@ pub fn run(args: &TraceLmArgs) -> Result<()> {
         _ => SamplerConfig::greedy(),
     };
     let mut sampler = Sampler::new(sampler_cfg, spec.text_card, spec.card)?;
-    let mut gen = match args.device.resolve(args.threads.max(1))? {
-        runtime::Device::Cpu { threads } => {
-            Traced::Cpu(Box::new(LmGen::new(&model, kv)?), Pool::new(threads))
-        }
-        runtime::Device::Gpu { adapter, .. } => {
-            let ctx =
-                gpu::GpuContext::new(gpu::AdapterChoice::Gpu(adapter), gpu::GpuOptions::default())?;
-            eprintln!("trace lm: the LM runs on {}", ctx.adapter());
-            let opts = gpu::GpuLmOptions {
-                kv_dtype: kv,
-                ..Default::default()
-            };
-            let lm = gpu::GpuLm::with_options(gpu::GpuLmWeights::upload(&ctx, &model)?, 1, opts)?;
-            Traced::Gpu(Box::new(Generator::new(Box::new(lm))?))
-        }
-    };
+    // One row of the LM on the chosen device, whichever it is (`runtime::lm_backend`).
+    let threads = args.threads.max(1);
+    let device = args.device.resolve(threads)?;
+    let model = std::sync::Arc::new(model);
+    let backend = runtime::lm_backend(
+        device,
+        &model,
+        1,
+        kv,
+        std::sync::Arc::new(Pool::new(threads)),
+    )?;
+    eprintln!("trace lm: the LM runs on the {}", device.name());
+    let mut gen = Generator::new(backend)?;
     let mut rec = LmRecorder::default();
     let n_user = spec.n_user();
     let mut user = vec![0i64; n_user];
@@ -207,16 +196,13 @@ pub fn run(args: &TraceLmArgs) -> Result<()> {
             *u = codes[k * t_total + t];
         }
         let opts = StepOptions::default();
-        let frame = match &mut gen {
-            Traced::Cpu(g, pool) => g.step_with(&model, &user, &mut sampler, pool, &opts, &mut rec),
-            Traced::Gpu(g) => g.step_raw(
-                0,
-                &user,
-                std::slice::from_mut(&mut sampler),
-                &opts,
-                &mut rec,
-            ),
-        };
+        let frame = gen.step_raw(
+            0,
+            &user,
+            std::slice::from_mut(&mut sampler),
+            &opts,
+            &mut rec,
+        );
         if let Some(frame) = frame.with_context(|| format!("step {t}"))? {
             rec.record_frame(&frame);
         }

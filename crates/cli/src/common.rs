@@ -195,12 +195,11 @@ impl EngineArgs {
             bail!("--threads must be between 1 and 256 (got {threads})");
         }
         let device = self.device(threads)?;
-        if let runtime::Device::Gpu { adapter, .. } = device {
-            // The adapter is looked up again when the engine uploads the weights; asking now names a
-            // missing GPU as such, before a multi-gigabyte read.
-            gpu::choose_adapter(&gpu::adapters(), gpu::AdapterChoice::Gpu(adapter))
-                .context("--device gpu")?;
-        }
+        // The device is opened again when the engine uploads the weights; asking now names a missing
+        // GPU as such, before a multi-gigabyte read.
+        device
+            .check()
+            .with_context(|| format!("--device {}", device.name()))?;
         Ok(device)
     }
 

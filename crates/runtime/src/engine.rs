@@ -54,6 +54,56 @@ impl Device {
             Device::Cpu { threads } | Device::Gpu { threads, .. } => *threads,
         }
     }
+
+    /// The device's name in flags and reports: "cpu" or "gpu".
+    pub fn name(&self) -> &'static str {
+        match self {
+            Device::Cpu { .. } => "cpu",
+            Device::Gpu { .. } => "gpu",
+        }
+    }
+
+    /// Checks that the device can be opened, without opening it: a thread count of 0, a GPU adapter that
+    /// does not exist or a build without GPU support is named here, before a multi-gigabyte read
+    /// ([`RuntimeError::InvalidOption`], [`RuntimeError::Device`]).
+    pub fn check(&self) -> Result<(), RuntimeError> {
+        if self.threads() == 0 {
+            return Err(RuntimeError::InvalidOption("threads must be >= 1".into()));
+        }
+        match self {
+            Device::Cpu { .. } => Ok(()),
+            #[cfg(feature = "gpu")]
+            Device::Gpu { adapter, .. } => {
+                gpu::choose_adapter(&gpu::adapters(), gpu::AdapterChoice::Gpu(*adapter))?;
+                Ok(())
+            }
+            #[cfg(not(feature = "gpu"))]
+            Device::Gpu { .. } => Err(no_gpu_support()),
+        }
+    }
+}
+
+/// Without the `gpu` feature: what [`Device::Gpu`] gets.
+#[cfg(not(feature = "gpu"))]
+fn no_gpu_support() -> RuntimeError {
+    RuntimeError::Device(
+        "this build has no GPU support (hint: build with the runtime's `gpu` feature, as the \
+         moshi-native binary is, or use the CPU)"
+            .into(),
+    )
+}
+
+/// The LM backend of `rows` rows of `lm` on `device`, KV caches in `kv_dtype`: the CPU's on `pool`, or a
+/// GPU's (weights uploaded here, to a context of its own). For an LM driven alone (the speech-to-text
+/// step, `trace lm`); an [`Engine`]'s sessions share the weights it uploaded once.
+pub fn lm_backend(
+    device: Device,
+    lm: &Arc<LmModel>,
+    rows: usize,
+    kv_dtype: KvDtype,
+    pool: Arc<Pool>,
+) -> Result<Box<dyn LmBackend>, RuntimeError> {
+    Compute::open(device, lm, None, None)?.lm_backend(lm, rows, kv_dtype, None, &Workers(pool))
 }
 
 impl Default for Device {
@@ -181,11 +231,7 @@ impl Compute {
             #[cfg(not(feature = "gpu"))]
             Device::Gpu { .. } => {
                 let _ = (lm, mimi, ctx);
-                Err(RuntimeError::Device(
-                    "this build has no GPU support (hint: build with the runtime's `gpu` feature, as \
-                     the moshi-native binary is, or use the CPU)"
-                        .into(),
-                ))
+                Err(no_gpu_support())
             }
         }
     }

@@ -57,7 +57,7 @@ mod transcriber;
 pub use batch::BatchBench;
 pub use batch::{BatchOptions, BatchRunner, BatchSession};
 pub use control::SessionControl;
-pub use engine::{physical_cores, Device, Engine, EngineOptions};
+pub use engine::{lm_backend, physical_cores, Device, Engine, EngineOptions};
 pub use error::RuntimeError;
 pub use events::{Counters, Event, FrameEvent, FrameTimings, Step, StopReason};
 pub use ring::{PcmProducer, PushReport};

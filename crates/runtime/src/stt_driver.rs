@@ -34,7 +34,6 @@ use model::lm::{KvDtype, LmBackend};
 use model::mimi::MimiBatchEncoder;
 use model::stt::{SttBatch, SttEvent, SttModel, MAX_EXTRA_HEADS};
 
-use crate::engine::{Compute, Workers};
 use crate::ring::{FrameRing, PcmProducer, PushReport};
 use crate::{Device, RuntimeError, FRAME_SIZE};
 
@@ -81,8 +80,7 @@ pub fn stt_batch(
     device: Device,
     pool: Arc<Pool>,
 ) -> Result<SttBatch<dyn LmBackend>, RuntimeError> {
-    let compute = Compute::open(device, model.lm(), None, None)?;
-    let backend = compute.lm_backend(model.lm(), rows, kv_dtype, None, &Workers(pool))?;
+    let backend = crate::lm_backend(device, model.lm(), rows, kv_dtype, pool)?;
     SttBatch::new(model.clone(), backend).map_err(|e| RuntimeError::Model(e.to_string()))
 }
 
