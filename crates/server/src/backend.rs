@@ -1,8 +1,8 @@
 //! What the server needs from a speech model: open a conversation, push PCM, receive frames.
 //!
 //! The product implementation is [`RuntimeBackend`] (the `runtime` crate's `Engine`/`SessionRunner`).
-//! The trait exists so that the protocol layer can also be exercised with the test double in
-//! [`crate::testing`].
+//! The trait exists so that the protocol layer can also be exercised with a test double (the echo
+//! backend of the `testing` feature, which only this crate's tests turn on).
 
 use crate::protocol::SessionParams;
 pub use crate::protocol::{BackendInfo, SessionCommand};

@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod protocol;
 mod socket;
 mod state;
+#[cfg(feature = "testing")]
 pub mod testing;
 pub mod tls;
 mod ws;
