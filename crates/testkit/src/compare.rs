@@ -62,27 +62,16 @@ impl std::error::Error for Mismatch {}
 /// Largest absolute difference between `ours` and `reference`, or why there is none: a length
 /// mismatch or a non-finite value on either side.
 pub fn try_max_abs_diff(ours: &[f32], reference: &[f32]) -> Result<f32, Mismatch> {
-    if ours.len() != reference.len() {
-        return Err(Mismatch::Length {
-            ours: ours.len(),
-            reference: reference.len(),
-        });
-    }
-    let mut max = 0f32;
-    for (index, (&a, &b)) in ours.iter().zip(reference).enumerate() {
-        for (side, value) in [(Side::Ours, a), (Side::Reference, b)] {
-            if !value.is_finite() {
-                return Err(Mismatch::NonFinite { side, index, value });
-            }
-        }
-        // Both finite: the difference is a number (at worst +inf on overflow, which fails any
-        // tolerance as it should).
-        let d = (a - b).abs();
-        if d > max {
-            max = d;
-        }
-    }
-    Ok(max)
+    // Both finite: the difference is a number (at worst +inf on overflow, which fails any
+    // tolerance as it should).
+    try_max_by(
+        ours,
+        reference,
+        f32::is_finite,
+        |b| b,
+        0f32,
+        |a, b| (a - b).abs(),
+    )
 }
 
 /// Largest absolute difference between `ours` and `reference`.
@@ -102,12 +91,7 @@ pub fn max_abs_diff(ours: &[f32], reference: &[f32]) -> f32 {
 /// comparison in the failure message.
 #[track_caller]
 pub fn assert_close(ours: &[f32], reference: &[f32], tol: f32, what: &str) -> f32 {
-    let d = match try_max_abs_diff(ours, reference) {
-        Ok(d) => d,
-        Err(e) => panic!("{what}: {e}"),
-    };
-    assert!(d <= tol, "{what}: max abs difference {d:e} > {tol:e}");
-    d
+    within(try_max_abs_diff(ours, reference), tol, what)
 }
 
 /// [`try_max_abs_diff`] against a reference computed in f64 (a test's own f64 evaluation of the
@@ -115,13 +99,41 @@ pub fn assert_close(ours: &[f32], reference: &[f32], tol: f32, what: &str) -> f3
 /// away before it is compared. A non-finite reference value is reported as its f32 cast (NaN and
 /// the infinities survive it).
 pub fn try_max_abs_diff_f64(ours: &[f32], reference: &[f64]) -> Result<f64, Mismatch> {
+    try_max_by(
+        ours,
+        reference,
+        f64::is_finite,
+        |b| b as f32,
+        0f64,
+        |a, b| (a as f64 - b).abs(),
+    )
+}
+
+/// [`assert_close`] against an f64 reference ([`try_max_abs_diff_f64`]): fails on a length
+/// mismatch, a non-finite value on either side, or a difference above `tol`; returns the largest
+/// absolute difference.
+#[track_caller]
+pub fn assert_close_f64(ours: &[f32], reference: &[f64], tol: f64, what: &str) -> f64 {
+    within(try_max_abs_diff_f64(ours, reference), tol, what)
+}
+
+/// The scan behind both `try_max_abs_diff*`: the lengths, then at each index our value's and the
+/// reference's finiteness (a reference value reported as `as_f32` of it), then the largest `diff`.
+fn try_max_by<R: Copy, D: Copy + PartialOrd>(
+    ours: &[f32],
+    reference: &[R],
+    finite: impl Fn(R) -> bool,
+    as_f32: impl Fn(R) -> f32,
+    zero: D,
+    diff: impl Fn(f32, R) -> D,
+) -> Result<D, Mismatch> {
     if ours.len() != reference.len() {
         return Err(Mismatch::Length {
             ours: ours.len(),
             reference: reference.len(),
         });
     }
-    let mut max = 0f64;
+    let mut max = zero;
     for (index, (&a, &b)) in ours.iter().zip(reference).enumerate() {
         if !a.is_finite() {
             return Err(Mismatch::NonFinite {
@@ -130,14 +142,14 @@ pub fn try_max_abs_diff_f64(ours: &[f32], reference: &[f64]) -> Result<f64, Mism
                 value: a,
             });
         }
-        if !b.is_finite() {
+        if !finite(b) {
             return Err(Mismatch::NonFinite {
                 side: Side::Reference,
                 index,
-                value: b as f32,
+                value: as_f32(b),
             });
         }
-        let d = (a as f64 - b).abs();
+        let d = diff(a, b);
         if d > max {
             max = d;
         }
@@ -145,12 +157,11 @@ pub fn try_max_abs_diff_f64(ours: &[f32], reference: &[f64]) -> Result<f64, Mism
     Ok(max)
 }
 
-/// [`assert_close`] against an f64 reference ([`try_max_abs_diff_f64`]): fails on a length
-/// mismatch, a non-finite value on either side, or a difference above `tol`; returns the largest
-/// absolute difference.
+/// The largest difference `d` of a comparison named `what`, failing the test on a mismatch or
+/// when `d` is above `tol`.
 #[track_caller]
-pub fn assert_close_f64(ours: &[f32], reference: &[f64], tol: f64, what: &str) -> f64 {
-    let d = match try_max_abs_diff_f64(ours, reference) {
+fn within<D: PartialOrd + std::fmt::LowerExp>(d: Result<D, Mismatch>, tol: D, what: &str) -> D {
+    let d = match d {
         Ok(d) => d,
         Err(e) => panic!("{what}: {e}"),
     };
