@@ -33,7 +33,8 @@ pub(crate) struct SttEngineState {
 
 type SttEngineShell = Shell<SttEngineState>;
 
-/// Bytes reserved per transcriber for one word's text (grown only for an unusually long word).
+/// Bytes (text) and ids (tokens) reserved per transcriber for the pulled word: a word holds at most
+/// `model::stt::MAX_WORD_TOKENS` (64) ids; its text grows the buffer only past 256 bytes, once.
 const WORD_RESERVE: usize = 256;
 
 pub(crate) struct TranscriberState {

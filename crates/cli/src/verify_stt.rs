@@ -101,7 +101,7 @@ fn transcribe(
                         tr.head2.push(p);
                     }
                 }
-                SttEvent::Word { tokens: t, .. } => tokens.push(t.clone()),
+                SttEvent::Word { tokens: t, .. } => tokens.push(t.to_vec()),
                 SttEvent::EndWord { .. } => {}
             }
         }

@@ -78,7 +78,7 @@ fn to_json(e: &SttEvent) -> Value {
             "type": "Step", "step_idx": step_idx,
             "prs": e.prs().iter().map(|&p| f64::from(p)).collect::<Vec<_>>()}),
         SttEvent::Word { tokens, start_time } => {
-            serde_json::json!({"type": "Word", "tokens": tokens, "start_time": start_time})
+            serde_json::json!({"type": "Word", "tokens": tokens.as_slice(), "start_time": start_time})
         }
         SttEvent::EndWord { stop_time } => {
             serde_json::json!({"type": "EndWord", "stop_time": stop_time})

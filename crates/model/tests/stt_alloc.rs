@@ -1,5 +1,6 @@
 //! The speech-to-text tick after warm-up allocates nothing on any thread (the stepping thread and the
-//! pool's workers) but the token list of each word it hands out: one batched 32-codebook Mimi encode
+//! pool's workers), the ticks that emit words included (a word's tokens travel inline in its event,
+//! `model::stt::WordTokens`): one batched 32-codebook Mimi encode
 //! and one `SttBatch` step (temporal transformer, text argmax, extra heads, word rules) per tick, as
 //! `runtime::SttRunner` runs them, with streams joining (row and encoder stream reset), leaving (not
 //! stepped) and resetting at any tick. Counted with the all-thread counter, so this binary holds a
@@ -60,7 +61,7 @@ fn schedule(t: usize) -> (Vec<usize>, Vec<usize>) {
 }
 
 #[test]
-fn stt_ticks_allocate_only_word_token_lists_after_warmup() {
+fn stt_ticks_allocate_nothing_after_warmup_words_included() {
     assert!(testkit::other_thread_probe(|f| testkit::all_thread_allocations_during(f)) >= 1);
     let dir = testkit::fixtures_dir("stt").join("1b");
     let b = Bundle::open(&dir).unwrap();
@@ -118,12 +119,12 @@ fn stt_ticks_allocate_only_word_token_lists_after_warmup() {
                     .count();
             });
             assert_eq!(
-                allocs, words,
-                "{kv:?} tick {t} ({n} streams {rows:?}): allocations besides the {words} word token lists"
+                allocs, 0,
+                "{kv:?} tick {t} ({n} streams {rows:?}, {words} words): allocations"
             );
             words_seen += words;
         }
     }
-    // The word path ran (its one allocation per word is what the equality above allows).
+    // The word path ran under the count.
     assert!(words_seen > 0, "no word in the schedule");
 }

@@ -18,7 +18,7 @@
 //! Backpressure never drops audio (a transcript must not lose words): the input ring holds
 //! `max_queued_frames`, and the caller stops reading its client while [`SttSession::room`] is short; a
 //! stream whose output queue is full is skipped until its reader catches up. After warm-up a tick
-//! allocates nothing except the token list of a finished word (`model::stt::SttEvent::Word`); with the LM
+//! allocates nothing, words included (a word's tokens travel inline, `model::stt::WordTokens`); with the LM
 //! on a GPU ([`SttRunnerOptions::device`]) the host side of the step is also wgpu's command recording
 //! and submission, which this crate does not count (no buffer or bind group is created per step:
 //! `crates/gpu/tests/lm_parity.rs`).
@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use kernels::Pool;
 use model::lm::{KvDtype, LmBackend};
 use model::mimi::MimiBatchEncoder;
-use model::stt::{SttBatch, SttEvent, SttModel, MAX_EXTRA_HEADS};
+use model::stt::{SttBatch, SttEvent, SttModel, WordTokens, MAX_EXTRA_HEADS};
 
 use crate::ring::{FrameRing, PcmProducer, PushReport};
 use crate::{Device, RuntimeError, FRAME_SIZE};
@@ -98,7 +98,7 @@ pub struct SttStepOutput {
     /// Each extra head's class-0 probability (no voice activity over its horizon).
     pub prs: [f32; MAX_EXTRA_HEADS],
     /// A word that this step closed: its text tokens and start time (s from the first audio sample).
-    pub word: Option<(Vec<u32>, f64)>,
+    pub word: Option<(WordTokens, f64)>,
     /// The stop time (s) of the last word, when this step ended it.
     pub end_word: Option<f64>,
     /// Whole input frames still queued after this step.
@@ -118,6 +118,7 @@ impl SttStepOutput {
 
 /// An item of a stream's output queue.
 #[derive(Debug, Clone, PartialEq)]
+#[allow(clippy::large_enum_variant)] // a step's word inline, not boxed: no allocation per word
 pub enum SttOutput {
     /// One step ran.
     Step(SttStepOutput),

@@ -12,9 +12,11 @@
 //! except that nothing is ever dropped: a transcript must not lose words, so the input grows to hold what
 //! the caller pushes ahead of its pulls. The events are exactly [`SttStream`]'s (the same frames reach the
 //! same stream), plus an end-of-turn event from the voice-activity heads (Kyutai's rule, as the CLI's
-//! `--vad`). After warm-up a push or pull allocates nothing, except when a word completes (the model hands
-//! its tokens over in a fresh list, and the word's text is decoded) or when the caller pushes more than the
-//! input holds.
+//! `--vad`). After warm-up a push or pull allocates nothing, words included, except when the caller pushes
+//! more than the input holds: a word's tokens come inline in its event ([`model::stt::WordTokens`]) and
+//! are queued so, and its text is decoded ([`SentencePiece::decode_into`]) into one text buffer shared by
+//! the queued words, emptied whenever the queue is (only then is a step run). That buffer is reserved
+//! for [`TEXT_RESERVE`] bytes and grows only for a step's words longer than that, once.
 
 use std::collections::VecDeque;
 use std::path::Path;
@@ -23,7 +25,7 @@ use std::sync::Arc;
 use kernels::Pool;
 use model::checkpoint::Bundle;
 use model::lm::CpuLm;
-use model::stt::{SttEvent, SttModel, SttPlan, SttStream, MAX_EXTRA_HEADS};
+use model::stt::{SttEvent, SttModel, SttPlan, SttStream, WordTokens, MAX_EXTRA_HEADS};
 use model::text::SentencePiece;
 
 use crate::{physical_cores, Device, EngineOptions, RuntimeError};
@@ -114,6 +116,10 @@ fn check_options(opts: &EngineOptions) -> Result<(), RuntimeError> {
     }
 }
 
+/// Bytes of word text a transcriber reserves (the decoded text of the words queued at once: a step
+/// closes at most one word of at most [`model::stt::MAX_WORD_TOKENS`] tokens).
+pub const TEXT_RESERVE: usize = 1024;
+
 /// Options of [`Transcriber::new`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct TranscriberOptions {
@@ -182,6 +188,7 @@ pub enum TranscriptEvent<'a> {
 
 /// An event waiting to be pulled (owned).
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // a word's tokens inline, not boxed: no allocation per word
 enum Queued {
     Step {
         step_idx: usize,
@@ -196,8 +203,9 @@ enum Queued {
     },
     Word {
         step_idx: usize,
-        text: String,
-        tokens: Vec<u32>,
+        /// Byte range of the text in [`Outbox::text`].
+        text: (usize, usize),
+        tokens: WordTokens,
         start_time: f64,
     },
     EndWord {
@@ -207,7 +215,8 @@ enum Queued {
 }
 
 impl Queued {
-    fn view(&self) -> TranscriptEvent<'_> {
+    /// The event as pulled; `words` is [`Outbox::text`].
+    fn view<'a>(&'a self, words: &'a str) -> TranscriptEvent<'a> {
         match self {
             Queued::Step { step_idx, n, prs } => TranscriptEvent::Step {
                 step_idx: *step_idx,
@@ -230,7 +239,7 @@ impl Queued {
                 start_time,
             } => TranscriptEvent::Word {
                 step_idx: *step_idx,
-                text,
+                text: words.get(text.0..text.1).unwrap_or_default(),
                 tokens,
                 start_time: *start_time,
             },
@@ -252,6 +261,11 @@ struct Outbox {
     steps: usize,
     /// An end of turn may be reported (cleared when one is, set by a word or word end).
     eot_armed: bool,
+    /// Text of the queued words (and of the last pulled one), emptied when a step runs on an empty
+    /// queue.
+    text: String,
+    /// Scratch of the SentencePiece decode (byte pieces).
+    bytes: Vec<u8>,
 }
 
 /// One transcription stream (see the module documentation). `Send`; one thread at a time.
@@ -302,6 +316,8 @@ impl Transcriber {
                 queue: VecDeque::with_capacity(events),
                 steps: 0,
                 eot_armed: true,
+                text: String::with_capacity(TEXT_RESERVE),
+                bytes: Vec::with_capacity(model::stt::MAX_WORD_TOKENS),
             },
             current: None,
             stream,
@@ -369,6 +385,7 @@ impl Transcriber {
         self.out.queue.clear();
         self.out.steps = 0;
         self.out.eot_armed = true;
+        self.out.text.clear();
         self.current = None;
     }
 
@@ -377,6 +394,11 @@ impl Transcriber {
     /// step of a stream also runs its silence prefix. A model without voice-activity heads (stt-2.6b) may
     /// run several steps in one pull (steps that close no word report nothing).
     pub fn pull(&mut self) -> Result<Option<TranscriptEvent<'_>>, RuntimeError> {
+        if self.out.queue.is_empty() {
+            // No queued word reads the text any more (the last pulled one's borrow has ended).
+            self.current = None;
+            self.out.text.clear();
+        }
         while self.out.queue.is_empty() {
             if !self.step_frame()? {
                 self.current = None;
@@ -384,7 +406,8 @@ impl Transcriber {
             }
         }
         self.current = self.out.queue.pop_front();
-        Ok(self.current.as_ref().map(Queued::view))
+        let words = self.out.text.as_str();
+        Ok(self.current.as_ref().map(|q| q.view(words)))
     }
 
     /// Runs the next queued frame through the stream; false when less than a frame is queued.
@@ -447,18 +470,17 @@ impl Outbox {
                 }
                 SttEvent::Word { tokens, start_time } => {
                     self.eot_armed = true;
-                    // Ids come from the model's own vocabulary: decoding cannot fail on them.
-                    let text = spm.decode(tokens).unwrap_or_default();
-                    let trimmed = text.trim();
-                    let text = if trimmed.len() == text.len() {
-                        text
-                    } else {
-                        trimmed.to_string()
-                    };
+                    let start = self.text.len();
+                    // Ids come from the model's own vocabulary: decoding cannot fail on them (and
+                    // writes nothing when it does).
+                    let _ = spm.decode_into(tokens, &mut self.text, &mut self.bytes);
+                    let word = &self.text[start..];
+                    let lead = word.len() - word.trim_start().len();
+                    let end = start + word.trim_end().len();
                     self.queue.push_back(Queued::Word {
                         step_idx,
-                        text,
-                        tokens: tokens.clone(),
+                        text: ((start + lead).min(end), end),
+                        tokens: *tokens,
                         start_time: *start_time,
                     });
                 }

@@ -118,7 +118,7 @@ fn check(what: &str, got: &[SttStepOutput], want: &[Vec<SttEvent>]) -> usize {
                     assert_eq!(*step_idx, i + 1, "{what}");
                     testkit::compare::assert_close(g.prs(), e.prs(), 1e-4, what);
                 }
-                SttEvent::Word { tokens, start_time } => word = Some((tokens.clone(), *start_time)),
+                SttEvent::Word { tokens, start_time } => word = Some((*tokens, *start_time)),
                 SttEvent::EndWord { stop_time } => end = Some(*stop_time),
             }
         }

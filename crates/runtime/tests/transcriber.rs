@@ -302,7 +302,7 @@ fn to_event(e: &TranscriptEvent<'_>) -> Option<model::stt::SttEvent> {
         TranscriptEvent::Word {
             tokens, start_time, ..
         } => SttEvent::Word {
-            tokens: tokens.to_vec(),
+            tokens: model::stt::WordTokens::from_slice(tokens).expect("a word within the cap"),
             start_time,
         },
         TranscriptEvent::EndWord { stop_time, .. } => SttEvent::EndWord { stop_time },

@@ -112,6 +112,11 @@ fn decode(b: &[u8]) -> Vec<(String, V)> {
                     })
                     .collect(),
             ),
+            // str16: the tiny random model's capped words (64 tokens, `model::stt::MAX_WORD_TOKENS`).
+            0xda => {
+                let n = be(&take(2)) as usize;
+                V::Str(String::from_utf8(take(n)).unwrap())
+            }
             _ => panic!("unexpected marker 0x{m:02x}"),
         }
     }

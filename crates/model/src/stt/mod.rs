@@ -14,7 +14,7 @@ mod words;
 
 pub use release::SttRelease;
 pub use stream::{SttBatch, SttModel, SttStream};
-pub use words::{SttEvent, WordAssembler, MAX_EXTRA_HEADS};
+pub use words::{SttEvent, WordAssembler, WordTokens, MAX_EXTRA_HEADS, MAX_WORD_TOKENS};
 
 use crate::checkpoint::{CheckpointError, SttConfig};
 use crate::lm::LmError;

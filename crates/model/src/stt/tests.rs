@@ -36,7 +36,7 @@ fn to_json(e: &SttEvent) -> Value {
             "type": "Step", "step_idx": step_idx,
             "prs": e.prs().iter().map(|&p| f64::from(p)).collect::<Vec<_>>()}),
         SttEvent::Word { tokens, start_time } => {
-            serde_json::json!({"type": "Word", "tokens": tokens, "start_time": start_time})
+            serde_json::json!({"type": "Word", "tokens": tokens.as_slice(), "start_time": start_time})
         }
         SttEvent::EndWord { stop_time } => {
             serde_json::json!({"type": "EndWord", "stop_time": stop_time})
@@ -191,6 +191,103 @@ fn word_rules_match_oracle_on_crafted_tokens() {
     }
     assert_events(&got, &j["crafted_events"], 0.0, "crafted");
     assert!(got.iter().any(|e| matches!(e, SttEvent::EndWord { .. })));
+}
+
+/// The pending word's cap (our rule, not Kyutai's: `words.rs` docs). Kyutai's rules would close one
+/// word of the whole run at the EPAD; capped, the run leaves as words of [`MAX_WORD_TOKENS`] tokens,
+/// each emitted on the step its successor's first token arrives, then the rest at the EPAD: in
+/// order, the run's tokens exactly, all starting at the run's start, one `EndWord` after them. A run
+/// of exactly the cap is one word, and a stream that never ends a word keeps emitting capped words.
+#[test]
+fn word_cap_splits_long_runs_and_loses_nothing() {
+    let (skip, pad, epad) = (2usize, 3u32, 0u32);
+    for run in [
+        1,
+        MAX_WORD_TOKENS - 1,
+        MAX_WORD_TOKENS,
+        MAX_WORD_TOKENS + 1,
+        2 * MAX_WORD_TOKENS + 5,
+    ] {
+        let mut w = WordAssembler::new(skip, pad, epad, FRAME_RATE);
+        // skip steps, PADs, an EPAD at step e0, the run, then an EPAD closing it at step e1.
+        let mut toks = vec![pad; skip + 3];
+        toks.push(epad);
+        let e0 = toks.len();
+        let words: Vec<u32> = (0..run as u32).map(|i| 100 + i).collect();
+        toks.extend_from_slice(&words);
+        toks.push(epad);
+        let e1 = toks.len();
+        let mut got: Vec<(usize, SttEvent)> = Vec::new();
+        for (i, &t) in toks.iter().enumerate() {
+            w.push(t, &[], |e| got.push((i + 1, e)));
+            assert!(
+                w.pending().len() <= MAX_WORD_TOKENS,
+                "run {run}: pending grew"
+            );
+        }
+        let t0 = (e0 - skip) as f64 / FRAME_RATE;
+        let mut seen = Vec::new();
+        let n_words = run.div_ceil(MAX_WORD_TOKENS);
+        assert_eq!(got.len(), n_words + 1, "run {run}: {got:?}");
+        for (k, (step, e)) in got[..n_words].iter().enumerate() {
+            let SttEvent::Word { tokens, start_time } = e else {
+                panic!("run {run}: event {k} is {e:?}");
+            };
+            assert_eq!(*start_time, t0, "run {run}: word {k} start");
+            let want_len = if k + 1 < n_words {
+                MAX_WORD_TOKENS
+            } else {
+                run - k * MAX_WORD_TOKENS
+            };
+            assert_eq!(tokens.len(), want_len, "run {run}: word {k} length");
+            // A full word leaves when the next token arrives; the last one at the closing EPAD.
+            let want_step = if k + 1 < n_words {
+                e0 + (k + 1) * MAX_WORD_TOKENS + 1
+            } else {
+                e1
+            };
+            assert_eq!(*step, want_step, "run {run}: word {k} step");
+            seen.extend_from_slice(tokens);
+        }
+        assert_eq!(seen, words, "run {run}: tokens lost or reordered");
+        assert_eq!(
+            got[n_words],
+            (
+                e1,
+                SttEvent::EndWord {
+                    stop_time: (e1 - skip) as f64 / FRAME_RATE
+                }
+            ),
+            "run {run}"
+        );
+    }
+    // A model that never closes a word: one capped word every MAX_WORD_TOKENS steps, bounded state.
+    let mut w = WordAssembler::new(0, 3, 0, FRAME_RATE);
+    let mut n = 0;
+    for i in 0..10 * MAX_WORD_TOKENS + 1 {
+        w.push(7 + (i % 5) as u32, &[], |e| {
+            assert!(matches!(e, SttEvent::Word { tokens, .. } if tokens.is_full()));
+            n += 1;
+        });
+    }
+    assert_eq!(n, 10);
+    assert_eq!(w.pending().len(), 1);
+}
+
+/// The inline token list holds exactly [`MAX_WORD_TOKENS`] ids and refuses more.
+#[test]
+fn word_tokens_hold_the_cap() {
+    let ids: Vec<u32> = (0..MAX_WORD_TOKENS as u32 + 1).collect();
+    let full = WordTokens::from_slice(&ids[..MAX_WORD_TOKENS]).unwrap();
+    assert_eq!(&full[..], &ids[..MAX_WORD_TOKENS]);
+    assert!(full.is_full());
+    assert!(WordTokens::from_slice(&ids).is_none());
+    let mut w = full;
+    assert!(!w.push(1));
+    assert_eq!(w, full);
+    w.clear();
+    assert!(w.push(9));
+    assert_eq!(&w[..], &[9]);
 }
 
 /// Both fixture bundles parse as STT configs with the plan the oracle used.

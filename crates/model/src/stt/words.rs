@@ -1,12 +1,115 @@
 //! Word assembly: Kyutai's streaming word rules (moshi-server's ASR step, `docs/stt.md`) over the text
 //! tokens of one stream.
+//!
+//! A word's tokens travel inside its event, in a fixed-capacity inline list ([`WordTokens`], at most
+//! [`MAX_WORD_TOKENS`] ids), not in a heap list or a range into a per-batch arena: events outlive the
+//! step that made them (the runner sends them to another thread, the transcriber queues them), and a
+//! lent range would make every such consumer copy the tokens into an arena of its own, while an inline
+//! list makes [`SttEvent`] `Copy` and every consumer allocation-free as it is. The price is a fixed
+//! event size (272 bytes) and a cap on a word's length, which the pending word needs anyway (a model
+//! that never closes a word must not grow a buffer without bound).
+//!
+//! The cap is 64 tokens: a word here is a run of text tokens with no PAD or EPAD between them, and
+//! at 12.5 steps per second a run of 64 is 5.12 s of text without one padding token, far beyond a
+//! word of the released 4000- and 8000-piece vocabularies (a few pieces each). The oracle's tiny
+//! random models do make long runs (their fixtures' longest closed word is 12 tokens, and the 2.6b
+//! fixture ends in an unclosed run of 36), so the cap sits above what the parity fixtures reach. A
+//! longer run is emitted as a word of its first 64 tokens on the step its 65th arrives, and the run
+//! goes on as a new word with the same start time (nothing is dropped; a consumer sees two `Word`s
+//! before the `EndWord`, as it does when a PAD separates two words). Kyutai's server has no cap: a
+//! stream that reaches it is the one place these rules and Kyutai's differ.
 
 /// Largest number of extra (voice-activity) heads a [`SttEvent::Step`] carries (Kyutai's stt-1b has 4).
 pub const MAX_EXTRA_HEADS: usize = 8;
 
+/// Most text tokens one [`SttEvent::Word`] carries; a longer run of tokens is split (module docs).
+pub const MAX_WORD_TOKENS: usize = 64;
+
+// The event's size, as the module docs give it.
+const _: () = assert!(std::mem::size_of::<SttEvent>() == 272);
+
+/// The text tokens of one word: up to [`MAX_WORD_TOKENS`] ids held inline (no heap), read as a
+/// slice through `Deref`.
+#[derive(Clone, Copy)]
+pub struct WordTokens {
+    len: u32,
+    ids: [u32; MAX_WORD_TOKENS],
+}
+
+impl WordTokens {
+    /// No tokens.
+    pub const fn new() -> Self {
+        WordTokens {
+            len: 0,
+            ids: [0; MAX_WORD_TOKENS],
+        }
+    }
+
+    /// The tokens of `ids`, or `None` when there are more than [`MAX_WORD_TOKENS`].
+    pub fn from_slice(ids: &[u32]) -> Option<Self> {
+        let mut w = WordTokens::new();
+        w.ids.get_mut(..ids.len())?.copy_from_slice(ids);
+        w.len = ids.len() as u32;
+        Some(w)
+    }
+
+    /// The tokens.
+    pub fn as_slice(&self) -> &[u32] {
+        &self.ids[..self.len as usize]
+    }
+
+    /// Whether the list holds [`MAX_WORD_TOKENS`] tokens.
+    pub fn is_full(&self) -> bool {
+        self.len as usize == MAX_WORD_TOKENS
+    }
+
+    /// Appends `id`; false (and nothing changes) when the list is full.
+    pub fn push(&mut self, id: u32) -> bool {
+        match self.ids.get_mut(self.len as usize) {
+            Some(slot) => {
+                *slot = id;
+                self.len += 1;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Empties the list.
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+}
+
+impl Default for WordTokens {
+    fn default() -> Self {
+        WordTokens::new()
+    }
+}
+
+impl std::ops::Deref for WordTokens {
+    type Target = [u32];
+    fn deref(&self) -> &[u32] {
+        self.as_slice()
+    }
+}
+
+impl PartialEq for WordTokens {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl std::fmt::Debug for WordTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.as_slice()).finish()
+    }
+}
+
 /// What one stream's step produced, in Kyutai's order: the `Step` (when the model has extra heads)
 /// first, then a `Word` and/or an `EndWord`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[allow(clippy::large_enum_variant)] // the word inline, not boxed: no allocation per word (module docs)
 pub enum SttEvent {
     /// A model step ran (only sent by models with extra heads, as Kyutai's server does).
     Step {
@@ -21,8 +124,9 @@ pub enum SttEvent {
     /// A word: its text tokens (PAD / EPAD excluded) and its start time in seconds from the start
     /// of the audio (the stop time of the previous word boundary).
     Word {
-        /// SentencePiece ids of the word.
-        tokens: Vec<u32>,
+        /// SentencePiece ids of the word (a run longer than [`MAX_WORD_TOKENS`] comes as several
+        /// words: module docs).
+        tokens: WordTokens,
         /// Start time, seconds.
         start_time: f64,
     },
@@ -48,7 +152,9 @@ impl SttEvent {
 /// Per step, with `skip` = audio delay in tokens + silence-prefix frames: steps before `skip` are
 /// ignored; a PAD or EPAD token closes the pending word (a [`SttEvent::Word`] that starts at the last
 /// stop time); any other token extends it; an EPAD sets the stop time to `(step − skip) / 12.5` s and
-/// ends the last emitted word ([`SttEvent::EndWord`]) if one is open.
+/// ends the last emitted word ([`SttEvent::EndWord`]) if one is open. A token that finds the pending
+/// word full ([`MAX_WORD_TOKENS`]) first emits it as a word, then starts the next one (module docs).
+/// Allocates nothing.
 #[derive(Debug, Clone)]
 pub struct WordAssembler {
     skip: usize,
@@ -56,7 +162,7 @@ pub struct WordAssembler {
     pad: u32,
     epad: u32,
     step_idx: usize,
-    word: Vec<u32>,
+    word: WordTokens,
     unended: bool,
     last_stop: f64,
 }
@@ -71,13 +177,13 @@ impl WordAssembler {
             pad,
             epad,
             step_idx: 0,
-            word: Vec::with_capacity(64),
+            word: WordTokens::new(),
             unended: false,
             last_stop: 0.0,
         }
     }
 
-    /// Back to the start of a stream (keeps its buffer).
+    /// Back to the start of a stream.
     pub fn reset(&mut self) {
         self.step_idx = 0;
         self.word.clear();
@@ -113,17 +219,11 @@ impl WordAssembler {
             return;
         }
         if token == self.pad || token == self.epad {
-            if !self.word.is_empty() {
-                // A copy leaves with the event (the step's one allocation, once per word); the
-                // buffer stays, so the next word's tokens are pushed without allocating.
-                emit(SttEvent::Word {
-                    tokens: self.word.clone(),
-                    start_time: self.last_stop,
-                });
-                self.word.clear();
-                self.unended = true;
-            }
+            self.close_word(&mut emit);
         } else {
+            if self.word.is_full() {
+                self.close_word(&mut emit);
+            }
             self.word.push(token);
         }
         if token == self.epad {
@@ -133,6 +233,18 @@ impl WordAssembler {
                 emit(SttEvent::EndWord { stop_time });
             }
             self.last_stop = stop_time;
+        }
+    }
+
+    /// Emits the pending word, if any, starting at the last stop time.
+    fn close_word(&mut self, emit: &mut impl FnMut(SttEvent)) {
+        if !self.word.is_empty() {
+            emit(SttEvent::Word {
+                tokens: self.word,
+                start_time: self.last_stop,
+            });
+            self.word.clear();
+            self.unended = true;
         }
     }
 }

@@ -514,38 +514,59 @@ impl SentencePiece {
     /// with one U+FFFD per invalid byte, `▁` becomes a space, and the leading space of the first piece
     /// is dropped when the normalizer adds a dummy prefix or removes extra whitespace.
     pub fn decode(&self, ids: &[u32]) -> Result<String, TextError> {
+        let mut out = String::new();
+        self.decode_into(ids, &mut out, &mut Vec::new())?;
+        Ok(out)
+    }
+
+    /// [`SentencePiece::decode`] appended to `out` (the first piece's leading space dropped as if
+    /// `out` were empty), with `bytes` as scratch for runs of byte pieces: allocates nothing when
+    /// `out` and `bytes` have room (the speech-to-text transcriber decodes each word this way). An id
+    /// outside the vocabulary is refused before anything is written.
+    pub fn decode_into(
+        &self,
+        ids: &[u32],
+        out: &mut String,
+        bytes: &mut Vec<u8>,
+    ) -> Result<(), TextError> {
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= self.pieces.len()) {
+            return Err(TextError::IdOutOfRange {
+                id,
+                vocab_size: self.pieces.len(),
+            });
+        }
         let strip_first =
             self.normalizer.add_dummy_prefix || self.normalizer.remove_extra_whitespaces;
-        let mut out = String::new();
-        let mut bytes: Vec<u8> = Vec::new();
+        let start = out.len();
+        bytes.clear();
         for &id in ids {
-            let p = self
-                .pieces
-                .get(id as usize)
-                .ok_or(TextError::IdOutOfRange {
-                    id,
-                    vocab_size: self.pieces.len(),
-                })?;
+            let p = &self.pieces[id as usize];
             if let (PieceType::Byte, Some(b)) = (p.kind, parse_byte_piece(&p.text)) {
                 bytes.push(b);
                 continue;
             }
-            detok::push_bytes_lossy(&bytes, &mut out);
+            detok::push_bytes_lossy(bytes, out);
             bytes.clear();
             match p.kind {
                 PieceType::Control => {}
                 PieceType::Unknown => out.push_str(&self.unk_surface),
                 _ => {
                     let mut piece = p.text.as_str();
-                    if strip_first && out.is_empty() {
+                    if strip_first && out.len() == start {
                         piece = piece.strip_prefix(SPACE_SYMBOL).unwrap_or(piece);
                     }
-                    out.push_str(&piece.replace(SPACE_SYMBOL, " "));
+                    for (i, part) in piece.split(SPACE_SYMBOL).enumerate() {
+                        if i > 0 {
+                            out.push(' ');
+                        }
+                        out.push_str(part);
+                    }
                 }
             }
         }
-        detok::push_bytes_lossy(&bytes, &mut out);
-        Ok(out)
+        detok::push_bytes_lossy(bytes, out);
+        bytes.clear();
+        Ok(())
     }
 
     pub(crate) fn display(&self, id: u32) -> Display {
