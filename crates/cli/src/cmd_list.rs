@@ -170,14 +170,7 @@ mod tests {
         assert!(scan(&cache).is_empty());
         // A complete q8 moshiko, and a moshika q4 whose LM download stopped halfway.
         let spec = repo_spec(Variant::Moshiko, Preset::Q8);
-        let repo = repo_cache_dir(&cache, &spec.repo);
-        std::fs::create_dir_all(repo.join("refs")).unwrap();
-        std::fs::write(repo.join("refs/main"), "r1\n").unwrap();
-        let snap = repo.join("snapshots/r1");
-        std::fs::create_dir_all(&snap).unwrap();
-        for f in &spec.files {
-            std::fs::write(snap.join(f), b"0123456789").unwrap();
-        }
+        crate::models::cached_snapshot(&cache, &spec.repo, "r1", &spec.files, b"0123456789");
         let spec4 = repo_spec(Variant::Moshika, Preset::Q4);
         let repo4 = repo_cache_dir(&cache, &spec4.repo);
         std::fs::create_dir_all(repo4.join("blobs")).unwrap();

@@ -154,13 +154,17 @@ fn session(
     Session::new(opened.engine.clone(), opts).context("cannot create a session")
 }
 
-/// The transcript as a text file: ends with a newline, as text files do.
-fn text_file(text: &str) -> String {
+/// Writes the transcript to `path` when one is given (`--text-out`), ending with a newline as text
+/// files do.
+fn write_text(path: Option<&std::path::Path>, text: &str) -> Result<()> {
+    let Some(path) = path else {
+        return Ok(());
+    };
     let mut t = text.to_string();
     if !t.ends_with('\n') {
         t.push('\n');
     }
-    t
+    std::fs::write(path, t).with_context(|| format!("cannot write {}", path.display()))
 }
 
 fn summary(label: &str, demo: bool, r: &RunResult, out: &std::path::Path) {
@@ -249,10 +253,7 @@ pub fn run_duplex(a: &DuplexArgs) -> Result<()> {
         runtime::audio::write_wav_mono(&a.out, &r.moshi, SAMPLE_RATE, WavFormat::I16)
     }
     .with_context(|| format!("cannot write {}", a.out.display()))?;
-    if let Some(t) = &a.text_out {
-        std::fs::write(t, text_file(&r.text))
-            .with_context(|| format!("cannot write {}", t.display()))?;
-    }
+    write_text(a.text_out.as_deref(), &r.text)?;
     summary("duplex", opened.demo, &r, &a.out);
     if !r.text.is_empty() {
         eprintln!("transcript: {}", r.text.trim());
@@ -305,10 +306,7 @@ pub fn run_generate(a: &GenerateArgs) -> Result<()> {
     println!();
     runtime::audio::write_wav_mono(&a.out, &r.moshi, SAMPLE_RATE, WavFormat::I16)
         .with_context(|| format!("cannot write {}", a.out.display()))?;
-    if let Some(t) = &a.text_out {
-        std::fs::write(t, text_file(&r.text))
-            .with_context(|| format!("cannot write {}", t.display()))?;
-    }
+    write_text(a.text_out.as_deref(), &r.text)?;
     summary("generate", opened.demo, &r, &a.out);
     Ok(())
 }

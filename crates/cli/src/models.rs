@@ -352,6 +352,27 @@ impl ModelArgs {
     }
 }
 
+/// Lays out the Hugging Face cache's snapshot `rev` of `repo` by hand (`refs/main` naming it), as a
+/// user following the offline hint would: each of `files` holding `bytes`. Returns the snapshot.
+#[cfg(test)]
+pub(crate) fn cached_snapshot(
+    cache: &Path,
+    repo: &str,
+    rev: &str,
+    files: &[&str],
+    bytes: &[u8],
+) -> PathBuf {
+    let repo = repo_cache_dir(cache, repo);
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), format!("{rev}\n")).unwrap();
+    let snap = repo.join("snapshots").join(rev);
+    std::fs::create_dir_all(&snap).unwrap();
+    for f in files {
+        std::fs::write(snap.join(f), bytes).unwrap();
+    }
+    snap
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -490,14 +511,7 @@ mod tests {
 
         // Lay out a complete snapshot by hand, as a user following the offline hint would.
         let spec = repo_spec(Variant::Moshiko, Preset::Q8);
-        let repo = repo_cache_dir(&tmp, &spec.repo);
-        std::fs::create_dir_all(repo.join("refs")).unwrap();
-        std::fs::write(repo.join("refs/main"), "abc123\n").unwrap();
-        let snap = repo.join("snapshots/abc123");
-        std::fs::create_dir_all(&snap).unwrap();
-        for f in &spec.files[..2] {
-            std::fs::write(snap.join(f), b"x").unwrap();
-        }
+        let snap = cached_snapshot(&tmp, &spec.repo, "abc123", &spec.files[..2], b"x");
         assert!(
             args.resolve_with_cache(&tmp).is_err(),
             "incomplete snapshot must not resolve"

@@ -14,7 +14,7 @@ use testkit::ScratchDir;
 
 mod common;
 
-use common::{free_port, metric, Ws};
+use common::{free_port, metric, send_tone_frame, Ws};
 
 /// A `serve --model demo` child with its own cache folder and stderr file.
 struct Serve {
@@ -122,19 +122,7 @@ fn talk(ws: &mut Ws, frames: u64, hz: f32) -> usize {
     let mut enc = server::codec::OggOpusEncoder::new().unwrap();
     let start = Instant::now();
     for i in 0..frames {
-        let pcm: Vec<f32> = (0..1920)
-            .map(|k| {
-                let t = (i * 1920 + k) as f32 / 24_000.0;
-                0.3 * (std::f32::consts::TAU * hz * t).sin()
-            })
-            .collect();
-        let mut m = vec![1u8];
-        enc.push(&pcm, &mut m).unwrap();
-        assert!(ws.send_binary(&m));
-        let next = start + Duration::from_millis(80 * (i + 1));
-        if let Some(d) = next.checked_duration_since(Instant::now()) {
-            std::thread::sleep(d);
-        }
+        assert!(send_tone_frame(ws, &mut enc, i, hz, start));
     }
     // The reader stops once nothing came for 5 s after the last frame.
     reader.join().unwrap()

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{free_port, metric, Ws};
+use common::{free_port, metric, send_tone_frame, Ws};
 
 #[derive(Default)]
 struct ClientLog {
@@ -42,20 +42,8 @@ fn converse(mut ws: Ws, seed: u32) -> (Arc<ClientLog>, std::thread::JoinHandle<(
         let mut enc = server::codec::OggOpusEncoder::new().unwrap();
         let start = Instant::now();
         for i in 0..600u64 {
-            let pcm: Vec<f32> = (0..1920)
-                .map(|k| {
-                    let t = (i * 1920 + k) as f32 / 24_000.0;
-                    0.3 * (std::f32::consts::TAU * (200.0 + seed as f32) * t).sin()
-                })
-                .collect();
-            let mut m = vec![1u8];
-            enc.push(&pcm, &mut m).unwrap();
-            if !ws.send_binary(&m) {
+            if !send_tone_frame(&mut ws, &mut enc, i, 200.0 + seed as f32, start) {
                 return;
-            }
-            let next = start + Duration::from_millis(80 * (i + 1));
-            if let Some(d) = next.checked_duration_since(Instant::now()) {
-                std::thread::sleep(d);
             }
         }
     });

@@ -76,6 +76,34 @@ pub fn metric(port: u16, name: &str) -> Option<u64> {
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
+/// Sends frame `i` (80 ms at 24 kHz of a 0.3-amplitude sine of `hz`, continuous across frames) as
+/// an audio message encoded by `enc`, then sleeps until that frame's real-time end counted from
+/// `start`. False when the socket is gone.
+pub fn send_tone_frame(
+    ws: &mut Ws,
+    enc: &mut server::codec::OggOpusEncoder,
+    i: u64,
+    hz: f32,
+    start: std::time::Instant,
+) -> bool {
+    let pcm: Vec<f32> = (0..1920)
+        .map(|k| {
+            let t = (i * 1920 + k) as f32 / 24_000.0;
+            0.3 * (std::f32::consts::TAU * hz * t).sin()
+        })
+        .collect();
+    let mut m = vec![1u8];
+    enc.push(&pcm, &mut m).unwrap();
+    if !ws.send_binary(&m) {
+        return false;
+    }
+    let next = start + Duration::from_millis(80 * (i + 1));
+    if let Some(d) = next.checked_duration_since(std::time::Instant::now()) {
+        std::thread::sleep(d);
+    }
+    true
+}
+
 /// A blocking WebSocket client connection.
 pub struct Ws {
     /// The connection (tests clone it to read and write from two threads).
