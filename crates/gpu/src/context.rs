@@ -165,6 +165,10 @@ struct Inner {
     buffers: AtomicU64,
     bind_groups: AtomicU64,
     allocated: AtomicU64,
+    /// Command buffers submitted through [`GpuContext::submit`].
+    submits: AtomicU64,
+    /// Host waits on the device ([`GpuContext::wait`], [`GpuContext::wait_for`]).
+    waits: AtomicU64,
     /// The profiler, when [`GpuOptions::profile`] asked for one.
     profiler: Option<Arc<Profiler>>,
 }
@@ -240,6 +244,8 @@ impl GpuContext {
                 buffers: AtomicU64::new(0),
                 bind_groups: AtomicU64::new(0),
                 allocated: AtomicU64::new(0),
+                submits: AtomicU64::new(0),
+                waits: AtomicU64::new(0),
                 profiler,
             }),
         })
@@ -276,6 +282,24 @@ impl GpuContext {
     /// Bytes of buffers allocated through this context.
     pub fn bytes_allocated(&self) -> u64 {
         self.inner.allocated.load(Ordering::Relaxed)
+    }
+
+    /// Command buffers submitted through this context so far (every submission of the backend's
+    /// frames; the profiler's own resolve is not counted).
+    pub fn submissions(&self) -> u64 {
+        self.inner.submits.load(Ordering::Relaxed)
+    }
+
+    /// Host waits on the device through this context so far.
+    pub fn waits(&self) -> u64 {
+        self.inner.waits.load(Ordering::Relaxed)
+    }
+
+    /// Submits one command buffer (counted in [`GpuContext::submissions`]); the index is what
+    /// [`GpuContext::wait_for`] waits on.
+    pub(crate) fn submit(&self, cb: wgpu::CommandBuffer) -> wgpu::SubmissionIndex {
+        self.inner.submits.fetch_add(1, Ordering::Relaxed);
+        self.queue().submit([cb])
     }
 
     pub(crate) fn device(&self) -> &wgpu::Device {
@@ -549,16 +573,29 @@ impl GpuContext {
         bind
     }
 
-    /// Waits for the queue's most recent submission (with one queue: everything submitted) and
-    /// returns the first error the device reported since the last call. wgpu 30's
-    /// `PollType::wait_indefinitely` is this same wait on the latest submission, not a wider
-    /// one: naming a submission index would change nothing while every caller submits, then
-    /// waits on what it just submitted.
+    /// Waits for the queue's most recent submission (with one queue: everything submitted,
+    /// whoever submitted it) and returns the first error the device reported since the last
+    /// call. Callers that share the context with other drivers wait with
+    /// [`GpuContext::wait_for`] instead.
     pub(crate) fn wait(&self) -> Result<(), GpuError> {
+        self.poll(wgpu::PollType::wait_indefinitely())
+    }
+
+    /// Waits for submission `index` only: work other drivers submitted to the shared queue after
+    /// it is not waited for (the one-submission frame, [`crate::GpuDuplex`]).
+    pub(crate) fn wait_for(&self, index: wgpu::SubmissionIndex) -> Result<(), GpuError> {
+        self.poll(wgpu::PollType::Wait {
+            submission_index: Some(index),
+            timeout: None,
+        })
+    }
+
+    fn poll(&self, how: wgpu::PollType) -> Result<(), GpuError> {
+        self.inner.waits.fetch_add(1, Ordering::Relaxed);
         let t0 = self.inner.profiler.as_ref().map(|p| p.wait_begins());
         let r = self
             .device()
-            .poll(wgpu::PollType::wait_indefinitely())
+            .poll(how)
             .map(|_| ())
             .map_err(|e| GpuError::Runtime(e.to_string()));
         if let (Some(p), Some(t0)) = (&self.inner.profiler, t0) {

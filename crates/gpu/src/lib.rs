@@ -23,6 +23,10 @@
 //!   all listed slots, each kernel launched once for all of them (a slot dimension in every Mimi
 //!   kernel).
 //!
+//! * [`GpuDuplex`] is one conversation's whole duplex frame in one submission: Mimi encode, the LM
+//!   step reading its input from a delay ring in device memory, sampling, Mimi decode, one readback,
+//!   waited for by its own submission index (the runtime's sessions use it on the GPU).
+//!
 //! Every buffer and bind group is created at load ([`GpuContext::buffers_created`] counts them); a
 //! step records one command buffer (wgpu creates command encoders per submission by design),
 //! writes its tokens with `Queue::write_buffer` and maps one readback buffer of a fixed ring.
@@ -30,6 +34,7 @@
 mod bindings;
 mod context;
 mod dispatch;
+mod duplex;
 mod lm;
 mod matrix;
 mod mimi;
@@ -40,6 +45,7 @@ pub mod shaders;
 mod uniforms;
 
 pub use context::{adapters, choose_adapter, AdapterChoice, AdapterDesc, GpuContext, GpuOptions};
+pub use duplex::{DuplexStep, GpuDuplex};
 pub use lm::{AttentionRow, AttentionShape, GpuAttention, GpuLm, GpuLmOptions, GpuLmWeights};
 pub use matrix::GpuMatrix;
 pub use mimi::{GpuMimi, GpuMimiBatch, GpuMimiWeights, MimiKernel, TestConvOut};

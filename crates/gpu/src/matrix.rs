@@ -388,7 +388,7 @@ impl GpuContext {
             }
         }
         enc.copy_buffer_to_buffer(y, 0, &rb, 0, (len * 4) as u64);
-        self.queue().submit([enc.finish()]);
+        self.submit(enc.finish());
         let mut out = vec![0f32; len];
         crate::context::read_mapped(self, &rb, &mut out)?;
         Ok(out)

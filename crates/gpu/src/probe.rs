@@ -84,7 +84,7 @@ impl BandwidthProbe {
             .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
         enc.copy_buffer_to_buffer(&self.dst, 0, &rb, 0, len);
-        self.ctx.queue().submit([enc.finish()]);
+        self.ctx.submit(enc.finish());
         let mut out = vec![0f32; len as usize / 4];
         crate::context::read_mapped(&self.ctx, &rb, &mut out)?;
         Ok(out.iter().map(|v| v.to_bits()).collect())
@@ -102,7 +102,7 @@ impl BandwidthProbe {
             self.copy.record(&mut pass, 1);
         }
         let t = Instant::now();
-        self.ctx.queue().submit([enc.finish()]);
+        self.ctx.submit(enc.finish());
         self.ctx.wait()?;
         let s = t.elapsed().as_secs_f64();
         Ok(2.0 * self.bytes as f64 / s / 1e9)

@@ -437,7 +437,7 @@ impl GpuSampler {
         }
         let len = (n * self.stage.stride * 4) as u64;
         enc.copy_buffer_to_buffer(&self.stage.records, 0, &self.readback, 0, len);
-        q.submit([enc.finish()]);
+        ctx.submit(enc.finish());
         let slice = self.readback.slice(..len);
         slice.map_async(wgpu::MapMode::Read, |_| {});
         ctx.wait()?;

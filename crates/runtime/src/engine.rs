@@ -521,6 +521,25 @@ impl Engine {
             .lm_backend(&self.lm, rows, self.opts.kv_dtype, kv_capacity, workers)
     }
 
+    /// A conversation's whole frame pass as one call (`fused.rs`) when the device has one and
+    /// samples with `sampler`: on the GPU, `gpu::GpuDuplex` (one submission per frame); `None`
+    /// on the CPU, whose sessions keep [`Engine::lm_backend`] and [`Engine::codec_backend`].
+    pub(crate) fn frame_backend(
+        &self,
+        sampler: &model::sampling::Sampler,
+    ) -> Result<Option<Box<dyn crate::fused::FrameBackend>>, RuntimeError> {
+        match &self.compute {
+            Compute::Cpu => {
+                let _ = sampler;
+                Ok(None)
+            }
+            #[cfg(feature = "gpu")]
+            Compute::Gpu(g) => {
+                crate::gpu_frame::open(&g.lm, &g.mimi()?, self.opts.kv_dtype, sampler)
+            }
+        }
+    }
+
     /// The codec backend of one conversation (its streaming state allocated here).
     pub(crate) fn codec_backend(
         &self,

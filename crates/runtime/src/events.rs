@@ -11,7 +11,9 @@ pub enum StopReason {
     MaxSteps,
 }
 
-/// Wall-clock time spent in each phase of one frame pass, in microseconds.
+/// Wall-clock time spent in each phase of one frame pass, in microseconds. A session on the GPU runs
+/// encode, LM step and decode as one device call: there `encode_us` is 0, `lm_us` is the whole call and
+/// `decode_us` the detokenization and resampling after it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FrameTimings {
     /// Mimi encode of the input frame.

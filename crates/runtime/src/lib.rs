@@ -3,7 +3,8 @@
 //! * [`Engine`]: the resident, immutable weight image (LM + Mimi + tokenizer), shared by sessions (`Arc`), and
 //!   the [`Device`] sessions compute on ([`EngineOptions`]).
 //! * [`Session`]: all per-conversation state, preallocated; [`Session::step`] runs one frame pass
-//!   (encode → LM step → decode + detokenize; `conversation.rs` and `stepper.rs`) and returns borrowed output.
+//!   (encode → LM step → decode + detokenize; `conversation.rs` and `stepper.rs`, or `fused.rs` where the
+//!   device runs the whole pass as one call: the GPU) and returns borrowed output.
 //! * [`PcmProducer`]: non-blocking input (any chunk size, lock-free ring with drop-oldest).
 //! * [`SessionControl`]: interrupt / pause / resume / reset / stop from any thread, applied between frames.
 //! * [`SessionRunner`]: a worker thread per session with an event queue; stop joins exactly once.
@@ -43,6 +44,9 @@ mod conversation;
 mod engine;
 mod error;
 mod events;
+mod fused;
+#[cfg(feature = "gpu")]
+mod gpu_frame;
 mod inlet;
 pub mod realtime;
 mod resample;

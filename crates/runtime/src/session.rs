@@ -9,6 +9,7 @@ use crate::control::SessionControl;
 use crate::conversation::{micros, Conversation};
 use crate::engine::Workers;
 use crate::events::{Counters, FrameEvent, FrameTimings, Step};
+use crate::fused::FusedPass;
 use crate::inlet::Inlet;
 use crate::ring::{FrameRing, PcmProducer, PushReport};
 use crate::runner::{Drive, Driven, SessionRunner};
@@ -55,11 +56,19 @@ impl Default for SessionOptions {
 /// LM share).
 pub struct Session {
     conv: Conversation,
-    stepper: Stepper,
+    pass: Pass,
     /// The worker pool the LM and codec backends share.
     compute: Workers,
     producer: Option<PcmProducer>,
     opts: SessionOptions,
+}
+
+/// How a session runs its frame pass.
+enum Pass {
+    /// Encode, LM step and decode apart (the CPU; a GPU session whose sampler needs the host).
+    Split(Box<Stepper>),
+    /// The whole pass as one call of the device (`fused.rs`: the GPU).
+    Fused(Box<FusedPass>),
 }
 
 impl std::fmt::Debug for Session {
@@ -102,22 +111,27 @@ impl Session {
             ));
         }
         let compute = engine.workers();
-        let mut stepper = Stepper::new(&engine, &compute, 1, kv_capacity)?;
-        stepper.set_sampler(0, new_sampler(&engine, opts.sampling.clone())?);
+        let sampler = new_sampler(&engine, opts.sampling.clone())?;
         let ring = FrameRing::new(opts.max_queued_frames);
         let producer = Some(PcmProducer::new(ring.clone()));
         let inlet = Inlet::new(ring, opts.max_steps);
-        let codec = engine.codec_backend(&compute)?;
-        let conv = Conversation::new(
-            &engine,
-            codec,
-            inlet,
-            opts.output_rate,
-            opts.first_frame_reset,
-        )?;
+        let (rate, rule) = (opts.output_rate, opts.first_frame_reset);
+        let (pass, conv) = match engine.frame_backend(&sampler)? {
+            Some(backend) => (
+                Pass::Fused(Box::new(FusedPass::new(backend, sampler))),
+                Conversation::without_codec(&engine, inlet, rate, rule)?,
+            ),
+            None => {
+                let mut stepper = Stepper::new(&engine, &compute, 1, kv_capacity)?;
+                stepper.set_sampler(0, sampler);
+                let codec = engine.codec_backend(&compute)?;
+                let conv = Conversation::new(&engine, codec, inlet, rate, rule)?;
+                (Pass::Split(Box::new(stepper)), conv)
+            }
+        };
         Ok(Session {
             conv,
-            stepper,
+            pass,
             compute,
             producer,
             opts,
@@ -196,22 +210,37 @@ impl Session {
     /// Install a hook called at the start of every phase of the frame pass (tests of stop-during-phase).
     #[doc(hidden)]
     pub fn set_phase_hook(&mut self, hook: Option<PhaseHook>) {
-        self.stepper.hook = hook;
+        match &mut self.pass {
+            Pass::Split(st) => st.hook = hook,
+            Pass::Fused(f) => f.hook = hook,
+        }
     }
 
     /// Run one frame pass if a whole input frame is queued; otherwise return at once. Commands are applied
     /// first (between frames). After warm-up this allocates nothing.
     pub fn step(&mut self) -> Result<Step<'_>, RuntimeError> {
-        self.stepper.begin_tick();
-        match self.stepper.prepare(0, &mut self.conv) {
+        let stepper = match &mut self.pass {
+            Pass::Split(st) => st,
+            Pass::Fused(f) => {
+                return Ok(match f.step(&mut self.conv)? {
+                    Prepared::Idle => Step::Idle,
+                    Prepared::Paused => Step::Paused,
+                    Prepared::Stopped(r) => Step::Stopped(r),
+                    Prepared::Failed(e) => return Err(e),
+                    Prepared::Ready => Step::Frame(&self.conv.frame),
+                })
+            }
+        };
+        stepper.begin_tick();
+        match stepper.prepare(0, &mut self.conv) {
             Prepared::Idle => return Ok(Step::Idle),
             Prepared::Paused => return Ok(Step::Paused),
             Prepared::Stopped(r) => return Ok(Step::Stopped(r)),
             Prepared::Failed(e) => return Err(e),
             Prepared::Ready => {}
         }
-        self.stepper.step_lm()?;
-        self.stepper.finish(0, &mut self.conv)?;
+        stepper.step_lm()?;
+        stepper.finish(0, &mut self.conv)?;
         Ok(Step::Frame(&self.conv.frame))
     }
 
@@ -244,7 +273,10 @@ impl Session {
         let result = self.warm_up_pass();
         // Back to the fresh stream whatever happened: LM row (token cache, KV positions), sampler
         // (seeds, history), codec streams, detokenizer, resampler.
-        self.stepper.reset_row(0);
+        match &mut self.pass {
+            Pass::Split(st) => st.reset_row(0),
+            Pass::Fused(f) => f.reset_row(),
+        }
         self.conv.reset_streams();
         let (encode_us, lm_us, decode_us) = result?;
         Ok(FrameTimings {
@@ -260,14 +292,18 @@ impl Session {
     /// The pass of [`Session::warm_up`]: encode, LM step (no forced text), decode; returns the
     /// microseconds of each.
     fn warm_up_pass(&mut self) -> Result<(u32, u32, u32), RuntimeError> {
-        self.stepper.begin_tick();
+        let stepper = match &mut self.pass {
+            Pass::Split(st) => st,
+            Pass::Fused(f) => return f.warm_up_pass(&mut self.conv),
+        };
+        stepper.begin_tick();
         let t0 = Instant::now();
         let codes = *self.conv.encode()?;
         let encode_us = micros(t0.elapsed());
-        self.stepper.admit_with(0, &codes, None, encode_us);
-        self.stepper.step_lm()?;
-        let lm_us = self.stepper.lm_us();
-        let audio = match self.stepper.take_result(0).map_err(|e| lm_error(e, 0))? {
+        stepper.admit_with(0, &codes, None, encode_us);
+        stepper.step_lm()?;
+        let lm_us = stepper.lm_us();
+        let audio = match stepper.take_result(0).map_err(|e| lm_error(e, 0))? {
             Some(f) => {
                 let mut a = [0u32; N_AUDIO];
                 a.copy_from_slice(f.audio());

@@ -399,6 +399,10 @@ pub(crate) struct GpuDuplexCell {
     pub decode: Vec<f64>,
     /// Frames the session had processed at the end.
     pub frames: u64,
+    /// Device submissions per timed frame (1: the one-submission frame, `gpu::GpuDuplex`).
+    pub submissions_per_frame: f64,
+    /// Host waits on the device per timed frame.
+    pub waits_per_frame: f64,
     /// The profile of the timed frames (`--profile`).
     pub profile: Option<gpu::ProfileReport>,
 }
@@ -480,9 +484,13 @@ pub(crate) fn bench_duplex_gpu(
         lm: Vec::new(),
         decode: Vec::new(),
         frames: 0,
+        submissions_per_frame: 0.0,
+        waits_per_frame: 0.0,
         profile: None,
     };
     let (mut resample, mut detok, mut lag) = (Vec::new(), Vec::new(), Vec::new());
+    // The profiler's own resolve is not counted; nothing else runs on this context meanwhile.
+    let counted = (ctx.submissions(), ctx.waits());
     for round in 0..args.rounds {
         for k in 0..frames {
             prof.begin(&ctx);
@@ -511,6 +519,9 @@ pub(crate) fn bench_duplex_gpu(
             lag.push(ms(t.lag_us));
         }
     }
+    let timed = cell.e2e.len().max(1) as f64;
+    cell.submissions_per_frame = (ctx.submissions() - counted.0) as f64 / timed;
+    cell.waits_per_frame = (ctx.waits() - counted.1) as f64 / timed;
     runner.stop()?;
     cell.frames = processed;
     let med = |v: &[f64]| stats(v).0;
@@ -519,7 +530,8 @@ pub(crate) fn bench_duplex_gpu(
     println!(
         "result impl=ours what=duplex_frame device=gpu adapter=\"{}\" format={label} threads=1 kv=f32 output_rate={} \
          ms={m:.1} min={lo:.1} max={hi:.1} n={} pass_ms={:.1} parts_ms={parts_ms:.1} overhead={:.3} rounds={} \
-         encode_ms={:.2} lm_ms={:.1} decode_ms={:.2} resample_ms={:.3} detok_ms={:.3} lag_ms={:.1} pos={}",
+         encode_ms={:.2} lm_ms={:.1} decode_ms={:.2} resample_ms={:.3} detok_ms={:.3} lag_ms={:.1} pos={} \
+         submissions_per_frame={:.1} waits_per_frame={:.1}",
         ctx.adapter().name,
         args.output_rate,
         cell.e2e.len(),
@@ -533,6 +545,8 @@ pub(crate) fn bench_duplex_gpu(
         med(&detok),
         med(&lag),
         cell.frames,
+        cell.submissions_per_frame,
+        cell.waits_per_frame,
     );
     prof.print(&format!("what=duplex_frame format={label}"));
     cell.profile = prof.report().cloned();
@@ -667,8 +681,9 @@ mod tests {
     }
 
     /// `bench duplex --device gpu --profile` on the fixture bundle: every timed frame goes through
-    /// the session, and its profile holds exactly one Mimi encode, one LM frame and one Mimi
-    /// decode per frame (the launch counts of a device LM and codec built beside it).
+    /// the session as one submission and one wait (`gpu::GpuDuplex`), and its profile holds
+    /// exactly one Mimi encode, one LM frame and one Mimi decode per frame (the launch counts of a
+    /// device LM and codec built beside it).
     #[test]
     fn gpu_duplex_bench_runs_the_whole_frame_on_the_device() {
         if gpu::skip_test_without_adapter() {
@@ -703,6 +718,11 @@ mod tests {
         assert!(cell.e2e.iter().all(|&ms| ms > 0.0));
         assert!(cell.lm.iter().all(|&ms| ms > 0.0), "{cell:?}");
         assert_eq!(cell.frames, 3 + 4);
+        assert_eq!(
+            (cell.submissions_per_frame, cell.waits_per_frame),
+            (1.0, 1.0),
+            "{cell:?}"
+        );
         let p = cell.profile.as_ref().expect("a profile with --profile");
         assert_eq!(p.frames, 4, "{p:#?}");
         assert_eq!(p.calls_per_frame(), expected as f64, "{p:#?}");

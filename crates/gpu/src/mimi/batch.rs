@@ -168,7 +168,7 @@ impl GpuMimiBatch {
             let (at, bytes) = output.region(s);
             enc.copy_buffer_to_buffer(&output.buf, at, &self.readback, i as u64 * bytes, bytes);
         }
-        ctx.queue().submit([enc.finish()]);
+        ctx.submit(enc.finish());
         self.d.submissions += 1;
     }
 
@@ -251,7 +251,7 @@ impl BatchCodecBackend for GpuMimiBatch {
             .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
         self.streams.clear(&mut enc, slot);
-        ctx.queue().submit([enc.finish()]);
+        ctx.submit(enc.finish());
         self.d.submissions += 1;
     }
 }

@@ -103,7 +103,7 @@ impl GpuMimi {
             enc.copy_buffer_to_buffer(b, 0, &self.readback, off, *len);
             off += len;
         }
-        ctx.queue().submit([enc.finish()]);
+        ctx.submit(enc.finish());
         self.d.submissions += 1;
     }
 
@@ -243,7 +243,74 @@ impl CodecBackend for GpuMimi {
             .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
         self.s.clear(&mut enc, 0);
-        ctx.queue().submit([enc.finish()]);
+        ctx.submit(enc.finish());
         self.d.submissions += 1;
+    }
+}
+
+/// The parts of a frame the one-submission duplex frame ([`crate::GpuDuplex`]) records into its
+/// own command buffer.
+impl GpuMimi {
+    /// Records one direction's launches (the encoder's when `encoder_side`) in one compute pass.
+    pub(crate) fn record_direction(&self, enc: &mut wgpu::CommandEncoder, encoder_side: bool) {
+        let (d, _, _) = self.s.side(encoder_side);
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+        dispatch(&mut pass, &d.launches, 1);
+    }
+
+    /// Records the reset of both directions' streams ([`CodecBackend::reset`] inside a frame).
+    pub(crate) fn record_reset(&self, enc: &mut wgpu::CommandEncoder) {
+        self.s.clear(enc, 0);
+    }
+
+    /// The encoder's input (`frame_size` f32).
+    pub(crate) fn pcm_in(&self) -> &wgpu::Buffer {
+        &self.s.pcm_in.buf
+    }
+
+    /// The encoder's output: `n_codebooks` codes, then the number of levels it could not prove.
+    pub(crate) fn codes_out(&self) -> &wgpu::Buffer {
+        &self.s.codes_out.buf
+    }
+
+    /// The decoder's input (`n_codebooks` codes).
+    pub(crate) fn codes_in(&self) -> &wgpu::Buffer {
+        &self.s.codes_in.buf
+    }
+
+    /// The decoder's output (`frame_size` f32).
+    pub(crate) fn pcm_out(&self) -> &wgpu::Buffer {
+        &self.s.pcm_out.buf
+    }
+
+    /// Bytes of decoder state a replayed decoder frame needs restored.
+    pub(crate) fn decoder_snapshot_bytes(&self) -> u64 {
+        self.s.decoder_snapshot_bytes()
+    }
+
+    /// Records the copy of the decoder state into `shadow`, or back with `restore`.
+    pub(crate) fn record_decoder_copy(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        shadow: &wgpu::Buffer,
+        restore: bool,
+    ) {
+        self.s.record_decoder_copy(enc, 0, shadow, restore);
+    }
+
+    /// The exact codes of an encoded frame from its read-back `words` (`n_codebooks` codes, then
+    /// the unproven count): the device's when proven, else the host's decision (one more
+    /// submission, the latents read back), as [`CodecBackend::encode_frame`] decides them.
+    /// Returns the codes and whether the host decided them.
+    pub(crate) fn decide(&mut self, words: &[u32]) -> Result<(&[u32], bool), GpuError> {
+        let before = self.d.host_decisions;
+        self.d.decide(
+            &self.w,
+            (&self.s, 0),
+            &self.readback,
+            words,
+            &mut self.codes,
+        )?;
+        Ok((&self.codes, self.d.host_decisions != before))
     }
 }

@@ -113,7 +113,7 @@ fn check_code_range(codes: &[u32], bins: usize) -> Result<(), MimiError> {
     }
 }
 
-fn bytes_of_f32(v: &[f32]) -> &[u8] {
+pub(crate) fn bytes_of_f32(v: &[f32]) -> &[u8] {
     // SAFETY: f32 has no padding and any byte is a valid u8; the length covers exactly `v`.
     unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
 }

@@ -104,6 +104,8 @@ pub(super) struct Recorder<'a> {
     pub(super) launches: Vec<Launch>,
     /// Streaming state zeroed by a reset.
     state: Vec<SlotBuf>,
+    /// Which of `state` are K/V rings.
+    rings: Vec<usize>,
     counters: &'a SlotBuf,
     /// The calls' slot list, bound to every launch.
     list: &'a wgpu::Buffer,
@@ -126,6 +128,7 @@ impl<'a> Recorder<'a> {
             slots,
             launches: Vec::new(),
             state: Vec::new(),
+            rings: Vec::new(),
             counters,
             list,
             taps: Vec::new(),
@@ -183,6 +186,7 @@ impl<'a> Recorder<'a> {
         Ok(Direction {
             launches: self.launches,
             state: self.state,
+            rings: self.rings,
             taps: self.taps,
         })
     }
@@ -507,6 +511,10 @@ impl<'a> Recorder<'a> {
         );
         let cap = tr.context;
         for l in &tr.layers {
+            // A frame writes its entries at the slots its position names before it reads any:
+            // replaying it from the same position needs no copy of the rings (see
+            // `Direction::rings`).
+            self.rings.extend([self.state.len(), self.state.len() + 1]);
             let kc = self.state("k ring", cap * d)?;
             let vc = self.state("v ring", cap * d)?;
             self.layer_norm(&x, (&l.norm1_w, &l.norm1_b), &h, t, d);
@@ -581,6 +589,11 @@ pub(super) struct Direction {
     pub(super) launches: Vec<Launch>,
     /// Streaming state zeroed by a reset (one region per slot).
     pub(super) state: Vec<SlotBuf>,
+    /// The indices in `state` of the transformer's K/V rings: a frame overwrites the ring slots
+    /// of its positions before it attends, so a frame replayed from the same position (counters
+    /// restored) reads what the first run read; the other state (convolution histories,
+    /// transposed-convolution tails) is read before it is rewritten and must be restored.
+    pub(super) rings: Vec<usize>,
     pub(super) taps: Vec<Tap>,
 }
 

@@ -192,6 +192,58 @@ impl Streams {
     }
 }
 
+impl Streams {
+    /// The pieces of `slot`'s decoder state a replayed decoder frame needs restored, as (buffer,
+    /// byte offset, bytes): the counters' decoder words (`DEC_POS` up to the encoder's) and every
+    /// decoder state buffer but the K/V rings (see [`super::record::Direction::rings`]).
+    fn decoder_pieces(&self, slot: usize) -> impl Iterator<Item = (&wgpu::Buffer, u64, u64)> {
+        let (at, _) = self.counters.region(slot);
+        let counters = (
+            &self.counters.buf,
+            at + u64::from(DEC_POS) * 4,
+            u64::from(ENC_POS - DEC_POS) * 4,
+        );
+        let rings = &self.dec.rings;
+        let rest = self
+            .dec
+            .state
+            .iter()
+            .enumerate()
+            .filter(move |(i, _)| !rings.contains(i))
+            .map(move |(_, b)| {
+                let (at, bytes) = b.region(slot);
+                (&b.buf, at, bytes)
+            });
+        std::iter::once(counters).chain(rest)
+    }
+
+    /// Bytes [`Streams::record_decoder_copy`] moves each way.
+    pub(super) fn decoder_snapshot_bytes(&self) -> u64 {
+        self.decoder_pieces(0).map(|(_, _, n)| n).sum()
+    }
+
+    /// Records the copy of `slot`'s decoder state into `shadow` (back to back), or, with
+    /// `restore`, back from it: a decoder frame recorded after a snapshot can be replayed from
+    /// the same state after a restore.
+    pub(super) fn record_decoder_copy(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        slot: usize,
+        shadow: &wgpu::Buffer,
+        restore: bool,
+    ) {
+        let mut off = 0;
+        for (buf, at, bytes) in self.decoder_pieces(slot) {
+            if restore {
+                enc.copy_buffer_to_buffer(shadow, off, buf, at, bytes);
+            } else {
+                enc.copy_buffer_to_buffer(buf, at, shadow, off, bytes);
+            }
+            off += bytes;
+        }
+    }
+}
+
 /// A device codec's submission count and the host's part in the encoder's code decisions: its
 /// scratch, how many frames it decided, and whether it decides every frame.
 #[derive(Debug)]
@@ -256,7 +308,7 @@ impl Decider {
         enc.copy_buffer_to_buffer(&s.u_first.buf, at, readback, 0, bytes);
         let (at, bytes) = s.u_rest.region(slot);
         enc.copy_buffer_to_buffer(&s.u_rest.buf, at, readback, bytes, bytes);
-        ctx.queue().submit([enc.finish()]);
+        ctx.submit(enc.finish());
         self.submissions += 1;
         read_words(ctx, readback, lat_words)?;
         for (v, b) in latents.iter_mut().zip(lat_words.iter()) {

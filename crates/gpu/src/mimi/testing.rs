@@ -70,7 +70,7 @@ impl GpuMimiWeights {
             enc.copy_buffer_to_buffer(&b.buf, 0, &rb, off, (*n * 4) as u64);
             off += (*n * 4) as u64;
         }
-        ctx.queue().submit([enc.finish()]);
+        ctx.submit(enc.finish());
         let mut out = vec![0.0; total];
         crate::context::read_mapped(ctx, &rb, &mut out)?;
         Ok(out)
@@ -216,7 +216,7 @@ impl GpuMimiWeights {
                 super::record::dispatch(&mut pass, &r.launches, listed.len());
             }
             enc.copy_buffer_to_buffer(&y.buf, 0, &rb, 0, (slots * n * 4) as u64);
-            ctx.queue().submit([enc.finish()]);
+            ctx.submit(enc.finish());
             let mut out = vec![0.0; slots * n];
             crate::context::read_mapped(ctx, &rb, &mut out)?;
             all.push(out);

@@ -38,6 +38,19 @@ pub struct LmFrame {
 }
 
 impl LmFrame {
+    /// A frame of `text` and `audio` (at most [`MAX_AUDIO_CODEBOOKS`] codes; `None` above), for
+    /// a backend that keeps the delayed token cache on its device and reads the un-delayed frame
+    /// back (`gpu::GpuDuplex`).
+    pub fn from_parts(text: u32, audio: &[u32]) -> Option<LmFrame> {
+        let mut codes = [0; MAX_AUDIO_CODEBOOKS];
+        codes.get_mut(..audio.len())?.copy_from_slice(audio);
+        Some(LmFrame {
+            text,
+            codes,
+            n: audio.len(),
+        })
+    }
+
     /// The audio codes (length `dep_q`, 8 for Moshi).
     pub fn audio(&self) -> &[u32] {
         &self.codes[..self.n]
