@@ -334,6 +334,22 @@ mod tests {
         }
     }
 
+    /// The device reaches the LM: a GPU adapter that does not exist fails the trace (it never falls back
+    /// to the CPU), on any machine.
+    #[test]
+    fn a_missing_adapter_fails_the_trace() {
+        let dir = ScratchDir::new("trace-lm-no-adapter");
+        let e = run(&TraceLmArgs {
+            device: DeviceArgs {
+                device: Some(crate::common::DeviceArg::Gpu),
+                gpu: Some(4095),
+            },
+            ..args(&dir.join("t.safetensors"), None)
+        })
+        .expect_err("adapter 4095 does not exist");
+        assert!(format!("{e:#}").contains("adapter 4095"), "{e:#}");
+    }
+
     #[test]
     fn seeded_trace_is_reproducible() {
         let dir = ScratchDir::new("trace-lm-seeded");
