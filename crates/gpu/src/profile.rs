@@ -3,7 +3,7 @@
 //! Asked for with [`GpuOptions::profile`](crate::GpuOptions::profile). When the adapter has
 //! `TIMESTAMP_QUERY` and `TIMESTAMP_QUERY_INSIDE_PASSES` (every Vulkan adapter wgpu 30 opens: it
 //! reports the three timestamp features together), the context requests them and every launch
-//! recorded through [`Dispatch::record`](crate::dispatch::Dispatch) or Mimi's `dispatch` is
+//! recorded through `Dispatch::record` or Mimi's `dispatch` is
 //! bracketed by two timestamps written inside its compute pass. Without them (some Metal and DX12
 //! adapters) the launches are still counted, with their workgroups and bytes, but untimed
 //! ([`ProfileMode::CountsOnly`]): a pass-level timestamp needs the pass descriptor, which the
@@ -107,7 +107,7 @@ pub struct ProfileReport {
     pub kernels: Vec<KernelProfile>,
     /// Host phases.
     pub host: HostPhases,
-    /// Launches counted but not timed (beyond [`MAX_TIMED`] in one frame).
+    /// Launches counted but not timed (beyond `MAX_TIMED` in one frame).
     pub untimed: u64,
 }
 

@@ -70,7 +70,7 @@ impl Default for SttRunnerOptions {
 }
 
 /// The STT step of `rows` streams of `model` on `device`: the CPU backend on `pool`, or the GPU's
-/// ([`gpu::GpuLm`]: the temporal transformer with `dep_q = 0` on adapter `adapter`, weights uploaded
+/// (`gpu::GpuLm`: the temporal transformer with `dep_q = 0` on adapter `adapter`, weights uploaded
 /// here; the extra heads, a few KB, run on the host from the device's temporal output, read back
 /// with the text logits). KV caches in `kv_dtype`.
 pub fn stt_batch(

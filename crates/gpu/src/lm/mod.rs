@@ -451,7 +451,7 @@ impl LayerBinds<'_> {
 /// dispatch of a temporal step and of each Depformer step recorded at construction (pipelines,
 /// bind groups, uniforms), a readback ring for the logits, and the host copies the seam returns.
 ///
-/// A generator step without an observer runs as [`LmBackend::sampled_step`]: temporal transformer,
+/// A generator step without an observer runs as [`LmBackend::sampled_step`](model::lm::LmBackend::sampled_step): temporal transformer,
 /// text head, text sampling and the Depformer steps each sampling its code on the device
 /// ([`crate::sample`]), one submission and one readback of the rows' sampling records (tokens
 /// and generator states). With an observer (tracing) it runs piecewise, the logits of each part
@@ -821,7 +821,7 @@ impl GpuLm {
         (self.temporal.len(), self.dep.first().map_or(0, |d| d.len()))
     }
 
-    /// Kernel launches of a whole sampled frame ([`LmBackend::sampled_step`]).
+    /// Kernel launches of a whole sampled frame ([`LmBackend::sampled_step`](model::lm::LmBackend::sampled_step)).
     pub fn dispatches_per_frame(&self) -> usize {
         let (t, d) = self.dispatches_per_step();
         t + 1 + self.w.spec.dep_q * (d + 1)

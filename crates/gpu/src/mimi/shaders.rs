@@ -84,7 +84,7 @@ use crate::bindings::{declare_bindings, declare_uniform, Access};
 
 /// One Mimi kernel (each its own WGSL module with entry point `main`): either one thread per
 /// index through `PER_INDEX_MAIN` (64 threads per workgroup), or its own entry point over a
-/// grid of workgroups the host chooses ([`MimiKernel::grid_launched`]).
+/// grid of workgroups the host chooses (`MimiKernel::grid_launched`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum MimiKernel {
     /// Causal convolution over the kept history and the new input (replicate padding on the
@@ -145,9 +145,9 @@ impl MimiKernel {
     ];
 
     /// The module's WGSL source: the bindings, the uniform block (the kernel's own fields, then
-    /// one slot stride per storage binding), the slot offsets ([`slot_prelude`]), the shared
+    /// one slot stride per storage binding), the slot offsets (`slot_prelude`), the shared
     /// snippets and the kernel, whose every index into a storage binding is offset by the
-    /// launch's slot ([`offset_by_slot`]).
+    /// launch's slot (`offset_by_slot`).
     pub fn source(self) -> String {
         use super::wgsl_codec as c;
         use super::wgsl_conv as v;

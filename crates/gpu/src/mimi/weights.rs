@@ -85,7 +85,7 @@ pub(super) struct EncoderGpu {
 }
 
 /// Every Mimi weight in device memory (f32) and the compiled kernels; shared (behind an `Arc`)
-/// by the [`GpuMimi`] backends of one engine.
+/// by the [`GpuMimi`](crate::GpuMimi) backends of one engine.
 pub struct GpuMimiWeights {
     pub(super) ctx: GpuContext,
     pub(super) mimi: Arc<Mimi>,
