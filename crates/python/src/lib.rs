@@ -443,10 +443,15 @@ struct OwnedFrame {
 #[pymethods]
 impl Session {
     #[new]
-    #[pyo3(signature = (engine, *, greedy=false, seed=model::sampling::DEFAULT_SEED, text_temperature=0.7,
-        text_top_k=25, audio_temperature=0.8, audio_top_k=250, output_rate=24000, max_queued_frames=4,
+    // The sampling defaults are embed::SamplingParams::default()'s (Kyutai's LMGen defaults), as the
+    // CLI's flags: written once, in model::sampling.
+    #[pyo3(signature = (engine, *, greedy=false, seed=model::sampling::DEFAULT_SEED,
+        text_temperature=embed::SamplingParams::default().text_temperature,
+        text_top_k=embed::SamplingParams::default().text_top_k,
+        audio_temperature=embed::SamplingParams::default().audio_temperature,
+        audio_top_k=embed::SamplingParams::default().audio_top_k, output_rate=24000, max_queued_frames=4,
         max_steps=None, first_frame_reset=true, pad_mult=None, repetition_penalty=None,
-        repetition_penalty_context=64))]
+        repetition_penalty_context=embed::SamplingParams::default().repetition_penalty_context))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
