@@ -157,7 +157,9 @@ pub fn gpu_required() -> bool {
 
 /// For tests that need an adapter: `true` (after printing why) when wgpu finds none and a GPU is not
 /// required, so the caller returns early; panics, failing the test, when `MOSHI_REQUIRE_GPU=1` asks for
-/// one and there is none (CI sets it, so a missing driver cannot pass as a skip there).
+/// one and there is none (CI sets it, so a missing driver cannot pass as a skip there). Test scaffolding:
+/// only with the `testing` feature, which the other crates' dev-dependencies turn on.
+#[cfg(feature = "testing")]
 pub fn skip_test_without_adapter() -> bool {
     if !adapters().is_empty() {
         return false;
