@@ -142,7 +142,7 @@ pub fn trace_on(
                 gpu::GpuContext::new(gpu::AdapterChoice::Gpu(adapter), gpu::GpuOptions::default())?;
             eprintln!("trace mimi: the codec runs on {}", ctx.adapter());
             let w = gpu::GpuMimiWeights::upload(&ctx, mimi.clone())?;
-            Codec::Gpu(Box::new(gpu::GpuMimi::new(w)?))
+            Codec::Gpu(Box::new(gpu::GpuMimi::new(w, 1)?))
         }
     };
     let fs = mimi.frame_size();

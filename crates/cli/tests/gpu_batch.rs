@@ -1,5 +1,5 @@
 //! The batch driver on the GPU device: a `runtime::BatchRunner` on `Device::Gpu` (the LM's
-//! batched step and every slot's Mimi on the device, `gpu::GpuMimiBatch`) gives each of its
+//! batched step and every slot's Mimi on the device, one `gpu::GpuMimi`) gives each of its
 //! slots the tokens and text the CPU batch path gives for the same inputs (greedy and seeded
 //! slots, one reset mid-stream), samples within Mimi's parity tolerance; and
 //! `serve --device gpu --batch N` starts, saying where the LM and Mimi run. Skips with a printed

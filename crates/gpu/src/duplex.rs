@@ -137,7 +137,7 @@ impl GpuDuplex {
         let ctx = lm.context().clone();
         let spec = lm.spec().clone();
         let lm = GpuLm::with_options(lm, 1, opts)?;
-        let mimi = GpuMimi::new(mimi)?;
+        let mimi = GpuMimi::new(mimi, 1)?;
         let (nq, fs) = (mimi.n_codebooks(), mimi.frame_size());
         if nq != spec.dep_q || spec.n_user() > nq || spec.dep_q == 0 {
             return Err(GpuError::Unsupported {
@@ -283,10 +283,10 @@ impl GpuDuplex {
     /// runtime's warm-up decodes placeholder codes to time the decode path; call 0 has no frame).
     pub fn decode_only(&mut self, codes: &[u32], out: &mut [f32]) -> Result<(), GpuError> {
         if std::mem::take(&mut self.reset_pending) {
-            self.mimi.reset();
+            self.mimi.reset(0);
         }
         self.mimi
-            .decode_frame(codes, out)
+            .decode_frames(&[0], codes, out)
             .map_err(|e| GpuError::Runtime(e.to_string()))
     }
 

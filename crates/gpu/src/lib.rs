@@ -17,11 +17,10 @@
 //!   continues the host sampler's own streams; [`sample`]'s docs say exactly how its draws relate
 //!   to the host's. [`BandwidthProbe`] is a copy kernel, the roofline of the GPU benchmarks.
 //! * [`GpuMimiWeights`] is the Mimi codec on the device and [`GpuMimi`] implements
-//!   [`model::mimi::CodecBackend`]: encoder and decoder with their streaming state in device
-//!   memory; only PCM and codes cross the bus. [`GpuMimiBatch`] implements
-//!   [`model::mimi::BatchCodecBackend`]: every slot of a batch driver, one submission per call for
-//!   all listed slots, each kernel launched once for all of them (a slot dimension in every Mimi
-//!   kernel).
+//!   [`model::mimi::CodecBackend`]: the encoders and decoders of a set of slots (one for a
+//!   session, every slot of a batch driver) with their streaming state in device memory, one
+//!   submission per call for all listed slots, each kernel launched once for all of them (a slot
+//!   dimension in every Mimi kernel); only PCM and codes cross the bus.
 //!
 //! * [`GpuDuplex`] is one conversation's whole duplex frame in one submission: Mimi encode, the LM
 //!   step reading its input from a delay ring in device memory, sampling, Mimi decode, one readback,
@@ -48,7 +47,7 @@ pub use context::{adapters, choose_adapter, AdapterChoice, AdapterDesc, GpuConte
 pub use duplex::{DuplexStep, GpuDuplex};
 pub use lm::{AttentionRow, AttentionShape, GpuAttention, GpuLm, GpuLmOptions, GpuLmWeights};
 pub use matrix::GpuMatrix;
-pub use mimi::{GpuMimi, GpuMimiBatch, GpuMimiWeights, MimiKernel, TestConvOut};
+pub use mimi::{GpuMimi, GpuMimiWeights, MimiKernel, TestConvOut};
 pub use probe::BandwidthProbe;
 pub use profile::{HostPhases, KernelProfile, ProfileMode, ProfileReport};
 pub use sample::GpuSampler;

@@ -1,4 +1,4 @@
-//! The batch codec on the device ([`GpuMimiBatch`]) against one CPU codec per slot and the
+//! The device codec of several slots (a [`GpuMimi`]) against one CPU codec per slot and the
 //! oracle fixture (`fixtures/mimi/`): slots fed different inputs, joining late, skipping ticks,
 //! listed in varying order, one reset mid-stream; each slot's codes identical and samples within
 //! 1e-4, one submission per call, nothing created per tick.
@@ -12,8 +12,8 @@ use common::{
 
 use std::sync::Arc;
 
-use gpu::{GpuContext, GpuMimi, GpuMimiBatch, GpuMimiWeights};
-use model::mimi::{BatchCodecBackend, CodecBackend, CpuMimi, Mimi};
+use gpu::{GpuContext, GpuMimi, GpuMimiWeights};
+use model::mimi::{CodecBackend, CpuMimi, Mimi};
 use testkit::compare::max_abs_diff;
 
 const TOL: f32 = 1e-4;
@@ -49,11 +49,11 @@ fn tick_frames(
 
 /// A context, the fixture codec and a batch codec of `SLOTS` slots of it, or `None` without an
 /// adapter (a printed skip).
-fn batch_codec() -> Option<(GpuContext, Arc<Mimi>, GpuMimiBatch)> {
+fn batch_codec() -> Option<(GpuContext, Arc<Mimi>, GpuMimi)> {
     let ctx = common::context()?;
     let m = mimi();
     let w = GpuMimiWeights::upload(&ctx, m.clone()).unwrap();
-    let g = GpuMimiBatch::new(w, SLOTS).unwrap();
+    let g = GpuMimi::new(w, SLOTS).unwrap();
     Some((ctx, m, g))
 }
 
@@ -81,7 +81,7 @@ fn slots_match_one_cpu_codec_each_with_a_reset_mid_stream() {
     );
     let pool = Arc::new(kernels::Pool::new(1));
     let mut cpu: Vec<CpuMimi> = (0..SLOTS)
-        .map(|_| CpuMimi::new(m.clone(), pool.clone()))
+        .map(|_| CpuMimi::new(m.clone(), 1, pool.clone()))
         .collect();
     let pcm = input_frames(fs);
     let (oracle, t) = oracle_codes();
@@ -93,7 +93,7 @@ fn slots_match_one_cpu_codec_each_with_a_reset_mid_stream() {
         if k == reset_at {
             let before = g.submissions();
             g.reset(0);
-            cpu[0].reset();
+            cpu[0].reset(0);
             seen[0] = 0;
             assert_eq!(g.submissions(), before + 1);
         }
@@ -115,7 +115,9 @@ fn slots_match_one_cpu_codec_each_with_a_reset_mid_stream() {
         assert_eq!(got.len(), slots.len() * nq);
         let mut codes = Vec::new();
         for (i, &s) in slots.iter().enumerate() {
-            let want = cpu[s].encode_frame(&frames[i * fs..(i + 1) * fs]).unwrap();
+            let want = cpu[s]
+                .encode_frames(&[0], &frames[i * fs..(i + 1) * fs])
+                .unwrap();
             assert_eq!(&got[i * nq..(i + 1) * nq], want, "tick {k} slot {s}: codes");
             if s == 0 && seen[0] < t {
                 // Slot 0 runs the fixture's input from the start (again after its reset).
@@ -138,7 +140,7 @@ fn slots_match_one_cpu_codec_each_with_a_reset_mid_stream() {
         for (i, &s) in slots.iter().enumerate() {
             let mut want = vec![0.0f32; fs];
             cpu[s]
-                .decode_frame(&codes[i * nq..(i + 1) * nq], &mut want)
+                .decode_frames(&[0], &codes[i * nq..(i + 1) * nq], &mut want)
                 .unwrap();
             let err = max_abs_diff(&out[i * fs..(i + 1) * fs], &want);
             worst = worst.max(err);
@@ -160,7 +162,7 @@ fn no_buffer_or_bind_group_created_per_tick() {
     let (fs, nq) = (m.frame_size(), m.n_codebooks());
     let pcm = input_frames(fs);
     let mut out = vec![0.0f32; SLOTS * fs];
-    let mut tick = |g: &mut GpuMimiBatch, k: usize| {
+    let mut tick = |g: &mut GpuMimi, k: usize| {
         let slots = listed(k);
         let frames = tick_frames(&pcm, fs, &slots, |_| k);
         let codes = g.encode_frames(&slots, &frames).unwrap().to_vec();
@@ -185,7 +187,7 @@ fn zero_slots_is_refused() {
         return;
     };
     let w = GpuMimiWeights::upload(&ctx, mimi()).unwrap();
-    assert!(GpuMimiBatch::new(w, 0).is_err());
+    assert!(GpuMimi::new(w, 0).is_err());
 }
 
 /// Eight slots listed in a different order every tick with one slot left out: every listed
@@ -200,8 +202,10 @@ fn eight_slots_out_of_order_equal_codecs_alone_bit_for_bit() {
     };
     let m = mimi();
     let w = GpuMimiWeights::upload(&ctx, m.clone()).unwrap();
-    let mut g = GpuMimiBatch::new(w.clone(), N).unwrap();
-    let mut alone: Vec<GpuMimi> = (0..N).map(|_| GpuMimi::new(w.clone()).unwrap()).collect();
+    let mut g = GpuMimi::new(w.clone(), N).unwrap();
+    let mut alone: Vec<GpuMimi> = (0..N)
+        .map(|_| GpuMimi::new(w.clone(), 1).unwrap())
+        .collect();
     let (fs, nq) = (m.frame_size(), m.n_codebooks());
     let pcm = input_frames(fs);
     let t = pcm.len() / fs;
@@ -227,7 +231,7 @@ fn eight_slots_out_of_order_equal_codecs_alone_bit_for_bit() {
         g.decode_frames(&slots, &got, &mut out).unwrap();
         for (i, &s) in slots.iter().enumerate() {
             let want = alone[s]
-                .encode_frame(&frames[i * fs..(i + 1) * fs])
+                .encode_frames(&[0], &frames[i * fs..(i + 1) * fs])
                 .unwrap()
                 .to_vec();
             assert_eq!(
@@ -236,7 +240,7 @@ fn eight_slots_out_of_order_equal_codecs_alone_bit_for_bit() {
                 "tick {k} slot {s}: codes"
             );
             let mut one = vec![0.0f32; fs];
-            alone[s].decode_frame(&want, &mut one).unwrap();
+            alone[s].decode_frames(&[0], &want, &mut one).unwrap();
             let same = out[i * fs..(i + 1) * fs]
                 .iter()
                 .zip(&one)
@@ -265,7 +269,7 @@ fn a_batched_tick_launches_each_kernel_once_for_all_listed_slots() {
     };
     let m = mimi();
     let w = GpuMimiWeights::upload(&ctx, m.clone()).unwrap();
-    let mut g = GpuMimiBatch::new(w, 4).unwrap();
+    let mut g = GpuMimi::new(w, 4).unwrap();
     let (dec, enc) = g.launches_per_call();
     let (fs, nq) = (m.frame_size(), m.n_codebooks());
     let pcm = input_frames(fs);

@@ -31,7 +31,7 @@ fn setup() -> Option<Setup> {
     let ctx = common::context()?;
     let m = mimi();
     let w = GpuMimiWeights::upload(&ctx, m.clone()).unwrap();
-    let g = GpuMimi::new(w).unwrap();
+    let g = GpuMimi::new(w, 1).unwrap();
     let pcm = input_frames(m.frame_size());
     Some((ctx, m, g, oracle_codes(), pcm))
 }
@@ -45,7 +45,8 @@ fn decode_all(c: &mut dyn CodecBackend, codes: &[u32], t: usize) -> Vec<f32> {
     let (fs, nq) = (c.frame_size(), c.n_codebooks());
     let mut pcm = vec![0.0; t * fs];
     for f in 0..t {
-        c.decode_frame(
+        c.decode_frames(
+            &[0],
             &frame_codes(codes, nq, t, f),
             &mut pcm[f * fs..(f + 1) * fs],
         )
@@ -59,7 +60,7 @@ fn encode_all(c: &mut dyn CodecBackend, pcm: &[f32]) -> Vec<u32> {
     let t = pcm.len() / fs;
     let mut codes = vec![0; nq * t];
     for f in 0..t {
-        let got = c.encode_frame(&pcm[f * fs..(f + 1) * fs]).unwrap();
+        let got = c.encode_frames(&[0], &pcm[f * fs..(f + 1) * fs]).unwrap();
         for q in 0..nq {
             codes[q * t + f] = got[q];
         }
@@ -78,7 +79,7 @@ fn decoder_matches_oracle_and_cpu() {
     let err = max_abs_diff(&got, &want);
     eprintln!("GPU decoder vs oracle: max abs diff {err:e}");
     assert!(err < TOL, "GPU decoder vs oracle: {err}");
-    let mut cpu = CpuMimi::new(m, Arc::new(kernels::Pool::new(1)));
+    let mut cpu = CpuMimi::new(m, 1, Arc::new(kernels::Pool::new(1)));
     let cpu_pcm = decode_all(&mut cpu, &codes, t);
     let err = max_abs_diff(&got, &cpu_pcm);
     eprintln!("GPU decoder vs CPU: max abs diff {err:e}");
@@ -96,7 +97,7 @@ fn encoder_codes_match_oracle_and_cpu() {
     // The fixture's smallest code margin (~2e-3) is far above the device's bound: every level
     // is proven on the device.
     assert_eq!(g.host_decisions(), 0);
-    let mut cpu = CpuMimi::new(m, Arc::new(kernels::Pool::new(1)));
+    let mut cpu = CpuMimi::new(m, 1, Arc::new(kernels::Pool::new(1)));
     assert_eq!(
         encode_all(&mut cpu, &pcm),
         got,
@@ -124,7 +125,7 @@ fn reset_gives_a_fresh_stream() {
     let fs = m.frame_size();
     let first_pcm = decode_all(&mut g, &codes[..], t);
     let first_codes = encode_all(&mut g, &pcm[..n * fs]);
-    g.reset();
+    g.reset(0);
     assert_eq!(decode_all(&mut g, &codes[..], t), first_pcm);
     assert_eq!(encode_all(&mut g, &pcm[..n * fs]), first_codes);
 }
@@ -137,8 +138,8 @@ fn bad_input_is_refused() {
     let fs = m.frame_size();
     let mut out = vec![0.0; fs];
     let bins = m.cardinality() as u32;
-    assert!(g.decode_frame(&[bins; 8], &mut out).is_err());
-    assert!(g.decode_frame(&[0; 7], &mut out).is_err());
-    assert!(g.decode_frame(&[0; 8], &mut out[..fs - 1]).is_err());
-    assert!(g.encode_frame(&vec![0.0; fs + 1]).is_err());
+    assert!(g.decode_frames(&[0], &[bins; 8], &mut out).is_err());
+    assert!(g.decode_frames(&[0], &[0; 7], &mut out).is_err());
+    assert!(g.decode_frames(&[0], &[0; 8], &mut out[..fs - 1]).is_err());
+    assert!(g.encode_frames(&[0], &vec![0.0; fs + 1]).is_err());
 }

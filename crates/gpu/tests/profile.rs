@@ -141,8 +141,8 @@ fn mimi_frame_profile_counts_every_launch() {
         return;
     };
     let m = common::mimi_fixture_codec();
-    let mut codec = GpuMimi::new(GpuMimiWeights::upload(&ctx, m.clone()).unwrap()).unwrap();
-    let (dec, enc) = codec.launches_per_frame();
+    let mut codec = GpuMimi::new(GpuMimiWeights::upload(&ctx, m.clone()).unwrap(), 1).unwrap();
+    let (dec, enc) = codec.launches_per_call();
     let pcm = common::mimi_input_frames(m.frame_size());
     let fs = m.frame_size();
     let mut out = vec![0.0; fs];
@@ -150,10 +150,10 @@ fn mimi_frame_profile_counts_every_launch() {
     let frames = 2;
     for f in 0..frames {
         let codes = codec
-            .encode_frame(&pcm[f * fs..(f + 1) * fs])
+            .encode_frames(&[0], &pcm[f * fs..(f + 1) * fs])
             .unwrap()
             .to_vec();
-        codec.decode_frame(&codes, &mut out).unwrap();
+        codec.decode_frames(&[0], &codes, &mut out).unwrap();
         ctx.profile_frame().unwrap();
     }
     assert_eq!(codec.host_decisions(), 0, "a host decision adds launches");
@@ -182,10 +182,10 @@ fn unprofiled_context_reports_nothing_and_is_not_caught() {
     assert!(!plain.profiling() && plain.profile_report().is_none());
     plain.profile_frame().unwrap();
     let m = common::mimi_fixture_codec();
-    let mut codec = GpuMimi::new(GpuMimiWeights::upload(&plain, m.clone()).unwrap()).unwrap();
+    let mut codec = GpuMimi::new(GpuMimiWeights::upload(&plain, m.clone()).unwrap(), 1).unwrap();
     let pcm = vec![0.1f32; m.frame_size()];
     profiled.profile_reset();
-    codec.encode_frame(&pcm).unwrap();
+    codec.encode_frames(&[0], &pcm).unwrap();
     profiled.profile_frame().unwrap();
     let r = profiled.profile_report().unwrap();
     assert_eq!((r.frames, r.kernels.len()), (0, 0), "{r:#?}");

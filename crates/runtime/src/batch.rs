@@ -1,15 +1,15 @@
 //! The batched driver: several conversations share one worker thread, one pool and one batched LM step.
 //!
 //! A [`BatchRunner`] owns `slots` conversation slots and a worker thread with one compute context (on the CPU, a
-//! `kernels::Pool` that the LM and every slot's Mimi streams share), the LM stepper of `slots` rows
-//! (`stepper.rs`) and, per slot, a conversation (`conversation.rs`: input ring, control handle, codec streams,
-//! detokenizer, resampler) and its event queue. A conversation joins with
+//! `kernels::Pool` that the LM and every slot's Mimi streams share), the stepper (`stepper.rs`: the codec of
+//! `slots` slots and the LM of `slots` rows) and, per slot, a conversation (`conversation.rs`: input ring,
+//! control handle, detokenizer, resampler) and its event queue. A conversation joins with
 //! [`BatchRunner::open`] (a free slot, or [`RuntimeError::NoFreeSlot`]) and gets a [`BatchSession`] with the same
 //! parts as a [`crate::SessionRunner`]: [`PcmProducer`], [`SessionControl`], [`EventReceiver`] (same [`Event`]s),
 //! and `stop`. Commands keep exactly their single-session semantics, per slot (the same code applies them).
 //!
 //! Each tick of the worker: apply every slot's commands, take the slots that have a whole input frame (and room
-//! in their event queue), Mimi-encode their frames in ONE call of the batch codec, run ONE LM step for that
+//! in their event queue), Mimi-encode their frames in ONE call of the codec, run ONE LM step for that
 //! subset, Mimi-decode the frames it produced in ONE call, then detokenize, resample and emit per slot: each
 //! weight matrix (codec and LM) is read once per tick for all stepped slots. The per-slot parts are the same
 //! `Stepper` / `Conversation` calls a [`crate::Session`] makes for its single row. Slots without input are not
@@ -25,9 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle, Thread};
-use std::time::Instant;
 
-use model::mimi::BatchCodecBackend;
 use model::sampling::Sampler;
 
 use crate::control::SessionControl;
@@ -37,7 +35,7 @@ use crate::inlet::Inlet;
 use crate::ring::{FrameRing, PcmProducer};
 use crate::runner::{handle_accessors, queues, EventReceiver, Handles};
 use crate::stepper::{new_sampler, Prepared, Stepper};
-use crate::{Engine, RuntimeError, SessionOptions, FRAME_SIZE, N_AUDIO};
+use crate::{Engine, RuntimeError, SessionOptions, FRAME_SIZE};
 
 /// Options of [`BatchRunner::spawn`].
 #[derive(Clone, Debug)]
@@ -158,7 +156,7 @@ impl BatchRunner {
     }
 
     /// Join the batch with a new conversation in a free slot (allocates its sampler, rings and output buffers;
-    /// the worker only installs them; the slot's Mimi streams are part of the batch codec). `opts` has the meaning it has for [`crate::Session::new`]. Errors:
+    /// the worker only installs them; the slot's Mimi streams are part of the worker's codec). `opts` has the meaning it has for [`crate::Session::new`]. Errors:
     /// [`RuntimeError::NoFreeSlot`] when every slot is taken, [`RuntimeError::RunnerStopped`] after stop,
     /// [`RuntimeError::InvalidOption`] for bad options.
     pub fn open(&self, opts: SessionOptions) -> Result<BatchSession, RuntimeError> {
@@ -171,7 +169,7 @@ impl BatchRunner {
         let ring = FrameRing::new(opts.max_queued_frames);
         let inlet = Inlet::new(ring.clone(), opts.max_steps);
         let control = inlet.control.clone();
-        let conv = Conversation::without_codec(
+        let conv = Conversation::new(
             &self.engine,
             inlet,
             opts.output_rate,
@@ -331,19 +329,9 @@ enum Verdict {
 struct Worker {
     shared: Arc<Shared>,
     joins: Receiver<Join>,
-    /// The LM side: one row per slot.
+    /// The codec and LM side: one codec slot and one LM row per slot.
     stepper: Stepper,
     slots: Vec<Option<Slot>>,
-    /// The codec side: every slot's Mimi streams.
-    codec: Box<dyn BatchCodecBackend>,
-    /// Slots whose frame is encoded this tick, in order; their frames side by side and their codes.
-    ready: Vec<usize>,
-    pcm: Vec<f32>,
-    codes: Vec<u32>,
-    /// `(LM result index, slot)` of the frames decoded this tick; their audio codes and samples.
-    decoding: Vec<(usize, usize)>,
-    audio: Vec<u32>,
-    decoded: Vec<f32>,
 }
 
 /// Marks the worker as ended (also when it unwinds) and wakes every waiting handle.
@@ -366,8 +354,6 @@ impl Worker {
     ) -> Result<(Worker, Arc<Shared>, Sender<Join>), RuntimeError> {
         let compute = engine.workers();
         let stepper = Stepper::new(engine, &compute, n, kv_capacity)?;
-        let codec = engine.batch_codec_backend(&compute, n)?;
-        let nq = codec.n_codebooks();
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             slots: Mutex::new(Table {
@@ -382,44 +368,13 @@ impl Worker {
             joins: jrx,
             stepper,
             slots: (0..n).map(|_| None).collect(),
-            codec,
-            ready: Vec::with_capacity(n),
-            pcm: vec![0.0; n * FRAME_SIZE],
-            codes: vec![0; n * nq],
-            decoding: Vec::with_capacity(n),
-            audio: vec![0; n * N_AUDIO],
-            decoded: vec![0.0; n * FRAME_SIZE],
         };
         Ok((worker, shared, jtx))
     }
 
-    /// One joint encode and decode of silence on every slot, then every slot reset: the work buffers that grow
-    /// with the number of slots coded together (on this thread and in the codec) and every slot's attention
-    /// scratch reach their final size before the first conversation, so no later tick allocates.
-    fn warm_up_codec(&mut self) {
-        let n = self.slots.len();
-        self.ready.clear();
-        self.ready.extend(0..n);
-        self.pcm.fill(0.0);
-        self.audio.fill(0);
-        // Two frames, so buffers that a stream's second frame touches first are sized too (a single
-        // session's warm-up is one frame; one has not been shown enough for the joint codec here).
-        for _ in 0..2 {
-            if self.codec.encode_frames(&self.ready, &self.pcm).is_ok() {
-                let _ = self
-                    .codec
-                    .decode_frames(&self.ready, &self.audio, &mut self.decoded);
-            }
-        }
-        for b in 0..n {
-            self.codec.reset(b);
-        }
-        self.ready.clear();
-    }
-
     fn run(mut self) {
         let _guard = DoneGuard(self.shared.clone());
-        self.warm_up_codec();
+        self.stepper.warm_up_codec();
         while !self.shared.stop.load(Ordering::Acquire) {
             self.install_joins();
             if !self.tick() {
@@ -435,7 +390,7 @@ impl Worker {
                 Ok(j) => {
                     let b = j.slot;
                     self.stepper.reset_row(b);
-                    self.codec.reset(b);
+                    self.stepper.reset_codec(b);
                     self.stepper.set_sampler(b, j.sampler);
                     self.slots[b] = Some(Slot {
                         conv: j.conv,
@@ -490,94 +445,42 @@ impl Worker {
         if slot.spare.is_none() {
             slot.spare = slot.recycled.try_recv().ok();
         }
-        let begun = self.stepper.begin(b, &mut slot.conv);
-        if slot.conv.take_codec_reset() {
-            self.codec.reset(b);
-        }
-        match begun {
+        match self.stepper.begin(b, &mut slot.conv) {
             Prepared::Idle | Prepared::Paused => Verdict::Skip,
             Prepared::Stopped(r) => Verdict::Leave(Some(Event::Stopped(r))),
-            Prepared::Failed(e) => Verdict::Leave(Some(Event::Error(e))),
             Prepared::Ready => Verdict::Step,
         }
     }
 
-    /// Encode the frames of the `ready` slots in one codec call and admit their rows to the LM step.
+    /// Encode the frames staged this tick in one codec call and admit their rows to the LM step. A
+    /// failure is reported to (and removes) the slots of that call.
     fn encode_ready(&mut self) {
-        let (k, fs) = (self.ready.len(), FRAME_SIZE);
-        for (j, &b) in self.ready.iter().enumerate() {
-            if let Some(slot) = self.slots[b].as_ref() {
-                self.pcm[j * fs..(j + 1) * fs].copy_from_slice(slot.conv.input());
+        if let Err(e) = self.stepper.encode() {
+            tracing::error!("batch: encode failed: {e}");
+            for j in 0..self.stepper.staged().len() {
+                let b = self.stepper.staged()[j];
+                let ev = Event::Error(RuntimeError::Model(e.to_string()));
+                self.release(b, Some(ev));
             }
+            return;
         }
-        self.stepper.encode_phase();
-        let t0 = Instant::now();
-        let nq = self.codec.n_codebooks();
-        match self.codec.encode_frames(&self.ready, &self.pcm[..k * fs]) {
-            Ok(codes) => self.codes[..k * nq].copy_from_slice(codes),
-            Err(e) => {
-                tracing::error!("batch: encode failed: {e}");
-                for j in 0..k {
-                    let ev = Event::Error(RuntimeError::Model(e.to_string()));
-                    self.release(self.ready[j], Some(ev));
-                }
-                return;
-            }
-        }
-        let encode_us = t0.elapsed().as_micros().min(u32::MAX as u128) as u32;
-        for (j, &b) in self.ready.iter().enumerate() {
-            let Some(slot) = self.slots[b].as_mut() else {
-                continue;
-            };
-            let user = *slot.conv.set_encoded(&self.codes[j * nq..(j + 1) * nq]);
-            self.stepper.admit(b, &mut slot.conv, &user, encode_us);
-            if slot.conv.take_codec_reset() {
-                self.codec.reset(b);
+        for j in 0..self.stepper.staged().len() {
+            let b = self.stepper.staged()[j];
+            if let Some(slot) = self.slots[b].as_mut() {
+                self.stepper.admit(j, &mut slot.conv);
             }
         }
     }
 
-    /// Decode, in one codec call, the frames this tick's LM step produced (`m` results) into their
-    /// conversations. A failure is reported to (and removes) the slots of that call.
-    fn decode_results(&mut self, m: usize) {
-        self.decoding.clear();
-        for i in 0..m {
-            if let Some(a) = self.stepper.audio(i) {
-                let k = self.decoding.len();
-                self.audio[k * N_AUDIO..(k + 1) * N_AUDIO].copy_from_slice(&a[..N_AUDIO]);
-                self.decoding.push((i, self.stepper.active()[i]));
-            }
-        }
-        let (k, fs) = (self.decoding.len(), FRAME_SIZE);
-        if k == 0 {
-            return;
-        }
-        let t0 = self.stepper.start_joint_decode();
-        // The slot list reuses `ready` (the encode is over).
-        self.ready.clear();
-        self.ready.extend(self.decoding.iter().map(|&(_, b)| b));
-        let r = self.codec.decode_frames(
-            &self.ready,
-            &self.audio[..k * N_AUDIO],
-            &mut self.decoded[..k * fs],
-        );
-        self.stepper.end_joint_decode(t0);
-        match r {
-            Ok(()) => {
-                for (j, &(_, b)) in self.decoding.iter().enumerate() {
-                    if let Some(slot) = self.slots[b].as_mut() {
-                        slot.conv
-                            .decoded_mut()
-                            .copy_from_slice(&self.decoded[j * fs..(j + 1) * fs]);
-                    }
-                }
-            }
-            Err(e) => {
-                tracing::error!("batch: decode failed: {e}");
-                for j in 0..k {
-                    let ev = Event::Error(RuntimeError::Model(e.to_string()));
-                    self.release(self.decoding[j].1, Some(ev));
-                }
+    /// Decode, in one codec call, the frames this tick's LM step produced. A failure is reported to
+    /// (and removes) the slots of that call.
+    fn decode_results(&mut self) {
+        if let Err(e) = self.stepper.decode() {
+            tracing::error!("batch: decode failed: {e}");
+            for j in 0..self.stepper.decoding().len() {
+                let b = self.stepper.decoding()[j];
+                let ev = Event::Error(RuntimeError::Model(e.to_string()));
+                self.release(b, Some(ev));
             }
         }
     }
@@ -585,15 +488,13 @@ impl Worker {
     /// One tick; returns whether any slot was stepped.
     fn tick(&mut self) -> bool {
         self.stepper.begin_tick();
-        self.ready.clear();
         for b in 0..self.slots.len() {
             match self.prepare(b) {
-                Verdict::Skip => {}
-                Verdict::Step => self.ready.push(b),
+                Verdict::Skip | Verdict::Step => {}
                 Verdict::Leave(ev) => self.release(b, ev),
             }
         }
-        if self.ready.is_empty() {
+        if self.stepper.staged().is_empty() {
             return false;
         }
         self.encode_ready();
@@ -612,7 +513,7 @@ impl Worker {
             }
             return true;
         }
-        self.decode_results(m);
+        self.decode_results();
         for i in 0..m {
             let b = self.stepper.active()[i];
             if let Some(ev) = self.emit(i, b) {
@@ -698,17 +599,12 @@ impl BatchBench {
             return Err(RuntimeError::InvalidOption("slots must be >= 1".into()));
         }
         let (mut worker, shared, joins) = Worker::new(engine, slots, Some(kv_capacity))?;
-        worker.warm_up_codec();
+        worker.stepper.warm_up_codec();
         let (mut mics, mut events, mut recycle) = (Vec::new(), Vec::new(), Vec::new());
         for slot in 0..slots {
             let ring = FrameRing::new(opts.max_queued_frames.max(1));
             let inlet = Inlet::new(ring.clone(), opts.max_steps);
-            let conv = Conversation::without_codec(
-                engine,
-                inlet,
-                opts.output_rate,
-                opts.first_frame_reset,
-            )?;
+            let conv = Conversation::new(engine, inlet, opts.output_rate, opts.first_frame_reset)?;
             let (tx, rx) = mpsc::sync_channel(4);
             let (rtx, rrx) = mpsc::sync_channel(6);
             let sampler = new_sampler(engine, opts.sampling.clone())?;

@@ -1,13 +1,12 @@
 //! One conversation's state around the LM: its input and commands ([`Inlet`]), its codec streams, the
 //! detokenizer, the output resampler, forced text and the frame it reports. Shared as is by a
-//! [`crate::Session`] and the slots of a [`crate::BatchRunner`]; the LM side is in `stepper.rs`. A session's
-//! conversation owns its codec streams; a batch slot's conversation has none: the batch driver encodes and
-//! decodes every slot's frame in one call of its batch codec, and takes the resets the conversation asks for.
+//! [`crate::Session`] and the slots of a [`crate::BatchRunner`]; the LM and codec side is in `stepper.rs`.
+//! A conversation owns no codec streams: its driver's codec holds them (a slot each), encodes and decodes
+//! its frames and takes the resets the conversation asks for ([`Conversation::take_codec_reset`]).
 
 use std::time::Instant;
 
 use model::lm::LmFrame;
-use model::mimi::CodecBackend;
 use model::text::Detokenizer;
 
 use crate::engine::Engine;
@@ -19,9 +18,7 @@ use crate::{FRAME_SIZE, N_AUDIO};
 
 pub(crate) struct Conversation {
     pub(crate) inlet: Inlet,
-    /// The conversation's own codec streams; `None` when the driver codes it (batch slot).
-    codec: Option<Box<dyn CodecBackend>>,
-    /// Without an own codec: a codec reset is due (taken by the driver, see [`Conversation::take_codec_reset`]).
+    /// A reset of the codec streams is due (taken by the driver, see [`Conversation::take_codec_reset`]).
     codec_reset: bool,
     detok: Option<Detokenizer>,
     resampler: OutputResampler,
@@ -46,32 +43,12 @@ pub(crate) fn micros(d: std::time::Duration) -> u32 {
 }
 
 impl Conversation {
-    /// A fresh conversation of `engine` decoding through `codec`, with output at `output_rate` and the
-    /// first-frame rule on or off (see `SessionOptions`). Every buffer is allocated here.
+    /// A fresh conversation of `engine` with output at `output_rate` and the first-frame rule on or off
+    /// (see `SessionOptions`). Its driver encodes and decodes its frames ([`Conversation::input`],
+    /// [`Conversation::set_encoded`], [`Conversation::decoded_mut`], [`Conversation::take_codec_reset`]).
+    /// Every buffer is allocated here.
     pub(crate) fn new(
         engine: &Engine,
-        codec: Box<dyn CodecBackend>,
-        inlet: Inlet,
-        output_rate: u32,
-        first_frame_reset: bool,
-    ) -> Result<Conversation, RuntimeError> {
-        Self::build(engine, Some(codec), inlet, output_rate, first_frame_reset)
-    }
-
-    /// A conversation whose frames the driver encodes and decodes ([`Conversation::input`],
-    /// [`Conversation::set_encoded`], [`Conversation::decoded_mut`], [`Conversation::take_codec_reset`]).
-    pub(crate) fn without_codec(
-        engine: &Engine,
-        inlet: Inlet,
-        output_rate: u32,
-        first_frame_reset: bool,
-    ) -> Result<Conversation, RuntimeError> {
-        Self::build(engine, None, inlet, output_rate, first_frame_reset)
-    }
-
-    fn build(
-        engine: &Engine,
-        codec: Option<Box<dyn CodecBackend>>,
         inlet: Inlet,
         output_rate: u32,
         first_frame_reset: bool,
@@ -80,7 +57,6 @@ impl Conversation {
         let frame = FrameEvent::with_capacity(resampler.frame_capacity(), 256);
         Ok(Conversation {
             inlet,
-            codec,
             codec_reset: false,
             detok: engine.tokenizer().map(|sp| Detokenizer::new(sp.clone())),
             resampler,
@@ -112,22 +88,7 @@ impl Conversation {
         (begin, reset)
     }
 
-    /// Encode the frame [`Inlet::begin`] popped; returns the user codes the LM reads (the first 8).
-    pub(crate) fn encode(&mut self) -> Result<&[u32; N_AUDIO], RuntimeError> {
-        let Some(codec) = self.codec.as_mut() else {
-            return Err(RuntimeError::Model(
-                "conversation without a codec of its own".into(),
-            ));
-        };
-        let codes = codec
-            .encode_frame(&self.inlet.input[..])
-            .map_err(|e| RuntimeError::Model(e.to_string()))?;
-        self.user.copy_from_slice(&codes[..N_AUDIO]);
-        self.after_encode();
-        Ok(&self.user)
-    }
-
-    /// The frame [`Inlet::begin`] popped, for a driver that encodes it itself.
+    /// The frame [`Inlet::begin`] popped, for the driver to encode.
     pub(crate) fn input(&self) -> &[f32] {
         &self.inlet.input[..]
     }
@@ -161,19 +122,16 @@ impl Conversation {
     }
 
     fn reset_codec(&mut self) {
-        match &mut self.codec {
-            Some(c) => c.reset(),
-            None => self.codec_reset = true,
-        }
+        self.codec_reset = true;
     }
 
-    /// Without an own codec: whether the codec streams must be reset now (a reset command, or the first-frame
-    /// rule after encoding); the driver resets them before its next encode or decode. Clears the request.
+    /// Whether the codec streams must be reset now (a reset command, or the first-frame rule after
+    /// encoding); the driver resets them before its next encode or decode. Clears the request.
     pub(crate) fn take_codec_reset(&mut self) -> bool {
         std::mem::take(&mut self.codec_reset)
     }
 
-    /// Where a driver without an own codec writes the decoded 24 kHz frame before [`Conversation::finish`].
+    /// Where the driver writes the decoded 24 kHz frame before [`Conversation::finish`].
     pub(crate) fn decoded_mut(&mut self) -> &mut [f32] {
         &mut self.decoded
     }
@@ -187,9 +145,8 @@ impl Conversation {
         t
     }
 
-    /// After the LM step: if it returned a frame, decode its audio (without an own codec: the driver has
-    /// already written it to [`Conversation::decoded_mut`]), detokenize its text and resample to the output
-    /// rate; then count the frame and fill [`Conversation::frame`] (its timings: resampling and
+    /// After the LM step: if it returned a frame (whose audio the driver has already decoded into
+    /// [`Conversation::decoded_mut`]), detokenize its text and resample to the output rate; then count the frame and fill [`Conversation::frame`] (its timings: resampling and
     /// detokenization; the caller fills the rest).
     pub(crate) fn finish(&mut self, out: Option<LmFrame>) -> Result<(), RuntimeError> {
         let f = &mut self.frame;
@@ -202,11 +159,6 @@ impl Conversation {
         if let Some(lm) = out {
             let mut audio = [0u32; N_AUDIO];
             audio.copy_from_slice(lm.audio());
-            if let Some(codec) = self.codec.as_mut() {
-                codec
-                    .decode_frame(&audio, &mut self.decoded)
-                    .map_err(|e| RuntimeError::Model(e.to_string()))?;
-            }
             let t0 = Instant::now();
             self.resampler.process(&self.decoded, &mut f.pcm)?;
             let t1 = Instant::now();
@@ -264,16 +216,11 @@ impl Conversation {
         self.frame.text.clear();
     }
 
-    /// Decodes one frame of `codes` into the decoded-frame buffer and resamples it into the frame's
-    /// PCM, as [`Conversation::finish`] does, without detokenizing or counting a frame (the warm-up:
-    /// LM call 0 has no audio to decode, so it decodes placeholder codes to time and touch the
-    /// decode path). The caller resets the streams afterwards.
-    pub(crate) fn decode_only(&mut self, codes: &[u32; N_AUDIO]) -> Result<(), RuntimeError> {
-        if let Some(codec) = self.codec.as_mut() {
-            codec
-                .decode_frame(codes, &mut self.decoded)
-                .map_err(|e| RuntimeError::Model(e.to_string()))?;
-        }
+    /// Resamples the decoded-frame buffer (the driver has decoded into [`Conversation::decoded_mut`])
+    /// into the frame's PCM, as [`Conversation::finish`] does, without detokenizing or counting a frame
+    /// (the warm-up: LM call 0 has no audio to decode, so it decodes placeholder codes to time and touch
+    /// the decode path). The caller resets the streams afterwards.
+    pub(crate) fn resample_only(&mut self) -> Result<(), RuntimeError> {
         self.frame.pcm.clear();
         self.resampler.process(&self.decoded, &mut self.frame.pcm)
     }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use kernels::Pool;
 use model::lm::{CpuLm, KvDtype, LmBackend, LmModel};
-use model::mimi::{BatchCodecBackend, CodecBackend, CpuMimi, CpuMimiBatch, Mimi};
+use model::mimi::{CodecBackend, CpuMimi, Mimi};
 use model::text::SentencePiece;
 use model::{LoadTimings, MoshiModel};
 
@@ -29,8 +29,8 @@ pub enum Device {
     },
     /// A GPU through wgpu (Vulkan, Metal, DX12; the `gpu` cargo feature): the LM and Mimi run on
     /// adapter `adapter` of `gpu::adapters()` (`None`: the best adapter of any type, software ones
-    /// included): a session's Mimi as `gpu::GpuMimi`, a batch driver's (all slots coded together) as
-    /// `gpu::GpuMimiBatch`. The LM and Mimi weights are uploaded once, at [`Engine::open`].
+    /// included): Mimi as `gpu::GpuMimi` (one slot for a session, every slot of a batch driver coded
+    /// together). The LM and Mimi weights are uploaded once, at [`Engine::open`].
     Gpu {
         /// Adapter index, or `None` for the best one.
         adapter: Option<usize>,
@@ -294,35 +294,22 @@ impl Compute {
         }
     }
 
-    /// The codec of one conversation over `mimi` (its streaming state allocated here).
+    /// The codec of a driver with `slots` conversation slots over `mimi` (one for a session; every
+    /// slot's streams, coded together: on a GPU one submission per call for all listed slots).
     fn codec_backend(
-        &self,
-        mimi: &Arc<Mimi>,
-        workers: &Workers,
-    ) -> Result<Box<dyn CodecBackend>, RuntimeError> {
-        match self {
-            Compute::Cpu => Ok(Box::new(CpuMimi::new(mimi.clone(), workers.0.clone()))),
-            #[cfg(feature = "gpu")]
-            Compute::Gpu(g) => Ok(Box::new(gpu::GpuMimi::new(g.mimi()?)?)),
-        }
-    }
-
-    /// The codec of a batch driver with `slots` conversation slots (every slot's streams, coded together:
-    /// on a GPU one submission per tick and direction).
-    fn batch_codec_backend(
         &self,
         mimi: &Arc<Mimi>,
         slots: usize,
         workers: &Workers,
-    ) -> Result<Box<dyn BatchCodecBackend>, RuntimeError> {
+    ) -> Result<Box<dyn CodecBackend>, RuntimeError> {
         match self {
-            Compute::Cpu => Ok(Box::new(CpuMimiBatch::new(
+            Compute::Cpu => Ok(Box::new(CpuMimi::new(
                 mimi.clone(),
                 slots,
                 workers.0.clone(),
             ))),
             #[cfg(feature = "gpu")]
-            Compute::Gpu(g) => Ok(Box::new(gpu::GpuMimiBatch::new(g.mimi()?, slots)?)),
+            Compute::Gpu(g) => Ok(Box::new(gpu::GpuMimi::new(g.mimi()?, slots)?)),
         }
     }
 }
@@ -540,20 +527,13 @@ impl Engine {
         }
     }
 
-    /// The codec backend of one conversation (its streaming state allocated here).
+    /// The codec of a driver with `slots` conversation slots (a session: one; every slot's streams
+    /// allocated here, coded together).
     pub(crate) fn codec_backend(
         &self,
         workers: &Workers,
-    ) -> Result<Box<dyn CodecBackend>, RuntimeError> {
-        self.compute.codec_backend(&self.mimi, workers)
-    }
-
-    /// The codec of a batch driver with `slots` conversation slots (every slot's streams, coded together).
-    pub(crate) fn batch_codec_backend(
-        &self,
-        workers: &Workers,
         slots: usize,
-    ) -> Result<Box<dyn BatchCodecBackend>, RuntimeError> {
-        self.compute.batch_codec_backend(&self.mimi, slots, workers)
+    ) -> Result<Box<dyn CodecBackend>, RuntimeError> {
+        self.compute.codec_backend(&self.mimi, slots, workers)
     }
 }

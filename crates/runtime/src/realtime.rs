@@ -86,7 +86,7 @@ pub fn probe(engine: &Arc<Engine>, rows: usize, passes: usize) -> Result<Probe, 
     let step = |st: &mut Stepper, n: usize| -> Result<u32, RuntimeError> {
         st.begin_tick();
         for r in 0..n {
-            st.admit_with(r, &codes, None, 0);
+            st.admit_with(r, &codes, None);
         }
         st.step_lm()?;
         for i in 0..n {

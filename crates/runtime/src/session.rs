@@ -116,19 +116,15 @@ impl Session {
         let producer = Some(PcmProducer::new(ring.clone()));
         let inlet = Inlet::new(ring, opts.max_steps);
         let (rate, rule) = (opts.output_rate, opts.first_frame_reset);
-        let (pass, conv) = match engine.frame_backend(&sampler)? {
-            Some(backend) => (
-                Pass::Fused(Box::new(FusedPass::new(backend, sampler))),
-                Conversation::without_codec(&engine, inlet, rate, rule)?,
-            ),
+        let pass = match engine.frame_backend(&sampler)? {
+            Some(backend) => Pass::Fused(Box::new(FusedPass::new(backend, sampler))),
             None => {
                 let mut stepper = Stepper::new(&engine, &compute, 1, kv_capacity)?;
                 stepper.set_sampler(0, sampler);
-                let codec = engine.codec_backend(&compute)?;
-                let conv = Conversation::new(&engine, codec, inlet, rate, rule)?;
-                (Pass::Split(Box::new(stepper)), conv)
+                Pass::Split(Box::new(stepper))
             }
         };
+        let conv = Conversation::new(&engine, inlet, rate, rule)?;
         Ok(Session {
             conv,
             pass,
@@ -226,20 +222,21 @@ impl Session {
                     Prepared::Idle => Step::Idle,
                     Prepared::Paused => Step::Paused,
                     Prepared::Stopped(r) => Step::Stopped(r),
-                    Prepared::Failed(e) => return Err(e),
                     Prepared::Ready => Step::Frame(&self.conv.frame),
                 })
             }
         };
         stepper.begin_tick();
-        match stepper.prepare(0, &mut self.conv) {
+        match stepper.begin(0, &mut self.conv) {
             Prepared::Idle => return Ok(Step::Idle),
             Prepared::Paused => return Ok(Step::Paused),
             Prepared::Stopped(r) => return Ok(Step::Stopped(r)),
-            Prepared::Failed(e) => return Err(e),
             Prepared::Ready => {}
         }
+        stepper.encode()?;
+        stepper.admit(0, &mut self.conv);
         stepper.step_lm()?;
+        stepper.decode()?;
         stepper.finish(0, &mut self.conv)?;
         Ok(Step::Frame(&self.conv.frame))
     }
@@ -297,10 +294,16 @@ impl Session {
             Pass::Fused(f) => return f.warm_up_pass(&mut self.conv),
         };
         stepper.begin_tick();
-        let t0 = Instant::now();
-        let codes = *self.conv.encode()?;
-        let encode_us = micros(t0.elapsed());
-        stepper.admit_with(0, &codes, None, encode_us);
+        stepper.stage(0, self.conv.input());
+        stepper.encode()?;
+        let (encode_us, _, _) = stepper.phase_us();
+        // The codes reach the conversation as a frame's do (the first-frame rule included), but the
+        // step forces no text and consumes none of the conversation's.
+        let codes = *self.conv.set_encoded(stepper.encoded(0));
+        if self.conv.take_codec_reset() {
+            stepper.reset_codec(0);
+        }
+        stepper.admit_with(0, &codes, None);
         stepper.step_lm()?;
         let lm_us = stepper.lm_us();
         let audio = match stepper.take_result(0).map_err(|e| lm_error(e, 0))? {
@@ -312,7 +315,8 @@ impl Session {
             None => [0; N_AUDIO],
         };
         let t1 = Instant::now();
-        self.conv.decode_only(&audio)?;
+        stepper.decode_codes(0, &audio, self.conv.decoded_mut())?;
+        self.conv.resample_only()?;
         Ok((encode_us, lm_us, micros(t1.elapsed())))
     }
 

@@ -215,7 +215,8 @@ pub(crate) struct GpuMimiCell {
     pub host_decisions: u64,
     /// Codec weight bytes on the device (read at least once per encode + decode).
     pub weight_bytes: u64,
-    /// Slots of the batch codec timed beside ([`gpu::GpuMimiBatch`]; `--slots`, 0 when skipped).
+    /// Slots of the batch codec timed beside (a [`gpu::GpuMimi`] of that many slots; `--slots`, 0
+    /// when skipped).
     pub slots: usize,
     /// Batch ticks (encode + decode of every slot), ms.
     pub batch_ms: Vec<f64>,
@@ -240,13 +241,13 @@ pub(crate) fn bench_mimi_gpu(
     let t0 = Instant::now();
     let weights = gpu::GpuMimiWeights::upload(&ctx, mimi.clone())?;
     let weight_bytes = weights.weight_bytes();
-    let mut codec = gpu::GpuMimi::new(weights.clone())?;
+    let mut codec = gpu::GpuMimi::new(weights.clone(), 1)?;
     let slots = if args.slots > 1 { args.slots } else { 0 };
     let mut batch = match slots {
         0 => None,
-        n => Some(gpu::GpuMimiBatch::new(weights, n)?),
+        n => Some(gpu::GpuMimi::new(weights, n)?),
     };
-    let (dec_l, enc_l) = codec.launches_per_frame();
+    let (dec_l, enc_l) = codec.launches_per_call();
     eprintln!(
         "mimi {label} on {}: uploaded in {:.1} s, {} + {} dispatches per frame (encode + decode), probe {} MiB",
         ctx.adapter(),
@@ -264,10 +265,10 @@ pub(crate) fn bench_mimi_gpu(
     let mut out = vec![0.0f32; fs];
     let mut frame = |codec: &mut gpu::GpuMimi| -> Result<(f64, f64)> {
         let t = Instant::now();
-        codes.copy_from_slice(codec.encode_frame(&pcm)?);
+        codes.copy_from_slice(codec.encode_frames(&[0], &pcm)?);
         let e = t.elapsed().as_secs_f64() * 1e3;
         let t = Instant::now();
-        codec.decode_frame(&codes, &mut out)?;
+        codec.decode_frames(&[0], &codes, &mut out)?;
         Ok((e, t.elapsed().as_secs_f64() * 1e3))
     };
     frame(&mut codec)?;
@@ -275,8 +276,7 @@ pub(crate) fn bench_mimi_gpu(
     let batch_pcm: Vec<f32> = (0..slots).flat_map(|_| pcm.iter().copied()).collect();
     let mut batch_codes = vec![0u32; slots * nq];
     let mut batch_out = vec![0.0f32; slots * fs];
-    let mut tick = |b: &mut gpu::GpuMimiBatch| -> Result<f64> {
-        use model::mimi::BatchCodecBackend;
+    let mut tick = |b: &mut gpu::GpuMimi| -> Result<f64> {
         let t = Instant::now();
         batch_codes.copy_from_slice(b.encode_frames(&all, &batch_pcm)?);
         b.decode_frames(&all, &batch_codes, &mut batch_out)?;
@@ -663,9 +663,9 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         let ctx = gpu::GpuContext::new(gpu::AdapterChoice::Gpu(None), gpu::GpuOptions::default())
             .unwrap();
-        let g =
-            gpu::GpuMimi::new(gpu::GpuMimiWeights::upload(&ctx, mimi.clone()).unwrap()).unwrap();
-        let (d, e) = g.launches_per_frame();
+        let w = gpu::GpuMimiWeights::upload(&ctx, mimi.clone()).unwrap();
+        let g = gpu::GpuMimi::new(w, 1).unwrap();
+        let (d, e) = g.launches_per_call();
         let cell = bench_mimi_gpu(&args, None, "fixture", mimi).unwrap();
         assert_eq!(cell.dispatches, d + e);
         assert_eq!(cell.host_decisions, 0, "{cell:?}");
@@ -706,9 +706,9 @@ mod tests {
         let ctx = gpu::GpuContext::new(gpu::AdapterChoice::Gpu(None), gpu::GpuOptions::default())
             .unwrap();
         let lm = gpu::GpuLm::new(gpu::GpuLmWeights::upload(&ctx, &m.lm).unwrap(), 1).unwrap();
-        let codec = gpu::GpuMimi::new(gpu::GpuMimiWeights::upload(&ctx, Arc::new(m.mimi)).unwrap())
-            .unwrap();
-        let (dec, enc) = codec.launches_per_frame();
+        let w = gpu::GpuMimiWeights::upload(&ctx, Arc::new(m.mimi)).unwrap();
+        let codec = gpu::GpuMimi::new(w, 1).unwrap();
+        let (dec, enc) = codec.launches_per_call();
         let expected = lm.dispatches_per_frame() + dec + enc;
         let mut parts = crate::drivers::duplex_parts(&args).unwrap();
         assert_eq!(parts.len(), 1);

@@ -1,5 +1,6 @@
-//! [`GpuMimi`]: the device codec of one conversation (a [`CodecBackend`]), the recorded
-//! launches of [`Streams`] over one slot.
+//! [`GpuMimi`]: the device codec of a set of conversation slots (a [`CodecBackend`]; a session's
+//! has one slot), the recorded launches of [`Streams`] over all of them, each call one
+//! submission for every listed slot.
 
 use std::sync::Arc;
 
@@ -12,18 +13,35 @@ use super::{bytes_of_f32, check_code_range, read_words};
 use crate::context::GpuContext;
 use crate::GpuError;
 
-/// The device codec of one conversation: its streaming state in device memory and every launch
-/// of an encoder frame and of a decoder frame recorded at construction.
+/// The device codecs of `slots` conversation slots over one engine's uploaded weights: every
+/// slot's streaming state (convolution histories, transposed-convolution tails, K/V rings,
+/// positions) in device buffers made by [`GpuMimi::new`], and every launch of an encoder call
+/// and of a decoder call recorded there.
+///
+/// An [`CodecBackend::encode_frames`] (or `decode_frames`) call is one submission for all listed
+/// slots: one `Queue::write_buffer` of the slot list and one of their inputs (back to back, in
+/// the order of the list) into a staging buffer, copies from there into each slot's region of
+/// the input buffer, the direction's recorded launches once in one compute pass (each launch's
+/// grid one layer per listed slot, so each kernel runs once per call and its workgroups of every
+/// slot read the same weights), copies of each slot's output into one readback buffer, one map.
+/// An encoder level the device cannot prove costs that slot one more submission (the host's
+/// exact decision, module docs).
 pub struct GpuMimi {
     w: Arc<GpuMimiWeights>,
     s: Streams,
+    /// The slot list's bytes (the number listed, then the slots).
+    list_bytes: Vec<u8>,
+    /// The listed slots' inputs, back to back (PCM or codes).
+    staging: wgpu::Buffer,
     readback: wgpu::Buffer,
     /// Where a traced frame's intermediates land (see [`GpuMimi::encode_frame_traced`]).
     trace_readback: wgpu::Buffer,
     codes_bytes: Vec<u8>,
-    /// Codes of every level, then the number of unproven levels (as read back).
+    /// Per listed slot: its codes, then its number of unproven levels (as read back).
     words: Vec<u32>,
     codes: Vec<u32>,
+    /// Scratch of the distinctness check.
+    listed: Vec<bool>,
     d: Decider,
 }
 
@@ -31,62 +49,159 @@ impl std::fmt::Debug for GpuMimi {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GpuMimi")
             .field("adapter", self.w.ctx.adapter())
+            .field("slots", &self.s.slots)
             .finish()
     }
 }
 
-device_codec_accessors!(GpuMimi);
+/// The one slot a traced frame runs (see [`GpuMimi::encode_frame_traced`]).
+const SLOT0: [usize; 1] = [0];
 
 impl GpuMimi {
-    /// Fresh streams over the uploaded weights: allocates the state, work and readback buffers
-    /// and records both directions' launches.
-    pub fn new(w: Arc<GpuMimiWeights>) -> Result<GpuMimi, GpuError> {
-        let s = Streams::new(&w, 1)?;
-        // The slot list of every call: one slot, slot 0 (written once).
-        let list: Vec<u8> = [1u32, 0].iter().flat_map(|v| v.to_le_bytes()).collect();
-        w.ctx.queue().write_buffer(&s.list, 0, &list);
+    /// Fresh streams of `slots` slots (at least one) over the uploaded weights: allocates every
+    /// state, work, staging and readback buffer and records the launches of both directions
+    /// over all slots.
+    pub fn new(w: Arc<GpuMimiWeights>, slots: usize) -> Result<GpuMimi, GpuError> {
+        if slots == 0 {
+            return Err(GpuError::Unsupported {
+                format: "Mimi codec".into(),
+                why: "zero slots".into(),
+            });
+        }
         let m = &w.mimi;
         let (fs, nq, cb) = (m.frame_size(), m.n_codebooks(), w.cb_dim);
-        let rb_bytes = (fs.max(nq + 1).max(2 * cb) * 4) as u64;
+        let s = Streams::new(&w, slots)?;
+        let ctx = &w.ctx;
+        // Until the first call writes its own: slot 0 alone (what the one-submission duplex
+        // frame, which records the launches into its own submission, runs).
+        let list: Vec<u8> = [1u32, 0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        ctx.queue().write_buffer(&s.list, 0, &list);
+        let staging = ctx.buffer(
+            "mimi staging",
+            (slots * fs.max(nq) * 4) as u64,
+            wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+        )?;
         let read = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
-        let readback = w.ctx.buffer("mimi readback", rb_bytes, read)?;
+        let readback = ctx.buffer(
+            "mimi readback",
+            (slots * fs.max(nq + 1)).max(2 * cb) as u64 * 4,
+            read,
+        )?;
         let tap_floats = s.enc.tap_floats().max(s.dec.tap_floats());
-        let trace_readback = w
-            .ctx
-            .buffer("mimi trace readback", (tap_floats * 4) as u64, read)?;
+        let trace_readback = ctx.buffer("mimi trace readback", (tap_floats * 4) as u64, read)?;
         Ok(GpuMimi {
             s,
+            list_bytes: vec![0; (slots + 1) * 4],
+            staging,
             readback,
             trace_readback,
-            codes_bytes: vec![0; nq * 4],
-            words: vec![0; nq + 1],
-            codes: vec![0; nq],
+            codes_bytes: vec![0; slots * nq * 4],
+            words: vec![0; slots * (nq + 1)],
+            codes: vec![0; slots * nq],
+            listed: vec![false; slots],
             d: Decider::new(cb),
             w,
         })
     }
 
-    /// Kernel launches of a decoder frame and of an encoder frame.
-    pub fn launches_per_frame(&self) -> (usize, usize) {
+    /// The device context.
+    pub fn context(&self) -> &GpuContext {
+        &self.w.ctx
+    }
+
+    /// Queue submissions so far: one per call that runs frames (one for all its listed slots),
+    /// one more per encoded frame whose codes the host decided, one per reset.
+    pub fn submissions(&self) -> u64 {
+        self.d.submissions
+    }
+
+    /// Encoded frames whose codes the host decided (a level the device's bound could not prove,
+    /// or `force_host_decision`).
+    pub fn host_decisions(&self) -> u64 {
+        self.d.host_decisions
+    }
+
+    /// Makes every encoded frame take the host's exact decision path (tests compare it with the
+    /// device's proven codes).
+    pub fn force_host_decision(&mut self, on: bool) {
+        self.d.force_host = on;
+    }
+
+    /// Kernel launches of a decoder call and of an encoder call, whatever the number of listed
+    /// slots (each launch runs for all of them).
+    pub fn launches_per_call(&self) -> (usize, usize) {
         (self.s.dec.launches.len(), self.s.enc.launches.len())
     }
 
-    /// Records one direction's frame in one submission: its launches (split into one compute
-    /// pass per tap when `traced`, each tap's buffer copied to the trace readback), then
-    /// `copies` to the readback buffer, back to back.
-    fn run(&mut self, encoder_side: bool, traced: bool, copies: &[(&wgpu::Buffer, u64)]) {
+    /// Refuses repeated or out-of-range slots and a wrong input length, before anything moves.
+    fn check(
+        &mut self,
+        slots: &[usize],
+        got: usize,
+        per_slot: usize,
+        what: &str,
+    ) -> Result<(), MimiError> {
+        let n = self.s.slots;
+        let mut bad = None;
+        for &s in slots {
+            match self.listed.get_mut(s) {
+                Some(l) if !*l => *l = true,
+                Some(_) => {
+                    bad = Some(format!("slot {s} listed twice"));
+                    break;
+                }
+                None => {
+                    bad = Some(format!("slot {s} out of range ({n} slots)"));
+                    break;
+                }
+            }
+        }
+        for &s in slots {
+            if let Some(l) = self.listed.get_mut(s) {
+                *l = false;
+            }
+        }
+        if bad.is_none() && got != slots.len() * per_slot {
+            bad = Some(format!(
+                "{} values for {} slots, expected {}",
+                got,
+                slots.len(),
+                slots.len() * per_slot
+            ));
+        }
+        match bad {
+            Some(b) => Err(MimiError::Input(format!("{what}: {b}"))),
+            None => Ok(()),
+        }
+    }
+
+    /// One submission: the slot list written, the staged inputs copied to each listed slot's
+    /// region of the direction's input buffer, the direction's launches once for all listed
+    /// slots (split into one compute pass per tap when `traced`, each tap's buffer copied to the
+    /// trace readback), each slot's output region copied into the readback buffer in list order.
+    fn run(&mut self, slots: &[usize], encoder_side: bool, traced: bool) {
         let ctx = &self.w.ctx;
-        let (d, _, _) = self.s.side(encoder_side);
+        let words = std::iter::once(slots.len()).chain(slots.iter().copied());
+        for (b, v) in self.list_bytes.chunks_exact_mut(4).zip(words) {
+            b.copy_from_slice(&(v as u32).to_le_bytes());
+        }
+        let list = &self.list_bytes[..(slots.len() + 1) * 4];
+        ctx.queue().write_buffer(&self.s.list, 0, list);
         let mut enc = ctx
             .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        let (d, input, output) = self.s.side(encoder_side);
+        for (i, &s) in slots.iter().enumerate() {
+            let (at, bytes) = input.region(s);
+            enc.copy_buffer_to_buffer(&self.staging, i as u64 * bytes, &input.buf, at, bytes);
+        }
         let mut from = 0;
         if traced {
             let mut off = 0;
             for tap in &d.taps {
                 {
                     let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-                    dispatch(&mut pass, &d.launches[from..tap.after], 1);
+                    dispatch(&mut pass, &d.launches[from..tap.after], slots.len());
                 }
                 let bytes = (tap.floats * 4) as u64;
                 enc.copy_buffer_to_buffer(&tap.buffer.buf, 0, &self.trace_readback, off, bytes);
@@ -96,12 +211,11 @@ impl GpuMimi {
         }
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-            dispatch(&mut pass, &d.launches[from..], 1);
+            dispatch(&mut pass, &d.launches[from..], slots.len());
         }
-        let mut off = 0;
-        for (b, len) in copies {
-            enc.copy_buffer_to_buffer(b, 0, &self.readback, off, *len);
-            off += len;
+        for (i, &s) in slots.iter().enumerate() {
+            let (at, bytes) = output.region(s);
+            enc.copy_buffer_to_buffer(&output.buf, at, &self.readback, i as u64 * bytes, bytes);
         }
         ctx.submit(enc.finish());
         self.d.submissions += 1;
@@ -124,95 +238,82 @@ impl GpuMimi {
         Ok(())
     }
 
-    fn encode(&mut self, pcm: &[f32], traced: bool) -> Result<(), GpuError> {
-        let nq = self.codes.len();
+    fn encode(&mut self, slots: &[usize], pcm: &[f32], traced: bool) -> Result<(), GpuError> {
+        let nq = self.w.mimi.n_codebooks();
+        let k = slots.len();
         self.w
             .ctx
             .queue()
-            .write_buffer(&self.s.pcm_in.buf, 0, bytes_of_f32(pcm));
-        let codes_out = self.s.codes_out.buf.clone();
-        self.run(true, traced, &[(&codes_out, ((nq + 1) * 4) as u64)]);
-        read_words(&self.w.ctx, &self.readback, &mut self.words)?;
-        self.d.decide(
-            &self.w,
-            (&self.s, 0),
-            &self.readback,
-            &self.words,
-            &mut self.codes,
-        )?;
+            .write_buffer(&self.staging, 0, bytes_of_f32(pcm));
+        self.run(slots, true, traced);
+        let words = &mut self.words[..k * (nq + 1)];
+        read_words(&self.w.ctx, &self.readback, words)?;
+        for (i, &s) in slots.iter().enumerate() {
+            let words = &self.words[i * (nq + 1)..(i + 1) * (nq + 1)];
+            let codes = &mut self.codes[i * nq..(i + 1) * nq];
+            self.d
+                .decide(&self.w, (&self.s, s), &self.readback, words, codes)?;
+        }
         Ok(())
     }
 
-    fn decode(&mut self, codes: &[u32], out: &mut [f32], traced: bool) -> Result<(), GpuError> {
-        let nq = self.codes.len();
-        for (b, c) in self.codes_bytes.chunks_exact_mut(4).zip(&codes[..nq]) {
+    fn decode(
+        &mut self,
+        slots: &[usize],
+        codes: &[u32],
+        out: &mut [f32],
+        traced: bool,
+    ) -> Result<(), GpuError> {
+        let bytes = &mut self.codes_bytes[..codes.len() * 4];
+        for (b, c) in bytes.chunks_exact_mut(4).zip(codes) {
             b.copy_from_slice(&c.to_le_bytes());
         }
-        self.w
-            .ctx
-            .queue()
-            .write_buffer(&self.s.codes_in.buf, 0, &self.codes_bytes);
-        let bytes = (out.len() * 4) as u64;
-        let pcm_out = self.s.pcm_out.buf.clone();
-        self.run(false, traced, &[(&pcm_out, bytes)]);
+        self.w.ctx.queue().write_buffer(&self.staging, 0, bytes);
+        self.run(slots, false, traced);
         crate::context::read_mapped(&self.w.ctx, &self.readback, out)
     }
 
-    fn check_pcm(&self, pcm: &[f32]) -> Result<(), MimiError> {
-        let fs = self.frame_size();
-        if pcm.len() != fs {
-            return Err(MimiError::Input(format!(
-                "encode_frame needs {fs} samples, got {}",
-                pcm.len()
-            )));
-        }
-        Ok(())
-    }
-
-    fn check_codes(&self, codes: &[u32], out: &[f32]) -> Result<(), MimiError> {
+    /// Checks a decoder call's arguments (see [`CodecBackend::decode_frames`]).
+    fn check_decode(
+        &mut self,
+        slots: &[usize],
+        codes: &[u32],
+        out: &[f32],
+    ) -> Result<(), MimiError> {
         let (fs, nq) = (self.frame_size(), self.n_codebooks());
-        if out.len() != fs {
-            return Err(MimiError::Input(format!(
-                "decode_frame writes {fs} samples, buffer has {}",
-                out.len()
-            )));
-        }
-        if codes.len() < nq {
-            return Err(MimiError::Input(format!(
-                "decode_frame needs {nq} codes, got {}",
-                codes.len()
-            )));
-        }
-        check_code_range(&codes[..nq], self.w.mimi.cardinality())
+        self.check(slots, codes.len(), nq, "decode_frames (codes)")?;
+        self.check(slots, out.len(), fs, "decode_frames (samples)")?;
+        check_code_range(codes, self.w.mimi.cardinality())
     }
 
-    /// [`CodecBackend::encode_frame`], also reporting the frame's encoder intermediates
-    /// ([`Stage::EncSeanet`], [`Stage::EncTransformer`], [`Stage::Latent`], each `[dim, t]`
-    /// channel-major) to `trace`, as the CPU encoder's traced frame does. For parity tooling:
-    /// the frame is split into one compute pass per stage and the intermediates are read back
-    /// into a vector allocated per call.
+    /// [`CodecBackend::encode_frames`] of slot 0 alone, also reporting the frame's encoder
+    /// intermediates ([`Stage::EncSeanet`], [`Stage::EncTransformer`], [`Stage::Latent`], each
+    /// `[dim, t]` channel-major) to `trace`, as the CPU encoder's traced frame does. For parity
+    /// tooling: the frame is split into one compute pass per stage and the intermediates are
+    /// read back into a vector allocated per call.
     pub fn encode_frame_traced(
         &mut self,
         pcm: &[f32],
         trace: &mut dyn FnMut(Stage, &[f32]),
     ) -> Result<&[u32], MimiError> {
-        self.check_pcm(pcm)?;
-        self.encode(pcm, true)?;
+        let fs = self.frame_size();
+        self.check(&SLOT0, pcm.len(), fs, "encode_frames")?;
+        self.encode(&SLOT0, pcm, true)?;
         self.report_taps(true, trace)?;
-        Ok(&self.codes)
+        Ok(&self.codes[..self.n_codebooks()])
     }
 
-    /// [`CodecBackend::decode_frame`], also reporting the decoder intermediates
-    /// ([`Stage::DecLatent`], [`Stage::DecUpsample`], [`Stage::DecTransformer`]) to `trace`
-    /// (see [`GpuMimi::encode_frame_traced`]).
+    /// [`CodecBackend::decode_frames`] of slot 0 alone, also reporting the decoder
+    /// intermediates ([`Stage::DecLatent`], [`Stage::DecUpsample`], [`Stage::DecTransformer`]) to
+    /// `trace` (see [`GpuMimi::encode_frame_traced`]).
     pub fn decode_frame_traced(
         &mut self,
         codes: &[u32],
         out: &mut [f32],
         trace: &mut dyn FnMut(Stage, &[f32]),
     ) -> Result<(), MimiError> {
-        self.check_codes(codes, out)?;
-        self.decode(codes, out, true)?;
+        self.check_decode(&SLOT0, codes, out)?;
+        self.decode(&SLOT0, codes, out, true)?;
         Ok(self.report_taps(false, trace)?)
     }
 }
@@ -226,30 +327,51 @@ impl CodecBackend for GpuMimi {
         self.w.mimi.n_codebooks()
     }
 
-    fn encode_frame(&mut self, pcm: &[f32]) -> Result<&[u32], MimiError> {
-        self.check_pcm(pcm)?;
-        self.encode(pcm, false)?;
-        Ok(&self.codes)
+    fn slots(&self) -> usize {
+        self.s.slots
     }
 
-    fn decode_frame(&mut self, codes: &[u32], out: &mut [f32]) -> Result<(), MimiError> {
-        self.check_codes(codes, out)?;
-        Ok(self.decode(codes, out, false)?)
+    fn encode_frames(&mut self, slots: &[usize], pcm: &[f32]) -> Result<&[u32], MimiError> {
+        let fs = self.frame_size();
+        self.check(slots, pcm.len(), fs, "encode_frames")?;
+        if slots.is_empty() {
+            return Ok(&[]);
+        }
+        self.encode(slots, pcm, false)?;
+        Ok(&self.codes[..slots.len() * self.n_codebooks()])
     }
 
-    fn reset(&mut self) {
+    fn decode_frames(
+        &mut self,
+        slots: &[usize],
+        codes: &[u32],
+        out: &mut [f32],
+    ) -> Result<(), MimiError> {
+        self.check_decode(slots, codes, out)?;
+        if slots.is_empty() {
+            return Ok(());
+        }
+        Ok(self.decode(slots, codes, out, false)?)
+    }
+
+    /// Zeroes `slot`'s streaming buffers in one submission (a slot out of range: nothing).
+    fn reset(&mut self, slot: usize) {
+        if slot >= self.s.slots {
+            return;
+        }
         let ctx = &self.w.ctx;
         let mut enc = ctx
             .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-        self.s.clear(&mut enc, 0);
+        self.s.clear(&mut enc, slot);
         ctx.submit(enc.finish());
         self.d.submissions += 1;
     }
 }
 
 /// The parts of a frame the one-submission duplex frame ([`crate::GpuDuplex`]) records into its
-/// own command buffer.
+/// own command buffer: slot 0's (the slot list [`GpuMimi::new`] writes until a call writes its
+/// own).
 impl GpuMimi {
     /// Records one direction's launches (the encoder's when `encoder_side`) in one compute pass.
     pub(crate) fn record_direction(&self, enc: &mut wgpu::CommandEncoder, encoder_side: bool) {
@@ -300,17 +422,14 @@ impl GpuMimi {
 
     /// The exact codes of an encoded frame from its read-back `words` (`n_codebooks` codes, then
     /// the unproven count): the device's when proven, else the host's decision (one more
-    /// submission, the latents read back), as [`CodecBackend::encode_frame`] decides them.
+    /// submission, the latents read back), as [`CodecBackend::encode_frames`] decides them.
     /// Returns the codes and whether the host decided them.
     pub(crate) fn decide(&mut self, words: &[u32]) -> Result<(&[u32], bool), GpuError> {
         let before = self.d.host_decisions;
-        self.d.decide(
-            &self.w,
-            (&self.s, 0),
-            &self.readback,
-            words,
-            &mut self.codes,
-        )?;
-        Ok((&self.codes, self.d.host_decisions != before))
+        let nq = self.w.mimi.n_codebooks();
+        let codes = &mut self.codes[..nq];
+        self.d
+            .decide(&self.w, (&self.s, 0), &self.readback, words, codes)?;
+        Ok((&self.codes[..nq], self.d.host_decisions != before))
     }
 }

@@ -1,19 +1,18 @@
 //! Mimi on the device: [`GpuMimiWeights`] (every codec weight, uploaded once per engine, and the
-//! compiled kernels), [`GpuMimi`] (one conversation's streaming state and the recorded
-//! launches of a frame; a [`CodecBackend`](model::mimi::CodecBackend)) and [`GpuMimiBatch`]
-//! (several conversation slots; a [`BatchCodecBackend`](model::mimi::BatchCodecBackend)).
+//! compiled kernels) and [`GpuMimi`] (the streaming state of a set of conversation slots and the
+//! recorded launches of a call over them; a [`CodecBackend`](model::mimi::CodecBackend), one slot
+//! for a session).
 //!
-//! Both codecs are the same recorded launches over a number of slots (`streams`: one for
-//! [`GpuMimi`]): every kernel has a slot dimension, so a call launches each kernel once for all
-//! the slots it lists, in any order, and reads each weight once per call (the arithmetic is in
-//! `shaders`' docs). The files, by job: `weights` (upload), `record` (the launches of a frame,
-//! built once), `streams` (the per-slot state and the two directions' stage lists), `codec` and
-//! `batch` (the calls), `shaders` with `wgsl_conv` and `wgsl_codec` (the kernels), `testing`
-//! (the kernel tests' entry points).
+//! Every kernel has a slot dimension, so a call launches each kernel once for all the slots it
+//! lists, in any order, and reads each weight once per call (the arithmetic is in `shaders`'
+//! docs). The files, by job: `weights` (upload), `record` (the launches of a frame, built once),
+//! `streams` (the per-slot state and the two directions' stage lists), `codec` (the calls),
+//! `shaders` with `wgsl_conv` and `wgsl_codec` (the kernels), `testing` (the kernel tests' entry
+//! points).
 //!
-//! A frame is one submission: the decoder takes the frame's codes (a `Queue::write_buffer` of
-//! `n_codebooks` words) and returns its PCM through one mapped readback buffer; the encoder
-//! takes the PCM and returns the codes. Every buffer and bind group is created by
+//! A call is one submission: the decoder takes the listed slots' codes (a `Queue::write_buffer`
+//! of `n_codebooks` words per slot) and returns their PCM through one mapped readback buffer; the
+//! encoder takes the PCM and returns the codes. Every buffer and bind group is created by
 //! [`GpuMimi::new`]; the streaming state (convolution histories, transposed-convolution tails,
 //! the transformers' K/V rings, positions) stays in device memory.
 //!
@@ -25,39 +24,6 @@
 //! projected latents (still in device memory) are read back and the host decides every level
 //! with the CPU's exact f64 search ([`Mimi::rvq_codes_exact`]).
 
-/// The accessors [`GpuMimi`] and [`GpuMimiBatch`] share, over the fields both keep: the weights
-/// `w` and the [`Decider`] `d`.
-macro_rules! device_codec_accessors {
-    ($codec:ty) => {
-        impl $codec {
-            /// The device context.
-            pub fn context(&self) -> &GpuContext {
-                &self.w.ctx
-            }
-
-            /// Queue submissions so far: one per call that runs frames (a batch call, one for
-            /// all its listed slots), one more per encoded frame whose codes the host decided,
-            /// one per reset.
-            pub fn submissions(&self) -> u64 {
-                self.d.submissions
-            }
-
-            /// Encoded frames whose codes the host decided (a level the device's bound could not
-            /// prove, or `force_host_decision`).
-            pub fn host_decisions(&self) -> u64 {
-                self.d.host_decisions
-            }
-
-            /// Makes every encoded frame take the host's exact decision path (tests compare it
-            /// with the device's proven codes).
-            pub fn force_host_decision(&mut self, on: bool) {
-                self.d.force_host = on;
-            }
-        }
-    };
-}
-
-mod batch;
 mod codec;
 mod record;
 mod shaders;
@@ -67,7 +33,6 @@ mod weights;
 mod wgsl_codec;
 mod wgsl_conv;
 
-pub use batch::GpuMimiBatch;
 pub use codec::GpuMimi;
 pub use shaders::MimiKernel;
 #[doc(hidden)]

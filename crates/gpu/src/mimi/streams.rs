@@ -14,7 +14,7 @@ use crate::GpuError;
 
 /// The streaming state of `slots` conversations in device memory and the recorded launches of
 /// an encoder frame and of a decoder frame over all of them: the device part of a
-/// [`super::GpuMimi`] (one slot) and of a [`super::GpuMimiBatch`]. A call writes its slot list
+/// [`super::GpuMimi`]. A call writes its slot list
 /// to `list` and replays one direction's launches once, for every listed slot together.
 #[derive(Debug)]
 pub(super) struct Streams {

@@ -22,7 +22,7 @@ mod seanet;
 mod stream;
 mod transformer;
 
-pub use backend::{BatchCodecBackend, CodecBackend, CpuMimi, CpuMimiBatch};
+pub use backend::{CodecBackend, CpuMimi};
 pub use export::{
     CodebookWeights, ConvTrWeights, ConvWeights, DecoderWeights, EncoderWeights, ResBlockWeights,
     TransformerLayerWeights, TransformerWeights,
