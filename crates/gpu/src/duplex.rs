@@ -397,7 +397,8 @@ impl GpuDuplex {
                 .sampled_begin(&[0], &self.column, samplers, &forced)?;
             let mut enc = self.encoder();
             if ready {
-                self.mimi.record_decoder_copy(&mut enc, &self.shadow, true);
+                self.mimi
+                    .record_decoder_copy(&mut enc, 0, &self.shadow, true);
             }
             self.record_step(&mut enc, ready);
             self.finish_and_read(enc, ready)?;
@@ -522,7 +523,7 @@ impl GpuDuplex {
                 len,
             )
         });
-        self.mimi.record_decoder_copy(enc, &self.shadow, false);
+        self.mimi.record_decoder_copy(enc, 0, &self.shadow, false);
         self.mimi.record_direction(enc, false);
         let fs = self.mimi.frame_size();
         enc.copy_buffer_to_buffer(
@@ -561,7 +562,7 @@ impl GpuDuplex {
 /// Records one copy per run of consecutive items of `items` that share a `slot`: `copy(first,
 /// bytes)` gives (source, source offset, destination, destination offset, bytes) of the run that
 /// starts at item `first` (the items of a run are adjacent words on both sides).
-fn copy_runs<'b>(
+pub(crate) fn copy_runs<'b>(
     enc: &mut wgpu::CommandEncoder,
     items: impl Iterator<Item = usize>,
     slot: impl Fn(usize) -> usize,

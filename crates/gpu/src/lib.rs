@@ -25,6 +25,8 @@
 //! * [`GpuDuplex`] is one conversation's whole duplex frame in one submission: Mimi encode, the LM
 //!   step reading its input from a delay ring in device memory, sampling, Mimi decode, one readback,
 //!   waited for by its own submission index (the runtime's sessions use it on the GPU).
+//!   [`GpuDuplexBatch`] is the same frame for up to eight conversation slots, one submission per
+//!   tick for every listed slot, each kernel launched once for all of them.
 //!
 //! Every buffer and bind group is created at load ([`GpuContext::buffers_created`] counts them); a
 //! step records one command buffer (wgpu creates command encoders per submission by design),
@@ -34,6 +36,7 @@ mod bindings;
 mod context;
 mod dispatch;
 mod duplex;
+mod duplex_batch;
 mod lm;
 mod matrix;
 mod mimi;
@@ -45,6 +48,7 @@ mod uniforms;
 
 pub use context::{adapters, choose_adapter, AdapterChoice, AdapterDesc, GpuContext, GpuOptions};
 pub use duplex::{DuplexStep, GpuDuplex};
+pub use duplex_batch::GpuDuplexBatch;
 pub use lm::{AttentionRow, AttentionShape, GpuAttention, GpuLm, GpuLmOptions, GpuLmWeights};
 pub use matrix::GpuMatrix;
 pub use mimi::{GpuMimi, GpuMimiWeights, MimiKernel, TestConvOut};

@@ -369,20 +369,41 @@ impl CodecBackend for GpuMimi {
     }
 }
 
-/// The parts of a frame the one-submission duplex frame ([`crate::GpuDuplex`]) records into its
-/// own command buffer: slot 0's (the slot list [`GpuMimi::new`] writes until a call writes its
-/// own).
+/// The parts of a frame the one-submission duplex frames ([`crate::GpuDuplex`], one slot, and
+/// [`crate::GpuDuplexBatch`], the slots it lists) record into their own command buffers. The
+/// one-slot forms are slot 0's (the slot list [`GpuMimi::new`] writes until a call writes its own).
 impl GpuMimi {
+    /// The slot list every kernel reads (the number listed, then the slots); a batched frame copies
+    /// its list into it before each direction's pass.
+    pub(crate) fn list(&self) -> &wgpu::Buffer {
+        &self.s.list
+    }
+
     /// Records one direction's launches (the encoder's when `encoder_side`) in one compute pass.
     pub(crate) fn record_direction(&self, enc: &mut wgpu::CommandEncoder, encoder_side: bool) {
+        self.record_direction_listed(enc, encoder_side, 1);
+    }
+
+    /// Records one direction's launches for the `listed` slots of the list (one compute pass).
+    pub(crate) fn record_direction_listed(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        encoder_side: bool,
+        listed: usize,
+    ) {
         let (d, _, _) = self.s.side(encoder_side);
         let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-        dispatch(&mut pass, &d.launches, 1);
+        dispatch(&mut pass, &d.launches, listed);
     }
 
     /// Records the reset of both directions' streams ([`CodecBackend::reset`] inside a frame).
     pub(crate) fn record_reset(&self, enc: &mut wgpu::CommandEncoder) {
-        self.s.clear(enc, 0);
+        self.record_reset_slot(enc, 0);
+    }
+
+    /// Records the reset of `slot`'s streams (both directions).
+    pub(crate) fn record_reset_slot(&self, enc: &mut wgpu::CommandEncoder, slot: usize) {
+        self.s.clear(enc, slot);
     }
 
     /// The encoder's input (`frame_size` f32).
@@ -405,31 +426,57 @@ impl GpuMimi {
         &self.s.pcm_out.buf
     }
 
-    /// Bytes of decoder state a replayed decoder frame needs restored.
+    /// `slot`'s region of an input or output buffer, as (buffer, byte offset, bytes): the
+    /// encoder's PCM in and codes out (codes, then the unproven count) when `encoder_side`, else
+    /// the decoder's codes in and PCM out; `input` picks the direction's input.
+    pub(crate) fn io(
+        &self,
+        encoder_side: bool,
+        input: bool,
+        slot: usize,
+    ) -> (&wgpu::Buffer, u64, u64) {
+        let (_, i, o) = self.s.side(encoder_side);
+        let b = if input { i } else { o };
+        let (at, bytes) = b.region(slot);
+        (&b.buf, at, bytes)
+    }
+
+    /// Bytes of one slot's decoder state a replayed decoder frame needs restored.
     pub(crate) fn decoder_snapshot_bytes(&self) -> u64 {
         self.s.decoder_snapshot_bytes()
     }
 
-    /// Records the copy of the decoder state into `shadow`, or back with `restore`.
+    /// Records the copy of `slot`'s decoder state into `shadow`, or back with `restore`.
     pub(crate) fn record_decoder_copy(
         &self,
         enc: &mut wgpu::CommandEncoder,
+        slot: usize,
         shadow: &wgpu::Buffer,
         restore: bool,
     ) {
-        self.s.record_decoder_copy(enc, 0, shadow, restore);
+        self.s.record_decoder_copy(enc, slot, shadow, restore);
     }
 
-    /// The exact codes of an encoded frame from its read-back `words` (`n_codebooks` codes, then
-    /// the unproven count): the device's when proven, else the host's decision (one more
+    /// The exact codes of slot 0's encoded frame from its read-back `words`; see
+    /// [`GpuMimi::decide_slot`].
+    pub(crate) fn decide(&mut self, words: &[u32]) -> Result<(&[u32], bool), GpuError> {
+        self.decide_slot(0, words)
+    }
+
+    /// The exact codes of `slot`'s encoded frame from its read-back `words` (`n_codebooks` codes,
+    /// then the unproven count): the device's when proven, else the host's decision (one more
     /// submission, the latents read back), as [`CodecBackend::encode_frames`] decides them.
     /// Returns the codes and whether the host decided them.
-    pub(crate) fn decide(&mut self, words: &[u32]) -> Result<(&[u32], bool), GpuError> {
+    pub(crate) fn decide_slot(
+        &mut self,
+        slot: usize,
+        words: &[u32],
+    ) -> Result<(&[u32], bool), GpuError> {
         let before = self.d.host_decisions;
         let nq = self.w.mimi.n_codebooks();
         let codes = &mut self.codes[..nq];
         self.d
-            .decide(&self.w, (&self.s, 0), &self.readback, words, codes)?;
+            .decide(&self.w, (&self.s, slot), &self.readback, words, codes)?;
         Ok((&self.codes[..nq], self.d.host_decisions != before))
     }
 }
