@@ -144,6 +144,9 @@ pub enum GpuError {
     /// The device reported an error while running (validation, lost device, out of memory).
     #[error("GPU error: {0}")]
     Runtime(String),
+    /// A weight could not be read from its source (missing tensor, wrong shape, bad bytes).
+    #[error("the LM weights could not be read: {0}")]
+    Weights(#[from] model::lm::LmError),
 }
 
 impl From<GpuError> for model::lm::LmError {

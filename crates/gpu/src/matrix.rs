@@ -1,6 +1,6 @@
 //! Weight matrices on the device, in their checkpoint format, and the dispatches that read them.
 
-use kernels::{Matrix, WeightFormat};
+use kernels::{CheckpointParts, Matrix, WeightFormat};
 
 use crate::context::GpuContext;
 use crate::dispatch::{Dispatch, Grid};
@@ -55,13 +55,28 @@ impl GpuMatrix {
         m: &Matrix,
         gated: bool,
     ) -> Result<GpuMatrix, GpuError> {
-        let format = m.format();
+        let parts = m.checkpoint_parts();
+        Self::upload_parts(ctx, label, m.format(), m.rows(), m.cols(), parts, gated)
+    }
+
+    /// Uploads a `[rows, cols]` matrix of `format` given in its checkpoint layout (`parts`, as
+    /// read from a checkpoint or un-packed from a CPU matrix), its rows interleaved for the gated
+    /// epilogue when `gated` (see [`GpuMatrix::upload_gated`]). Refuses parts whose sizes do not
+    /// match the shape.
+    pub(crate) fn upload_parts(
+        ctx: &GpuContext,
+        label: &str,
+        format: WeightFormat,
+        rows: usize,
+        cols: usize,
+        mut parts: CheckpointParts,
+        gated: bool,
+    ) -> Result<GpuMatrix, GpuError> {
         let unsupported = |why: String| GpuError::Unsupported {
             format: format!("{format:?}"),
             why,
         };
         let kind = WeightKind::of(format).ok_or_else(|| unsupported("no kernel".into()))?;
-        let (rows, cols) = (m.rows(), m.cols());
         let group = match format {
             WeightFormat::MlxAffine { group, .. } => group,
             WeightFormat::Q8_0 | WeightFormat::Q4_0 => 32,
@@ -77,7 +92,16 @@ impl GpuMatrix {
                 "{label}: a gated matrix of {rows} rows (two halves needed)"
             )));
         }
-        let mut parts = m.checkpoint_parts();
+        let (nc, ns, nb) = (parts.codes.len(), parts.scales.len(), parts.biases.len());
+        if rows == 0
+            || !nc.is_multiple_of(rows)
+            || !ns.is_multiple_of(rows)
+            || (nb != 0 && nb != ns)
+        {
+            return Err(unsupported(format!(
+                "{label}: {nc} bytes of codes, {ns} scales and {nb} biases for {rows} rows"
+            )));
+        }
         let row_bytes = parts.codes.len() / rows;
         let ld_bytes = row_bytes.div_ceil(16) * 16;
         let groups = if parts.scales.is_empty() {

@@ -49,6 +49,14 @@ fn gpu_backend(ctx: &GpuContext, m: &LmModel, rows: usize) -> GpuLm {
     GpuLm::new(GpuLmWeights::upload(ctx, m).unwrap(), rows).unwrap()
 }
 
+/// The device weights of fixture `dir` read straight from its checkpoint (the engine's path: no
+/// CPU model built).
+fn checkpoint_weights(ctx: &GpuContext, dir: &str) -> Arc<GpuLmWeights> {
+    let b = model::checkpoint::Bundle::open(&fixtures().join(dir)).unwrap();
+    let spec = model::lm::LmSpec::from_config(&b.config.lm).unwrap();
+    GpuLmWeights::from_source(ctx, &b.lm_weights().unwrap(), spec).unwrap()
+}
+
 /// The text tokens and audio codes of an oracle trace, the codes frame by frame (a frame's 8
 /// codebooks together, as a run records them; the trace keeps them codebook by codebook).
 fn oracle_tokens(trace: &TensorFile) -> (Vec<i64>, Vec<i64>) {
@@ -68,8 +76,10 @@ fn check_format(ctx: &GpuContext, dir: &str) {
     let trace = TensorFile::open(fixtures().join(dir).join("trace.safetensors"));
     let (inp, shape) = trace.i64("input_tokens");
     let steps = shape[0];
-    let m = load(dir);
-    let g = run(Box::new(gpu_backend(ctx, &m, 1)), steps);
+    let g = run(
+        Box::new(GpuLm::new(checkpoint_weights(ctx, dir), 1).unwrap()),
+        steps,
+    );
     let c = run(cpu_backend(load(dir)), steps);
     assert_eq!(g.input_tokens, inp, "{dir}: input tokens");
     assert_eq!(g.input_tokens, c.input_tokens, "{dir}: input tokens vs CPU");
@@ -119,6 +129,32 @@ fn every_weight_format_matches_oracle_and_cpu() {
     let Some(ctx) = common::context() else { return };
     for dir in FORMAT_FIXTURES {
         check_format(&ctx, dir);
+    }
+}
+
+/// The weights read straight from the checkpoint are the ones uploaded from the CPU model: every
+/// logit of a greedy run is the same bit for bit, in every fixture format.
+#[test]
+fn checkpoint_weights_are_the_cpu_model_weights() {
+    let Some(ctx) = common::context() else { return };
+    kernels::set_f32_activations(true);
+    for dir in std::iter::once("lm").chain(FORMAT_FIXTURES) {
+        let from_model = run(Box::new(gpu_backend(&ctx, &load(dir), 1)), 6);
+        let direct = run(
+            Box::new(GpuLm::new(checkpoint_weights(&ctx, dir), 1).unwrap()),
+            6,
+        );
+        let bits = |r: &LmRecorder| -> Vec<u32> {
+            r.text_logits
+                .iter()
+                .chain(&r.depformer_logits)
+                .chain(&r.transformer_out)
+                .map(|x| x.to_bits())
+                .collect()
+        };
+        assert!(!bits(&direct).is_empty(), "{dir}");
+        assert_eq!(bits(&direct), bits(&from_model), "{dir}");
+        assert_eq!(direct.out_audio, from_model.out_audio, "{dir}");
     }
 }
 

@@ -560,6 +560,104 @@ pub struct CheckpointParts {
     pub biases: Vec<u16>,
 }
 
+impl CheckpointParts {
+    /// The parts of a matrix read straight from its on-disk bytes (the layout
+    /// [`Matrix::from_bytes`] takes), without building a [`Matrix`]: dense values are copied as they
+    /// are, GGUF blocks split into their code and scale planes. The result equals
+    /// [`Matrix::checkpoint_parts`] of the matrix built from the same bytes. Allocates; load-time only.
+    pub fn from_bytes(
+        format: WeightFormat,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+    ) -> Result<CheckpointParts, KernelError> {
+        check_dims(rows, cols)?;
+        let n = rows
+            .checked_mul(cols)
+            .ok_or_else(|| KernelError::BadShape("size overflow".into()))?;
+        let dense = |width: usize| {
+            check_len("dense matrix bytes", n * width, bytes.len())?;
+            Ok(CheckpointParts {
+                codes: bytes.to_vec(),
+                scales: Vec::new(),
+                biases: Vec::new(),
+            })
+        };
+        match format {
+            WeightFormat::F32 => dense(4),
+            WeightFormat::Bf16 | WeightFormat::F16 => dense(2),
+            WeightFormat::Q8_0 | WeightFormat::Q4_0 => {
+                if !cols.is_multiple_of(QK) {
+                    return Err(KernelError::BadShape(format!(
+                        "{format:?} needs cols % 32 == 0, got {cols}"
+                    )));
+                }
+                // A GGUF block is the f16 scale, then the codes (32 bytes for Q8_0, 16 of nibbles
+                // for Q4_0, already in the parts' order).
+                let code_bytes = if format == WeightFormat::Q8_0 { 32 } else { 16 };
+                let blocks = n / QK;
+                check_len("GGUF block bytes", blocks * (2 + code_bytes), bytes.len())?;
+                let mut codes = Vec::with_capacity(blocks * code_bytes);
+                let mut scales = Vec::with_capacity(blocks);
+                for b in bytes.chunks_exact(2 + code_bytes) {
+                    scales.push(u16::from_le_bytes([b[0], b[1]]));
+                    codes.extend_from_slice(&b[2..]);
+                }
+                Ok(CheckpointParts {
+                    codes,
+                    scales,
+                    biases: Vec::new(),
+                })
+            }
+            WeightFormat::MlxAffine { .. } => Err(KernelError::Unsupported(
+                "MLX affine weights need CheckpointParts::from_mlx".into(),
+            )),
+        }
+    }
+
+    /// The parts of MLX affine weights from their three tensors (the arguments of
+    /// [`Matrix::from_mlx`], bf16 scales and biases), without building a [`Matrix`].
+    pub fn from_mlx(
+        bits: u8,
+        group: usize,
+        rows: usize,
+        cols: usize,
+        w: &[u8],
+        scales: &[u8],
+        biases: &[u8],
+    ) -> Result<CheckpointParts, KernelError> {
+        check_dims(rows, cols)?;
+        if !(bits == 4 || bits == 8) {
+            return Err(KernelError::Unsupported(format!(
+                "MLX affine with {bits} bits"
+            )));
+        }
+        if group == 0 || !group.is_multiple_of(QK) || !cols.is_multiple_of(group) {
+            return Err(KernelError::BadShape(format!(
+                "MLX group {group} does not fit cols {cols}"
+            )));
+        }
+        let groups = rows * (cols / group);
+        check_len(
+            "MLX packed codes bytes",
+            rows * cols * bits as usize / 8,
+            w.len(),
+        )?;
+        check_len("MLX scales bytes", groups * 2, scales.len())?;
+        check_len("MLX biases bytes", groups * 2, biases.len())?;
+        let u16s = |b: &[u8]| -> Vec<u16> {
+            b.chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                .collect()
+        };
+        Ok(CheckpointParts {
+            codes: w.to_vec(),
+            scales: u16s(scales),
+            biases: u16s(biases),
+        })
+    }
+}
+
 impl Matrix {
     /// The weights back in their checkpoint layout ([`CheckpointParts`]); lossless for every
     /// format (the repacked tiles hold the same codes and scale bits). Allocates; load-time only.

@@ -5,7 +5,8 @@
 
 use std::sync::Arc;
 
-use model::lm::{KvDtype, LayerWeights, LmModel, LmSpec};
+use kernels::{CheckpointParts, WeightFormat};
+use model::lm::{KvDtype, LmModel, LmSpec, LmTensors, MatrixRef, Projections, TensorSource};
 
 use crate::context::GpuContext;
 use crate::dispatch::{Dispatch, Grid};
@@ -15,143 +16,139 @@ use crate::shaders::{step, Fuse, Module, MAX_ROWS};
 use crate::uniforms::{MatParams, Misc};
 use crate::GpuError;
 
-/// One transformer layer on the device.
-#[derive(Debug)]
-struct LayerGpu {
-    norm1: usize,
-    norm2: usize,
-    in_proj: GpuMatrix,
-    out_proj: GpuMatrix,
-    lin_in: GpuMatrix,
-    lin_out: GpuMatrix,
-}
-
 /// Every LM weight in device memory, in its checkpoint format; shared (behind an `Arc`) by the
-/// backends of one engine.
+/// backends of one engine. Built from the model's weight table ([`LmTensors::table`]): matrices as
+/// [`GpuMatrix`], RMS-norm weights as offsets into one buffer.
 #[derive(Debug)]
 pub struct GpuLmWeights {
     ctx: GpuContext,
     spec: LmSpec,
-    text_emb: GpuMatrix,
-    audio_emb: Vec<GpuMatrix>,
-    layers: Vec<LayerGpu>,
-    out_norm: usize,
-    text_linear: GpuMatrix,
-    dep_in: Vec<GpuMatrix>,
-    dep_tok_emb: Vec<GpuMatrix>,
-    /// `[dep_layers][dep_q]`.
-    dep_layers: Vec<Vec<LayerGpu>>,
-    dep_linear: Vec<GpuMatrix>,
-    /// Every RMS-norm weight, concatenated (offsets in the layers).
+    w: LmTensors<GpuMatrix, usize>,
+    /// Every RMS-norm weight, concatenated (offsets in `w`).
     norms: wgpu::Buffer,
 }
 
-fn matrix_bytes(m: &kernels::Matrix) -> u64 {
-    m.weight_bytes() as u64
+/// One matrix to upload: its table entry and its checkpoint bytes.
+struct Upload<'a> {
+    entry: &'a MatrixRef,
+    format: WeightFormat,
+    parts: CheckpointParts,
 }
 
 impl GpuLmWeights {
-    /// Uploads every weight of `model` (load time). Refuses, with a typed error, a format the
-    /// kernels do not read or a model that does not fit.
-    pub fn upload(ctx: &GpuContext, model: &LmModel) -> Result<Arc<GpuLmWeights>, GpuError> {
-        let s = model.spec().clone();
-        // What the weights need, checked against a known budget before anything is allocated.
-        let mut needed = matrix_bytes(model.text_emb()) + matrix_bytes(model.text_linear());
-        for i in 0..s.n_q {
-            needed += matrix_bytes(model.audio_emb(i));
-        }
-        let layer_bytes = |w: LayerWeights<'_>| {
-            matrix_bytes(w.in_proj)
-                + matrix_bytes(w.out_proj)
-                + matrix_bytes(w.lin_in)
-                + matrix_bytes(w.lin_out)
-        };
-        for l in 0..s.num_layers {
-            needed += layer_bytes(model.temporal_layer(l));
-        }
-        for k in 0..s.dep_q {
-            needed += matrix_bytes(model.dep_in(k))
-                + matrix_bytes(model.dep_token_emb(k))
-                + matrix_bytes(model.dep_linear(k));
-            for j in 0..s.dep_layers {
-                needed += layer_bytes(model.dep_layer(j, k));
-            }
-        }
-        ctx.check_total("the LM weights", needed)?;
+    /// Uploads every weight of the table of `spec` read from `src` (a checkpoint, synthetic weights,
+    /// a test's source), each matrix in its checkpoint layout
+    /// ([`TensorSource::checkpoint_parts`]: from a checkpoint's bytes directly, no CPU matrix built)
+    /// and uploaded before the next is read, so the host holds one matrix at a time. Refuses, with a
+    /// typed error, a tensor the source cannot give, a format the kernels do not read or a model
+    /// that does not fit (checked against the memory budget before each matrix is allocated).
+    pub fn from_source<S: TensorSource + ?Sized>(
+        ctx: &GpuContext,
+        src: &S,
+        spec: LmSpec,
+    ) -> Result<Arc<GpuLmWeights>, GpuError> {
+        let table = LmTensors::table(&spec);
+        Self::build(
+            ctx,
+            spec,
+            &table,
+            |entry| {
+                let (format, parts) = src.checkpoint_parts(entry)?;
+                Ok(Upload {
+                    entry,
+                    format,
+                    parts,
+                })
+            },
+            |v| Ok(src.vector(&v.name, v.len)?),
+        )
+    }
 
+    /// Uploads the weights of a CPU model already in memory (tests and tools that hold one; the
+    /// engine loads from the checkpoint with [`GpuLmWeights::from_source`]). Each matrix is
+    /// un-packed from the CPU's layout ([`kernels::Matrix::checkpoint_parts`]).
+    pub fn upload(ctx: &GpuContext, model: &LmModel) -> Result<Arc<GpuLmWeights>, GpuError> {
+        let spec = model.spec().clone();
+        let table = LmTensors::table(&spec);
+        let pairs = table
+            .zip(model.tensors())
+            .ok_or_else(|| GpuError::Unsupported {
+                format: "an LM model".into(),
+                why: "its tensors do not match the weight table of its spec".into(),
+            })?;
+        Self::build(
+            ctx,
+            spec.clone(),
+            &pairs,
+            |&(entry, m)| {
+                Ok(Upload {
+                    entry,
+                    format: m.format(),
+                    parts: m.checkpoint_parts(),
+                })
+            },
+            |&(_, v)| Ok(v.clone()),
+        )
+    }
+
+    /// The upload of every matrix `parts` gives and every vector `vector` gives, in the table's
+    /// load order, inside an out-of-memory scope.
+    fn build<'a, M, V>(
+        ctx: &GpuContext,
+        spec: LmSpec,
+        t: &'a LmTensors<M, V>,
+        mut parts: impl FnMut(&'a M) -> Result<Upload<'a>, GpuError>,
+        mut vector: impl FnMut(&'a V) -> Result<Vec<f32>, GpuError>,
+    ) -> Result<Arc<GpuLmWeights>, GpuError> {
         let scope = ctx
             .device()
             .push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let before = ctx.bytes_allocated();
-        let result = Self::upload_all(ctx, model, s);
+        let mut norms: Vec<f32> = Vec::new();
+        let result = t.try_map(
+            |m| {
+                let u = parts(m)?;
+                let (rows, cols) = (u.entry.rows(), u.entry.cols());
+                // What the weights need so far, checked against a known budget before this
+                // matrix is allocated.
+                let bytes = (u.parts.codes.len()
+                    + 2 * (u.parts.scales.len() + u.parts.biases.len()))
+                    as u64;
+                ctx.check_total("the LM weights", ctx.bytes_allocated() - before + bytes)?;
+                GpuMatrix::upload_parts(
+                    ctx,
+                    &u.entry.name,
+                    u.format,
+                    rows,
+                    cols,
+                    u.parts,
+                    u.entry.gated,
+                )
+            },
+            |v| {
+                // Each norm starts on a 16-byte boundary (the fused matmul reads it as `vec4<f32>`).
+                let o = norms.len();
+                norms.extend_from_slice(&vector(v)?);
+                norms.resize(norms.len().div_ceil(4) * 4, 0.0);
+                Ok(o)
+            },
+        );
+        let result = result.and_then(|w| {
+            Ok(GpuLmWeights {
+                norms: ctx.storage_init("norms", &f32_bytes(&norms))?,
+                ctx: ctx.clone(),
+                spec,
+                w,
+            })
+        });
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(GpuError::DoesNotFit {
                 what: format!("the LM weights ({e})"),
-                needed,
+                needed: ctx.bytes_allocated() - before,
                 available: ctx.bytes_allocated() - before,
             });
         }
         result.map(Arc::new)
-    }
-
-    fn upload_all(ctx: &GpuContext, model: &LmModel, s: LmSpec) -> Result<GpuLmWeights, GpuError> {
-        let mut norms: Vec<f32> = Vec::new();
-        // Each norm starts on a 16-byte boundary (the fused matmul reads it as `vec4<f32>`).
-        let mut push_norm = |v: &[f32]| {
-            let o = norms.len();
-            norms.extend_from_slice(v);
-            norms.resize(norms.len().div_ceil(4) * 4, 0.0);
-            o
-        };
-        let mut layer = |label: &str, w: LayerWeights<'_>, shared_norms: Option<(usize, usize)>| {
-            let (norm1, norm2) =
-                shared_norms.unwrap_or_else(|| (push_norm(w.norm1), push_norm(w.norm2)));
-            Ok::<_, GpuError>(LayerGpu {
-                norm1,
-                norm2,
-                in_proj: GpuMatrix::upload(ctx, label, w.in_proj)?,
-                out_proj: GpuMatrix::upload(ctx, label, w.out_proj)?,
-                lin_in: GpuMatrix::upload_gated(ctx, label, w.lin_in)?,
-                lin_out: GpuMatrix::upload(ctx, label, w.lin_out)?,
-            })
-        };
-        let layers = (0..s.num_layers)
-            .map(|l| layer("temporal", model.temporal_layer(l), None))
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut dep_layers = Vec::with_capacity(s.dep_layers);
-        for j in 0..s.dep_layers {
-            let first = layer("depformer", model.dep_layer(j, 0), None)?;
-            let shared = Some((first.norm1, first.norm2));
-            let mut steps = vec![first];
-            for k in 1..s.dep_q {
-                steps.push(layer("depformer", model.dep_layer(j, k), shared)?);
-            }
-            dep_layers.push(steps);
-        }
-        let out_norm = push_norm(model.out_norm());
-        let up = |label: &str, m: &kernels::Matrix| GpuMatrix::upload(ctx, label, m);
-        Ok(GpuLmWeights {
-            text_emb: up("text_emb", model.text_emb())?,
-            audio_emb: (0..s.n_q)
-                .map(|i| up("emb", model.audio_emb(i)))
-                .collect::<Result<_, _>>()?,
-            layers,
-            out_norm,
-            text_linear: up("text_linear", model.text_linear())?,
-            dep_in: (0..s.dep_q)
-                .map(|k| up("depformer_in", model.dep_in(k)))
-                .collect::<Result<_, _>>()?,
-            dep_tok_emb: (0..s.dep_q)
-                .map(|k| up("depformer_emb", model.dep_token_emb(k)))
-                .collect::<Result<_, _>>()?,
-            dep_layers,
-            dep_linear: (0..s.dep_q)
-                .map(|k| up("linears", model.dep_linear(k)))
-                .collect::<Result<_, _>>()?,
-            norms: ctx.storage_init("norms", &f32_bytes(&norms))?,
-            ctx: ctx.clone(),
-            spec: s,
-        })
     }
 
     /// The device.
@@ -362,7 +359,7 @@ impl LayerBinds<'_> {
     /// RoPE), `None` for the temporal stack.
     fn layer(
         &self,
-        w: &LayerGpu,
+        (norm1, norm2, w): (usize, usize, &Projections<GpuMatrix>),
         kc: &wgpu::Buffer,
         vc: &wgpu::Buffer,
         fixed_slot: Option<usize>,
@@ -404,7 +401,7 @@ impl LayerBinds<'_> {
         };
         out.extend(matmul(
             &w.in_proj,
-            (Fuse::Norm, w.norm1),
+            (Fuse::Norm, norm1),
             &wk.x,
             &wk.qkv,
             (s.d, 3 * s.d),
@@ -430,7 +427,7 @@ impl LayerBinds<'_> {
         ));
         out.extend(matmul(
             &w.lin_in,
-            (Fuse::NormGate, w.norm2),
+            (Fuse::NormGate, norm2),
             &wk.x,
             &wk.u,
             (s.d, s.hidden),
@@ -647,7 +644,8 @@ impl GpuLm {
             ..Default::default()
         };
         // Python order: audio tables, then text (the sum is rounded in this order).
-        for (i, m) in w.audio_emb.iter().enumerate() {
+        let ww = &w.w;
+        for (i, m) in ww.audio_emb.iter().enumerate() {
             temporal.extend(m.dispatches(
                 &ctx,
                 Op::Embed,
@@ -658,7 +656,7 @@ impl GpuLm {
                 &emb_p(1 + i, s.dim),
             ));
         }
-        temporal.extend(w.text_emb.dispatches(
+        temporal.extend(ww.text_emb.dispatches(
             &ctx,
             Op::Embed,
             &dummy,
@@ -667,20 +665,20 @@ impl GpuLm {
             &dummy,
             &emb_p(0, s.dim),
         ));
-        for l in &w.layers {
+        for l in &ww.layers {
             let kc = ctx.buffer("k_ring", kv_bytes, storage)?;
             let vc = ctx.buffer("v_ring", kv_bytes, storage)?;
-            tb.layer(l, &kc, &vc, None, &mut temporal);
+            tb.layer((l.norm1, l.norm2, &l.proj), &kc, &vc, None, &mut temporal);
             keep.push(kc);
             keep.push(vc);
         }
-        temporal.push(tb.norm(&tw.x, &tout, w.out_norm));
+        temporal.push(tb.norm(&tw.x, &tout, ww.out_norm));
         let head_p = |ld_x: usize, ld_y: usize| MatParams {
             ld_x: ld_x as u32,
             ld_y: ld_y as u32,
             ..Default::default()
         };
-        temporal.extend(w.text_linear.dispatches(
+        temporal.extend(ww.text_linear.dispatches(
             &ctx,
             Op::Matmul(Fuse::Plain),
             &tout,
@@ -710,7 +708,7 @@ impl GpuLm {
         let mut dep = Vec::with_capacity(s.dep_q);
         for k in 0..s.dep_q {
             let mut d = Vec::new();
-            d.extend(w.dep_in[k].dispatches(
+            d.extend(ww.dep_in[k].dispatches(
                 &ctx,
                 Op::Matmul(Fuse::Plain),
                 &tout,
@@ -726,7 +724,7 @@ impl GpuLm {
                 tok_slot: 0,
                 ..Default::default()
             };
-            d.extend(w.dep_tok_emb[k].dispatches(
+            d.extend(ww.dep_token_emb[k].dispatches(
                 &ctx,
                 Op::Embed,
                 &dummy,
@@ -735,10 +733,11 @@ impl GpuLm {
                 &dummy,
                 &p,
             ));
-            for (j, steps) in w.dep_layers.iter().enumerate() {
-                db.layer(&steps[k], &dep_kv[j].0, &dep_kv[j].1, Some(k), &mut d);
+            for (j, l) in ww.dep_layers.iter().enumerate() {
+                let weights = (l.norm1, l.norm2, &l.steps[k]);
+                db.layer(weights, &dep_kv[j].0, &dep_kv[j].1, Some(k), &mut d);
             }
-            d.extend(w.dep_linear[k].dispatches(
+            d.extend(ww.dep_linear[k].dispatches(
                 &ctx,
                 Op::Matmul(Fuse::Plain),
                 &dw.x,

@@ -358,20 +358,7 @@ impl Weights {
         };
         match e.quant {
             Quant::Plain(dt) => {
-                let format = match dt {
-                    DType::F32 => WeightFormat::F32,
-                    DType::Bf16 => WeightFormat::Bf16,
-                    DType::F16 => WeightFormat::F16,
-                    DType::Q8_0 => WeightFormat::Q8_0,
-                    DType::Q4_0 => WeightFormat::Q4_0,
-                    other => {
-                        return Err(CheckpointError::DtypeNotAllowed {
-                            name: name.into(),
-                            dtype: other.name().into(),
-                            allowed: "f32, bf16, f16, q8_0, q4_0, mlx".into(),
-                        })
-                    }
-                };
+                let format = plain_format(name, dt)?;
                 let row_bytes =
                     dt.bytes_for(cols as u64)
                         .ok_or_else(|| CheckpointError::Kernel {
@@ -387,17 +374,7 @@ impl Weights {
                 group,
                 scale_dtype,
             } => {
-                let value_bytes = match scale_dtype {
-                    DType::Bf16 | DType::F16 => 2,
-                    DType::F32 => 4,
-                    other => {
-                        return Err(CheckpointError::DtypeNotAllowed {
-                            name: format!("{name} (scales)"),
-                            dtype: other.name().into(),
-                            allowed: "bf16, f16, f32".into(),
-                        })
-                    }
-                };
+                let value_bytes = mlx_scale_bytes(name, scale_dtype)?;
                 let w_row = cols * bits as usize / 8;
                 let s_row = cols / group * value_bytes;
                 let w = gather(&e.parts, start, n, |p| Some(&p.data), w_row);
@@ -413,6 +390,81 @@ impl Weights {
                     )
                 };
                 Matrix::from_mlx(bits, group, n, cols, w.storage(), s, b).map_err(kerr)
+            }
+        }
+    }
+
+    /// Rows `start..start + n` of the tensor in its checkpoint layout ([`kernels::CheckpointParts`]:
+    /// the file's codes and scale bits, split into planes) with its format, for a device that packs
+    /// the weights itself: no CPU matrix is built. MLX scales stored as f16 / f32 become bf16 as in
+    /// [`Weights::matrix_rows`]. The mapped pages are released as [`Weights::matrix_rows`] releases
+    /// those of a repacked tensor.
+    pub fn checkpoint_parts(
+        &self,
+        name: &str,
+        start: usize,
+        n: usize,
+    ) -> Result<(WeightFormat, kernels::CheckpointParts), CheckpointError> {
+        let e = self.entry(name)?;
+        let (rows, cols) = e.rows_cols();
+        if start.checked_add(n).is_none_or(|end| end > rows) || n == 0 {
+            return Err(CheckpointError::Kernel {
+                name: name.into(),
+                message: format!(
+                    "rows {start}..{} outside 0..{rows}",
+                    start.saturating_add(n)
+                ),
+            });
+        }
+        let kerr = |err: kernels::KernelError| CheckpointError::Kernel {
+            name: name.to_string(),
+            message: err.to_string(),
+        };
+        match e.quant {
+            Quant::Plain(dt) => {
+                let format = plain_format(name, dt)?;
+                let row_bytes =
+                    dt.bytes_for(cols as u64)
+                        .ok_or_else(|| CheckpointError::Kernel {
+                            name: name.into(),
+                            message: format!("{cols} columns do not fit {dt} blocks"),
+                        })? as usize;
+                let data = gather(&e.parts, start, n, |p| Some(&p.data), row_bytes).storage();
+                let parts = kernels::CheckpointParts::from_bytes(format, n, cols, data.as_bytes());
+                Ok((format, parts.map_err(kerr)?))
+            }
+            Quant::Mlx {
+                bits,
+                group,
+                scale_dtype,
+            } => {
+                let value_bytes = mlx_scale_bytes(name, scale_dtype)?;
+                let w_row = cols * bits as usize / 8;
+                let s_row = cols / group * value_bytes;
+                let w = gather(&e.parts, start, n, |p| Some(&p.data), w_row).storage();
+                let s = gather(&e.parts, start, n, |p| p.scales.as_ref(), s_row);
+                let b = gather(&e.parts, start, n, |p| p.biases.as_ref(), s_row);
+                let (s, b) = if scale_dtype == DType::Bf16 {
+                    (s.storage(), b.storage())
+                } else {
+                    (
+                        mlx_scales_as_bf16(name, scale_dtype, &s)?,
+                        mlx_scales_as_bf16(name, scale_dtype, &b)?,
+                    )
+                };
+                let parts = kernels::CheckpointParts::from_mlx(
+                    bits,
+                    group,
+                    n,
+                    cols,
+                    w.as_bytes(),
+                    s.as_bytes(),
+                    b.as_bytes(),
+                );
+                Ok((
+                    WeightFormat::MlxAffine { bits, group },
+                    parts.map_err(kerr)?,
+                ))
             }
         }
     }
@@ -457,6 +509,37 @@ impl Weights {
             p.scales.iter().chain(&p.biases).for_each(Bytes::release);
         }
         Ok((out, e.shape.clone()))
+    }
+}
+
+/// The matrix format of a plain tensor `name` of `dt`; dtypes no kernel reads are refused.
+fn plain_format(name: &str, dt: DType) -> Result<WeightFormat, CheckpointError> {
+    Ok(match dt {
+        DType::F32 => WeightFormat::F32,
+        DType::Bf16 => WeightFormat::Bf16,
+        DType::F16 => WeightFormat::F16,
+        DType::Q8_0 => WeightFormat::Q8_0,
+        DType::Q4_0 => WeightFormat::Q4_0,
+        other => {
+            return Err(CheckpointError::DtypeNotAllowed {
+                name: name.into(),
+                dtype: other.name().into(),
+                allowed: "f32, bf16, f16, q8_0, q4_0, mlx".into(),
+            })
+        }
+    })
+}
+
+/// Bytes of one MLX scale or bias of `dtype` (tensor `name`'s); other dtypes are refused.
+fn mlx_scale_bytes(name: &str, dtype: DType) -> Result<usize, CheckpointError> {
+    match dtype {
+        DType::Bf16 | DType::F16 => Ok(2),
+        DType::F32 => Ok(4),
+        other => Err(CheckpointError::DtypeNotAllowed {
+            name: format!("{name} (scales)"),
+            dtype: other.name().into(),
+            allowed: "bf16, f16, f32".into(),
+        }),
     }
 }
 

@@ -27,39 +27,11 @@ use kernels::{Matrix, Pool};
 
 use super::source::TensorSource;
 use super::spec::LmSpec;
+use super::table::MatrixRef;
 use super::{LmError, LmModel};
 
-/// One matrix [`LmModel::from_source`] asks for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Request {
-    name: String,
-    rows: usize,
-    cols: usize,
-    /// `Some((start, n))` for [`TensorSource::matrix_rows`].
-    take: Option<(usize, usize)>,
-}
-
-impl Request {
-    /// The request of [`TensorSource::matrix`] (`take` `None`) or of
-    /// [`TensorSource::matrix_rows`] (the rows `take` of a `[rows, cols]` tensor).
-    fn new(name: &str, rows: usize, cols: usize, take: Option<std::ops::Range<usize>>) -> Self {
-        Request {
-            name: name.to_string(),
-            rows,
-            cols,
-            take: take.map(|t| (t.start, t.len())),
-        }
-    }
-
-    fn build<S: TensorSource + ?Sized>(&self, src: &S) -> Result<Matrix, LmError> {
-        match self.take {
-            None => src.matrix(&self.name, self.rows, self.cols),
-            Some((start, n)) => {
-                src.matrix_rows(&self.name, [self.rows, self.cols], start..start + n)
-            }
-        }
-    }
-}
+/// One matrix [`LmModel::from_source`] asks for: an entry of the weight table.
+type Request = MatrixRef;
 
 /// A source that answers every matrix call through one [`Request`]: the two passes of
 /// [`LmModel::from_source_on`] differ only in what they do with it.
@@ -70,16 +42,30 @@ trait ByRequest {
 
 impl<T: ByRequest> TensorSource for T {
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix, LmError> {
-        self.serve(Request::new(name, rows, cols, None))
+        self.serve(MatrixRef {
+            name: name.to_string(),
+            shape: [rows, cols],
+            take: None,
+            gated: false,
+        })
     }
 
     fn matrix_rows(
         &self,
         name: &str,
-        [rows, cols]: [usize; 2],
+        shape: [usize; 2],
         take: std::ops::Range<usize>,
     ) -> Result<Matrix, LmError> {
-        self.serve(Request::new(name, rows, cols, Some(take)))
+        self.serve(MatrixRef {
+            name: name.to_string(),
+            shape,
+            take: Some(take),
+            gated: false,
+        })
+    }
+
+    fn load(&self, m: &MatrixRef) -> Result<Matrix, LmError> {
+        self.serve(m.clone())
     }
 
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LmError> {
@@ -127,7 +113,7 @@ impl<S: TensorSource + ?Sized> ByRequest for Replay<'_, S> {
                 return r;
             }
         }
-        req.build(self.src)
+        self.src.load(&req)
     }
 
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LmError> {
@@ -161,7 +147,7 @@ impl LmModel {
             if i >= requests.len() || failed.load(Ordering::Relaxed) {
                 return;
             }
-            let r = requests[i].build(src);
+            let r = src.load(&requests[i]);
             if r.is_err() {
                 failed.store(true, Ordering::Relaxed);
             }
@@ -238,6 +224,34 @@ mod tests {
                 "{dir}"
             );
             assert_eq!(logits_bits(&seq), logits_bits(&par), "{dir}");
+        }
+    }
+
+    /// Every matrix of the weight table read from a checkpoint in its own layout (no CPU matrix
+    /// built) is the CPU matrix of the same tensor un-packed: the bytes a device uploads from the
+    /// checkpoint are the ones it uploaded through the CPU model, for every fixture format.
+    #[test]
+    fn checkpoint_parts_are_the_unpacked_cpu_matrices() {
+        let dirs = [
+            "lm",
+            "lm_gguf_q8",
+            "lm_mlx_q4",
+            "lm_mlx_q8",
+            "lm_mlx_bf16",
+            "lm_candle_bf16",
+            "tools/ggufpy_q4_0",
+            "tools/candle_q8_0",
+        ];
+        for dir in dirs {
+            let (w, cfg) = bundle(dir);
+            let table = crate::lm::LmTensors::table(&LmSpec::from_config(&cfg).unwrap());
+            let mats = table.matrices();
+            assert!(mats.len() > 20, "{dir}: {} matrices", mats.len());
+            for m in mats {
+                let cpu = w.load(m).unwrap();
+                let parts = TensorSource::checkpoint_parts(&w, m).unwrap();
+                assert_eq!(parts, (cpu.format(), cpu.checkpoint_parts()), "{dir} {m:?}");
+            }
         }
     }
 

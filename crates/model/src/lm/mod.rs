@@ -22,6 +22,7 @@ mod load;
 mod model;
 mod source;
 mod spec;
+mod table;
 
 pub use backend::{CpuLm, LmBackend};
 pub use gen::{
@@ -34,6 +35,7 @@ pub use model::{LayerWeights, LmModel, LmState};
 pub use source::DequantizedSource;
 pub use source::TensorSource;
 pub use spec::LmSpec;
+pub use table::{DepLayer, Layer, LmTensors, MatrixRef, Projections, VectorRef};
 
 /// An input slot that holds no token (Python's −1, e.g. a user stream without input): the model
 /// embeds it as a zero vector. Tokens are `u32` everywhere; the two sentinels sit above every

@@ -7,54 +7,17 @@ use kernels::{ops, Matrix, Pool};
 
 use super::source::TensorSource;
 use super::spec::LmSpec;
+use super::table::{LmTensors, Projections};
 use super::{check_active_rows, check_lengths, LmError, NO_TOKEN, UNGENERATED};
 use crate::checkpoint::LmConfig;
 use crate::checkpoint::Weights;
-
-/// One temporal transformer layer.
-#[derive(Debug)]
-struct TemporalLayer {
-    norm1: Vec<f32>,
-    norm2: Vec<f32>,
-    /// Fused Q, K, V projection `[3·dim, dim]`.
-    in_proj: Matrix,
-    out_proj: Matrix,
-    /// Gated FFN input `[2·hidden, dim]` (first half: gate through SiLU, second half: value).
-    lin_in: Matrix,
-    lin_out: Matrix,
-}
-
-/// Per-step weights of one Depformer layer.
-#[derive(Debug)]
-struct DepStepWeights {
-    in_proj: Matrix,
-    out_proj: Matrix,
-    lin_in: Matrix,
-    lin_out: Matrix,
-}
-
-/// One Depformer layer: shared norms, per-step projections.
-#[derive(Debug)]
-struct DepLayer {
-    norm1: Vec<f32>,
-    norm2: Vec<f32>,
-    steps: Vec<DepStepWeights>,
-}
 
 /// The Moshi LM weights (immutable; share one between sessions behind an `Arc`).
 #[derive(Debug)]
 pub struct LmModel {
     spec: LmSpec,
-    text_emb: Matrix,
-    emb: Vec<Matrix>,
-    layers: Vec<TemporalLayer>,
-    out_norm: Vec<f32>,
-    text_linear: Matrix,
-    dep_in: Vec<Matrix>,
-    dep_text_emb: Matrix,
-    dep_emb: Vec<Matrix>,
-    dep_layers: Vec<DepLayer>,
-    linears: Vec<Matrix>,
+    /// Every weight, loaded from [`LmTensors::table`].
+    w: LmTensors<Matrix, Vec<f32>>,
 }
 
 /// LM state of `n` sessions stepped together (`n = 1` for one session): temporal and Depformer
@@ -265,90 +228,15 @@ impl LmModel {
         Self::from_source(weights, LmSpec::from_config(cfg)?)
     }
 
-    /// Load every tensor from `src` (canonical names, legacy attention layout) for `spec`.
+    /// Load every tensor of the weight table ([`LmTensors::table`]) from `src` for `spec`.
     pub fn from_source<S: TensorSource + ?Sized>(src: &S, spec: LmSpec) -> Result<Self, LmError> {
-        let d = spec.dim;
-        let dd = spec.dep_dim;
-        let text_emb = src.matrix("text_emb.weight", spec.text_card + 1, d)?;
-        let emb = (0..spec.n_q)
-            .map(|i| src.matrix(&format!("emb.{i}.weight"), spec.card + 1, d))
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut layers = Vec::with_capacity(spec.num_layers);
-        for l in 0..spec.num_layers {
-            let p = format!("transformer.layers.{l}");
-            layers.push(TemporalLayer {
-                norm1: src.vector(&format!("{p}.norm1.alpha"), d)?,
-                norm2: src.vector(&format!("{p}.norm2.alpha"), d)?,
-                in_proj: src.matrix(&format!("{p}.self_attn.in_proj_weight"), 3 * d, d)?,
-                out_proj: src.matrix(&format!("{p}.self_attn.out_proj.weight"), d, d)?,
-                lin_in: src.matrix(&format!("{p}.gating.linear_in.weight"), 2 * spec.hidden, d)?,
-                lin_out: src.matrix(&format!("{p}.gating.linear_out.weight"), d, spec.hidden)?,
-            });
-        }
-        let out_norm = src.vector("out_norm.alpha", d)?;
-        let text_linear = src.matrix("text_linear.weight", spec.text_card, d)?;
-        let k = spec.dep_q;
-        let dep_in = (0..k)
-            .map(|i| src.matrix(&format!("depformer_in.{i}.weight"), dd, d))
-            .collect::<Result<Vec<_>, _>>()?;
-        // `dep_q = 0` (speech-to-text): no Depformer tensors exist; a 1x1 placeholder stands in for
-        // the unused text embedding (`depformer_step` refuses every `k` then).
-        let dep_text_emb = if k == 0 {
-            Matrix::from_f32(1, 1, vec![0.0])?
-        } else {
-            src.matrix("depformer_text_emb.weight", spec.text_card + 1, dd)?
-        };
-        let dep_emb = (0..k.saturating_sub(1))
-            .map(|i| src.matrix(&format!("depformer_emb.{i}.weight"), spec.card + 1, dd))
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut dep_layers = Vec::with_capacity(spec.dep_layers);
-        for j in 0..spec.dep_layers {
-            let p = format!("depformer.layers.{j}");
-            let in_name = format!("{p}.self_attn.in_proj_weight");
-            let out_name = format!("{p}.self_attn.out_proj.weight");
-            let mut steps = Vec::with_capacity(k);
-            for s in 0..k {
-                steps.push(DepStepWeights {
-                    in_proj: src.matrix_rows(
-                        &in_name,
-                        [k * 3 * dd, dd],
-                        s * 3 * dd..(s + 1) * 3 * dd,
-                    )?,
-                    out_proj: src.matrix_rows(&out_name, [k * dd, dd], s * dd..(s + 1) * dd)?,
-                    lin_in: src.matrix(
-                        &format!("{p}.gating.{s}.linear_in.weight"),
-                        2 * spec.dep_hidden,
-                        dd,
-                    )?,
-                    lin_out: src.matrix(
-                        &format!("{p}.gating.{s}.linear_out.weight"),
-                        dd,
-                        spec.dep_hidden,
-                    )?,
-                });
-            }
-            dep_layers.push(DepLayer {
-                norm1: src.vector(&format!("{p}.norm1.alpha"), dd)?,
-                norm2: src.vector(&format!("{p}.norm2.alpha"), dd)?,
-                steps,
-            });
-        }
-        let linears = (0..k)
-            .map(|i| src.matrix(&format!("linears.{i}.weight"), spec.card, dd))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(LmModel {
-            spec,
-            text_emb,
-            emb,
-            layers,
-            out_norm,
-            text_linear,
-            dep_in,
-            dep_text_emb,
-            dep_emb,
-            dep_layers,
-            linears,
-        })
+        let w = LmTensors::table(&spec).try_map(|m| src.load(m), |v| src.vector(&v.name, v.len))?;
+        Ok(LmModel { spec, w })
+    }
+
+    /// Every weight, in the table's structure ([`LmTensors`]).
+    pub fn tensors(&self) -> &LmTensors<Matrix, Vec<f32>> {
+        &self.w
     }
 
     /// Sizes and token conventions.
@@ -358,30 +246,28 @@ impl LmModel {
 
     /// Storage format of the temporal transformer's matrices (the bulk of the bytes read per frame).
     pub fn weight_format(&self) -> kernels::WeightFormat {
-        self.layers
+        self.w
+            .layers
             .first()
-            .map_or(self.text_linear.format(), |l| l.in_proj.format())
+            .map_or(self.w.text_linear.format(), |l| l.proj.in_proj.format())
     }
 
     /// Bytes of matrix weights streamed per frame (temporal layers, text head, 8 Depformer steps).
     pub fn streamed_weight_bytes(&self) -> usize {
-        let mut b = self.text_linear.weight_bytes();
-        for l in &self.layers {
-            b += l.in_proj.weight_bytes()
-                + l.out_proj.weight_bytes()
-                + l.lin_in.weight_bytes()
-                + l.lin_out.weight_bytes();
-        }
-        for m in self.dep_in.iter().chain(&self.linears) {
+        let w = &self.w;
+        let proj = |p: &Projections<Matrix>| {
+            p.in_proj.weight_bytes()
+                + p.out_proj.weight_bytes()
+                + p.lin_in.weight_bytes()
+                + p.lin_out.weight_bytes()
+        };
+        let mut b = w.text_linear.weight_bytes();
+        b += w.layers.iter().map(|l| proj(&l.proj)).sum::<usize>();
+        for m in w.dep_in.iter().chain(&w.dep_linear) {
             b += m.weight_bytes();
         }
-        for l in &self.dep_layers {
-            for s in &l.steps {
-                b += s.in_proj.weight_bytes()
-                    + s.out_proj.weight_bytes()
-                    + s.lin_in.weight_bytes()
-                    + s.lin_out.weight_bytes();
-            }
+        for l in &w.dep_layers {
+            b += l.steps.iter().map(proj).sum::<usize>();
         }
         b
     }
@@ -502,10 +388,10 @@ impl LmModel {
         t.x[..n * d].fill(0.0);
         for (b, col) in tokens.chunks_exact(k_streams).enumerate() {
             let x = &mut t.x[b * d..(b + 1) * d];
-            for (i, table) in self.emb.iter().enumerate() {
+            for (i, table) in self.w.audio_emb.iter().enumerate() {
                 add_embedding(table, col[1 + i], 1 + i, x, &mut t.row)?;
             }
-            add_embedding(&self.text_emb, col[0], 0, x, &mut t.row)?;
+            add_embedding(&self.w.text_emb, col[0], 0, x, &mut t.row)?;
         }
 
         let nl = s.num_layers;
@@ -527,8 +413,8 @@ impl LmModel {
                 ring.attend_pool(q, out, s.context, pool);
             });
         }
-        rms_norm_rows(&t.x, &self.out_norm, s.eps, d, n, &mut st.tout);
-        pool.matmul(&self.text_linear, &st.tout, n, &mut st.text_logits);
+        rms_norm_rows(&t.x, &self.w.out_norm, s.eps, d, n, &mut st.tout);
+        pool.matmul(&self.w.text_linear, &st.tout, n, &mut st.text_logits);
         for &b in rows {
             st.pos[b] += 1;
         }
@@ -587,13 +473,9 @@ impl LmModel {
                 }
             }
         }
-        let table = if k == 0 {
-            &self.dep_text_emb
-        } else {
-            &self.dep_emb[k - 1]
-        };
+        let table = &self.w.dep_token_emb[k];
         let t = &mut st.dep;
-        pool.matmul(&self.dep_in[k], &st.tout, n, &mut t.x);
+        pool.matmul(&self.w.dep_in[k], &st.tout, n, &mut t.x);
         let dd = s.dep_dim;
         for (b, &prev) in prev_tokens.iter().enumerate() {
             add_embedding(table, prev, k, &mut t.x[b * dd..(b + 1) * dd], &mut t.row)?;
@@ -609,7 +491,7 @@ impl LmModel {
                 ring.attend(q, out, s.dep_q);
             });
         }
-        pool.matmul(&self.linears[k], &t.x, n, &mut st.dep_logits);
+        pool.matmul(&self.w.dep_linear[k], &t.x, n, &mut st.dep_logits);
         st.dep_next = k + 1;
         Ok(&st.dep_logits)
     }
@@ -639,60 +521,54 @@ pub struct LayerWeights<'a> {
 impl LmModel {
     /// Text embedding table `[text_card + 1, dim]`.
     pub fn text_emb(&self) -> &Matrix {
-        &self.text_emb
+        &self.w.text_emb
     }
     /// Audio embedding table `i` (`0..n_q`) `[card + 1, dim]`.
     pub fn audio_emb(&self, i: usize) -> &Matrix {
-        &self.emb[i]
+        &self.w.audio_emb[i]
     }
     /// Temporal layer `l`.
     pub fn temporal_layer(&self, l: usize) -> LayerWeights<'_> {
-        let t = &self.layers[l];
-        LayerWeights {
-            norm1: &t.norm1,
-            norm2: &t.norm2,
-            in_proj: &t.in_proj,
-            out_proj: &t.out_proj,
-            lin_in: &t.lin_in,
-            lin_out: &t.lin_out,
-        }
+        let t = &self.w.layers[l];
+        LayerWeights::of(&t.norm1, &t.norm2, &t.proj)
     }
     /// Final RMS-norm weight `[dim]`.
     pub fn out_norm(&self) -> &[f32] {
-        &self.out_norm
+        &self.w.out_norm
     }
     /// Text head `[text_card, dim]`.
     pub fn text_linear(&self) -> &Matrix {
-        &self.text_linear
+        &self.w.text_linear
     }
     /// Depformer input projection of step `k` `[dep_dim, dim]`.
     pub fn dep_in(&self, k: usize) -> &Matrix {
-        &self.dep_in[k]
+        &self.w.dep_in[k]
     }
     /// Depformer embedding of step `k`'s previous token: the text table for `k = 0`
     /// (`[text_card + 1, dep_dim]`), else audio table `k − 1` (`[card + 1, dep_dim]`).
     pub fn dep_token_emb(&self, k: usize) -> &Matrix {
-        if k == 0 {
-            &self.dep_text_emb
-        } else {
-            &self.dep_emb[k - 1]
-        }
+        &self.w.dep_token_emb[k]
     }
     /// Depformer layer `j`, with the projections of step `k`.
     pub fn dep_layer(&self, j: usize, k: usize) -> LayerWeights<'_> {
-        let l = &self.dep_layers[j];
-        let w = &l.steps[k];
-        LayerWeights {
-            norm1: &l.norm1,
-            norm2: &l.norm2,
-            in_proj: &w.in_proj,
-            out_proj: &w.out_proj,
-            lin_in: &w.lin_in,
-            lin_out: &w.lin_out,
-        }
+        let l = &self.w.dep_layers[j];
+        LayerWeights::of(&l.norm1, &l.norm2, &l.steps[k])
     }
     /// Codebook head of Depformer step `k` `[card, dep_dim]`.
     pub fn dep_linear(&self, k: usize) -> &Matrix {
-        &self.linears[k]
+        &self.w.dep_linear[k]
+    }
+}
+
+impl<'a> LayerWeights<'a> {
+    fn of(norm1: &'a [f32], norm2: &'a [f32], p: &'a Projections<Matrix>) -> Self {
+        LayerWeights {
+            norm1,
+            norm2,
+            in_proj: &p.in_proj,
+            out_proj: &p.out_proj,
+            lin_in: &p.lin_in,
+            lin_out: &p.lin_out,
+        }
     }
 }

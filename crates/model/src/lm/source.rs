@@ -4,8 +4,9 @@
 
 use std::ops::Range;
 
-use kernels::Matrix;
+use kernels::{CheckpointParts, Matrix, WeightFormat};
 
+use super::table::MatrixRef;
 use super::LmError;
 use crate::checkpoint::Weights;
 
@@ -22,6 +23,22 @@ pub trait TensorSource {
     fn matrix_rows(&self, name: &str, shape: [usize; 2], take: Range<usize>) -> Result<Matrix>;
     /// A vector of `len` values (norm weights; `[1, 1, len]` tensors are accepted).
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>>;
+
+    /// The matrix `m` of the weight table, for the CPU kernels.
+    fn load(&self, m: &MatrixRef) -> Result<Matrix> {
+        match &m.take {
+            None => self.matrix(&m.name, m.shape[0], m.shape[1]),
+            Some(take) => self.matrix_rows(&m.name, m.shape, take.clone()),
+        }
+    }
+
+    /// The matrix `m` in its checkpoint layout, for a device that packs it itself. By default the
+    /// CPU matrix un-packed ([`Matrix::checkpoint_parts`]); a checkpoint ([`Weights`]) reads its
+    /// bytes directly, building no CPU matrix.
+    fn checkpoint_parts(&self, m: &MatrixRef) -> Result<(WeightFormat, CheckpointParts)> {
+        let mat = self.load(m)?;
+        Ok((mat.format(), mat.checkpoint_parts()))
+    }
 }
 
 pub(super) fn shape_err(name: &str, expected: &[usize], got: &[usize]) -> LmError {
@@ -53,6 +70,22 @@ impl TensorSource for Weights {
             return Err(shape_err(name, &[n, cols], &[m.rows(), m.cols()]));
         }
         Ok(m)
+    }
+
+    fn checkpoint_parts(&self, m: &MatrixRef) -> Result<(WeightFormat, CheckpointParts)> {
+        let [rows, cols] = m.shape;
+        let take = m.take.clone().unwrap_or(0..rows);
+        let shape = self.shape(&m.name).map(|s| s.to_vec()).unwrap_or_default();
+        let flat_cols: usize = shape.iter().skip(1).product();
+        if shape.first() != Some(&rows) || flat_cols != cols || take.end > rows {
+            return Err(shape_err(&m.name, &[rows, cols], &shape));
+        }
+        Ok(Weights::checkpoint_parts(
+            self,
+            &m.name,
+            take.start,
+            take.len(),
+        )?)
     }
 
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
