@@ -53,15 +53,23 @@ impl Fail {
     }
 }
 
+/// The status of a runtime error. The model's own failures (building, stepping the LM or the codec, the
+/// speech-to-text step, the output resampler) are `MN_STATUS_MODEL`, as they were when the runtime
+/// reported them as messages; a batched failure has the status of the error it shares.
+fn status_of(e: &runtime::RuntimeError) -> MnStatus {
+    use runtime::RuntimeError as E;
+    match e {
+        E::InvalidOption(_) => MnStatus::InvalidArgument,
+        E::Model(_) | E::Lm(_) | E::Codec(_) | E::Stt(_) | E::Resample(_) => MnStatus::Model,
+        E::Device(_) => MnStatus::Device,
+        E::Batch(shared) => status_of(shared),
+        _ => MnStatus::Runtime,
+    }
+}
+
 impl From<runtime::RuntimeError> for Fail {
     fn from(e: runtime::RuntimeError) -> Fail {
-        let status = match e {
-            runtime::RuntimeError::InvalidOption(_) => MnStatus::InvalidArgument,
-            runtime::RuntimeError::Model(_) => MnStatus::Model,
-            runtime::RuntimeError::Device(_) => MnStatus::Device,
-            _ => MnStatus::Runtime,
-        };
-        Fail(status, e.to_string())
+        Fail(status_of(&e), e.to_string())
     }
 }
 

@@ -149,9 +149,11 @@ pub enum GpuError {
     Weights(#[from] model::lm::LmError),
 }
 
+/// A GPU failure inside the LM stays a [`GpuError`] (boxed: `model` cannot name this crate), so the
+/// runtime's caller can downcast it.
 impl From<GpuError> for model::lm::LmError {
     fn from(e: GpuError) -> Self {
-        model::lm::LmError::Config(e.to_string())
+        model::lm::LmError::Backend(Box::new(e))
     }
 }
 

@@ -457,9 +457,10 @@ impl Worker {
     fn encode_ready(&mut self) {
         if let Err(e) = self.stepper.encode() {
             tracing::error!("batch: encode failed: {e}");
+            let e = Arc::new(e);
             for j in 0..self.stepper.staged().len() {
                 let b = self.stepper.staged()[j];
-                let ev = Event::Error(RuntimeError::Model(e.to_string()));
+                let ev = Event::Error(RuntimeError::Batch(e.clone()));
                 self.release(b, Some(ev));
             }
             return;
@@ -477,9 +478,10 @@ impl Worker {
     fn decode_results(&mut self) {
         if let Err(e) = self.stepper.decode() {
             tracing::error!("batch: decode failed: {e}");
+            let e = Arc::new(e);
             for j in 0..self.stepper.decoding().len() {
                 let b = self.stepper.decoding()[j];
-                let ev = Event::Error(RuntimeError::Model(e.to_string()));
+                let ev = Event::Error(RuntimeError::Batch(e.clone()));
                 self.release(b, Some(ev));
             }
         }
@@ -505,10 +507,10 @@ impl Worker {
         }
         if let Err(e) = self.stepper.step_lm() {
             // An argument error (nothing was stepped): a bug, reported to every slot of this tick.
-            let msg = e.to_string();
+            let e = Arc::new(e);
             for i in 0..m {
                 let b = self.stepper.active()[i];
-                let ev = Event::Error(RuntimeError::Model(msg.clone()));
+                let ev = Event::Error(RuntimeError::Batch(e.clone()));
                 self.release(b, Some(ev));
             }
             return true;

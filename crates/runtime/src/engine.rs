@@ -275,9 +275,7 @@ impl Compute {
                     Some(c) => CpuLm::with_kv_capacity(lm, rows, kv_dtype, c, pool),
                     None => CpuLm::new(lm, rows, kv_dtype, pool),
                 };
-                Ok(Box::new(
-                    backend.map_err(|e| RuntimeError::Model(e.to_string()))?,
-                ))
+                Ok(Box::new(backend?))
             }
             #[cfg(feature = "gpu")]
             Compute::Gpu(g) => {

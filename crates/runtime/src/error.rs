@@ -1,6 +1,13 @@
 //! The runtime's error type.
 
+use std::sync::Arc;
+
+use model::lm::LmError;
+use model::mimi::MimiError;
+use model::stt::SttError;
 use thiserror::Error;
+
+use crate::audio::AudioError;
 
 /// Errors of the runtime (opening an engine, creating or driving a session).
 #[derive(Debug, Error)]
@@ -8,13 +15,33 @@ pub enum RuntimeError {
     /// A session or engine option is out of range.
     #[error("invalid option: {0}")]
     InvalidOption(String),
-    /// The compute device could not be used (no GPU adapter, a format or size the device refuses;
-    /// the message carries a hint).
+    /// The compute device could not be opened or used. The source is the device's own error, kept whole
+    /// (a `gpu::GpuError` under the `gpu` feature: downcast it; a message with a hint where there is no
+    /// device error to carry, such as a build without GPU support).
     #[error("device: {0}")]
-    Device(String),
-    /// The bundle could not be opened or a component could not be built from it.
+    Device(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The bundle could not be opened or a component could not be built from it (opening only; the
+    /// frame pass reports [`RuntimeError::Lm`], [`RuntimeError::Codec`], [`RuntimeError::Stt`]).
     #[error("model: {0}")]
     Model(String),
+    /// The LM failed (building its state or stepping). A device failure inside it is
+    /// `LmError::Backend`, whose box holds the device's error.
+    #[error(transparent)]
+    Lm(#[from] LmError),
+    /// The Mimi codec failed (encoding or decoding a frame). A device failure inside it is
+    /// `MimiError::Backend`.
+    #[error(transparent)]
+    Codec(#[from] MimiError),
+    /// The speech-to-text model failed (a batched step, or its warm-up).
+    #[error(transparent)]
+    Stt(#[from] SttError),
+    /// A batched call (the codec or the LM step of several conversations, or a speech-to-text tick) failed:
+    /// every conversation in it ends with this one error, shared.
+    #[error(transparent)]
+    Batch(Arc<RuntimeError>),
+    /// The output resampler failed.
+    #[error("output resampler: {0}")]
+    Resample(#[source] AudioError),
     /// The producer end of the input queue was already taken with `take_producer`.
     #[error("the PCM producer was taken; push through it instead")]
     ProducerTaken,
@@ -48,10 +75,11 @@ pub enum RuntimeError {
     WorkerPanicked,
 }
 
-/// A failure of the GPU backend is a device error, with the backend's message.
+/// A failure of the GPU backend outside the LM and the codec (opening the device, uploading weights) is a
+/// device error carrying the `GpuError` itself.
 #[cfg(feature = "gpu")]
 impl From<gpu::GpuError> for RuntimeError {
     fn from(e: gpu::GpuError) -> Self {
-        RuntimeError::Device(e.to_string())
+        RuntimeError::Device(Box::new(e))
     }
 }

@@ -36,7 +36,7 @@ impl OutputResampler {
     ) -> Result<(), RuntimeError> {
         self.inner
             .process(input, out)
-            .map_err(|e| RuntimeError::Model(format!("output resampler: {e}")))
+            .map_err(RuntimeError::Resample)
     }
 
     /// Forget the history (new stream / interrupt).

@@ -359,9 +359,11 @@ impl Drive for Session {
 mod tests {
     use std::sync::{Arc, Mutex};
 
+    use model::lm::{LmBackend, LmError};
+
     use super::*;
     use crate::stepper::Phase;
-    use crate::{EngineOptions, FRAME_SIZE};
+    use crate::{EngineOptions, Event, FRAME_SIZE};
 
     fn fixture_engine(threads: usize) -> Arc<Engine> {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/lm");
@@ -504,5 +506,90 @@ mod tests {
             decode[1..].iter().all(|&n| n > 0),
             "decode calls on the pool: {decode:?}"
         );
+    }
+
+    /// A device's error in the LM step, as a GPU reports one (`LmError::Backend`), injected on
+    /// the third LM call of a threaded session on the CPU.
+    #[derive(Debug, thiserror::Error)]
+    #[error("injected device fault")]
+    struct DeviceFault;
+
+    /// An LM backend that fails its `fail_at`-th temporal step (0-based) with [`DeviceFault`].
+    struct Faulty {
+        inner: Box<dyn LmBackend>,
+        calls: usize,
+        fail_at: usize,
+    }
+
+    impl LmBackend for Faulty {
+        fn spec(&self) -> &model::lm::LmSpec {
+            self.inner.spec()
+        }
+        fn batch_size(&self) -> usize {
+            self.inner.batch_size()
+        }
+        fn temporal_step(&mut self, rows: &[usize], tokens: &[u32]) -> Result<(), LmError> {
+            self.calls += 1;
+            if self.calls - 1 == self.fail_at {
+                return Err(LmError::Backend(Box::new(DeviceFault)));
+            }
+            self.inner.temporal_step(rows, tokens)
+        }
+        fn text_logits(&self) -> &[f32] {
+            self.inner.text_logits()
+        }
+        fn transformer_out(&self) -> &[f32] {
+            self.inner.transformer_out()
+        }
+        fn depformer_step(
+            &mut self,
+            rows: &[usize],
+            k: usize,
+            prev_tokens: &[u32],
+        ) -> Result<&[f32], LmError> {
+            self.inner.depformer_step(rows, k, prev_tokens)
+        }
+        fn reset_row(&mut self, b: usize) {
+            self.inner.reset_row(b)
+        }
+        fn seek_for_bench(&mut self, offset: usize) {
+            self.inner.seek_for_bench(offset)
+        }
+    }
+
+    /// A device error in the frame pass reaches the runner's caller as the last event with its type:
+    /// `RuntimeError::Lm(LmError::Backend(_))` holding the backend's own error, not a message.
+    #[test]
+    fn a_device_error_reaches_the_caller_typed() {
+        let engine = fixture_engine(1);
+        let mut s = Session::new(engine.clone(), SessionOptions::default()).unwrap();
+        let Pass::Split(stepper) = &mut s.pass else {
+            panic!("a CPU session runs the split pass");
+        };
+        let inner = engine.lm_backend(&s.compute, 1, None).unwrap();
+        let faulty = Faulty {
+            inner,
+            calls: 0,
+            fail_at: 2,
+        };
+        stepper.set_backend(Box::new(faulty)).unwrap();
+        let mut runner = s.spawn(16).unwrap();
+        let mut producer = runner.producer().unwrap();
+        let events = runner.events().unwrap();
+        producer.push(&vec![0.1; 4 * FRAME_SIZE]);
+        let mut frames = 0;
+        let last = loop {
+            match events.recv_timeout(std::time::Duration::from_secs(30)) {
+                Ok(Event::Frame(_)) => frames += 1,
+                Ok(other) => break other,
+                Err(e) => panic!("no last event: {e:?}"),
+            }
+        };
+        assert_eq!(frames, 2, "two frames before the fault");
+        let Event::Error(RuntimeError::Lm(LmError::Backend(source))) = last else {
+            panic!("expected the LM's backend error, got {last:?}");
+        };
+        assert!(source.downcast_ref::<DeviceFault>().is_some(), "{source:?}");
+        runner.stop().unwrap();
     }
 }

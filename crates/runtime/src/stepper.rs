@@ -52,7 +52,7 @@ pub(crate) fn lm_error(e: LmError, frame: u64) -> RuntimeError {
             index,
             value,
         },
-        e => RuntimeError::Model(e.to_string()),
+        e => RuntimeError::Lm(e),
     }
 }
 
@@ -133,7 +133,7 @@ impl Stepper {
         kv_capacity: Option<usize>,
     ) -> Result<Stepper, RuntimeError> {
         let backend = engine.lm_backend(compute, rows, kv_capacity)?;
-        let gen = Generator::new(backend).map_err(|e| RuntimeError::Model(e.to_string()))?;
+        let gen = Generator::new(backend)?;
         let codec = engine.codec_backend(compute, rows)?;
         let nq = codec.n_codebooks();
         let samplers = (0..rows)
@@ -166,6 +166,13 @@ impl Stepper {
         if let Some(h) = &self.hook {
             h(p);
         }
+    }
+
+    /// The generator over `backend` instead (tests: a backend that injects a fault).
+    #[cfg(test)]
+    pub(crate) fn set_backend(&mut self, backend: Box<dyn LmBackend>) -> Result<(), RuntimeError> {
+        self.gen = Generator::new(backend)?;
+        Ok(())
     }
 
     /// Give row `row` its conversation's sampler.
@@ -276,8 +283,7 @@ impl Stepper {
         let t0 = Instant::now();
         let codes = self
             .codec
-            .encode_frames(&self.staged, &self.pcm[..k * FRAME_SIZE])
-            .map_err(|e| RuntimeError::Model(e.to_string()))?;
+            .encode_frames(&self.staged, &self.pcm[..k * FRAME_SIZE])?;
         self.encoded[..k * self.nq].copy_from_slice(codes);
         self.encode_us = us(t0.elapsed());
         Ok(())
@@ -332,16 +338,14 @@ impl Stepper {
         self.phase(Phase::Lm);
         let t0 = Instant::now();
         let m = self.active.len();
-        self.gen
-            .step(
-                &self.active,
-                &self.codes[..m * N_AUDIO],
-                &mut self.samplers,
-                Some(&self.forced[..m]),
-                &mut self.out[..m],
-                &mut HookObserver(self.hook.as_ref()),
-            )
-            .map_err(|e| RuntimeError::Model(e.to_string()))?;
+        self.gen.step(
+            &self.active,
+            &self.codes[..m * N_AUDIO],
+            &mut self.samplers,
+            Some(&self.forced[..m]),
+            &mut self.out[..m],
+            &mut HookObserver(self.hook.as_ref()),
+        )?;
         self.lm_us = us(t0.elapsed());
         Ok(())
     }
@@ -374,7 +378,7 @@ impl Stepper {
         if r.is_err() {
             self.decoded_at[..self.active.len()].fill(None);
         }
-        r.map_err(|e| RuntimeError::Model(e.to_string()))
+        Ok(r?)
     }
 
     /// The rows of this tick's decode.
@@ -391,9 +395,7 @@ impl Stepper {
         out: &mut [f32],
     ) -> Result<u32, RuntimeError> {
         let t0 = Instant::now();
-        self.codec
-            .decode_frames(&[row], codes, out)
-            .map_err(|e| RuntimeError::Model(e.to_string()))?;
+        self.codec.decode_frames(&[row], codes, out)?;
         Ok(us(t0.elapsed()))
     }
 

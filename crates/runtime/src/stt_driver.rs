@@ -81,7 +81,7 @@ pub fn stt_batch(
     pool: Arc<Pool>,
 ) -> Result<SttBatch<dyn LmBackend>, RuntimeError> {
     let backend = crate::lm_backend(device, model.lm(), rows, kv_dtype, pool)?;
-    SttBatch::new(model.clone(), backend).map_err(|e| RuntimeError::Model(e.to_string()))
+    Ok(SttBatch::new(model.clone(), backend)?)
 }
 
 /// Called by the worker thread when a stream has news (an output item, room in its input); must not block.
@@ -117,13 +117,14 @@ impl SttStepOutput {
 }
 
 /// An item of a stream's output queue.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 #[allow(clippy::large_enum_variant)] // a step's word inline, not boxed: no allocation per word
 pub enum SttOutput {
     /// One step ran.
     Step(SttStepOutput),
-    /// The step failed; the stream has left its slot. Last item.
-    Error(String),
+    /// The step failed; the stream has left its slot. Last item. The error is the tick's, shared by
+    /// every stream in it ([`RuntimeError::Batch`]).
+    Error(RuntimeError),
 }
 
 /// What the worker and a session share about one stream.
@@ -212,7 +213,7 @@ impl SttRunner {
             prefix: model.plan().prefix_frames,
             nq,
         };
-        worker.warm_up().map_err(RuntimeError::Model)?;
+        worker.warm_up()?;
         let join = thread::Builder::new()
             .name("moshi-stt".into())
             .spawn(move || worker.run())
@@ -421,7 +422,7 @@ struct Worker {
 impl Worker {
     /// Two ticks of silence on every slot, then every slot reset: the work buffers of a full batch reach
     /// their final size before the first stream, so later ticks do not allocate.
-    fn warm_up(&mut self) -> Result<(), String> {
+    fn warm_up(&mut self) -> Result<(), RuntimeError> {
         let n = self.slots.len();
         self.ready.clear();
         self.ready.extend(0..n);
@@ -430,11 +431,8 @@ impl Worker {
             self.events.clear();
             let codes = self
                 .encoder
-                .encode_frames(&self.ready, &self.pcm, Some(&self.pool))
-                .map_err(|e| e.to_string())?;
-            self.batch
-                .step(&self.ready, codes, &mut self.events)
-                .map_err(|e| e.to_string())?;
+                .encode_frames(&self.ready, &self.pcm, Some(&self.pool))?;
+            self.batch.step(&self.ready, codes, &mut self.events)?;
         }
         for b in 0..n {
             self.encoder.reset(b);
@@ -523,18 +521,19 @@ impl Worker {
         let stepped = self
             .encoder
             .encode_frames(&self.ready, &self.pcm[..n * FRAME_SIZE], Some(&self.pool))
-            .map_err(|e| e.to_string())
+            .map_err(RuntimeError::Codec)
             .and_then(|codes| {
                 debug_assert_eq!(codes.len(), n * self.nq);
-                self.batch
-                    .step(&self.ready, codes, &mut self.events)
-                    .map_err(|e| e.to_string())
+                Ok(self.batch.step(&self.ready, codes, &mut self.events)?)
             });
         if let Err(e) = stepped {
             tracing::error!("speech-to-text step failed: {e}");
+            // Every stream of the tick ends with the one error, shared.
+            let e = Arc::new(e);
             for &b in &self.ready {
                 if let Some(s) = self.slots[b].as_mut() {
-                    let _ = s.tx.try_send(SttOutput::Error(e.clone()));
+                    let _ =
+                        s.tx.try_send(SttOutput::Error(RuntimeError::Batch(e.clone())));
                     s.failed = true;
                     (s.notify)();
                 }

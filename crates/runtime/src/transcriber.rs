@@ -302,8 +302,7 @@ impl Transcriber {
         let pool = Arc::new(Pool::new(engine.opts.device.threads()));
         let batch = engine
             .model
-            .cpu_batch(1, engine.opts.kv_dtype, pool.clone())
-            .map_err(|e| RuntimeError::Model(e.to_string()))?;
+            .cpu_batch(1, engine.opts.kv_dtype, pool.clone())?;
         let stream = SttStream::new(batch, pool);
         let plan = engine.model.plan();
         let fs = engine.model.mimi().frame_size();
@@ -428,9 +427,7 @@ impl Transcriber {
         let frame = &input[*read..*read + fs];
         *read += fs;
         let spm = &engine.tokenizer;
-        stream
-            .push_pcm(frame, |_, events| out.step(events, opts, spm))
-            .map_err(|e| RuntimeError::Model(format!("speech-to-text step: {e}")))?;
+        stream.push_pcm(frame, |_, events| out.step(events, opts, spm))?;
         Ok(true)
     }
 

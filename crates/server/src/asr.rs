@@ -72,7 +72,7 @@ impl Backend for NoChat {
     }
 
     fn open(&self, _: &SessionParams) -> Result<OpenSession, BackendError> {
-        Err(BackendError(
+        Err(BackendError::Unavailable(
             "this server runs a speech-to-text model only (/api/asr-streaming)".into(),
         ))
     }

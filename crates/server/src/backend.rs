@@ -3,15 +3,26 @@
 //! The product implementation is [`RuntimeBackend`] (the `runtime` crate's `Engine`/`SessionRunner`).
 //! The trait exists so that the protocol layer can also be exercised with a test double (the echo
 //! backend of the `testing` feature, which only this crate's tests turn on).
+//!
+//! A conversation's output is the runtime's own [`Event`]: a frame, the stop reason ([`StopReason`]) or
+//! the typed [`runtime::RuntimeError`]. `ws.rs` turns it into protocol messages and the close frame; nothing
+//! between the runtime and the socket translates it.
 
 use crate::protocol::SessionParams;
 pub use crate::protocol::{BackendInfo, SessionCommand};
-pub use runtime::FrameEvent;
+pub use runtime::{Event, FrameEvent, StopReason};
 
 /// A conversation could not be opened.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct BackendError(pub String);
+pub enum BackendError {
+    /// The runtime refused the conversation or failed to start it (a bad option, no free slot, a worker
+    /// that could not be spawned, a device failure while warming up).
+    #[error(transparent)]
+    Runtime(#[from] runtime::RuntimeError),
+    /// This backend serves no conversation: the speech-to-text server's `/api/chat`, or a test double.
+    #[error("{0}")]
+    Unavailable(String),
+}
 
 /// What happened to pushed input.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -30,25 +41,12 @@ pub trait AudioInput: Send {
     fn push(&mut self, pcm: &[f32]) -> InputReport;
 }
 
-/// An event from a running conversation.
-#[derive(Debug)]
-pub enum BackendEvent {
-    /// A frame was processed: its output audio (24 kHz mono, may be empty, e.g. the first
-    /// frame), text, phase timings and the input backlog after it.
-    Frame(FrameEvent),
-    /// The conversation ended (`max_steps` reached, or stop requested). Last event.
-    Stopped {
-        /// Whether `max_steps` was the reason.
-        max_steps: bool,
-    },
-    /// The frame pass failed. Last event.
-    Error(String),
-}
-
 /// The output end of a conversation.
 pub trait EventSource: Send {
     /// Blocks until the next event; `None` once the conversation has ended and all events were read.
-    fn recv(&mut self) -> Option<BackendEvent>;
+    /// A frame's audio is 24 kHz mono (it may be empty, e.g. the first frame); [`Event::Stopped`] and
+    /// [`Event::Error`] are last.
+    fn recv(&mut self) -> Option<Event>;
     /// Hands a frame's buffers back for reuse by a later frame (optional; the default drops them). With it the
     /// runtime backend allocates nothing per frame.
     fn recycle(&mut self, frame: FrameEvent) {

@@ -7,8 +7,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::backend::{
-    AudioInput, Backend, BackendError, BackendEvent, BackendInfo, EventSource, FrameEvent,
-    InputReport, OpenSession, Stopper,
+    AudioInput, Backend, BackendError, BackendInfo, Event, EventSource, FrameEvent, InputReport,
+    OpenSession, StopReason, Stopper,
 };
 use crate::protocol::{SessionCommand, SessionParams};
 
@@ -91,13 +91,13 @@ struct Events {
 }
 
 impl EventSource for Events {
-    fn recv(&mut self) -> Option<BackendEvent> {
+    fn recv(&mut self) -> Option<Event> {
         if self.done {
             return None;
         }
         if self.max_steps.is_some_and(|m| self.index >= m) {
             self.done = true;
-            return Some(BackendEvent::Stopped { max_steps: true });
+            return Some(Event::Stopped(StopReason::MaxSteps));
         }
         let (frame, queued) = {
             let mut s = self.q.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -129,7 +129,7 @@ impl EventSource for Events {
         } else {
             String::new()
         };
-        Some(BackendEvent::Frame(FrameEvent {
+        Some(Event::Frame(FrameEvent {
             pcm,
             text,
             timings: runtime::FrameTimings {

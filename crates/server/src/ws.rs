@@ -17,7 +17,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
-use crate::backend::{BackendEvent, EventSource};
+use crate::backend::{Event, EventSource, StopReason};
 use crate::codec::{OggOpusDecoder, OggOpusEncoder};
 use crate::metrics::{Gauge, Metrics};
 use crate::protocol::{self, ClientMessage, Metadata, SessionCommand, SessionParams};
@@ -467,7 +467,7 @@ fn output_loop(
     let mut end = None;
     while let Some(ev) = events.recv() {
         match ev {
-            BackendEvent::Frame(f) => {
+            Event::Frame(f) => {
                 metrics.frames_processed.fetch_add(1, Relaxed);
                 counts.frames_out.fetch_add(1, Relaxed);
                 metrics.observe_frame(&f);
@@ -506,18 +506,16 @@ fn output_loop(
                 }
                 events.recycle(f);
             }
-            BackendEvent::Stopped { max_steps } => {
-                end = Some((
-                    CLOSE_NORMAL,
-                    if max_steps {
-                        "max_steps reached".into()
-                    } else {
-                        "session stopped".into()
-                    },
-                ));
+            Event::Stopped(reason) => {
+                let why = match reason {
+                    StopReason::MaxSteps => "max_steps reached",
+                    StopReason::Requested => "session stopped",
+                };
+                end = Some((CLOSE_NORMAL, why.into()));
                 break;
             }
-            BackendEvent::Error(e) => {
+            Event::Error(e) => {
+                // The protocol carries a message: the typed error becomes one here, at the edge.
                 tracing::error!("session failed: {e}");
                 // Never block here: a client that stopped reading must not hold this thread.
                 let _ = out.try_send(Out::Bin(
@@ -530,4 +528,80 @@ fn output_loop(
         }
     }
     let _ = ended.send(end);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+
+    use model::lm::LmError;
+    use runtime::RuntimeError;
+
+    use super::*;
+
+    /// A conversation whose events are given in advance.
+    struct Scripted(VecDeque<Event>);
+
+    impl EventSource for Scripted {
+        fn recv(&mut self) -> Option<Event> {
+            self.0.pop_front()
+        }
+    }
+
+    /// A device's error as a GPU backend reports it inside the LM.
+    #[derive(Debug, thiserror::Error)]
+    #[error("device lost (injected)")]
+    struct DeviceLost;
+
+    /// The messages the output thread queued for the client and the close it asked for, after one
+    /// frame and then `last`.
+    fn output_of(last: Event) -> (Vec<Out>, Option<(u16, String)>) {
+        let frame = Event::Frame(runtime::FrameEvent {
+            text: "hi".into(),
+            ..Default::default()
+        });
+        let (tx, mut rx) = mpsc::channel(16);
+        let (ended, mut end) = tokio::sync::oneshot::channel();
+        output_loop(
+            Box::new(Scripted(VecDeque::from([frame, last]))),
+            tx,
+            Arc::new(Metrics::default()),
+            Arc::new(SessionCounts::default()),
+            ended,
+        );
+        let mut out = Vec::new();
+        while let Ok(m) = rx.try_recv() {
+            out.push(m);
+        }
+        (out, end.try_recv().unwrap())
+    }
+
+    /// The stop reason reaches the close frame as itself: `max_steps` and a stop request close with
+    /// different reasons (both normal closes), and neither sends an error message.
+    #[test]
+    fn max_steps_and_a_stop_request_close_differently() {
+        let (out_max, max) = output_of(Event::Stopped(StopReason::MaxSteps));
+        let (out_req, req) = output_of(Event::Stopped(StopReason::Requested));
+        assert_eq!(max, Some((CLOSE_NORMAL, "max_steps reached".to_string())));
+        assert_eq!(req, Some((CLOSE_NORMAL, "session stopped".to_string())));
+        for out in [out_max, out_req] {
+            // The frame's text only.
+            assert_eq!(out.len(), 1);
+            assert!(matches!(&out[0], Out::Bin(b) if b[0] == protocol::KIND_TEXT));
+        }
+    }
+
+    /// A typed frame-pass error becomes the protocol's error message (kind 5, its text) and an error
+    /// close, here at the edge.
+    #[test]
+    fn a_device_error_becomes_the_error_message() {
+        let e = RuntimeError::Lm(LmError::Backend(Box::new(DeviceLost)));
+        let (out, end) = output_of(Event::Error(e));
+        assert_eq!(end, Some((CLOSE_ERROR, "model error".to_string())));
+        let Some(Out::Bin(b)) = out.last() else {
+            panic!("no error message");
+        };
+        assert_eq!(b[0], protocol::KIND_ERROR);
+        assert_eq!(&b[1..], b"model error: device lost (injected)");
+    }
 }

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use server::backend::{
-    AudioInput, Backend, BackendError, BackendEvent, BackendInfo, EventSource, InputReport,
-    OpenSession, Stopper,
+    AudioInput, Backend, BackendError, BackendInfo, Event, EventSource, InputReport, OpenSession,
+    Stopper,
 };
 use server::codec::OggOpusDecoder;
 use server::protocol::SessionParams;
@@ -223,7 +223,7 @@ impl AudioInput for RecordInput {
 
 struct Silent(Arc<(Mutex<bool>, std::sync::Condvar)>);
 impl EventSource for Silent {
-    fn recv(&mut self) -> Option<BackendEvent> {
+    fn recv(&mut self) -> Option<Event> {
         let (m, cv) = &*self.0;
         let mut stop = m.lock().unwrap();
         while !*stop {

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use common::*;
 use futures_util::StreamExt;
 use server::backend::{
-    AudioInput, Backend, BackendError, BackendEvent, BackendInfo, EventSource, FrameEvent,
-    InputReport, OpenSession, Stopper,
+    AudioInput, Backend, BackendError, BackendInfo, Event, EventSource, FrameEvent, InputReport,
+    OpenSession, Stopper,
 };
 use server::protocol::SessionParams;
 use tokio::net::TcpStream;
@@ -49,7 +49,7 @@ struct ChattyEvents {
     stop: Arc<AtomicBool>,
 }
 impl EventSource for ChattyEvents {
-    fn recv(&mut self) -> Option<BackendEvent> {
+    fn recv(&mut self) -> Option<Event> {
         if self.left == 0 {
             // Done talking: wait for the stop request like an idle session.
             while !self.stop.load(Relaxed) {
@@ -61,7 +61,7 @@ impl EventSource for ChattyEvents {
         }
         self.left -= 1;
         self.produced.fetch_add(1, Relaxed);
-        Some(BackendEvent::Frame(FrameEvent {
+        Some(Event::Frame(FrameEvent {
             pcm: vec![0.0; 1920],
             text: self.text.clone(),
             timings: runtime::FrameTimings {

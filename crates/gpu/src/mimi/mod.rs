@@ -44,9 +44,10 @@ use model::mimi::MimiError;
 use crate::context::GpuContext;
 use crate::GpuError;
 
+/// A GPU failure inside the codec stays a [`GpuError`] (boxed: `model` cannot name this crate).
 impl From<GpuError> for MimiError {
     fn from(e: GpuError) -> Self {
-        MimiError::Config(e.to_string())
+        MimiError::Backend(Box::new(e))
     }
 }
 

@@ -111,6 +111,10 @@ pub enum LmError {
     /// The configuration is not one this engine runs.
     #[error("unsupported LM configuration: {0}")]
     Config(String),
+    /// A device backend failed (the GPU's error, kept whole: `model` cannot name the backend crates,
+    /// which depend on it, so the error travels boxed and a caller downcasts it to the backend's type).
+    #[error(transparent)]
+    Backend(Box<dyn std::error::Error + Send + Sync>),
     /// A token fed to the model is outside its embedding table.
     #[error("stream {stream}: token {token} outside [-1, {max}]")]
     Token {

@@ -65,6 +65,9 @@ pub enum MimiError {
     /// Input of the wrong length or content.
     #[error("mimi input: {0}")]
     Input(String),
+    /// A device backend failed (the GPU's error, kept whole and boxed, as [`crate::lm::LmError::Backend`]).
+    #[error(transparent)]
+    Backend(Box<dyn std::error::Error + Send + Sync>),
     /// A weight tensor holds NaN or infinite values (refused at load: they would turn every
     /// frame's output into NaN).
     #[error("mimi checkpoint: `{name}` holds a non-finite value (NaN or infinity)")]

@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 use model::sampling::{RepetitionPenalty, SamplerConfig};
 
 use super::{
-    AudioInput, Backend, BackendError, BackendEvent, BackendInfo, EventSource, FrameEvent,
-    InputReport, OpenSession, SessionCommand, Stopper,
+    AudioInput, Backend, BackendError, BackendInfo, Event, EventSource, FrameEvent, InputReport,
+    OpenSession, SessionCommand, Stopper,
 };
 use crate::protocol::SessionParams;
 
@@ -69,8 +69,7 @@ impl RuntimeBackend {
                     slots: self.batch,
                     event_capacity: EVENT_CAPACITY,
                 },
-            )
-            .map_err(|e| BackendError(e.to_string()))?;
+            )?;
             runners.push(Arc::new(r));
         }
         Ok(())
@@ -143,16 +142,11 @@ impl Backend for RuntimeBackend {
             first_frame_reset: true,
         };
         if self.batch > 1 {
-            let mut s = self
-                .open_batched(opts)
-                .map_err(|e| BackendError(e.to_string()))?;
+            let mut s = self.open_batched(opts)?;
             return handed_out((s.producer(), s.events()), s);
         }
-        let session = runtime::Session::new(self.engine.clone(), opts)
-            .map_err(|e| BackendError(e.to_string()))?;
-        let mut runner = session
-            .spawn(EVENT_CAPACITY)
-            .map_err(|e| BackendError(e.to_string()))?;
+        let session = runtime::Session::new(self.engine.clone(), opts)?;
+        let mut runner = session.spawn(EVENT_CAPACITY)?;
         handed_out((runner.producer(), runner.events()), runner)
     }
 }
@@ -164,7 +158,7 @@ fn handed_out(
     handle: impl Stopper + 'static,
 ) -> Result<OpenSession, BackendError> {
     let (Some(producer), Some(events)) = taken else {
-        return Err(BackendError("driver without producer/events".into()));
+        return Err(BackendError::Runtime(runtime::RuntimeError::ProducerTaken));
     };
     Ok(OpenSession {
         input: Box::new(producer),
@@ -185,14 +179,8 @@ impl AudioInput for runtime::PcmProducer {
 }
 
 impl EventSource for runtime::EventReceiver {
-    fn recv(&mut self) -> Option<BackendEvent> {
-        Some(match runtime::EventReceiver::recv(self)? {
-            runtime::Event::Frame(f) => BackendEvent::Frame(f),
-            runtime::Event::Stopped(r) => BackendEvent::Stopped {
-                max_steps: r == runtime::StopReason::MaxSteps,
-            },
-            runtime::Event::Error(e) => BackendEvent::Error(e.to_string()),
-        })
+    fn recv(&mut self) -> Option<Event> {
+        runtime::EventReceiver::recv(self)
     }
 
     fn recycle(&mut self, frame: FrameEvent) {
