@@ -453,6 +453,24 @@ unsafe fn frame_call_refusals<I, O>(
     }
 }
 
+/// Decodes `codes` (`[nq, t]`, codebook by codebook) frame by frame into `t` frames of `fs`
+/// samples.
+///
+/// # Safety
+/// `mimi` is a live Mimi handle of `nq` codebooks and frames of `fs` samples.
+unsafe fn decode_frames(mimi: *mut MnMimi, codes: &[u32], nq: usize, fs: usize) -> Vec<f32> {
+    let t = codes.len() / nq;
+    let mut pcm = vec![0f32; t * fs];
+    for f in 0..t {
+        let c: Vec<u32> = (0..nq).map(|q| codes[q * t + f]).collect();
+        // SAFETY: the caller's contract; `c` holds `nq` codes and `pcm` `fs` samples from `f * fs`.
+        let status =
+            unsafe { mn_mimi_decode_frame(mimi, c.as_ptr(), nq, pcm[f * fs..].as_mut_ptr(), fs) };
+        expect(status, MnStatus::Ok);
+    }
+    pcm
+}
+
 #[test]
 fn mimi_matches_the_fixture_and_refuses_misuse() {
     let input = runtime::audio::read_wav_strict(fixtures().join("mimi/input.wav")).unwrap();
@@ -514,15 +532,7 @@ fn mimi_matches_the_fixture_and_refuses_misuse() {
             }
             let codes_i64: Vec<i64> = codes.iter().map(|&c| i64::from(c)).collect();
             assert_eq!(codes_i64, want_codes);
-            let mut pcm = vec![0f32; t * fs];
-            for f in 0..t {
-                let c: Vec<u32> = (0..nq).map(|q| codes[q * t + f]).collect();
-                let out = pcm[f * fs..].as_mut_ptr();
-                expect(
-                    mn_mimi_decode_frame(mimi, c.as_ptr(), nq, out, fs),
-                    MnStatus::Ok,
-                );
-            }
+            let mut pcm = decode_frames(mimi, &codes, nq, fs);
             let err = max_abs_diff(&pcm, &want_pcm);
             assert!(err <= 1e-4, "pcm max abs error {err}");
             expect(mn_mimi_reset(mimi), MnStatus::Ok);
@@ -569,15 +579,7 @@ fn mimi_matches_the_fixture_and_refuses_misuse() {
                 let want: Vec<u32> = (0..nq).map(|q| codes[q * t + f]).collect();
                 assert_eq!(got, want, "encoded frame {f} after the refusals");
             }
-            let mut again = vec![0f32; t * fs];
-            for f in 0..t {
-                let cf: Vec<u32> = (0..nq).map(|q| codes[q * t + f]).collect();
-                let o = again[f * fs..].as_mut_ptr();
-                expect(
-                    mn_mimi_decode_frame(mimi, cf.as_ptr(), nq, o, fs),
-                    MnStatus::Ok,
-                );
-            }
+            let again = decode_frames(mimi, &codes, nq, fs);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
             assert!(
                 bits(&again) == bits(&fresh_pcm),

@@ -49,22 +49,6 @@ fn create(engine: *mut MnSttEngine) -> *mut MnSttTranscriber {
     t
 }
 
-fn new_event() -> MnSttEvent {
-    MnSttEvent {
-        struct_size: std::mem::size_of::<MnSttEvent>() as u32,
-        kind: 0,
-        step_idx: 0,
-        time: 0.0,
-        text: null(),
-        text_len: 0,
-        tokens: null(),
-        n_tokens: 0,
-        n_prs: 0,
-        probability: 0.0,
-        prs: [0.0; MN_STT_MAX_HEADS],
-    }
-}
-
 /// Pulls every ready event, as the oracle writes them (end-of-turn events apart, as `{"type": "EndOfTurn"}`).
 ///
 /// # Safety

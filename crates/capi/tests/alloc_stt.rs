@@ -33,19 +33,7 @@ fn steady_state_push_and_pull_allocate_nothing_words_included() {
                 MnStatus::Ok,
             );
             let pcm = signal(160);
-            let mut ev = MnSttEvent {
-                struct_size: std::mem::size_of::<MnSttEvent>() as u32,
-                kind: 0,
-                step_idx: 0,
-                time: 0.0,
-                text: null(),
-                text_len: 0,
-                tokens: null(),
-                n_tokens: 0,
-                n_prs: 0,
-                probability: 0.0,
-                prs: [0.0; MN_STT_MAX_HEADS],
-            };
+            let mut ev = new_event();
             // Half a frame per push, then every ready event; per call: (allocations, whether it pulled
             // a word).
             let mut calls: Vec<(usize, usize)> = Vec::with_capacity(4096);

@@ -6,7 +6,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 
 use common::fixtures;
 
@@ -88,6 +88,27 @@ fn binaries(source: &str, work: &testkit::ScratchDir) -> (Vec<PathBuf>, PathBuf)
     (binaries, lib)
 }
 
+/// Runs the example program `bin` with `args`. Its run path names `lib`; cargo's
+/// LD_LIBRARY_PATH (searched first) may also name folders holding other builds of the library, so
+/// it names `lib` alone.
+fn run_example(bin: &Path, lib: &Path, args: &[&Path]) -> Output {
+    Command::new(bin)
+        .env("LD_LIBRARY_PATH", lib)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// [`run_example`] without a bundle: the program succeeds on the demo model and says so; its
+/// output and stderr.
+fn run_on_demo(bin: &Path, lib: &Path, args: &[&Path]) -> (Output, String) {
+    let run = run_example(bin, lib, args);
+    let stderr = String::from_utf8_lossy(&run.stderr).into_owned();
+    assert!(run.status.success(), "{} failed: {stderr}", bin.display());
+    assert!(stderr.contains("DEMO MODEL"), "{stderr}");
+    (run, stderr)
+}
+
 #[test]
 fn the_c_example_runs_full_duplex_on_the_demo_model() {
     let work = testkit::ScratchDir::new("capi-c");
@@ -99,17 +120,7 @@ fn the_c_example_runs_full_duplex_on_the_demo_model() {
     assert_eq!(want.len(), (frames - 1) * runtime::FRAME_SIZE);
     for bin in binaries {
         let out = work.join("reply.wav");
-        // The program's run path names `lib`; cargo's LD_LIBRARY_PATH (searched first) may also name
-        // folders holding other builds of the library.
-        let run = Command::new(&bin)
-            .env("LD_LIBRARY_PATH", &lib)
-            .arg(&input_path)
-            .arg(&out)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&run.stderr);
-        assert!(run.status.success(), "{} failed: {stderr}", bin.display());
-        assert!(stderr.contains("DEMO MODEL"), "{stderr}");
+        let (_, stderr) = run_on_demo(&bin, &lib, &[&input_path, &out]);
         assert!(stderr.contains(&format!("{frames} frames")), "{stderr}");
         let got = runtime::audio::read_wav_strict(&out).unwrap();
         assert_eq!(got.len(), want.len());
@@ -127,7 +138,7 @@ fn the_c_example_runs_full_duplex_on_the_demo_model() {
         );
     }
     // Usage errors exit with status 2.
-    let run = Command::new(work.join("duplex")).output().unwrap();
+    let run = run_example(&work.join("duplex"), &lib, &[]);
     assert_eq!(run.status.code(), Some(2));
 }
 
@@ -191,14 +202,7 @@ fn the_c_transcriber_prints_the_oracles_words_on_the_demo_model() {
     );
     let input = fixtures().join("stt/1b/input.wav");
     for bin in binaries {
-        let run = Command::new(&bin)
-            .env("LD_LIBRARY_PATH", &lib)
-            .arg(&input)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&run.stderr);
-        assert!(run.status.success(), "{} failed: {stderr}", bin.display());
-        assert!(stderr.contains("DEMO MODEL"), "{stderr}");
+        let (run, stderr) = run_on_demo(&bin, &lib, &[&input]);
         assert!(
             stderr.contains("39 steps, 5 words, 4 voice-activity heads"),
             "{stderr}"
@@ -211,24 +215,15 @@ fn the_c_transcriber_prints_the_oracles_words_on_the_demo_model() {
         );
     }
     // The same with the bundle named; a Moshi bundle is refused (exit 1, the library's message).
-    let run = Command::new(work.join("transcribe"))
-        .env("LD_LIBRARY_PATH", &lib)
-        .arg(&input)
-        .arg(fixtures().join("stt/1b"))
-        .output()
-        .unwrap();
+    let transcribe = work.join("transcribe");
+    let run = run_example(&transcribe, &lib, &[&input, &fixtures().join("stt/1b")]);
     assert!(run.status.success());
     assert!(!String::from_utf8_lossy(&run.stderr).contains("DEMO"));
     assert_eq!(String::from_utf8_lossy(&run.stdout), want);
-    let run = Command::new(work.join("transcribe"))
-        .env("LD_LIBRARY_PATH", &lib)
-        .arg(&input)
-        .arg(fixtures().join("lm"))
-        .output()
-        .unwrap();
+    let run = run_example(&transcribe, &lib, &[&input, &fixtures().join("lm")]);
     assert_eq!(run.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(stderr.contains("speech-to-text"), "{stderr}");
-    let run = Command::new(work.join("transcribe")).output().unwrap();
+    let run = run_example(&transcribe, &lib, &[]);
     assert_eq!(run.status.code(), Some(2));
 }

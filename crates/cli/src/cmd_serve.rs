@@ -229,6 +229,18 @@ pub fn slots_fitting(kv_per_slot: u64, available: u64) -> usize {
     (available / 2 / kv_per_slot.max(1)) as usize
 }
 
+/// Checks `config` and binds its socket before the model loads (seconds to minutes at full size),
+/// so that a bad setting, TLS file or busy port fails at once; says where it listens.
+pub(crate) fn bind_before_loading(config: &server::ServeConfig) -> Result<server::Listener> {
+    server::validate(config)?;
+    let listener = server::Listener::bind(&config.host, config.port, config.tls.as_ref())?;
+    eprintln!(
+        "moshi-native serve: listening on {} (connections wait until the model is loaded)",
+        listener.local_addr()
+    );
+    Ok(listener)
+}
+
 /// The server configuration of `serve`'s flags (TLS files made or read, the idle timeout).
 pub(crate) fn serve_config(a: &ServeArgs, max_sessions: usize) -> Result<server::ServeConfig> {
     let tls = if a.self_signed {
@@ -275,14 +287,9 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     // Everything that can fail without the model is checked before it loads (seconds to minutes at
     // full size): flags, the device, the TLS files and the port.
     a.engine.check(plan.threads)?;
-    server::validate(&config)?;
-    let listener = server::Listener::bind(&config.host, config.port, config.tls.as_ref())?;
+    let listener = bind_before_loading(&config)?;
     let scheme = if listener.is_tls() { "https" } else { "http" };
     let port = listener.local_addr().port();
-    eprintln!(
-        "moshi-native serve: listening on {} (connections wait until the model is loaded)",
-        listener.local_addr()
-    );
     let opened = a.engine.open(plan.threads)?;
     if opened.engine.gpu_adapter().is_none() {
         let kv = kv_bytes_per_slot(&opened.engine);

@@ -122,14 +122,9 @@ pub fn run(a: &ServeArgs, dir: PathBuf, demo: bool) -> Result<()> {
     // Thread count and device checked before the socket is bound and the weights are read.
     let device = a.engine.check(threads)?;
     let config = crate::cmd_serve::serve_config(a, streams)?;
-    server::validate(&config)?;
-    let listener = server::Listener::bind(&config.host, config.port, config.tls.as_ref())?;
+    let listener = crate::cmd_serve::bind_before_loading(&config)?;
     let scheme = if listener.is_tls() { "wss" } else { "ws" };
     let port = listener.local_addr().port();
-    eprintln!(
-        "moshi-native serve: listening on {} (connections wait until the model is loaded)",
-        listener.local_addr()
-    );
     let asr = start(
         &dir,
         demo,

@@ -4,31 +4,22 @@
 //! `crates/server/tests/asr_replay.rs`.
 #![cfg(unix)]
 
-use std::process::Stdio;
 use std::time::Duration;
 
 mod common;
 
-use common::{bin, free_port, http_get, metric, sigterm_exit, wait_ready};
+use common::{http_get, metric, sigterm_exit, spawn_serve, wait_ready};
 
 #[test]
 fn serve_demo_stt_answers_on_the_asr_route() {
-    let port = free_port();
-    let child = bin()
-        .args([
-            "serve",
-            "--model",
-            "demo-stt",
-            "--threads",
-            "1",
-            "--max-sessions",
-            "3",
-        ])
-        .args(["--port", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let (child, port) = spawn_serve(&[
+        "--model",
+        "demo-stt",
+        "--threads",
+        "1",
+        "--max-sessions",
+        "3",
+    ]);
     let ready = wait_ready(port, "streams free", Duration::from_secs(60));
     assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
     assert!(

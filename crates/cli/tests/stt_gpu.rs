@@ -7,12 +7,12 @@
 #![cfg(unix)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{bin, free_port, sigterm_exit, wait_ready, word_tokens};
+use common::{sigterm_exit, spawn_serve, wait_ready, word_tokens};
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/stt/1b")
@@ -91,15 +91,16 @@ fn serve_stt_on_gpu_starts_and_refuses_too_many_streams() {
     if gpu::skip_test_without_adapter() {
         return;
     }
-    let port = free_port();
-    let child = bin()
-        .args(["serve", "--model", "demo-stt", "--threads", "1"])
-        .args(["--max-sessions", "2", "--device", "gpu"])
-        .args(["--port", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let (child, port) = spawn_serve(&[
+        "--model",
+        "demo-stt",
+        "--threads",
+        "1",
+        "--max-sessions",
+        "2",
+        "--device",
+        "gpu",
+    ]);
     let ready = wait_ready(port, "streams free", Duration::from_secs(120));
     assert!(
         ready.contains("2 of 2 speech-to-text streams free"),
@@ -110,14 +111,17 @@ fn serve_stt_on_gpu_starts_and_refuses_too_many_streams() {
 
     // More streams than the device backend's rows: refused with the reason, not a crash.
     let max = gpu::shaders::MAX_ROWS;
-    let mut child = bin()
-        .args(["serve", "--model", "demo-stt", "--threads", "1"])
-        .args(["--max-sessions", &(max + 1).to_string(), "--device", "gpu"])
-        .args(["--port", &free_port().to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let too_many = (max + 1).to_string();
+    let (mut child, _) = spawn_serve(&[
+        "--model",
+        "demo-stt",
+        "--threads",
+        "1",
+        "--max-sessions",
+        &too_many,
+        "--device",
+        "gpu",
+    ]);
     // A server that accepted the batch would serve until killed: give it a deadline.
     let t = Instant::now();
     while child.try_wait().unwrap().is_none() {

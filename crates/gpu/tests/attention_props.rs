@@ -429,13 +429,7 @@ struct Oracle {
 fn oracle() -> Oracle {
     let trace = TensorFile::open(fixtures().join("lm/trace.safetensors"));
     let (_, shape) = trace.i64("input_tokens");
-    let (text, _) = trace.i64("out_text");
-    let (a, s) = trace.i64("out_audio");
-    let frames = s[1];
-    let audio = (0..frames)
-        .flat_map(|t| (0..8).map(move |k| (t, k)))
-        .map(|(t, k)| a[k * frames + t])
-        .collect();
+    let (text, audio) = common::oracle_tokens(&trace);
     Oracle {
         steps: shape[0],
         text,

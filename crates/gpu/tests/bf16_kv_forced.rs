@@ -15,7 +15,7 @@ use gpu::{GpuLm, GpuLmOptions, GpuLmWeights};
 use model::checkpoint::{Component, LmConfig, Weights};
 use model::lm::{Generator, KvDtype, LmModel, LmRecorder, StepOptions};
 use model::sampling::{Sampler, SamplerConfig};
-use testkit::TensorFile;
+use testkit::Forced;
 
 /// The tiny LM of `fixtures/lm`, its `context` replaced when given.
 fn tiny_model(context: Option<usize>) -> LmModel {
@@ -31,9 +31,6 @@ fn tiny_model(context: Option<usize>) -> LmModel {
     LmModel::load(&w, &config).unwrap()
 }
 
-/// Per step: user codes, forced text token, forced audio tokens.
-type Forced = Vec<([i64; 8], u32, [u32; 8])>;
-
 fn run(weights: &Arc<GpuLmWeights>, f: &Forced, kv: KvDtype) -> LmRecorder {
     let lm = GpuLm::with_options(
         weights.clone(),
@@ -47,12 +44,12 @@ fn run(weights: &Arc<GpuLmWeights>, f: &Forced, kv: KvDtype) -> LmRecorder {
     let mut gen = Generator::new(Box::new(lm)).unwrap();
     let mut samplers = [Sampler::new(SamplerConfig::greedy(), 128, 64).unwrap()];
     let mut rec = LmRecorder::default();
-    for (user, text, audio) in f {
+    for t in 0..f.steps() {
         let opts = StepOptions {
-            force_text: Some(*text),
-            force_audio: Some(audio),
+            force_text: Some(f.text[t]),
+            force_audio: Some(&f.audio[t]),
         };
-        gen.step_raw(0, user, &mut samplers, &opts, &mut rec)
+        gen.step_raw(0, &f.user[t], &mut samplers, &opts, &mut rec)
             .unwrap();
     }
     rec
@@ -125,21 +122,7 @@ fn in_band(what: &str, rms: f64, measured: f64) {
 fn device_bf16_kv_against_the_oracles_forced_trace() {
     let Some(ctx) = common::context() else { return };
     let model = tiny_model(None);
-    let trace = TensorFile::open(testkit::fixtures_dir("lm").join("trace_forced.safetensors"));
-    let (ft, _) = trace.i64("forced_text");
-    let (fa, _) = trace.i64("forced_audio");
-    let (codes, cs) =
-        TensorFile::open(testkit::fixtures_dir("lm").join("CODES.safetensors")).i64("codes");
-    let steps = ft.len();
-    let forced: Forced = (0..steps)
-        .map(|t| {
-            (
-                std::array::from_fn(|k| codes[k * cs[1] + t]),
-                ft[t] as u32,
-                std::array::from_fn(|k| fa[k * steps + t] as u32),
-            )
-        })
-        .collect();
+    let (forced, trace) = Forced::oracle();
     let weights = GpuLmWeights::upload(&ctx, &model).unwrap();
     let oracle = (trace.f32("text_logits").0, trace.f32("depformer_logits").0);
     let (f32_rms, f32_flips) = effect(
@@ -175,21 +158,8 @@ const LONG_STEPS: usize = 132;
 fn device_bf16_kv_at_a_long_position() {
     let Some(ctx) = common::context() else { return };
     let model = tiny_model(Some(512));
-    // The CPU test's seeded stream: text 30 % PAD, other tokens uniform (xorshift64*).
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move |n: u64| {
-        state ^= state >> 12;
-        state ^= state << 25;
-        state ^= state >> 27;
-        (state.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) % n
-    };
-    let forced: Forced = (0..LONG_STEPS)
-        .map(|_| {
-            let user = std::array::from_fn(|_| next(64) as i64);
-            let text = if next(10) < 3 { 3 } else { next(128) as u32 };
-            (user, text, std::array::from_fn(|_| next(64) as u32))
-        })
-        .collect();
+    // The CPU test's seeded stream.
+    let forced = Forced::seeded(LONG_STEPS, 64, 128);
     let weights = GpuLmWeights::upload(&ctx, &model).unwrap();
     let f32_run = run(&weights, &forced, KvDtype::F32);
     let bf16_run = run(&weights, &forced, KvDtype::Bf16);

@@ -21,24 +21,6 @@ fn fixture(name: &str) -> PathBuf {
     testkit::fixtures_dir("duplex").join(name)
 }
 
-/// The samples of an IEEE-float mono WAV's `data` chunk.
-fn wav_f32(path: PathBuf) -> Vec<f32> {
-    let b = std::fs::read(path).unwrap();
-    assert_eq!(u16::from_le_bytes([b[20], b[21]]), 3, "IEEE float");
-    let mut i = 12;
-    while i + 8 <= b.len() {
-        let n = u32::from_le_bytes(b[i + 4..i + 8].try_into().unwrap()) as usize;
-        if &b[i..i + 4] == b"data" {
-            return b[i + 8..i + 8 + n]
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                .collect();
-        }
-        i += 8 + n + (n & 1);
-    }
-    panic!("no data chunk");
-}
-
 /// The conversation of the fixture bundle on the device, or `None` (printed) without an adapter.
 fn duplex() -> Option<GpuDuplex> {
     let ctx = common::context()?;
@@ -62,7 +44,7 @@ struct Run {
 /// `frames` calls on the fixture's input with a greedy sampler, the first-frame rule on frame 0
 /// when `rule`.
 fn run(d: &mut GpuDuplex, frames: usize, rule: bool) -> Run {
-    let input = wav_f32(fixture("input.wav"));
+    let input = testkit::read_wav_f32(fixture("input.wav"));
     assert!(input.len() >= frames * FRAME);
     let spec = d.spec().clone();
     let mut sampler = Sampler::new(SamplerConfig::greedy(), spec.text_card, spec.card).unwrap();

@@ -22,50 +22,15 @@
 
 mod common;
 
-use std::sync::OnceLock;
-
+use common::{col_unit, matvec_context as ctx, step_values};
 use gpu::shaders::Fuse;
-use gpu::{GpuContext, GpuOptions};
+use gpu::GpuContext;
 use kernels::{Matrix, WeightFormat};
 use proptest::prelude::*;
 use testkit::FORMATS;
 
 const U: f64 = 1.0 / 16_777_216.0;
 const EPS: f32 = 1e-5;
-
-/// Contexts: `[small bindings][subgroups]` (small: 4 KiB bindings, several chunks per matrix).
-fn ctx(small: bool, subgroups: bool) -> Option<&'static GpuContext> {
-    static CTX: OnceLock<[Option<GpuContext>; 4]> = OnceLock::new();
-    let all = CTX.get_or_init(|| {
-        std::array::from_fn(|i| {
-            let (small, sg) = (i / 2 == 1, i % 2 == 1);
-            let c = common::context_with(GpuOptions {
-                max_binding_bytes: small.then_some(4096),
-                ..Default::default()
-            })?;
-            c.set_subgroups(sg);
-            Some(c)
-        })
-    });
-    all[usize::from(small) * 2 + usize::from(subgroups)].as_ref()
-}
-
-/// Values a lane reads per step of the kernel (see `shaders/matvec.rs`).
-fn step_values(format: WeightFormat) -> usize {
-    match format {
-        WeightFormat::F32 => 4,
-        WeightFormat::F16 | WeightFormat::Bf16 => 8,
-        _ => 32,
-    }
-}
-
-fn col_unit(format: WeightFormat) -> usize {
-    match format {
-        WeightFormat::MlxAffine { group, .. } => group,
-        WeightFormat::Q8_0 | WeightFormat::Q4_0 => 32,
-        _ => 4,
-    }
-}
 
 /// A case: weights, norm weights, activations, and per output of the product the exact value of
 /// `Σ W·h` and its bound `E` (see the module docs).

@@ -57,19 +57,6 @@ fn checkpoint_weights(ctx: &GpuContext, dir: &str) -> Arc<GpuLmWeights> {
     GpuLmWeights::from_source(ctx, &b.lm_weights().unwrap(), spec).unwrap()
 }
 
-/// The text tokens and audio codes of an oracle trace, the codes frame by frame (a frame's 8
-/// codebooks together, as a run records them; the trace keeps them codebook by codebook).
-fn oracle_tokens(trace: &TensorFile) -> (Vec<i64>, Vec<i64>) {
-    let (text, _) = trace.i64("out_text");
-    let (a, s) = trace.i64("out_audio");
-    let frames = s[1];
-    let audio = (0..frames)
-        .flat_map(|t| (0..8).map(move |k| (t, k)))
-        .map(|(t, k)| a[k * frames + t])
-        .collect();
-    (text, audio)
-}
-
 /// One fixture format: GPU vs oracle trace and vs CPU.
 fn check_format(ctx: &GpuContext, dir: &str) {
     kernels::set_f32_activations(true);
@@ -83,7 +70,7 @@ fn check_format(ctx: &GpuContext, dir: &str) {
     let c = run(cpu_backend(load(dir)), steps);
     assert_eq!(g.input_tokens, inp, "{dir}: input tokens");
     assert_eq!(g.input_tokens, c.input_tokens, "{dir}: input tokens vs CPU");
-    let (out_text, audio) = oracle_tokens(&trace);
+    let (out_text, audio) = common::oracle_tokens(&trace);
     assert_eq!(g.out_text, out_text, "{dir}: text tokens");
     assert_eq!(g.out_audio, audio, "{dir}: audio tokens");
     assert_eq!(
@@ -484,7 +471,7 @@ fn device_sampled_greedy_frames_match_oracle_and_cpu_on_every_fixture() {
         );
         let mut cpu = Generator::new(cpu_backend(m)).unwrap();
         let c = run_sampled(&mut cpu, steps, SamplerConfig::greedy());
-        let (out_text, audio) = oracle_tokens(&trace);
+        let (out_text, audio) = common::oracle_tokens(&trace);
         assert_eq!(g.text, out_text, "{dir}: text tokens");
         assert_eq!(g.audio, audio, "{dir}: audio tokens");
         assert_eq!((&g.text, &g.audio), (&c.text, &c.audio), "{dir}: vs CPU");

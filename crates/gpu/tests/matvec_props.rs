@@ -19,49 +19,11 @@
 
 mod common;
 
-use std::sync::OnceLock;
-
+use common::{col_unit, matvec_context as ctx, step_values};
 use gpu::{GpuContext, GpuOptions};
 use kernels::{Matrix, Scratch, WeightFormat};
 use proptest::prelude::*;
 use testkit::FORMATS;
-
-/// Contexts: `[small bindings][subgroups]`. Small bindings (4 KiB) split most matrices of the
-/// property test into several chunks; the fallback contexts have the subgroup path turned off.
-fn ctx(small: bool, subgroups: bool) -> Option<&'static GpuContext> {
-    static CTX: OnceLock<[Option<GpuContext>; 4]> = OnceLock::new();
-    let all = CTX.get_or_init(|| {
-        std::array::from_fn(|i| {
-            let (small, sg) = (i / 2 == 1, i % 2 == 1);
-            let c = common::context_with(GpuOptions {
-                max_binding_bytes: small.then_some(4096),
-                ..Default::default()
-            })?;
-            c.set_subgroups(sg);
-            Some(c)
-        })
-    });
-    all[usize::from(small) * 2 + usize::from(subgroups)].as_ref()
-}
-
-/// Values a lane reads per step of the kernel (see the module docs).
-fn step_values(format: WeightFormat) -> usize {
-    match format {
-        WeightFormat::F32 => 4,
-        WeightFormat::F16 | WeightFormat::Bf16 => 8,
-        _ => 32,
-    }
-}
-
-/// Smallest column unit a format allows: 4 for the dense formats (the upload's requirement),
-/// the block or group size otherwise.
-fn col_unit(format: WeightFormat) -> usize {
-    match format {
-        WeightFormat::MlxAffine { group, .. } => group,
-        WeightFormat::Q8_0 | WeightFormat::Q4_0 => 32,
-        _ => 4,
-    }
-}
 
 /// A weight matrix and activations of a case, and the CPU's answers: the exact product of the
 /// dequantized weights (f64), `Σ|w·x|` per output, and the CPU scalar reference.

@@ -8,32 +8,16 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use gpu::{GpuContext, GpuError, GpuLm, GpuLmOptions, GpuLmWeights};
 use kernels::Pool;
-use model::checkpoint::Bundle;
 use model::lm::{KvDtype, LmBackend};
+use model::stt::testing::{self, events_json, fixture_dir as dir, load as model, VARIANTS};
 use model::stt::{SttBatch, SttEvent, SttModel, SttStream};
 use serde_json::Value;
 use testkit::compare::max_abs_diff;
 use testkit::TensorFile;
-
-const VARIANTS: [&str; 2] = ["1b", "2b6"];
-
-fn dir(v: &str) -> PathBuf {
-    testkit::fixtures_dir("stt").join(v)
-}
-
-fn model(v: &str) -> Arc<SttModel> {
-    let b = Bundle::open(&dir(v)).unwrap();
-    Arc::new(SttModel::load(&b, &Pool::new(1)).unwrap())
-}
-
-fn events_json(v: &str) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(dir(v).join("events.json")).unwrap()).unwrap()
-}
 
 /// A batch of `rows` streams of `m` on the device.
 fn gpu_batch(
@@ -71,40 +55,9 @@ impl Codes {
     }
 }
 
-/// An event as the oracle writes it (JSON).
-fn to_json(e: &SttEvent) -> Value {
-    match e {
-        SttEvent::Step { step_idx, .. } => serde_json::json!({
-            "type": "Step", "step_idx": step_idx,
-            "prs": e.prs().iter().map(|&p| f64::from(p)).collect::<Vec<_>>()}),
-        SttEvent::Word { tokens, start_time } => {
-            serde_json::json!({"type": "Word", "tokens": tokens.as_slice(), "start_time": start_time})
-        }
-        SttEvent::EndWord { stop_time } => {
-            serde_json::json!({"type": "EndWord", "stop_time": stop_time})
-        }
-    }
-}
-
-/// Types, tokens, step indices and times exact; `Step` probabilities within `tol`.
+/// The oracle's events (`model::stt::testing::assert_events`), and at least one word among them.
 fn assert_events(got: &[SttEvent], want: &Value, tol: f64, what: &str) {
-    let want = want.as_array().unwrap();
-    assert_eq!(got.len(), want.len(), "{what}: event count");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let g = to_json(g);
-        if w["type"] == "Step" {
-            assert_eq!(g["type"], w["type"], "{what} event {i}");
-            assert_eq!(g["step_idx"], w["step_idx"], "{what} event {i}");
-            let (gp, wp) = (g["prs"].as_array().unwrap(), w["prs"].as_array().unwrap());
-            assert_eq!(gp.len(), wp.len(), "{what} event {i}");
-            for (a, b) in gp.iter().zip(wp) {
-                let (a, b) = (a.as_f64().unwrap(), b.as_f64().unwrap());
-                assert!((a - b).abs() <= tol, "{what} event {i}: prs {a} vs {b}");
-            }
-        } else {
-            assert_eq!(g, *w, "{what} event {i}");
-        }
-    }
+    testing::assert_events(got, want, tol, what);
     assert!(
         got.iter().any(|e| matches!(e, SttEvent::Word { .. })),
         "{what}: no word"
@@ -243,7 +196,7 @@ fn stt_stream_from_pcm_on_gpu_matches_oracle() {
         let tr = TensorFile::open(dir(v).join("trace.safetensors"));
         let codes = Codes::open(&tr);
         let (text, _) = tr.i64("text_tokens");
-        let pcm = read_wav_f32(&dir(v).join("input.wav"));
+        let pcm = testkit::read_wav_f32(dir(v).join("input.wav"));
         let pool = Arc::new(Pool::new(1));
         let mut s = SttStream::new(gpu_batch(&ctx, &m, 1, GpuLmOptions::default()), pool);
         let (mut got_text, mut got_events, mut got_codes) = (Vec::new(), Vec::new(), Vec::new());
@@ -357,21 +310,4 @@ fn too_many_rows_is_a_typed_error() {
     let e = GpuLm::new(w.clone(), gpu::shaders::MAX_ROWS + 1).unwrap_err();
     assert!(matches!(e, GpuError::Unsupported { .. }), "{e}");
     assert!(GpuLm::new(w, 0).is_err());
-}
-
-/// A float32 WAV (format 3) as the oracle writes it: the samples of its `data` chunk.
-fn read_wav_f32(path: &std::path::Path) -> Vec<f32> {
-    let bytes = std::fs::read(path).unwrap();
-    let mut i = 12;
-    while i + 8 <= bytes.len() {
-        let len = u32::from_le_bytes(bytes[i + 4..i + 8].try_into().unwrap()) as usize;
-        if &bytes[i..i + 4] == b"data" {
-            return bytes[i + 8..i + 8 + len]
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                .collect();
-        }
-        i += 8 + len + (len & 1);
-    }
-    panic!("no data chunk in {}", path.display());
 }

@@ -23,7 +23,7 @@ use kernels::Pool;
 use model::checkpoint::{Component, LmConfig, Weights};
 use model::lm::{KvDtype, LmGen, LmModel, LmRecorder, StepOptions};
 use model::sampling::{Sampler, SamplerConfig};
-use testkit::TensorFile;
+use testkit::{Forced, TensorFile};
 
 /// The tiny LM of `fixtures/lm` with its `context` set to `context` (None: as in the file).
 fn tiny_model(context: Option<usize>) -> LmModel {
@@ -36,14 +36,6 @@ fn tiny_model(context: Option<usize>) -> LmModel {
     let config = LmConfig::from_json(&json.to_string()).unwrap();
     let w = Weights::open(&dir.join("model.safetensors"), Component::Lm).unwrap();
     LmModel::load(&w, &config).unwrap()
-}
-
-/// A forced run: at step t the user codes `user[t]`, the text token `text[t]` and the audio tokens
-/// `audio[t]` (one per generated codebook).
-struct Forced {
-    user: Vec<[i64; 8]>,
-    text: Vec<u32>,
-    audio: Vec<[u32; 8]>,
 }
 
 fn run(model: &LmModel, f: &Forced, kv: KvDtype) -> LmRecorder {
@@ -206,22 +198,8 @@ fn in_band(what: &str, rms_rel: f64, measured: f64) {
 #[test]
 fn bf16_kv_against_the_oracles_forced_trace() {
     let model = tiny_model(None);
-    let trace = TensorFile::open(testkit::fixtures_dir("lm").join("trace_forced.safetensors"));
-    let (ft, _) = trace.i64("forced_text");
-    let (fa, _) = trace.i64("forced_audio");
-    let (codes, cs) =
-        TensorFile::open(testkit::fixtures_dir("lm").join("CODES.safetensors")).i64("codes");
-    let steps = ft.len();
-    assert!(steps > 3 * model.spec().context, "the ring wraps");
-    let forced = Forced {
-        user: (0..steps)
-            .map(|t| std::array::from_fn(|k| codes[k * cs[1] + t]))
-            .collect(),
-        text: ft.iter().map(|&x| x as u32).collect(),
-        audio: (0..steps)
-            .map(|t| std::array::from_fn(|k| fa[k * steps + t] as u32))
-            .collect(),
-    };
+    let (forced, trace) = Forced::oracle();
+    assert!(forced.steps() > 3 * model.spec().context, "the ring wraps");
     let f32_run = run(&model, &forced, KvDtype::F32);
     let bf16_run = run(&model, &forced, KvDtype::Bf16);
     let oracle = (trace.f32("text_logits").0, trace.f32("depformer_logits").0);
@@ -331,34 +309,6 @@ fn bf16_kv_against_the_oracles_duplex_tokens() {
     }
 }
 
-/// A seeded forced stream of `steps` steps for the tiny LM: text 30 % PAD (3) like the oracle's
-/// forced trace, other tokens uniform.
-fn seeded_stream(steps: usize, card: u64) -> Forced {
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move |n: u64| {
-        // xorshift64*: a fixed, dependency-free stream.
-        state ^= state >> 12;
-        state ^= state << 25;
-        state ^= state >> 27;
-        (state.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) % n
-    };
-    let mut f = Forced {
-        user: Vec::new(),
-        text: Vec::new(),
-        audio: Vec::new(),
-    };
-    for _ in 0..steps {
-        f.user.push(std::array::from_fn(|_| next(card) as i64));
-        f.text.push(if next(10) < 3 {
-            3
-        } else {
-            next(TEXT_CARD as u64) as u32
-        });
-        f.audio.push(std::array::from_fn(|_| next(card) as u32));
-    }
-    f
-}
-
 /// Rows `range` of a recorder's logits: (text, depformer).
 fn window(r: &LmRecorder, range: std::ops::Range<usize>, card: usize) -> (Vec<f32>, Vec<f32>) {
     (
@@ -376,7 +326,7 @@ fn bf16_kv_at_a_long_position() {
     let model = tiny_model(Some(LONG_CONTEXT));
     assert_eq!(model.spec().context, LONG_CONTEXT);
     let card = model.spec().card;
-    let forced = seeded_stream(LONG_STEPS, card as u64);
+    let forced = Forced::seeded(LONG_STEPS, card as u64, TEXT_CARD as u64);
     let f32_run = run(&model, &forced, KvDtype::F32);
     let bf16_run = run(&model, &forced, KvDtype::Bf16);
     // Measured per window (worst head): RMS Δ 0.00225, 0.00178 and 0.00121 of the logits' std

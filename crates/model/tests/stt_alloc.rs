@@ -6,7 +6,6 @@
 //! stepped) and resetting at any tick. Counted with the all-thread counter, so this binary holds a
 //! single test.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use kernels::Pool;
@@ -20,23 +19,6 @@ static GLOBAL: testkit::CountingAlloc = testkit::CountingAlloc;
 
 const FRAME: usize = 1920;
 const SLOTS: usize = 4;
-
-/// The oracle's float32 WAV (format 3) samples.
-fn read_wav_f32(path: &Path) -> Vec<f32> {
-    let bytes = std::fs::read(path).unwrap();
-    let mut i = 12;
-    while i + 8 <= bytes.len() {
-        let len = u32::from_le_bytes(bytes[i + 4..i + 8].try_into().unwrap()) as usize;
-        if &bytes[i..i + 4] == b"data" {
-            return bytes[i + 8..i + 8 + len]
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                .collect();
-        }
-        i += 8 + len;
-    }
-    panic!("no data chunk in {}", path.display());
-}
 
 /// Which slots a tick steps and which join (fresh stream) right before it: slot 0 throughout,
 /// slot 1 joins at tick 4 and leaves at 30, slot 2 joins at 10, is reset at 22 and leaves at 36,
@@ -67,7 +49,7 @@ fn stt_ticks_allocate_nothing_after_warmup_words_included() {
     let b = Bundle::open(&dir).unwrap();
     let pool = Arc::new(Pool::new(2));
     let model = Arc::new(SttModel::load(&b, &pool).unwrap());
-    let pcm = read_wav_f32(&dir.join("input.wav"));
+    let pcm = testkit::read_wav_f32(dir.join("input.wav"));
     let frames = pcm.len() / FRAME;
     assert!(frames >= 8);
     let mut words_seen = 0;

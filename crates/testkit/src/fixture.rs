@@ -67,6 +67,46 @@ impl TensorFile {
     }
 }
 
+/// The samples of an oracle WAV (`write_wav_f32` in `tools/oracle/`: RIFF, 24 kHz mono IEEE
+/// float32, format tag 3 or extensible). Panics, naming the file, on any other format or a file
+/// without a `data` chunk after its `fmt ` chunk (a broken fixture is a failed test).
+pub fn read_wav_f32(path: impl AsRef<Path>) -> Vec<f32> {
+    let path = path.as_ref();
+    let b = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert!(
+        b.len() >= 12 && &b[0..4] == b"RIFF" && &b[8..12] == b"WAVE",
+        "{}: not a RIFF WAVE file",
+        path.display()
+    );
+    let (mut i, mut fmt_ok) = (12, false);
+    while i + 8 <= b.len() {
+        let n = u32::from_le_bytes(b[i + 4..i + 8].try_into().unwrap()) as usize;
+        let body = &b[i + 8..(i + 8 + n).min(b.len())];
+        match &b[i..i + 4] {
+            b"fmt " => {
+                let u16_at = |o: usize| u16::from_le_bytes([body[o], body[o + 1]]);
+                let rate = u32::from_le_bytes(body[4..8].try_into().unwrap());
+                let tag = u16_at(0);
+                fmt_ok = (tag == 3 || tag == 0xFFFE)
+                    && u16_at(2) == 1
+                    && rate == 24_000
+                    && u16_at(14) == 32;
+                assert!(fmt_ok, "{}: not 24 kHz mono float32", path.display());
+            }
+            b"data" => {
+                assert!(fmt_ok, "{}: data before fmt", path.display());
+                return body
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                    .collect();
+            }
+            _ => {}
+        }
+        i += 8 + n + (n & 1);
+    }
+    panic!("{}: no data chunk", path.display());
+}
+
 /// Overwrites element `index` of the F32 tensor `name` in the safetensors file `file` with
 /// `value` (a damaged copy for the non-finite-weight tests).
 pub fn poke_f32(file: &Path, name: &str, index: usize, value: f32) {

@@ -31,9 +31,10 @@
 //!
 //! The meters read zero (or stay still) in a binary that did not install it.
 //!
-//! [`compare`] measures how far a run's floats are from a reference's; [`TensorFile`] reads the
-//! oracle's fixture files; [`FORMATS`] lists the weight formats the format sweeps cover;
-//! [`ScratchDir`] is a temporary directory that removes itself; [`lm_bundle_copy`] fills one with
+//! [`compare`] measures how far a run's floats are from a reference's; [`TensorFile`] and
+//! [`read_wav_f32`] read the oracle's fixture files; [`FORMATS`] lists the weight formats the format sweeps cover;
+//! [`Forced`] holds the
+//! forced runs of the tiny LM; [`ScratchDir`] is a temporary directory that removes itself; [`lm_bundle_copy`] fills one with
 //! the tiny LM bundle and [`poke_f32`] damages a weight of such a copy.
 
 #![forbid(unsafe_op_in_unsafe_fn)]
@@ -41,10 +42,12 @@
 
 pub mod compare;
 mod fixture;
+mod forced;
 pub mod rng;
 mod scratch;
 
-pub use fixture::{fixtures_dir, poke_f32, TensorFile};
+pub use fixture::{fixtures_dir, poke_f32, read_wav_f32, TensorFile};
+pub use forced::Forced;
 pub use scratch::{lm_bundle_copy, mimi_bundle, ScratchDir};
 
 use kernels::WeightFormat;

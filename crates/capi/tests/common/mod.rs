@@ -117,3 +117,20 @@ pub fn read_f32_tensor(path: PathBuf, name: &str) -> Vec<f32> {
 pub fn read_i64_tensor(path: PathBuf, name: &str) -> (Vec<i64>, Vec<usize>) {
     testkit::TensorFile::open(path).i64(name)
 }
+
+/// An empty event for `mn_stt_transcriber_pull`, its `struct_size` set as a C caller sets it.
+pub fn new_event() -> MnSttEvent {
+    MnSttEvent {
+        struct_size: std::mem::size_of::<MnSttEvent>() as u32,
+        kind: 0,
+        step_idx: 0,
+        time: 0.0,
+        text: std::ptr::null(),
+        text_len: 0,
+        tokens: std::ptr::null(),
+        n_tokens: 0,
+        n_prs: 0,
+        probability: 0.0,
+        prs: [0.0; MN_STT_MAX_HEADS],
+    }
+}

@@ -6,7 +6,7 @@
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -46,9 +46,24 @@ pub fn wait_ready(port: u16, needle: &str, limit: Duration) -> String {
     }
 }
 
+/// Starts `moshi-native serve <args> --port P` on a free port P, stdout dropped and stderr piped
+/// (for [`sigterm_exit`]): the process and P.
+pub fn spawn_serve(args: &[&str]) -> (Child, u16) {
+    let port = free_port();
+    let child = bin()
+        .arg("serve")
+        .args(args)
+        .args(["--port", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    (child, port)
+}
+
 /// Sends SIGTERM to a `serve` child (stderr piped), waits for it, checks that it exited with 0 and
 /// returns its stderr.
-pub fn sigterm_exit(child: std::process::Child) -> String {
+pub fn sigterm_exit(child: Child) -> String {
     let st = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 use gpu::{AdapterChoice, GpuContext, GpuOptions};
+use kernels::WeightFormat;
 
 /// A context on the best adapter of any type, or `None` (printed) when there is none; with
 /// `MOSHI_REQUIRE_GPU=1` a missing adapter fails the test instead.
@@ -16,6 +17,44 @@ pub fn context_with(opts: GpuOptions) -> Option<GpuContext> {
             eprintln!("skipping GPU test: {e}");
             None
         }
+    }
+}
+
+/// The matrix-product property tests' contexts, made once per test binary:
+/// `[small bindings][subgroups]`. Small bindings (4 KiB) split most matrices of a property test
+/// into several chunks; the fallback contexts have the subgroup path turned off.
+pub fn matvec_context(small: bool, subgroups: bool) -> Option<&'static GpuContext> {
+    static CTX: std::sync::OnceLock<[Option<GpuContext>; 4]> = std::sync::OnceLock::new();
+    let all = CTX.get_or_init(|| {
+        std::array::from_fn(|i| {
+            let (small, sg) = (i / 2 == 1, i % 2 == 1);
+            let c = context_with(GpuOptions {
+                max_binding_bytes: small.then_some(4096),
+                ..Default::default()
+            })?;
+            c.set_subgroups(sg);
+            Some(c)
+        })
+    });
+    all[usize::from(small) * 2 + usize::from(subgroups)].as_ref()
+}
+
+/// Values a lane of the matvec kernel reads per step (see `shaders/matvec.rs`).
+pub fn step_values(format: WeightFormat) -> usize {
+    match format {
+        WeightFormat::F32 => 4,
+        WeightFormat::F16 | WeightFormat::Bf16 => 8,
+        _ => 32,
+    }
+}
+
+/// Smallest column unit a format allows: 4 for the dense formats (the upload's requirement),
+/// the block or group size otherwise.
+pub fn col_unit(format: WeightFormat) -> usize {
+    match format {
+        WeightFormat::MlxAffine { group, .. } => group,
+        WeightFormat::Q8_0 | WeightFormat::Q4_0 => 32,
+        _ => 4,
     }
 }
 
@@ -42,24 +81,11 @@ pub fn mimi_oracle_codes() -> (Vec<u32>, usize) {
     (c.iter().map(|&v| v as u32).collect(), shape[1])
 }
 
-/// The Mimi fixture's input (`input.wav`, 24 kHz mono IEEE f32): the samples of its `data` chunk,
-/// zero-padded to whole frames of `fs` samples.
+/// The Mimi fixture's input (`input.wav`, 24 kHz mono IEEE f32), zero-padded to whole frames of `fs` samples.
 pub fn mimi_input_frames(fs: usize) -> Vec<f32> {
-    let b = std::fs::read(mimi_fixture("input.wav")).unwrap();
-    let mut i = 12;
-    while i + 8 <= b.len() {
-        let n = u32::from_le_bytes(b[i + 4..i + 8].try_into().unwrap()) as usize;
-        if &b[i..i + 4] == b"data" {
-            let mut pcm: Vec<f32> = b[i + 8..i + 8 + n]
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                .collect();
-            pcm.resize(pcm.len().div_ceil(fs) * fs, 0.0);
-            return pcm;
-        }
-        i += 8 + n + (n & 1);
-    }
-    panic!("input.wav has no data chunk");
+    let mut pcm = testkit::read_wav_f32(mimi_fixture("input.wav"));
+    pcm.resize(pcm.len().div_ceil(fs) * fs, 0.0);
+    pcm
 }
 
 /// The Mimi fixture's codec, built on the CPU from the f32 tensors of its checkpoint.
@@ -97,4 +123,17 @@ pub fn creates_nothing<T>(ctx: &GpuContext, what: &str, f: impl FnOnce() -> T) -
         "buffers or bind groups created {what}"
     );
     out
+}
+
+/// The text tokens and audio codes of an oracle trace, the codes frame by frame (a frame's 8
+/// codebooks together, as a run records them; the trace keeps them codebook by codebook).
+pub fn oracle_tokens(trace: &testkit::TensorFile) -> (Vec<i64>, Vec<i64>) {
+    let (text, _) = trace.i64("out_text");
+    let (a, s) = trace.i64("out_audio");
+    let frames = s[1];
+    let audio = (0..frames)
+        .flat_map(|t| (0..8).map(move |k| (t, k)))
+        .map(|(t, k)| a[k * frames + t])
+        .collect();
+    (text, audio)
 }

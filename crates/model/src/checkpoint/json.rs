@@ -85,28 +85,37 @@ impl<'a> Getter<'a> {
             Some(v) => Some(v),
         }
     }
+    /// `key` read by `read`, or `d` when it is missing or null.
+    fn or_default<T>(
+        &mut self,
+        key: &'a str,
+        d: T,
+        read: impl FnOnce(&str, &Value) -> Result<T, CheckpointError>,
+    ) -> Result<T, CheckpointError> {
+        self.get(key).map_or(Ok(d), |v| read(key, v))
+    }
     pub(super) fn usize(&mut self, key: &'a str, d: usize) -> Result<usize, CheckpointError> {
-        self.get(key).map_or(Ok(d), |v| as_usize(key, v))
+        self.or_default(key, d, as_usize)
     }
     pub(super) fn opt_usize(
         &mut self,
         key: &'a str,
         d: Option<usize>,
     ) -> Result<Option<usize>, CheckpointError> {
-        self.get(key).map_or(Ok(d), |v| as_usize(key, v).map(Some))
+        self.or_default(key, d, |k, v| as_usize(k, v).map(Some))
     }
     pub(super) fn f64(&mut self, key: &'a str, d: f64) -> Result<f64, CheckpointError> {
-        self.get(key).map_or(Ok(d), |v| as_f64(key, v))
+        self.or_default(key, d, as_f64)
     }
     pub(super) fn opt_f64(
         &mut self,
         key: &'a str,
         d: Option<f64>,
     ) -> Result<Option<f64>, CheckpointError> {
-        self.get(key).map_or(Ok(d), |v| as_f64(key, v).map(Some))
+        self.or_default(key, d, |k, v| as_f64(k, v).map(Some))
     }
     pub(super) fn bool(&mut self, key: &'a str, d: bool) -> Result<bool, CheckpointError> {
-        self.get(key).map_or(Ok(d), |v| as_bool(key, v))
+        self.or_default(key, d, as_bool)
     }
     pub(super) fn opt_string(&mut self, key: &'a str) -> Result<Option<String>, CheckpointError> {
         match self.get(key) {

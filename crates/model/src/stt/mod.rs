@@ -10,6 +10,8 @@
 
 mod release;
 mod stream;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 mod words;
 
 pub use release::SttRelease;

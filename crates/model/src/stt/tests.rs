@@ -1,69 +1,15 @@
 //! Parity with the oracle fixtures (`fixtures/stt/{1b,2b6}/`, `tools/oracle/gen_stt.py`, moshi 0.2.13,
 //! f32, greedy `LMGen.step_with_extra_heads`, Kyutai's word rules).
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use kernels::Pool;
-use serde_json::Value;
 use testkit::TensorFile;
 
+use super::testing::{assert_events, events_json, fixture_dir as dir, load as model, VARIANTS};
 use super::*;
 use crate::checkpoint::Bundle;
 use crate::lm::CpuLm;
-
-const VARIANTS: [&str; 2] = ["1b", "2b6"];
-
-fn dir(v: &str) -> PathBuf {
-    testkit::fixtures_dir("stt").join(v)
-}
-
-fn model(v: &str) -> Arc<SttModel> {
-    let b = Bundle::open(&dir(v)).unwrap();
-    Arc::new(SttModel::load(&b, &Pool::new(1)).unwrap())
-}
-
-fn events_json(v: &str) -> Value {
-    let text = std::fs::read_to_string(dir(v).join("events.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
-}
-
-/// Events as the oracle writes them (JSON), for an exact comparison (f64 times and f32
-/// probabilities compared as numbers parsed from the same JSON text the oracle wrote).
-fn to_json(e: &SttEvent) -> Value {
-    match e {
-        SttEvent::Step { step_idx, .. } => serde_json::json!({
-            "type": "Step", "step_idx": step_idx,
-            "prs": e.prs().iter().map(|&p| f64::from(p)).collect::<Vec<_>>()}),
-        SttEvent::Word { tokens, start_time } => {
-            serde_json::json!({"type": "Word", "tokens": tokens.as_slice(), "start_time": start_time})
-        }
-        SttEvent::EndWord { stop_time } => {
-            serde_json::json!({"type": "EndWord", "stop_time": stop_time})
-        }
-    }
-}
-
-/// Compares event lists: types, tokens and times exact; Step probabilities within `tol`.
-fn assert_events(got: &[SttEvent], want: &Value, tol: f64, what: &str) {
-    let want = want.as_array().unwrap();
-    assert_eq!(got.len(), want.len(), "{what}: event count");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let g = to_json(g);
-        assert_eq!(g["type"], w["type"], "{what} event {i}");
-        if w["type"] == "Step" {
-            assert_eq!(g["step_idx"], w["step_idx"], "{what} event {i}");
-            let (gp, wp) = (g["prs"].as_array().unwrap(), w["prs"].as_array().unwrap());
-            assert_eq!(gp.len(), wp.len(), "{what} event {i}");
-            for (a, b) in gp.iter().zip(wp) {
-                let (a, b) = (a.as_f64().unwrap(), b.as_f64().unwrap());
-                assert!((a - b).abs() <= tol, "{what} event {i}: prs {a} vs {b}");
-            }
-        } else {
-            assert_eq!(g, *w, "{what} event {i}");
-        }
-    }
-}
 
 /// The LM step, extra heads and word rules fed the oracle's Mimi codes: input tokens, text tokens
 /// and every event exact, text logits and head probabilities within 1e-4.
@@ -145,7 +91,7 @@ fn stt_stream_from_pcm_matches_oracle() {
         let (codes, cs) = tr.i64("codes");
         let (text, _) = tr.i64("text_tokens");
         let (nq, steps) = (cs[0], cs[1]);
-        let pcm = read_wav_f32(&dir(v).join("input.wav"));
+        let pcm = testkit::read_wav_f32(dir(v).join("input.wav"));
         let mut s = SttStream::cpu(&m, Arc::new(Pool::new(1))).unwrap();
         let mut got_events = Vec::new();
         let mut got_text = Vec::new();
@@ -315,22 +261,4 @@ fn fixture_plans_are_the_oracles() {
         assert_eq!(b.config.lm.dep_q, 0);
         assert_eq!(b.config.lm.n_q, 32);
     }
-}
-
-/// A float32 WAV (format 3) as written by the oracle's `write_wav_f32`.
-fn read_wav_f32(path: &std::path::Path) -> Vec<f32> {
-    let bytes = std::fs::read(path).unwrap();
-    let mut i = 12;
-    while i + 8 <= bytes.len() {
-        let id = &bytes[i..i + 4];
-        let len = u32::from_le_bytes(bytes[i + 4..i + 8].try_into().unwrap()) as usize;
-        if id == b"data" {
-            return bytes[i + 8..i + 8 + len]
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                .collect();
-        }
-        i += 8 + len;
-    }
-    panic!("no data chunk in {}", path.display());
 }

@@ -39,37 +39,9 @@ pub fn read_tensors(name: &str) -> TensorMap {
     m
 }
 
-/// The fixture input (`input.wav`: 24 kHz mono IEEE float32), read with a minimal RIFF parser.
+/// The fixture input (`input.wav`: 24 kHz mono IEEE float32).
 pub fn input_pcm() -> Vec<f32> {
-    let b = std::fs::read(fixture("input.wav")).expect("input.wav");
-    assert_eq!(&b[0..4], b"RIFF");
-    assert_eq!(&b[8..12], b"WAVE");
-    let mut i = 12;
-    let mut fmt_ok = false;
-    while i + 8 <= b.len() {
-        let id = &b[i..i + 4];
-        let n = u32::from_le_bytes(b[i + 4..i + 8].try_into().unwrap()) as usize;
-        let body = &b[i + 8..(i + 8 + n).min(b.len())];
-        if id == b"fmt " {
-            let tag = u16::from_le_bytes([body[0], body[1]]);
-            let ch = u16::from_le_bytes([body[2], body[3]]);
-            let rate = u32::from_le_bytes(body[4..8].try_into().unwrap());
-            let bits = u16::from_le_bytes([body[14], body[15]]);
-            assert!(
-                (tag == 3 || tag == 0xFFFE) && ch == 1 && rate == 24000 && bits == 32,
-                "unexpected fixture format"
-            );
-            fmt_ok = true;
-        } else if id == b"data" {
-            assert!(fmt_ok);
-            return body
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                .collect();
-        }
-        i += 8 + n + (n & 1);
-    }
-    panic!("no data chunk in input.wav");
+    testkit::read_wav_f32(fixture("input.wav"))
 }
 
 pub fn spec() -> MimiConfig {

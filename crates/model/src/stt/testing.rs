@@ -1,0 +1,73 @@
+//! The speech-to-text oracle fixtures (`fixtures/stt/{1b,2b6}`, `tools/oracle/gen_stt.py`) as the
+//! parity tests read them: this crate's (CPU) and the GPU crate's compare their events to the same
+//! JSON the same way. Test helpers (behind the `testing` feature): they panic on a missing or
+//! malformed fixture, which is a failed test.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use kernels::Pool;
+use serde_json::Value;
+
+use super::{SttEvent, SttModel};
+use crate::checkpoint::Bundle;
+
+/// The fixture variants: `kyutai/stt-1b-en_fr` and `kyutai/stt-2.6b-en` at the tiny size.
+pub const VARIANTS: [&str; 2] = ["1b", "2b6"];
+
+/// `fixtures/stt/<v>` of this repository.
+pub fn fixture_dir(v: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/stt")
+        .join(v)
+}
+
+/// The model of variant `v`, loaded on one thread.
+pub fn load(v: &str) -> Arc<SttModel> {
+    let b = Bundle::open(&fixture_dir(v)).unwrap();
+    Arc::new(SttModel::load(&b, &Pool::new(1)).unwrap())
+}
+
+/// The oracle's `events.json` of variant `v` (events, crafted events, plan).
+pub fn events_json(v: &str) -> Value {
+    let text = std::fs::read_to_string(fixture_dir(v).join("events.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// An event as the oracle writes it (JSON), for an exact comparison (f64 times and f32
+/// probabilities compared as numbers parsed from the same JSON text the oracle wrote).
+pub fn to_json(e: &SttEvent) -> Value {
+    match e {
+        SttEvent::Step { step_idx, .. } => serde_json::json!({
+            "type": "Step", "step_idx": step_idx,
+            "prs": e.prs().iter().map(|&p| f64::from(p)).collect::<Vec<_>>()}),
+        SttEvent::Word { tokens, start_time } => {
+            serde_json::json!({"type": "Word", "tokens": tokens.as_slice(), "start_time": start_time})
+        }
+        SttEvent::EndWord { stop_time } => {
+            serde_json::json!({"type": "EndWord", "stop_time": stop_time})
+        }
+    }
+}
+
+/// Compares event lists: types, tokens, step indices and times exact; `Step` probabilities within
+/// `tol`.
+pub fn assert_events(got: &[SttEvent], want: &Value, tol: f64, what: &str) {
+    let want = want.as_array().unwrap();
+    assert_eq!(got.len(), want.len(), "{what}: event count");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let g = to_json(g);
+        assert_eq!(g["type"], w["type"], "{what} event {i}");
+        if w["type"] == "Step" {
+            assert_eq!(g["step_idx"], w["step_idx"], "{what} event {i}");
+            let (gp, wp) = (g["prs"].as_array().unwrap(), w["prs"].as_array().unwrap());
+            assert_eq!(gp.len(), wp.len(), "{what} event {i}");
+            for (a, b) in gp.iter().zip(wp) {
+                let (a, b) = (a.as_f64().unwrap(), b.as_f64().unwrap());
+                assert!((a - b).abs() <= tol, "{what} event {i}: prs {a} vs {b}");
+            }
+        } else {
+            assert_eq!(g, *w, "{what} event {i}");
+        }
+    }
+}
