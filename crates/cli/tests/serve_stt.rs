@@ -8,18 +8,11 @@ use std::time::Duration;
 
 mod common;
 
-use common::{http_get, metric, sigterm_exit, spawn_serve, wait_ready};
+use common::{http_get, metric, sigterm_exit, spawn_demo_stt, wait_ready};
 
 #[test]
 fn serve_demo_stt_answers_on_the_asr_route() {
-    let (child, port) = spawn_serve(&[
-        "--model",
-        "demo-stt",
-        "--threads",
-        "1",
-        "--max-sessions",
-        "3",
-    ]);
+    let (child, port) = spawn_demo_stt(&["--max-sessions", "3"]);
     let ready = wait_ready(port, "streams free", Duration::from_secs(60));
     assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
     assert!(

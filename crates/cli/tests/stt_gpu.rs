@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{sigterm_exit, spawn_serve, wait_ready, word_tokens};
+use common::{sigterm_exit, spawn_demo_stt, wait_ready, word_tokens};
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/stt/1b")
@@ -91,16 +91,7 @@ fn serve_stt_on_gpu_starts_and_refuses_too_many_streams() {
     if gpu::skip_test_without_adapter() {
         return;
     }
-    let (child, port) = spawn_serve(&[
-        "--model",
-        "demo-stt",
-        "--threads",
-        "1",
-        "--max-sessions",
-        "2",
-        "--device",
-        "gpu",
-    ]);
+    let (child, port) = spawn_demo_stt(&["--max-sessions", "2", "--device", "gpu"]);
     let ready = wait_ready(port, "streams free", Duration::from_secs(120));
     assert!(
         ready.contains("2 of 2 speech-to-text streams free"),
@@ -112,16 +103,7 @@ fn serve_stt_on_gpu_starts_and_refuses_too_many_streams() {
     // More streams than the device backend's rows: refused with the reason, not a crash.
     let max = gpu::shaders::MAX_ROWS;
     let too_many = (max + 1).to_string();
-    let (mut child, _) = spawn_serve(&[
-        "--model",
-        "demo-stt",
-        "--threads",
-        "1",
-        "--max-sessions",
-        &too_many,
-        "--device",
-        "gpu",
-    ]);
+    let (mut child, _) = spawn_demo_stt(&["--max-sessions", &too_many, "--device", "gpu"]);
     // A server that accepted the batch would serve until killed: give it a deadline.
     let t = Instant::now();
     while child.try_wait().unwrap().is_none() {

@@ -55,16 +55,6 @@ fn run(weights: &Arc<GpuLmWeights>, f: &Forced, kv: KvDtype) -> LmRecorder {
     rec
 }
 
-fn argmax(v: &[f32]) -> usize {
-    v.iter()
-        .enumerate()
-        .fold(
-            (0, f32::NEG_INFINITY),
-            |a, (i, &x)| if x > a.1 { (i, x) } else { a },
-        )
-        .0
-}
-
 /// Logit rows of one head (text or one codebook), one per step.
 type Rows<'a> = Vec<&'a [f32]>;
 
@@ -102,7 +92,7 @@ fn effect(ours: &LmRecorder, reference: (&[f32], &[f32])) -> (f64, usize) {
                 .zip(y.iter())
                 .map(|(&p, &q)| f64::from(p - q).powi(2))
                 .sum::<f64>();
-            flips += usize::from(argmax(x) != argmax(y));
+            flips += usize::from(model::sampling::argmax(x) != model::sampling::argmax(y));
         }
         worst = worst.max((sq / var).sqrt());
     }

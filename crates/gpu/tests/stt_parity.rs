@@ -55,6 +55,14 @@ impl Codes {
     }
 }
 
+/// Variant `v`'s model, its oracle trace, and the trace's codes and text tokens.
+fn oracle(v: &str) -> (Arc<SttModel>, TensorFile, Codes, Vec<i64>) {
+    let tr = TensorFile::open(dir(v).join("trace.safetensors"));
+    let codes = Codes::open(&tr);
+    let (text, _) = tr.i64("text_tokens");
+    (model(v), tr, codes, text)
+}
+
 /// The oracle's events (`model::stt::testing::assert_events`), and at least one word among them.
 fn assert_events(got: &[SttEvent], want: &Value, tol: f64, what: &str) {
     testing::assert_events(got, want, tol, what);
@@ -67,13 +75,10 @@ fn assert_events(got: &[SttEvent], want: &Value, tol: f64, what: &str) {
 /// The oracle's codes through one device row: every step's input tokens and text token exact, the
 /// text logits, temporal output and head probabilities within `tol`, then every event.
 fn check_from_codes(ctx: &GpuContext, v: &str, opts: GpuLmOptions, tol: f32) {
-    let m = model(v);
-    let tr = TensorFile::open(dir(v).join("trace.safetensors"));
-    let codes = Codes::open(&tr);
+    let (m, tr, codes, text) = oracle(v);
     let (inputs, _) = tr.i64("input_tokens");
     let (logits, _) = tr.f32("text_logits");
     let (tout, _) = tr.f32("transformer_out");
-    let (text, _) = tr.i64("text_tokens");
     let probs = (m.n_heads() > 0).then(|| tr.f32("extra_heads").0);
     let spec = m.lm().spec().clone();
     let (k, tc, d, hw) = (
@@ -150,10 +155,7 @@ fn stt_step_on_gpu_matches_oracle_from_codes() {
 fn bf16_kv_keeps_tokens_and_words() {
     let Some(ctx) = common::context() else { return };
     for v in VARIANTS {
-        let m = model(v);
-        let tr = TensorFile::open(dir(v).join("trace.safetensors"));
-        let codes = Codes::open(&tr);
-        let (text, _) = tr.i64("text_tokens");
+        let (m, _, codes, text) = oracle(v);
         let opts = GpuLmOptions {
             kv_dtype: KvDtype::Bf16,
             ..Default::default()
@@ -192,23 +194,11 @@ fn bf16_kv_keeps_tokens_and_words() {
 fn stt_stream_from_pcm_on_gpu_matches_oracle() {
     let Some(ctx) = common::context() else { return };
     for v in VARIANTS {
-        let m = model(v);
-        let tr = TensorFile::open(dir(v).join("trace.safetensors"));
-        let codes = Codes::open(&tr);
-        let (text, _) = tr.i64("text_tokens");
+        let (m, _, codes, text) = oracle(v);
         let pcm = testkit::read_wav_f32(dir(v).join("input.wav"));
         let pool = Arc::new(Pool::new(1));
         let mut s = SttStream::new(gpu_batch(&ctx, &m, 1, GpuLmOptions::default()), pool);
-        let (mut got_text, mut got_events, mut got_codes) = (Vec::new(), Vec::new(), Vec::new());
-        let mut on_step = |b: &SttBatch<GpuLm>, ev: &[SttEvent]| {
-            got_text.push(b.text_tokens()[0].unwrap() as i64);
-            got_codes.push(b.last_inputs()[1..].to_vec());
-            got_events.extend_from_slice(ev);
-        };
-        for chunk in pcm.chunks(1000) {
-            s.push_pcm(chunk, &mut on_step).unwrap();
-        }
-        s.flush(&mut on_step).unwrap();
+        let (got_text, got_codes, got_events) = testing::transcribe(&mut s, &pcm);
         assert_eq!(got_text.len(), codes.steps, "{v}: steps");
         for (t, c) in got_codes.iter().enumerate().skip(1) {
             assert_eq!(*c, codes.col(t), "{v}: codes of frame {t}");
@@ -234,10 +224,7 @@ struct Lane {
 fn rows_join_reset_and_skip_like_lone_streams() {
     let Some(ctx) = common::context() else { return };
     for v in VARIANTS {
-        let m = model(v);
-        let tr = TensorFile::open(dir(v).join("trace.safetensors"));
-        let codes = Codes::open(&tr);
-        let (text, _) = tr.i64("text_tokens");
+        let (m, _, codes, text) = oracle(v);
         let text: Vec<u32> = text.iter().map(|&x| x as u32).collect();
         let want = &events_json(v)["events"];
         let opts = GpuLmOptions {

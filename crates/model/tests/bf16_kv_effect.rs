@@ -58,16 +58,6 @@ fn run(model: &LmModel, f: &Forced, kv: KvDtype) -> LmRecorder {
 /// Text vocabulary of the tiny LM (`text_card` in `fixtures/lm/config.json`).
 const TEXT_CARD: usize = 128;
 
-fn argmax(v: &[f32]) -> usize {
-    v.iter()
-        .enumerate()
-        .fold(
-            (0, f32::NEG_INFINITY),
-            |a, (i, &x)| if x > a.1 { (i, x) } else { a },
-        )
-        .0
-}
-
 fn std_dev(v: &[f32]) -> f64 {
     let n = v.len() as f64;
     let m = v.iter().map(|&x| f64::from(x)).sum::<f64>() / n;
@@ -110,7 +100,7 @@ fn effect(ours: &[f32], reference: &[f32], width: usize) -> Effect {
             .map(|(&x, &y)| f64::from(x - y).powi(2))
             .sum::<f64>();
         var += s * s * width as f64;
-        agree += usize::from(argmax(a) == argmax(b));
+        agree += usize::from(model::sampling::argmax(a) == model::sampling::argmax(b));
     }
     Effect {
         max_rel,
@@ -290,7 +280,7 @@ fn bf16_kv_against_the_oracles_duplex_tokens() {
                     &rec.depformer_logits[o..o + card]
                 };
                 total[h] += 1;
-                agree[h] += usize::from(argmax(row) == want);
+                agree[h] += usize::from(model::sampling::argmax(row) as usize == want);
             }
         }
         eprintln!("duplex trace, {name} KV: top-1 = the oracle's token, text then codebooks 0..8: {agree:?} of {total:?}");

@@ -118,19 +118,10 @@ pub fn read_i64_tensor(path: PathBuf, name: &str) -> (Vec<i64>, Vec<usize>) {
     testkit::TensorFile::open(path).i64(name)
 }
 
-/// An empty event for `mn_stt_transcriber_pull`, its `struct_size` set as a C caller sets it.
+/// An empty event for `mn_stt_pull`, as a C caller makes one: zeroed, its `struct_size` set.
 pub fn new_event() -> MnSttEvent {
-    MnSttEvent {
-        struct_size: std::mem::size_of::<MnSttEvent>() as u32,
-        kind: 0,
-        step_idx: 0,
-        time: 0.0,
-        text: std::ptr::null(),
-        text_len: 0,
-        tokens: std::ptr::null(),
-        n_tokens: 0,
-        n_prs: 0,
-        probability: 0.0,
-        prs: [0.0; MN_STT_MAX_HEADS],
-    }
+    // SAFETY: every field of the C struct (integers, floats, raw pointers) is valid as zeros.
+    let mut ev: MnSttEvent = unsafe { std::mem::zeroed() };
+    ev.struct_size = std::mem::size_of::<MnSttEvent>() as u32;
+    ev
 }

@@ -61,6 +61,16 @@ pub fn spawn_serve(args: &[&str]) -> (Child, u16) {
     (child, port)
 }
 
+/// [`spawn_serve`] of the demo speech-to-text bundle on one thread, with `flags`.
+pub fn spawn_demo_stt(flags: &[&str]) -> (Child, u16) {
+    let args: Vec<&str> = ["--model", "demo-stt", "--threads", "1"]
+        .iter()
+        .chain(flags)
+        .copied()
+        .collect();
+    spawn_serve(&args)
+}
+
 /// Sends SIGTERM to a `serve` child (stderr piped), waits for it, checks that it exited with 0 and
 /// returns its stderr.
 pub fn sigterm_exit(child: Child) -> String {

@@ -9,8 +9,9 @@ use std::sync::Arc;
 use kernels::Pool;
 use serde_json::Value;
 
-use super::{SttEvent, SttModel};
+use super::{SttBatch, SttEvent, SttModel, SttStream};
 use crate::checkpoint::Bundle;
+use crate::lm::LmBackend;
 
 /// The fixture variants: `kyutai/stt-1b-en_fr` and `kyutai/stt-2.6b-en` at the tiny size.
 pub const VARIANTS: [&str; 2] = ["1b", "2b6"];
@@ -70,4 +71,24 @@ pub fn assert_events(got: &[SttEvent], want: &Value, tol: f64, what: &str) {
             assert_eq!(g, *w, "{what} event {i}");
         }
     }
+}
+
+/// What a stream gives for `pcm` pushed in uneven chunks of 1000 samples (the stream frames them
+/// itself), then flushed: per step its text token and the audio codes it fed (codebooks 1..;
+/// step t >= 1 feeds frame t's), and every event.
+pub fn transcribe<B: LmBackend + ?Sized>(
+    s: &mut SttStream<B>,
+    pcm: &[f32],
+) -> (Vec<i64>, Vec<Vec<u32>>, Vec<SttEvent>) {
+    let (mut text, mut codes, mut events) = (Vec::new(), Vec::new(), Vec::new());
+    let mut on_step = |b: &SttBatch<B>, ev: &[SttEvent]| {
+        text.push(b.text_tokens()[0].unwrap() as i64);
+        codes.push(b.last_inputs()[1..].to_vec());
+        events.extend_from_slice(ev);
+    };
+    for chunk in pcm.chunks(1000) {
+        s.push_pcm(chunk, &mut on_step).unwrap();
+    }
+    s.flush(&mut on_step).unwrap();
+    (text, codes, events)
 }

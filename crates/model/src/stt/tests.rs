@@ -6,10 +6,11 @@ use std::sync::Arc;
 use kernels::Pool;
 use testkit::TensorFile;
 
-use super::testing::{assert_events, events_json, fixture_dir as dir, load as model, VARIANTS};
+use super::testing::{
+    assert_events, events_json, fixture_dir as dir, load as model, transcribe, VARIANTS,
+};
 use super::*;
 use crate::checkpoint::Bundle;
-use crate::lm::CpuLm;
 
 /// The LM step, extra heads and word rules fed the oracle's Mimi codes: input tokens, text tokens
 /// and every event exact, text logits and head probabilities within 1e-4.
@@ -93,19 +94,7 @@ fn stt_stream_from_pcm_matches_oracle() {
         let (nq, steps) = (cs[0], cs[1]);
         let pcm = testkit::read_wav_f32(dir(v).join("input.wav"));
         let mut s = SttStream::cpu(&m, Arc::new(Pool::new(1))).unwrap();
-        let mut got_events = Vec::new();
-        let mut got_text = Vec::new();
-        let mut got_codes: Vec<Vec<u32>> = Vec::new();
-        let mut on_step = |b: &SttBatch<CpuLm>, ev: &[SttEvent]| {
-            got_text.push(b.text_tokens()[0].unwrap() as i64);
-            got_codes.push(b.last_inputs()[1..].to_vec());
-            got_events.extend_from_slice(ev);
-        };
-        // Uneven pushes: the stream frames them itself.
-        for chunk in pcm.chunks(1000) {
-            s.push_pcm(chunk, &mut on_step).unwrap();
-        }
-        s.flush(&mut on_step).unwrap();
+        let (got_text, got_codes, got_events) = transcribe(&mut s, &pcm);
         assert_eq!(got_text.len(), steps, "{v}: steps");
         // Step t >= 1 feeds frame t's codes (step 0 feeds initial tokens).
         for t in 1..steps {
