@@ -22,24 +22,6 @@ fn fixture(name: &str) -> PathBuf {
     testkit::fixtures_dir("duplex").join(name)
 }
 
-/// The samples of an IEEE-float mono WAV's `data` chunk.
-fn wav_f32(path: PathBuf) -> Vec<f32> {
-    let b = std::fs::read(path).unwrap();
-    assert_eq!(u16::from_le_bytes([b[20], b[21]]), 3, "IEEE float");
-    let mut i = 12;
-    while i + 8 <= b.len() {
-        let n = u32::from_le_bytes(b[i + 4..i + 8].try_into().unwrap()) as usize;
-        if &b[i..i + 4] == b"data" {
-            return b[i + 8..i + 8 + n]
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                .collect();
-        }
-        i += 8 + n + (n & 1);
-    }
-    panic!("no data chunk");
-}
-
 /// The fixture bundle's weights on one device (f32 KV, as the oracle computes), or `None`
 /// (printed) without an adapter.
 fn weights(profile: bool) -> Option<(Arc<GpuLmWeights>, Arc<GpuMimiWeights>)> {
@@ -244,7 +226,7 @@ fn slots_joining_late_skipping_out_of_order_and_reset_equal_lone_conversations()
     let Some((lm, mimi)) = weights(false) else {
         return;
     };
-    let pcm = wav_f32(fixture("input.wav"));
+    let pcm = testkit::read_wav_f32(fixture("input.wav"));
     let mut b = GpuDuplexBatch::new(lm.clone(), mimi.clone(), GpuLmOptions::default(), 4).unwrap();
     let (got, per_tick) = run_batch(&mut b, &lm, &pcm, TICKS);
     let want = run_alone(&lm, &mimi, &pcm, TICKS, |_| {});
@@ -273,7 +255,7 @@ fn replayed_ticks_equal_lone_conversations() {
     let Some((lm, mimi)) = weights(false) else {
         return;
     };
-    let pcm = wav_f32(fixture("input.wav"));
+    let pcm = testkit::read_wav_f32(fixture("input.wav"));
     let mut b = GpuDuplexBatch::new(lm.clone(), mimi.clone(), GpuLmOptions::default(), 4).unwrap();
     b.force_host_decision(true);
     b.spoil_device_codes(true);
@@ -296,7 +278,7 @@ fn one_slot_of_a_batch_reproduces_the_oracle_trace() {
     let Some((lm, mimi)) = weights(false) else {
         return;
     };
-    let pcm = wav_f32(fixture("input.wav"));
+    let pcm = testkit::read_wav_f32(fixture("input.wav"));
     let trace = TensorFile::open(fixture("trace.safetensors"));
     let (text, _) = trace.i64("text_tokens");
     let (audio, shape) = trace.i64("audio_tokens");
@@ -353,7 +335,7 @@ fn launches_per_tick_do_not_grow_with_the_listed_slots() {
         return;
     };
     let ctx = lm.context().clone();
-    let pcm = wav_f32(fixture("input.wav"));
+    let pcm = testkit::read_wav_f32(fixture("input.wav"));
     let mut b = GpuDuplexBatch::new(lm.clone(), mimi.clone(), GpuLmOptions::default(), 4).unwrap();
     let mut samplers: Vec<Sampler> = (0..4).map(|s| sampler(&lm, s, false)).collect();
     let max_delay = lm.spec().max_delay();
