@@ -13,7 +13,7 @@ use crate::WeightKind;
 mod layer;
 mod matvec;
 
-use layer::{ATTENTION, ATTENTION_MERGE, GATE, RMS_NORM};
+use layer::{ATTENTION, ATTENTION_MERGE, RMS_NORM};
 pub use matvec::Fuse;
 pub(crate) use matvec::MATMUL_ROWS;
 use matvec::{load4, matmul_body, EMBED_BODY, MAT_SCALES};
@@ -125,8 +125,6 @@ pub enum Module {
     Attention,
     /// Attention over the KV ring, split-K merge of the chunks of each head.
     AttentionMerge,
-    /// Gated SiLU.
-    Gate,
     /// Token sampling ([`crate::sample`]).
     Sample,
     /// The bandwidth probe's copy ([`crate::BandwidthProbe`]).
@@ -148,7 +146,6 @@ impl Module {
             Module::RmsNorm,
             Module::Attention,
             Module::AttentionMerge,
-            Module::Gate,
             Module::Sample,
             Module::Copy,
         ]);
@@ -182,7 +179,6 @@ impl Module {
             Module::RmsNorm => [PRELUDE, &Misc::wgsl(), WORKGROUP_REDUCE, RMS_NORM].concat(),
             Module::Attention => [PRELUDE, &Misc::wgsl(), WORKGROUP_REDUCE, ATTENTION].concat(),
             Module::AttentionMerge => [PRELUDE, &Misc::wgsl(), ATTENTION_MERGE].concat(),
-            Module::Gate => [PRELUDE, &Misc::wgsl(), GATE, PER_ROW_MAIN].concat(),
             Module::Sample => [&SampleParams::wgsl(), SAMPLE_WGSL].concat(),
             Module::Copy => [&CopyParams::wgsl(), COPY_WGSL].concat(),
         };
@@ -199,7 +195,6 @@ impl Module {
             Module::RmsNorm => &[U, R, R, W, R],
             Module::Attention => &[U, R, W, W, W, W, R, R],
             Module::AttentionMerge => &[U, R, W, R],
-            Module::Gate => &[U, R, W, R],
             Module::Sample => &[U, R, W, W, W],
             Module::Copy => &[U, R, W],
         }
@@ -227,7 +222,6 @@ impl Module {
                 "qkv: f32, kc: u32, vc: u32, part: f32, dst: f32, stepb: i32, rope: f32",
             ),
             Module::AttentionMerge => ("M: Misc", "part: f32, dst: f32, stepb: i32"),
-            Module::Gate => ("M: Misc", "g: f32, u: f32, stepb: i32"),
             Module::Sample => (
                 "S: SampleParams",
                 "logits: f32, prob: f32, rec: u32, stepb: i32",

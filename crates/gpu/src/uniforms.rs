@@ -5,8 +5,8 @@
 use crate::bindings::uniform_block;
 
 uniform_block! {
-    /// The uniform block `M` of the non-weight kernels (RMS norm, attention with RoPE and KV store,
-    /// gated SiLU; [`crate::shaders::Module::source`] declares it to them); each reads the fields
+    /// The uniform block `M` of the non-weight kernels (RMS norm, attention with RoPE and KV store;
+    /// [`crate::shaders::Module::source`] declares it to them); each reads the fields
     /// it needs. `ctx` is the ring capacity per session, `fixed_slot` the ring slot of a Depformer
     /// step (−1 for the temporal stack), `kv16` whether the ring holds bf16 pairs (else f32),
     /// `chunk` the keys per attention workgroup (≤ 64), `nchunks` the chunks of a full ring
@@ -20,7 +20,6 @@ uniform_block! {
         pub(crate) ctx: u32,
         pub(crate) fixed_slot: i32,
         pub(crate) rope: bool,
-        pub(crate) hidden: u32,
         pub(crate) kv16: bool,
         pub(crate) chunk: u32,
         pub(crate) nchunks: u32,

@@ -392,7 +392,6 @@ impl LayerBinds<'_> {
             ctx: s.ctx as u32,
             fixed_slot: fixed_slot.map_or(-1, |k| k as i32),
             rope: fixed_slot.is_none(),
-            hidden: s.hidden as u32,
             kv16: s.attn.kv16,
             chunk: s.attn.chunk as u32,
             nchunks: s.attn.nchunks as u32,

@@ -285,14 +285,3 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
 }
 "#;
-
-/// `u = silu(g[.., :hidden]) · g[.., hidden:]` for each active row.
-pub(super) const GATE: &str = r#"
-fn body(b: u32, j: u32) {
-    if (j >= M.hidden) {
-        return;
-    }
-    let a = g[b * 2u * M.hidden + j];
-    u[b * M.hidden + j] = a / (1.0 + exp(-a)) * g[b * 2u * M.hidden + M.hidden + j];
-}
-"#;
