@@ -341,57 +341,24 @@ impl Weights {
         start: usize,
         n: usize,
     ) -> Result<Matrix, CheckpointError> {
-        let e = self.entry(name)?;
-        let (rows, cols) = e.rows_cols();
-        if start.checked_add(n).is_none_or(|end| end > rows) || n == 0 {
-            return Err(CheckpointError::Kernel {
-                name: name.into(),
-                message: format!(
-                    "rows {start}..{} outside 0..{rows}",
-                    start.saturating_add(n)
-                ),
-            });
-        }
-        let kerr = |err: kernels::KernelError| CheckpointError::Kernel {
-            name: name.to_string(),
-            message: err.to_string(),
-        };
-        match e.quant {
-            Quant::Plain(dt) => {
-                let format = plain_format(name, dt)?;
-                let row_bytes =
-                    dt.bytes_for(cols as u64)
-                        .ok_or_else(|| CheckpointError::Kernel {
-                            name: name.into(),
-                            message: format!("{cols} columns do not fit {dt} blocks"),
-                        })? as usize;
-                let data = gather(&e.parts, start, n, |p| Some(&p.data), row_bytes);
+        let (rows, cols) = self.rows_as_stored(name, start, n)?;
+        let m = match rows {
+            StoredRows::Plain { format, data } => {
                 data.prefetch();
-                Matrix::from_bytes(format, n, cols, data.storage()).map_err(kerr)
+                Matrix::from_bytes(format, n, cols, data.storage())
             }
-            Quant::Mlx {
+            StoredRows::Mlx {
                 bits,
                 group,
-                scale_dtype,
+                w,
+                s,
+                b,
             } => {
-                let value_bytes = mlx_scale_bytes(name, scale_dtype)?;
-                let w_row = cols * bits as usize / 8;
-                let s_row = cols / group * value_bytes;
-                let w = gather(&e.parts, start, n, |p| Some(&p.data), w_row);
                 w.prefetch();
-                let s = gather(&e.parts, start, n, |p| p.scales.as_ref(), s_row);
-                let b = gather(&e.parts, start, n, |p| p.biases.as_ref(), s_row);
-                let (s, b) = if scale_dtype == DType::Bf16 {
-                    (s.storage(), b.storage())
-                } else {
-                    (
-                        mlx_scales_as_bf16(name, scale_dtype, &s)?,
-                        mlx_scales_as_bf16(name, scale_dtype, &b)?,
-                    )
-                };
-                Matrix::from_mlx(bits, group, n, cols, w.storage(), s, b).map_err(kerr)
+                Matrix::from_mlx(bits, group, n, cols, w.storage(), s, b)
             }
-        }
+        };
+        m.map_err(|err| kernel_err(name, err))
     }
 
     /// Rows `start..start + n` of the tensor in its checkpoint layout ([`kernels::CheckpointParts`]:
@@ -405,6 +372,43 @@ impl Weights {
         start: usize,
         n: usize,
     ) -> Result<(WeightFormat, kernels::CheckpointParts), CheckpointError> {
+        let (rows, cols) = self.rows_as_stored(name, start, n)?;
+        let (format, parts) = match rows {
+            StoredRows::Plain { format, data } => (
+                format,
+                kernels::CheckpointParts::from_bytes(format, n, cols, data.storage().as_bytes()),
+            ),
+            StoredRows::Mlx {
+                bits,
+                group,
+                w,
+                s,
+                b,
+            } => (
+                WeightFormat::MlxAffine { bits, group },
+                kernels::CheckpointParts::from_mlx(
+                    bits,
+                    group,
+                    n,
+                    cols,
+                    w.storage().as_bytes(),
+                    s.as_bytes(),
+                    b.as_bytes(),
+                ),
+            ),
+        };
+        Ok((format, parts.map_err(|err| kernel_err(name, err))?))
+    }
+
+    /// Rows `start..start + n` of the tensor as the file stores them (MLX scales as bf16), and its
+    /// column count: what [`Weights::matrix_rows`] repacks and [`Weights::checkpoint_parts`]
+    /// exports.
+    fn rows_as_stored(
+        &self,
+        name: &str,
+        start: usize,
+        n: usize,
+    ) -> Result<(StoredRows, usize), CheckpointError> {
         let e = self.entry(name)?;
         let (rows, cols) = e.rows_cols();
         if start.checked_add(n).is_none_or(|end| end > rows) || n == 0 {
@@ -416,11 +420,7 @@ impl Weights {
                 ),
             });
         }
-        let kerr = |err: kernels::KernelError| CheckpointError::Kernel {
-            name: name.to_string(),
-            message: err.to_string(),
-        };
-        match e.quant {
+        let stored = match e.quant {
             Quant::Plain(dt) => {
                 let format = plain_format(name, dt)?;
                 let row_bytes =
@@ -429,9 +429,8 @@ impl Weights {
                             name: name.into(),
                             message: format!("{cols} columns do not fit {dt} blocks"),
                         })? as usize;
-                let data = gather(&e.parts, start, n, |p| Some(&p.data), row_bytes).storage();
-                let parts = kernels::CheckpointParts::from_bytes(format, n, cols, data.as_bytes());
-                Ok((format, parts.map_err(kerr)?))
+                let data = gather(&e.parts, start, n, |p| Some(&p.data), row_bytes);
+                StoredRows::Plain { format, data }
             }
             Quant::Mlx {
                 bits,
@@ -441,7 +440,7 @@ impl Weights {
                 let value_bytes = mlx_scale_bytes(name, scale_dtype)?;
                 let w_row = cols * bits as usize / 8;
                 let s_row = cols / group * value_bytes;
-                let w = gather(&e.parts, start, n, |p| Some(&p.data), w_row).storage();
+                let w = gather(&e.parts, start, n, |p| Some(&p.data), w_row);
                 let s = gather(&e.parts, start, n, |p| p.scales.as_ref(), s_row);
                 let b = gather(&e.parts, start, n, |p| p.biases.as_ref(), s_row);
                 let (s, b) = if scale_dtype == DType::Bf16 {
@@ -452,21 +451,16 @@ impl Weights {
                         mlx_scales_as_bf16(name, scale_dtype, &b)?,
                     )
                 };
-                let parts = kernels::CheckpointParts::from_mlx(
+                StoredRows::Mlx {
                     bits,
                     group,
-                    n,
-                    cols,
-                    w.as_bytes(),
-                    s.as_bytes(),
-                    b.as_bytes(),
-                );
-                Ok((
-                    WeightFormat::MlxAffine { bits, group },
-                    parts.map_err(kerr)?,
-                ))
+                    w,
+                    s,
+                    b,
+                }
             }
-        }
+        };
+        Ok((stored, cols))
     }
 
     /// Dequantized f32 copy of the tensor plus its canonical shape.
@@ -509,6 +503,29 @@ impl Weights {
             p.scales.iter().chain(&p.biases).for_each(Bytes::release);
         }
         Ok((out, e.shape.clone()))
+    }
+}
+
+/// Rows of a tensor as the file stores them ([`Weights::rows_as_stored`]).
+enum StoredRows {
+    Plain {
+        format: WeightFormat,
+        data: Bytes,
+    },
+    Mlx {
+        bits: u8,
+        group: usize,
+        w: Bytes,
+        /// Scales and biases, bf16.
+        s: kernels::Storage,
+        b: kernels::Storage,
+    },
+}
+
+fn kernel_err(name: &str, err: kernels::KernelError) -> CheckpointError {
+    CheckpointError::Kernel {
+        name: name.to_string(),
+        message: err.to_string(),
     }
 }
 
