@@ -23,6 +23,13 @@
 //! Launches per tick are those of one conversation (each launch's grid carries the listed rows or
 //! slots); the copies (a handful per slot) grow with the slots, the launches do not.
 //!
+//! Arithmetic at Moshi's shapes (an estimate at 3.3 TB/s; no GPU measured it): the LM's weights
+//! (~12.5 GB in q8_0, ~3.8 ms) are read once per tick whatever the rows; each row adds its KV
+//! ring (nothing at position 0; at position 3000 ~1.55 GB in bf16, +0.5 ms, or ~3.1 GB in f32,
+//! +0.95 ms); Mimi reads 363 MB for one slot and 576 MB for 8. So 8 slots move ~1.0x one slot's
+//! bytes at position 0, ~1.8x with bf16 KV and ~2.8x with f32 KV at 3000 (BENCHMARKS.md, "GPU
+//! batch").
+//!
 //! # Replays
 //!
 //! When the host's exact codes differ from the device's for any listed slot, the tick is replayed
