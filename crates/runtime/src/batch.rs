@@ -31,10 +31,10 @@ use model::sampling::Sampler;
 use crate::control::SessionControl;
 use crate::conversation::Conversation;
 use crate::events::{Counters, Event, FrameEvent, StopReason};
-use crate::inlet::Inlet;
+use crate::inlet::{Begin, Inlet};
 use crate::ring::{FrameRing, PcmProducer};
 use crate::runner::{handle_accessors, queues, EventReceiver, Handles};
-use crate::stepper::{new_sampler, Prepared, Stepper};
+use crate::stepper::{new_sampler, Stepper};
 use crate::{Engine, RuntimeError, SessionOptions, FRAME_SIZE};
 
 /// Options of [`BatchRunner::spawn`].
@@ -446,9 +446,9 @@ impl Worker {
             slot.spare = slot.recycled.try_recv().ok();
         }
         match self.stepper.begin(b, &mut slot.conv) {
-            Prepared::Idle | Prepared::Paused => Verdict::Skip,
-            Prepared::Stopped(r) => Verdict::Leave(Some(Event::Stopped(r))),
-            Prepared::Ready => Verdict::Step,
+            Begin::Idle | Begin::Paused => Verdict::Skip,
+            Begin::Stopped(r) => Verdict::Leave(Some(Event::Stopped(r))),
+            Begin::Ready => Verdict::Step,
         }
     }
 

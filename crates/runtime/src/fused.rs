@@ -21,7 +21,7 @@ use model::sampling::Sampler;
 use crate::conversation::{micros as us, Conversation};
 use crate::events::FrameTimings;
 use crate::inlet::Begin;
-use crate::stepper::{lm_error, Phase, PhaseHook, Prepared};
+use crate::stepper::{lm_error, Phase, PhaseHook};
 use crate::{RuntimeError, N_AUDIO};
 
 /// One conversation's whole frame pass on a device (module docs).
@@ -90,16 +90,13 @@ impl FusedPass {
     /// Applies the conversation's commands, pops its next frame and, when one is ready, runs the
     /// whole pass into `conv.frame`. The phase hook sees `Encode` before the call, `Lm` right
     /// before it and `Decode` after it.
-    pub(crate) fn step(&mut self, conv: &mut Conversation) -> Result<Prepared, RuntimeError> {
+    pub(crate) fn step(&mut self, conv: &mut Conversation) -> Result<Begin, RuntimeError> {
         let (begin, reset) = conv.begin();
         if reset {
             self.reset_row();
         }
-        match begin {
-            Begin::Idle => return Ok(Prepared::Idle),
-            Begin::Paused => return Ok(Prepared::Paused),
-            Begin::Stopped(r) => return Ok(Prepared::Stopped(r)),
-            Begin::Ready => {}
+        if begin != Begin::Ready {
+            return Ok(begin);
         }
         self.phase(Phase::Encode);
         let forced = conv.next_forced();
@@ -123,7 +120,7 @@ impl FusedPass {
             lag_us: us(end.saturating_duration_since(conv.inlet.arrived)),
             ..*t
         };
-        Ok(Prepared::Ready)
+        Ok(Begin::Ready)
     }
 
     fn run(

@@ -12,22 +12,16 @@ use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
 use crate::control::SessionControl;
-use crate::events::{Counters, Event, FrameEvent, StopReason};
+use crate::events::{Counters, Event, FrameEvent};
 use crate::ring::{FrameRing, PcmProducer};
 use crate::RuntimeError;
 
-/// What one drive of the worker produced.
-pub(crate) enum Driven {
-    Idle,
-    Paused,
-    Stopped(StopReason),
-    Frame(FrameEvent),
-}
-
 /// Something the worker can drive frame by frame (the real [`crate::Session`], or a fake in tests).
 pub(crate) trait Drive: Send + 'static {
-    /// One step. A produced frame should reuse `spare`'s buffers (taking it) when it is `Some`.
-    fn drive(&mut self, spare: &mut Option<FrameEvent>) -> Result<Driven, RuntimeError>;
+    /// One step: the event it produced (a frame; a stop or an error, after which the worker ends), or
+    /// `None` when there was nothing to do (idle or paused: the worker sleeps until woken). A produced
+    /// frame should reuse `spare`'s buffers (taking it) when it is `Some`.
+    fn drive(&mut self, spare: &mut Option<FrameEvent>) -> Option<Event>;
     fn control(&self) -> SessionControl;
     fn ring(&self) -> Arc<FrameRing>;
     fn take_producer(&mut self) -> Option<PcmProducer>;
@@ -302,8 +296,8 @@ fn worker<D: Drive>(
             spare = recycled.try_recv().ok();
         }
         match d.drive(&mut spare) {
-            Ok(Driven::Idle) | Ok(Driven::Paused) => thread::park(),
-            Ok(Driven::Frame(f)) => {
+            None => thread::park(),
+            Some(Event::Frame(f)) => {
                 if f.epoch < control.epoch() {
                     spare = Some(f); // interrupted after this frame was produced: discard, keep the buffers
                     continue;
@@ -312,13 +306,12 @@ fn worker<D: Drive>(
                     break;
                 }
             }
-            Ok(Driven::Stopped(r)) => {
-                let _ = tx.try_send(Event::Stopped(r));
-                break;
-            }
-            Err(e) => {
-                tracing::error!("session frame pass failed: {e}");
-                let _ = tx.try_send(Event::Error(e));
+            // A stop or an error is the conversation's last event.
+            Some(last) => {
+                if let Event::Error(e) = &last {
+                    tracing::error!("session frame pass failed: {e}");
+                }
+                let _ = tx.try_send(last);
                 break;
             }
         }
@@ -329,6 +322,7 @@ fn worker<D: Drive>(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::events::StopReason;
     use crate::FRAME_SIZE;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -359,17 +353,15 @@ pub(crate) mod tests {
     }
 
     impl Drive for Fake {
-        fn drive(&mut self, _spare: &mut Option<FrameEvent>) -> Result<Driven, RuntimeError> {
+        fn drive(&mut self, _spare: &mut Option<FrameEvent>) -> Option<Event> {
             if self.control.is_stop_requested() {
-                return Ok(Driven::Stopped(StopReason::Requested));
+                return Some(Event::Stopped(StopReason::Requested));
             }
             if self.control.is_paused() {
-                return Ok(Driven::Paused);
+                return None;
             }
             let mut buf = [0f32; FRAME_SIZE];
-            if self.ring.pop(&mut buf).is_none() {
-                return Ok(Driven::Idle);
-            }
+            self.ring.pop(&mut buf)?;
             if let Some(h) = &self.hook {
                 h();
             }
@@ -386,7 +378,7 @@ pub(crate) mod tests {
             self.index += 1;
             self.processed += 1;
             self.completed.fetch_add(1, Ordering::SeqCst);
-            Ok(Driven::Frame(ev))
+            Some(Event::Frame(ev))
         }
         fn control(&self) -> SessionControl {
             self.control.clone()

@@ -8,12 +8,12 @@ use model::sampling::SamplerConfig;
 use crate::control::SessionControl;
 use crate::conversation::{micros, Conversation};
 use crate::engine::Workers;
-use crate::events::{Counters, FrameEvent, FrameTimings, Step};
+use crate::events::{Counters, Event, FrameEvent, FrameTimings, Step};
 use crate::fused::FusedPass;
-use crate::inlet::Inlet;
+use crate::inlet::{Begin, Inlet};
 use crate::ring::{FrameRing, PcmProducer, PushReport};
-use crate::runner::{Drive, Driven, SessionRunner};
-use crate::stepper::{lm_error, new_sampler, PhaseHook, Prepared, Stepper};
+use crate::runner::{Drive, SessionRunner};
+use crate::stepper::{lm_error, new_sampler, PhaseHook, Stepper};
 use crate::{Engine, RuntimeError, N_AUDIO, SAMPLE_RATE};
 
 /// Options of [`Session::new`].
@@ -218,20 +218,13 @@ impl Session {
         let stepper = match &mut self.pass {
             Pass::Split(st) => st,
             Pass::Fused(f) => {
-                return Ok(match f.step(&mut self.conv)? {
-                    Prepared::Idle => Step::Idle,
-                    Prepared::Paused => Step::Paused,
-                    Prepared::Stopped(r) => Step::Stopped(r),
-                    Prepared::Ready => Step::Frame(&self.conv.frame),
-                })
+                let begin = f.step(&mut self.conv)?;
+                return Ok(waiting(begin).unwrap_or(Step::Frame(&self.conv.frame)));
             }
         };
         stepper.begin_tick();
-        match stepper.begin(0, &mut self.conv) {
-            Prepared::Idle => return Ok(Step::Idle),
-            Prepared::Paused => return Ok(Step::Paused),
-            Prepared::Stopped(r) => return Ok(Step::Stopped(r)),
-            Prepared::Ready => {}
+        if let Some(step) = waiting(stepper.begin(0, &mut self.conv)) {
+            return Ok(step);
         }
         stepper.encode()?;
         stepper.admit(0, &mut self.conv);
@@ -326,20 +319,31 @@ impl Session {
     }
 }
 
+/// The step of a conversation whose begin found no frame to run; `None` when it found one
+/// ([`Begin::Ready`]: the pass runs).
+fn waiting(begin: Begin) -> Option<Step<'static>> {
+    match begin {
+        Begin::Idle => Some(Step::Idle),
+        Begin::Paused => Some(Step::Paused),
+        Begin::Stopped(r) => Some(Step::Stopped(r)),
+        Begin::Ready => None,
+    }
+}
+
 impl Drive for Session {
-    fn drive(&mut self, spare: &mut Option<FrameEvent>) -> Result<Driven, RuntimeError> {
-        Ok(match self.step()? {
-            Step::Idle => Driven::Idle,
-            Step::Paused => Driven::Paused,
-            Step::Stopped(r) => Driven::Stopped(r),
-            Step::Frame(f) => match spare.take() {
+    fn drive(&mut self, spare: &mut Option<FrameEvent>) -> Option<Event> {
+        match self.step() {
+            Err(e) => Some(Event::Error(e)),
+            Ok(Step::Idle | Step::Paused) => None,
+            Ok(Step::Stopped(r)) => Some(Event::Stopped(r)),
+            Ok(Step::Frame(f)) => Some(Event::Frame(match spare.take() {
                 Some(mut ev) => {
                     f.copy_into(&mut ev);
-                    Driven::Frame(ev)
+                    ev
                 }
-                None => Driven::Frame(f.to_event()),
-            },
-        })
+                None => f.to_event(),
+            })),
+        }
     }
     fn control(&self) -> SessionControl {
         self.conv.inlet.control.clone()

@@ -17,7 +17,7 @@ use model::sampling::{Sampler, SamplerConfig, SamplingError};
 
 use crate::conversation::{micros as us, Conversation};
 use crate::engine::Workers;
-use crate::events::{FrameTimings, StopReason};
+use crate::events::FrameTimings;
 use crate::inlet::Begin;
 use crate::{Engine, RuntimeError, FRAME_SIZE, N_AUDIO};
 
@@ -78,18 +78,6 @@ impl LmObserver for HookObserver<'_> {
             h(Phase::Depformer);
         }
     }
-}
-
-/// What [`Stepper::begin`] found for one conversation.
-pub(crate) enum Prepared {
-    /// No whole frame of the current stream is queued.
-    Idle,
-    /// Paused: nothing consumed.
-    Paused,
-    /// Stopped.
-    Stopped(StopReason),
-    /// The conversation's frame is staged for this tick's encode.
-    Ready,
 }
 
 /// The model side of a driver: its codec (one slot per row) and LM generator (one row per
@@ -245,8 +233,9 @@ impl Stepper {
     }
 
     /// Apply the commands of the conversation in `row` (resetting its LM row and codec streams as they
-    /// ask) and pop its next frame. On [`Prepared::Ready`] the frame is staged for [`Stepper::encode`].
-    pub(crate) fn begin(&mut self, row: usize, conv: &mut Conversation) -> Prepared {
+    /// ask) and pop its next frame: what the conversation's inlet found. On [`Begin::Ready`] the frame is
+    /// staged for [`Stepper::encode`].
+    pub(crate) fn begin(&mut self, row: usize, conv: &mut Conversation) -> Begin {
         let (begin, reset) = conv.begin();
         if reset {
             self.reset_row(row);
@@ -254,15 +243,10 @@ impl Stepper {
         if conv.take_codec_reset() {
             self.codec.reset(row);
         }
-        match begin {
-            Begin::Idle => Prepared::Idle,
-            Begin::Paused => Prepared::Paused,
-            Begin::Stopped(r) => Prepared::Stopped(r),
-            Begin::Ready => {
-                self.stage(row, conv.input());
-                Prepared::Ready
-            }
+        if begin == Begin::Ready {
+            self.stage(row, conv.input());
         }
+        begin
     }
 
     /// Stage `pcm` (one frame) as row `row`'s frame of this tick's encode.
