@@ -80,29 +80,47 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 "#;
 
-/// The tree reduction of the 64-thread kernels (the LM's RMS norm and attention, Mimi's RVQ
-/// search): the sum (or the maximum) of one value per thread in a fixed order, the same on every
-/// device, returned to every thread. Called from uniform control flow; its workgroup array is
-/// free again on return.
-pub(crate) const WORKGROUP_REDUCE: &str = r#"
-var<workgroup> reduce_part: array<f32, 64>;
-
-fn workgroup_reduce(lid: u32, v: f32, is_max: bool) -> f32 {
-    reduce_part[lid] = v;
+/// The WGSL function `name(lid, v, is_max) -> f32`: the sum (or the maximum) of one value per
+/// thread of a `width`-thread workgroup, through the workgroup array `part` by a fixed pairwise
+/// tree (the same order on every device), returned to every thread. Called from uniform control
+/// flow; its array is free again on return. `lead_barrier` starts it with a barrier too, for a
+/// caller whose threads may still be reading `part` from before.
+pub(crate) fn tree_reduce(name: &str, part: &str, width: u32, lead_barrier: bool) -> String {
+    let lead = if lead_barrier {
+        "\n    workgroupBarrier();"
+    } else {
+        ""
+    };
+    let half = width / 2;
+    format!(
+        r#"
+fn {name}(lid: u32, v: f32, is_max: bool) -> f32 {{{lead}
+    {part}[lid] = v;
     workgroupBarrier();
-    for (var s = 32u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            let a = reduce_part[lid];
-            let o = reduce_part[lid + s];
-            reduce_part[lid] = select(a + o, max(a, o), is_max);
-        }
+    for (var s = {half}u; s > 0u; s >>= 1u) {{
+        if (lid < s) {{
+            let a = {part}[lid];
+            let o = {part}[lid + s];
+            {part}[lid] = select(a + o, max(a, o), is_max);
+        }}
         workgroupBarrier();
-    }
-    let total = reduce_part[0];
+    }}
+    let total = {part}[0];
     workgroupBarrier();
     return total;
+}}
+"#
+    )
 }
-"#;
+
+/// The tree reduction of the 64-thread kernels (the LM's RMS norm and attention), [`tree_reduce`]
+/// over its own array.
+fn workgroup_reduce() -> String {
+    format!(
+        "\nvar<workgroup> reduce_part: array<f32, 64>;\n{}",
+        tree_reduce("workgroup_reduce", "reduce_part", 64, false)
+    )
+}
 
 /// Every fusion of the matrix product.
 const FUSES: [Fuse; 3] = [Fuse::Plain, Fuse::Norm, Fuse::NormGate];
@@ -176,8 +194,8 @@ impl Module {
                 PER_ROW_MAIN,
             ]
             .concat(),
-            Module::RmsNorm => [PRELUDE, &Misc::wgsl(), WORKGROUP_REDUCE, RMS_NORM].concat(),
-            Module::Attention => [PRELUDE, &Misc::wgsl(), WORKGROUP_REDUCE, ATTENTION].concat(),
+            Module::RmsNorm => [PRELUDE, &Misc::wgsl(), &workgroup_reduce(), RMS_NORM].concat(),
+            Module::Attention => [PRELUDE, &Misc::wgsl(), &workgroup_reduce(), ATTENTION].concat(),
             Module::AttentionMerge => [PRELUDE, &Misc::wgsl(), ATTENTION_MERGE].concat(),
             Module::Sample => [&SampleParams::wgsl(), SAMPLE_WGSL].concat(),
             Module::Copy => [&CopyParams::wgsl(), COPY_WGSL].concat(),

@@ -153,10 +153,18 @@ impl MimiKernel {
         use super::wgsl_conv as v;
         let body = match self {
             MimiKernel::Conv => [v::CONV_IN, v::CONV_OUT, v::CONV].concat(),
-            MimiKernel::ConvSplit => [v::CONV_IN, v::CONV_OUT, v::CONV_SPLIT].concat(),
+            MimiKernel::ConvSplit => {
+                [v::CONV_IN, v::CONV_OUT, v::CONV_SPLIT, v::SPLIT_MAIN].concat()
+            }
             MimiKernel::ConvHistory => v::CONV_HISTORY.to_string(),
             MimiKernel::ConvTranspose => [v::CONV_OUT, v::CONV_TR_FULL, v::CONV_TRANSPOSE].concat(),
-            MimiKernel::ConvTrSplit => [v::CONV_OUT, v::CONV_TR_FULL, v::CONV_TR_SPLIT].concat(),
+            MimiKernel::ConvTrSplit => [
+                v::CONV_OUT,
+                v::CONV_TR_FULL,
+                v::CONV_TR_SPLIT,
+                v::SPLIT_MAIN,
+            ]
+            .concat(),
             MimiKernel::RvqDecode => c::RVQ_DECODE.to_string(),
             MimiKernel::RvqScore => c::RVQ_SCORE.to_string(),
             MimiKernel::RvqPick => c::RVQ_PICK.to_string(),
@@ -194,9 +202,9 @@ impl MimiKernel {
                 self,
                 MimiKernel::Advance | MimiKernel::ConvSplit | MimiKernel::ConvTrSplit
             ) {
-            REDUCE_256
+            reduce_256()
         } else {
-            ""
+            String::new()
         };
         let body = offset_by_slot(&body, &storage);
         [
@@ -204,7 +212,7 @@ impl MimiKernel {
             &params,
             &slot_prelude(&storage),
             ELU,
-            reduce,
+            &reduce,
             &body,
             main,
         ]
@@ -404,28 +412,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 "#;
 
 /// The 256-thread tree reductions of the grid-launched kernels (a fixed pairing order, so every
-/// workgroup that reduces the same values gets the same bits). Each call begins and ends with a
-/// barrier, so the shared array is free again when it returns.
-const REDUCE_256: &str = r#"
-var<workgroup> red: array<f32, 256>;
-
-fn reduce_256(lid: u32, v: f32, is_max: bool) -> f32 {
-    workgroupBarrier();
-    red[lid] = v;
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            let a = red[lid];
-            let o = red[lid + s];
-            red[lid] = select(a + o, max(a, o), is_max);
-        }
-        workgroupBarrier();
-    }
-    let total = red[0];
-    workgroupBarrier();
-    return total;
+/// workgroup that reduces the same values gets the same bits): `reduce_256` is
+/// [`crate::shaders::tree_reduce`] over `red`. Each call begins and ends with a barrier, so the
+/// shared array is free again when it returns.
+fn reduce_256() -> String {
+    [
+        "\nvar<workgroup> red: array<f32, 256>;\n",
+        &crate::shaders::tree_reduce("reduce_256", "red", 256, true),
+        REDUCE_TEAM_32,
+    ]
+    .concat()
 }
 
+/// The per-team sums that share [`reduce_256`]'s array.
+const REDUCE_TEAM_32: &str = r#"
 // Sums `v` over each aligned team of 32 lanes; lane 0 of each team gets its team's total.
 fn reduce_team_32(lid: u32, v: f32) -> f32 {
     workgroupBarrier();

@@ -34,6 +34,38 @@ pub(super) struct Streams {
     u_rest: SlotBuf,
 }
 
+/// The SEANet work buffers of one direction, `amax` floats each but `h`: a stage reads `a` (its
+/// ELU in `ea`, written by the producer) and writes `b` and its ELU `eb`, which become the next
+/// stage's `a` and `ea` ([`Seanet::next_stage`]); `h` (`hmax` floats) is a residual block's
+/// hidden activation.
+struct Seanet {
+    a: SlotBuf,
+    ea: SlotBuf,
+    b: SlotBuf,
+    eb: SlotBuf,
+    h: SlotBuf,
+}
+
+impl Seanet {
+    /// The buffers of direction `dir` ("enc", "dec": their labels' prefix).
+    fn new(r: &Recorder<'_>, dir: &str, (amax, hmax): (usize, usize)) -> Result<Seanet, GpuError> {
+        let buf = |what: &str, floats| r.buffer(&format!("{dir} {what}"), floats);
+        Ok(Seanet {
+            a: buf("a", amax)?,
+            ea: buf("elu a", amax)?,
+            b: buf("b", amax)?,
+            eb: buf("elu b", amax)?,
+            h: buf("h", hmax)?,
+        })
+    }
+
+    /// The stage's output becomes the next stage's input.
+    fn next_stage(&mut self) {
+        std::mem::swap(&mut self.a, &mut self.b);
+        std::mem::swap(&mut self.ea, &mut self.eb);
+    }
+}
+
 impl Streams {
     /// One direction's recorded frame with its input and output buffers: the encoder's (PCM in,
     /// codes out) when `encoder_side`, else the decoder's (codes in, PCM out).
@@ -83,21 +115,15 @@ impl Streams {
             r.tap(Stage::DecUpsample, &emb, d * t2);
             r.transformer(&g.transformer, &emb, t2, DEC_POS)?;
             r.tap(Stage::DecTransformer, &emb, d * t2);
-            let (amax, hmax) = seanet_dec_sizes(g, t2);
-            let mut a = r.buffer("dec a", amax)?;
-            let mut ea = r.buffer("dec elu a", amax)?;
-            let mut b = r.buffer("dec b", amax)?;
-            let mut eb = r.buffer("dec elu b", amax)?;
-            let h = r.buffer("dec h", hmax)?;
+            let mut sn = Seanet::new(&r, "dec", seanet_dec_sizes(g, t2))?;
             let mut t = t2;
-            r.conv(&g.conv0, &emb, t, ConvOut::Dual(&a, &ea), false, 0)?;
+            r.conv(&g.conv0, &emb, t, ConvOut::Dual(&sn.a, &sn.ea), false, 0)?;
             for (up, res) in &g.stages {
-                r.conv_tr(up, &ea, t, ConvOut::Dual(&b, &eb))?;
+                r.conv_tr(up, &sn.ea, t, ConvOut::Dual(&sn.b, &sn.eb))?;
                 t *= up.shape.stride;
-                std::mem::swap(&mut a, &mut b);
-                std::mem::swap(&mut ea, &mut eb);
+                sn.next_stage();
                 for blk in res {
-                    r.res(blk, (&a, &ea), &h, t)?;
+                    r.res(blk, (&sn.a, &sn.ea), &sn.h, t)?;
                 }
             }
             if t != fs {
@@ -106,7 +132,7 @@ impl Streams {
                     why: format!("the decoder gives {t} samples per frame, not {fs}"),
                 });
             }
-            r.conv(&g.last, &ea, t, ConvOut::Raw(&pcm_out), false, 0)?;
+            r.conv(&g.last, &sn.ea, t, ConvOut::Raw(&pcm_out), false, 0)?;
             r.finish()?
         };
 
@@ -114,24 +140,18 @@ impl Streams {
         let enc = {
             let g = &w.enc;
             let mut r = Recorder::new(w, slots, &counters, &list)?;
-            let (amax, hmax) = seanet_enc_sizes(g, fs);
-            let mut a = r.buffer("enc a", amax)?;
-            let mut ea = r.buffer("enc elu a", amax)?;
-            let mut b = r.buffer("enc b", amax)?;
-            let mut eb = r.buffer("enc elu b", amax)?;
-            let h = r.buffer("enc h", hmax)?;
+            let mut sn = Seanet::new(&r, "enc", seanet_enc_sizes(g, fs))?;
             let emb = r.buffer("enc emb", d * t2)?;
             let lat = r.buffer("enc latent", d)?;
             let mut t = fs;
-            r.conv(&g.conv0, &pcm_in, t, ConvOut::Dual(&a, &ea), false, 0)?;
+            r.conv(&g.conv0, &pcm_in, t, ConvOut::Dual(&sn.a, &sn.ea), false, 0)?;
             for (res, down) in &g.stages {
                 for blk in res {
-                    r.res(blk, (&a, &ea), &h, t)?;
+                    r.res(blk, (&sn.a, &sn.ea), &sn.h, t)?;
                 }
-                r.conv(down, &ea, t, ConvOut::Dual(&b, &eb), false, 0)?;
+                r.conv(down, &sn.ea, t, ConvOut::Dual(&sn.b, &sn.eb), false, 0)?;
                 t /= down.shape.stride;
-                std::mem::swap(&mut a, &mut b);
-                std::mem::swap(&mut ea, &mut eb);
+                sn.next_stage();
             }
             if t != t2 {
                 return Err(GpuError::Unsupported {
@@ -139,7 +159,7 @@ impl Streams {
                     why: format!("the encoder gives {t} steps per frame, not {t2}"),
                 });
             }
-            r.conv(&g.last, &ea, t, ConvOut::Raw(&emb), false, 0)?;
+            r.conv(&g.last, &sn.ea, t, ConvOut::Raw(&emb), false, 0)?;
             r.tap(Stage::EncSeanet, &emb, d * t2);
             r.transformer(&g.transformer, &emb, t2, ENC_POS)?;
             r.tap(Stage::EncTransformer, &emb, d * t2);

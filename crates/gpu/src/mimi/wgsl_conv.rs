@@ -51,18 +51,49 @@ fn body(idx: u32) {
 }
 "#;
 
-/// 64 threads per workgroup `(o, b)`: output channel `o`, output columns `8b .. 8b + 8`. The
-/// `cin·k` sum is split across the threads (thread `l` takes terms `l, l + 64, ...`: its weight
-/// loads are one contiguous row across the workgroup, and each weight is used for the 8
-/// columns), then summed by a fixed tree. For long sums (the low-rate stages, 256–1024 channels).
-pub(super) const CONV_SPLIT: &str = r#"
+/// The entry point of the split kernels ([`CONV_SPLIT`], [`CONV_TR_SPLIT`]): 64 threads per
+/// workgroup `(o, b)` of output channel `o` and columns `8b .. 8b + 8`. Each thread's
+/// `partial(o, c0, lid)` (its share of the 8 columns from `c0`: columns 0–3, then 4–7) is summed
+/// over the workgroup by one fixed tree, and thread `lid < 8` hands column `c0 + lid`'s total to
+/// the kernel's `column(o, c, v)`.
+pub(super) const SPLIT_MAIN: &str = r#"
 var<workgroup> part0: array<vec4<f32>, 64>;
 var<workgroup> part1: array<vec4<f32>, 64>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let o = slot_x(wid.x);
-    let t0 = wid.y * 8u;
+    let c0 = wid.y * 8u;
+    let a = partial(o, c0, lid);
+    part0[lid] = a[0];
+    part1[lid] = a[1];
+    workgroupBarrier();
+    for (var h = 32u; h > 0u; h >>= 1u) {
+        if (lid < h) {
+            part0[lid] = part0[lid] + part0[lid + h];
+            part1[lid] = part1[lid] + part1[lid + h];
+        }
+        workgroupBarrier();
+    }
+    if (lid < 8u) {
+        var v: f32;
+        if (lid < 4u) {
+            v = part0[0][lid];
+        } else {
+            v = part1[0][lid - 4u];
+        }
+        column(o, c0 + lid, v);
+    }
+}
+"#;
+
+/// 64 threads per workgroup `(o, b)`: output channel `o`, output columns `8b .. 8b + 8`. The
+/// `cin·k` sum is split across the threads (thread `l` takes terms `l, l + 64, ...`: its weight
+/// loads are one contiguous row across the workgroup, and each weight is used for the 8
+/// columns), then summed by [`SPLIT_MAIN`]'s fixed tree. For long sums (the low-rate stages,
+/// 256–1024 channels).
+pub(super) const CONV_SPLIT: &str = r#"
+fn partial(o: u32, t0: u32, lid: u32) -> array<vec4<f32>, 2> {
     let tout = P.tout;
     let k = P.k;
     let n = P.cin * k;
@@ -89,24 +120,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         a1 += wv * vec4<f32>(xin(c, j4 + off, first), xin(c, j5 + off, first),
                              xin(c, j6 + off, first), xin(c, j7 + off, first));
     }
-    part0[lid] = a0;
-    part1[lid] = a1;
-    workgroupBarrier();
-    for (var h = 32u; h > 0u; h >>= 1u) {
-        if (lid < h) {
-            part0[lid] = part0[lid] + part0[lid + h];
-            part1[lid] = part1[lid] + part1[lid + h];
-        }
-        workgroupBarrier();
-    }
-    if (lid < 8u && t0 + lid < tout) {
-        var v: f32;
-        if (lid < 4u) {
-            v = part0[0][lid];
-        } else {
-            v = part1[0][lid - 4u];
-        }
-        put(o * tout + t0 + lid, v + bias[o]);
+    return array<vec4<f32>, 2>(a0, a1);
+}
+
+fn column(o: u32, t: u32, v: f32) {
+    let tout = P.tout;
+    if (t < tout) {
+        put(o * tout + t, v + bias[o]);
     }
 }
 "#;
@@ -178,50 +198,30 @@ fn body(idx: u32) {
 "#;
 
 /// 64 threads per workgroup `(o, b)`: columns `8b .. 8b + 8` of the `tout + tail_len` full
-/// columns of output channel `o`, the input channels split across the threads, summed by a
-/// fixed tree. A column below `tout` is written with the bias and the kept tail; a column
+/// columns of output channel `o`, the input channels split across the threads, summed by
+/// [`SPLIT_MAIN`]'s fixed tree. A column below `tout` is written with the bias and the kept tail; a column
 /// `tout + i` goes to `tail_new[i]` (the next launch copies it over the tail, so no workgroup
 /// reads a tail column another overwrites).
 pub(super) const CONV_TR_SPLIT: &str = r#"
-var<workgroup> part0: array<vec4<f32>, 64>;
-var<workgroup> part1: array<vec4<f32>, 64>;
-
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let o = slot_x(wid.x);
-    let i0 = wid.y * 8u;
+fn partial(o: u32, i0: u32, lid: u32) -> array<vec4<f32>, 2> {
     let a0 = vec4<f32>(full(o, i0, lid, 64u), full(o, i0 + 1u, lid, 64u),
                        full(o, i0 + 2u, lid, 64u), full(o, i0 + 3u, lid, 64u));
     let a1 = vec4<f32>(full(o, i0 + 4u, lid, 64u), full(o, i0 + 5u, lid, 64u),
                        full(o, i0 + 6u, lid, 64u), full(o, i0 + 7u, lid, 64u));
-    part0[lid] = a0;
-    part1[lid] = a1;
-    workgroupBarrier();
-    for (var h = 32u; h > 0u; h >>= 1u) {
-        if (lid < h) {
-            part0[lid] = part0[lid] + part0[lid + h];
-            part1[lid] = part1[lid] + part1[lid + h];
-        }
-        workgroupBarrier();
-    }
+    return array<vec4<f32>, 2>(a0, a1);
+}
+
+fn column(o: u32, i: u32, v: f32) {
     let tout = P.tout;
     let pt = P.tail_len;
-    let i = i0 + lid;
-    if (lid < 8u && i < tout + pt) {
-        var v: f32;
-        if (lid < 4u) {
-            v = part0[0][lid];
-        } else {
-            v = part1[0][lid - 4u];
+    if (i < tout) {
+        var u = v;
+        if (i < pt) {
+            u += tail[o * pt + i];
         }
-        if (i < tout) {
-            if (i < pt) {
-                v += tail[o * pt + i];
-            }
-            put(o * tout + i, v + bias[o]);
-        } else {
-            tail_new[o * pt + i - tout] = v;
-        }
+        put(o * tout + i, u + bias[o]);
+    } else if (i < tout + pt) {
+        tail_new[o * pt + i - tout] = v;
     }
 }
 "#;

@@ -182,12 +182,84 @@ const TEAM: u32 = 32;
 struct StepFormat {
     nv: usize,
     scaled: bool,
-    load: &'static str,
+    load: String,
     steps: &'static str,
     /// Steps whose second `vec4` lies past `P.cols` (f16/bf16 rows of `cols ≡ 4 mod 8`, padded
     /// with zero codes at upload): their activations are masked, so an `inf` beyond the row's
     /// end cannot make a NaN.
     half_tail: bool,
+}
+
+/// The step's codes in one 16-byte load `c`.
+const ONE_LOAD: &str = "let c = codes[wr + s];";
+
+/// The step's codes in two 16-byte loads `c0`, `c1`.
+const TWO_LOADS: &str = r#"let c0 = codes[wr + 2u * s];
+            let c1 = codes[wr + 2u * s + 1u];"#;
+
+/// The words of one load (`c`) and of two (`c0`, `c1`), in memory order.
+const WORDS: [&str; 4] = ["c.x", "c.y", "c.z", "c.w"];
+const WORDS2: [&str; 8] = [
+    "c0.x", "c0.y", "c0.z", "c0.w", "c1.x", "c1.y", "c1.z", "c1.w",
+];
+
+/// The f16 scale `sc` of a 32-value block (q8_0, q4_0: one block per step).
+const BLOCK_SCALE: &str = r#"let blk = r * (P.cols / 32u) + s;
+            let sc = f16_bits_to_f32(half_at(scales[blk >> 1u], blk));"#;
+
+/// The bf16 scale `sa` and bias `bi` of the MLX group holding the step's 32 values.
+const GROUP_AFFINE: &str = r#"let g = r * (P.cols / P.group) + (32u * s) / P.group;
+            let sa = vec4<f32>(bf16_bits_to_f32(half_at(scales[g >> 1u], g)));
+            let bi = vec4<f32>(bf16_bits_to_f32(half_at(biases[g >> 1u], g)));"#;
+
+/// The eight `w{k}` of a 32-value step: `unpack(k)` names the [`UNPACK`] function and the word
+/// that hold values `4k .. 4k + 3`; MLX's affine groups then apply `sa * q + bi` per value.
+fn unpack8(unpack: impl Fn(usize) -> (&'static str, &'static str), affine: bool) -> String {
+    let lines: Vec<String> = (0..8)
+        .map(|k| {
+            let (f, word) = unpack(k);
+            if affine {
+                format!("let w{k} = sa * {f}({word}) + bi;")
+            } else {
+                format!("let w{k} = {f}({word});")
+            }
+        })
+        .collect();
+    lines.join("\n            ")
+}
+
+/// A format of one 32-value block or group per step: its loads, then `w0 .. w7`, with the block
+/// scale after them (`scaled`) or the group's scale and bias before them (MLX).
+fn step32(
+    loads: &str,
+    unpack: impl Fn(usize) -> (&'static str, &'static str),
+    scaled: bool,
+) -> StepFormat {
+    let ws = unpack8(unpack, !scaled);
+    let load = if scaled {
+        format!("{loads}\n            {ws}\n            {BLOCK_SCALE}")
+    } else {
+        format!("{loads}\n            {GROUP_AFFINE}\n            {ws}")
+    };
+    StepFormat {
+        nv: 8,
+        scaled,
+        load,
+        steps: "P.cols / 32u",
+        half_tail: false,
+    }
+}
+
+/// A 16-bit format's step: 8 values from one 16-byte load `c`, `w0` and `w1` defined by
+/// `unpack`; a row of `cols ≡ 4 mod 8` ends in a half step.
+fn step16(unpack: &str) -> StepFormat {
+    StepFormat {
+        nv: 2,
+        scaled: false,
+        load: format!("{ONE_LOAD}\n            {unpack}"),
+        steps: "(P.cols + 7u) / 8u",
+        half_tail: true,
+    }
 }
 
 fn step_format(kind: WeightKind) -> StepFormat {
@@ -196,110 +268,41 @@ fn step_format(kind: WeightKind) -> StepFormat {
         WeightKind::F32 => StepFormat {
             nv: 1,
             scaled: false,
-            load: "let w0 = bitcast<vec4<f32>>(codes[wr + s]);",
+            load: "let w0 = bitcast<vec4<f32>>(codes[wr + s]);".into(),
             steps: "P.cols / 4u",
             half_tail: false,
         },
         // 16 bytes: 8 values, low half of each word first.
-        WeightKind::F16 => StepFormat {
-            nv: 2,
-            scaled: false,
-            load: r#"let c = codes[wr + s];
-            let w0 = vec4<f32>(f16_bits_to_f32(c.x & 0xffffu), f16_bits_to_f32(c.x >> 16u),
+        WeightKind::F16 => step16(
+            r#"let w0 = vec4<f32>(f16_bits_to_f32(c.x & 0xffffu), f16_bits_to_f32(c.x >> 16u),
                                f16_bits_to_f32(c.y & 0xffffu), f16_bits_to_f32(c.y >> 16u));
             let w1 = vec4<f32>(f16_bits_to_f32(c.z & 0xffffu), f16_bits_to_f32(c.z >> 16u),
                                f16_bits_to_f32(c.w & 0xffffu), f16_bits_to_f32(c.w >> 16u));"#,
-            steps: "(P.cols + 7u) / 8u",
-            half_tail: true,
-        },
+        ),
         // bf16 is the high half of an f32: a shift or a mask per value.
-        WeightKind::Bf16 => StepFormat {
-            nv: 2,
-            scaled: false,
-            load: r#"let c = codes[wr + s];
-            let w0 = bitcast<vec4<f32>>(vec4<u32>(c.x << 16u, c.x & 0xffff0000u, c.y << 16u, c.y & 0xffff0000u));
+        WeightKind::Bf16 => step16(
+            r#"let w0 = bitcast<vec4<f32>>(vec4<u32>(c.x << 16u, c.x & 0xffff0000u, c.y << 16u, c.y & 0xffff0000u));
             let w1 = bitcast<vec4<f32>>(vec4<u32>(c.z << 16u, c.z & 0xffff0000u, c.w << 16u, c.w & 0xffff0000u));"#,
-            steps: "(P.cols + 7u) / 8u",
-            half_tail: true,
-        },
+        ),
         // One 32-value block per step: 32 code bytes (two 16-byte loads), one f16 scale.
-        WeightKind::Q8_0 => StepFormat {
-            nv: 8,
-            scaled: true,
-            load: r#"let c0 = codes[wr + 2u * s];
-            let c1 = codes[wr + 2u * s + 1u];
-            let w0 = i8x4(c0.x);
-            let w1 = i8x4(c0.y);
-            let w2 = i8x4(c0.z);
-            let w3 = i8x4(c0.w);
-            let w4 = i8x4(c1.x);
-            let w5 = i8x4(c1.y);
-            let w6 = i8x4(c1.z);
-            let w7 = i8x4(c1.w);
-            let blk = r * (P.cols / 32u) + s;
-            let sc = f16_bits_to_f32(half_at(scales[blk >> 1u], blk));"#,
-            steps: "P.cols / 32u",
-            half_tail: false,
-        },
-        // One 32-value block per step: 16 code bytes (byte j: value j low, j + 16 high).
-        WeightKind::Q4_0 => StepFormat {
-            nv: 8,
-            scaled: true,
-            load: r#"let c = codes[wr + s];
-            let w0 = lo4(c.x);
-            let w1 = lo4(c.y);
-            let w2 = lo4(c.z);
-            let w3 = lo4(c.w);
-            let w4 = hi4(c.x);
-            let w5 = hi4(c.y);
-            let w6 = hi4(c.z);
-            let w7 = hi4(c.w);
-            let blk = r * (P.cols / 32u) + s;
-            let sc = f16_bits_to_f32(half_at(scales[blk >> 1u], blk));"#,
-            steps: "P.cols / 32u",
-            half_tail: false,
-        },
+        WeightKind::Q8_0 => step32(TWO_LOADS, |k| ("i8x4", WORDS2[k]), true),
+        // One 32-value block per step: 16 code bytes (byte j: value j low, j + 16 high), so the
+        // low nibbles of the four words, then their high nibbles.
+        WeightKind::Q4_0 => step32(
+            ONE_LOAD,
+            |k| (if k < 4 { "lo4" } else { "hi4" }, WORDS[k % 4]),
+            true,
+        ),
         // 32 values per step (16 bytes, eight per word, low bits first) inside one group (groups
         // are multiples of 32); `s·q + b` per value, as the CPU dequantizes (no factorisation:
         // `s·Σq·x + b·Σx` would cancel where `s·q ≈ −b`).
-        WeightKind::Mlx4 => StepFormat {
-            nv: 8,
-            scaled: false,
-            load: r#"let c = codes[wr + s];
-            let g = r * (P.cols / P.group) + (32u * s) / P.group;
-            let sa = vec4<f32>(bf16_bits_to_f32(half_at(scales[g >> 1u], g)));
-            let bi = vec4<f32>(bf16_bits_to_f32(half_at(biases[g >> 1u], g)));
-            let w0 = sa * nib_lo(c.x) + bi;
-            let w1 = sa * nib_hi(c.x) + bi;
-            let w2 = sa * nib_lo(c.y) + bi;
-            let w3 = sa * nib_hi(c.y) + bi;
-            let w4 = sa * nib_lo(c.z) + bi;
-            let w5 = sa * nib_hi(c.z) + bi;
-            let w6 = sa * nib_lo(c.w) + bi;
-            let w7 = sa * nib_hi(c.w) + bi;"#,
-            steps: "P.cols / 32u",
-            half_tail: false,
-        },
+        WeightKind::Mlx4 => step32(
+            ONE_LOAD,
+            |k| (if k % 2 == 0 { "nib_lo" } else { "nib_hi" }, WORDS[k / 2]),
+            false,
+        ),
         // 32 values per step (two 16-byte loads, four per word).
-        WeightKind::Mlx8 => StepFormat {
-            nv: 8,
-            scaled: false,
-            load: r#"let c0 = codes[wr + 2u * s];
-            let c1 = codes[wr + 2u * s + 1u];
-            let g = r * (P.cols / P.group) + (32u * s) / P.group;
-            let sa = vec4<f32>(bf16_bits_to_f32(half_at(scales[g >> 1u], g)));
-            let bi = vec4<f32>(bf16_bits_to_f32(half_at(biases[g >> 1u], g)));
-            let w0 = sa * u8x4(c0.x) + bi;
-            let w1 = sa * u8x4(c0.y) + bi;
-            let w2 = sa * u8x4(c0.z) + bi;
-            let w3 = sa * u8x4(c0.w) + bi;
-            let w4 = sa * u8x4(c1.x) + bi;
-            let w5 = sa * u8x4(c1.y) + bi;
-            let w6 = sa * u8x4(c1.z) + bi;
-            let w7 = sa * u8x4(c1.w) + bi;"#,
-            steps: "P.cols / 32u",
-            half_tail: false,
-        },
+        WeightKind::Mlx8 => step32(TWO_LOADS, |k| ("u8x4", WORDS2[k]), false),
     }
 }
 
