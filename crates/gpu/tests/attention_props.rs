@@ -52,29 +52,13 @@ fn reference(
     let first = (newest + ctx + 1 - count) % ctx;
     let mut out = vec![0f32; d];
     for h in 0..heads {
-        let qh = &q[h * hd..(h + 1) * hd];
-        let slots: Vec<usize> = (0..count).map(|e| (first + e) % ctx).collect();
-        let scores: Vec<f64> = slots
-            .iter()
-            .map(|&s| {
-                let k = &ring.k[s * d + h * hd..s * d + (h + 1) * hd];
-                qh.iter()
-                    .zip(k)
-                    .map(|(&a, &b)| a as f64 * b as f64)
-                    .sum::<f64>()
-                    / (hd as f64).sqrt()
-            })
-            .collect();
-        let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let p: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
-        let sum: f64 = p.iter().sum();
-        for t in 0..hd {
-            let acc: f64 = slots
-                .iter()
-                .zip(&p)
-                .map(|(&s, &w)| w * ring.v[s * d + h * hd + t] as f64)
-                .sum();
-            out[h * hd + t] = (acc / sum) as f32;
+        let cols = |s: usize| s * d + h * hd..s * d + (h + 1) * hd;
+        let slots = (0..count).map(|e| (first + e) % ctx);
+        let keys: Vec<&[f32]> = slots.clone().map(|s| &ring.k[cols(s)]).collect();
+        let values: Vec<&[f32]> = slots.map(|s| &ring.v[cols(s)]).collect();
+        let head = testkit::naive_attention(&q[h * hd..(h + 1) * hd], &keys, &values);
+        for (o, x) in out[h * hd..(h + 1) * hd].iter_mut().zip(head) {
+            *o = x as f32;
         }
     }
     out

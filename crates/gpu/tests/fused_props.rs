@@ -216,33 +216,24 @@ fn batched_rows_equal_the_single_row() {
 /// format on both paths.
 #[test]
 fn moshi_shapes_match_the_exact_norm_and_gate() {
+    // (rows, seed, fusion, name) of the Depformer's and the temporal transformer's pair.
+    let dep = [
+        (3072, 51, Fuse::Norm, "dep in_proj"),
+        (5632, 52, Fuse::NormGate, "dep lin_in"),
+    ];
+    let temporal = [
+        (12288, 53, Fuse::Norm, "in_proj"),
+        (22528, 54, Fuse::NormGate, "lin_in"),
+    ];
     for format in FORMATS {
-        check_both_paths(
-            false,
-            &case(format, 3072, 1024, 8, 51),
-            Fuse::Norm,
-            "dep in_proj",
-        );
-        check_both_paths(
-            false,
-            &case(format, 5632, 1024, 8, 52),
-            Fuse::NormGate,
-            "dep lin_in",
-        );
+        for (rows, seed, fuse, what) in dep {
+            check_both_paths(false, &case(format, rows, 1024, 8, seed), fuse, what);
+        }
     }
     let Some(ctx) = ctx(false, true) else { return };
     for format in [WeightFormat::Q8_0, WeightFormat::Q4_0] {
-        check(
-            ctx,
-            &case(format, 12288, 4096, 1, 53),
-            Fuse::Norm,
-            "in_proj",
-        );
-        check(
-            ctx,
-            &case(format, 22528, 4096, 1, 54),
-            Fuse::NormGate,
-            "lin_in",
-        );
+        for (rows, seed, fuse, what) in temporal {
+            check(ctx, &case(format, rows, 4096, 1, seed), fuse, what);
+        }
     }
 }

@@ -548,22 +548,13 @@ mod tests {
 
     /// Independent naive attention over explicit lists of keys and values.
     fn naive(q: &[f32], ks: &[Vec<f32>], vs: &[Vec<f32>]) -> Vec<f32> {
-        let d = q.len();
-        let s: Vec<f64> = ks
-            .iter()
-            .map(|k| {
-                k.iter()
-                    .zip(q)
-                    .map(|(a, b)| (*a as f64) * (*b as f64))
-                    .sum::<f64>()
-                    / (d as f64).sqrt()
-            })
-            .collect();
-        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-        let z: f64 = e.iter().sum();
-        (0..d)
-            .map(|i| (e.iter().zip(vs).map(|(p, v)| p * v[i] as f64).sum::<f64>() / z) as f32)
+        let (ks, vs): (Vec<&[f32]>, Vec<&[f32]>) = (
+            ks.iter().map(Vec::as_slice).collect(),
+            vs.iter().map(Vec::as_slice).collect(),
+        );
+        testkit::naive_attention(q, &ks, &vs)
+            .into_iter()
+            .map(|x| x as f32)
             .collect()
     }
 

@@ -135,6 +135,50 @@ fn check_dims(rows: usize, cols: usize) -> Result<(), KernelError> {
     Ok(())
 }
 
+/// The shape checks of a matrix's on-disk bytes, shared by [`Matrix::from_bytes`] and
+/// [`CheckpointParts::from_bytes`]: no zero dimension, `rows·cols` without overflow (returned),
+/// and whole 32-value blocks per row for the GGUF formats.
+fn check_bytes_shape(format: WeightFormat, rows: usize, cols: usize) -> Result<usize, KernelError> {
+    check_dims(rows, cols)?;
+    let n = rows
+        .checked_mul(cols)
+        .ok_or_else(|| KernelError::BadShape("size overflow".into()))?;
+    if matches!(format, WeightFormat::Q8_0 | WeightFormat::Q4_0) && !cols.is_multiple_of(QK) {
+        return Err(KernelError::BadShape(format!(
+            "{format:?} needs cols % 32 == 0, got {cols}"
+        )));
+    }
+    Ok(n)
+}
+
+/// The checks of MLX affine weights' three tensors (their byte lengths), shared by
+/// [`Matrix::from_mlx`] and [`CheckpointParts::from_mlx`]: `bits` 4 or 8, `group` a positive
+/// multiple of 32 dividing `cols`, and lengths that fit the shape. Returns the groups per row.
+fn check_mlx(
+    bits: u8,
+    group: usize,
+    rows: usize,
+    cols: usize,
+    [w, scales, biases]: [usize; 3],
+) -> Result<usize, KernelError> {
+    check_dims(rows, cols)?;
+    if !(bits == 4 || bits == 8) {
+        return Err(KernelError::Unsupported(format!(
+            "MLX affine with {bits} bits"
+        )));
+    }
+    if group == 0 || !group.is_multiple_of(QK) || !cols.is_multiple_of(group) {
+        return Err(KernelError::BadShape(format!(
+            "MLX group {group} does not fit cols {cols}"
+        )));
+    }
+    let groups = cols / group;
+    check_len("MLX packed codes bytes", rows * cols * bits as usize / 8, w)?;
+    check_len("MLX scales bytes", rows * groups * 2, scales)?;
+    check_len("MLX biases bytes", rows * groups * 2, biases)?;
+    Ok(groups)
+}
+
 impl Matrix {
     /// A dense f32 matrix from row-major values (`rows·cols` of them).
     pub fn from_f32(rows: usize, cols: usize, data: Vec<f32>) -> Result<Matrix, KernelError> {
@@ -157,10 +201,7 @@ impl Matrix {
         cols: usize,
         bytes: Storage,
     ) -> Result<Matrix, KernelError> {
-        check_dims(rows, cols)?;
-        let n = rows
-            .checked_mul(cols)
-            .ok_or_else(|| KernelError::BadShape("size overflow".into()))?;
+        let n = check_bytes_shape(format, rows, cols)?;
         let data = match format {
             WeightFormat::F32 => {
                 check_len("f32 matrix bytes", n * 4, bytes.len())?;
@@ -177,11 +218,6 @@ impl Matrix {
                 }
             }
             WeightFormat::Q8_0 | WeightFormat::Q4_0 => {
-                if !cols.is_multiple_of(QK) {
-                    return Err(KernelError::BadShape(format!(
-                        "{format:?} needs cols % 32 == 0, got {cols}"
-                    )));
-                }
                 let bb = if format == WeightFormat::Q8_0 { 34 } else { 18 };
                 let blocks = cols / QK;
                 check_len("GGUF block bytes", rows * blocks * bb, bytes.len())?;
@@ -239,25 +275,13 @@ impl Matrix {
         scales: Storage,
         biases: Storage,
     ) -> Result<Matrix, KernelError> {
-        check_dims(rows, cols)?;
-        if !(bits == 4 || bits == 8) {
-            return Err(KernelError::Unsupported(format!(
-                "MLX affine with {bits} bits"
-            )));
-        }
-        if group == 0 || !group.is_multiple_of(QK) || !cols.is_multiple_of(group) {
-            return Err(KernelError::BadShape(format!(
-                "MLX group {group} does not fit cols {cols}"
-            )));
-        }
-        let groups = cols / group;
-        check_len(
-            "MLX packed codes bytes",
-            rows * cols * bits as usize / 8,
-            w.len(),
+        let groups = check_mlx(
+            bits,
+            group,
+            rows,
+            cols,
+            [w.len(), scales.len(), biases.len()],
         )?;
-        check_len("MLX scales bytes", rows * groups * 2, scales.len())?;
-        check_len("MLX biases bytes", rows * groups * 2, biases.len())?;
         let (wb, sb, bb) = (w.as_bytes(), scales.as_bytes(), biases.as_bytes());
         let row_bytes = cols * bits as usize / 8;
         let u16_at = |b: &[u8], r: usize, g: usize| {
@@ -571,10 +595,7 @@ impl CheckpointParts {
         cols: usize,
         bytes: &[u8],
     ) -> Result<CheckpointParts, KernelError> {
-        check_dims(rows, cols)?;
-        let n = rows
-            .checked_mul(cols)
-            .ok_or_else(|| KernelError::BadShape("size overflow".into()))?;
+        let n = check_bytes_shape(format, rows, cols)?;
         let dense = |width: usize| {
             check_len("dense matrix bytes", n * width, bytes.len())?;
             Ok(CheckpointParts {
@@ -587,11 +608,6 @@ impl CheckpointParts {
             WeightFormat::F32 => dense(4),
             WeightFormat::Bf16 | WeightFormat::F16 => dense(2),
             WeightFormat::Q8_0 | WeightFormat::Q4_0 => {
-                if !cols.is_multiple_of(QK) {
-                    return Err(KernelError::BadShape(format!(
-                        "{format:?} needs cols % 32 == 0, got {cols}"
-                    )));
-                }
                 // A GGUF block is the f16 scale, then the codes (32 bytes for Q8_0, 16 of nibbles
                 // for Q4_0, already in the parts' order).
                 let code_bytes = if format == WeightFormat::Q8_0 { 32 } else { 16 };
@@ -626,25 +642,13 @@ impl CheckpointParts {
         scales: &[u8],
         biases: &[u8],
     ) -> Result<CheckpointParts, KernelError> {
-        check_dims(rows, cols)?;
-        if !(bits == 4 || bits == 8) {
-            return Err(KernelError::Unsupported(format!(
-                "MLX affine with {bits} bits"
-            )));
-        }
-        if group == 0 || !group.is_multiple_of(QK) || !cols.is_multiple_of(group) {
-            return Err(KernelError::BadShape(format!(
-                "MLX group {group} does not fit cols {cols}"
-            )));
-        }
-        let groups = rows * (cols / group);
-        check_len(
-            "MLX packed codes bytes",
-            rows * cols * bits as usize / 8,
-            w.len(),
+        check_mlx(
+            bits,
+            group,
+            rows,
+            cols,
+            [w.len(), scales.len(), biases.len()],
         )?;
-        check_len("MLX scales bytes", groups * 2, scales.len())?;
-        check_len("MLX biases bytes", groups * 2, biases.len())?;
         let u16s = |b: &[u8]| -> Vec<u16> {
             b.chunks_exact(2)
                 .map(|c| u16::from_le_bytes([c[0], c[1]]))

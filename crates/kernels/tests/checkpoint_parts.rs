@@ -2,7 +2,7 @@
 //! CPU builds from the same bytes, for every format: a device loading from the checkpoint uploads
 //! exactly what it uploaded when it went through the CPU matrix.
 
-use kernels::quant::{encode_mlx, encode_q4_0, encode_q8_0};
+use kernels::quant::{encode_q4_0, encode_q8_0};
 use kernels::{CheckpointParts, Matrix, Storage, WeightFormat};
 use testkit::rng::values;
 
@@ -36,17 +36,7 @@ fn parts_from_bytes_are_the_unpacked_matrix() {
         assert!(CheckpointParts::from_bytes(format, rows, cols, &bytes[1..]).is_err());
     }
     for (bits, group) in [(4u8, 32usize), (8, 32), (4, 96)] {
-        let (c, s, b) = encode_mlx(bits, group, rows, cols, &v).unwrap();
-        let m = Matrix::from_mlx(
-            bits,
-            group,
-            rows,
-            cols,
-            Storage::from_vec(c.clone()),
-            Storage::from_vec(s.clone()),
-            Storage::from_vec(b.clone()),
-        )
-        .unwrap();
+        let (m, [c, s, b]) = testkit::mlx_matrix(bits, group, rows, cols, &v);
         let parts = CheckpointParts::from_mlx(bits, group, rows, cols, &c, &s, &b).unwrap();
         assert_eq!(
             parts,

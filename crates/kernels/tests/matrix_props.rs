@@ -13,7 +13,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use half::{bf16, f16};
-use kernels::quant::{encode_mlx, encode_q4_0, encode_q8_0};
+use kernels::quant::{encode_q4_0, encode_q8_0};
 use std::sync::Mutex;
 
 use kernels::{KernelSet, Matrix, Pool, Scratch, Storage, WeightFormat};
@@ -248,17 +248,7 @@ fn row_f32_matches_on_disk_layouts() {
     );
     // MLX 4 and 8 bit, group 32
     for bits in [4u8, 8] {
-        let (codes, s, b) = encode_mlx(bits, 32, rows, cols, &w).unwrap();
-        let m = Matrix::from_mlx(
-            bits,
-            32,
-            rows,
-            cols,
-            Storage::from_vec(codes.clone()),
-            Storage::from_vec(s.clone()),
-            Storage::from_vec(b.clone()),
-        )
-        .unwrap();
+        let (m, [codes, s, b]) = testkit::mlx_matrix(bits, 32, rows, cols, &w);
         let per_word = 32 / bits as usize;
         each_decoded(&m, |r, c, v| {
             let wi = (r * cols + c) / per_word;

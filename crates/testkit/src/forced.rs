@@ -25,16 +25,29 @@ impl Forced {
         let (codes, cs) =
             TensorFile::open(fixtures_dir("lm").join("CODES.safetensors")).i64("codes");
         let steps = ft.len();
-        let forced = Forced {
-            user: (0..steps)
-                .map(|t| std::array::from_fn(|k| codes[k * cs[1] + t]))
-                .collect(),
-            text: ft.iter().map(|&x| x as u32).collect(),
-            audio: (0..steps)
-                .map(|t| std::array::from_fn(|k| fa[k * steps + t] as u32))
-                .collect(),
-        };
+        let forced = Forced::from_trace(&codes, cs[1], &ft, |k, t| fa[k * steps + t] as u32);
         (forced, trace)
+    }
+
+    /// A run of `text.len()` steps from an oracle trace's tensors: the user codes codebook-major
+    /// (`user[k · user_stride + t]`), the text tokens, and `audio(k, t)` the audio token of
+    /// codebook `k` at step `t`.
+    pub fn from_trace(
+        user: &[i64],
+        user_stride: usize,
+        text: &[i64],
+        audio: impl Fn(usize, usize) -> u32,
+    ) -> Forced {
+        let steps = text.len();
+        Forced {
+            user: (0..steps)
+                .map(|t| std::array::from_fn(|k| user[k * user_stride + t]))
+                .collect(),
+            text: text.iter().map(|&x| x as u32).collect(),
+            audio: (0..steps)
+                .map(|t| std::array::from_fn(|k| audio(k, t)))
+                .collect(),
+        }
     }
 
     /// A seeded stream of `steps` steps (xorshift64*, a fixed, dependency-free stream): text 30 %

@@ -31,8 +31,10 @@
 //!
 //! The meters read zero (or stay still) in a binary that did not install it.
 //!
-//! [`compare`] measures how far a run's floats are from a reference's; [`TensorFile`] and
-//! [`read_wav_f32`] read the oracle's fixture files; [`FORMATS`] lists the weight formats the format sweeps cover;
+//! [`compare`] measures how far a run's floats are from a reference's, [`naive_attention`] is the
+//! f64 attention the attention tests check against; [`TensorFile`] and
+//! [`read_wav_f32`] read the oracle's fixture files; [`FORMATS`] lists the weight formats the format sweeps cover
+//! and [`mlx_matrix`] builds the MLX ones;
 //! [`Forced`] holds the
 //! forced runs of the tiny LM; [`ScratchDir`] is a temporary directory that removes itself; [`lm_bundle_copy`] fills one with
 //! the tiny LM bundle and [`poke_f32`] damages a weight of such a copy.
@@ -40,17 +42,19 @@
 #![forbid(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+mod attention;
 pub mod compare;
 mod fixture;
 mod forced;
 pub mod rng;
 mod scratch;
 
+pub use attention::naive_attention;
 pub use fixture::{fixtures_dir, poke_f32, read_wav_f32, TensorFile};
 pub use forced::Forced;
 pub use scratch::{lm_bundle_copy, mimi_bundle, ScratchDir};
 
-use kernels::WeightFormat;
+use kernels::{Matrix, Storage, WeightFormat};
 
 /// Every weight format the tests sweep (CPU kernels and device kernels alike): each the kernels
 /// dequantize, MLX affine with 4 and 8 bits and groups of 32 and 64.
@@ -64,6 +68,30 @@ pub const FORMATS: [WeightFormat; 8] = [
     WeightFormat::MlxAffine { bits: 4, group: 64 },
     WeightFormat::MlxAffine { bits: 8, group: 64 },
 ];
+
+/// MLX affine weights of `values` (`rows × cols`, row-major) as a checkpoint holds them (the
+/// packed codes, bf16 scales and bf16 biases of `kernels::quant::encode_mlx`), with the CPU
+/// matrix built from those bytes.
+pub fn mlx_matrix(
+    bits: u8,
+    group: usize,
+    rows: usize,
+    cols: usize,
+    values: &[f32],
+) -> (Matrix, [Vec<u8>; 3]) {
+    let (c, s, b) = kernels::quant::encode_mlx(bits, group, rows, cols, values).unwrap();
+    let storage = |v: &Vec<u8>| Storage::from_vec(v.clone());
+    let m = Matrix::from_mlx(
+        bits,
+        group,
+        rows,
+        cols,
+        storage(&c),
+        storage(&s),
+        storage(&b),
+    );
+    (m.unwrap(), [c, s, b])
+}
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
