@@ -239,22 +239,12 @@ fn bf16_kv_against_the_oracles_duplex_tokens() {
     // shows: its `out_audio[k][i]` is `forced_audio[k][i + 1]` for k >= 1). Steps 0..outs are
     // forced with the oracle's choices; codebooks 1..8 at step 0 are never output nor fed back
     // (LMGen's first call gives nothing), so any token does there.
-    let steps = outs;
-    let forced = Forced {
-        user: (0..steps)
-            .map(|t| std::array::from_fn(|k| user[k * us[1] + t]))
-            .collect(),
-        text: text.iter().map(|&x| x as u32).collect(),
-        audio: (0..steps)
-            .map(|t| {
-                std::array::from_fn(|k| match (k, t) {
-                    (0, _) => audio[t] as u32,
-                    (_, 0) => 0,
-                    _ => audio[k * outs + t - 1] as u32,
-                })
-            })
-            .collect(),
-    };
+    let forced = Forced::from_trace(&user, us[1], &text, |k, t| match (k, t) {
+        (0, _) => audio[t] as u32,
+        (_, 0) => 0,
+        _ => audio[k * outs + t - 1] as u32,
+    });
+    let steps = forced.steps();
     // The oracle's choice at step t for head h (text, then codebooks), where it is known.
     let oracle_choice = |h: usize, t: usize| -> Option<usize> {
         match (h, t) {

@@ -208,6 +208,11 @@ impl LmTensors<MatrixRef, VectorRef> {
     }
 }
 
+/// `f` over every element of `v` in order, up to the first error.
+fn map_all<'a, T, U, E>(v: &'a [T], f: impl FnMut(&'a T) -> Result<U, E>) -> Result<Vec<U>, E> {
+    v.iter().map(f).collect()
+}
+
 impl<M, V> LmTensors<M, V> {
     /// Every matrix through `fm` and every vector through `fv`, in the load order (the order the
     /// first failing tensor is reported in): embeddings, temporal layers (norms, then
@@ -219,11 +224,7 @@ impl<M, V> LmTensors<M, V> {
         mut fv: impl FnMut(&'a V) -> Result<V2, E>,
     ) -> Result<LmTensors<M2, V2>, E> {
         let text_emb = fm(&self.text_emb)?;
-        let audio_emb = self
-            .audio_emb
-            .iter()
-            .map(&mut fm)
-            .collect::<Result<_, _>>()?;
+        let audio_emb = map_all(&self.audio_emb, &mut fm)?;
         let mut layers = Vec::with_capacity(self.layers.len());
         for l in &self.layers {
             let (norm1, norm2) = (fv(&l.norm1)?, fv(&l.norm2)?);
@@ -235,30 +236,18 @@ impl<M, V> LmTensors<M, V> {
         }
         let out_norm = fv(&self.out_norm)?;
         let text_linear = fm(&self.text_linear)?;
-        let dep_in = self.dep_in.iter().map(&mut fm).collect::<Result<_, _>>()?;
-        let dep_token_emb = self
-            .dep_token_emb
-            .iter()
-            .map(&mut fm)
-            .collect::<Result<_, _>>()?;
+        let dep_in = map_all(&self.dep_in, &mut fm)?;
+        let dep_token_emb = map_all(&self.dep_token_emb, &mut fm)?;
         let mut dep_layers = Vec::with_capacity(self.dep_layers.len());
         for l in &self.dep_layers {
-            let steps = l
-                .steps
-                .iter()
-                .map(|p| p.try_map(&mut fm))
-                .collect::<Result<_, _>>()?;
+            let steps = map_all(&l.steps, |p| p.try_map(&mut fm))?;
             dep_layers.push(DepLayer {
                 norm1: fv(&l.norm1)?,
                 norm2: fv(&l.norm2)?,
                 steps,
             });
         }
-        let dep_linear = self
-            .dep_linear
-            .iter()
-            .map(&mut fm)
-            .collect::<Result<_, _>>()?;
+        let dep_linear = map_all(&self.dep_linear, &mut fm)?;
         Ok(LmTensors {
             text_emb,
             audio_emb,
