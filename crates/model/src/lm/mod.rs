@@ -1,6 +1,8 @@
 //! The Moshi language model: temporal transformer, Depformer and the streaming generator
 //! ([`LmGen`], the state machine of Python `moshi.models.lm.LMGen`, `moshi` 0.2.13).
 //!
+//! * [`LmPlan`] is the layer sequence, written once: the ops of a temporal step and of each
+//!   Depformer step over named weights and buffers, which the CPU executes and a device records.
 //! * [`LmModel`] holds the weights (any format [`kernels::Matrix`] supports) and computes one
 //!   temporal step ([`LmModel::forward_temporal`]) and one Depformer step
 //!   ([`LmModel::depformer_step`]) into a per-session [`LmState`] (KV caches and buffers,
@@ -20,6 +22,7 @@ mod backend;
 mod gen;
 mod load;
 mod model;
+mod plan;
 mod source;
 mod spec;
 mod table;
@@ -31,6 +34,9 @@ pub use gen::{
 };
 pub use kernels::attention::KvDtype;
 pub use model::{LayerWeights, LmModel, LmState};
+#[cfg(any(test, feature = "testing"))]
+pub use plan::broken_plans;
+pub use plan::{AttendAt, Buf, LmPlan, Mat, Op, Pass, Proj, Stack, Token, Vector};
 #[cfg(any(test, feature = "testing"))]
 pub use source::DequantizedSource;
 pub use source::TensorSource;

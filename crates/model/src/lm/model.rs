@@ -1,10 +1,12 @@
-//! LM weights and the two forward passes (temporal step, Depformer step).
+//! LM weights and the two forward passes (temporal step, Depformer step), each the execution of
+//! a pass of the model's [`LmPlan`] (`lm/plan.rs`: the layer sequence, written there once).
 
 use std::sync::Mutex;
 
 use kernels::attention::{KvDtype, KvRing};
 use kernels::{ops, Matrix, Pool};
 
+use super::plan::{AttendAt, Buf, LmPlan, Op, Pass, Stack, Token};
 use super::source::TensorSource;
 use super::spec::LmSpec;
 use super::table::{LmTensors, Projections};
@@ -18,6 +20,8 @@ pub struct LmModel {
     spec: LmSpec,
     /// Every weight, loaded from [`LmTensors::table`].
     w: LmTensors<Matrix, Vec<f32>>,
+    /// The ops of a temporal step and of each Depformer step ([`LmPlan::new`] unless replaced).
+    plan: LmPlan,
 }
 
 /// LM state of `n` sessions stepped together (`n = 1` for one session): temporal and Depformer
@@ -44,40 +48,51 @@ pub struct LmState {
 }
 
 /// The work buffers of one transformer's layers for `n` rows of width `d` (row-major `[n, ...]`):
-/// the temporal transformer and the Depformer run the same layer ([`layer_step`]) at different
-/// widths.
+/// the temporal transformer and the Depformer run the same ops at different widths.
 #[derive(Debug)]
 struct Scratch {
-    /// Residual stream `[n, d]`.
-    x: Vec<f32>,
-    /// Normalised input of a block `[n, d]`.
-    h: Vec<f32>,
-    /// Q, K, V `[n, 3·d]`.
-    qkv: Vec<f32>,
-    /// Attention output `[n, d]`.
-    attn: Vec<f32>,
-    /// A block's output before the residual add `[n, d]`.
-    tmp: Vec<f32>,
-    /// Gated FFN input `[n, 2·hidden]`.
-    g: Vec<f32>,
-    /// Gated FFN activation `[n, hidden]`.
-    u: Vec<f32>,
+    /// [`Buf::X`] to [`Buf::U`] (indexed by [`Buf`]'s order), each `[n, width]` with the width of
+    /// [`Pass::width`].
+    bufs: [Vec<f32>; 7],
     /// One embedding row `[d]`.
     row: Vec<f32>,
 }
 
 impl Scratch {
     fn new(n: usize, d: usize, hidden: usize) -> Scratch {
+        let b = |w: usize| vec![0.0; n * w];
         Scratch {
-            x: vec![0.0; n * d],
-            h: vec![0.0; n * d],
-            qkv: vec![0.0; n * 3 * d],
-            attn: vec![0.0; n * d],
-            tmp: vec![0.0; n * d],
-            g: vec![0.0; n * 2 * hidden],
-            u: vec![0.0; n * hidden],
+            // X, H, Qkv, Attn, Tmp, G, U.
+            bufs: [b(d), b(d), b(3 * d), b(d), b(d), b(2 * hidden), b(hidden)],
             row: vec![0.0; d],
         }
+    }
+}
+
+/// The buffers of one pass: its stack's work buffers, `transformer_out` and its logits.
+struct PassBufs<'a> {
+    work: &'a mut Scratch,
+    out: &'a mut Vec<f32>,
+    logits: &'a mut Vec<f32>,
+}
+
+impl PassBufs<'_> {
+    fn get(&mut self, b: Buf) -> &mut Vec<f32> {
+        match b {
+            Buf::Out => &mut *self.out,
+            Buf::Logits => &mut *self.logits,
+            // X ..= U, in declaration order.
+            b => &mut self.work.bufs[b as usize],
+        }
+    }
+
+    /// `f(from, to)` over two distinct buffers (the plan's check refuses an op whose two are the
+    /// same): `to` is moved out for the call and back after it, which allocates nothing.
+    fn pair<R>(&mut self, from: Buf, to: Buf, f: impl FnOnce(&mut [f32], &mut [f32]) -> R) -> R {
+        let mut dst = std::mem::take(self.get(to));
+        let r = f(self.get(from), &mut dst);
+        *self.get(to) = dst;
+        r
     }
 }
 
@@ -173,46 +188,6 @@ fn add_embedding(
     Ok(())
 }
 
-/// One pre-norm transformer layer over the first `n` rows of `t` (width `d`, FFN width `hidden`,
-/// RMS-norm epsilon `eps`), in place on `t.x`: the attention block, then the gated SiLU FFN, each
-/// added to the residual. `attend(b, qkv, out)` is the part the two transformers do differently
-/// (positions, caches, context): it gets row `b`'s fused `[3·d]` Q, K, V and writes its `[d]`
-/// attention output.
-fn layer_step(
-    t: &mut Scratch,
-    w: LayerWeights<'_>,
-    (d, hidden, eps): (usize, usize, f32),
-    n: usize,
-    pool: &Pool,
-    mut attend: impl FnMut(usize, &mut [f32], &mut [f32]),
-) {
-    rms_norm_rows(&t.x, w.norm1, eps, d, n, &mut t.h);
-    pool.matmul(w.in_proj, &t.h, n, &mut t.qkv);
-    for (b, (qkv, out)) in t
-        .qkv
-        .chunks_exact_mut(3 * d)
-        .zip(t.attn.chunks_exact_mut(d))
-        .take(n)
-        .enumerate()
-    {
-        attend(b, qkv, out);
-    }
-    pool.matmul(w.out_proj, &t.attn, n, &mut t.tmp);
-    ops::add(&mut t.x[..n * d], &t.tmp[..n * d]);
-
-    rms_norm_rows(&t.x, w.norm2, eps, d, n, &mut t.h);
-    pool.matmul(w.lin_in, &t.h, n, &mut t.g);
-    for (g, u) in
-        t.g.chunks_exact(2 * hidden)
-            .zip(t.u.chunks_exact_mut(hidden))
-            .take(n)
-    {
-        ops::silu_gate(g, u);
-    }
-    pool.matmul(w.lin_out, &t.u, n, &mut t.tmp);
-    ops::add(&mut t.x[..n * d], &t.tmp[..n * d]);
-}
-
 /// RMS norm of the first `n` rows (`d` values each) of `x` into `out`.
 fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, d: usize, n: usize, out: &mut [f32]) {
     for b in 0..n {
@@ -231,7 +206,22 @@ impl LmModel {
     /// Load every tensor of the weight table ([`LmTensors::table`]) from `src` for `spec`.
     pub fn from_source<S: TensorSource + ?Sized>(src: &S, spec: LmSpec) -> Result<Self, LmError> {
         let w = LmTensors::table(&spec).try_map(|m| src.load(m), |v| src.vector(&v.name, v.len))?;
-        Ok(LmModel { spec, w })
+        let plan = LmPlan::new(&spec);
+        Ok(LmModel { spec, w, plan })
+    }
+
+    /// The same weights running `plan` instead of the model's own ([`LmPlan::new`]): a model whose
+    /// layers are these ops in another order, or a test's broken plan. Refused, with a typed
+    /// error, unless the plan fits the model ([`LmPlan::check`]).
+    pub fn with_plan(mut self, plan: LmPlan) -> Result<LmModel, LmError> {
+        plan.check(&self.spec)?;
+        self.plan = plan;
+        Ok(self)
+    }
+
+    /// The ops the steps run.
+    pub fn plan(&self) -> &LmPlan {
+        &self.plan
     }
 
     /// Every weight, in the table's structure ([`LmTensors`]).
@@ -377,44 +367,10 @@ impl LmModel {
         tokens: &[u32],
         pool: &Pool,
     ) -> Result<(), LmError> {
-        let s = &self.spec;
-        let (n, k_streams) = (rows.len(), s.num_streams());
         check_active_rows(rows, st.n)?;
         // Validate everything before touching the state.
-        s.check_input_tokens(n, tokens)?;
-        let d = s.dim;
-        // Embedding sum in Python order: audio tables 0..n_q, then text.
-        let t = &mut st.temporal;
-        t.x[..n * d].fill(0.0);
-        for (b, col) in tokens.chunks_exact(k_streams).enumerate() {
-            let x = &mut t.x[b * d..(b + 1) * d];
-            for (i, table) in self.w.audio_emb.iter().enumerate() {
-                add_embedding(table, col[1 + i], 1 + i, x, &mut t.row)?;
-            }
-            add_embedding(&self.w.text_emb, col[0], 0, x, &mut t.row)?;
-        }
-
-        let nl = s.num_layers;
-        for l in 0..nl {
-            let (kv, pos) = (&mut st.kv, &st.pos);
-            let dims = (d, s.hidden, s.eps);
-            layer_step(t, self.temporal_layer(l), dims, n, pool, |b, qkv, out| {
-                let row = rows[b];
-                // q and k are adjacent: one call rotates both with one set of angles.
-                let heads = 2 * s.num_heads;
-                ops::rope_interleaved(&mut qkv[..2 * d], heads, s.head_dim, pos[row], s.max_period);
-                let (q, kvp) = qkv.split_at_mut(d);
-                let (k, v) = kvp.split_at_mut(d);
-                let ring = &mut kv[row * nl + l];
-                ring.push(k, v);
-                // Heads split over the pool (bit-identical to `attend`; single-threaded below 16
-                // entries). Its per-thread score scratch grows once, at the first call with >= 16
-                // entries for a given thread count.
-                ring.attend_pool(q, out, s.context, pool);
-            });
-        }
-        rms_norm_rows(&t.x, &self.w.out_norm, s.eps, d, n, &mut st.tout);
-        pool.matmul(&self.w.text_linear, &st.tout, n, &mut st.text_logits);
+        self.spec.check_input_tokens(rows.len(), tokens)?;
+        self.run_pass(&self.plan.temporal, st, rows, tokens, pool)?;
         for &b in rows {
             st.pos[b] += 1;
         }
@@ -465,35 +421,112 @@ impl LmModel {
                 st.dep_next
             )));
         }
-        let ndl = s.dep_layers;
-        if k == 0 {
-            for &b in rows {
-                for r in &mut st.dep_kv[b * ndl..(b + 1) * ndl] {
-                    r.reset();
+        // Step 0 empties the Depformer's rings (its attention ops, `AttendAt::Step(0)`).
+        self.run_pass(&self.plan.depformer[k], st, rows, prev_tokens, pool)?;
+        st.dep_next = k + 1;
+        Ok(&st.dep_logits)
+    }
+
+    /// Runs the ops of `pass` over the `rows` of `st` (`tokens`: the rows' input columns for a
+    /// temporal pass, their previous tokens for a Depformer step). Allocates nothing.
+    fn run_pass(
+        &self,
+        pass: &Pass,
+        st: &mut LmState,
+        rows: &[usize],
+        tokens: &[u32],
+        pool: &Pool,
+    ) -> Result<(), LmError> {
+        let (s, w, n) = (&self.spec, &self.w, rows.len());
+        // The stack's work buffers, logits and KV rings (`per_row` layers per row, row-major).
+        let (work, logits, kv, per_row) = match pass.stack {
+            Stack::Temporal => (
+                &mut st.temporal,
+                &mut st.text_logits,
+                &mut st.kv,
+                s.num_layers,
+            ),
+            Stack::Depformer => (
+                &mut st.dep,
+                &mut st.dep_logits,
+                &mut st.dep_kv,
+                s.dep_layers,
+            ),
+        };
+        let out = &mut st.tout;
+        let mut bufs = PassBufs { work, out, logits };
+        let width = |b: Buf| pass.width(b, s);
+        for op in &pass.ops {
+            match *op {
+                Op::Zero { to } => bufs.get(to)[..n * width(to)].fill(0.0),
+                Op::Embed { table, token, to } => {
+                    let (table, d) = (table.of(w), width(to));
+                    let mut x = std::mem::take(bufs.get(to));
+                    let row = &mut bufs.work.row;
+                    let r = (0..n).try_for_each(|b| {
+                        let (t, stream) = match token {
+                            Token::Input(i) => (tokens[b * s.num_streams() + i], i),
+                            Token::Previous(k) => (tokens[b], k),
+                        };
+                        add_embedding(table, t, stream, &mut x[b * d..(b + 1) * d], row)
+                    });
+                    *bufs.get(to) = x;
+                    r?;
+                }
+                Op::RmsNorm { weight, from, to } => {
+                    let (v, d) = (weight.of(w), width(from));
+                    bufs.pair(from, to, |x, y| rms_norm_rows(x, v, s.eps, d, n, y));
+                }
+                Op::MatMul { weight, from, to } => {
+                    let m = weight.of(w);
+                    bufs.pair(from, to, |x, y| pool.matmul(m, x, n, y));
+                }
+                Op::Attend { layer, at } => {
+                    let d = width(Buf::Attn);
+                    bufs.pair(Buf::Qkv, Buf::Attn, |qkv, att| {
+                        let rows_qkv = qkv.chunks_exact_mut(3 * d).zip(att.chunks_exact_mut(d));
+                        for (b, (qkv, out)) in rows_qkv.take(n).enumerate() {
+                            let row = rows[b];
+                            let ring = &mut kv[row * per_row + layer];
+                            if at == AttendAt::Rotary {
+                                // q and k are adjacent: one call rotates both with one set of
+                                // angles.
+                                let (heads, pos) = (2 * s.num_heads, st.pos[row]);
+                                let qk = &mut qkv[..2 * d];
+                                ops::rope_interleaved(qk, heads, s.head_dim, pos, s.max_period);
+                            } else if at == AttendAt::Step(0) {
+                                ring.reset();
+                            }
+                            let (q, kvp) = qkv.split_at_mut(d);
+                            let (k, v) = kvp.split_at_mut(d);
+                            ring.push(k, v);
+                            match at {
+                                // Heads split over the pool (bit-identical to `attend`;
+                                // single-threaded below 16 entries). Its per-thread score scratch
+                                // grows once, at the first call with >= 16 entries for a given
+                                // thread count.
+                                AttendAt::Rotary => ring.attend_pool(q, out, s.context, pool),
+                                // Slot k of a ring emptied at step 0: the k-th push.
+                                AttendAt::Step(_) => ring.attend(q, out, s.dep_q),
+                            }
+                        }
+                    });
+                }
+                Op::SiluGate { from, to } => {
+                    let h = width(to);
+                    bufs.pair(from, to, |g, u| {
+                        for (g, u) in g.chunks_exact(2 * h).zip(u.chunks_exact_mut(h)).take(n) {
+                            ops::silu_gate(g, u);
+                        }
+                    });
+                }
+                Op::AddInto { from, to } => {
+                    let d = width(to);
+                    bufs.pair(from, to, |a, x| ops::add(&mut x[..n * d], &a[..n * d]));
                 }
             }
         }
-        let table = &self.w.dep_token_emb[k];
-        let t = &mut st.dep;
-        pool.matmul(&self.w.dep_in[k], &st.tout, n, &mut t.x);
-        let dd = s.dep_dim;
-        for (b, &prev) in prev_tokens.iter().enumerate() {
-            add_embedding(table, prev, k, &mut t.x[b * dd..(b + 1) * dd], &mut t.row)?;
-        }
-        for j in 0..ndl {
-            let kv = &mut st.dep_kv;
-            let dims = (dd, s.dep_hidden, s.eps);
-            layer_step(t, self.dep_layer(j, k), dims, n, pool, |b, qkv, out| {
-                let (q, kvp) = qkv.split_at_mut(dd);
-                let (kk, v) = kvp.split_at_mut(dd);
-                let ring = &mut kv[rows[b] * ndl + j];
-                ring.push(kk, v);
-                ring.attend(q, out, s.dep_q);
-            });
-        }
-        pool.matmul(&self.w.dep_linear[k], &t.x, n, &mut st.dep_logits);
-        st.dep_next = k + 1;
-        Ok(&st.dep_logits)
+        Ok(())
     }
 }
 
