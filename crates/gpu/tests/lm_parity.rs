@@ -9,10 +9,11 @@ mod common;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use gpu::{GpuContext, GpuLm, GpuLmWeights};
+use gpu::{GpuContext, GpuError, GpuLm, GpuLmOptions, GpuLmWeights};
 use kernels::Pool;
 use model::lm::{
-    CpuLm, Generator, KvDtype, LmBackend, LmError, LmFrame, LmModel, LmObserver, LmRecorder,
+    CpuLm, Generator, KvDtype, LmBackend, LmError, LmFrame, LmModel, LmObserver, LmPlan,
+    LmRecorder, Op,
 };
 use model::sampling::{Sampler, SamplerConfig};
 use testkit::compare::max_abs_diff;
@@ -96,6 +97,65 @@ fn check_format(ctx: &GpuContext, dir: &str) {
 fn f32_weights_match_oracle_and_cpu() {
     let Some(ctx) = common::context() else { return };
     check_format(&ctx, "lm");
+}
+
+/// The device records its plan: each broken plan (`model::lm::broken_plans`) is recorded, runs,
+/// and fails the oracle's trace (the model's own plan passes it: `f32_weights_match_oracle_and_cpu`);
+/// a plan this device cannot record (an intermediate left unfused) is refused.
+#[test]
+fn a_broken_plan_fails_parity_on_the_device() {
+    let Some(ctx) = common::context() else { return };
+    let trace = TensorFile::open(fixtures().join("lm/trace.safetensors"));
+    let steps = trace.i64("input_tokens").1[0];
+    let w = checkpoint_weights(&ctx, "lm");
+    let opts = GpuLmOptions::default();
+    for (name, plan) in model::lm::broken_plans(w.spec()) {
+        let g = run(
+            Box::new(GpuLm::with_plan(w.clone(), 1, opts, &plan).unwrap()),
+            steps,
+        );
+        let d = |got: &[f32], name| max_abs_diff(got, &trace.f32(name).0);
+        let d = d(&g.transformer_out, "transformer_out")
+            .max(d(&g.text_logits, "text_logits"))
+            .max(d(&g.depformer_logits, "depformer_logits"));
+        eprintln!("{name}: {d:e} from the oracle");
+        assert!(d > 1e-2, "{name}: {d}");
+    }
+    // Layer 0's residual add after out_proj dropped: out_proj's output (an intermediate) unread.
+    let mut plan = LmPlan::new(w.spec());
+    let add = plan
+        .temporal
+        .ops
+        .iter()
+        .position(|op| matches!(op, Op::AddInto { .. }))
+        .unwrap();
+    plan.temporal.ops.remove(add);
+    let r = GpuLm::with_plan(w, 1, opts, &plan);
+    assert!(matches!(r, Err(GpuError::Unsupported { .. })), "{r:?}");
+}
+
+/// The plan recorded with its fusions: per layer 5 launches (`in_proj` with the norm, attention,
+/// `out_proj` accumulating, `lin_in` with the norm and the gated SiLU, `lin_out` accumulating), 6
+/// when the attention's keys span several chunks (its merge); the temporal step adds one launch
+/// per embedding table, the out norm and the text head, a Depformer step its input projection,
+/// its token embedding and its head. The tiny model's matrices are one chunk each; these are the
+/// counts the recording had before the plan existed.
+#[test]
+fn the_recorded_plan_fuses_into_five_launches_a_layer() {
+    let Some(ctx) = common::context() else { return };
+    let w = checkpoint_weights(&ctx, "lm");
+    let s = w.spec().clone();
+    for (chunk, per_layer) in [(64, 5), (4, 6)] {
+        let opts = GpuLmOptions {
+            attention_chunk: chunk,
+            ..GpuLmOptions::default()
+        };
+        let g = GpuLm::with_options(w.clone(), 1, opts).unwrap();
+        let temporal = s.num_streams() + per_layer * s.num_layers + 2;
+        let dep = 2 + per_layer * s.dep_layers + 1;
+        assert_eq!(g.dispatches_per_step(), (temporal, dep), "chunks of {chunk}");
+        assert_eq!(g.dispatches_per_frame(), temporal + 1 + s.dep_q * (dep + 1));
+    }
 }
 
 /// The oracle's LM fixtures in a weight format other than f32 (`lm`).

@@ -1,20 +1,22 @@
 //! The LM on the device: [`GpuLmWeights`] (every weight, uploaded once per engine) and [`GpuLm`]
 //! (one batch's KV rings, work buffers and recorded dispatches; an
-//! [`LmBackend`](model::lm::LmBackend)). The files, by job: this one (upload, the recorded
-//! dispatches), `stepping` (the steps), `attention` (one attention layer alone, for tests).
+//! [`LmBackend`](model::lm::LmBackend)). The files, by job: this one (upload, buffers),
+//! `record` (the model's [`LmPlan`] recorded as launches: the layer sequence is not restated
+//! here), `stepping` (the steps), `attention` (one attention layer alone, for tests).
 
 use std::sync::Arc;
 
 use kernels::{CheckpointParts, WeightFormat};
-use model::lm::{KvDtype, LmModel, LmSpec, LmTensors, MatrixRef, Projections, TensorSource};
+use model::lm::{KvDtype, LmModel, LmPlan, LmSpec, LmTensors, MatrixRef, TensorSource};
 
 use crate::context::GpuContext;
 use crate::dispatch::{Dispatch, Grid};
-use crate::matrix::{f32_bytes, GpuMatrix, Op};
+use crate::matrix::{f32_bytes, GpuMatrix};
 use crate::sample::SampleStage;
-use crate::shaders::{step, Fuse, Module, MAX_ROWS};
-use crate::uniforms::{MatParams, Misc};
+use crate::shaders::{step, Module, MAX_ROWS};
+use crate::uniforms::Misc;
 use crate::GpuError;
+use record::{Recorded, Shared, StackBufs};
 
 /// Every LM weight in device memory, in its checkpoint format; shared (behind an `Arc`) by the
 /// backends of one engine. Built from the model's weight table ([`LmTensors::table`]): matrices as
@@ -197,9 +199,7 @@ struct Stack {
     d: usize,
     heads: usize,
     head_dim: usize,
-    hidden: usize,
     ctx: usize,
-    eps: f32,
     attn: AttnPlan,
 }
 
@@ -320,129 +320,6 @@ fn attention_dispatches(ctx: &GpuContext, m: Misc, b: &AttnBufs<'_>, out: &mut V
     }
 }
 
-/// Everything a stack's layer dispatches bind besides its weights.
-struct LayerBinds<'a> {
-    ctx: &'a GpuContext,
-    work: &'a Work,
-    norms: &'a wgpu::Buffer,
-    step: &'a wgpu::Buffer,
-    rope: &'a wgpu::Buffer,
-    partials: &'a wgpu::Buffer,
-    stack: Stack,
-}
-
-impl LayerBinds<'_> {
-    fn simple(&self, module: Module, m: Misc, bufs: &[&wgpu::Buffer], grid: Grid) -> Dispatch {
-        misc_dispatch(self.ctx, module, m, bufs, grid)
-    }
-
-    fn norm(&self, from: &wgpu::Buffer, to: &wgpu::Buffer, w_off: usize) -> Dispatch {
-        let s = self.stack;
-        let m = Misc {
-            d: s.d as u32,
-            w_off: w_off as u32,
-            eps: s.eps,
-            ..Default::default()
-        };
-        self.simple(
-            Module::RmsNorm,
-            m,
-            &[from, self.norms, to, self.step],
-            Grid::PerRow(1),
-        )
-    }
-
-    /// The dispatches of one layer: x += attn(norm1 x); x += ffn(norm2 x), 5 launches (6 with
-    /// the attention's merge): the norms run inside `in_proj` and `lin_in` ([`Fuse::Norm`]), the
-    /// gated SiLU in `lin_in`'s epilogue ([`Fuse::NormGate`]), the residual adds in `out_proj`'s
-    /// and `lin_out`'s (`accumulate`). `fixed_slot` is the Depformer step (its ring slot; no
-    /// RoPE), `None` for the temporal stack.
-    fn layer(
-        &self,
-        (norm1, norm2, w): (usize, usize, &Projections<GpuMatrix>),
-        kc: &wgpu::Buffer,
-        vc: &wgpu::Buffer,
-        fixed_slot: Option<usize>,
-        out: &mut Vec<Dispatch>,
-    ) {
-        let (s, wk, ctx) = (self.stack, self.work, self.ctx);
-        // `y (+)= W f(x)` over the step's rows of `x` (stride `ld_x`) and `y` (stride `ld_y`),
-        // `f` the fused norm of weights at `norm` (and gate) or nothing.
-        let matmul = |m: &GpuMatrix,
-                      (fuse, norm): (Fuse, usize),
-                      x: &wgpu::Buffer,
-                      y: &wgpu::Buffer,
-                      (ld_x, ld_y): (usize, usize),
-                      accumulate: bool| {
-            let p = MatParams {
-                ld_x: ld_x as u32,
-                ld_y: ld_y as u32,
-                accumulate,
-                norm_off: norm as u32,
-                eps: s.eps,
-                ..Default::default()
-            };
-            m.dispatches(ctx, Op::Matmul(fuse), x, y, self.step, self.norms, &p)
-        };
-        let plain = (Fuse::Plain, 0);
-        let misc = Misc {
-            d: s.d as u32,
-            heads: s.heads as u32,
-            head_dim: s.head_dim as u32,
-            ctx: s.ctx as u32,
-            fixed_slot: fixed_slot.map_or(-1, |k| k as i32),
-            rope: fixed_slot.is_none(),
-            kv16: s.attn.kv16,
-            chunk: s.attn.chunk as u32,
-            nchunks: s.attn.nchunks as u32,
-            direct: s.attn.nchunks == 1,
-            ..Default::default()
-        };
-        out.extend(matmul(
-            &w.in_proj,
-            (Fuse::Norm, norm1),
-            &wk.x,
-            &wk.qkv,
-            (s.d, 3 * s.d),
-            false,
-        ));
-        let bufs = AttnBufs {
-            qkv: &wk.qkv,
-            kc,
-            vc,
-            step: self.step,
-            rope: self.rope,
-            partials: self.partials,
-            dst: &wk.attn,
-        };
-        attention_dispatches(ctx, misc, &bufs, out);
-        out.extend(matmul(
-            &w.out_proj,
-            plain,
-            &wk.attn,
-            &wk.x,
-            (s.d, s.d),
-            true,
-        ));
-        out.extend(matmul(
-            &w.lin_in,
-            (Fuse::NormGate, norm2),
-            &wk.x,
-            &wk.u,
-            (s.d, s.hidden),
-            false,
-        ));
-        out.extend(matmul(
-            &w.lin_out,
-            plain,
-            &wk.u,
-            &wk.x,
-            (s.hidden, s.d),
-            true,
-        ));
-    }
-}
-
 /// The GPU LM backend of `rows` sessions: their KV rings and work buffers in device memory, every
 /// dispatch of a temporal step and of each Depformer step recorded at construction (pipelines,
 /// bind groups, uniforms), a readback ring for the logits, and the host copies the seam returns.
@@ -455,9 +332,9 @@ impl LayerBinds<'_> {
 pub struct GpuLm {
     w: Arc<GpuLmWeights>,
     rows: usize,
-    temporal: Vec<Dispatch>,
-    dep: Vec<Vec<Dispatch>>,
-    x: wgpu::Buffer,
+    /// The plan's temporal pass and Depformer passes, recorded (`record.rs`).
+    temporal: Recorded,
+    dep: Vec<Recorded>,
     tout: wgpu::Buffer,
     text_logits_dev: wgpu::Buffer,
     dep_logits_dev: wgpu::Buffer,
@@ -529,7 +406,25 @@ impl GpuLm {
         rows: usize,
         opts: GpuLmOptions,
     ) -> Result<GpuLm, GpuError> {
+        let plan = LmPlan::new(&w.spec);
+        Self::with_plan(w, rows, opts, &plan)
+    }
+
+    /// [`GpuLm::with_options`] running `plan` instead of the model's own ([`LmPlan::new`]): a
+    /// model whose layers are these ops in another order, or a test's broken plan. Refused, with a
+    /// typed error, when the plan does not fit the weights' model ([`LmPlan::check`]) or leaves an
+    /// op this device does not run alone (`record.rs`).
+    pub fn with_plan(
+        w: Arc<GpuLmWeights>,
+        rows: usize,
+        opts: GpuLmOptions,
+        plan: &LmPlan,
+    ) -> Result<GpuLm, GpuError> {
         let s = w.spec.clone();
+        plan.check(&s).map_err(|e| GpuError::Unsupported {
+            format: "an LM plan".into(),
+            why: e.to_string(),
+        })?;
         if rows == 0 || rows > MAX_ROWS {
             return Err(GpuError::Unsupported {
                 format: format!("a batch of {rows} rows"),
@@ -592,18 +487,14 @@ impl GpuLm {
             d: s.dim,
             heads: s.num_heads,
             head_dim: s.head_dim,
-            hidden: s.hidden,
             ctx: s.context,
-            eps: s.eps,
             attn: t_attn,
         };
         let dep_stack = Stack {
             d: s.dep_dim,
             heads: s.dep_heads,
             head_dim: s.dep_head_dim,
-            hidden: s.dep_hidden,
             ctx: s.dep_q,
-            eps: s.eps,
             attn: d_attn,
         };
         let partials = ctx.buffer(
@@ -622,135 +513,57 @@ impl GpuLm {
             ctx.buffer("text_logits", (rows * s.text_card * 4) as u64, storage)?;
         let dep_logits_dev = ctx.buffer("dep_logits", (rows * s.card * 4) as u64, storage)?;
         let dummy = ctx.buffer("dummy", 4, storage)?;
-        let mut keep = Vec::new();
-
-        // Temporal step.
-        let mut temporal = Vec::new();
-        let tb = LayerBinds {
+        let rings = |n: usize, bytes: u64, k: &str, v: &str| {
+            (0..n)
+                .map(|_| {
+                    Ok((
+                        ctx.buffer(k, bytes, storage)?,
+                        ctx.buffer(v, bytes, storage)?,
+                    ))
+                })
+                .collect::<Result<Vec<_>, GpuError>>()
+        };
+        let t_rings = rings(s.num_layers, kv_bytes, "k_ring", "v_ring")?;
+        let dep_kv_bytes = (rows * s.dep_q * s.dep_dim * 4) as u64;
+        let dep_rings = rings(s.dep_layers, dep_kv_bytes, "dep_k", "dep_v")?;
+        let prev_base = step::TOKENS + MAX_ROWS * k_streams;
+        let table = LmTensors::table(&s);
+        let shared = Shared {
             ctx: &ctx,
-            work: &tw,
+            spec: &s,
+            w: &w.w,
+            table: &table,
             norms: &w.norms,
             step: &step_buf,
             rope: &rope,
             partials: &partials,
-            stack: temporal_stack,
+            dummy: &dummy,
+            out: &tout,
+            prev_base,
         };
-        let emb_p = |slot: usize, ld: usize| MatParams {
-            ld_y: ld as u32,
-            tok_base: step::TOKENS as u32,
-            tok_stride: k_streams as u32,
-            tok_slot: slot as u32,
-            ..Default::default()
+        let t_stack = StackBufs {
+            dims: temporal_stack,
+            work: &tw,
+            logits: &text_logits_dev,
+            rings: &t_rings,
         };
-        // Python order: audio tables, then text (the sum is rounded in this order).
-        let ww = &w.w;
-        for (i, m) in ww.audio_emb.iter().enumerate() {
-            temporal.extend(m.dispatches(
-                &ctx,
-                Op::Embed,
-                &dummy,
-                &tw.x,
-                &step_buf,
-                &dummy,
-                &emb_p(1 + i, s.dim),
-            ));
-        }
-        temporal.extend(ww.text_emb.dispatches(
-            &ctx,
-            Op::Embed,
-            &dummy,
-            &tw.x,
-            &step_buf,
-            &dummy,
-            &emb_p(0, s.dim),
-        ));
-        for l in &ww.layers {
-            let kc = ctx.buffer("k_ring", kv_bytes, storage)?;
-            let vc = ctx.buffer("v_ring", kv_bytes, storage)?;
-            tb.layer((l.norm1, l.norm2, &l.proj), &kc, &vc, None, &mut temporal);
-            keep.push(kc);
-            keep.push(vc);
-        }
-        temporal.push(tb.norm(&tw.x, &tout, ww.out_norm));
-        let head_p = |ld_x: usize, ld_y: usize| MatParams {
-            ld_x: ld_x as u32,
-            ld_y: ld_y as u32,
-            ..Default::default()
-        };
-        temporal.extend(ww.text_linear.dispatches(
-            &ctx,
-            Op::Matmul(Fuse::Plain),
-            &tout,
-            &text_logits_dev,
-            &step_buf,
-            &w.norms,
-            &head_p(s.dim, s.text_card),
-        ));
-
-        // Depformer steps.
-        let db = LayerBinds {
-            ctx: &ctx,
+        let temporal = shared.record(&plan.temporal, &t_stack)?;
+        let d_stack = StackBufs {
+            dims: dep_stack,
             work: &dw,
-            stack: dep_stack,
-            ..tb
+            logits: &dep_logits_dev,
+            rings: &dep_rings,
         };
-        let dep_kv = (0..s.dep_layers)
-            .map(|_| {
-                let n = (rows * s.dep_q * s.dep_dim * 4) as u64;
-                Ok((
-                    ctx.buffer("dep_k", n, storage)?,
-                    ctx.buffer("dep_v", n, storage)?,
-                ))
-            })
-            .collect::<Result<Vec<_>, GpuError>>()?;
-        let prev_base = step::TOKENS + MAX_ROWS * k_streams;
-        let mut dep = Vec::with_capacity(s.dep_q);
-        for k in 0..s.dep_q {
-            let mut d = Vec::new();
-            d.extend(ww.dep_in[k].dispatches(
-                &ctx,
-                Op::Matmul(Fuse::Plain),
-                &tout,
-                &dw.x,
-                &step_buf,
-                &w.norms,
-                &head_p(s.dim, s.dep_dim),
-            ));
-            let p = MatParams {
-                ld_y: s.dep_dim as u32,
-                tok_base: prev_base as u32,
-                tok_stride: 1,
-                tok_slot: 0,
-                ..Default::default()
-            };
-            d.extend(ww.dep_token_emb[k].dispatches(
-                &ctx,
-                Op::Embed,
-                &dummy,
-                &dw.x,
-                &step_buf,
-                &dummy,
-                &p,
-            ));
-            for (j, l) in ww.dep_layers.iter().enumerate() {
-                let weights = (l.norm1, l.norm2, &l.steps[k]);
-                db.layer(weights, &dep_kv[j].0, &dep_kv[j].1, Some(k), &mut d);
-            }
-            d.extend(ww.dep_linear[k].dispatches(
-                &ctx,
-                Op::Matmul(Fuse::Plain),
-                &dw.x,
-                &dep_logits_dev,
-                &step_buf,
-                &w.norms,
-                &head_p(s.dep_dim, s.card),
-            ));
-            dep.push(d);
-        }
-        for (k, v) in dep_kv {
-            keep.push(k);
-            keep.push(v);
-        }
+        let dep = plan
+            .depformer
+            .iter()
+            .map(|p| shared.record(p, &d_stack))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut keep: Vec<wgpu::Buffer> = t_rings
+            .into_iter()
+            .chain(dep_rings)
+            .flat_map(|(k, v)| [k, v])
+            .collect();
         keep.push(partials);
         keep.push(dummy);
 
@@ -779,7 +592,6 @@ impl GpuLm {
         let freqs = (0..half).map(|i| (i as f32 * kf).exp()).collect();
         ctx.wait()?;
         Ok(GpuLm {
-            x: tw.x.clone(),
             tout,
             text_logits_dev,
             dep_logits_dev,
@@ -816,7 +628,8 @@ impl GpuLm {
 
     /// Number of kernel launches of a temporal step and of one Depformer step.
     pub fn dispatches_per_step(&self) -> (usize, usize) {
-        (self.temporal.len(), self.dep.first().map_or(0, |d| d.len()))
+        let dep = self.dep.first().map_or(0, |d| d.dispatches.len());
+        (self.temporal.dispatches.len(), dep)
     }
 
     /// Kernel launches of a whole sampled frame ([`LmBackend::sampled_step`](model::lm::LmBackend::sampled_step)).
@@ -837,6 +650,7 @@ impl GpuLm {
 }
 
 mod attention;
+mod record;
 mod stepping;
 
 pub use attention::{AttentionRow, AttentionShape, GpuAttention};

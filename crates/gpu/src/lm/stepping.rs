@@ -62,17 +62,17 @@ impl GpuLm {
         let mut enc = ctx
             .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-        if temporal {
-            enc.clear_buffer(&self.x, 0, None);
+        let rec = if temporal {
+            &self.temporal
+        } else {
+            &self.dep[k]
+        };
+        for b in &rec.clears {
+            enc.clear_buffer(b, 0, None);
         }
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-            let list = if temporal {
-                &self.temporal
-            } else {
-                &self.dep[k]
-            };
-            for d in list {
+            for d in &rec.dispatches {
                 d.record(&mut pass, n as u32);
             }
         }
@@ -313,18 +313,27 @@ impl GpuLm {
     /// Records the launches of a sampled step of `n` rows into `enc`: the temporal step, text
     /// sampling, then each Depformer step and its sampling (one compute pass).
     pub(crate) fn record_sampled(&self, enc: &mut wgpu::CommandEncoder, n: usize) {
-        enc.clear_buffer(&self.x, 0, None);
-        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
         let m = n as u32;
-        for d in &self.temporal {
-            d.record(&mut pass, m);
-        }
-        self.sample.text.record(&mut pass, m);
-        for dep in &self.dep {
-            for d in dep {
-                d.record(&mut pass, m);
+        let parts = std::iter::once((&self.temporal, &self.sample.text))
+            .chain(self.dep.iter().map(|d| (d, &self.sample.audio)));
+        // One compute pass for the whole step; a pass whose plan zeroes a buffer ends it for the
+        // encoder's clear (the temporal pass, before anything is recorded).
+        let mut pass: Option<wgpu::ComputePass<'static>> = None;
+        for (rec, sample) in parts {
+            if !rec.clears.is_empty() {
+                drop(pass.take());
+                for b in &rec.clears {
+                    enc.clear_buffer(b, 0, None);
+                }
             }
-            self.sample.audio.record(&mut pass, m);
+            let p = pass.get_or_insert_with(|| {
+                enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default())
+                    .forget_lifetime()
+            });
+            for d in &rec.dispatches {
+                d.record(p, m);
+            }
+            sample.record(p, m);
         }
     }
 
