@@ -8,6 +8,8 @@ one model frame is 1920 samples (``FRAME_SIZE``, 80 ms). Compute runs with the G
 from os import PathLike
 from typing import Literal, Optional, Union
 
+from typing_extensions import TypedDict, Unpack
+
 import numpy as np
 import numpy.typing as npt
 
@@ -62,23 +64,25 @@ class Engine:
     @property
     def gpu_adapter(self) -> Optional[str]:
         """The GPU adapter the model runs on, or None on the CPU."""
-    def session(
-        self,
-        *,
-        greedy: bool = False,
-        seed: int = 42424242,
-        text_temperature: float = 0.7,
-        text_top_k: int = 25,
-        audio_temperature: float = 0.8,
-        audio_top_k: int = 250,
-        output_rate: int = 24000,
-        max_queued_frames: int = 4,
-        max_steps: Optional[int] = None,
-        first_frame_reset: bool = True,
-        pad_mult: Optional[float] = None,
-        repetition_penalty: Optional[float] = None,
-        repetition_penalty_context: int = 64,
-    ) -> "Session": ...
+    def session(self, **options: Unpack[_SessionOptions]) -> "Session":
+        """``Session(self, **options)``: the keywords and their defaults are ``Session``'s."""
+
+class _SessionOptions(TypedDict, total=False):
+    """The keywords of ``Session`` (defaults there), as ``Engine.session`` forwards them."""
+
+    greedy: bool
+    seed: int
+    text_temperature: float
+    text_top_k: int
+    audio_temperature: float
+    audio_top_k: int
+    output_rate: int
+    max_queued_frames: int
+    max_steps: Optional[int]
+    first_frame_reset: bool
+    pad_mult: Optional[float]
+    repetition_penalty: Optional[float]
+    repetition_penalty_context: int
 
 class PushReport:
     frames_completed: int

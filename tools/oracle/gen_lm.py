@@ -43,14 +43,22 @@ def bundle_config(kw: dict) -> dict:
     return cfg
 
 
-def perturb(model) -> list:
+def randomize_alphas(model, seed: int) -> list:
+    """Every RMSNorm gain (`.alpha`, constant 1 at init) drawn from U(0.5, 1.5) by a generator seeded
+    with `seed`, in parameter order (the LM and STT fixtures share the rule); their names."""
     names = []
-    g = torch.Generator().manual_seed(31337)
+    g = torch.Generator().manual_seed(seed)
     for name, p in model.named_parameters():
         if name.endswith(".alpha"):
             p.data = torch.empty_like(p).uniform_(0.5, 1.5, generator=g)
             names.append(name)
-        elif name == "text_linear.weight" or (name.startswith("linears.") and name.endswith(".weight")):
+    return names
+
+
+def perturb(model) -> list:
+    names = randomize_alphas(model, 31337)
+    for name, p in model.named_parameters():
+        if name == "text_linear.weight" or (name.startswith("linears.") and name.endswith(".weight")):
             p.data = p.data * HEAD_GAIN
     return names
 

@@ -98,13 +98,9 @@ def word_events(tokens, delay_tokens, prefix_frames, prs=None, pad=3, epad=0):
 
 
 def perturb(model, pad_gain: dict) -> list:
-    names = []
-    g = torch.Generator().manual_seed(4242)
+    names = gen_lm.randomize_alphas(model, 4242)
     for name, p in model.named_parameters():
-        if name.endswith(".alpha"):
-            p.data = torch.empty_like(p).uniform_(0.5, 1.5, generator=g)
-            names.append(name)
-        elif name == "text_linear.weight":
+        if name == "text_linear.weight":
             p.data = p.data * HEAD_GAIN
             for row, gain in pad_gain.items():
                 p.data[row] = p.data[row] * gain

@@ -8,8 +8,8 @@ use runtime::{Engine, EngineOptions};
 
 use crate::handle::{Shell, ENGINE};
 use crate::status::{
-    boundary, check_size, non_null, path_arg, read_options, write_default_options, COptions, Fail,
-    MnStatus,
+    boundary, bundle_dir_arg, check_size, non_null, read_options, write_default_options, COptions,
+    Fail, MnStatus,
 };
 
 /// A loaded model: the resident weights of one bundle, shared by any number of sessions.
@@ -139,21 +139,15 @@ pub unsafe extern "C" fn mn_engine_open(
     options: *const MnEngineOptions,
     engine: *mut *mut MnEngine,
 ) -> MnStatus {
-    boundary(|| {
-        non_null(engine, "engine")?;
+    let make = || {
         // SAFETY: forwarded contract.
         let opts = unsafe { read_options(options) }?;
-        let dir = if bundle_dir.is_null() {
-            embed::demo::materialize()?
-        } else {
-            // SAFETY: NUL-terminated by the caller's contract.
-            unsafe { path_arg(bundle_dir, "bundle_dir") }?.to_path_buf()
-        };
-        let e = Engine::open(&dir, opts)?;
-        // SAFETY: not NULL, writable by the caller's contract.
-        unsafe { engine.write(EngineShell::create(ENGINE, (), e).cast()) };
-        Ok(MnStatus::Ok)
-    })
+        // SAFETY: forwarded contract.
+        let dir = unsafe { bundle_dir_arg(bundle_dir, embed::demo::materialize) }?;
+        Ok(((), Engine::open(&dir, opts)?))
+    };
+    // SAFETY: forwarded contract.
+    unsafe { EngineShell::hand_out(engine, "engine", ENGINE, make) }
 }
 
 /// The engine behind a handle (an `Arc` clone; the engine's critical section is this clone only).

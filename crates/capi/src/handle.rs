@@ -9,7 +9,7 @@
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
-use crate::status::{Fail, MnStatus};
+use crate::status::{boundary, non_null, Fail, MnStatus};
 
 /// Tag of a destroyed handle.
 const DEAD: u32 = 0xDEAD_0000;
@@ -46,6 +46,28 @@ impl<T, S> Shell<T, S> {
             shared,
             state: UnsafeCell::new(Some(state)),
         }))
+    }
+
+    /// The whole body of a call that creates a handle (`mn_engine_open`, `mn_session_create`, ...):
+    /// refuses a NULL `out` (named `what` in the message) before anything is built, builds the shared
+    /// part and the state with `make`, and writes a new shell of `kind` to `*out` (the caller owns it
+    /// from then on). Nothing is written when `make` fails.
+    ///
+    /// # Safety
+    /// `out` is NULL or valid for writes.
+    pub unsafe fn hand_out<H>(
+        out: *mut *mut H,
+        what: &str,
+        kind: u32,
+        make: impl FnOnce() -> Result<(S, T), Fail>,
+    ) -> MnStatus {
+        boundary(|| {
+            non_null(out, what)?;
+            let (shared, state) = make()?;
+            // SAFETY: not NULL, writable by the caller's contract.
+            unsafe { out.write(Self::create(kind, shared, state).cast()) };
+            Ok(MnStatus::Ok)
+        })
     }
 
     /// Takes the busy flag, or fails with BUSY when another thread holds it.

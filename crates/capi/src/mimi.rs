@@ -38,8 +38,7 @@ pub unsafe extern "C" fn mn_mimi_open(
     threads: u32,
     mimi: *mut *mut MnMimi,
 ) -> MnStatus {
-    boundary(|| {
-        non_null(mimi, "mimi")?;
+    let make = || {
         // SAFETY: forwarded contract.
         let path = unsafe { path_arg(path, "path") }?;
         let config = if config.is_null() {
@@ -59,10 +58,10 @@ pub unsafe extern "C" fn mn_mimi_open(
             decoder: MimiDecoder::new(m),
             pool: (threads > 1).then(|| Pool::new(threads as usize)),
         };
-        // SAFETY: not NULL, writable by the caller's contract.
-        unsafe { mimi.write(MimiShell::create(MIMI, (), state).cast()) };
-        Ok(MnStatus::Ok)
-    })
+        Ok(((), state))
+    };
+    // SAFETY: forwarded contract.
+    unsafe { MimiShell::hand_out(mimi, "mimi", MIMI, make) }
 }
 
 /// Writes the frame size in samples (1920 for Mimi: 80 ms at 24 kHz) and the codes per frame.

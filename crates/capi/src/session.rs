@@ -2,6 +2,7 @@
 
 use std::ffi::c_char;
 
+use model::sampling::SamplingParams;
 use runtime::{Session, SessionControl, SessionOptions, Step};
 
 use crate::engine::{engine_arc, MnEngine};
@@ -65,7 +66,7 @@ impl COptions for MnSessionOptions {
 
     fn defaults() -> MnSessionOptions {
         let d = SessionOptions::default();
-        let p = embed::SamplingParams::default();
+        let p = SamplingParams::default();
         MnSessionOptions {
             struct_size: std::mem::size_of::<MnSessionOptions>() as u32,
             output_rate: d.output_rate,
@@ -95,7 +96,7 @@ impl COptions for MnSessionOptions {
                 "first_frame_reset must be 0 or 1",
             ));
         }
-        let sampling = embed::SamplingParams {
+        let sampling = SamplingParams {
             greedy: false,
             seed: self.seed,
             text_temperature: self.text_temperature,
@@ -139,8 +140,7 @@ pub unsafe extern "C" fn mn_session_create(
     options: *const MnSessionOptions,
     session: *mut *mut MnSession,
 ) -> MnStatus {
-    boundary(|| {
-        non_null(session, "session")?;
+    let make = || {
         // SAFETY: forwarded contract.
         let opts = unsafe { read_options(options) }?;
         // SAFETY: forwarded contract.
@@ -151,10 +151,10 @@ pub unsafe extern "C" fn mn_session_create(
             session: s,
             text: Vec::with_capacity(TEXT_RESERVE),
         };
-        // SAFETY: not NULL, writable by the caller's contract.
-        unsafe { session.write(SessionShell::create(SESSION, control, state).cast()) };
-        Ok(MnStatus::Ok)
-    })
+        Ok((control, state))
+    };
+    // SAFETY: forwarded contract.
+    unsafe { SessionShell::hand_out(session, "session", SESSION, make) }
 }
 
 /// Destroys a session handle (frees its memory; buffers it handed out become invalid). Afterwards every

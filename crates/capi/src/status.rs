@@ -153,6 +153,23 @@ pub(crate) unsafe fn path_arg<'a>(
         .map_err(|_| Fail::new(MnStatus::InvalidArgument, format!("{what} is not UTF-8")))
 }
 
+/// The bundle directory a `bundle_dir` argument names; when it is NULL, the one `demo` writes (the demo
+/// model compiled into the library).
+///
+/// # Safety
+/// As [`path_arg`].
+pub(crate) unsafe fn bundle_dir_arg(
+    bundle_dir: *const c_char,
+    demo: fn() -> Result<std::path::PathBuf, embed::EmbedError>,
+) -> Result<std::path::PathBuf, Fail> {
+    if bundle_dir.is_null() {
+        Ok(demo()?)
+    } else {
+        // SAFETY: forwarded contract.
+        Ok(unsafe { path_arg(bundle_dir, "bundle_dir") }?.to_path_buf())
+    }
+}
+
 /// An options struct of the C API: its defaults and the checked conversion to the Rust options it
 /// stands for.
 pub(crate) trait COptions: Copy {

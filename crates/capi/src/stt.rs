@@ -9,8 +9,8 @@ use runtime::{SttEngine, Transcriber, TranscriberOptions, TranscriptEvent};
 use crate::engine::MnEngineOptions;
 use crate::handle::{Shell, STT_ENGINE, STT_TRANSCRIBER};
 use crate::status::{
-    boundary, check_size, non_null, path_arg, read_options, write_default_options, COptions, Fail,
-    MnStatus,
+    boundary, bundle_dir_arg, check_size, non_null, read_options, write_default_options, COptions,
+    Fail, MnStatus,
 };
 
 /// A loaded speech-to-text model (Kyutai's stt-1b-en_fr / stt-2.6b-en bundles, or the bundled demo),
@@ -78,23 +78,17 @@ pub unsafe extern "C" fn mn_stt_engine_open(
     options: *const MnEngineOptions,
     engine: *mut *mut MnSttEngine,
 ) -> MnStatus {
-    boundary(|| {
-        non_null(engine, "engine")?;
+    let make = || {
         // SAFETY: forwarded contract.
         let opts = unsafe { read_options(options) }?;
+        // SAFETY: forwarded contract.
+        let dir = unsafe { bundle_dir_arg(bundle_dir, embed::demo_stt::materialize) }?;
+        let engine = SttEngine::open(&dir, opts)?;
         let demo = bundle_dir.is_null();
-        let dir = if demo {
-            embed::demo_stt::materialize()?
-        } else {
-            // SAFETY: NUL-terminated by the caller's contract.
-            unsafe { path_arg(bundle_dir, "bundle_dir") }?.to_path_buf()
-        };
-        let e = SttEngine::open(&dir, opts)?;
-        let state = SttEngineState { engine: e, demo };
-        // SAFETY: not NULL, writable by the caller's contract.
-        unsafe { engine.write(SttEngineShell::create(STT_ENGINE, (), state).cast()) };
-        Ok(MnStatus::Ok)
-    })
+        Ok(((), SttEngineState { engine, demo }))
+    };
+    // SAFETY: forwarded contract.
+    unsafe { SttEngineShell::hand_out(engine, "engine", STT_ENGINE, make) }
 }
 
 /// Destroys an STT engine handle. Transcribers created from it keep working. Afterwards every call with
@@ -244,8 +238,7 @@ pub unsafe extern "C" fn mn_stt_transcriber_create(
     options: *const MnSttOptions,
     transcriber: *mut *mut MnSttTranscriber,
 ) -> MnStatus {
-    boundary(|| {
-        non_null(transcriber, "transcriber")?;
+    let make = || {
         // SAFETY: forwarded contract.
         let opts = unsafe { read_options(options) }?;
         // SAFETY: forwarded contract.
@@ -255,10 +248,10 @@ pub unsafe extern "C" fn mn_stt_transcriber_create(
             text: Vec::with_capacity(WORD_RESERVE),
             tokens: Vec::with_capacity(WORD_RESERVE),
         };
-        // SAFETY: not NULL, writable by the caller's contract.
-        unsafe { transcriber.write(TranscriberShell::create(STT_TRANSCRIBER, (), state).cast()) };
-        Ok(MnStatus::Ok)
-    })
+        Ok(((), state))
+    };
+    // SAFETY: forwarded contract.
+    unsafe { TranscriberShell::hand_out(transcriber, "transcriber", STT_TRANSCRIBER, make) }
 }
 
 /// Destroys a transcriber (frees its memory; the pointers of its last event become invalid). Afterwards

@@ -9,6 +9,7 @@ use std::ffi::CStr;
 use std::ptr::{null, null_mut};
 
 use common::*;
+use model::stt::testing::assert_json_events;
 use moshi_native::*;
 use serde_json::{json, Value};
 
@@ -109,31 +110,16 @@ fn assert_oracle(got: &[Value], v: &str) {
     let spm =
         model::text::SentencePiece::load(fixtures().join("stt").join(v).join("tokenizer.model"))
             .unwrap();
-    let want = oracle(v);
-    let want = want["events"].as_array().unwrap();
-    let got: Vec<&Value> = got.iter().filter(|e| e["type"] != "EndOfTurn").collect();
-    assert_eq!(got.len(), want.len(), "{v}: event count");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert_eq!(g["type"], w["type"], "{v} event {i}");
-        match w["type"].as_str().unwrap() {
-            "Step" => {
-                assert_eq!(g["step_idx"], w["step_idx"], "{v} event {i}");
-                let (gp, wp) = (g["prs"].as_array().unwrap(), w["prs"].as_array().unwrap());
-                assert_eq!(gp.len(), wp.len(), "{v} event {i}");
-                for (a, b) in gp.iter().zip(wp) {
-                    let (a, b) = (a.as_f64().unwrap(), b.as_f64().unwrap());
-                    assert!((a - b).abs() <= 1e-4, "{v} event {i}: prs {a} vs {b}");
-                }
-            }
-            "Word" => {
-                assert_eq!(g["tokens"], w["tokens"], "{v} event {i}");
-                assert_eq!(g["start_time"], w["start_time"], "{v} event {i}");
-                let ids: Vec<u32> = serde_json::from_value(w["tokens"].clone()).unwrap();
-                assert_eq!(g["text"], spm.decode(&ids).unwrap().trim(), "{v} event {i}");
-            }
-            _ => assert_eq!(*g, w, "{v} event {i}"),
+    assert_json_events(got, &oracle(v)["events"], 1e-4, v, |g, w, at| {
+        if w["type"] == "Word" {
+            assert_eq!(g["tokens"], w["tokens"], "{at}");
+            assert_eq!(g["start_time"], w["start_time"], "{at}");
+            let ids: Vec<u32> = serde_json::from_value(w["tokens"].clone()).unwrap();
+            assert_eq!(g["text"], spm.decode(&ids).unwrap().trim(), "{at}");
+        } else {
+            assert_eq!(g, w, "{at}");
         }
-    }
+    });
 }
 
 #[test]

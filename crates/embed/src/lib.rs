@@ -4,8 +4,10 @@
 //! * [`demo`]: the tiny random-weight demo bundle compiled in, written to a cache folder on first use;
 //! * [`demo_stt`]: the same for the tiny random-weight speech-to-text bundle;
 //! * [`open_mimi`]: a Mimi codec on its own, from a bundle directory or a weights file (no LM is loaded);
-//! * [`describe`]: what a weights file or bundle directory holds, as JSON (`moshi-native inspect`'s facts);
-//! * [`SamplingParams`]: sampling settings as flat values, as the bindings take them.
+//! * [`describe`]: what a weights file or bundle directory holds, as JSON (`moshi-native inspect`'s facts).
+//!
+//! Sampling settings as flat values, as the bindings take them, are `model::sampling::SamplingParams`
+//! (re-exported here while the CLI and the Python package move to that path).
 
 #![warn(missing_docs)]
 
@@ -13,11 +15,11 @@ pub mod demo;
 pub mod demo_stt;
 mod describe;
 mod mimi;
-mod sampling;
 
 pub use describe::{describe, guess_component, variant};
 pub use mimi::open_mimi;
-pub use sampling::SamplingParams;
+/// Re-exported from `model::sampling`, where it now lives.
+pub use model::sampling::SamplingParams;
 
 use std::path::PathBuf;
 

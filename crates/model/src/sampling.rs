@@ -35,6 +35,9 @@
 
 use std::cmp::Ordering;
 
+mod params;
+pub use params::SamplingParams;
+
 /// Errors from building or using a [`Sampler`].
 #[derive(Debug, Clone, thiserror::Error, PartialEq)]
 pub enum SamplingError {

@@ -3,6 +3,7 @@
 //! Every message is a binary WebSocket message whose first byte is the kind
 //! (`moshi-architecture.md` §4.1). Multi-byte integers are little-endian.
 
+use model::sampling::SamplingParams;
 use serde::Serialize;
 
 /// Kind byte of a handshake (server → client, once the session is ready).
@@ -140,8 +141,9 @@ pub fn parse_client_message(data: &[u8]) -> ClientMessage<'_> {
 
 /// Sampling and session parameters taken from the `/api/chat` query string.
 ///
-/// Names are those sent by Kyutai's web client and parsed by Kyutai's Rust backend. Defaults follow
-/// the Python package `moshi` 0.2.13 (`LMGen`: text temperature 0.7 / top-k 25, audio 0.8 / 250).
+/// Names are those sent by Kyutai's web client and parsed by Kyutai's Rust backend. Defaults are every
+/// front end's ([`SamplingParams::default`]: the Python package `moshi` 0.2.13's `LMGen`, text
+/// temperature 0.7 / top-k 25, audio 0.8 / 250).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SessionParams {
     /// Temperature of the text token sampler (0 = greedy).
@@ -167,20 +169,29 @@ pub struct SessionParams {
 }
 
 impl Default for SessionParams {
+    /// [`SamplingParams::default`]'s temperatures, top-k and penalty context; no PAD boost, no
+    /// penalty, seeds chosen by the server, no step limit.
     fn default() -> Self {
+        let d = SamplingParams::default();
         Self {
-            text_temperature: 0.7,
-            text_topk: 25,
-            audio_temperature: 0.8,
-            audio_topk: 250,
+            text_temperature: as_written(d.text_temperature),
+            text_topk: d.text_top_k,
+            audio_temperature: as_written(d.audio_temperature),
+            audio_topk: d.audio_top_k,
             pad_mult: 0.0,
             repetition_penalty: 1.0,
-            repetition_penalty_context: model::sampling::RepetitionPenalty::DEFAULT_CONTEXT,
+            repetition_penalty_context: d.repetition_penalty_context,
             text_seed: None,
             audio_seed: None,
             max_steps: None,
         }
     }
+}
+
+/// The `f64` written as `x` is (0.7, not `f64::from(0.7f32)` = 0.699999988...): the value a client
+/// sending the default would have sent, and what the metadata (kind 4) has always echoed.
+fn as_written(x: f32) -> f64 {
+    x.to_string().parse().unwrap_or(f64::from(x))
 }
 
 /// A query parameter that could not be accepted.
@@ -516,6 +527,26 @@ mod tests {
         let p = SessionParams::from_query(Some("max_steps=100&text_topk=25.0")).unwrap();
         assert_eq!(p.max_steps, Some(100));
         assert_eq!(p.text_topk, 25);
+    }
+
+    /// No query means every front end's sampling defaults (`SamplingParams::default`), as Kyutai's
+    /// web client sends them: the same values, to the last bit of the f64 the metadata echoes.
+    #[test]
+    fn defaults_are_the_front_ends_as_the_web_client_sends_them() {
+        let sent = "text_temperature=0.7&text_topk=25&audio_temperature=0.8&audio_topk=250\
+                    &pad_mult=0&repetition_penalty_context=64&repetition_penalty=1.0";
+        let d = SessionParams::default();
+        assert_eq!(d, SessionParams::from_query(Some(sent)).unwrap());
+        let s = SamplingParams::default();
+        assert_eq!(
+            (d.text_temperature as f32, d.text_topk),
+            (s.text_temperature, s.text_top_k)
+        );
+        assert_eq!(
+            (d.audio_temperature as f32, d.audio_topk),
+            (s.audio_temperature, s.audio_top_k)
+        );
+        assert_eq!(d.repetition_penalty_context, s.repetition_penalty_context);
     }
 
     #[test]

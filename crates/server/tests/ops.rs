@@ -83,20 +83,18 @@ async fn readyz_flips_with_the_free_slots_and_healthz_does_not() {
     srv.shutdown().await.unwrap();
 }
 
-fn with_idle(secs: u64) -> ServeConfig {
-    ServeConfig {
+/// An echo server of one slot that closes a conversation after `secs` seconds without audio.
+async fn echo_with_idle_timeout(secs: u64) -> Running {
+    let config = ServeConfig {
         idle_timeout: Some(Duration::from_secs(secs)),
         ..cfg(1, 0)
-    }
+    };
+    start(config, Arc::new(server::testing::EchoBackend::default())).await
 }
 
 #[tokio::test]
 async fn a_silent_client_is_closed_with_a_reason_and_its_slot_freed() {
-    let srv = start(
-        with_idle(1),
-        Arc::new(server::testing::EchoBackend::default()),
-    )
-    .await;
+    let srv = echo_with_idle_timeout(1).await;
     let mut ws = ready(&srv, "").await;
     until_ready(srv.addr, 503).await;
     // Nothing sent: an error message naming the cause, then a close frame with the reason.
@@ -128,11 +126,7 @@ async fn a_silent_client_is_closed_with_a_reason_and_its_slot_freed() {
 
 #[tokio::test]
 async fn a_talking_client_is_not_closed_by_the_idle_timeout() {
-    let srv = start(
-        with_idle(1),
-        Arc::new(server::testing::EchoBackend::default()),
-    )
-    .await;
+    let srv = echo_with_idle_timeout(1).await;
     let mut ws = ready(&srv, "").await;
     let mut enc = BrowserEncoder::new(7);
     // Three idle timeouts' worth of audio in real time.

@@ -128,6 +128,16 @@ pub(crate) fn stats(v: &[f64]) -> (f64, f64, f64) {
     (med, s[0], s[n - 1])
 }
 
+/// A result line's fields for the per-round ratios `v`: ` {median}=… {min}=… {max}=…` (three
+/// decimals) under the three names given, or nothing when no ratio was taken.
+pub(crate) fn ratio_fields(v: &[f64], [median, min, max]: [&str; 3]) -> String {
+    if v.is_empty() {
+        return String::new();
+    }
+    let (r, lo, hi) = stats(v);
+    format!(" {median}={r:.3} {min}={lo:.3} {max}={hi:.3}")
+}
+
 /// Lets a multi-thread pool's worker finish spinning and park before a 1-thread measurement.
 pub(crate) fn settle() {
     std::thread::sleep(Duration::from_millis(3));

@@ -21,7 +21,7 @@ use kernels::Pool;
 use model::mimi::Mimi;
 use runtime::{BatchBench, Engine, EngineOptions, Session, SessionOptions, FRAME_SIZE};
 
-use super::args::{settle, stats, BenchArgs};
+use super::args::{ratio_fields, settle, stats, BenchArgs};
 
 /// One timed configuration: its samples (ms per tick) and its per-round ratios to the one-stream cell.
 #[derive(Default, Clone)]
@@ -36,12 +36,7 @@ fn median(v: &[f64]) -> f64 {
 
 fn print_cell(what: &str, slots: usize, mode: &str, threads: usize, c: &Cell) {
     let (m, lo, hi) = stats(&c.ms);
-    let ratio = if c.ratio.is_empty() {
-        String::new()
-    } else {
-        let (r, rlo, rhi) = stats(&c.ratio);
-        format!(" ratio_to_one={r:.3} ratio_min={rlo:.3} ratio_max={rhi:.3}")
-    };
+    let ratio = ratio_fields(&c.ratio, ["ratio_to_one", "ratio_min", "ratio_max"]);
     println!(
         "result impl=ours what={what} slots={slots} mode={mode} threads={threads} ms={m:.3} min={lo:.3} max={hi:.3}{ratio} n={}",
         c.ms.len()

@@ -34,7 +34,7 @@ use model::lm::{CpuLm, LmModel, LmSpec};
 use model::mimi::{Mimi, MimiBatchEncoder, MimiOptions};
 use model::stt::{SttBatch, SttEvent, SttModel, SttPlan, SttRelease};
 
-use super::args::{settle, stats, BenchArgs};
+use super::args::{ratio_fields, settle, stats, BenchArgs};
 use super::{kv_elt_bytes, kv_name, parse_format, parse_kv, Probe};
 use crate::lm::SyntheticSource;
 use crate::mimi::{synthetic_tensors, test_signal};
@@ -271,12 +271,10 @@ fn bench_cell(
         let c = &cells[mi];
         let (m, lo, hi) = stats(&c.ms);
         let med = |v: &[f64]| stats(v).0;
-        let to_one = if c.to_one.is_empty() {
-            String::new()
-        } else {
-            let (r, rlo, rhi) = stats(&c.to_one);
-            format!(" ratio_to_one={r:.3} ratio_to_one_min={rlo:.3} ratio_to_one_max={rhi:.3}")
-        };
+        let to_one = ratio_fields(
+            &c.to_one,
+            ["ratio_to_one", "ratio_to_one_min", "ratio_to_one_max"],
+        );
         println!(
             "result impl=ours what=stt_tick variant={} format={} threads={} streams={n} mode={mode} kv={} pos={pos} \
              ms={m:.1} min={lo:.1} max={hi:.1} n={} encode_ms={:.1} step_ms={:.1} per_stream_ms={:.2} \

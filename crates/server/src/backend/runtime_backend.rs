@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use model::sampling::{RepetitionPenalty, SamplerConfig};
+use model::sampling::{SamplerConfig, SamplingParams};
 
 use super::{
     AudioInput, Backend, BackendError, BackendInfo, Event, EventSource, FrameEvent, InputReport,
@@ -111,19 +111,23 @@ impl RuntimeBackend {
         let drawn = self
             .seed_counter
             .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
-        let mut c = SamplerConfig::seeded(params.text_seed.unwrap_or(drawn));
+        let mut c = SamplingParams {
+            greedy: false,
+            seed: params.text_seed.unwrap_or(drawn),
+            text_temperature: params.text_temperature as f32,
+            text_top_k: params.text_topk,
+            audio_temperature: params.audio_temperature as f32,
+            audio_top_k: params.audio_topk,
+            // The query's "off" values: exp(0) = 1 and a penalty of 1 change nothing.
+            pad_mult: (params.pad_mult != 0.0).then_some(params.pad_mult as f32),
+            repetition_penalty: (params.repetition_penalty != 1.0)
+                .then_some(params.repetition_penalty as f32),
+            repetition_penalty_context: params.repetition_penalty_context,
+        }
+        .config();
         if let Some(s) = params.audio_seed {
             c.audio_seed = s;
         }
-        c.text.temperature = params.text_temperature as f32;
-        c.text.top_k = params.text_topk;
-        c.audio.temperature = params.audio_temperature as f32;
-        c.audio.top_k = params.audio_topk;
-        c.pad_mult = (params.pad_mult != 0.0).then_some(params.pad_mult as f32);
-        c.repetition_penalty = (params.repetition_penalty != 1.0).then_some(RepetitionPenalty {
-            penalty: params.repetition_penalty as f32,
-            context: params.repetition_penalty_context,
-        });
         c
     }
 }

@@ -1,6 +1,9 @@
-//! Sampling settings as flat values (what a C struct or Python keyword arguments carry).
+//! Sampling settings as flat values: what the front ends take (the CLI's flags, the C ABI's
+//! `MnSessionOptions`, the Python package's keyword arguments, the server's `/api/chat` query) and
+//! turn into a [`SamplerConfig`]. Their defaults are [`SamplerConfig::default`]'s, read, not written
+//! again.
 
-use model::sampling::{RepetitionPenalty, SamplerConfig, TokenSampling};
+use super::{RepetitionPenalty, SamplerConfig, TokenSampling};
 
 /// Flat sampling settings; [`SamplingParams::config`] turns them into the model's [`SamplerConfig`].
 /// Out-of-range values (NaN temperatures, a penalty <= 0) are refused when a session is created.
@@ -75,7 +78,7 @@ mod tests {
         assert_eq!(SamplingParams::default().config(), SamplerConfig::default());
         let greedy = SamplingParams {
             greedy: true,
-            seed: model::sampling::DEFAULT_SEED,
+            seed: super::super::DEFAULT_SEED,
             ..Default::default()
         };
         assert_eq!(greedy.config(), SamplerConfig::greedy());
