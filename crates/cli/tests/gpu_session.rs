@@ -1,11 +1,14 @@
-//! A `runtime::Session` on `Device::Gpu` runs each frame pass as one submission (`gpu::GpuDuplex`
-//! behind the runtime's frame-level seam, `runtime/src/fused.rs`): one submission and one wait per
+//! A `runtime::Session` on `Device::Gpu` runs each frame pass as one submission (`gpu::GpuDuplexBatch`
+//! of one slot behind the runtime's frame-level seam, `runtime/src/fused.rs`): one submission and one wait per
 //! frame, counted on the device context; the CPU session's tokens and text for the same input
 //! (greedy and seeded), samples within Mimi's parity tolerance; a warmed-up or reset GPU session
 //! runs as a fresh one. Skips with a printed reason when no adapter exists; `MOSHI_REQUIRE_GPU=1`
 //! (CI) makes that a failure.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::root;
+
 use std::sync::Arc;
 
 use model::sampling::SamplerConfig;
@@ -13,18 +16,11 @@ use runtime::{
     Device, Engine, EngineOptions, FrameEvent, Session, SessionOptions, Step, FRAME_SIZE,
 };
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
 /// The fixture bundle on a GPU context the test holds (to read its counters), f32 KV.
 fn gpu_engine() -> Option<(Arc<Engine>, gpu::GpuContext)> {
     if gpu::skip_test_without_adapter() {
         return None;
     }
-    let ctx =
-        gpu::GpuContext::new(gpu::AdapterChoice::Gpu(None), gpu::GpuOptions::default()).unwrap();
-    let m = model::MoshiModel::open(&root().join("fixtures/lm")).unwrap();
     let opts = EngineOptions {
         device: Device::Gpu {
             adapter: None,
@@ -32,15 +28,7 @@ fn gpu_engine() -> Option<(Arc<Engine>, gpu::GpuContext)> {
         },
         ..Default::default()
     };
-    let e = Engine::from_parts_on(
-        m.lm,
-        Arc::new(m.mimi),
-        Some(Arc::new(m.tokenizer)),
-        opts,
-        ctx.clone(),
-    )
-    .unwrap();
-    Some((e, ctx))
+    Some(common::gpu_fixture_engine(opts))
 }
 
 /// Speech-like input.

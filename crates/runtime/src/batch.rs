@@ -12,7 +12,11 @@
 //! in their event queue), Mimi-encode their frames in ONE call of the codec, run ONE LM step for that
 //! subset, Mimi-decode the frames it produced in ONE call, then detokenize, resample and emit per slot: each
 //! weight matrix (codec and LM) is read once per tick for all stepped slots. The per-slot parts are the same
-//! `Stepper` / `Conversation` calls a [`crate::Session`] makes for its single row. Slots without input are not
+//! `Stepper` / `Conversation` calls a [`crate::Session`] makes for its single row. On a device with a
+//! whole-frame call (the GPU: `fused.rs`, chosen once at spawn where a session's is) the encode, LM step and
+//! decode of the tick are that ONE call instead (one submission and one wait per tick), with the same
+//! begin / forced text / first-frame rule / codec resets / finish per slot as a fused session; every
+//! conversation's sampler must then run on the device ([`BatchRunner::open`] refuses one that cannot). Slots without input are not
 //! stepped and none of their state moves; a slot's reset (command, first-frame rule, a new conversation in
 //! the slot) resets its own codec streams and LM rows only. A slot that stops, fails or whose receiver is gone
 //! leaves the batch; its LM rows are reset for reuse. After warm-up a tick allocates nothing.
@@ -21,16 +25,17 @@
 //! the other slots do: Mimi codes and samples exactly (`model::mimi::MimiBatchEncoder`), tokens exactly in
 //! practice (the batched LM step sums in another order than a single row).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle, Thread};
 
-use model::sampling::Sampler;
+use model::sampling::{Sampler, SamplerConfig};
 
 use crate::control::SessionControl;
 use crate::conversation::Conversation;
 use crate::events::{Counters, Event, FrameEvent, StopReason};
+use crate::fused::FusedFrames;
 use crate::inlet::{Begin, Inlet};
 use crate::ring::{FrameRing, PcmProducer};
 use crate::runner::{handle_accessors, queues, EventReceiver, Handles};
@@ -69,6 +74,8 @@ struct SlotInfo {
 
 struct Shared {
     stop: AtomicBool,
+    /// Ticks that stepped at least one slot.
+    ticks: AtomicU64,
     /// Slot table; also serialises joins against the worker's exit (see `Worker::exit`).
     slots: Mutex<Table>,
     /// Notified when a slot is released or the worker ended.
@@ -107,6 +114,9 @@ pub struct BatchRunner {
     worker: Thread,
     join: Mutex<Option<JoinHandle<()>>>,
     event_capacity: usize,
+    /// The worker runs the fused pass: a joining conversation's sampler must run on the device.
+    #[cfg_attr(not(feature = "gpu"), allow(dead_code))]
+    fused: bool,
 }
 
 impl std::fmt::Debug for BatchRunner {
@@ -126,6 +136,7 @@ impl BatchRunner {
             return Err(RuntimeError::InvalidOption("slots must be >= 1".into()));
         }
         let (worker, shared, jtx) = Worker::new(&engine, opts.slots, None)?;
+        let fused = matches!(worker.pass, Pass::Fused(_));
         let join = thread::Builder::new()
             .name("moshi-batch".into())
             .spawn(move || worker.run())
@@ -137,6 +148,7 @@ impl BatchRunner {
             worker: join.thread().clone(),
             join: Mutex::new(Some(join)),
             event_capacity: opts.event_capacity.max(1),
+            fused,
         })
     }
 
@@ -155,10 +167,17 @@ impl BatchRunner {
         self.shared.lock().done
     }
 
+    /// Ticks so far that stepped at least one slot (tests count the device's submissions per tick).
+    #[doc(hidden)]
+    pub fn ticks(&self) -> u64 {
+        self.shared.ticks.load(Ordering::Relaxed)
+    }
+
     /// Join the batch with a new conversation in a free slot (allocates its sampler, rings and output buffers;
     /// the worker only installs them; the slot's Mimi streams are part of the worker's codec). `opts` has the meaning it has for [`crate::Session::new`]. Errors:
     /// [`RuntimeError::NoFreeSlot`] when every slot is taken, [`RuntimeError::RunnerStopped`] after stop,
-    /// [`RuntimeError::InvalidOption`] for bad options.
+    /// [`RuntimeError::InvalidOption`] for bad options, and on a batch whose ticks run on the device as one
+    /// call (the GPU) for sampling settings the device cannot run (a session would run them split).
     pub fn open(&self, opts: SessionOptions) -> Result<BatchSession, RuntimeError> {
         if opts.max_queued_frames == 0 {
             return Err(RuntimeError::InvalidOption(
@@ -166,6 +185,15 @@ impl BatchRunner {
             ));
         }
         let sampler = new_sampler(&self.engine, opts.sampling.clone())?;
+        #[cfg(feature = "gpu")]
+        if self.fused && !crate::gpu_frame::device_samples(self.engine.lm().spec(), &sampler) {
+            return Err(RuntimeError::InvalidOption(
+                "sampling: this batch samples on the device, and these settings need the host (top-k \
+                 at most gpu::sample::MAX_TOP_K, a repetition penalty context at most \
+                 MAX_PENALTY_CONTEXT; or run the conversation alone, `--batch 1`)"
+                    .into(),
+            ));
+        }
         let ring = FrameRing::new(opts.max_queued_frames);
         let inlet = Inlet::new(ring.clone(), opts.max_steps);
         let control = inlet.control.clone();
@@ -319,19 +347,95 @@ struct Slot {
     spare: Option<FrameEvent>,
 }
 
-/// What to do with a slot after looking at it.
+/// What to do with a slot after looking at it: stay (stepped this tick if its frame was staged), or
+/// leave with its last event.
 enum Verdict {
-    Skip,
-    Step,
+    Stay,
     Leave(Option<Event>),
+}
+
+/// How the worker runs its slots' frame passes, chosen once at its start (`Engine`'s
+/// `batch_frame_backend`, where a session's fused pass is chosen).
+enum Pass {
+    /// Encode, LM step and decode apart, each one call for every ready slot (the CPU): the codec
+    /// of `slots` slots and the LM of `slots` rows.
+    Split(Box<Stepper>),
+    /// Every ready slot's whole pass in one call of the device per tick (`fused.rs`; the GPU: one
+    /// submission and one wait per tick).
+    Fused(Box<FusedFrames>),
+}
+
+impl Pass {
+    fn begin_tick(&mut self) {
+        match self {
+            Pass::Split(st) => st.begin_tick(),
+            Pass::Fused(f) => f.begin_tick(),
+        }
+    }
+
+    fn begin(&mut self, b: usize, conv: &mut Conversation) -> Begin {
+        match self {
+            Pass::Split(st) => st.begin(b, conv),
+            Pass::Fused(f) => f.begin(b, conv),
+        }
+    }
+
+    /// The slots of this tick's results, in order (result `i` is slot `rows()[i]`'s).
+    fn rows(&self) -> &[usize] {
+        match self {
+            Pass::Split(st) => st.active(),
+            Pass::Fused(f) => f.staged(),
+        }
+    }
+
+    fn finish(&mut self, i: usize, conv: &mut Conversation) -> Result<(), RuntimeError> {
+        match self {
+            Pass::Split(st) => st.finish(i, conv),
+            Pass::Fused(f) => f.finish(i, conv),
+        }
+    }
+
+    /// Slot `b`'s LM row and sampler back to fresh.
+    fn reset_row(&mut self, b: usize) {
+        match self {
+            Pass::Split(st) => st.reset_row(b),
+            Pass::Fused(f) => f.reset_row(b),
+        }
+    }
+
+    /// A new conversation in slot `b`: fresh LM row, codec streams and its sampler.
+    fn install(&mut self, b: usize, sampler: Sampler) {
+        match self {
+            Pass::Split(st) => {
+                st.reset_row(b);
+                st.reset_codec(b);
+                st.set_sampler(b, sampler);
+            }
+            Pass::Fused(f) => {
+                f.reset_row(b);
+                f.reset_codec(b);
+                f.set_sampler(b, sampler);
+            }
+        }
+    }
 }
 
 struct Worker {
     shared: Arc<Shared>,
     joins: Receiver<Join>,
     /// The codec and LM side: one codec slot and one LM row per slot.
-    stepper: Stepper,
+    pass: Pass,
+    /// Ticks of the fused pass's warm-up (`max_delay + 1`: the last one decodes).
+    warm_ticks: usize,
+    /// The slots of a failed call (`slots` reserved).
+    failing: Vec<usize>,
     slots: Vec<Option<Slot>>,
+}
+
+/// `rows` into `to` (within its reserved capacity).
+fn copy_rows(to: &mut Vec<usize>, rows: &[usize]) {
+    to.clear();
+    to.extend_from_slice(rows);
 }
 
 /// Marks the worker as ended (also when it unwinds) and wakes every waiting handle.
@@ -346,16 +450,34 @@ impl Drop for DoneGuard {
 
 impl Worker {
     /// A worker of `n` empty slots on a compute context of its own, with its shared table and join queue.
-    /// `kv_capacity` as in [`crate::Session::with_kv_capacity`]; `None` keeps the model's context.
+    /// `kv_capacity` as in [`crate::Session::with_kv_capacity`] (the split pass); `None` keeps the model's
+    /// context.
     fn new(
         engine: &Engine,
         n: usize,
         kv_capacity: Option<usize>,
     ) -> Result<(Worker, Arc<Shared>, Sender<Join>), RuntimeError> {
-        let compute = engine.workers();
-        let stepper = Stepper::new(engine, &compute, n, kv_capacity)?;
+        let pass = match engine.batch_frame_backend(n)? {
+            Some(backend) => {
+                tracing::info!(
+                    "batch of {n} slots: encode, LM step and decode of every ready slot in one \
+                     device submission per tick (samplers run on the device)"
+                );
+                let samplers = (0..n)
+                    .map(|_| new_sampler(engine, SamplerConfig::greedy()))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Pass::Fused(Box::new(FusedFrames::new(backend, samplers)))
+            }
+            None => Pass::Split(Box::new(Stepper::new(
+                engine,
+                &engine.workers(),
+                n,
+                kv_capacity,
+            )?)),
+        };
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
+            ticks: AtomicU64::new(0),
             slots: Mutex::new(Table {
                 info: vec![SlotInfo::default(); n],
                 done: false,
@@ -366,15 +488,32 @@ impl Worker {
         let worker = Worker {
             shared: shared.clone(),
             joins: jrx,
-            stepper,
+            pass,
+            warm_ticks: engine.lm().spec().max_delay() + 1,
+            failing: Vec::with_capacity(n),
             slots: (0..n).map(|_| None).collect(),
         };
         Ok((worker, shared, jtx))
     }
 
+    /// Before the first conversation: every buffer that grows with the slots coded together reaches its
+    /// final size (the split codec), or every part of the device's tick has run once (the fused pass); every
+    /// slot is left fresh.
+    fn warm_up(&mut self) {
+        match &mut self.pass {
+            Pass::Split(st) => st.warm_up_codec(),
+            Pass::Fused(f) => {
+                if let Err(e) = f.warm_up(self.warm_ticks) {
+                    // The first tick will fail the same way and tell its conversations.
+                    tracing::warn!("batch: the warm-up tick failed: {e}");
+                }
+            }
+        }
+    }
+
     fn run(mut self) {
         let _guard = DoneGuard(self.shared.clone());
-        self.stepper.warm_up_codec();
+        self.warm_up();
         while !self.shared.stop.load(Ordering::Acquire) {
             self.install_joins();
             if !self.tick() {
@@ -389,9 +528,7 @@ impl Worker {
             match self.joins.try_recv() {
                 Ok(j) => {
                     let b = j.slot;
-                    self.stepper.reset_row(b);
-                    self.stepper.reset_codec(b);
-                    self.stepper.set_sampler(b, j.sampler);
+                    self.pass.install(b, j.sampler);
                     self.slots[b] = Some(Slot {
                         conv: j.conv,
                         tx: j.tx,
@@ -416,7 +553,7 @@ impl Worker {
         }
         let counters = slot.conv.inlet.counters();
         drop(slot);
-        self.stepper.reset_row(b);
+        self.pass.reset_row(b);
         let mut t = self.shared.lock();
         t.info[b].busy = false;
         t.info[b].last = Some(counters);
@@ -424,10 +561,19 @@ impl Worker {
         self.shared.released.notify_all();
     }
 
-    /// Look at slot `b`: deliver a pending event, apply commands, pop and encode a frame.
+    /// Every slot of `failing` leaves with the one error of the call they shared.
+    fn fail(&mut self, e: RuntimeError) {
+        let e = Arc::new(e);
+        for j in 0..self.failing.len() {
+            let b = self.failing[j];
+            self.release(b, Some(Event::Error(RuntimeError::Batch(e.clone()))));
+        }
+    }
+
+    /// Look at slot `b`: deliver a pending event, apply commands, pop and stage a frame.
     fn prepare(&mut self, b: usize) -> Verdict {
         let Some(slot) = self.slots[b].as_mut() else {
-            return Verdict::Skip;
+            return Verdict::Stay;
         };
         if let Some(ev) = slot.pending.take() {
             match slot.tx.try_send(ev) {
@@ -437,7 +583,7 @@ impl Worker {
                         return Verdict::Leave(None);
                     }
                     slot.pending = Some(ev);
-                    return Verdict::Skip;
+                    return Verdict::Stay;
                 }
                 Err(TrySendError::Disconnected(_)) => return Verdict::Leave(None),
             }
@@ -445,79 +591,90 @@ impl Worker {
         if slot.spare.is_none() {
             slot.spare = slot.recycled.try_recv().ok();
         }
-        match self.stepper.begin(b, &mut slot.conv) {
-            Begin::Idle | Begin::Paused => Verdict::Skip,
+        match self.pass.begin(b, &mut slot.conv) {
+            Begin::Idle | Begin::Paused | Begin::Ready => Verdict::Stay,
             Begin::Stopped(r) => Verdict::Leave(Some(Event::Stopped(r))),
-            Begin::Ready => Verdict::Step,
         }
     }
 
-    /// Encode the frames staged this tick in one codec call and admit their rows to the LM step. A
-    /// failure is reported to (and removes) the slots of that call.
-    fn encode_ready(&mut self) {
-        if let Err(e) = self.stepper.encode() {
+    /// The split pass of the frames staged this tick: one encode (admitting their rows to the LM step), one
+    /// LM step, one decode. Returns the number of results, or `None` when nothing was staged. A failed call is
+    /// reported to (and removes) the slots it concerned.
+    fn step_split(&mut self) -> Option<usize> {
+        let Pass::Split(st) = &mut self.pass else {
+            return None;
+        };
+        if st.staged().is_empty() {
+            return None;
+        }
+        let failed = if let Err(e) = st.encode() {
             tracing::error!("batch: encode failed: {e}");
-            let e = Arc::new(e);
-            for j in 0..self.stepper.staged().len() {
-                let b = self.stepper.staged()[j];
-                let ev = Event::Error(RuntimeError::Batch(e.clone()));
-                self.release(b, Some(ev));
+            copy_rows(&mut self.failing, st.staged());
+            Some(e)
+        } else {
+            for j in 0..st.staged().len() {
+                let b = st.staged()[j];
+                if let Some(slot) = self.slots[b].as_mut() {
+                    st.admit(j, &mut slot.conv);
+                }
             }
-            return;
+            // An error of the LM step is an argument error (nothing was stepped): a bug, reported to every
+            // slot of this tick.
+            st.step_lm().err().map(|e| {
+                copy_rows(&mut self.failing, st.active());
+                e
+            })
+        };
+        if let Some(e) = failed {
+            self.fail(e);
+            return Some(0);
         }
-        for j in 0..self.stepper.staged().len() {
-            let b = self.stepper.staged()[j];
-            if let Some(slot) = self.slots[b].as_mut() {
-                self.stepper.admit(j, &mut slot.conv);
-            }
+        let m = st.active().len();
+        if let Err(e) = st.decode() {
+            tracing::error!("batch: decode failed: {e}");
+            copy_rows(&mut self.failing, st.decoding());
+            self.fail(e);
         }
+        Some(m)
     }
 
-    /// Decode, in one codec call, the frames this tick's LM step produced. A failure is reported to
-    /// (and removes) the slots of that call.
-    fn decode_results(&mut self) {
-        if let Err(e) = self.stepper.decode() {
-            tracing::error!("batch: decode failed: {e}");
-            let e = Arc::new(e);
-            for j in 0..self.stepper.decoding().len() {
-                let b = self.stepper.decoding()[j];
-                let ev = Event::Error(RuntimeError::Batch(e.clone()));
-                self.release(b, Some(ev));
-            }
+    /// The fused pass of the frames staged this tick: one call of the device. Returns the number of
+    /// results, or `None` when nothing was staged; a failed call is reported to (and removes) its slots.
+    fn step_fused(&mut self) -> Option<usize> {
+        let Pass::Fused(f) = &mut self.pass else {
+            return None;
+        };
+        let m = f.staged().len();
+        if m == 0 {
+            return None;
         }
+        if let Err(e) = f.run(None) {
+            tracing::error!("batch: the device's tick failed: {e}");
+            copy_rows(&mut self.failing, f.staged());
+            self.fail(RuntimeError::Lm(e));
+            return Some(0);
+        }
+        Some(m)
     }
 
     /// One tick; returns whether any slot was stepped.
     fn tick(&mut self) -> bool {
-        self.stepper.begin_tick();
+        self.pass.begin_tick();
         for b in 0..self.slots.len() {
-            match self.prepare(b) {
-                Verdict::Skip | Verdict::Step => {}
-                Verdict::Leave(ev) => self.release(b, ev),
+            if let Verdict::Leave(ev) = self.prepare(b) {
+                self.release(b, ev);
             }
         }
-        if self.stepper.staged().is_empty() {
+        let results = match self.pass {
+            Pass::Split(_) => self.step_split(),
+            Pass::Fused(_) => self.step_fused(),
+        };
+        let Some(m) = results else {
             return false;
-        }
-        self.encode_ready();
-        let m = self.stepper.active().len();
-        if m == 0 {
-            // The encode failed: those slots left.
-            return true;
-        }
-        if let Err(e) = self.stepper.step_lm() {
-            // An argument error (nothing was stepped): a bug, reported to every slot of this tick.
-            let e = Arc::new(e);
-            for i in 0..m {
-                let b = self.stepper.active()[i];
-                let ev = Event::Error(RuntimeError::Batch(e.clone()));
-                self.release(b, Some(ev));
-            }
-            return true;
-        }
-        self.decode_results();
+        };
+        self.shared.ticks.fetch_add(1, Ordering::Relaxed);
         for i in 0..m {
-            let b = self.stepper.active()[i];
+            let b = self.pass.rows()[i];
             if let Some(ev) = self.emit(i, b) {
                 self.release(b, Some(ev));
             }
@@ -529,7 +686,7 @@ impl Worker {
     /// if the slot must leave.
     fn emit(&mut self, i: usize, b: usize) -> Option<Event> {
         let slot = self.slots[b].as_mut()?;
-        if let Err(e) = self.stepper.finish(i, &mut slot.conv) {
+        if let Err(e) = self.pass.finish(i, &mut slot.conv) {
             return Some(Event::Error(e));
         }
         let frame = &slot.conv.frame;
@@ -601,7 +758,7 @@ impl BatchBench {
             return Err(RuntimeError::InvalidOption("slots must be >= 1".into()));
         }
         let (mut worker, shared, joins) = Worker::new(engine, slots, Some(kv_capacity))?;
-        worker.stepper.warm_up_codec();
+        worker.warm_up();
         let (mut mics, mut events, mut recycle) = (Vec::new(), Vec::new(), Vec::new());
         for slot in 0..slots {
             let ring = FrameRing::new(opts.max_queued_frames.max(1));

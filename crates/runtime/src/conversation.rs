@@ -93,12 +93,6 @@ impl Conversation {
         &self.inlet.input[..]
     }
 
-    /// For a driver that runs the whole pass as one call (`fused.rs`): the popped frame and the
-    /// decoded-frame buffer it decodes into before [`Conversation::finish`].
-    pub(crate) fn io_mut(&mut self) -> (&[f32], &mut [f32]) {
-        (&self.inlet.input[..], &mut self.decoded)
-    }
-
     /// Whether the first-frame rule applies to the frame just popped (see `after_encode`): a driver
     /// that encodes inside a larger call resets the codec streams right after the encode itself.
     pub(crate) fn first_frame_rule_due(&self) -> bool {

@@ -507,20 +507,39 @@ impl Engine {
     }
 
     /// A conversation's whole frame pass as one call (`fused.rs`) when the device has one and
-    /// samples with `sampler`: on the GPU, `gpu::GpuDuplex` (one submission per frame); `None`
-    /// on the CPU, whose sessions keep [`Engine::lm_backend`] and [`Engine::codec_backend`].
+    /// samples with `sampler`: on the GPU, `gpu::GpuDuplexBatch` of one slot (one submission per
+    /// frame); `None` on the CPU, whose sessions keep [`Engine::lm_backend`] and
+    /// [`Engine::codec_backend`].
     pub(crate) fn frame_backend(
         &self,
         sampler: &model::sampling::Sampler,
     ) -> Result<Option<Box<dyn crate::fused::FrameBackend>>, RuntimeError> {
+        self.frames(1, Some(sampler))
+    }
+
+    /// The whole frame passes of a batch driver's `slots` slots as one call per tick when the
+    /// device has one (the GPU: `gpu::GpuDuplexBatch`; each joining conversation's sampler must
+    /// run on the device); `None` on the CPU, whose batches keep the split pass.
+    pub(crate) fn batch_frame_backend(
+        &self,
+        slots: usize,
+    ) -> Result<Option<Box<dyn crate::fused::FrameBackend>>, RuntimeError> {
+        self.frames(slots, None)
+    }
+
+    fn frames(
+        &self,
+        slots: usize,
+        sampler: Option<&model::sampling::Sampler>,
+    ) -> Result<Option<Box<dyn crate::fused::FrameBackend>>, RuntimeError> {
         match &self.compute {
             Compute::Cpu => {
-                let _ = sampler;
+                let _ = (slots, sampler);
                 Ok(None)
             }
             #[cfg(feature = "gpu")]
             Compute::Gpu(g) => {
-                crate::gpu_frame::open(&g.lm, &g.mimi()?, self.opts.kv_dtype, sampler)
+                crate::gpu_frame::open(&g.lm, &g.mimi()?, self.opts.kv_dtype, slots, sampler)
             }
         }
     }

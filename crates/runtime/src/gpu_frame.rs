@@ -1,59 +1,75 @@
-//! The GPU's frame-level backend ([`crate::fused::FrameBackend`]): `gpu::GpuDuplex`, one
-//! conversation's encode, LM step (delay ring and sampling on the device) and decode in one
-//! submission, waited for alone.
+//! The GPU's frame-level backend ([`crate::fused::FrameBackend`]): `gpu::GpuDuplexBatch`, the
+//! encode, LM step (delay rings and sampling on the device) and decode of every listed slot in one
+//! submission per tick, waited for alone; a session's is the batch of one slot.
 
 use std::sync::Arc;
 
 use model::lm::{KvDtype, LmError, LmFrame};
 use model::sampling::Sampler;
 
-use crate::fused::FrameBackend;
+use crate::fused::{FrameBackend, FrameStep};
 use crate::{RuntimeError, N_AUDIO};
 
-impl FrameBackend for gpu::GpuDuplex {
-    fn frame(
+/// `gpu::GpuDuplexBatch` with the tick's steps in the device's form (no allocation per tick).
+struct GpuFrames {
+    batch: gpu::GpuDuplexBatch,
+    steps: Vec<gpu::DuplexStep>,
+}
+
+impl FrameBackend for GpuFrames {
+    fn tick(
         &mut self,
-        input: &[f32],
-        sampler: &mut Sampler,
-        force_text: Option<u32>,
-        reset_after_encode: bool,
+        slots: &[usize],
+        pcm: &[f32],
+        steps: &[FrameStep],
+        samplers: &mut [Sampler],
         decoded: &mut [f32],
-    ) -> Result<Option<LmFrame>, LmError> {
-        let opts = gpu::DuplexStep {
-            force_text,
-            reset_codec_after_encode: reset_after_encode,
-        };
-        gpu::GpuDuplex::frame(self, input, sampler, opts, decoded)
+        results: &mut [Result<Option<LmFrame>, LmError>],
+    ) -> Result<(), LmError> {
+        self.steps.clear();
+        self.steps.extend(steps.iter().map(|s| gpu::DuplexStep {
+            force_text: s.force_text,
+            reset_codec_after_encode: s.reset_codec_after_encode,
+        }));
+        self.batch
+            .tick(slots, pcm, &self.steps, samplers, decoded, results)
     }
 
-    fn reset_lm(&mut self) {
-        gpu::GpuDuplex::reset_lm(self);
+    fn reset_lm(&mut self, slot: usize) {
+        self.batch.reset_lm(slot);
     }
 
-    fn reset_codec(&mut self) {
-        gpu::GpuDuplex::reset_codec(self);
+    fn reset_codec(&mut self, slot: usize) {
+        self.batch.reset_codec(slot);
     }
 
     fn decode_only(
         &mut self,
+        slot: usize,
         codes: &[u32; N_AUDIO],
         decoded: &mut [f32],
     ) -> Result<(), RuntimeError> {
-        Ok(gpu::GpuDuplex::decode_only(self, codes, decoded)?)
+        Ok(self.batch.decode_only(slot, codes, decoded)?)
     }
 }
 
-/// The one-submission frame of a session over the engine's uploaded weights, or `None` when
-/// `sampler`'s settings need the host (top-k above the device's limit, say): the session then runs
-/// the split pass.
+/// Whether `sampler` runs on the device of an LM of `spec` (else a session runs the split pass
+/// and a fused batch refuses the conversation).
+pub(crate) fn device_samples(spec: &model::lm::LmSpec, sampler: &Sampler) -> bool {
+    gpu::sample::device_samples(sampler, spec.text_card, spec.card)
+}
+
+/// The one-submission frames of `slots` conversation slots over the engine's uploaded weights,
+/// or `None` when `sampler` (a session's, when given) needs the host (top-k above the device's
+/// limit, say): the session then runs the split pass.
 pub(crate) fn open(
     lm: &Arc<gpu::GpuLmWeights>,
     mimi: &Arc<gpu::GpuMimiWeights>,
     kv_dtype: KvDtype,
-    sampler: &Sampler,
+    slots: usize,
+    sampler: Option<&Sampler>,
 ) -> Result<Option<Box<dyn FrameBackend>>, RuntimeError> {
-    let spec = lm.spec();
-    if !gpu::sample::device_samples(sampler, spec.text_card, spec.card) {
+    if sampler.is_some_and(|s| !device_samples(lm.spec(), s)) {
         tracing::info!(
             "the session's sampler runs on the host: encode, LM and decode submitted apart"
         );
@@ -63,9 +79,9 @@ pub(crate) fn open(
         kv_dtype,
         ..Default::default()
     };
-    Ok(Some(Box::new(gpu::GpuDuplex::new(
-        lm.clone(),
-        mimi.clone(),
-        opts,
-    )?)))
+    let batch = gpu::GpuDuplexBatch::new(lm.clone(), mimi.clone(), opts, slots)?;
+    Ok(Some(Box::new(GpuFrames {
+        batch,
+        steps: Vec::with_capacity(slots),
+    })))
 }

@@ -250,3 +250,17 @@ pub fn caches() -> &'static Path {
 pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
+
+/// The fixture bundle (`fixtures/lm`) on a GPU context the test holds, to read its counters
+/// (`submissions()`, `waits()`); `opts.device` must be the GPU.
+pub fn gpu_fixture_engine(
+    opts: runtime::EngineOptions,
+) -> (std::sync::Arc<runtime::Engine>, gpu::GpuContext) {
+    let ctx =
+        gpu::GpuContext::new(gpu::AdapterChoice::Gpu(None), gpu::GpuOptions::default()).unwrap();
+    let m = model::MoshiModel::open(&root().join("fixtures/lm")).unwrap();
+    let tokenizer = Some(std::sync::Arc::new(m.tokenizer));
+    let mimi = std::sync::Arc::new(m.mimi);
+    let e = runtime::Engine::from_parts_on(m.lm, mimi, tokenizer, opts, ctx.clone()).unwrap();
+    (e, ctx)
+}
