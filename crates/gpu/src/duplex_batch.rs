@@ -3,25 +3,50 @@
 //! slots → the LM step over their rows, each row's input column gathered from its own delay ring
 //! on the device → sampling on the device, each row with its own sampler's record → each row's
 //! tokens into its ring → decode of the listed slots whose delays make a frame ready → one
-//! readback, waited for by its own submission index.
+//! readback, waited for by its own submission index. A lone conversation ([`crate::GpuDuplex`])
+//! is a batch of one slot.
 //!
-//! It is [`crate::GpuDuplex`] (whose module docs give the ring's rules, the readback and the
-//! replay) with a slot dimension everywhere:
+//! # The delay ring
 //!
-//! * each slot has its own delay ring (`[slots][CT][K]` shader tokens, one buffer), its own call
-//!   count (`offset`) and its own pending codec reset, so slots join late, skip ticks and reset
-//!   alone; the ring copies of a slot are computed from that slot's offset;
-//! * the Mimi kernels run once per direction for all the slots listed ([`crate::GpuMimi`]'s
-//!   slot list); the encoder's list is the tick's, the decoder's only the slots with a frame
-//!   ready, each copied into the codec's list buffer just before its pass, in the same command
-//!   buffer;
-//! * the LM step runs once for the listed rows ([`crate::GpuLm`] with one row per slot; row `b`
-//!   is slot `b`), each row sampled from its own record (`samplers[slot]`);
-//! * the readback holds the rows' sampling records, then per listed slot its encoder codes and
-//!   proof flag, its un-delayed frame and its PCM.
+//! Each slot's ring is [`model::lm::Generator`]'s token cache moved to the device, with the same
+//! rules (`lm/gen.rs`'s module docs): `K = 1 + n_q` streams × `CT = max_delay + 2` positions,
+//! stored position-major (`[CT][K]` shader tokens, the rings of all slots in one buffer,
+//! `[slots][CT][K]`) so that the streams of one position are adjacent. At a slot's call `offset`
+//! the host, which knows `offset`, records copies between device buffers at offsets it computes:
 //!
-//! Launches per tick are those of one conversation (each launch's grid carries the listed rows or
-//! slots); the copies (a handful per slot) grow with the slots, the launches do not.
+//! 1. user code `i` (the encoder's output) to stream `k = 1 + dep_q + i`, position
+//!    `(offset + delay_k) mod CT`;
+//! 2. stream `k`'s position `offset mod CT` to the LM's input column of the slot's row, for every
+//!    `k` with `offset > delay_k`; the others read the initial token, which the host writes with
+//!    the step buffer (at call 0 every stream is initial, so call 0's user codes are never seen);
+//! 3. after the LM step and its sampling, the sampled text token and codes to streams `0..=dep_q`,
+//!    position `(offset + 1) mod CT`;
+//! 4. when `offset + 1 > max_delay`, stream `k ∈ 0..=dep_q`'s position
+//!    `(offset + 1 − max_delay + delay_k) mod CT` to the decoder's input (the codes) and to the
+//!    readback (the whole un-delayed frame, for the caller's [`LmFrame`]).
+//!
+//! Runs of streams that share a position move in one copy (for Moshi, about seven copies a frame
+//! per slot). A position is never read before a call wrote it (the same argument as the CPU
+//! cache's, whose [`UNGENERATED`](model::lm::UNGENERATED) fill is never read either), so a ring
+//! needs no clearing on reset. Each slot has its own call count and its own pending codec reset,
+//! so slots join late, skip ticks and reset alone.
+//!
+//! # One launch per kernel for all listed slots
+//!
+//! The Mimi kernels run once per direction for all the slots listed ([`crate::GpuMimi`]'s slot
+//! list); the encoder's list is the tick's, the decoder's only the slots with a frame ready, each
+//! copied into the codec's list buffer just before its pass, in the same command buffer. The LM
+//! step runs once for the listed rows ([`crate::GpuLm`] with one row per slot; row `b` is slot
+//! `b`), each row sampled from its own record (`samplers[slot]`). Launches per tick are those of
+//! one conversation (each launch's grid carries the listed rows or slots); the copies (a handful
+//! per slot) grow with the slots, the launches do not.
+//!
+//! # What comes back
+//!
+//! One mapped buffer: the listed rows' sampling records (their tokens and the advanced random
+//! streams, which the host samplers must have), then per listed slot its encoder codes and proof
+//! flag (see below), its un-delayed frame's `1 + dep_q` tokens and its decoded PCM. About 8 KB per
+//! slot at Moshi's sizes.
 //!
 //! Arithmetic at Moshi's shapes (an estimate at 3.3 TB/s; no GPU measured it): the LM's weights
 //! (~12.5 GB in q8_0, ~3.8 ms) are read once per tick whatever the rows; each row adds its KV
@@ -30,14 +55,19 @@
 //! bytes at position 0, ~1.8x with bf16 KV and ~2.8x with f32 KV at 3000 (BENCHMARKS.md, "GPU
 //! batch").
 //!
-//! # Replays
+//! # Exact codes and the replay
 //!
-//! When the host's exact codes differ from the device's for any listed slot, the tick is replayed
-//! in a second submission, as [`crate::GpuDuplex`] replays a frame: the exact codes written over
-//! those slots' encoder outputs, every ready slot's decoder restored from its shadow copy, and
-//! the LM step, the ring copies and the decode recorded again for every listed slot (the other
-//! slots' steps run again on the same inputs and give the same results). The encoder does not run
-//! again. [`GpuDuplexBatch::replays`] counts replayed ticks.
+//! The encoder's split-RVQ search proves its codes on the device in nearly every frame
+//! ([`crate::GpuMimi`]'s docs); when it cannot, the host decides them exactly after the
+//! submission. If the host's codes differ from the device's for any listed slot, the LM step and
+//! the decode ran on wrong user codes, and the tick is replayed in a second submission: the exact
+//! codes written over those slots' encoder outputs, every ready slot's decoder state restored
+//! from the copy taken just before the decode (its convolution histories, transposed-convolution
+//! tails and position; the K/V rings need no copy, see `mimi::record::Direction::rings`), and the
+//! LM step, the ring copies and the decode recorded again for every listed slot from the same
+//! positions (the sampling records uploaded again from the host samplers, which only move after
+//! the final readback; the other slots' steps run again on the same inputs and give the same
+//! results). The encoder does not run again. [`GpuDuplexBatch::replays`] counts replayed ticks.
 
 use std::sync::Arc;
 
@@ -46,12 +76,22 @@ use model::mimi::CodecBackend;
 use model::sampling::{Sampler, SamplingError};
 
 use crate::context::GpuContext;
-use crate::duplex::{copy_runs, DuplexStep};
 use crate::lm::{GpuLm, GpuLmOptions, GpuLmWeights};
 use crate::mimi::{bytes_of_f32, GpuMimi, GpuMimiWeights};
 use crate::sample::rec;
 use crate::shaders::{step, MAX_ROWS};
 use crate::GpuError;
+
+/// What one slot's frame of a tick ([`GpuDuplexBatch::tick`], [`crate::GpuDuplex::frame`]) is
+/// asked to do besides the frame itself.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DuplexStep {
+    /// The text token to force at this call (see [`model::lm::StepOptions::force_text`]).
+    pub force_text: Option<u32>,
+    /// Reset both Mimi directions right after this frame's encode (Python's server does so after
+    /// encoding the first frame: the runtime's first-frame rule), inside the same submission.
+    pub reset_codec_after_encode: bool,
+}
 
 /// The Mimi streams, LM rows and delay rings of several conversation slots on the device, stepped
 /// one tick per submission for every listed slot (module docs).
@@ -272,7 +312,8 @@ impl GpuDuplexBatch {
     }
 
     /// Tests of the replay: zero the device's first code of every listed slot after the encode
-    /// (see [`crate::GpuDuplex::spoil_device_codes`]).
+    /// (its proof flag untouched), so that with [`GpuDuplexBatch::force_host_decision`] the
+    /// host's exact codes differ from the device's whenever the true first code is not 0.
     #[doc(hidden)]
     pub fn spoil_device_codes(&mut self, on: bool) {
         self.spoil = on;
@@ -305,8 +346,9 @@ impl GpuDuplexBatch {
         }
     }
 
-    /// Benchmark helper: every slot at call `offset`, as [`crate::GpuDuplex::seek_for_bench`]
-    /// leaves its one conversation.
+    /// Benchmark helper: every slot at call `offset`, its KV ring holding `min(offset, context)`
+    /// meaningless entries and its delay ring initial tokens, as
+    /// [`model::lm::Generator::seek_for_bench`] leaves the CPU's.
     pub fn seek_for_bench(&mut self, offset: usize) {
         self.lm.seek_for_bench(offset);
         self.ctx
@@ -316,7 +358,7 @@ impl GpuDuplexBatch {
     }
 
     /// Decodes `codes` through `slot`'s decoder in a submission of its own (the runtime's warm-up
-    /// decode; see [`crate::GpuDuplex::decode_only`]).
+    /// decodes placeholder codes to time the decode path: call 0 has no frame).
     pub fn decode_only(
         &mut self,
         slot: usize,
@@ -409,8 +451,9 @@ impl GpuDuplexBatch {
     /// `pcm[i·fs..(i+1)·fs]`, steps its LM row with `samplers[slots[i]]` (one sampler per slot,
     /// indexed by slot) and `opts[i]`, decodes the frame its delays make ready into
     /// `out[i·fs..(i+1)·fs]` (left as it is when none is ready), and `results[i]` gets that frame
-    /// (`None` during the slot's first `max_delay` calls) or the row's sampling error (the call
-    /// committed, as [`crate::GpuDuplex::frame`] reports it). All in one submission and one wait
+    /// (`None` during the slot's first `max_delay` calls) or the row's sampling error
+    /// (non-finite logits: the call is committed, as the generator reports it; that frame's
+    /// tokens are 0 and the decoder has decoded them). All in one submission and one wait
     /// on it (two when a replay is due, module docs). Unlisted slots do not move. An argument
     /// error is returned before anything moves; an empty list does nothing.
     pub fn tick(
@@ -606,7 +649,7 @@ impl GpuDuplexBatch {
     }
 
     /// Records, for every listed slot from its own offset, the ring copies around one sampled LM
-    /// step of all listed rows ([`crate::GpuDuplex`]'s steps 1 to 4), the rows' records into the
+    /// step of all listed rows (steps 1 to 4 of the module docs), the rows' records into the
     /// readback, then the ready slots' snapshots, one decode for them all, and their PCM into the
     /// readback.
     fn record_step(&self, enc: &mut wgpu::CommandEncoder, slots: &[usize]) {
@@ -750,4 +793,32 @@ impl GpuDuplexBatch {
         drop(view);
         Ok(())
     }
+}
+
+/// Records one copy per run of consecutive items of `items` that share a `slot`: `copy(first,
+/// bytes)` gives (source, source offset, destination, destination offset, bytes) of the run that
+/// starts at item `first` (the items of a run are adjacent words on both sides).
+fn copy_runs<'b>(
+    enc: &mut wgpu::CommandEncoder,
+    items: impl Iterator<Item = usize>,
+    slot: impl Fn(usize) -> usize,
+    copy: impl Fn(usize, u64) -> (&'b wgpu::Buffer, u64, &'b wgpu::Buffer, u64, u64),
+) {
+    let mut run: Option<(usize, usize)> = None;
+    let flush = |enc: &mut wgpu::CommandEncoder, run: Option<(usize, usize)>| {
+        if let Some((first, n)) = run {
+            let (src, at, dst, to, bytes) = copy(first, (n * 4) as u64);
+            enc.copy_buffer_to_buffer(src, at, dst, to, bytes);
+        }
+    };
+    for k in items {
+        run = match run {
+            Some((first, n)) if first + n == k && slot(first) == slot(k) => Some((first, n + 1)),
+            other => {
+                flush(enc, other);
+                Some((k, 1))
+            }
+        };
+    }
+    flush(enc, run);
 }

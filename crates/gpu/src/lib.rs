@@ -22,11 +22,12 @@
 //!   submission per call for all listed slots, each kernel launched once for all of them (a slot
 //!   dimension in every Mimi kernel); only PCM and codes cross the bus.
 //!
-//! * [`GpuDuplex`] is one conversation's whole duplex frame in one submission: Mimi encode, the LM
-//!   step reading its input from a delay ring in device memory, sampling, Mimi decode, one readback,
-//!   waited for by its own submission index (the runtime's sessions use it on the GPU).
-//!   [`GpuDuplexBatch`] is the same frame for up to eight conversation slots, one submission per
-//!   tick for every listed slot, each kernel launched once for all of them.
+//! * [`GpuDuplexBatch`] is the whole duplex frame of up to eight conversation slots in one
+//!   submission per tick: Mimi encode of the listed slots, one LM step over their rows each reading
+//!   its input from its own delay ring in device memory, sampling, Mimi decode, one readback,
+//!   waited for by its own submission index, each kernel launched once for all listed slots (the
+//!   runtime's sessions, a batch of one, and its batch drivers use it on the GPU). [`GpuDuplex`]
+//!   is one conversation's frame: a batch of one slot.
 //!
 //! Every buffer and bind group is created at load ([`GpuContext::buffers_created`] counts them); a
 //! step records one command buffer (wgpu creates command encoders per submission by design),
@@ -47,8 +48,8 @@ pub mod shaders;
 mod uniforms;
 
 pub use context::{adapters, choose_adapter, AdapterChoice, AdapterDesc, GpuContext, GpuOptions};
-pub use duplex::{DuplexStep, GpuDuplex};
-pub use duplex_batch::GpuDuplexBatch;
+pub use duplex::GpuDuplex;
+pub use duplex_batch::{DuplexStep, GpuDuplexBatch};
 pub use lm::{AttentionRow, AttentionShape, GpuAttention, GpuLm, GpuLmOptions, GpuLmWeights};
 pub use matrix::GpuMatrix;
 pub use mimi::{GpuMimi, GpuMimiWeights, MimiKernel, TestConvOut};

@@ -369,19 +369,13 @@ impl CodecBackend for GpuMimi {
     }
 }
 
-/// The parts of a frame the one-submission duplex frames ([`crate::GpuDuplex`], one slot, and
-/// [`crate::GpuDuplexBatch`], the slots it lists) record into their own command buffers. The
-/// one-slot forms are slot 0's (the slot list [`GpuMimi::new`] writes until a call writes its own).
+/// The parts of a frame the one-submission duplex frames ([`crate::GpuDuplexBatch`], the slots it
+/// lists; [`crate::GpuDuplex`] is its batch of one) record into their own command buffers.
 impl GpuMimi {
     /// The slot list every kernel reads (the number listed, then the slots); a batched frame copies
     /// its list into it before each direction's pass.
     pub(crate) fn list(&self) -> &wgpu::Buffer {
         &self.s.list
-    }
-
-    /// Records one direction's launches (the encoder's when `encoder_side`) in one compute pass.
-    pub(crate) fn record_direction(&self, enc: &mut wgpu::CommandEncoder, encoder_side: bool) {
-        self.record_direction_listed(enc, encoder_side, 1);
     }
 
     /// Records one direction's launches for the `listed` slots of the list (one compute pass).
@@ -396,34 +390,9 @@ impl GpuMimi {
         dispatch(&mut pass, &d.launches, listed);
     }
 
-    /// Records the reset of both directions' streams ([`CodecBackend::reset`] inside a frame).
-    pub(crate) fn record_reset(&self, enc: &mut wgpu::CommandEncoder) {
-        self.record_reset_slot(enc, 0);
-    }
-
     /// Records the reset of `slot`'s streams (both directions).
     pub(crate) fn record_reset_slot(&self, enc: &mut wgpu::CommandEncoder, slot: usize) {
         self.s.clear(enc, slot);
-    }
-
-    /// The encoder's input (`frame_size` f32).
-    pub(crate) fn pcm_in(&self) -> &wgpu::Buffer {
-        &self.s.pcm_in.buf
-    }
-
-    /// The encoder's output: `n_codebooks` codes, then the number of levels it could not prove.
-    pub(crate) fn codes_out(&self) -> &wgpu::Buffer {
-        &self.s.codes_out.buf
-    }
-
-    /// The decoder's input (`n_codebooks` codes).
-    pub(crate) fn codes_in(&self) -> &wgpu::Buffer {
-        &self.s.codes_in.buf
-    }
-
-    /// The decoder's output (`frame_size` f32).
-    pub(crate) fn pcm_out(&self) -> &wgpu::Buffer {
-        &self.s.pcm_out.buf
     }
 
     /// `slot`'s region of an input or output buffer, as (buffer, byte offset, bytes): the
@@ -455,12 +424,6 @@ impl GpuMimi {
         restore: bool,
     ) {
         self.s.record_decoder_copy(enc, slot, shadow, restore);
-    }
-
-    /// The exact codes of slot 0's encoded frame from its read-back `words`; see
-    /// [`GpuMimi::decide_slot`].
-    pub(crate) fn decide(&mut self, words: &[u32]) -> Result<(&[u32], bool), GpuError> {
-        self.decide_slot(0, words)
     }
 
     /// The exact codes of `slot`'s encoded frame from its read-back `words` (`n_codebooks` codes,
