@@ -46,16 +46,7 @@ pub fn run(args: &InspectArgs) -> Result<()> {
 }
 
 fn human(bytes: usize) -> String {
-    let b = bytes as f64;
-    if b >= 1e9 {
-        format!("{:.2} GB", b / 1e9)
-    } else if b >= 1e6 {
-        format!("{:.2} MB", b / 1e6)
-    } else if b >= 1e3 {
-        format!("{:.1} kB", b / 1e3)
-    } else {
-        format!("{bytes} B")
-    }
+    crate::models::human_bytes(bytes as u64)
 }
 
 fn print_weights(w: &Weights, list: bool) -> Result<()> {

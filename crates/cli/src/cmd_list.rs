@@ -108,19 +108,6 @@ pub fn scan(cache: &Path) -> Vec<Found> {
     out
 }
 
-fn human(bytes: u64) -> String {
-    let b = bytes as f64;
-    if b >= 1e9 {
-        format!("{:.2} GB", b / 1e9)
-    } else if b >= 1e6 {
-        format!("{:.1} MB", b / 1e6)
-    } else if b >= 1e3 {
-        format!("{:.1} kB", b / 1e3)
-    } else {
-        format!("{bytes} B")
-    }
-}
-
 /// Runs `list`.
 pub fn run(_a: &ListArgs) -> Result<()> {
     let cache = hub_cache_dir();
@@ -154,7 +141,7 @@ pub fn run(_a: &ListArgs) -> Result<()> {
             "  {:<8} {:<11} {:>9}  {state}",
             f.model,
             f.preset.to_string(),
-            human(f.bytes)
+            crate::models::human_bytes(f.bytes)
         );
     }
     Ok(())

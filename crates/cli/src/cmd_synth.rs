@@ -103,13 +103,7 @@ pub fn run(args: &SynthArgs) -> Result<()> {
         Model::Moshi(lm, mimi) => write_bundle(&args.out, format, lm, mimi, args.seed)?,
         Model::Stt(s) => write_stt_bundle(&args.out, format, s, args.seed)?,
     };
-    let size = |b: u64| {
-        if b >= 1_000_000_000 {
-            format!("{:.2} GB", b as f64 / 1e9)
-        } else {
-            format!("{:.1} MB", b as f64 / 1e6)
-        }
-    };
+    let size = crate::models::human_bytes;
     println!(
         "wrote {} ({}) and {} ({}){} in {:.1} s",
         rep.lm.0.display(),

@@ -5,11 +5,11 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use model::sampling::SamplerConfig;
+use model::sampling::{SamplerConfig, SamplingParams};
 
 use crate::models::{ModelArgs, ModelSource};
 
-/// Sampling flags. Their defaults are [`embed::SamplingParams`]'s (Python `LMGen`'s: text 0.7/25,
+/// Sampling flags. Their defaults are [`SamplingParams`]'s (Python `LMGen`'s: text 0.7/25,
 /// audio 0.8/250), read from it so that they are written in one place.
 #[derive(Args, Clone, Debug)]
 pub struct SamplingArgs {
@@ -17,19 +17,19 @@ pub struct SamplingArgs {
     #[arg(long)]
     pub greedy: bool,
     /// Seed of the random streams (text and audio streams are derived from it).
-    #[arg(long, default_value_t = embed::SamplingParams::default().seed)]
+    #[arg(long, default_value_t = SamplingParams::default().seed)]
     pub seed: u64,
     /// Text temperature (0 = argmax).
-    #[arg(long, default_value_t = embed::SamplingParams::default().text_temperature)]
+    #[arg(long, default_value_t = SamplingParams::default().text_temperature)]
     pub text_temperature: f32,
     /// Text top-k (0 = all).
-    #[arg(long, default_value_t = embed::SamplingParams::default().text_top_k)]
+    #[arg(long, default_value_t = SamplingParams::default().text_top_k)]
     pub text_topk: usize,
     /// Audio temperature (0 = argmax).
-    #[arg(long, default_value_t = embed::SamplingParams::default().audio_temperature)]
+    #[arg(long, default_value_t = SamplingParams::default().audio_temperature)]
     pub audio_temperature: f32,
     /// Audio top-k (0 = all).
-    #[arg(long, default_value_t = embed::SamplingParams::default().audio_top_k)]
+    #[arg(long, default_value_t = SamplingParams::default().audio_top_k)]
     pub audio_topk: usize,
     /// Multiply the text PAD probability by exp(pad_mult).
     #[arg(long)]
@@ -38,7 +38,7 @@ pub struct SamplingArgs {
     #[arg(long)]
     pub repetition_penalty: Option<f32>,
     /// Number of recent text tokens the repetition penalty looks at.
-    #[arg(long, default_value_t = embed::SamplingParams::default().repetition_penalty_context)]
+    #[arg(long, default_value_t = SamplingParams::default().repetition_penalty_context)]
     pub repetition_penalty_context: usize,
 }
 
@@ -63,7 +63,7 @@ impl SamplingArgs {
                 bail!("--repetition-penalty must be a finite number > 0 (got {p})");
             }
         }
-        Ok(embed::SamplingParams {
+        Ok(SamplingParams {
             greedy: self.greedy,
             seed: self.seed,
             text_temperature: self.text_temperature,
@@ -334,7 +334,7 @@ fn resolve_device(
 mod tests {
     use clap::Parser;
 
-    use super::SamplingArgs;
+    use super::{SamplingArgs, SamplingParams};
 
     #[derive(Parser)]
     struct Cli {
@@ -347,10 +347,7 @@ mod tests {
     #[test]
     fn no_flags_give_the_default_sampler() {
         let a = Cli::try_parse_from(["duplex"]).unwrap().sampling;
-        assert_eq!(
-            a.config().unwrap(),
-            embed::SamplingParams::default().config()
-        );
+        assert_eq!(a.config().unwrap(), SamplingParams::default().config());
         assert_eq!(
             a.repetition_penalty_context,
             model::sampling::RepetitionPenalty::DEFAULT_CONTEXT

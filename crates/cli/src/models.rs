@@ -234,6 +234,21 @@ pub fn count(n: usize, what: &str) -> String {
     }
 }
 
+/// A size in bytes for a person: GB with two decimals, MB and kB with one, bytes below 1 kB (what
+/// `list`, `inspect` and `synth` print).
+pub fn human_bytes(bytes: u64) -> String {
+    let b = bytes as f64;
+    if b >= 1e9 {
+        format!("{:.2} GB", b / 1e9)
+    } else if b >= 1e6 {
+        format!("{:.1} MB", b / 1e6)
+    } else if b >= 1e3 {
+        format!("{:.1} kB", b / 1e3)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
 /// A short name for a bundle directory: `demo`, the repository of a Hugging Face cache snapshot
 /// (`kyutai/moshiko-candle-q8`), else the folder's name.
 pub fn bundle_name(dir: &Path, demo: bool) -> String {

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::{sigterm_exit, spawn_demo_stt, wait_ready, word_tokens};
+use model::stt::testing::assert_json_events;
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/stt/1b")
@@ -47,30 +48,26 @@ fn stt_on_gpu_gives_the_oracles_events() {
             .unwrap();
     let spm = model::text::SentencePiece::load(fixture().join("tokenizer.model")).unwrap();
     // `--vad` prints an EndOfTurn line of its own; the oracle's events are the others.
-    let got: Vec<&serde_json::Value> = got.iter().filter(|e| e["type"] != "EndOfTurn").collect();
-    let want = want["events"].as_array().unwrap();
-    assert_eq!(got.len(), want.len(), "{got:?}");
-    assert!(want.iter().any(|e| e["type"] == "Word"));
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert_eq!(g["type"], w["type"], "event {i}");
-        match w["type"].as_str().unwrap() {
-            "Step" => {
-                assert_eq!(g["step_idx"], w["step_idx"], "event {i}");
-                let (gp, wp) = (g["prs"].as_array().unwrap(), w["prs"].as_array().unwrap());
-                assert_eq!(gp.len(), wp.len(), "event {i}");
-                for (a, b) in gp.iter().zip(wp) {
-                    let (a, b) = (a.as_f64().unwrap(), b.as_f64().unwrap());
-                    assert!((a - b).abs() <= 1e-4, "event {i}: prs {a} vs {b}");
-                }
-            }
-            "Word" => {
-                assert_eq!(g["start_time"], w["start_time"], "event {i}");
+    assert!(want["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["type"] == "Word"));
+    assert_json_events(
+        &got,
+        &want["events"],
+        1e-4,
+        "stt --device gpu",
+        |g, w, at| {
+            if w["type"] == "Word" {
+                assert_eq!(g["start_time"], w["start_time"], "{at}");
                 let tokens = word_tokens(w);
-                assert_eq!(g["text"], spm.decode(&tokens).unwrap().trim(), "event {i}");
+                assert_eq!(g["text"], spm.decode(&tokens).unwrap().trim(), "{at}");
+            } else {
+                assert_eq!(g["stop_time"], w["stop_time"], "{at}");
             }
-            _ => assert_eq!(g["stop_time"], w["stop_time"], "event {i}"),
-        }
-    }
+        },
+    );
     // The flag reaches the device: an adapter that does not exist is an error, not the CPU.
     let o = Command::new(env!("CARGO_BIN_EXE_moshi-native"))
         .env("XDG_CACHE_HOME", cache.path())

@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use model::stt::testing::assert_json_events;
 use runtime::{EngineOptions, SttEngine, Transcriber, TranscriberOptions, TranscriptEvent};
 use serde_json::{json, Value};
 
@@ -80,22 +81,7 @@ fn transcribe(t: &mut Transcriber, pcm: &[f32], chunk: usize) -> Vec<Value> {
 
 /// Compares with the oracle's events: types, steps, tokens and times exact, probabilities within 1e-4.
 fn assert_oracle(got: &[Value], want: &Value, what: &str) {
-    let got: Vec<&Value> = got.iter().filter(|e| e["type"] != "EndOfTurn").collect();
-    let want = want.as_array().unwrap();
-    assert_eq!(got.len(), want.len(), "{what}: event count");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        if w["type"] == "Step" {
-            assert_eq!(g["step_idx"], w["step_idx"], "{what} event {i}");
-            let (gp, wp) = (g["prs"].as_array().unwrap(), w["prs"].as_array().unwrap());
-            assert_eq!(gp.len(), wp.len(), "{what} event {i}");
-            for (a, b) in gp.iter().zip(wp) {
-                let (a, b) = (a.as_f64().unwrap(), b.as_f64().unwrap());
-                assert!((a - b).abs() <= 1e-4, "{what} event {i}: prs {a} vs {b}");
-            }
-        } else {
-            assert_eq!(*g, w, "{what} event {i}");
-        }
-    }
+    assert_json_events(got, want, 1e-4, what, |g, w, at| assert_eq!(g, w, "{at}"));
 }
 
 #[test]
