@@ -70,7 +70,7 @@ pub struct BenchArgs {
     /// per weight (the batch's KV caches cost 1.6 GB per session in bf16).
     #[arg(long, default_value_t = 4)]
     pub batch: usize,
-    /// `bench batch` (and `bench mimi --device gpu`, 0 or 1 = skip): conversation slots per tick.
+    /// `bench batch` (and `bench mimi|duplex --device gpu`, 0 or 1 = skip): conversation slots per tick.
     #[arg(long, default_value_t = 4)]
     pub slots: usize,
     /// `bench stt`: stream counts of the tick.

@@ -15,7 +15,9 @@
 //!   kernel's bandwidth as a weights-only roofline (`on_gpu.rs`).
 //! * `duplex`: the product frame pass (a [`runtime::Session`] on its [`runtime::SessionRunner`] worker
 //!   thread, fed through its input ring, answered through its event queue), per phase, next to the LM
-//!   frame and the Mimi encode + decode timed alone in the same rounds: the overhead ratio.
+//!   frame and the Mimi encode + decode timed alone in the same rounds: the overhead ratio. With
+//!   `--device gpu --slots N` (N > 1) also the batch driver's tick of N slots against one slot
+//!   (`duplex_batch_gpu.rs`).
 //! * `stt`: the speech-to-text tick of N streams (one batched 32-codebook Mimi encode + one STT
 //!   step), batched against one stream at a time, and the real-time streams (`stt.rs`).
 //!
@@ -40,6 +42,7 @@ use model::sampling::{Sampler, SamplerConfig};
 
 mod args;
 mod batch;
+mod duplex_batch_gpu;
 mod on_gpu;
 mod stt;
 
@@ -179,6 +182,9 @@ pub fn run(args: &BenchArgs, device: &runtime::Device) -> Result<()> {
                 );
                 for (label, parts) in duplex_parts(args)? {
                     on_gpu::bench_duplex_gpu(args, adapter, &label, parts)?;
+                }
+                if args.slots > 1 {
+                    duplex_batch_gpu::run(args, adapter)?;
                 }
             }
             _ => bail!("bench --device gpu measures `lm`, `mimi` and `duplex`"),
