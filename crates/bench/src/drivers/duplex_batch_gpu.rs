@@ -95,15 +95,17 @@ pub(crate) fn bench_duplex_batch_gpu(
 ) -> Result<GpuBatchCell> {
     let slots = args.slots.max(1);
     let ctx = gpu::GpuContext::new(gpu::AdapterChoice::Gpu(adapter), gpu_options(args))?;
+    // The model runs on the device: the driver's pool (one thread) holds the host work only.
+    let device = runtime::Device::Gpu {
+        adapter,
+        threads: 1,
+    };
     let opts = runtime::EngineOptions {
-        device: runtime::Device::Gpu {
-            adapter,
-            threads: 1,
-        },
+        device,
         ..Default::default()
     };
-    let engine =
-        runtime::Engine::from_parts_on(parts.lm, parts.mimi, parts.tokenizer, opts, ctx.clone())?;
+    let (lm, mimi, tok) = (parts.lm, parts.mimi, parts.tokenizer);
+    let engine = runtime::Engine::from_parts_on(lm, mimi, tok, opts, ctx.clone())?;
     let session = runtime::SessionOptions {
         output_rate: args.output_rate,
         ..Default::default()
