@@ -202,7 +202,7 @@ impl Plan {
 /// Bytes of the LM's temporal KV caches of one conversation slot (keys and values of every layer over
 /// the whole context): what each slot of a batched worker allocates at start-up.
 fn kv_bytes_per_slot(engine: &runtime::Engine) -> u64 {
-    let s = engine.lm().spec();
+    let s = engine.lm_spec();
     let elem = match engine.options().kv_dtype {
         model::lm::KvDtype::F32 => 4,
         model::lm::KvDtype::Bf16 => 2,

@@ -330,7 +330,7 @@ pub fn measured(engine: &Engine, probe: Probe, full: bool, workers: usize) -> Me
     Measured {
         probe,
         full,
-        format: engine.lm().weight_format(),
+        format: engine.weight_format(),
         kv: engine.options().kv_dtype,
         threads: engine.options().device.threads(),
         workers: workers.max(1),

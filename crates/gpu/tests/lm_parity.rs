@@ -153,7 +153,11 @@ fn the_recorded_plan_fuses_into_five_launches_a_layer() {
         let g = GpuLm::with_options(w.clone(), 1, opts).unwrap();
         let temporal = s.num_streams() + per_layer * s.num_layers + 2;
         let dep = 2 + per_layer * s.dep_layers + 1;
-        assert_eq!(g.dispatches_per_step(), (temporal, dep), "chunks of {chunk}");
+        assert_eq!(
+            g.dispatches_per_step(),
+            (temporal, dep),
+            "chunks of {chunk}"
+        );
         assert_eq!(g.dispatches_per_frame(), temporal + 1 + s.dep_q * (dep + 1));
     }
 }

@@ -7,7 +7,7 @@ mod common;
 
 use std::collections::HashSet;
 
-use gpu::{GpuContext, GpuLm, GpuLmWeights, GpuMimi, GpuMimiWeights, GpuOptions, ProfileMode};
+use gpu::{GpuContext, GpuLm, GpuMimi, GpuMimiWeights, GpuOptions, ProfileMode};
 use model::lm::{Generator, LmError, LmFrame, NoObserver};
 use model::mimi::CodecBackend;
 use model::sampling::{Sampler, SamplerConfig};
@@ -84,10 +84,9 @@ fn lm_frame_profile_names_and_counts_every_launch() {
         return;
     };
     assert!(ctx.profiling());
-    let dir = testkit::fixtures_dir("lm");
-    let model = model::MoshiModel::open(&dir).unwrap().lm;
-    let spec = model.spec().clone();
-    let lm = GpuLm::new(GpuLmWeights::upload(&ctx, &model).unwrap(), 1).unwrap();
+    let weights = common::fixture_lm(&ctx, "lm");
+    let spec = weights.spec().clone();
+    let lm = GpuLm::new(weights, 1).unwrap();
     let per_frame = lm.dispatches_per_frame();
     let mut gen = Generator::new(Box::new(lm)).unwrap();
     let mut samplers = [Sampler::new(SamplerConfig::default(), spec.text_card, spec.card).unwrap()];

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use kernels::Pool;
 
-use crate::checkpoint::{Bundle, CheckpointError};
-use crate::lm::{LmError, LmModel};
+use crate::checkpoint::{Bundle, CheckpointError, Weights};
+use crate::lm::{LmError, LmModel, LmSpec};
 use crate::mimi::{Mimi, MimiError};
 use crate::text::{SentencePiece, TextError};
 
@@ -37,11 +37,13 @@ fn refused(what: &'static str) -> impl Fn(CheckpointError) -> LoadError {
     move |source| LoadError::Checkpoint { what, source }
 }
 
-/// The three components of a bundle, loaded and immutable.
+/// The three components of a bundle, loaded and immutable, with the LM as `L`: the CPU's
+/// [`LmModel`] ([`MoshiModel`]), or the weights a device built from the checkpoint itself
+/// ([`Bundled::open_with`]).
 #[derive(Debug)]
-pub struct MoshiModel {
+pub struct Bundled<L> {
     /// The Moshi LM.
-    pub lm: LmModel,
+    pub lm: L,
     /// The Mimi codec (as many codebooks as the LM reads from the user stream).
     pub mimi: Mimi,
     /// The SentencePiece text tokenizer.
@@ -49,6 +51,9 @@ pub struct MoshiModel {
     /// Where the time of the load went.
     pub timings: LoadTimings,
 }
+
+/// A bundle with its LM built for the CPU kernels.
+pub type MoshiModel = Bundled<LmModel>;
 
 /// Where the time of [`MoshiModel::open_on`] went, phase by phase (wall time).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -80,7 +85,7 @@ impl LoadTimings {
     }
 }
 
-impl MoshiModel {
+impl Bundled<LmModel> {
     /// Open a bundle directory (see [`Bundle::open`]) and build its components on the calling thread.
     pub fn open(dir: &Path) -> Result<MoshiModel, LoadError> {
         Self::open_on(dir, &Pool::new(1))
@@ -90,16 +95,45 @@ impl MoshiModel {
     pub fn open_on(dir: &Path, pool: &Pool) -> Result<MoshiModel, LoadError> {
         let t0 = Instant::now();
         let bundle = Bundle::open(dir).map_err(refused("bundle"))?;
-        Self::build(&bundle, pool, t0)
+        Self::cpu(&bundle, pool, t0)
     }
 
     /// Build the components of an opened bundle. Each weights file is mapped, checked against its
     /// schema and dropped once its component is built, so the LM's mapping is gone before Mimi's opens.
     pub fn from_bundle(bundle: &Bundle) -> Result<MoshiModel, LoadError> {
-        Self::build(bundle, &Pool::new(1), Instant::now())
+        Self::cpu(bundle, &Pool::new(1), Instant::now())
     }
 
-    fn build(bundle: &Bundle, pool: &Pool, t0: Instant) -> Result<MoshiModel, LoadError> {
+    fn cpu(bundle: &Bundle, pool: &Pool, t0: Instant) -> Result<MoshiModel, LoadError> {
+        Bundled::build(bundle, pool.n_threads(), t0, |weights, spec| {
+            Ok(LmModel::from_source_on(weights, spec, pool)?)
+        })
+    }
+}
+
+impl<L> Bundled<L> {
+    /// Open a bundle directory as [`MoshiModel::open`] does, the LM built by `build_lm` from the
+    /// bundle's LM weights file (mapped and checked against its schema, dropped when `build_lm`
+    /// returns) and the [`LmSpec`] of the bundle's LM config: a device that packs the checkpoint
+    /// itself (the GPU's weights) builds them here, and no CPU [`LmModel`] is made. `threads`: what
+    /// [`LoadTimings::threads`] reports for that build. Errors of the bundle, Mimi and the
+    /// tokenizer are [`LoadError`]s, turned into `E`.
+    pub fn open_with<E: From<LoadError>>(
+        dir: &Path,
+        threads: usize,
+        build_lm: impl FnOnce(&Weights, LmSpec) -> Result<L, E>,
+    ) -> Result<Bundled<L>, E> {
+        let t0 = Instant::now();
+        let bundle = Bundle::open(dir).map_err(refused("bundle"))?;
+        Self::build(&bundle, threads, t0, build_lm)
+    }
+
+    fn build<E: From<LoadError>>(
+        bundle: &Bundle,
+        threads: usize,
+        t0: Instant,
+        build_lm: impl FnOnce(&Weights, LmSpec) -> Result<L, E>,
+    ) -> Result<Bundled<L>, E> {
         let lm_weights = bundle
             .lm_weights()
             .map_err(|source| LoadError::Checkpoint {
@@ -114,25 +148,28 @@ impl MoshiModel {
         let lm_resident = lm_weights.resident_share();
         let mut timings = LoadTimings {
             lm_file_bytes: lm_weights.file_len() as u64,
-            threads: pool.n_threads(),
+            threads,
             lm_resident,
             ..LoadTimings::default()
         };
         let t1 = Instant::now();
-        let lm = LmModel::load_on(&lm_weights, &bundle.config.lm, pool)?;
+        let spec = LmSpec::from_config(&bundle.config.lm).map_err(LoadError::from)?;
+        let n_user = spec.n_user();
+        let lm = build_lm(&lm_weights, spec)?;
         drop(lm_weights);
         let t2 = Instant::now();
         let mimi_weights = bundle.mimi_weights().map_err(refused("Mimi weights"))?;
         let t3 = Instant::now();
-        let mimi = Mimi::load(&mimi_weights, &bundle.mimi_config, lm.spec().n_user())?;
+        let mimi =
+            Mimi::load(&mimi_weights, &bundle.mimi_config, n_user).map_err(LoadError::from)?;
         drop(mimi_weights);
         let t4 = Instant::now();
-        let tokenizer = SentencePiece::load(&bundle.files.tokenizer)?;
+        let tokenizer = SentencePiece::load(&bundle.files.tokenizer).map_err(LoadError::from)?;
         timings.map = (t1 - t0) + (t3 - t2);
         timings.lm = t2 - t1;
         timings.mimi = t4 - t3;
         timings.tokenizer = t4.elapsed();
-        Ok(MoshiModel {
+        Ok(Bundled {
             lm,
             mimi,
             tokenizer,

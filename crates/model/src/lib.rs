@@ -10,4 +10,4 @@ pub mod stt;
 pub mod tensor_stats;
 pub mod text;
 
-pub use assembly::{LoadError, LoadTimings, MoshiModel};
+pub use assembly::{Bundled, LoadError, LoadTimings, MoshiModel};

@@ -186,7 +186,7 @@ impl BatchRunner {
         }
         let sampler = new_sampler(&self.engine, opts.sampling.clone())?;
         #[cfg(feature = "gpu")]
-        if self.fused && !crate::gpu_frame::device_samples(self.engine.lm().spec(), &sampler) {
+        if self.fused && !crate::gpu_frame::device_samples(self.engine.lm_spec(), &sampler) {
             return Err(RuntimeError::InvalidOption(
                 "sampling: this batch samples on the device, and these settings need the host (top-k \
                  at most gpu::sample::MAX_TOP_K, a repetition penalty context at most \
@@ -489,7 +489,7 @@ impl Worker {
             shared: shared.clone(),
             joins: jrx,
             pass,
-            warm_ticks: engine.lm().spec().max_delay() + 1,
+            warm_ticks: engine.lm_spec().max_delay() + 1,
             failing: Vec::with_capacity(n),
             slots: (0..n).map(|_| None).collect(),
         };

@@ -61,7 +61,7 @@ impl Conversation {
             detok: engine.tokenizer().map(|sp| Detokenizer::new(sp.clone())),
             resampler,
             first_frame_reset,
-            text_card: engine.lm().spec().text_card,
+            text_card: engine.lm_spec().text_card,
             forced: Vec::with_capacity(64),
             forced_pos: 0,
             user: [0; N_AUDIO],

@@ -75,6 +75,13 @@ pub enum RuntimeError {
     WorkerPanicked,
 }
 
+/// A bundle that could not be opened into its components is a model error, its message kept.
+impl From<model::LoadError> for RuntimeError {
+    fn from(e: model::LoadError) -> Self {
+        RuntimeError::Model(e.to_string())
+    }
+}
+
 /// A failure of the GPU backend outside the LM and the codec (opening the device, uploading weights) is a
 /// device error carrying the `GpuError` itself.
 #[cfg(feature = "gpu")]

@@ -109,7 +109,7 @@ pub fn probe(engine: &Arc<Engine>, rows: usize, passes: usize) -> Result<Probe, 
     } else {
         start.lm_us
     };
-    let context = st.seek(engine.lm().spec().context);
+    let context = st.seek(engine.lm_spec().context);
     let full_lm_us = median(&mut st, 1)?;
     let rows_full_lm_us = if rows > 1 {
         median(&mut st, rows)?

@@ -61,7 +61,7 @@ pub(crate) fn new_sampler(
     engine: &Engine,
     sampling: SamplerConfig,
 ) -> Result<Sampler, RuntimeError> {
-    let spec = engine.lm().spec();
+    let spec = engine.lm_spec();
     Sampler::new(sampling, spec.text_card, spec.card)
         .map_err(|e| RuntimeError::InvalidOption(format!("sampling: {e}")))
 }

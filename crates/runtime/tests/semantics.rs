@@ -13,7 +13,7 @@ use runtime::{Session, SessionOptions, Step, StopReason, FRAME_SIZE};
 /// encoded, Mimi (encoder and decoder) is reset, and its codes still go to LMGen call 0.
 fn manual_server_loop(pcm: &[f32], first_frame_reset: bool) -> (Vec<Option<u32>>, Vec<f32>) {
     let e = engine();
-    let lm = e.lm();
+    let lm = &*e.cpu_lm().expect("a CPU engine holds its LM");
     let mut enc = MimiEncoder::new(e.mimi().clone());
     let mut dec = MimiDecoder::new(e.mimi().clone());
     let mut gen = LmGen::new(lm, e.options().kv_dtype).unwrap();

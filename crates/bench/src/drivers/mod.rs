@@ -163,8 +163,7 @@ pub fn run(args: &BenchArgs, device: &runtime::Device) -> Result<()> {
                     "\n## lm on the GPU: one frame = one sampled step (LmBackend::sampled_step), ms"
                 );
                 for (label, fmt) in lm_sources(args)? {
-                    let lm = build_lm(args, &label, fmt)?;
-                    on_gpu::bench_lm_gpu(args, adapter, &label, lm)?;
+                    on_gpu::bench_lm_gpu(args, adapter, &label, fmt)?;
                 }
             }
             What::Mimi => {
@@ -180,8 +179,8 @@ pub fn run(args: &BenchArgs, device: &runtime::Device) -> Result<()> {
                 println!(
                     "\n## duplex on the GPU: frame pass through the session (Mimi encode, LM step, Mimi decode on the device), ms"
                 );
-                for (label, parts) in duplex_parts(args)? {
-                    on_gpu::bench_duplex_gpu(args, adapter, &label, parts)?;
+                for (label, fmt) in lm_sources(args)? {
+                    on_gpu::bench_duplex_gpu(args, adapter, &label, fmt)?;
                 }
                 if args.slots > 1 {
                     duplex_batch_gpu::run(args, adapter)?;
@@ -676,7 +675,8 @@ fn bench_duplex(args: &BenchArgs, pools: &[Pool]) -> Result<()> {
         "\n## duplex: frame pass through the session (worker thread, input ring, event queue) vs its parts alone, ms"
     );
     for (label, base) in duplex_sources(args, kv)? {
-        let spec = base.lm().spec().clone();
+        let spec = base.lm_spec().clone();
+        let cpu_model = base.cpu_lm().context("a CPU engine holds its LM")?;
         let n = pools.len();
         let mut sessions = Vec::with_capacity(n);
         for &t in &args.threads {
@@ -696,7 +696,7 @@ fn bench_duplex(args: &BenchArgs, pools: &[Pool]) -> Result<()> {
             let events = runner.events().context("runner events")?;
             sessions.push((runner, producer, events, 0u64));
         }
-        let mut gen = LmGen::new(base.lm(), kv)?;
+        let mut gen = LmGen::new(&cpu_model, kv)?;
         let mut sampler = Sampler::new(SamplerConfig::default(), spec.text_card, spec.card)?;
         let user: Vec<u32> = (0..spec.n_user() as u32)
             .map(|i| (100 + 37 * i) % spec.card as u32)
@@ -739,7 +739,7 @@ fn bench_duplex(args: &BenchArgs, pools: &[Pool]) -> Result<()> {
             for _ in 0..3 {
                 pass(pi, &mut sessions)?;
             }
-            gen.step(base.lm(), &user, &mut sampler, pool)?;
+            gen.step(&cpu_model, &user, &mut sampler, pool)?;
             crate::mimi::time_frames(base.mimi(), 2, pool_of(pi))?;
         }
         let mut cells = vec![DuplexCell::default(); n];
@@ -755,7 +755,7 @@ fn bench_duplex(args: &BenchArgs, pools: &[Pool]) -> Result<()> {
                     let f0 = minor_faults();
                     let d0 = pool.dispatches();
                     let t = Instant::now();
-                    gen.step(base.lm(), &user, &mut sampler, pool)?;
+                    gen.step(&cpu_model, &user, &mut sampler, pool)?;
                     lm.push(t.elapsed().as_secs_f64() * 1e3);
                     c.lm_dispatches = pool.dispatches().wrapping_sub(d0);
                     c.lm_faults.push(minor_faults().saturating_sub(f0) as f64);

@@ -3,15 +3,21 @@
 //! and Mimi's streaming encode + decode of one frame ([`gpu::GpuMimi`], one submission per
 //! direction), each against a same-run device bandwidth probe (a copy kernel) as the roofline.
 
+use std::cell::Cell;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use model::lm::{Generator, LmError, LmFrame, LmModel, NoObserver};
+use kernels::{CheckpointParts, WeightFormat};
+use model::lm::{
+    Generator, LmError, LmFrame, LmSpec, LmTensors, MatrixRef, NoObserver, TensorSource, Watched,
+};
 use model::mimi::{CodecBackend, Mimi};
 use model::sampling::{Sampler, SamplerConfig};
+use model::text::SentencePiece;
 
 use super::args::{stats, BenchArgs};
+use crate::lm::SyntheticSource;
 
 /// The profile of the frames of one cell (`--profile`): each frame starts from a cleared profile
 /// (so a bandwidth probe or a seek between frames is left out) and is resolved right after its
@@ -94,22 +100,80 @@ pub(crate) struct GpuLmCell {
     pub profile: Option<gpu::ProfileReport>,
 }
 
-/// Times `model` on the adapter (`None`: the best of any type) and prints one `result` line per
-/// KV position.
+/// LM weights packed for the device straight from their source (no CPU LM is built), with what a
+/// CPU model would tell about them.
+pub(crate) struct DeviceLm {
+    /// The weights.
+    pub weights: Arc<gpu::GpuLmWeights>,
+    /// The format of the matrices ([`LmTensors::format_matrix`]'s).
+    pub format: WeightFormat,
+    /// Bytes of the matrices one frame streams ([`LmTensors::streamed`]), as uploaded.
+    pub streamed_bytes: usize,
+}
+
+/// Uploads the LM of `spec` from `src` to `ctx`, one matrix at a time.
+pub(crate) fn upload_lm<S: TensorSource + ?Sized>(
+    ctx: &gpu::GpuContext,
+    src: &S,
+    spec: LmSpec,
+) -> Result<DeviceLm> {
+    let table = LmTensors::table(&spec);
+    let (first, streamed) = (table.format_matrix(), table.streamed());
+    let (format, bytes) = (Cell::new(None), Cell::new(0));
+    let seen = |m: &MatrixRef, f: WeightFormat, p: &CheckpointParts| {
+        if m == first {
+            format.set(Some(f));
+        }
+        if streamed.contains(&m) {
+            // As the device holds them: scales and biases in f16.
+            bytes.set(bytes.get() + p.codes.len() + 2 * (p.scales.len() + p.biases.len()));
+        }
+    };
+    let weights = gpu::GpuLmWeights::from_source(ctx, &Watched { src, seen }, spec)?;
+    Ok(DeviceLm {
+        weights,
+        format: format.get().context("the LM has no matrix")?,
+        streamed_bytes: bytes.get(),
+    })
+}
+
+/// The LM of a GPU bench source on `ctx`: synthetic weights in `format` at moshiko's sizes, or
+/// (`None`) the `--bundle`'s checkpoint, read as `runtime::Engine::open` reads it on a GPU.
+fn lm_on_gpu(
+    args: &BenchArgs,
+    ctx: &gpu::GpuContext,
+    format: Option<WeightFormat>,
+) -> Result<DeviceLm> {
+    match format {
+        Some(format) => upload_lm(ctx, &SyntheticSource { format, seed: 1 }, LmSpec::moshiko()),
+        None => {
+            let b = model::checkpoint::Bundle::open(bundle_dir(args)?)?;
+            upload_lm(ctx, &b.lm_weights()?, LmSpec::from_config(&b.config.lm)?)
+        }
+    }
+}
+
+fn bundle_dir(args: &BenchArgs) -> Result<&std::path::Path> {
+    args.bundle
+        .as_deref()
+        .context("a bundle source needs --bundle")
+}
+
+/// Times the LM of one of `lm_sources` (synthetic in `format`, or the bundle) on the adapter
+/// (`None`: the best of any type) and prints one `result` line per KV position.
 pub(crate) fn bench_lm_gpu(
     args: &BenchArgs,
     adapter: Option<usize>,
     label: &str,
-    model: LmModel,
+    format: Option<WeightFormat>,
 ) -> Result<Vec<GpuLmCell>> {
     let ctx = gpu::GpuContext::new(gpu::AdapterChoice::Gpu(adapter), gpu_options(args))?;
     let probe = gpu::BandwidthProbe::new(&ctx, args.probe_mb)?;
-    let spec = model.spec().clone();
-    let weight_bytes = model.streamed_weight_bytes();
     let t0 = Instant::now();
-    let weights = gpu::GpuLmWeights::upload(&ctx, &model)?;
-    drop(model);
-    let lm = gpu::GpuLm::new(weights, 1)?;
+    let device_lm = lm_on_gpu(args, &ctx, format)?;
+    let weight_bytes = device_lm.streamed_bytes;
+    let spec = device_lm.weights.spec().clone();
+    let lm = gpu::GpuLm::new(device_lm.weights, 1)?;
     let dispatches = lm.dispatches_per_frame();
     eprintln!(
         "lm {label} on {}: uploaded in {:.1} s, {dispatches} dispatches per frame, probe {} MiB",
@@ -417,7 +481,7 @@ pub(crate) fn bench_duplex_gpu(
     args: &BenchArgs,
     adapter: Option<usize>,
     label: &str,
-    parts: super::DuplexParts,
+    format: Option<WeightFormat>,
 ) -> Result<GpuDuplexCell> {
     let ctx = gpu::GpuContext::new(gpu::AdapterChoice::Gpu(adapter), gpu_options(args))?;
     let t0 = Instant::now();
@@ -428,8 +492,29 @@ pub(crate) fn bench_duplex_gpu(
         },
         ..Default::default()
     };
-    let engine =
-        runtime::Engine::from_parts_on(parts.lm, parts.mimi, parts.tokenizer, opts, ctx.clone())?;
+    // The bundle's codec and tokenizer, or a synthetic Mimi and a tiny tokenizer beside synthetic
+    // weights (as the CPU duplex bench's); the LM straight from its source to the device.
+    let (lm, mimi, tokenizer) = match format {
+        Some(_) => {
+            let lm = lm_on_gpu(args, &ctx, format)?;
+            let spm = crate::synth::tiny_spm(lm.weights.spec().text_card);
+            let mimi = crate::mimi::synthetic_mimi(8, 42)?;
+            (lm, mimi, SentencePiece::from_bytes(&spm)?)
+        }
+        None => {
+            let m = model::Bundled::open_with(bundle_dir(args)?, 1, |w, spec| {
+                upload_lm(&ctx, w, spec)
+            })?;
+            (m.lm, Arc::new(m.mimi), m.tokenizer)
+        }
+    };
+    let engine = runtime::Engine::from_device_weights(
+        lm.weights,
+        lm.format,
+        mimi,
+        Some(Arc::new(tokenizer)),
+        opts,
+    )?;
     eprintln!(
         "duplex {label} on {}: uploaded in {:.1} s",
         ctx.adapter(),
@@ -565,39 +650,55 @@ mod tests {
         bench: BenchArgs,
     }
 
-    /// The GPU frame bench on the fixture LM: every frame is one submission, the dispatch count is
-    /// the backend's, a probe bandwidth and a time come out (any adapter: lavapipe here; skipped
-    /// without one unless `MOSHI_REQUIRE_GPU=1`).
-    #[test]
-    fn gpu_lm_bench_is_one_submission_per_frame() {
+    /// `bench` with the words of `line` and `--bundle` of the fixture LM when `bundle`, or `None`
+    /// when no adapter exists (the test is skipped, unless `MOSHI_REQUIRE_GPU=1`).
+    fn gpu_args(line: &str, bundle: bool) -> Option<BenchArgs> {
         if gpu::skip_test_without_adapter() {
-            return;
+            return None;
         }
-        let args = Cli::parse_from([
-            "bench",
-            "lm",
-            "--rounds",
-            "2",
-            "--lm-frames",
-            "3",
-            "--positions",
-            "0,25",
-            "--probe-mb",
-            "4",
-        ])
-        .bench;
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/lm");
-        let model = model::MoshiModel::open(&dir).unwrap().lm;
+        let dir = fixture_dir();
+        let tail = bundle.then(|| ["--bundle", dir.to_str().unwrap()]);
+        let all = ["bench"]
+            .into_iter()
+            .chain(line.split(' '))
+            .chain(tail.into_iter().flatten());
+        Some(Cli::parse_from(all).bench)
+    }
+
+    fn fixture_dir() -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/lm")
+    }
+
+    /// A context on the best adapter and the fixture LM's launches per frame on it.
+    fn fixture_launches() -> (gpu::GpuContext, usize) {
         let ctx = gpu::GpuContext::new(gpu::AdapterChoice::Gpu(None), gpu::GpuOptions::default())
             .unwrap();
-        let expected = gpu::GpuLm::new(gpu::GpuLmWeights::upload(&ctx, &model).unwrap(), 1)
+        let b = model::checkpoint::Bundle::open(&fixture_dir()).unwrap();
+        let spec = LmSpec::from_config(&b.config.lm).unwrap();
+        let lm = upload_lm(&ctx, &b.lm_weights().unwrap(), spec).unwrap();
+        let n = gpu::GpuLm::new(lm.weights, 1)
             .unwrap()
             .dispatches_per_frame();
-        let cells = bench_lm_gpu(&args, None, "fixture", model).unwrap();
+        (ctx, n)
+    }
+
+    /// The GPU frame bench on the fixture LM: every frame is one submission, the dispatch count is
+    /// the backend's, a probe bandwidth and a time come out (any adapter: lavapipe here), and the
+    /// streamed bytes are those the CPU model counts.
+    #[test]
+    fn gpu_lm_bench_is_one_submission_per_frame() {
+        let words = "lm --rounds 2 --lm-frames 3 --positions 0,25 --probe-mb 4";
+        let Some(args) = gpu_args(words, true) else {
+            return;
+        };
+        let (_ctx, expected) = fixture_launches();
+        let cells = bench_lm_gpu(&args, None, "fixture", None).unwrap();
+        let cpu = model::MoshiModel::open(&fixture_dir()).unwrap().lm;
         assert_eq!(cells.len(), 2);
         for c in &cells {
             assert_eq!(c.submissions_per_frame, 1.0, "{c:?}");
             assert_eq!(c.dispatches, expected);
+            assert_eq!(c.weight_bytes, cpu.streamed_weight_bytes());
             assert_eq!(c.ms.len(), 6);
             assert!(c.ms.iter().all(|&m| m > 0.0) && c.probe.iter().all(|&b| b > 0.0));
         }
@@ -609,26 +710,11 @@ mod tests {
     /// the warm-up), every launch of each.
     #[test]
     fn gpu_lm_bench_profile_holds_every_launch_of_the_timed_frames() {
-        if gpu::skip_test_without_adapter() {
+        let words = "lm --rounds 2 --lm-frames 2 --positions 0,7 --probe-mb 4 --profile";
+        let Some(args) = gpu_args(words, true) else {
             return;
-        }
-        let args = Cli::parse_from([
-            "bench",
-            "lm",
-            "--rounds",
-            "2",
-            "--lm-frames",
-            "2",
-            "--positions",
-            "0,7",
-            "--probe-mb",
-            "4",
-            "--profile",
-        ])
-        .bench;
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/lm");
-        let model = model::MoshiModel::open(&dir).unwrap().lm;
-        let cells = bench_lm_gpu(&args, None, "fixture", model).unwrap();
+        };
+        let cells = bench_lm_gpu(&args, None, "fixture", None).unwrap();
         for c in &cells {
             let p = c.profile.as_ref().expect("a profile with --profile");
             assert_eq!(p.frames, 4, "{p:#?}");
@@ -637,30 +723,24 @@ mod tests {
         }
     }
 
+    /// The fixture codec of the Mimi benches.
+    fn fixture_mimi(name: &str) -> Arc<Mimi> {
+        let (dir, _) = testkit::mimi_bundle(name);
+        let mimi = embed::open_mimi(&dir, None, 8).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        mimi
+    }
+
     /// The GPU Mimi bench on the fixture codec: each direction of a frame is one submission, the
     /// dispatch count is the codec's own, times and a probe bandwidth come out (any adapter;
     /// skipped without one unless `MOSHI_REQUIRE_GPU=1`).
     #[test]
     fn gpu_mimi_bench_is_one_submission_per_direction() {
-        if gpu::skip_test_without_adapter() {
+        let words = "mimi --rounds 2 --mimi-frames 3 --probe-mb 4 --slots 2";
+        let Some(args) = gpu_args(words, false) else {
             return;
-        }
-        let args = Cli::parse_from([
-            "bench",
-            "mimi",
-            "--rounds",
-            "2",
-            "--mimi-frames",
-            "3",
-            "--probe-mb",
-            "4",
-            "--slots",
-            "2",
-        ])
-        .bench;
-        let (dir, _) = testkit::mimi_bundle("bench-gpu");
-        let mimi = embed::open_mimi(&dir, None, 8).unwrap();
-        let _ = std::fs::remove_dir_all(&dir);
+        };
+        let mimi = fixture_mimi("bench-gpu");
         let ctx = gpu::GpuContext::new(gpu::AdapterChoice::Gpu(None), gpu::GpuOptions::default())
             .unwrap();
         let w = gpu::GpuMimiWeights::upload(&ctx, mimi.clone()).unwrap();
@@ -686,34 +766,17 @@ mod tests {
     /// device LM and codec built beside it).
     #[test]
     fn gpu_duplex_bench_runs_the_whole_frame_on_the_device() {
-        if gpu::skip_test_without_adapter() {
+        let words = "duplex --rounds 2 --duplex-frames 2 --profile";
+        let Some(args) = gpu_args(words, true) else {
             return;
-        }
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/lm");
-        let args = Cli::parse_from([
-            "bench",
-            "duplex",
-            "--rounds",
-            "2",
-            "--duplex-frames",
-            "2",
-            "--profile",
-            "--bundle",
-            dir.to_str().unwrap(),
-        ])
-        .bench;
-        let m = model::MoshiModel::open(&dir).unwrap();
-        let ctx = gpu::GpuContext::new(gpu::AdapterChoice::Gpu(None), gpu::GpuOptions::default())
-            .unwrap();
-        let lm = gpu::GpuLm::new(gpu::GpuLmWeights::upload(&ctx, &m.lm).unwrap(), 1).unwrap();
+        };
+        let (ctx, lm_launches) = fixture_launches();
+        let m = model::MoshiModel::open(&fixture_dir()).unwrap();
         let w = gpu::GpuMimiWeights::upload(&ctx, Arc::new(m.mimi)).unwrap();
         let codec = gpu::GpuMimi::new(w, 1).unwrap();
         let (dec, enc) = codec.launches_per_call();
-        let expected = lm.dispatches_per_frame() + dec + enc;
-        let mut parts = crate::drivers::duplex_parts(&args).unwrap();
-        assert_eq!(parts.len(), 1);
-        let (label, p) = parts.remove(0);
-        let cell = bench_duplex_gpu(&args, None, &label, p).unwrap();
+        let expected = lm_launches + dec + enc;
+        let cell = bench_duplex_gpu(&args, None, "fixture", None).unwrap();
         assert_eq!(cell.e2e.len(), 4);
         assert!(cell.e2e.iter().all(|&ms| ms > 0.0));
         assert!(cell.lm.iter().all(|&ms| ms > 0.0), "{cell:?}");
@@ -732,27 +795,12 @@ mod tests {
     /// encode + decode.
     #[test]
     fn gpu_mimi_bench_profile_holds_every_launch_of_the_timed_frames() {
-        if gpu::skip_test_without_adapter() {
+        let words = "mimi --rounds 1 --mimi-frames 3 --probe-mb 4 --slots 0 --profile";
+        let Some(args) = gpu_args(words, false) else {
             return;
-        }
-        let args = Cli::parse_from([
-            "bench",
-            "mimi",
-            "--rounds",
-            "1",
-            "--mimi-frames",
-            "3",
-            "--probe-mb",
-            "4",
-            "--slots",
-            "0",
-            "--profile",
-        ])
-        .bench;
-        let (dir, _) = testkit::mimi_bundle("bench-gpu-profile");
-        let mimi = embed::open_mimi(&dir, None, 8).unwrap();
-        let _ = std::fs::remove_dir_all(&dir);
-        let cell = bench_mimi_gpu(&args, None, "fixture", mimi).unwrap();
+        };
+        let cell =
+            bench_mimi_gpu(&args, None, "fixture", fixture_mimi("bench-gpu-profile")).unwrap();
         let p = cell.profile.as_ref().expect("a profile with --profile");
         assert_eq!(p.frames, 3, "{p:#?}");
         assert_eq!(p.calls_per_frame(), cell.dispatches as f64, "{p:#?}");

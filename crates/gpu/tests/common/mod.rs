@@ -58,6 +58,14 @@ pub fn col_unit(format: WeightFormat) -> usize {
     }
 }
 
+/// The LM of the fixture bundle `dir` (under `fixtures/`) on `ctx`, packed straight from its
+/// checkpoint (`GpuLmWeights::from_source`, as the engine loads it: no CPU model built).
+pub fn fixture_lm(ctx: &GpuContext, dir: &str) -> std::sync::Arc<gpu::GpuLmWeights> {
+    let b = model::checkpoint::Bundle::open(&testkit::fixtures_dir(dir)).unwrap();
+    let spec = model::lm::LmSpec::from_config(&b.config.lm).unwrap();
+    gpu::GpuLmWeights::from_source(ctx, &b.lm_weights().unwrap(), spec).unwrap()
+}
+
 /// [`context_with`] with default options.
 pub fn context() -> Option<GpuContext> {
     context_with(GpuOptions::default())

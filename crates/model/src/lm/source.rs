@@ -129,3 +129,43 @@ impl<S: TensorSource + ?Sized> TensorSource for DequantizedSource<'_, S> {
         self.0.vector(name, len)
     }
 }
+
+/// Another source read through unchanged, showing `seen` every matrix a device loader takes in its
+/// checkpoint layout ([`TensorSource::checkpoint_parts`]: its table entry, format and parts). A
+/// loader that builds no CPU matrix learns here what a CPU model would tell: the weights' format,
+/// the bytes of the matrices a frame streams.
+#[derive(Debug, Clone, Copy)]
+pub struct Watched<'a, S: ?Sized, F> {
+    /// The source read.
+    pub src: &'a S,
+    /// Called with each matrix given by `checkpoint_parts`.
+    pub seen: F,
+}
+
+impl<S, F> TensorSource for Watched<'_, S, F>
+where
+    S: TensorSource + ?Sized,
+    F: Fn(&MatrixRef, WeightFormat, &CheckpointParts),
+{
+    fn checkpoint_parts(&self, m: &MatrixRef) -> Result<(WeightFormat, CheckpointParts)> {
+        let (format, parts) = self.src.checkpoint_parts(m)?;
+        (self.seen)(m, format, &parts);
+        Ok((format, parts))
+    }
+
+    fn load(&self, m: &MatrixRef) -> Result<Matrix> {
+        self.src.load(m)
+    }
+
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        self.src.vector(name, len)
+    }
+
+    fn matrix_rows(&self, name: &str, shape: [usize; 2], take: Range<usize>) -> Result<Matrix> {
+        self.src.matrix_rows(name, shape, take)
+    }
+
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
+        self.src.matrix(name, rows, cols)
+    }
+}

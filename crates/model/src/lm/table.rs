@@ -65,6 +65,11 @@ pub struct Projections<M> {
 }
 
 impl<M> Projections<M> {
+    /// The four projections, in the order of the fields.
+    pub fn each(&self) -> [&M; 4] {
+        [&self.in_proj, &self.out_proj, &self.lin_in, &self.lin_out]
+    }
+
     /// Each projection through `f`, in the order of the fields.
     pub fn try_map<'a, M2, E>(
         &'a self,
@@ -274,6 +279,29 @@ impl<M, V> LmTensors<M, V> {
         out
     }
 
+    /// The matrices one frame streams whole (every projection of the temporal and Depformer layers,
+    /// the text head, the Depformer's input projections and codebook heads): all but the embedding
+    /// tables, which a frame reads a row of.
+    pub fn streamed(&self) -> Vec<&M> {
+        let mut out = vec![&self.text_linear];
+        out.extend(self.layers.iter().flat_map(|l| l.proj.each()));
+        out.extend(self.dep_in.iter().chain(&self.dep_linear));
+        out.extend(
+            self.dep_layers
+                .iter()
+                .flat_map(|l| l.steps.iter().flat_map(Projections::each)),
+        );
+        out
+    }
+
+    /// The matrix whose format names the model's: the first temporal layer's input projection, or
+    /// the text head of a model without layers.
+    pub fn format_matrix(&self) -> &M {
+        self.layers
+            .first()
+            .map_or(&self.text_linear, |l| &l.proj.in_proj)
+    }
+
     /// The vectors in load order (see [`LmTensors::try_map`]).
     pub fn vectors(&self) -> Vec<&V> {
         let mut out = Vec::new();
@@ -303,5 +331,24 @@ impl<M, V> LmTensors<M, V> {
             )
             .ok()?;
         (ms.next().is_none() && vs.next().is_none()).then_some(z)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::checkpoint::Bundle;
+    use crate::lm::tests::fixture_dir;
+    use crate::lm::LmModel;
+
+    /// What a device loader learns from the table alone is what the CPU model reports: the bytes a
+    /// frame streams and the weights' format.
+    #[test]
+    fn the_streamed_and_format_matrices_are_the_cpu_models() {
+        let b = Bundle::open(&fixture_dir()).unwrap();
+        let m = LmModel::load(&b.lm_weights().unwrap(), &b.config.lm).unwrap();
+        let t = m.tensors();
+        let bytes: usize = t.streamed().iter().map(|w| w.weight_bytes()).sum();
+        assert_eq!(bytes, m.streamed_weight_bytes());
+        assert_eq!(t.format_matrix().format(), m.weight_format());
     }
 }
