@@ -22,6 +22,9 @@ _Path = Union[str, PathLike]
 class MoshiError(Exception):
     """A model file was refused, or the engine failed while computing."""
 
+class DeviceError(MoshiError):
+    """The compute device failed: a GPU that cannot be opened, or a GPU error while computing a frame."""
+
 class Mimi:
     """The Mimi codec: 24 kHz mono PCM <-> ``codebooks`` codes per 80 ms frame.
 
@@ -55,7 +58,7 @@ class Engine:
     def __init__(
         self, path: Optional[_Path] = None, threads: int = 1, kv_dtype: str = "f32", device: str = "cpu"
     ) -> None:
-        """``device``: "cpu", "gpu" (the best adapter) or "gpu:N"; a GPU that cannot be opened raises MoshiError."""
+        """``device``: "cpu", "gpu" (the best adapter) or "gpu:N"; a GPU that cannot be opened raises DeviceError."""
     @property
     def is_demo(self) -> bool: ...
     @property

@@ -162,7 +162,8 @@ enum MnStatus
   MN_STATUS_POISONED = -11,
   /**
    * The compute device cannot be used: no GPU adapter (or not the one asked for), a library built
-   * without GPU support, or a size the device refuses (message says which).
+   * without GPU support, a size the device refuses, or the device failed while computing a frame
+   * (message says which).
    */
   MN_STATUS_DEVICE = -12,
 };

@@ -40,7 +40,8 @@ pub enum MnStatus {
     /// The handle is poisoned by an earlier panic; only its destroy function works.
     Poisoned = -11,
     /// The compute device cannot be used: no GPU adapter (or not the one asked for), a library built
-    /// without GPU support, or a size the device refuses (message says which).
+    /// without GPU support, a size the device refuses, or the device failed while computing a frame
+    /// (message says which).
     Device = -12,
 }
 
@@ -53,15 +54,16 @@ impl Fail {
     }
 }
 
-/// The status of a runtime error. The model's own failures (building, stepping the LM or the codec, the
-/// speech-to-text step, the output resampler) are `MN_STATUS_MODEL`, as they were when the runtime
-/// reported them as messages; a batched failure has the status of the error it shares.
+/// The status of a runtime error. A failure of the compute device, opening it or inside a frame (a GPU
+/// error in the LM or the codec, `RuntimeError::is_device`), is `MN_STATUS_DEVICE`; the model's own
+/// failures (building, stepping the LM or the codec, the speech-to-text step, the output resampler) are
+/// `MN_STATUS_MODEL`; a batched failure has the status of the error it shares.
 fn status_of(e: &runtime::RuntimeError) -> MnStatus {
     use runtime::RuntimeError as E;
     match e {
+        e if e.is_device() => MnStatus::Device,
         E::InvalidOption(_) => MnStatus::InvalidArgument,
         E::Model(_) | E::Lm(_) | E::Codec(_) | E::Stt(_) | E::Resample(_) => MnStatus::Model,
-        E::Device(_) => MnStatus::Device,
         E::Batch(shared) => status_of(shared),
         _ => MnStatus::Runtime,
     }
@@ -69,7 +71,7 @@ fn status_of(e: &runtime::RuntimeError) -> MnStatus {
 
 impl From<runtime::RuntimeError> for Fail {
     fn from(e: runtime::RuntimeError) -> Fail {
-        Fail(status_of(&e), e.to_string())
+        Fail(status_of(&e), e.message())
     }
 }
 
@@ -217,5 +219,44 @@ pub(crate) fn check_size(got: u32, want: usize, what: &str) -> Result<(), Fail> 
             MnStatus::InvalidArgument,
             format!("{what}.struct_size is {got}, this library's is {want} (initialise it with the matching *_default function)"),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use model::lm::LmError;
+    use model::mimi::MimiError;
+    use runtime::RuntimeError;
+
+    use super::*;
+
+    fn lost() -> Box<dyn std::error::Error + Send + Sync> {
+        Box::new(std::io::Error::other("device lost (injected)"))
+    }
+
+    #[test]
+    fn a_gpu_failure_mid_frame_is_a_device_status_with_the_device_message() {
+        let lm = || RuntimeError::Lm(LmError::Backend(lost()));
+        for e in [
+            lm(),
+            RuntimeError::Codec(MimiError::Backend(lost())),
+            RuntimeError::Batch(Arc::new(lm())),
+        ] {
+            let Fail(status, msg) = Fail::from(e);
+            assert_eq!(
+                (status, msg.as_str()),
+                (MnStatus::Device, "device lost (injected)")
+            );
+        }
+        let Fail(status, msg) = Fail::from(RuntimeError::Device(lost()));
+        assert_eq!(
+            (status, msg.as_str()),
+            (MnStatus::Device, "device: device lost (injected)")
+        );
+        // The model's own failures keep their status.
+        let Fail(status, _) = Fail::from(RuntimeError::Lm(LmError::Config("bad".into())));
+        assert_eq!(status, MnStatus::Model);
     }
 }

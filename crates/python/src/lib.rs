@@ -28,8 +28,22 @@ create_exception!(
     "A model file was refused, or the engine failed while computing."
 );
 
-fn err(e: impl std::fmt::Display) -> PyErr {
-    MoshiError::new_err(e.to_string())
+create_exception!(
+    moshi_native,
+    DeviceError,
+    MoshiError,
+    "The compute device failed: a GPU that cannot be opened, or a GPU error while computing a frame."
+);
+
+/// The exception of a library error: a runtime error of the compute device (`RuntimeError::is_device`,
+/// opening it or inside a frame) is `DeviceError`, any other error `MoshiError`; a runtime error's
+/// message holds its causes (`RuntimeError::message`).
+fn err<E: std::fmt::Display + 'static>(e: E) -> PyErr {
+    match (&e as &dyn std::any::Any).downcast_ref::<runtime::RuntimeError>() {
+        Some(r) if r.is_device() => DeviceError::new_err(r.message()),
+        Some(r) => MoshiError::new_err(r.message()),
+        None => MoshiError::new_err(e.to_string()),
+    }
 }
 
 /// Locks an object's state; a second thread inside the same object is an error, never a wait (the
@@ -305,7 +319,8 @@ impl Mimi {
 /// model bundled in the package (it proves the pipeline; it does not speak). `threads` are matrix-product
 /// threads per session; `kv_dtype` is "f32" or "bf16"; `device` is "cpu", "gpu" (the LM and Mimi on the
 /// best GPU adapter through wgpu, software ones included) or "gpu:N" (adapter N as `moshi-native devices`
-/// lists them); a GPU that cannot be opened raises `MoshiError`.
+/// lists them); a GPU that cannot be opened raises `DeviceError` (a `MoshiError`), as does a GPU failure
+/// while computing a frame.
 #[pyclass(module = "moshi_native", frozen)]
 struct Engine {
     engine: Arc<runtime::Engine>,
@@ -665,6 +680,7 @@ fn moshi_native_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("SAMPLE_RATE", runtime::SAMPLE_RATE)?;
     m.add("FRAME_SIZE", runtime::FRAME_SIZE)?;
     m.add("MoshiError", m.py().get_type::<MoshiError>())?;
+    m.add("DeviceError", m.py().get_type::<DeviceError>())?;
     m.add_class::<Mimi>()?;
     m.add_class::<Engine>()?;
     m.add_class::<Session>()?;

@@ -34,6 +34,15 @@ def test_the_device_choice_is_checked():
         mn.Engine(FIXTURES / "lm", device="gpu:4095")
 
 
+def test_a_device_failure_is_a_device_error_with_the_device_message():
+    assert issubclass(mn.DeviceError, mn.MoshiError), "existing handlers of MoshiError still catch it"
+    with pytest.raises(mn.DeviceError) as e:
+        mn.Engine(FIXTURES / "lm", device="gpu:4095")
+    # "device", then the GPU's own message.
+    text = str(e.value)
+    assert text.startswith("device: ") and "4095" in text, text
+
+
 def test_a_greedy_gpu_session_produces_the_duplex_trace_tokens(gpu_engine):
     trace = read_safetensors(FIXTURES / "duplex/trace.safetensors")
     frames = gpu_engine.session(greedy=True, max_queued_frames=64).process(mn.read_wav(FIXTURES / "duplex/input.wav"))

@@ -17,8 +17,10 @@ pub enum RuntimeError {
     InvalidOption(String),
     /// The compute device could not be opened or used. The source is the device's own error, kept whole
     /// (a `gpu::GpuError` under the `gpu` feature: downcast it; a message with a hint where there is no
-    /// device error to carry, such as a build without GPU support).
-    #[error("device: {0}")]
+    /// device error to carry, such as a build without GPU support). Its own text is only "device": the
+    /// device's message is the `source()`, which a chain printer (anyhow's `{:#}`,
+    /// [`RuntimeError::message`]) writes after it, once.
+    #[error("device")]
     Device(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// The bundle could not be opened or a component could not be built from it (opening only; the
     /// frame pass reports [`RuntimeError::Lm`], [`RuntimeError::Codec`], [`RuntimeError::Stt`]).
@@ -75,6 +77,49 @@ pub enum RuntimeError {
     WorkerPanicked,
 }
 
+impl RuntimeError {
+    /// Whether the compute device failed: opening or using it ([`RuntimeError::Device`]), or inside the
+    /// frame pass (a device backend's error in the LM or the codec, `LmError::Backend` /
+    /// `MimiError::Backend`, alone or shared by a batch). The C ABI's `MN_STATUS_DEVICE` and Python's
+    /// `DeviceError`.
+    pub fn is_device(&self) -> bool {
+        match self {
+            RuntimeError::Device(_) => true,
+            RuntimeError::Lm(e) | RuntimeError::Stt(SttError::Lm(e)) => {
+                matches!(e, LmError::Backend(_))
+            }
+            RuntimeError::Codec(e) | RuntimeError::Stt(SttError::Mimi(e)) => {
+                matches!(e, MimiError::Backend(_))
+            }
+            RuntimeError::Batch(shared) => shared.is_device(),
+            _ => false,
+        }
+    }
+
+    /// The whole message on one line ([`one_line`]).
+    pub fn message(&self) -> String {
+        one_line(self)
+    }
+}
+
+/// An error's whole message on one line, for a caller that shows one line and does not walk
+/// `source()` (the C ABI's last error, Python's exceptions, the server's error messages): the error's
+/// text, then the text of each cause in its `source()` chain that the line does not hold yet (some
+/// errors already repeat their cause's text in their own).
+pub fn one_line(e: &dyn std::error::Error) -> String {
+    let mut line = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        cause = c.source();
+    }
+    line
+}
+
 /// A bundle that could not be opened into its components is a model error, its message kept.
 impl From<model::LoadError> for RuntimeError {
     fn from(e: model::LoadError) -> Self {
@@ -88,5 +133,75 @@ impl From<model::LoadError> for RuntimeError {
 impl From<gpu::GpuError> for RuntimeError {
     fn from(e: gpu::GpuError) -> Self {
         RuntimeError::Device(Box::new(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("adapter 9 lost")]
+    struct Lost;
+
+    /// The error and its causes as anyhow's `{:#}` prints them: each one's text, joined by ": ".
+    fn chain(e: &dyn std::error::Error) -> String {
+        let mut line = e.to_string();
+        let mut cause = e.source();
+        while let Some(c) = cause {
+            line = format!("{line}: {c}");
+            cause = c.source();
+        }
+        line
+    }
+
+    #[test]
+    fn a_device_error_shows_the_device_message_once() {
+        let e = RuntimeError::Device(Box::new(Lost));
+        assert_eq!(chain(&e), "device: adapter 9 lost");
+        assert_eq!(e.message(), "device: adapter 9 lost");
+        // Shared by a batch, still once.
+        let shared = RuntimeError::Batch(Arc::new(e));
+        assert_eq!(chain(&shared), "device: adapter 9 lost");
+        assert_eq!(shared.message(), "device: adapter 9 lost");
+    }
+
+    #[test]
+    fn one_line_adds_only_the_causes_the_text_does_not_hold() {
+        let io = || std::io::Error::other("no threads left");
+        let e = RuntimeError::Spawn(io());
+        assert_eq!(
+            e.message(),
+            e.to_string(),
+            "its text already holds the cause"
+        );
+        assert_eq!(
+            one_line(&RuntimeError::Lm(LmError::Backend(Box::new(Lost)))),
+            "adapter 9 lost"
+        );
+    }
+
+    #[test]
+    fn a_device_failure_is_told_apart_wherever_it_happened() {
+        let lm = || RuntimeError::Lm(LmError::Backend(Box::new(Lost)));
+        let device = [
+            RuntimeError::Device(Box::new(Lost)),
+            lm(),
+            RuntimeError::Codec(MimiError::Backend(Box::new(Lost))),
+            RuntimeError::Stt(SttError::Lm(LmError::Backend(Box::new(Lost)))),
+            RuntimeError::Batch(Arc::new(lm())),
+        ];
+        for e in &device {
+            assert!(e.is_device(), "{e:?}");
+        }
+        let not = [
+            RuntimeError::Lm(LmError::Config("bad".into())),
+            RuntimeError::Model("bad bundle".into()),
+            RuntimeError::Batch(Arc::new(RuntimeError::Model("bad".into()))),
+            RuntimeError::WorkerPanicked,
+        ];
+        for e in &not {
+            assert!(!e.is_device(), "{e:?}");
+        }
     }
 }

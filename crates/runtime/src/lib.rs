@@ -62,7 +62,7 @@ pub use batch::BatchBench;
 pub use batch::{BatchOptions, BatchRunner, BatchSession};
 pub use control::SessionControl;
 pub use engine::{lm_backend, physical_cores, Device, Engine, EngineOptions};
-pub use error::RuntimeError;
+pub use error::{one_line, RuntimeError};
 pub use events::{Counters, Event, FrameEvent, FrameTimings, Step, StopReason};
 pub use ring::{PcmProducer, PushReport};
 pub use runner::{EventReceiver, SessionRunner};

@@ -268,6 +268,7 @@ async fn run_connection(
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
             metrics.sessions_rejected.fetch_add(1, Relaxed);
+            let e = runtime::one_line(&e);
             tracing::warn!("cannot open a session: {e}");
             conn.send_error(out, &format!("cannot open a session: {e}"))
                 .await;
@@ -516,6 +517,7 @@ fn output_loop(
             }
             Event::Error(e) => {
                 // The protocol carries a message: the typed error becomes one here, at the edge.
+                let e = e.message();
                 tracing::error!("session failed: {e}");
                 // Never block here: a client that stopped reading must not hold this thread.
                 let _ = out.try_send(Out::Bin(
