@@ -620,9 +620,8 @@ impl Worker {
             }
             // An error of the LM step is an argument error (nothing was stepped): a bug, reported to every
             // slot of this tick.
-            st.step_lm().err().map(|e| {
+            st.step_lm().err().inspect(|_| {
                 copy_rows(&mut self.failing, st.active());
-                e
             })
         };
         if let Some(e) = failed {
