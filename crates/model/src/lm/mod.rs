@@ -33,7 +33,7 @@ pub use gen::{
     MAX_AUDIO_CODEBOOKS,
 };
 pub use kernels::attention::KvDtype;
-pub use model::{LayerWeights, LmModel, LmState};
+pub use model::{LmModel, LmState};
 #[cfg(any(test, feature = "testing"))]
 pub use plan::broken_plans;
 pub use plan::{AttendAt, Buf, LmPlan, Mat, Op, Pass, Proj, Stack, Token, Vector};
