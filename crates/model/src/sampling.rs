@@ -356,31 +356,28 @@ impl Sampler {
         if let Some(rp) = self.config.repetition_penalty {
             self.apply_penalty(rp.penalty);
         }
-        let settings = self.config.text;
         let pad = self
             .config
             .pad_mult
             .map(|m| (self.config.pad_id as usize, m));
-        Ok(draw(
-            &mut self.buf[..n],
-            &mut self.idx[..n],
-            settings,
-            pad,
-            &mut self.text_rng,
-        ))
+        Ok(self.draw(n, false, pad))
     }
 
     /// Samples an audio token from `logits` (length `audio_vocab`).
     pub fn sample_audio(&mut self, logits: &[f32]) -> Result<u32, SamplingError> {
         let n = self.take_logits("audio", logits, self.audio_vocab)?;
-        let settings = self.config.audio;
-        Ok(draw(
-            &mut self.buf[..n],
-            &mut self.idx[..n],
-            settings,
-            None,
-            &mut self.audio_rng,
-        ))
+        Ok(self.draw(n, true, None))
+    }
+
+    /// [`draw`] over the first `n` values of the work buffer with the audio or the text stream's
+    /// settings and generator.
+    fn draw(&mut self, n: usize, audio: bool, pad: Option<(usize, f32)>) -> u32 {
+        let (settings, rng) = if audio {
+            (self.config.audio, &mut self.audio_rng)
+        } else {
+            (self.config.text, &mut self.text_rng)
+        };
+        draw(&mut self.buf[..n], &mut self.idx[..n], settings, pad, rng)
     }
 
     /// Checks `logits` (length `vocab`, finite) and copies them into the work buffer; returns

@@ -69,6 +69,30 @@ fn assert_bounded(case: &str, peak: usize) {
 /// (description, file bytes, accepted error kinds)
 type Case = (&'static str, Vec<u8>, fn(&Malformed) -> bool);
 
+/// Opens every case's bytes written as `name`: each is refused with an accepted kind of
+/// [`Malformed`], within [`HEAP_BOUND`].
+fn refused_as_expected(name: &str, cases: Vec<Case>) {
+    for (case, bytes, ok) in cases {
+        let (e, peak) = open_hostile(name, &bytes);
+        eprintln!("{case}: {e}");
+        let m = malformed(&e);
+        assert!(ok(m), "{case}: unexpected error {m:?}");
+        assert_bounded(case, peak);
+    }
+}
+
+/// A safetensors file of one F32 tensor of 2^30 x 2^30 = 2^60 elements whose data is claimed at
+/// `0..end`, followed by 16 bytes of data.
+fn st_huge_tensor(end: u64) -> Vec<u8> {
+    let huge = 1u64 << 30;
+    st_file(
+        &format!(
+            r#"{{"text_linear.weight":{{"dtype":"F32","shape":[{huge},{huge}],"data_offsets":[0,{end}]}}}}"#
+        ),
+        16,
+    )
+}
+
 #[test]
 fn safetensors_hostile_headers_are_typed_and_bounded() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -78,32 +102,16 @@ fn safetensors_hostile_headers_are_typed_and_bounded() {
     // can read a few bytes short of 1 MiB (seen under qemu: 1 MiB - 58 B). A broken meter reads 0.
     let ((), probe) = peak_during(|| drop(std::hint::black_box(vec![1u8; 1 << 20])));
     assert!(probe >= 1 << 19, "allocator meter broken: {probe}");
-    let huge = 1u64 << 30; // 2^30 x 2^30 = 2^60 elements
     let cases: Vec<Case> = vec![
-        (
-            "2^60 elements, 16 bytes of data",
-            st_file(
-                &format!(
-                    r#"{{"text_linear.weight":{{"dtype":"F32","shape":[{huge},{huge}],"data_offsets":[0,16]}}}}"#
-                ),
-                16,
-            ),
-            |m| {
-                matches!(
-                    m,
-                    Malformed::DimsOverflow { .. } | Malformed::ByteSizeMismatch { .. }
-                )
-            },
-        ),
+        ("2^60 elements, 16 bytes of data", st_huge_tensor(16), |m| {
+            matches!(
+                m,
+                Malformed::DimsOverflow { .. } | Malformed::ByteSizeMismatch { .. }
+            )
+        }),
         (
             "2^60 elements claiming 2^62 bytes",
-            st_file(
-                &format!(
-                    r#"{{"text_linear.weight":{{"dtype":"F32","shape":[{huge},{huge}],"data_offsets":[0,{}]}}}}"#,
-                    1u64 << 62
-                ),
-                16,
-            ),
+            st_huge_tensor(1 << 62),
             |m| {
                 matches!(
                     m,
@@ -156,13 +164,7 @@ fn safetensors_hostile_headers_are_typed_and_bounded() {
             |m| matches!(m, Malformed::DuplicateName(_)),
         ),
     ];
-    for (case, bytes, ok) in cases {
-        let (e, peak) = open_hostile("model.safetensors", &bytes);
-        eprintln!("{case}: {e}");
-        let m = malformed(&e);
-        assert!(ok(m), "{case}: unexpected error {m:?}");
-        assert_bounded(case, peak);
-    }
+    refused_as_expected("model.safetensors", cases);
 
     // Header length past EOF, and a 10 GB header claim, in a small file.
     for (case, claim) in [
@@ -329,13 +331,7 @@ fn gguf_hostile_headers_are_typed_and_bounded() {
         )
     }));
 
-    for (case, bytes, ok) in cases {
-        let (e, peak) = open_hostile("model.q8.gguf", &bytes);
-        eprintln!("{case}: {e}");
-        let m = malformed(&e);
-        assert!(ok(m), "{case}: unexpected error {m:?}");
-        assert_bounded(case, peak);
-    }
+    refused_as_expected("model.q8.gguf", cases);
 
     // A well-formed GGUF still opens (the helpers above are not simply producing garbage).
     let data = [0u8; 64];

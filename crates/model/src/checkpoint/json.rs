@@ -163,6 +163,15 @@ pub(super) fn unsupported<T>(key: &str, value: String, reason: &str) -> Result<T
     })
 }
 
+/// Checks of what this engine runs, in order, each `(ok, key, value, reason)`: the first that is
+/// not `ok` is refused as [`unsupported`] (`value` is what the configuration holds for `key`).
+pub(super) fn supported(checks: &[(bool, &str, String, &str)]) -> Result<(), CheckpointError> {
+    match checks.iter().find(|c| !c.0) {
+        Some((_, key, value, reason)) => unsupported(key, value.clone(), reason),
+        None => Ok(()),
+    }
+}
+
 /// Every `(key, value)` must be positive.
 pub(super) fn positive(fields: &[(&str, usize)]) -> Result<(), CheckpointError> {
     match fields.iter().find(|(_, v)| *v == 0) {

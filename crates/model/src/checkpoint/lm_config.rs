@@ -5,7 +5,7 @@
 
 use serde_json::{Map, Value};
 
-use super::json::{bad, positive, unsupported, Getter};
+use super::json::{bad, positive, supported, Getter};
 use super::layers::{ffn_hidden, Gating, NormKind, PosEmb};
 use super::{BundleConfig, CheckpointError};
 
@@ -249,68 +249,72 @@ impl LmConfig {
                 "must divide depformer_dim".into(),
             ));
         }
-        if self.depformer_gating != Gating::Silu {
-            return unsupported(
+        let (gating, pos_emb) = (self.depformer_gating, self.depformer_pos_emb);
+        let scale = self.depformer_layer_scale;
+        let (multi, per_step) = (self.depformer_multi_linear, self.depformer_weights_per_step);
+        supported(&[
+            (
+                gating == Gating::Silu,
                 "depformer_gating",
-                self.depformer_gating.name().into(),
+                gating.name().into(),
                 "only silu",
-            );
-        }
-        if self.depformer_pos_emb != PosEmb::None {
-            return unsupported(
+            ),
+            (
+                pos_emb == PosEmb::None,
                 "depformer_pos_emb",
-                self.depformer_pos_emb.name().into(),
+                pos_emb.name().into(),
                 "only none",
-            );
-        }
-        if let Some(v) = self.depformer_layer_scale {
-            return unsupported("depformer_layer_scale", v.to_string(), "only null");
-        }
-        if !self.depformer_multi_linear {
-            return unsupported("depformer_multi_linear", "false".into(), "only true");
-        }
-        if !self.depformer_weights_per_step {
-            return unsupported("depformer_weights_per_step", "false".into(), "only true");
-        }
-        Ok(())
+            ),
+            (
+                scale.is_none(),
+                "depformer_layer_scale",
+                shown(scale),
+                "only null",
+            ),
+            (multi, "depformer_multi_linear", "false".into(), "only true"),
+            (
+                per_step,
+                "depformer_weights_per_step",
+                "false".into(),
+                "only true",
+            ),
+        ])
     }
 
     /// The temporal transformer's checks of [`LmConfig::validate`].
     fn validate_temporal(&self) -> Result<(), CheckpointError> {
-        if !self.norm.is_rms() {
-            return unsupported(
-                "norm",
-                self.norm.name().into(),
-                "only rms_norm / rms_norm_f32",
-            );
-        }
-        if self.gating != Gating::Silu {
-            return unsupported("gating", self.gating.name().into(), "only silu");
-        }
-        if self.positional_embedding != PosEmb::Rope {
-            return unsupported(
-                "positional_embedding",
-                self.positional_embedding.name().into(),
+        let (norm, gating, pos_emb) = (self.norm, self.gating, self.positional_embedding);
+        let (kv_repeat, card_out) = (self.kv_repeat, self.text_card_out);
+        let (rope, rms) = ("positional_embedding", "only rms_norm / rms_norm_f32");
+        supported(&[
+            (norm.is_rms(), "norm", norm.name().into(), rms),
+            (
+                gating == Gating::Silu,
+                "gating",
+                gating.name().into(),
+                "only silu",
+            ),
+            (
+                pos_emb == PosEmb::Rope,
+                rope,
+                pos_emb.name().into(),
                 "only rope",
-            );
-        }
-        if let Some(v) = self.layer_scale {
-            return unsupported("layer_scale", v.to_string(), "only null");
-        }
-        if self.kv_repeat != 1 {
-            return unsupported("kv_repeat", self.kv_repeat.to_string(), "only 1");
-        }
-        if self.text_card_out != self.text_card {
-            return unsupported(
+            ),
+            (
+                self.layer_scale.is_none(),
+                "layer_scale",
+                shown(self.layer_scale),
+                "only null",
+            ),
+            (kv_repeat == 1, "kv_repeat", kv_repeat.to_string(), "only 1"),
+            (
+                card_out == self.text_card,
                 "text_card_out",
-                self.text_card_out.to_string(),
+                card_out.to_string(),
                 "must equal text_card",
-            );
-        }
-        if !self.causal {
-            return unsupported("causal", "false".into(), "only causal");
-        }
-        Ok(())
+            ),
+            (self.causal, "causal", "false".into(), "only causal"),
+        ])
     }
 }
 
@@ -454,4 +458,9 @@ pub(super) fn lm_from_map(obj: &Map<String, Value>) -> Result<LmConfig, Checkpoi
         extra_heads_num_heads,
         extra_heads_dim,
     })
+}
+
+/// A set layer scale as a refusal names it (only a set one is refused).
+fn shown(scale: Option<f64>) -> String {
+    scale.map(|v| v.to_string()).unwrap_or_default()
 }
