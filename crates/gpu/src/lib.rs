@@ -59,7 +59,11 @@ pub use sample::GpuSampler;
 
 use kernels::WeightFormat;
 
-/// The weight formats the kernels dequantize.
+/// The shader family of a [`WeightFormat`]: one compiled kernel per value. The same concept as
+/// the format, less what a kernel takes at run time: the MLX affine group size (a uniform), so
+/// `MlxAffine { bits: 4, group: 32 }` and `{ bits: 4, group: 64 }` share [`WeightKind::Mlx4`].
+/// A matrix keeps its full format ([`GpuMatrix::format`]); this is only the pipeline key, and it
+/// is `Hash` where the format is not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WeightKind {
     /// f32.
@@ -90,7 +94,7 @@ impl WeightKind {
         WeightKind::Mlx8,
     ];
 
-    /// The kind of a matrix format, or `None` for a format the kernels do not read.
+    /// The shader family of a matrix format, or `None` for a format the kernels do not read.
     pub fn of(format: WeightFormat) -> Option<WeightKind> {
         Some(match format {
             WeightFormat::F32 => WeightKind::F32,

@@ -23,7 +23,13 @@ pub(crate) struct Chunk {
 /// it. Split by rows into chunks when one plane would exceed the device's binding size.
 #[derive(Debug)]
 pub struct GpuMatrix {
+    /// The checkpoint format the planes hold.
+    format: WeightFormat,
+    /// Its shader family (the format less its MLX group, a run-time parameter).
     kind: WeightKind,
+    /// Bytes of the planes as the checkpoint gives them (codes, then scales and biases in
+    /// 16 bits), before any row padding: what one product streams.
+    bytes: usize,
     rows: usize,
     cols: usize,
     /// Values per scale group (1 for dense formats: unused).
@@ -102,6 +108,7 @@ impl GpuMatrix {
                 "{label}: {nc} bytes of codes, {ns} scales and {nb} biases for {rows} rows"
             )));
         }
+        let bytes = nc + 2 * (ns + nb);
         let row_bytes = parts.codes.len() / rows;
         let ld_bytes = row_bytes.div_ceil(16) * 16;
         let groups = if parts.scales.is_empty() {
@@ -168,7 +175,9 @@ impl GpuMatrix {
             row0 += n;
         }
         Ok(GpuMatrix {
+            format,
             kind,
+            bytes,
             rows,
             cols,
             group,
@@ -187,9 +196,20 @@ impl GpuMatrix {
         self.cols
     }
 
-    /// The weight format's kernel kind.
+    /// The checkpoint format the matrix was uploaded in.
+    pub fn format(&self) -> WeightFormat {
+        self.format
+    }
+
+    /// The shader family that reads it ([`WeightKind`]).
     pub fn kind(&self) -> WeightKind {
         self.kind
+    }
+
+    /// Bytes of its codes, scales and biases as uploaded (scales and biases in 16 bits, rows not
+    /// padded): what one product over it reads from memory.
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 
     /// Number of row chunks (bindings) the matrix is split into.

@@ -209,6 +209,19 @@ fn checkpoint_weights_are_the_cpu_model_weights() {
     }
 }
 
+/// The device weights know their own format and the bytes a frame streams, as the CPU model of
+/// the same checkpoint tells them, in every fixture format (the engine and the bench read them
+/// there, no CPU model built).
+#[test]
+fn device_weights_tell_their_format_and_streamed_bytes() {
+    let Some(ctx) = common::context() else { return };
+    for dir in std::iter::once("lm").chain(FORMAT_FIXTURES) {
+        let (m, w) = (load(dir), checkpoint_weights(&ctx, dir));
+        assert_eq!(w.format(), m.weight_format(), "{dir}");
+        assert_eq!(w.streamed_bytes(), m.streamed_weight_bytes(), "{dir}");
+    }
+}
+
 /// Rows of a batch are independent: two sessions stepped together, or one alone, give the same
 /// logits bit for bit as a batch of one; a reset row starts over.
 #[test]

@@ -1,14 +1,10 @@
 //! The resident, immutable weight image shared by sessions, and the device the sessions compute on.
 
-#[cfg(feature = "gpu")]
-use std::cell::Cell;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use kernels::{Pool, WeightFormat};
 use model::lm::{CpuLm, KvDtype, LmBackend, LmModel, LmSpec};
-#[cfg(feature = "gpu")]
-use model::lm::{LmTensors, MatrixRef, Watched};
 use model::mimi::{CodecBackend, CpuMimi, Mimi};
 use model::text::SentencePiece;
 use model::{Bundled, LoadTimings, MoshiModel};
@@ -473,23 +469,13 @@ impl Engine {
         #[cfg(feature = "gpu")]
         if let Device::Gpu { adapter, .. } = opts.device {
             let ctx = gpu_context(adapter, None)?;
-            let noted = Cell::new(None);
             let m = Bundled::open_with(bundle_dir, 1, |weights, spec| {
                 check_lm(&spec)?;
-                let first = LmTensors::table(&spec).format_matrix().clone();
-                let src = Watched {
-                    src: weights,
-                    seen: |m: &MatrixRef, format: WeightFormat, _: &kernels::CheckpointParts| {
-                        if *m == first {
-                            noted.set(Some(format));
-                        }
-                    },
-                };
-                Ok::<_, RuntimeError>(gpu::GpuLmWeights::from_source(&ctx, &src, spec)?)
+                Ok::<_, RuntimeError>(gpu::GpuLmWeights::from_source(&ctx, weights, spec)?)
             })?;
             let lm = Loaded::Gpu {
+                format: m.lm.format(),
                 weights: m.lm,
-                format: noted.get().unwrap_or(WeightFormat::F32),
                 bundle: Some(bundle_dir.to_path_buf()),
             };
             let engine = Engine::assemble(lm, Arc::new(m.mimi), Some(Arc::new(m.tokenizer)), opts)?;

@@ -3,15 +3,12 @@
 //! and Mimi's streaming encode + decode of one frame ([`gpu::GpuMimi`], one submission per
 //! direction), each against a same-run device bandwidth probe (a copy kernel) as the roofline.
 
-use std::cell::Cell;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use kernels::{CheckpointParts, WeightFormat};
-use model::lm::{
-    Generator, LmError, LmFrame, LmSpec, LmTensors, MatrixRef, NoObserver, TensorSource, Watched,
-};
+use kernels::WeightFormat;
+use model::lm::{Generator, LmError, LmFrame, LmSpec, NoObserver, TensorSource};
 use model::mimi::{CodecBackend, Mimi};
 use model::sampling::{Sampler, SamplerConfig};
 use model::text::SentencePiece;
@@ -105,9 +102,9 @@ pub(crate) struct GpuLmCell {
 pub(crate) struct DeviceLm {
     /// The weights.
     pub weights: Arc<gpu::GpuLmWeights>,
-    /// The format of the matrices ([`LmTensors::format_matrix`]'s).
+    /// The format of the matrices ([`gpu::GpuLmWeights::format`]).
     pub format: WeightFormat,
-    /// Bytes of the matrices one frame streams ([`LmTensors::streamed`]), as uploaded.
+    /// Bytes of the matrices one frame streams ([`gpu::GpuLmWeights::streamed_bytes`]).
     pub streamed_bytes: usize,
 }
 
@@ -117,23 +114,11 @@ pub(crate) fn upload_lm<S: TensorSource + ?Sized>(
     src: &S,
     spec: LmSpec,
 ) -> Result<DeviceLm> {
-    let table = LmTensors::table(&spec);
-    let (first, streamed) = (table.format_matrix(), table.streamed());
-    let (format, bytes) = (Cell::new(None), Cell::new(0));
-    let seen = |m: &MatrixRef, f: WeightFormat, p: &CheckpointParts| {
-        if m == first {
-            format.set(Some(f));
-        }
-        if streamed.contains(&m) {
-            // As the device holds them: scales and biases in f16.
-            bytes.set(bytes.get() + p.codes.len() + 2 * (p.scales.len() + p.biases.len()));
-        }
-    };
-    let weights = gpu::GpuLmWeights::from_source(ctx, &Watched { src, seen }, spec)?;
+    let weights = gpu::GpuLmWeights::from_source(ctx, src, spec)?;
     Ok(DeviceLm {
+        format: weights.format(),
+        streamed_bytes: weights.streamed_bytes(),
         weights,
-        format: format.get().context("the LM has no matrix")?,
-        streamed_bytes: bytes.get(),
     })
 }
 

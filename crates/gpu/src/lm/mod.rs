@@ -162,6 +162,18 @@ impl GpuLmWeights {
     pub fn spec(&self) -> &LmSpec {
         &self.spec
     }
+
+    /// The format that names the model's weights: the one its [`LmTensors::format_matrix`] was
+    /// uploaded in (as a CPU model's `weight_format` tells).
+    pub fn format(&self) -> WeightFormat {
+        self.w.format_matrix().format()
+    }
+
+    /// Bytes of the matrices one frame streams ([`LmTensors::streamed`]) as uploaded: codes,
+    /// scales and biases in 16 bits (as a CPU model's `streamed_weight_bytes` counts them).
+    pub fn streamed_bytes(&self) -> usize {
+        self.w.streamed().iter().map(|m| m.bytes()).sum()
+    }
 }
 
 /// Buffers of one transformer stack (temporal or Depformer) for `rows` activation rows.

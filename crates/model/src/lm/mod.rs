@@ -39,7 +39,7 @@ pub use plan::broken_plans;
 pub use plan::{AttendAt, Buf, LmPlan, Mat, Op, Pass, Proj, Stack, Token, Vector};
 #[cfg(any(test, feature = "testing"))]
 pub use source::DequantizedSource;
-pub use source::{TensorSource, Watched};
+pub use source::TensorSource;
 pub use spec::LmSpec;
 pub use table::{DepLayer, Layer, LmTensors, MatrixRef, Projections, VectorRef};
 
