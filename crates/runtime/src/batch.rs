@@ -28,7 +28,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::{self, JoinHandle, Thread};
+use std::thread;
 
 use model::sampling::{Sampler, SamplerConfig};
 
@@ -40,6 +40,7 @@ use crate::inlet::{Begin, Inlet};
 use crate::ring::{FrameRing, PcmProducer};
 use crate::runner::{handle_accessors, queues, EventReceiver, Handles};
 use crate::stepper::{new_sampler, Stepper};
+use crate::worker::WorkerHandle;
 use crate::{Engine, RuntimeError, SessionOptions, FRAME_SIZE};
 
 /// Options of [`BatchRunner::spawn`].
@@ -73,7 +74,8 @@ struct SlotInfo {
 }
 
 struct Shared {
-    stop: AtomicBool,
+    /// The worker's stop flag (also held by the runner's [`WorkerHandle`]).
+    stop: Arc<AtomicBool>,
     /// Ticks that stepped at least one slot.
     ticks: AtomicU64,
     /// Slot table; also serialises joins against the worker's exit (see `Worker::exit`).
@@ -108,11 +110,10 @@ struct Join {
 /// the threads that open conversations. Dropping it stops the worker (every conversation gets
 /// `Event::Stopped(StopReason::Requested)`).
 pub struct BatchRunner {
+    /// First, so that dropping the runner stops and joins the worker before anything else goes.
+    worker: WorkerHandle<Join>,
     engine: Arc<Engine>,
     shared: Arc<Shared>,
-    joins: Mutex<Sender<Join>>,
-    worker: Thread,
-    join: Mutex<Option<JoinHandle<()>>>,
     event_capacity: usize,
     /// The worker runs the fused pass: a joining conversation's sampler must run on the device.
     #[cfg_attr(not(feature = "gpu"), allow(dead_code))]
@@ -137,16 +138,13 @@ impl BatchRunner {
         }
         let (worker, shared, jtx) = Worker::new(&engine, opts.slots, None)?;
         let fused = matches!(worker.pass, Pass::Fused(_));
-        let join = thread::Builder::new()
-            .name("moshi-batch".into())
-            .spawn(move || worker.run())
-            .map_err(RuntimeError::Spawn)?;
+        let worker = WorkerHandle::spawn("moshi-batch", shared.stop.clone(), jtx, move || {
+            worker.run()
+        })?;
         Ok(BatchRunner {
+            worker,
             engine,
             shared,
-            joins: Mutex::new(jtx),
-            worker: join.thread().clone(),
-            join: Mutex::new(Some(join)),
             event_capacity: opts.event_capacity.max(1),
             fused,
         })
@@ -205,12 +203,18 @@ impl BatchRunner {
         )?;
         let producer = PcmProducer::new(ring.clone());
         let ((tx, recycled), consumer) = queues(self.event_capacity);
-        let handles = Handles::connect(consumer, &ring, control, Some(producer), &self.worker);
+        let handles = Handles::connect(
+            consumer,
+            &ring,
+            control,
+            Some(producer),
+            self.worker.thread(),
+        );
 
         // Reserve a slot and hand the conversation to the worker under the table lock, so that the worker's
         // exit (which sets `done` and drains the queue under the same lock) never strands a join.
         let mut table = self.shared.lock();
-        if table.done || self.shared.stop.load(Ordering::Acquire) {
+        if table.done || self.worker.stopping() {
             return Err(RuntimeError::RunnerStopped);
         }
         let Some(slot) = table.info.iter().position(|s| !s.busy) else {
@@ -218,18 +222,13 @@ impl BatchRunner {
                 slots: table.info.len(),
             });
         };
-        let joins = self.joins.lock().unwrap_or_else(|e| e.into_inner());
-        let sent = joins.send(Join {
+        self.worker.send(Join {
             slot,
             conv,
             sampler,
             tx,
             recycled,
-        });
-        drop(joins);
-        if sent.is_err() {
-            return Err(RuntimeError::RunnerStopped);
-        }
+        })?;
         let info = &mut table.info[slot];
         info.busy = true;
         info.generation += 1;
@@ -249,19 +248,7 @@ impl BatchRunner {
     /// Stop every conversation and join the worker (exactly once; later calls return at once). Blocks at most
     /// for the rest of the tick in progress.
     pub fn stop(&self) -> Result<(), RuntimeError> {
-        self.shared.stop.store(true, Ordering::Release);
-        self.worker.unpark();
-        let handle = self.join.lock().unwrap_or_else(|e| e.into_inner()).take();
-        match handle {
-            Some(h) => h.join().map_err(|_| RuntimeError::WorkerPanicked),
-            None => Ok(()),
-        }
-    }
-}
-
-impl Drop for BatchRunner {
-    fn drop(&mut self) {
-        let _ = self.stop();
+        self.worker.stop()
     }
 }
 
@@ -476,7 +463,7 @@ impl Worker {
             )?)),
         };
         let shared = Arc::new(Shared {
-            stop: AtomicBool::new(false),
+            stop: Arc::new(AtomicBool::new(false)),
             ticks: AtomicU64::new(0),
             slots: Mutex::new(Table {
                 info: vec![SlotInfo::default(); n],

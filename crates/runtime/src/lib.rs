@@ -56,6 +56,7 @@ mod session;
 mod stepper;
 mod stt_driver;
 mod transcriber;
+mod worker;
 
 #[doc(hidden)]
 pub use batch::BatchBench;

@@ -24,9 +24,9 @@
 //! `crates/gpu/tests/lm_parity.rs`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TryRecvError};
+use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::{self, JoinHandle, Thread};
+use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
 
 use kernels::Pool;
@@ -35,6 +35,7 @@ use model::mimi::MimiBatchEncoder;
 use model::stt::{SttBatch, SttEvent, SttModel, WordTokens, MAX_EXTRA_HEADS};
 
 use crate::ring::{FrameRing, PcmProducer, PushReport};
+use crate::worker::WorkerHandle;
 use crate::{Device, RuntimeError, FRAME_SIZE};
 
 /// Options of [`SttRunner::spawn`].
@@ -142,7 +143,8 @@ struct StreamShared {
 }
 
 struct Shared {
-    stop: AtomicBool,
+    /// The worker's stop flag (also held by the runner's [`WorkerHandle`]).
+    stop: Arc<AtomicBool>,
     /// Busy flag per slot; locked only when a stream joins or leaves.
     busy: Mutex<Vec<bool>>,
 }
@@ -163,11 +165,10 @@ struct Join {
 /// A running batch of transcription streams on one worker thread (`Send + Sync`; share it in an `Arc`).
 /// Dropping it stops the worker.
 pub struct SttRunner {
+    /// First, so that dropping the runner stops and joins the worker before anything else goes.
+    worker: WorkerHandle<Join>,
     model: Arc<SttModel>,
     shared: Arc<Shared>,
-    joins: Mutex<Sender<Join>>,
-    worker: Thread,
-    join: Mutex<Option<JoinHandle<()>>>,
     opts: SttRunnerOptions,
 }
 
@@ -192,7 +193,7 @@ impl SttRunner {
         let batch = stt_batch(&model, opts.slots, opts.kv_dtype, opts.device, pool.clone())?;
         let encoder = MimiBatchEncoder::new(model.mimi().clone(), opts.slots);
         let shared = Arc::new(Shared {
-            stop: AtomicBool::new(false),
+            stop: Arc::new(AtomicBool::new(false)),
             busy: Mutex::new(vec![false; opts.slots]),
         });
         let (jtx, jrx) = mpsc::channel();
@@ -214,16 +215,12 @@ impl SttRunner {
             nq,
         };
         worker.warm_up()?;
-        let join = thread::Builder::new()
-            .name("moshi-stt".into())
-            .spawn(move || worker.run())
-            .map_err(RuntimeError::Spawn)?;
+        let worker =
+            WorkerHandle::spawn("moshi-stt", shared.stop.clone(), jtx, move || worker.run())?;
         Ok(SttRunner {
+            worker,
             model,
             shared,
-            joins: Mutex::new(jtx),
-            worker: join.thread().clone(),
-            join: Mutex::new(Some(join)),
             opts,
         })
     }
@@ -247,7 +244,7 @@ impl SttRunner {
     /// and whenever the stream's input queue gets room; it must not block.
     pub fn open(&self, notify: SttNotify) -> Result<SttSession, RuntimeError> {
         let ring = FrameRing::new(self.opts.max_queued_frames);
-        let worker = self.worker.clone();
+        let worker = self.worker.thread().clone();
         ring.set_waker(Arc::new(move || worker.unpark()));
         let capacity = self.opts.output_capacity.max(1);
         let stream = Arc::new(StreamShared {
@@ -260,25 +257,18 @@ impl SttRunner {
         });
         let (tx, rx) = mpsc::sync_channel(capacity + 1);
         let mut busy = self.shared.busy();
-        if self.shared.stop.load(Ordering::Acquire) {
+        if self.worker.stopping() {
             return Err(RuntimeError::RunnerStopped);
         }
         let Some(slot) = busy.iter().position(|b| !b) else {
             return Err(RuntimeError::NoFreeSlot { slots: busy.len() });
         };
-        let sent = self
-            .joins
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .send(Join {
-                slot,
-                stream: stream.clone(),
-                tx,
-                notify,
-            });
-        if sent.is_err() {
-            return Err(RuntimeError::RunnerStopped);
-        }
+        self.worker.send(Join {
+            slot,
+            stream: stream.clone(),
+            tx,
+            notify,
+        })?;
         busy[slot] = true;
         drop(busy);
         self.worker.unpark();
@@ -287,26 +277,14 @@ impl SttRunner {
             producer: PcmProducer::new(ring),
             rx,
             stream,
-            worker: self.worker.clone(),
+            worker: self.worker.thread().clone(),
             max_queued: self.opts.max_queued_frames,
         })
     }
 
     /// Stops the worker (every stream's queue then ends) and joins it; later calls return at once.
     pub fn stop(&self) -> Result<(), RuntimeError> {
-        self.shared.stop.store(true, Ordering::Release);
-        self.worker.unpark();
-        let handle = self.join.lock().unwrap_or_else(|e| e.into_inner()).take();
-        match handle {
-            Some(h) => h.join().map_err(|_| RuntimeError::WorkerPanicked),
-            None => Ok(()),
-        }
-    }
-}
-
-impl Drop for SttRunner {
-    fn drop(&mut self) {
-        let _ = self.stop();
+        self.worker.stop()
     }
 }
 
