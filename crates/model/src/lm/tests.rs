@@ -177,18 +177,13 @@ fn codes_of_call_zero_are_never_seen() {
 fn reset_returns_to_fresh_state() {
     let model = tiny_model("model.safetensors");
     let c = codes();
-    let t_total = c.len() / 8;
     let pool = Pool::new(1);
     let mut sampler = Sampler::new(SamplerConfig::seeded(11), 128, 64).unwrap();
     let mut gen = LmGen::new(&model, KvDtype::F32).unwrap();
     let go = |gen: &mut LmGen, sampler: &mut Sampler| {
         let mut rec = Recorded::default();
         for t in 0..14 {
-            let user: Vec<u32> = column(&c, 8, t_total, t)
-                .iter()
-                .map(|&x| x as u32)
-                .collect();
-            let codes_i64: Vec<i64> = user.iter().map(|&x| x as i64).collect();
+            let codes_i64 = column(&c, 8, c.len() / 8, t);
             if let Some(f) = gen
                 .step_with(
                     &model,
@@ -227,11 +222,8 @@ fn plain_step_matches_step_with() {
     let (t_ref, _) = trace.i64("out_text");
     let mut texts = Vec::new();
     for t in 0..t_total {
-        let user: Vec<u32> = column(&c, 8, t_total, t)
-            .iter()
-            .map(|&x| x as u32)
-            .collect();
-        let out = g.step(&model, &user, &mut s1, &pool).unwrap();
+        let out = g.step(&model, &session_codes(&c, t_total, t, 0), &mut s1, &pool);
+        let out = out.unwrap();
         assert_eq!(out.is_some(), t >= 1);
         if let Some(f) = out {
             texts.push(f.text as i64);
@@ -393,21 +385,61 @@ fn other_formats_native_kernels_within_documented_bounds() {
     }
 }
 
-/// A batch generator of `n` sessions, its samplers (session `b` with `cfg(b)`), and for each
-/// session a separate generator with its own fresh sampler of the same configuration: the two sides
-/// the batched tests compare.
-fn batch_and_singles(
-    model: &LmModel,
-    n: usize,
-    cfg: impl Fn(usize) -> SamplerConfig,
-) -> (LmBatchGen, Vec<Sampler>, Vec<(LmGen, Sampler)>) {
-    let sampler = |b| Sampler::new(cfg(b), 128, 64).unwrap();
-    let batch = LmBatchGen::new(model, n, KvDtype::F32).unwrap();
-    let samplers = (0..n).map(sampler).collect();
-    let singles = (0..n)
-        .map(|b| (LmGen::new(model, KvDtype::F32).unwrap(), sampler(b)))
-        .collect();
-    (batch, samplers, singles)
+/// The two sides the batched tests compare, over the tiny model on a pool of 2: a batch generator
+/// of `n` sessions with their samplers (session `b` with `cfg(b)`), and for each session a separate
+/// generator with its own fresh sampler of the same configuration.
+struct Batched {
+    model: LmModel,
+    pool: Pool,
+    batch: LmBatchGen,
+    samplers: Vec<Sampler>,
+    singles: Vec<(LmGen, Sampler)>,
+}
+
+/// A greedy sampler's configuration, or a seeded one's.
+fn greedy_or_seeded(greedy: bool, seed: u64) -> SamplerConfig {
+    if greedy {
+        SamplerConfig::greedy()
+    } else {
+        SamplerConfig::seeded(seed)
+    }
+}
+
+impl Batched {
+    fn new(n: usize, cfg: impl Fn(usize) -> SamplerConfig) -> Batched {
+        let model = tiny_model("model.safetensors");
+        let sampler = |b| Sampler::new(cfg(b), 128, 64).unwrap();
+        let batch = LmBatchGen::new(&model, n, KvDtype::F32).unwrap();
+        let samplers = (0..n).map(sampler).collect();
+        let singles = (0..n)
+            .map(|b| (LmGen::new(&model, KvDtype::F32).unwrap(), sampler(b)))
+            .collect();
+        let pool = Pool::new(2);
+        Batched {
+            model,
+            pool,
+            batch,
+            samplers,
+            singles,
+        }
+    }
+
+    /// Steps session `b`'s separate generator with `codes` and checks it against row `i` of the
+    /// batch's last step, whose frame for it was `got`: the same frame, and text and Depformer
+    /// logits within 1e-4 (`what` names the call in a failure).
+    fn check_row(&mut self, b: usize, i: usize, codes: &[u32], got: &Option<LmFrame>, what: &str) {
+        let (g, s) = &mut self.singles[b];
+        let o = g.step(&self.model, codes, s, &self.pool).unwrap();
+        assert_eq!(&o, got, "session {b} {what}");
+        let (text, dep) = (
+            self.batch.state().text_logits(),
+            self.batch.state().depformer_logits(),
+        );
+        let d = max_abs_diff(&text[i * 128..(i + 1) * 128], g.state().text_logits());
+        assert!(d < 1e-4, "session {b} {what}: {d}");
+        let d = max_abs_diff(&dep[i * 64..(i + 1) * 64], g.state().depformer_logits());
+        assert!(d < 1e-4, "session {b} {what} depformer: {d}");
+    }
 }
 
 /// The oracle's user codes of call `t`, shifted by `shift` (mod the card 64) so that each session
@@ -421,44 +453,30 @@ fn session_codes(c: &[i64], t_total: usize, t: usize, shift: usize) -> Vec<u32> 
 
 #[test]
 fn batched_sessions_match_separate_generators() {
-    let model = tiny_model("model.safetensors");
     let c = codes();
     let t_total = c.len() / 8;
-    let pool = Pool::new(2);
     let n = 3;
-    let (mut batch, mut samplers, mut singles) = batch_and_singles(&model, n, |b| {
-        if b == 0 {
-            SamplerConfig::greedy()
-        } else {
-            SamplerConfig::seeded(b as u64)
-        }
-    });
+    let mut s = Batched::new(n, |b| greedy_or_seeded(b == 0, b as u64));
     let user = |b: usize, t: usize| session_codes(&c, t_total, t, 7 * b);
     let mut out = vec![None; n];
     let mut texts0 = Vec::new();
     for t in 0..t_total {
         if t == 5 {
-            batch.reset_session(1);
-            singles[1].0.reset();
+            s.batch.reset_session(1);
+            s.singles[1].0.reset();
         }
         let flat: Vec<u32> = (0..n).flat_map(|b| user(b, t)).collect();
-        batch
-            .step(&model, &flat, &mut samplers, &pool, &mut out)
+        s.batch
+            .step(&s.model, &flat, &mut s.samplers, &s.pool, &mut out)
             .unwrap();
-        for (b, (g, s)) in singles.iter_mut().enumerate() {
-            let o = g.step(&model, &user(b, t), s, &pool).unwrap();
-            assert_eq!(o, out[b], "session {b} step {t}");
-            let d = max_abs_diff(
-                &batch.state().text_logits()[b * 128..(b + 1) * 128],
-                g.state().text_logits(),
-            );
-            assert!(d < 1e-4, "session {b} step {t}: {d}");
+        for (b, got) in out.iter().enumerate() {
+            s.check_row(b, b, &user(b, t), got, &format!("step {t}"));
         }
         if let Some(f) = out[0] {
             texts0.push(f.text as i64);
         }
     }
-    assert_eq!(batch.offset(1), t_total - 5);
+    assert_eq!(s.batch.offset(1), t_total - 5);
     let trace = fixture("trace.safetensors");
     assert_eq!(texts0, trace.i64("out_text").0);
 }
@@ -467,18 +485,10 @@ fn batched_sessions_match_separate_generators() {
 fn active_subsets_match_separate_generators() {
     // Sessions stepped in an irregular interleaving inside one batch (some idle for a while, one
     // reset midway) give exactly the tokens of separate generators, logits within 1e-4.
-    let model = tiny_model("model.safetensors");
     let c = codes();
     let t_total = c.len() / 8;
-    let pool = Pool::new(2);
     let n = 4;
-    let (mut batch, mut samplers, mut singles) = batch_and_singles(&model, n, |b| {
-        if b.is_multiple_of(2) {
-            SamplerConfig::greedy()
-        } else {
-            SamplerConfig::seeded(10 + b as u64)
-        }
-    });
+    let mut s = Batched::new(n, |b| greedy_or_seeded(b.is_multiple_of(2), 10 + b as u64));
     // Per session: how many calls it made so far (its own time axis).
     let mut calls = [0usize; 4];
     let user = |b: usize, t: usize| session_codes(&c, t_total, t % t_total, 5 * b);
@@ -505,47 +515,39 @@ fn active_subsets_match_separate_generators() {
             active.reverse();
         }
         if tick == 11 {
-            batch.reset_session(2);
-            samplers[2].reset();
-            singles[2].0.reset();
-            singles[2].1.reset();
+            s.batch.reset_session(2);
+            s.samplers[2].reset();
+            s.singles[2].0.reset();
+            s.singles[2].1.reset();
             calls[2] = 0;
         }
         if active.is_empty() {
-            assert!(batch
-                .step_active(&model, &[], &[], &mut samplers, &pool, None, &mut [])
-                .is_err());
+            let (model, pool) = (&s.model, &s.pool);
+            let r = s
+                .batch
+                .step_active(model, &[], &[], &mut s.samplers, pool, None, &mut []);
+            assert!(r.is_err());
             continue;
         }
         let flat: Vec<u32> = active.iter().flat_map(|&b| user(b, calls[b])).collect();
-        let offsets: Vec<usize> = (0..n).map(|b| batch.offset(b)).collect();
-        let positions: Vec<usize> = (0..n).map(|b| batch.state().position_of(b)).collect();
+        let offsets: Vec<usize> = (0..n).map(|b| s.batch.offset(b)).collect();
+        let positions: Vec<usize> = (0..n).map(|b| s.batch.state().position_of(b)).collect();
         let mut out: Vec<Result<Option<LmFrame>, LmError>> =
             (0..active.len()).map(|_| Ok(None)).collect();
-        batch
-            .step_active(&model, &active, &flat, &mut samplers, &pool, None, &mut out)
+        let (model, pool) = (&s.model, &s.pool);
+        s.batch
+            .step_active(model, &active, &flat, &mut s.samplers, pool, None, &mut out)
             .unwrap();
         for b in 0..n {
             if !active.contains(&b) {
-                assert_eq!(batch.offset(b), offsets[b], "idle session {b} moved");
-                assert_eq!(batch.state().position_of(b), positions[b]);
+                assert_eq!(s.batch.offset(b), offsets[b], "idle session {b} moved");
+                assert_eq!(s.batch.state().position_of(b), positions[b]);
             }
         }
         for (i, &b) in active.iter().enumerate() {
-            let (g, s) = &mut singles[b];
-            let o = g.step(&model, &user(b, calls[b]), s, &pool).unwrap();
             let got = out[i].as_ref().unwrap();
-            assert_eq!(&o, got, "session {b} call {} tick {tick}", calls[b]);
-            let d = max_abs_diff(
-                &batch.state().text_logits()[i * 128..(i + 1) * 128],
-                g.state().text_logits(),
-            );
-            assert!(d < 1e-4, "session {b} tick {tick}: {d}");
-            let d = max_abs_diff(
-                &batch.state().depformer_logits()[i * 64..(i + 1) * 64],
-                g.state().depformer_logits(),
-            );
-            assert!(d < 1e-4, "session {b} tick {tick} depformer: {d}");
+            let what = format!("call {} tick {tick}", calls[b]);
+            s.check_row(b, i, &user(b, calls[b]), got, &what);
             if b == 0 {
                 if let Some(f) = got {
                     texts0.push(f.text as i64);
@@ -556,7 +558,7 @@ fn active_subsets_match_separate_generators() {
         }
     }
     assert!(stepped.iter().all(|&s| s >= 8), "{stepped:?}");
-    assert_eq!(batch.offset(2), calls[2]);
+    assert_eq!(s.batch.offset(2), calls[2]);
     // Session 0 (greedy, the oracle's codes at offset 0) reproduces the oracle trace.
     let trace = fixture("trace.safetensors");
     assert_eq!(texts0, trace.i64("out_text").0);
