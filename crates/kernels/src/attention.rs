@@ -1,5 +1,5 @@
 //! Attention over a ring-buffer KV cache: one query per head ([`KvRing::attend`], the LM) or a
-//! causal chunk of queries ([`KvRing::attend_chunk`], Mimi's transformer; [`attend_chunks`] for
+//! causal chunk of queries ([`KvRing::attend_chunk`], Mimi's transformer; [`Chunks::attend`] for
 //! several streams' rings in one pool dispatch).
 
 use crate::arch::{self, HeadQuery, KernelSet, Kernels, Seg};
@@ -168,12 +168,7 @@ impl KvRing {
         out: &mut [f32],
         window: usize,
     ) -> Result<(), KernelError> {
-        if !set.available() {
-            return Err(KernelError::Unsupported(format!(
-                "kernel set {set} on this CPU"
-            )));
-        }
-        self.attend_level(arch::table(set), q, out, window);
+        self.attend_level(arch::checked_table(set)?, q, out, window);
         Ok(())
     }
 
@@ -243,7 +238,7 @@ impl KvRing {
     /// `q` holds `t` rows `q_stride` apart (the first `n_heads·head_dim` values of each are
     /// the query); `out` receives `t` rows of `n_heads·head_dim`. With a pool, large chunks
     /// are split by heads (each head's arithmetic is the same, so results match bit for bit).
-    /// The one-ring case of [`attend_chunks`].
+    /// The one-ring case of [`Chunks::attend`].
     pub fn attend_chunk(
         &mut self,
         q: &[f32],
@@ -255,7 +250,15 @@ impl KvRing {
     ) {
         let mut scores = std::mem::take(&mut self.scores);
         let this = &*self;
-        attend_chunks(|_| this, 1, q, q_stride, t, context, out, &mut scores, pool);
+        let chunk = Chunks {
+            rings: |_: usize| this,
+            m: 1,
+            q,
+            q_stride,
+            t,
+            context,
+        };
+        chunk.attend(out, &mut scores, pool);
         self.scores = scores;
     }
 
@@ -372,128 +375,124 @@ impl KvRing {
     }
 }
 
-/// [`KvRing::attend_chunk`] for `m` streams in one call: stream `j` attends its ring
-/// `rings(j)` with the `t` query rows `j·t .. (j+1)·t` of `q` (`q_stride` apart) into the rows
-/// `j·t .. (j+1)·t` of `out` (`n_heads·head_dim` each). All rings have the same heads and head
-/// size; each already holds the stream's `t` new entries. With a pool, the (stream, head) pairs
-/// are shared out in one dispatch when the chunks are large; every pair runs the same
-/// arithmetic as the one-ring call, so each stream's output is bitwise what
-/// [`KvRing::attend_chunk`] gives for its ring alone.
-///
-/// `scores` is work space of `m · n_heads · max capacity` values; it grows when shorter (keep
-/// it between calls so steady state does not allocate).
-#[allow(clippy::too_many_arguments)]
-pub fn attend_chunks<'r, R>(
-    rings: R,
-    m: usize,
-    q: &[f32],
-    q_stride: usize,
-    t: usize,
-    context: usize,
-    out: &mut [f32],
-    scores: &mut Vec<f32>,
-    pool: Option<&crate::Pool>,
-) where
-    R: Fn(usize) -> &'r KvRing + Sync,
-{
-    let level = arch::active();
-    attend_chunks_level(level, rings, m, q, q_stride, t, context, out, scores, pool)
+/// The chunks of `m` streams for one call ([`KvRing::attend_chunk`] for several rings at once):
+/// stream `j` attends its ring `rings(j)` with the `t` query rows `j·t .. (j+1)·t` of `q`
+/// (`q_stride` apart) into the rows `j·t .. (j+1)·t` of the output (`n_heads·head_dim` each). All
+/// rings have the same heads and head size; each already holds the stream's `t` new entries.
+#[derive(Clone, Copy, Debug)]
+pub struct Chunks<'q, R> {
+    /// Stream `j`'s ring.
+    pub rings: R,
+    /// Streams.
+    pub m: usize,
+    /// The `m·t` query rows.
+    pub q: &'q [f32],
+    /// Values from one query row to the next (at least `n_heads·head_dim`).
+    pub q_stride: usize,
+    /// Queries per stream.
+    pub t: usize,
+    /// Entries a query sees at most, its own included (as in [`KvRing::attend_chunk`]).
+    pub context: usize,
 }
 
-/// [`attend_chunks`] with the kernels of a named set, whatever set is active: the seam through
-/// which property tests compare every set this CPU runs with an independent reference.
-/// [`KernelError::Unsupported`] (and nothing written) when this CPU cannot run `set`.
-#[allow(clippy::too_many_arguments)]
-pub fn attend_chunks_with<'r, R>(
-    set: KernelSet,
-    rings: R,
-    m: usize,
-    q: &[f32],
-    q_stride: usize,
-    t: usize,
-    context: usize,
-    out: &mut [f32],
-    scores: &mut Vec<f32>,
-    pool: Option<&crate::Pool>,
-) -> Result<(), KernelError>
+impl<'r, R> Chunks<'_, R>
 where
     R: Fn(usize) -> &'r KvRing + Sync,
 {
-    if !set.available() {
-        return Err(KernelError::Unsupported(format!(
-            "kernel set {set} on this CPU"
-        )));
+    /// Every stream's chunk into `out`. With a pool, the (stream, head) pairs are shared out in
+    /// one dispatch when the chunks are large; every pair runs the same arithmetic as the
+    /// one-ring call, so each stream's output is bitwise what [`KvRing::attend_chunk`] gives for
+    /// its ring alone.
+    ///
+    /// `scores` is work space of `m · n_heads · max capacity` values; it grows when shorter (keep
+    /// it between calls so steady state does not allocate).
+    pub fn attend(&self, out: &mut [f32], scores: &mut Vec<f32>, pool: Option<&crate::Pool>) {
+        self.attend_level(arch::active(), out, scores, pool)
     }
-    let level = arch::table(set);
-    attend_chunks_level(level, rings, m, q, q_stride, t, context, out, scores, pool);
-    Ok(())
-}
 
-#[allow(clippy::too_many_arguments)]
-fn attend_chunks_level<'r, R>(
-    level: &Kernels,
-    rings: R,
-    m: usize,
-    q: &[f32],
-    q_stride: usize,
-    t: usize,
-    context: usize,
-    out: &mut [f32],
-    scores: &mut Vec<f32>,
-    pool: Option<&crate::Pool>,
-) where
-    R: Fn(usize) -> &'r KvRing + Sync,
-{
-    if m == 0 {
-        return;
+    /// [`Chunks::attend`] with the kernels of a named set, whatever set is active: the seam
+    /// through which property tests compare every set this CPU runs with an independent
+    /// reference. [`KernelError::Unsupported`] (and nothing written) when this CPU cannot run
+    /// `set`.
+    pub fn attend_with(
+        &self,
+        set: KernelSet,
+        out: &mut [f32],
+        scores: &mut Vec<f32>,
+        pool: Option<&crate::Pool>,
+    ) -> Result<(), KernelError> {
+        self.attend_level(arch::checked_table(set)?, out, scores, pool);
+        Ok(())
     }
-    let (nh, hd) = (rings(0).n_heads, rings(0).head_dim);
-    let d = nh * hd;
-    let rows = m * t;
-    assert!(
-        q_stride >= d
-            && (rows == 0 || q.len() >= (rows - 1) * q_stride + d)
-            && out.len() >= rows * d,
-        "attend_chunk: wrong length"
-    );
-    let (mut cmax, mut work) = (0, 0);
-    for j in 0..m {
-        let r = rings(j);
+
+    fn attend_level(
+        &self,
+        level: &Kernels,
+        out: &mut [f32],
+        scores: &mut Vec<f32>,
+        pool: Option<&crate::Pool>,
+    ) {
+        let Chunks {
+            ref rings,
+            m,
+            q,
+            q_stride,
+            t,
+            context,
+        } = *self;
+        if m == 0 {
+            return;
+        }
+        let (nh, hd) = (rings(0).n_heads, rings(0).head_dim);
+        let d = nh * hd;
+        let rows = m * t;
         assert!(
-            r.n_heads == nh && r.head_dim == hd && t <= r.len(),
+            q_stride >= d
+                && (rows == 0 || q.len() >= (rows - 1) * q_stride + d)
+                && out.len() >= rows * d,
             "attend_chunk: wrong length"
         );
-        cmax = cmax.max(r.capacity);
-        work += t * r.capacity * d;
-    }
-    let units = m * nh;
-    if scores.len() < units * cmax {
-        // Grows once (warm-up), never in steady state.
-        scores.resize(units * cmax, 0.0);
-    }
-    let outp = SendPtr(out.as_mut_ptr());
-    let sp = SendPtr(scores.as_mut_ptr());
-    let unit = |u: usize| {
-        let (outp, sp) = (&outp, &sp);
-        let (j, h) = (u / nh, u % nh);
-        let r = rings(j);
-        let cap = r.capacity;
-        let oldest = r.pushed.saturating_sub(cap as u64);
-        // SAFETY: unit (j, h) owns head h's columns of stream j's output rows and scores
-        // slice u (`cap <= cmax` values).
-        let sc = unsafe { std::slice::from_raw_parts_mut(sp.0.add(u * cmax), cap) };
-        for s in 0..t {
-            let p = r.pushed - (t - s) as u64;
-            let lo = (p + 1).saturating_sub(context as u64).max(oldest);
-            let row = j * t + s;
-            let o = unsafe { std::slice::from_raw_parts_mut(outp.0.add(row * d + h * hd), hd) };
-            let qh = &q[row * q_stride + h * hd..row * q_stride + (h + 1) * hd];
-            r.attend_span(level, h, qh, o, p + 1, (p + 1 - lo) as usize, sc);
+        let (mut cmax, mut work) = (0, 0);
+        for j in 0..m {
+            let r = rings(j);
+            assert!(
+                r.n_heads == nh && r.head_dim == hd && t <= r.len(),
+                "attend_chunk: wrong length"
+            );
+            cmax = cmax.max(r.capacity);
+            work += t * r.capacity * d;
         }
-    };
-    match pool {
-        Some(pl) if pl.n_threads() > 1 && units > 1 && work >= PAR_CHUNK => pl.run(units, &unit),
-        _ => (0..units).for_each(unit),
+        let units = m * nh;
+        if scores.len() < units * cmax {
+            // Grows once (warm-up), never in steady state.
+            scores.resize(units * cmax, 0.0);
+        }
+        let outp = SendPtr(out.as_mut_ptr());
+        let sp = SendPtr(scores.as_mut_ptr());
+        let unit = |u: usize| {
+            let (outp, sp) = (&outp, &sp);
+            let (j, h) = (u / nh, u % nh);
+            let r = rings(j);
+            let cap = r.capacity;
+            let oldest = r.pushed.saturating_sub(cap as u64);
+            // SAFETY: unit (j, h) owns head h's columns of stream j's output rows and scores
+            // slice u (`cap <= cmax` values).
+            let sc = unsafe { std::slice::from_raw_parts_mut(sp.0.add(u * cmax), cap) };
+            for s in 0..t {
+                let p = r.pushed - (t - s) as u64;
+                let lo = (p + 1).saturating_sub(context as u64).max(oldest);
+                let row = j * t + s;
+                let o = unsafe { std::slice::from_raw_parts_mut(outp.0.add(row * d + h * hd), hd) };
+                let qh = &q[row * q_stride + h * hd..row * q_stride + (h + 1) * hd];
+                r.attend_span(level, h, qh, o, p + 1, (p + 1 - lo) as usize, sc);
+            }
+        };
+        match pool {
+            Some(pl) if pl.n_threads() > 1 && units > 1 && work >= PAR_CHUNK => {
+                pl.run(units, &unit)
+            }
+            _ => (0..units).for_each(unit),
+        }
     }
 }
 

@@ -419,12 +419,7 @@ impl Matrix {
         y: &mut [f32],
         scratch: &mut Scratch,
     ) -> Result<(), KernelError> {
-        if !set.available() {
-            return Err(KernelError::Unsupported(format!(
-                "{set:?} kernels on this CPU"
-            )));
-        }
-        self.matmul_level(arch::table(set), x, n, y, scratch);
+        self.matmul_level(arch::checked_table(set)?, x, n, y, scratch);
         Ok(())
     }
 

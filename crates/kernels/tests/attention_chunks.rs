@@ -1,9 +1,9 @@
-//! Chunked attention (`attend_chunks`, `KvRing::attend_chunk`: `t` causal queries per stream).
+//! Chunked attention (`Chunks`, `KvRing::attend_chunk`: `t` causal queries per stream).
 //!
-//! 1. `attend_chunks` (several rings in one call) against `KvRing::attend_chunk` ring by ring:
+//! 1. `Chunks::attend` (several rings in one call) against `KvRing::attend_chunk` ring by ring:
 //!    rings of different capacities, fill levels and wrap positions, f32 and bf16 keys, no pool
 //!    and pools of 1 and 2 threads. Each stream's output must be bitwise the one-ring result.
-//! 2. Every kernel set this CPU runs (`attend_chunks_with`), against an independent naive
+//! 2. Every kernel set this CPU runs (`Chunks::attend_with`), against an independent naive
 //!    attention in f64 over the pushed history (keys and values rounded to bf16 first for a bf16
 //!    ring): chunks of t > 1 queries, rings that wrapped, contexts shorter and longer than the
 //!    ring. Tolerance per output element, with `S` the largest `Σ|q·k|/√d` of the head's window,
@@ -15,7 +15,7 @@
 //!    `Δ = (2⁻¹⁸ + (d + 8)·2⁻²⁴)·S` as derived in `attention_props.rs`.
 
 use half::bf16;
-use kernels::attention::{attend_chunks, attend_chunks_with, KvDtype, KvRing};
+use kernels::attention::{Chunks, KvDtype, KvRing};
 use kernels::{KernelSet, Pool};
 use proptest::prelude::*;
 
@@ -26,47 +26,95 @@ fn lcg(seed: &mut u64) -> f32 {
     ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
 }
 
-/// Two identical rings (one for each side of the comparison) per `(capacity, pushes)`.
-fn rings(
-    shape: &[(usize, usize)],
-    nh: usize,
-    hd: usize,
-    dtype: KvDtype,
-    seed: u64,
-) -> (Vec<KvRing>, Vec<KvRing>) {
-    let mut s = seed;
-    let d = nh * hd;
-    let (mut a, mut b) = (Vec::new(), Vec::new());
-    for &(cap, pushes) in shape {
-        let mut ra = KvRing::new(cap, nh, hd, dtype).unwrap();
-        let mut rb = KvRing::new(cap, nh, hd, dtype).unwrap();
-        for _ in 0..pushes {
-            let k: Vec<f32> = (0..d).map(|_| lcg(&mut s) * 2.0).collect();
-            let v: Vec<f32> = (0..d).map(|_| lcg(&mut s) * 3.0).collect();
-            ra.push(&k, &v);
-            rb.push(&k, &v);
-        }
-        a.push(ra);
-        b.push(rb);
-    }
-    (a, b)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn check(
-    shape: &[(usize, usize)],
+/// A chunk of `t` queries for streams of `(capacity, pushes)`: `nh` heads of `hd` values, each
+/// query seeing `context` entries, keys and values stored as `dtype`, all drawn from `seed`.
+#[derive(Clone, Debug)]
+struct Case {
+    shape: Vec<(usize, usize)>,
     nh: usize,
     hd: usize,
     t: usize,
     context: usize,
     dtype: KvDtype,
     seed: u64,
-    pool: Option<&Pool>,
-) {
-    let (d, m) = (nh * hd, shape.len());
+}
+
+impl Case {
+    /// A fixed case: `[nh, hd, t, context]`.
+    fn new(shape: &[(usize, usize)], sizes: [usize; 4], dtype: KvDtype, seed: u64) -> Case {
+        let [nh, hd, t, context] = sizes;
+        let shape = shape.to_vec();
+        Case {
+            shape,
+            nh,
+            hd,
+            t,
+            context,
+            dtype,
+            seed,
+        }
+    }
+
+    /// The case's chunks over `rings`, with its query rows `q` (`stride` apart).
+    fn chunks<'a, R>(&self, rings: R, q: &'a [f32], stride: usize) -> Chunks<'a, R> {
+        Chunks {
+            rings,
+            m: self.shape.len(),
+            q,
+            q_stride: stride,
+            t: self.t,
+            context: self.context,
+        }
+    }
+
+    /// The streams of the case, each ring and what was pushed into it, drawn from `s`.
+    fn streams(&self, s: &mut u64) -> Vec<Stream> {
+        (self.shape.iter())
+            .map(|&(cap, pushes)| stream(cap, pushes, self.nh, self.hd, self.dtype, s))
+            .collect()
+    }
+}
+
+/// [`Case`]s of 1 to `streams - 1` streams with capacities below `cap` and push counts below
+/// `pushes` (both raised to at least `t`: every ring holds the chunk's entries), fewer than
+/// `heads` heads of an even size below 40, `t` queries and a context below `context`.
+fn cases(
+    cap: usize,
+    pushes: usize,
+    streams: usize,
+    heads: usize,
+    t: std::ops::Range<usize>,
+    context: usize,
+) -> impl Strategy<Value = Case> {
+    let shape = proptest::collection::vec((1..cap, 0..pushes), 1..streams);
+    let sizes = (1..heads, 1usize..20, t, 1..context);
+    (shape, sizes, any::<bool>(), any::<u64>()).prop_map(
+        |(shape, (nh, hd_half, t, context), bf16, seed)| Case {
+            shape: shape
+                .into_iter()
+                .map(|(c, p)| (c.max(t), p.max(t)))
+                .collect(),
+            nh,
+            hd: 2 * hd_half,
+            t,
+            context,
+            dtype: if bf16 { KvDtype::Bf16 } else { KvDtype::F32 },
+            seed,
+        },
+    )
+}
+
+/// `Chunks::attend` on `pool` against `KvRing::attend_chunk` ring by ring: bitwise equal.
+fn check(case: &Case, pool: Option<&Pool>) {
+    let (d, m, t, context) = (case.nh * case.hd, case.shape.len(), case.t, case.context);
     let stride = d + 3;
-    let (mut one, many) = rings(shape, nh, hd, dtype, seed);
-    let mut s = seed ^ 0x9e37_79b9;
+    // Two identical sets of rings, one for each side of the comparison.
+    let rings = || -> Vec<KvRing> {
+        let streams = case.streams(&mut case.seed.clone());
+        streams.into_iter().map(|st| st.ring).collect()
+    };
+    let (mut one, many) = (rings(), rings());
+    let mut s = case.seed ^ 0x9e37_79b9;
     let q: Vec<f32> = (0..m * t * stride).map(|_| lcg(&mut s) * 2.0).collect();
     let mut want = vec![f32::NAN; m * t * d];
     for (j, ring) in one.iter_mut().enumerate() {
@@ -81,43 +129,22 @@ fn check(
     }
     let mut got = vec![f32::NAN; m * t * d];
     let mut scores = Vec::new();
-    attend_chunks(
-        |j| &many[j],
-        m,
-        &q,
-        stride,
-        t,
-        context,
-        &mut got,
-        &mut scores,
-        pool,
-    );
+    let chunks = case.chunks(|j: usize| &many[j], &q, stride);
+    chunks.attend(&mut got, &mut scores, pool);
     let (wb, gb): (Vec<u32>, Vec<u32>) = (
         want.iter().map(|x| x.to_bits()).collect(),
         got.iter().map(|x| x.to_bits()).collect(),
     );
-    assert_eq!(wb, gb, "shape {shape:?} t {t} context {context} {dtype:?}");
+    assert_eq!(wb, gb, "{case:?}");
 }
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
     #[test]
-    fn several_rings_match_one_at_a_time(
-        shape in proptest::collection::vec((1usize..320, 0usize..700), 1..6),
-        nh in 1usize..6,
-        hd_half in 1usize..20,
-        t in 1usize..4,
-        context in 1usize..400,
-        bf16 in any::<bool>(),
-        seed in any::<u64>(),
-    ) {
-        // Every ring holds at least the chunk's t entries.
-        let shape: Vec<_> = shape.into_iter().map(|(c, p)| (c.max(t), p.max(t))).collect();
-        let dtype = if bf16 { KvDtype::Bf16 } else { KvDtype::F32 };
-        let hd = 2 * hd_half;
+    fn several_rings_match_one_at_a_time(case in cases(320, 700, 6, 6, 1..4, 400)) {
         let (p1, p2) = (Pool::new(1), Pool::new(2));
         for pool in [None, Some(&p1), Some(&p2)] {
-            check(&shape, nh, hd, t, context, dtype, seed, pool);
+            check(&case, pool);
         }
     }
 }
@@ -129,10 +156,11 @@ fn mimi_sized_streams_in_one_dispatch() {
     let shape = [(250, 2), (250, 251), (250, 600), (250, 97)];
     let pool = Pool::new(2);
     for dtype in [KvDtype::F32, KvDtype::Bf16] {
+        let case = |seed| Case::new(&shape, [8, 64, 2, 250], dtype, seed);
         let before = pool.dispatches();
-        check(&shape, 8, 64, 2, 250, dtype, 7, Some(&pool));
+        check(&case(7), Some(&pool));
         assert_eq!(pool.dispatches().wrapping_sub(before), 1);
-        check(&shape, 8, 64, 2, 250, dtype, 8, Some(&Pool::new(1)));
+        check(&case(8), Some(&Pool::new(1)));
     }
 }
 
@@ -237,48 +265,25 @@ fn say_skipped(set: KernelSet) {
     }
 }
 
-/// Every kernel set's `attend_chunks_with` against [`naive_head`] for streams of
-/// `(capacity, pushes)`.
-#[allow(clippy::too_many_arguments)]
-fn check_naive(
-    shape: &[(usize, usize)],
-    nh: usize,
-    hd: usize,
-    t: usize,
-    context: usize,
-    dtype: KvDtype,
-    seed: u64,
-    pool: Option<&Pool>,
-) {
-    let (d, m) = (nh * hd, shape.len());
+/// Every kernel set's `Chunks::attend_with` against [`naive_head`].
+fn check_naive(case: &Case, pool: Option<&Pool>) {
+    let (nh, hd, t, context) = (case.nh, case.hd, case.t, case.context);
+    let (d, m) = (nh * hd, case.shape.len());
     let stride = d + 1;
-    let mut s = seed | 1;
-    let streams: Vec<Stream> = shape
-        .iter()
-        .map(|&(cap, pushes)| stream(cap, pushes, nh, hd, dtype, &mut s))
-        .collect();
+    let mut s = case.seed | 1;
+    let streams = case.streams(&mut s);
     let q: Vec<f32> = (0..m * t * stride).map(|_| lcg(&mut s) * 2.0).collect();
     let mut scores = Vec::new();
     for set in KernelSet::ALL {
         let mut got = vec![f32::NAN; m * t * d];
-        let ran = attend_chunks_with(
-            set,
-            |j| &streams[j].ring,
-            m,
-            &q,
-            stride,
-            t,
-            context,
-            &mut got,
-            &mut scores,
-            pool,
-        );
+        let chunks = case.chunks(|j: usize| &streams[j].ring, &q, stride);
+        let ran = chunks.attend_with(set, &mut got, &mut scores, pool);
         if ran.is_err() {
             assert!(!set.available(), "{set} refused although available");
             say_skipped(set);
             continue;
         }
-        let bfmmla = set.bfmmla_attention() && dtype == KvDtype::Bf16;
+        let bfmmla = set.bfmmla_attention() && case.dtype == KvDtype::Bf16;
         for (j, st) in streams.iter().enumerate() {
             for row in 0..t {
                 let r = j * t + row;
@@ -291,8 +296,8 @@ fn check_naive(
                         let err = (g as f64 - w).abs();
                         assert!(
                             err <= tol,
-                            "{set} {dtype:?} shape {shape:?} nh {nh} hd {hd} t {t} context {context}: \
-                             stream {j} row {row} head {h} [{i}]: {g} vs {w} (tol {tol:e})"
+                            "{set} {case:?}: stream {j} row {row} head {h} [{i}]: {g} vs {w} \
+                             (tol {tol:e})"
                         );
                     }
                 }
@@ -305,18 +310,8 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
     /// t > 1 queries per stream; capacities and push counts such that most rings wrapped.
     #[test]
-    fn every_set_matches_a_naive_f64_attention(
-        shape in proptest::collection::vec((1usize..40, 0usize..120), 1..4),
-        nh in 1usize..4,
-        hd_half in 1usize..20,
-        t in 2usize..6,
-        context in 1usize..60,
-        bf16 in any::<bool>(),
-        seed in any::<u64>(),
-    ) {
-        let shape: Vec<_> = shape.into_iter().map(|(c, p)| (c.max(t), p.max(t))).collect();
-        let dtype = if bf16 { KvDtype::Bf16 } else { KvDtype::F32 };
-        check_naive(&shape, nh, 2 * hd_half, t, context, dtype, seed, None);
+    fn every_set_matches_a_naive_f64_attention(case in cases(40, 120, 4, 4, 2..6, 60)) {
+        check_naive(&case, None);
     }
 }
 
@@ -327,18 +322,13 @@ proptest! {
 fn fixed_shapes_match_a_naive_f64_attention() {
     let pool = Pool::new(2);
     for dtype in [KvDtype::F32, KvDtype::Bf16] {
+        let mimi = [(250, 2), (250, 251), (250, 600)];
+        check_naive(&Case::new(&mimi, [8, 64, 2, 250], dtype, 3), Some(&pool));
         check_naive(
-            &[(250, 2), (250, 251), (250, 600)],
-            8,
-            64,
-            2,
-            250,
-            dtype,
-            3,
-            Some(&pool),
+            &Case::new(&[(16, 40), (16, 7)], [2, 16, 4, 5], dtype, 4),
+            None,
         );
-        check_naive(&[(16, 40), (16, 7)], 2, 16, 4, 5, dtype, 4, None);
-        check_naive(&[(6, 20)], 3, 8, 3, 50, dtype, 5, None);
-        check_naive(&[(4, 9)], 1, 32, 4, 4, dtype, 6, None);
+        check_naive(&Case::new(&[(6, 20)], [3, 8, 3, 50], dtype, 5), None);
+        check_naive(&Case::new(&[(4, 9)], [1, 32, 4, 4], dtype, 6), None);
     }
 }

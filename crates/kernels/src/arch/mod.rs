@@ -19,6 +19,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::OnceLock;
 
+use crate::KernelError;
+
 #[cfg(target_arch = "aarch64")]
 pub(crate) mod aarch64;
 pub(crate) mod scalar;
@@ -223,6 +225,18 @@ pub(crate) fn table(set: KernelSet) -> &'static Kernels {
         #[cfg(target_arch = "aarch64")]
         KernelSet::NeonI8mm => &aarch64::NEON_I8MM,
         _ => &scalar::SCALAR,
+    }
+}
+
+/// The table of an explicitly named set (the `*_with(set, ..)` entry points), refused with
+/// [`KernelError::Unsupported`] when this CPU cannot run it.
+pub(crate) fn checked_table(set: KernelSet) -> Result<&'static Kernels, KernelError> {
+    if set.available() {
+        Ok(table(set))
+    } else {
+        Err(KernelError::Unsupported(format!(
+            "kernel set {set} on this CPU"
+        )))
     }
 }
 

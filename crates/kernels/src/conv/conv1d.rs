@@ -5,7 +5,7 @@ use crate::gemm::{gemm, with_panels};
 use crate::layout::{BView, PackedA, NR};
 use crate::{KernelError, KernelSet, Pool};
 
-use super::entry::{bad, conv_table, entry_points};
+use super::entry::{bad, entry_points};
 use super::par::{
     each_stream, rows_pregathered, share_units, split_phases, SendPtr, CHUNKS_PER_THREAD,
 };

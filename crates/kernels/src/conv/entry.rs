@@ -1,22 +1,10 @@
-//! What [`super::Conv1d`] and [`super::ConvTranspose1d`] share: the argument checks, the table of a
-//! named kernel set, and the public entry points (a macro, expanded in each type's `impl`).
+//! What [`super::Conv1d`] and [`super::ConvTranspose1d`] share: the argument checks and the public
+//! entry points (a macro, expanded in each type's `impl`).
 
-use crate::arch::{self, Kernels};
-use crate::{KernelError, KernelSet};
+use crate::KernelError;
 
 pub(super) fn bad(msg: String) -> KernelError {
     KernelError::BadShape(msg)
-}
-
-/// The table of an explicitly named set, refused when this CPU cannot run it.
-pub(super) fn conv_table(set: KernelSet) -> Result<&'static Kernels, KernelError> {
-    if set.available() {
-        Ok(arch::table(set))
-    } else {
-        Err(KernelError::Unsupported(format!(
-            "{set:?} convolution kernel on this CPU"
-        )))
-    }
 }
 
 /// The public entry points and the argument checks shared by [`Conv1d`] and
@@ -145,7 +133,7 @@ macro_rules! entry_points {
             output: &mut [f32],
             pool: Option<&Pool>,
         ) -> Result<usize, KernelError> {
-            self.forward_with(conv_table(kernel)?, input, output, pool)
+            self.forward_with(arch::checked_table(kernel)?, input, output, pool)
         }
 
         /// Plain scalar definition (direct loops) for tests.

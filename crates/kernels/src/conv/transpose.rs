@@ -6,7 +6,7 @@ use crate::gemm::{gemm, with_panels};
 use crate::layout::{BView, PackedA, NR};
 use crate::{KernelError, KernelSet, Pool};
 
-use super::entry::{bad, conv_table, entry_points};
+use super::entry::{bad, entry_points};
 use super::par::{each_stream, rows_pregathered, share, share_units, SendPtr, CHUNKS_PER_THREAD};
 use super::scratch::{fitted, ConvScratch, SCRATCH};
 

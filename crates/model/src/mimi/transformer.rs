@@ -9,7 +9,7 @@
 //! The non-streaming PyTorch path (mask only) is reproduced with a larger ring.
 
 use super::conv::matmul;
-use kernels::attention::{attend_chunks, KvDtype, KvRing};
+use kernels::attention::{Chunks, KvDtype, KvRing};
 use kernels::{Matrix, Pool, Scratch};
 
 /// Weights of one layer.
@@ -66,7 +66,7 @@ pub(crate) struct TransformerState {
     f: Vec<f32>,
     cos: Vec<f32>,
     sin: Vec<f32>,
-    /// Attention scores of every (stream, head) pair (see [`attend_chunks`]).
+    /// Attention scores of every (stream, head) pair (see [`Chunks::attend`]).
     scores: Vec<f32>,
     scratch: Scratch,
 }
@@ -174,17 +174,15 @@ impl Transformer {
             // Query p sees the keys still in the ring within its context (see the module doc).
             // All streams in one call, so the pool gets their (stream, head) pairs at once.
             let streams = &st.streams;
-            attend_chunks(
-                |j| &streams[active[j]].kv[l],
-                active.len(),
-                &st.qkv[..n * 3 * d],
-                3 * d,
+            let chunks = Chunks {
+                rings: |j: usize| &streams[active[j]].kv[l],
+                m: active.len(),
+                q: &st.qkv[..n * 3 * d],
+                q_stride: 3 * d,
                 t,
-                self.context,
-                &mut st.att[..n * d],
-                &mut st.scores,
-                pool,
-            );
+                context: self.context,
+            };
+            chunks.attend(&mut st.att[..n * d], &mut st.scores, pool);
             matmul(
                 &layer.out_proj,
                 &st.att[..n * d],
