@@ -610,19 +610,33 @@ mod tests {
         ));
     }
 
+    /// A stream's settings.
+    fn stream(temperature: f32, top_k: usize) -> TokenSampling {
+        TokenSampling { temperature, top_k }
+    }
+
+    /// `n` draws of the text stream (the audio stream with `audio`) from `logits`, counted per
+    /// token.
+    fn counts(s: &mut Sampler, audio: bool, logits: &[f32], n: usize) -> Vec<usize> {
+        let mut counts = vec![0; logits.len()];
+        for _ in 0..n {
+            let t = if audio {
+                s.sample_audio(logits)
+            } else {
+                s.sample_text(logits)
+            };
+            counts[t.unwrap() as usize] += 1;
+        }
+        counts
+    }
+
     #[test]
     fn top_k_restricts_candidates() {
         let mut cfg = SamplerConfig::seeded(1);
-        cfg.audio = TokenSampling {
-            temperature: 1.0,
-            top_k: 2,
-        };
+        cfg.audio = stream(1.0, 2);
         let mut s = Sampler::new(cfg, 4, 6).unwrap();
         let logits = [0.0, 2.0, 1.0, 1.9, -3.0, 0.5];
-        let mut counts = [0usize; 6];
-        for _ in 0..4000 {
-            counts[s.sample_audio(&logits).unwrap() as usize] += 1;
-        }
+        let counts = counts(&mut s, true, &logits, 4000);
         assert_eq!(counts[0] + counts[2] + counts[4] + counts[5], 0);
         // p(1)/p(3) = e^0.1 ≈ 1.105: expect about 2100 vs 1900.
         let ratio = counts[1] as f64 / counts[3] as f64;
@@ -632,17 +646,11 @@ mod tests {
     #[test]
     fn sampling_matches_softmax_distribution() {
         let mut cfg = SamplerConfig::seeded(99);
-        cfg.text = TokenSampling {
-            temperature: 0.5,
-            top_k: 0,
-        };
+        cfg.text = stream(0.5, 0);
         let logits = [0.0f32, 0.3, -0.2, 0.1];
         let mut s = Sampler::new(cfg, 4, 2).unwrap();
         let n = 40_000;
-        let mut counts = [0usize; 4];
-        for _ in 0..n {
-            counts[s.sample_text(&logits).unwrap() as usize] += 1;
-        }
+        let counts = counts(&mut s, false, &logits, n);
         let e: Vec<f64> = logits.iter().map(|&l| (l as f64 / 0.5).exp()).collect();
         let z: f64 = e.iter().sum();
         for i in 0..4 {
@@ -657,18 +665,11 @@ mod tests {
     #[test]
     fn pad_mult_changes_pad_probability() {
         let mut cfg = SamplerConfig::seeded(5);
-        cfg.text = TokenSampling {
-            temperature: 1.0,
-            top_k: 0,
-        };
+        cfg.text = stream(1.0, 0);
         cfg.pad_mult = Some(2.0f32.ln()); // doubles PAD's weight
         let mut s = Sampler::new(cfg, 4, 2).unwrap();
-        let logits = [0.0f32; 4];
         let n = 40_000;
-        let mut pad = 0;
-        for _ in 0..n {
-            pad += (s.sample_text(&logits).unwrap() == 3) as usize;
-        }
+        let pad = counts(&mut s, false, &[0.0f32; 4], n)[3];
         // weights 1,1,1,2 -> p(PAD) = 0.4
         let f = pad as f64 / n as f64;
         assert!((f - 0.4).abs() < 0.0125, "{f}");

@@ -111,12 +111,7 @@ fn stt_stream_from_pcm_matches_oracle() {
 #[test]
 fn word_rules_match_oracle_on_crafted_tokens() {
     let j = events_json("1b");
-    let toks: Vec<u32> = j["crafted_tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_u64().unwrap() as u32)
-        .collect();
+    let toks: Vec<u32> = serde_json::from_value(j["crafted_tokens"].clone()).unwrap();
     let skip = (j["crafted_delay_tokens"].as_u64().unwrap() + j["crafted_prefix"].as_u64().unwrap())
         as usize;
     let mut w = WordAssembler::new(skip, 3, 0, FRAME_RATE);
