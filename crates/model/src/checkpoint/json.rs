@@ -97,22 +97,16 @@ impl<'a> Getter<'a> {
     pub(super) fn usize(&mut self, key: &'a str, d: usize) -> Result<usize, CheckpointError> {
         self.or_default(key, d, as_usize)
     }
-    pub(super) fn opt_usize(
-        &mut self,
-        key: &'a str,
-        d: Option<usize>,
-    ) -> Result<Option<usize>, CheckpointError> {
-        self.or_default(key, d, |k, v| as_usize(k, v).map(Some))
+    /// `key` when set (not missing or null).
+    pub(super) fn opt_usize(&mut self, key: &'a str) -> Result<Option<usize>, CheckpointError> {
+        self.get(key).map(|v| as_usize(key, v)).transpose()
     }
     pub(super) fn f64(&mut self, key: &'a str, d: f64) -> Result<f64, CheckpointError> {
         self.or_default(key, d, as_f64)
     }
-    pub(super) fn opt_f64(
-        &mut self,
-        key: &'a str,
-        d: Option<f64>,
-    ) -> Result<Option<f64>, CheckpointError> {
-        self.or_default(key, d, |k, v| as_f64(k, v).map(Some))
+    /// `key` when set (not missing or null).
+    pub(super) fn opt_f64(&mut self, key: &'a str) -> Result<Option<f64>, CheckpointError> {
+        self.get(key).map(|v| as_f64(key, v)).transpose()
     }
     pub(super) fn bool(&mut self, key: &'a str, d: bool) -> Result<bool, CheckpointError> {
         self.or_default(key, d, as_bool)

@@ -370,12 +370,12 @@ pub(super) fn lm_from_map(obj: &Map<String, Value>) -> Result<LmConfig, Checkpoi
         &g.string("positional_embedding", "sin")?,
     )?;
     let max_period = g.f64("max_period", 10000.0)?;
-    let context = g.opt_usize("context", None)?;
+    let context = g.opt_usize("context")?;
     let causal = g.bool("causal", true)?;
-    let layer_scale = g.opt_f64("layer_scale", None)?;
+    let layer_scale = g.opt_f64("layer_scale")?;
     let kv_repeat = g.usize("kv_repeat", 1)?;
     let text_card = g.usize("text_card", 32000)?;
-    let text_card_out = g.opt_usize("text_card_out", None)?.unwrap_or(text_card);
+    let text_card_out = g.opt_usize("text_card_out")?.unwrap_or(text_card);
     let existing_text_padding_id = g.usize("existing_text_padding_id", 3)? as u32;
     let existing_text_end_padding_id = g.usize("existing_text_end_padding_id", 0)? as u32;
     let card = g.usize("card", 1024)?;
@@ -395,7 +395,7 @@ pub(super) fn lm_from_map(obj: &Map<String, Value>) -> Result<LmConfig, Checkpoi
             })
         }
         _ => g
-            .opt_usize("depformer_dim_feedforward", None)?
+            .opt_usize("depformer_dim_feedforward")?
             .unwrap_or((hidden_scale * depformer_dim as f64) as usize),
     };
     let depformer_gating = match g.opt_string("depformer_gating")? {
@@ -408,11 +408,11 @@ pub(super) fn lm_from_map(obj: &Map<String, Value>) -> Result<LmConfig, Checkpoi
         PosEmb::parse("depformer_pos_emb", &g.string("depformer_pos_emb", "sin")?)?;
     let depformer_max_period = g.f64("depformer_max_period", max_period)?;
     let depformer_layer_scale = if obj.contains_key("depformer_layer_scale") {
-        g.opt_f64("depformer_layer_scale", None)?
+        g.opt_f64("depformer_layer_scale")?
     } else {
         layer_scale
     };
-    let depformer_context = g.opt_usize("depformer_context", None)?;
+    let depformer_context = g.opt_usize("depformer_context")?;
     let extra_heads_num_heads = g.usize("extra_heads_num_heads", 0)?;
     let extra_heads_dim = g.usize("extra_heads_dim", 6)?;
     let unknown: Vec<String> = obj

@@ -266,12 +266,12 @@ impl MimiConfig {
         };
         let dt = &d.transformer;
         let layer_scale = if t.contains_key("layer_scale") {
-            g.opt_f64("layer_scale", None)?
+            g.opt_f64("layer_scale")?
         } else {
             dt.layer_scale
         };
         let context = if t.contains_key("context") {
-            g.opt_usize("context", None)?
+            g.opt_usize("context")?
         } else {
             dt.context
         };
