@@ -43,11 +43,13 @@ use model::sampling::{Sampler, SamplerConfig};
 mod args;
 mod batch;
 mod duplex_batch_gpu;
+mod feed;
 mod on_gpu;
 mod stt;
 
 use args::{settle, stats};
 pub use args::{BenchArgs, What};
+use feed::{duplex_signal, Phases, SessionFeed};
 
 /// The AVX-512 settings each cell is timed with: allowed and forbidden with `--ab-avx512`
 /// (interleaved), else one cell with the default.
@@ -629,16 +631,8 @@ pub(crate) fn duplex_parts(args: &BenchArgs) -> Result<Vec<(String, DuplexParts)
 /// Samples of one thread count of `bench duplex`.
 #[derive(Default, Clone)]
 struct DuplexCell {
-    /// Push of a frame to its answer (the worker's wake-up, the pass, the event queue).
-    e2e: Vec<f64>,
-    /// The pass as the worker timed it (encode + LM + decode).
-    pass: Vec<f64>,
-    encode: Vec<f64>,
-    lm_phase: Vec<f64>,
-    decode: Vec<f64>,
-    resample: Vec<f64>,
-    detok: Vec<f64>,
-    lag: Vec<f64>,
+    /// The frames through the session.
+    phases: Phases,
     /// Timed alone, interleaved with the pass.
     lm_alone: Vec<f64>,
     mimi_alone: Vec<f64>,
@@ -684,66 +678,25 @@ fn bench_duplex(args: &BenchArgs, pools: &[Pool]) -> Result<()> {
                 device: runtime::Device::Cpu { threads: t },
                 kv_dtype: kv,
             })?;
-            let session = runtime::Session::new(
-                engine,
-                runtime::SessionOptions {
-                    output_rate: args.output_rate,
-                    ..Default::default()
-                },
-            )?;
-            let mut runner = session.spawn(16)?;
-            let producer = runner.producer().context("runner producer")?;
-            let events = runner.events().context("runner events")?;
-            sessions.push((runner, producer, events, 0u64));
+            sessions.push(SessionFeed::start(engine, args.output_rate)?);
         }
         let mut gen = LmGen::new(&cpu_model, kv)?;
         let mut sampler = Sampler::new(SamplerConfig::default(), spec.text_card, spec.card)?;
         let user: Vec<u32> = (0..spec.n_user() as u32)
             .map(|i| (100 + 37 * i) % spec.card as u32)
             .collect();
-        let pcm = crate::mimi::test_signal(
-            (frames * args.rounds + 3) * runtime::FRAME_SIZE,
-            runtime::SAMPLE_RATE as usize,
-        );
-        let mut fed = vec![0usize; n];
-        // One frame through the session: push, wait for the answer, recycle its buffers.
-        let mut pass = |pi: usize,
-                        sessions: &mut Vec<(
-            runtime::SessionRunner,
-            runtime::PcmProducer,
-            runtime::EventReceiver,
-            u64,
-        )>|
-         -> Result<(f64, runtime::FrameTimings)> {
-            let (_, producer, events, index) = &mut sessions[pi];
-            let f = fed[pi] % (pcm.len() / runtime::FRAME_SIZE);
-            fed[pi] += 1;
-            let frame = &pcm[f * runtime::FRAME_SIZE..(f + 1) * runtime::FRAME_SIZE];
-            let t = Instant::now();
-            producer.push(frame);
-            let ev = match events.recv() {
-                Some(runtime::Event::Frame(ev)) => ev,
-                Some(other) => bail!("duplex session ended: {other:?}"),
-                None => bail!("duplex session ended"),
-            };
-            let ms = t.elapsed().as_secs_f64() * 1e3;
-            let timings = ev.timings;
-            *index = ev.frame_index + 1;
-            events.recycle(ev);
-            Ok((ms, timings))
-        };
+        let pcm = duplex_signal(frames, args.rounds);
         // Warm-up: three frames per session (call 0 decodes nothing), one LM frame and a few Mimi frames
         // per pool.
         let pool_of = |pi: usize| (args.threads[pi] > 1).then_some(&pools[pi]);
         for (pi, pool) in pools.iter().enumerate() {
             for _ in 0..3 {
-                pass(pi, &mut sessions)?;
+                sessions[pi].pass(&pcm)?;
             }
             gen.step(&cpu_model, &user, &mut sampler, pool)?;
             crate::mimi::time_frames(base.mimi(), 2, pool_of(pi))?;
         }
         let mut cells = vec![DuplexCell::default(); n];
-        let ms = |us: u32| f64::from(us) / 1e3;
         for round in 0..args.rounds {
             for (pi, pool) in pools.iter().enumerate() {
                 let c = &mut cells[pi];
@@ -751,7 +704,7 @@ fn bench_duplex(args: &BenchArgs, pools: &[Pool]) -> Result<()> {
                 // The LM alone at the session's position (its KV window, so attention reads as much).
                 let mut lm = Vec::new();
                 for _ in 0..args.lm_frames.max(1) {
-                    gen.seek_for_bench(sessions[pi].3 as usize);
+                    gen.seek_for_bench(sessions[pi].processed() as usize);
                     let f0 = minor_faults();
                     let d0 = pool.dispatches();
                     let t = Instant::now();
@@ -767,75 +720,56 @@ fn bench_duplex(args: &BenchArgs, pools: &[Pool]) -> Result<()> {
                 c.mimi_dispatches = pool.dispatches().wrapping_sub(d0) / mimi_frames as u32;
                 let mimi: Vec<f64> = e.iter().zip(&d).map(|(a, b)| a + b).collect();
                 settle();
-                let mut e2e = Vec::new();
+                let first = c.phases.e2e.len();
                 for k in 0..frames {
                     let f0 = minor_faults();
-                    let (total, t) = pass(pi, &mut sessions)?;
+                    let (total, t) = sessions[pi].pass(&pcm)?;
                     c.pass_faults.push(minor_faults().saturating_sub(f0) as f64);
                     if args.per_frame {
                         eprintln!(
-                            "frame format={label} threads={} round={round} i={k} e2e={total:.2} pass={:.2} encode={:.2} \
-                             lm={:.2} decode={:.2} resample={:.3} detok={:.3} lag={:.2}",
+                            "frame format={label} threads={} round={round} i={k} {}",
                             args.threads[pi],
-                            ms(t.total_us),
-                            ms(t.encode_us),
-                            ms(t.lm_us),
-                            ms(t.decode_us),
-                            ms(t.resample_us),
-                            ms(t.detok_us),
-                            ms(t.lag_us)
+                            Phases::frame_text(total, &t)
                         );
                     }
-                    e2e.push(total);
-                    c.pass.push(ms(t.total_us));
-                    c.encode.push(ms(t.encode_us));
-                    c.lm_phase.push(ms(t.lm_us));
-                    c.decode.push(ms(t.decode_us));
-                    c.resample.push(ms(t.resample_us));
-                    c.detok.push(ms(t.detok_us));
-                    c.lag.push(ms(t.lag_us));
+                    c.phases.push(total, &t);
                 }
+                let e2e = &c.phases.e2e[first..];
                 c.overhead
-                    .push(stats(&e2e).0 / (stats(&lm).0 + stats(&mimi).0));
-                c.e2e.extend(e2e);
+                    .push(stats(e2e).0 / (stats(&lm).0 + stats(&mimi).0));
                 c.lm_alone.extend(lm);
                 c.mimi_alone.extend(mimi);
             }
         }
         for (pi, c) in cells.iter().enumerate() {
-            let (m, lo, hi) = stats(&c.e2e);
+            let p = &c.phases;
+            let (m, lo, hi) = stats(&p.e2e);
             let (o, olo, ohi) = stats(&c.overhead);
             let med = |v: &[f64]| stats(v).0;
             let parts = med(&c.lm_alone) + med(&c.mimi_alone);
             println!(
                 "result impl=ours what=duplex_frame format={label} threads={} kv={} output_rate={} ms={m:.1} min={lo:.1} \
                  max={hi:.1} n={} pass_ms={:.1} parts_ms={parts:.1} lm_alone_ms={:.1} mimi_alone_ms={:.2} \
-                 overhead={o:.3} overhead_min={olo:.3} overhead_max={ohi:.3} rounds={} encode_ms={:.2} lm_ms={:.1} \
-                 decode_ms={:.2} resample_ms={:.3} detok_ms={:.3} lag_ms={:.1} pos={} lm_dispatches={} \
+                 overhead={o:.3} overhead_min={olo:.3} overhead_max={ohi:.3} rounds={} {} pos={} lm_dispatches={} \
                  mimi_dispatches={} lm_faults={} pass_faults={}",
                 args.threads[pi],
                 kv_name(kv),
                 args.output_rate,
-                c.e2e.len(),
-                med(&c.pass),
+                p.e2e.len(),
+                med(&p.pass),
                 med(&c.lm_alone),
                 med(&c.mimi_alone),
                 c.overhead.len(),
-                med(&c.encode),
-                med(&c.lm_phase),
-                med(&c.decode),
-                med(&c.resample),
-                med(&c.detok),
-                med(&c.lag),
-                sessions[pi].3,
+                p.medians_text(),
+                sessions[pi].processed(),
                 c.lm_dispatches,
                 c.mimi_dispatches,
                 med(&c.lm_faults),
                 med(&c.pass_faults),
             );
         }
-        for (mut runner, _, _, _) in sessions {
-            runner.stop()?;
+        for feed in sessions {
+            feed.stop()?;
         }
     }
     Ok(())

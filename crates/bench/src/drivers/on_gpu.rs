@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use kernels::WeightFormat;
 use model::lm::{Generator, LmError, LmFrame, LmSpec, NoObserver, TensorSource};
 use model::mimi::{CodecBackend, Mimi};
@@ -14,6 +14,7 @@ use model::sampling::{Sampler, SamplerConfig};
 use model::text::SentencePiece;
 
 use super::args::{stats, BenchArgs};
+use super::feed::{duplex_signal, Phases, SessionFeed};
 use crate::lm::SyntheticSource;
 
 /// The profile of the frames of one cell (`--profile`): each frame starts from a cleared profile
@@ -505,122 +506,67 @@ pub(crate) fn bench_duplex_gpu(
         ctx.adapter(),
         t0.elapsed().as_secs_f64()
     );
-    let session = runtime::Session::new(
-        engine,
-        runtime::SessionOptions {
-            output_rate: args.output_rate,
-            ..Default::default()
-        },
-    )?;
-    let mut runner = session.spawn(16)?;
-    let mut producer = runner.producer().context("runner producer")?;
-    let events = runner.events().context("runner events")?;
+    let mut feed = SessionFeed::start(engine, args.output_rate)?;
     let frames = args.duplex_frames.max(1);
-    let pcm = crate::mimi::test_signal(
-        (frames * args.rounds + 3) * runtime::FRAME_SIZE,
-        runtime::SAMPLE_RATE as usize,
-    );
-    let n_frames = pcm.len() / runtime::FRAME_SIZE;
-    let mut fed = 0usize;
-    let mut processed = 0u64;
-    // One frame through the session: push, wait for the answer, recycle its buffers.
-    let mut pass = || -> Result<(f64, runtime::FrameTimings)> {
-        let f = fed % n_frames;
-        fed += 1;
-        let frame = &pcm[f * runtime::FRAME_SIZE..(f + 1) * runtime::FRAME_SIZE];
-        let t = Instant::now();
-        producer.push(frame);
-        let ev = match events.recv() {
-            Some(runtime::Event::Frame(ev)) => ev,
-            Some(other) => bail!("duplex session ended: {other:?}"),
-            None => bail!("duplex session ended"),
-        };
-        let ms = t.elapsed().as_secs_f64() * 1e3;
-        let timings = ev.timings;
-        processed = ev.frame_index + 1;
-        events.recycle(ev);
-        Ok((ms, timings))
-    };
+    let pcm = duplex_signal(frames, args.rounds);
     // Warm-up: three frames (the first decodes nothing).
     for _ in 0..3 {
-        pass()?;
+        feed.pass(&pcm)?;
     }
     let mut prof = FrameProfile::new(&ctx);
-    let ms = |us: u32| f64::from(us) / 1e3;
-    let mut cell = GpuDuplexCell {
-        e2e: Vec::new(),
-        pass: Vec::new(),
-        encode: Vec::new(),
-        lm: Vec::new(),
-        decode: Vec::new(),
-        frames: 0,
-        submissions_per_frame: 0.0,
-        waits_per_frame: 0.0,
-        profile: None,
-    };
-    let (mut resample, mut detok, mut lag) = (Vec::new(), Vec::new(), Vec::new());
+    let mut phases = Phases::default();
     // The profiler's own resolve is not counted; nothing else runs on this context meanwhile.
     let counted = (ctx.submissions(), ctx.waits());
     for round in 0..args.rounds {
         for k in 0..frames {
             prof.begin(&ctx);
-            let (total, t) = pass()?;
+            let (total, t) = feed.pass(&pcm)?;
             prof.end(&ctx)?;
             if args.per_frame {
                 eprintln!(
-                    "frame device=gpu format={label} round={round} i={k} e2e={total:.2} pass={:.2} encode={:.2} \
-                     lm={:.2} decode={:.2} resample={:.3} detok={:.3} lag={:.2}",
-                    ms(t.total_us),
-                    ms(t.encode_us),
-                    ms(t.lm_us),
-                    ms(t.decode_us),
-                    ms(t.resample_us),
-                    ms(t.detok_us),
-                    ms(t.lag_us)
+                    "frame device=gpu format={label} round={round} i={k} {}",
+                    Phases::frame_text(total, &t)
                 );
             }
-            cell.e2e.push(total);
-            cell.pass.push(ms(t.total_us));
-            cell.encode.push(ms(t.encode_us));
-            cell.lm.push(ms(t.lm_us));
-            cell.decode.push(ms(t.decode_us));
-            resample.push(ms(t.resample_us));
-            detok.push(ms(t.detok_us));
-            lag.push(ms(t.lag_us));
+            phases.push(total, &t);
         }
     }
-    let timed = cell.e2e.len().max(1) as f64;
-    cell.submissions_per_frame = (ctx.submissions() - counted.0) as f64 / timed;
-    cell.waits_per_frame = (ctx.waits() - counted.1) as f64 / timed;
-    runner.stop()?;
-    cell.frames = processed;
+    let timed = phases.e2e.len().max(1) as f64;
+    let submissions_per_frame = (ctx.submissions() - counted.0) as f64 / timed;
+    let waits_per_frame = (ctx.waits() - counted.1) as f64 / timed;
+    let processed = feed.processed();
+    feed.stop()?;
+    let p = &phases;
     let med = |v: &[f64]| stats(v).0;
-    let (m, lo, hi) = stats(&cell.e2e);
-    let parts_ms = med(&cell.encode) + med(&cell.lm) + med(&cell.decode);
+    let (m, lo, hi) = stats(&p.e2e);
+    let parts_ms = med(&p.encode) + med(&p.lm) + med(&p.decode);
     println!(
         "result impl=ours what=duplex_frame device=gpu adapter=\"{}\" format={label} threads=1 kv=f32 output_rate={} \
          ms={m:.1} min={lo:.1} max={hi:.1} n={} pass_ms={:.1} parts_ms={parts_ms:.1} overhead={:.3} rounds={} \
-         encode_ms={:.2} lm_ms={:.1} decode_ms={:.2} resample_ms={:.3} detok_ms={:.3} lag_ms={:.1} pos={} \
-         submissions_per_frame={:.1} waits_per_frame={:.1}",
+         {} pos={} submissions_per_frame={:.1} waits_per_frame={:.1}",
         ctx.adapter().name,
         args.output_rate,
-        cell.e2e.len(),
-        med(&cell.pass),
+        p.e2e.len(),
+        med(&p.pass),
         m / parts_ms,
         args.rounds,
-        med(&cell.encode),
-        med(&cell.lm),
-        med(&cell.decode),
-        med(&resample),
-        med(&detok),
-        med(&lag),
-        cell.frames,
-        cell.submissions_per_frame,
-        cell.waits_per_frame,
+        p.medians_text(),
+        processed,
+        submissions_per_frame,
+        waits_per_frame,
     );
     prof.print(&format!("what=duplex_frame format={label}"));
-    cell.profile = prof.report().cloned();
-    Ok(cell)
+    Ok(GpuDuplexCell {
+        e2e: phases.e2e,
+        pass: phases.pass,
+        encode: phases.encode,
+        lm: phases.lm,
+        decode: phases.decode,
+        frames: processed,
+        submissions_per_frame,
+        waits_per_frame,
+        profile: prof.report().cloned(),
+    })
 }
 
 #[cfg(test)]
