@@ -15,38 +15,27 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use futures_util::{SinkExt, StreamExt};
 use server::backend::{BackendInfo, RuntimeBackend};
 use server::{ServeConfig, Server};
 use tokio_tungstenite::tungstenite::Message;
 
+/// The run's size.
+#[derive(Parser)]
 struct Args {
+    /// Concurrent clients (and server slots).
+    #[arg(long, default_value_t = 8)]
     clients: usize,
+    /// How long every client talks.
+    #[arg(long, default_value_t = 30)]
     seconds: u64,
+    /// The model bundle (default: the tiny fixture).
+    #[arg(long, default_value_os_t = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/lm"))]
     bundle: PathBuf,
+    /// CPU threads of the engine.
+    #[arg(long, default_value_t = 1)]
     threads: usize,
-}
-
-fn parse_args() -> Args {
-    let mut a = Args {
-        clients: 8,
-        seconds: 30,
-        bundle: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/lm"),
-        threads: 1,
-    };
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let mut i = 0;
-    while i + 1 < argv.len() {
-        match argv[i].as_str() {
-            "--clients" => a.clients = argv[i + 1].parse().expect("--clients N"),
-            "--seconds" => a.seconds = argv[i + 1].parse().expect("--seconds N"),
-            "--bundle" => a.bundle = PathBuf::from(&argv[i + 1]),
-            "--threads" => a.threads = argv[i + 1].parse().expect("--threads N"),
-            other => panic!("unknown flag {other}"),
-        }
-        i += 2;
-    }
-    a
 }
 
 #[derive(Default)]
@@ -127,7 +116,7 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let a = parse_args();
+    let a = Args::parse();
     let engine = runtime::Engine::open(&a.bundle, runtime::EngineOptions::cpu(a.threads))
         .expect("open bundle");
     let backend = Arc::new(RuntimeBackend::new(

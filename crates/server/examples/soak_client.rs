@@ -11,6 +11,7 @@
 
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::Message;
 
@@ -26,33 +27,21 @@ struct Stats {
     frames_sent: u64,
 }
 
+/// The soak's size.
+#[derive(Parser)]
 struct Args {
+    /// The server's chat route.
+    #[arg(long, default_value = "ws://127.0.0.1:8998/api/chat")]
     url: String,
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 3)]
     clients: usize,
+    /// How long the soak runs, in seconds.
+    #[arg(long, default_value_t = 600)]
     secs: u64,
+    /// How long each session lasts before its client reconnects, in seconds.
+    #[arg(long, default_value_t = 45)]
     session_secs: u64,
-}
-
-fn parse_args() -> Args {
-    let mut a = Args {
-        url: "ws://127.0.0.1:8998/api/chat".into(),
-        clients: 3,
-        secs: 600,
-        session_secs: 45,
-    };
-    let v: Vec<String> = std::env::args().skip(1).collect();
-    let mut i = 0;
-    while i + 1 < v.len() {
-        match v[i].as_str() {
-            "--url" => a.url = v[i + 1].clone(),
-            "--clients" => a.clients = v[i + 1].parse().expect("--clients N"),
-            "--secs" => a.secs = v[i + 1].parse().expect("--secs N"),
-            "--session-secs" => a.session_secs = v[i + 1].parse().expect("--session-secs N"),
-            other => panic!("unknown flag {other}"),
-        }
-        i += 2;
-    }
-    a
 }
 
 /// Voice-like test signal: a gliding tone plus a little deterministic noise.
@@ -151,7 +140,7 @@ async fn session(
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let a = parse_args();
+    let a = Args::parse();
     let deadline = Instant::now() + Duration::from_secs(a.secs);
     let mut handles = Vec::new();
     for c in 0..a.clients {
