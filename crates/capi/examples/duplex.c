@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "moshi_native.h"
 #include "wav.h"
 
@@ -32,15 +33,6 @@ static int write_wav(const char *path, const float *pcm, size_t n, uint32_t rate
     }
     return fclose(f);
 }
-
-#define CHECK(call)                                                                      \
-    do {                                                                                 \
-        MnStatus st_ = (call);                                                           \
-        if (st_ < 0) {                                                                   \
-            fprintf(stderr, "%s failed (%d): %s\n", #call, (int)st_, mn_last_error());   \
-            return 1;                                                                    \
-        }                                                                                \
-    } while (0)
 
 int main(int argc, char **argv) {
     if (argc < 3 || argc > 4) {

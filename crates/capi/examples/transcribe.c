@@ -16,17 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "moshi_native.h"
 #include "wav.h"
-
-#define CHECK(call)                                                                      \
-    do {                                                                                 \
-        MnStatus st_ = (call);                                                           \
-        if (st_ < 0) {                                                                   \
-            fprintf(stderr, "%s failed (%d): %s\n", #call, (int)st_, mn_last_error());   \
-            return 1;                                                                    \
-        }                                                                                \
-    } while (0)
 
 /* A word is printed once its end is known: at its EndWord, or at the start of the next word. */
 typedef struct {
