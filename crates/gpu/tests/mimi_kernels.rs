@@ -522,7 +522,7 @@ fn rvq_search_gives_the_exact_codes() {
     };
     for m in [mimi_sized_quantizer(), common::mimi_fixture_codec()] {
         let w = GpuMimiWeights::upload(&ctx, m.clone()).unwrap();
-        let books = m.codebook_weights();
+        let books = m.rvq_weights();
         let (cb, bins, nq) = (books.cb_dim, m.cardinality(), m.n_codebooks());
         for case in 0..6u64 {
             // Latents near a centroid sum (as the encoder's are) and plain noise.
@@ -552,8 +552,7 @@ fn rvq_decode_matches_reference() {
     };
     for m in [mimi_sized_quantizer(), common::mimi_fixture_codec()] {
         let w = GpuMimiWeights::upload(&ctx, m.clone()).unwrap();
-        let books = m.codebook_weights();
-        let dw = m.decoder_weights();
+        let books = m.rvq_weights();
         let (cb, bins, nq, d) = (
             books.cb_dim,
             m.cardinality(),
@@ -573,8 +572,8 @@ fn rvq_decode_matches_reference() {
                     (0..cb)
                         .map(|j| {
                             let rest: f64 = (1..nq).map(|q| row(q, j)).sum();
-                            dw.first_output_proj[c * cb + j] as f64 * row(0, j)
-                                + dw.rest_output_proj[c * cb + j] as f64 * rest
+                            books.first_output_proj[c * cb + j] as f64 * row(0, j)
+                                + books.rest_output_proj[c * cb + j] as f64 * rest
                         })
                         .sum()
                 })

@@ -143,3 +143,28 @@ fn bad_input_is_refused() {
     assert!(g.decode_frames(&[0], &[0; 8], &mut out[..fs - 1]).is_err());
     assert!(g.encode_frames(&[0], &vec![0.0; fs + 1]).is_err());
 }
+
+/// The device records the model's plan: each broken plan (`model::mimi::broken_plans`: a residual
+/// unit dropped, two transformer layers swapped, on either side) moves the device codec off the
+/// oracle (an encoder's codes, a decoder's samples), with the same launches otherwise; the
+/// model's own plan stays on it (the tests above).
+#[test]
+fn a_broken_plan_fails_parity_on_the_device() {
+    let Some((ctx, m, _, (codes, t), pcm)) = setup() else {
+        return;
+    };
+    let (want_pcm, _) = trace().f32("pcm");
+    for (name, plan) in model::mimi::broken_plans(m.config()) {
+        let broken = Arc::try_unwrap(mimi()).unwrap().with_plan(plan).unwrap();
+        let w = GpuMimiWeights::upload(&ctx, Arc::new(broken)).unwrap();
+        let mut g = GpuMimi::new(w, 1).unwrap();
+        let wrong_codes = encode_all(&mut g, &pcm)
+            .iter()
+            .zip(&codes)
+            .filter(|(a, b)| a != b)
+            .count();
+        let err = max_abs_diff(&decode_all(&mut g, &codes, t), &want_pcm);
+        eprintln!("{name}: {wrong_codes} codes differ, samples {err:e} off");
+        assert!(wrong_codes > 0 || err > 100.0 * TOL, "{name}");
+    }
+}

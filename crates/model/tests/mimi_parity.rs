@@ -4,7 +4,10 @@
 mod mimi_common;
 
 use mimi_common::*;
-use model::mimi::{Layout, MimiDecoder, MimiEncoder, Stage, StreamEncoder};
+use model::mimi::{
+    broken_plans, ConvAt, Layout, Mimi, MimiDecoder, MimiEncoder, MimiError, MimiPlan, Side, Stage,
+    Step, StreamEncoder,
+};
 use testkit::compare::max_abs_diff;
 
 const TOL: f32 = 1e-4;
@@ -258,4 +261,66 @@ fn bf16_transformers_option_stays_close() {
         &tr["pcm"].0,
     );
     assert!(err > exact, "bf16 path should not be bit-identical to f32");
+}
+
+/// The CPU runs its plan: each broken plan ([`broken_plans`]: a residual unit dropped, two
+/// transformer layers swapped, on either side) moves the streaming run off the oracle's trace
+/// and samples, while the model's own plan stays on them; a plan that does not fit the weights is
+/// refused with a typed error.
+#[test]
+fn a_broken_plan_fails_parity_on_the_cpu() {
+    let spec = spec();
+    let (weights, tr, input) = (
+        read_tensors("mimi.safetensors"),
+        read_tensors("trace.safetensors"),
+        input_pcm(),
+    );
+    // The largest distance of the traced tensors and of the samples from the oracle's.
+    let off = |m: Mimi| {
+        let run = run_streaming(&std::sync::Arc::new(m), &input);
+        let d = |name: &str, got: &[f32]| max_abs_diff(got, &tr[name].0);
+        Stage::ALL
+            .map(|s| d(s.name(), &run.tr.get(s.name(), spec.seanet.dimension)))
+            .into_iter()
+            .fold(d("pcm", &run.pcm), f32::max)
+    };
+    let model = || Mimi::from_tensors(&weights, &spec, 8).unwrap();
+    assert!(off(model()) < TOL);
+    for (name, plan) in broken_plans(&spec) {
+        let e = off(model().with_plan(plan).unwrap());
+        eprintln!("{name}: {e:e} from the oracle");
+        assert!(e > 100.0 * TOL, "{name}: {e}");
+    }
+    let unfit = |f: &dyn Fn(&mut MimiPlan)| {
+        let mut p = MimiPlan::new(&spec);
+        f(&mut p);
+        matches!(model().with_plan(p), Err(MimiError::Config(_)))
+    };
+    let down0 = |s: &Step| {
+        matches!(
+            s,
+            Step::Conv {
+                at: ConvAt::Down(0),
+                ..
+            }
+        )
+    };
+    assert!(
+        unfit(&|p| p.encoder.retain(|s| !down0(s))),
+        "channels that do not fit"
+    );
+    assert!(
+        unfit(&|p| {
+            p.encoder.pop();
+        }),
+        "an encoder ending in latents"
+    );
+    let layer0 = Step::Layer {
+        side: Side::Decoder,
+        layer: 0,
+    };
+    assert!(
+        unfit(&|p| p.decoder.insert(5, layer0)),
+        "a layer named twice"
+    );
 }

@@ -431,15 +431,15 @@ impl<'a> Recorder<'a> {
         for q in 0..nq {
             self.launch_grid(
                 MimiKernel::RvqScore,
-                &[cb as u32, bins as u32, q as u32, w.enc.bound.to_bits()],
-                &[u_first, &resid, &w.dec.centroids, &w.enc.stats, &scored],
+                &[cb as u32, bins as u32, q as u32, w.rvq.bound.to_bits()],
+                &[u_first, &resid, &w.rvq.centroids, &w.rvq.stats, &scored],
                 bins,
                 (bins.div_ceil(8) as u32, 1),
             );
             self.launch_grid(
                 MimiKernel::RvqPick,
                 &[cb as u32, bins as u32, nq as u32, q as u32],
-                &[u_rest, &w.dec.centroids, &scored, &resid, codes_out],
+                &[u_rest, &w.rvq.centroids, &scored, &resid, codes_out],
                 1,
                 (1, 1),
             );
@@ -452,7 +452,7 @@ impl<'a> Recorder<'a> {
         let w = self.w;
         let m = &w.mimi;
         let (d, bins, nq) = (m.dimension(), m.cardinality(), m.n_codebooks());
-        let g = &w.dec;
+        let g = &w.rvq;
         self.launch_grid(
             MimiKernel::RvqDecode,
             &[d as u32, w.cb_dim as u32, bins as u32, nq as u32],
@@ -481,96 +481,132 @@ impl<'a> Recorder<'a> {
         self.conv(&r.c2, h, t, ConvOut::Dual(a, ea), true, 0)
     }
 
-    /// The transformer on `io` (`[d, t]` channel-major, in place), its position at `pos`.
-    pub(super) fn transformer(
+    /// Opens a run of `tr`'s layers on `io` (`[d, t]` channel-major): its rows into the run's
+    /// work buffers. Then [`Recorder::transformer_layer`] per layer of the run and
+    /// [`Recorder::transformer_leave`].
+    pub(super) fn transformer_enter(
         &mut self,
         tr: &TransformerGpu,
         io: &SlotBuf,
         t: usize,
-        pos: u32,
-    ) -> Result<(), GpuError> {
+    ) -> Result<TrBufs, GpuError> {
         let (d, ff) = (tr.d, tr.ff);
-        let hd = d / tr.heads;
         if t > tr.context {
             return Err(GpuError::Unsupported {
                 format: "Mimi transformer".into(),
                 why: format!("{t} steps per frame exceed the context {}", tr.context),
             });
         }
-        let x = self.buffer("tr x", t * d)?;
-        let h = self.buffer("tr h", t * d)?;
-        let qkv = self.buffer("tr qkv", t * 3 * d)?;
-        let att = self.buffer("tr att", t * d)?;
-        let f = self.buffer("tr ff", t * ff)?;
-        let counters = self.counters;
+        let b = TrBufs {
+            x: self.buffer("tr x", t * d)?,
+            h: self.buffer("tr h", t * d)?,
+            qkv: self.buffer("tr qkv", t * 3 * d)?,
+            att: self.buffer("tr att", t * d)?,
+            f: self.buffer("tr ff", t * ff)?,
+        };
         self.launch(
             MimiKernel::Transpose,
             &[d as u32, t as u32],
-            &[io, &x],
+            &[io, &b.x],
             t * d,
         );
-        let cap = tr.context;
-        for l in &tr.layers {
-            // A frame writes its entries at the slots its position names before it reads any:
-            // replaying it from the same position needs no copy of the rings (see
-            // `Direction::rings`).
-            self.rings.extend([self.state.len(), self.state.len() + 1]);
-            let kc = self.state("k ring", cap * d)?;
-            let vc = self.state("v ring", cap * d)?;
-            self.layer_norm(&x, (&l.norm1_w, &l.norm1_b), &h, t, d);
-            self.linear(&h, &l.in_proj, &qkv, &l.ls1, (t, d, 3 * d), 0);
-            let rope = [
-                t as u32,
-                d as u32,
-                tr.heads as u32,
-                hd as u32,
-                cap as u32,
-                pos,
-            ];
-            self.launch(
-                MimiKernel::RopeStore,
-                &rope,
-                &[&qkv, &kc, &vc, &tr.freqs, counters],
-                t * d / 2,
-            );
-            let scale = 1.0 / (hd as f32).sqrt();
-            let attn = [
-                t as u32,
-                d as u32,
-                tr.heads as u32,
-                hd as u32,
-                cap as u32,
-                tr.context as u32,
-                pos,
-                scale.to_bits(),
-            ];
-            self.launch_grid(
-                MimiKernel::Attention,
-                &attn,
-                &[&qkv, &kc, &vc, &att, counters],
-                t * tr.heads,
-                (tr.heads as u32, t as u32),
-            );
-            self.linear(&att, &l.out_proj, &x, &l.ls1, (t, d, d), 1);
-            self.layer_norm(&x, (&l.norm2_w, &l.norm2_b), &h, t, d);
-            self.linear(&h, &l.linear1, &f, &l.ls2, (t, d, ff), 2);
-            self.linear(&f, &l.linear2, &x, &l.ls2, (t, ff, d), 1);
-        }
+        Ok(b)
+    }
+
+    /// Layer `l` of `tr` on the run's rows (its own K/V rings), its position at counter `pos`.
+    pub(super) fn transformer_layer(
+        &mut self,
+        tr: &TransformerGpu,
+        b: &TrBufs,
+        l: usize,
+        t: usize,
+        pos: u32,
+    ) -> Result<(), GpuError> {
+        let d = tr.d;
+        let hd = d / tr.heads;
+        let (l, cap) = (&tr.layers[l], tr.context);
+        let counters = self.counters;
+        // A frame writes its entries at the slots its position names before it reads any:
+        // replaying it from the same position needs no copy of the rings (see
+        // `Direction::rings`).
+        self.rings.extend([self.state.len(), self.state.len() + 1]);
+        let kc = self.state("k ring", cap * d)?;
+        let vc = self.state("v ring", cap * d)?;
+        let TrBufs { x, h, qkv, att, f } = b;
+        self.layer_norm(x, (&l.norm1_w, &l.norm1_b), h, t, d);
+        self.linear(h, &l.in_proj, qkv, &l.ls1, (t, d, 3 * d), 0);
+        let rope = [
+            t as u32,
+            d as u32,
+            tr.heads as u32,
+            hd as u32,
+            cap as u32,
+            pos,
+        ];
+        self.launch(
+            MimiKernel::RopeStore,
+            &rope,
+            &[qkv, &kc, &vc, &tr.freqs, counters],
+            t * d / 2,
+        );
+        let scale = 1.0 / (hd as f32).sqrt();
+        let attn = [
+            t as u32,
+            d as u32,
+            tr.heads as u32,
+            hd as u32,
+            cap as u32,
+            tr.context as u32,
+            pos,
+            scale.to_bits(),
+        ];
+        self.launch_grid(
+            MimiKernel::Attention,
+            &attn,
+            &[qkv, &kc, &vc, att, counters],
+            t * tr.heads,
+            (tr.heads as u32, t as u32),
+        );
+        self.linear(att, &l.out_proj, x, &l.ls1, (t, d, d), 1);
+        self.layer_norm(x, (&l.norm2_w, &l.norm2_b), h, t, d);
+        self.linear(h, &l.linear1, f, &l.ls2, (t, d, tr.ff), 2);
+        self.linear(f, &l.linear2, x, &l.ls2, (t, tr.ff, d), 1);
+        Ok(())
+    }
+
+    /// Closes a run: the position at counter `pos` advances by `t` and the rows go back to `io`.
+    pub(super) fn transformer_leave(
+        &mut self,
+        tr: &TransformerGpu,
+        b: &TrBufs,
+        io: &SlotBuf,
+        t: usize,
+        pos: u32,
+    ) {
         self.launch_grid(
             MimiKernel::Advance,
             &[pos, t as u32],
-            &[counters],
+            &[self.counters],
             1,
             (1, 1),
         );
         self.launch(
             MimiKernel::Transpose,
-            &[t as u32, d as u32],
-            &[&x, io],
-            t * d,
+            &[t as u32, tr.d as u32],
+            &[&b.x, io],
+            t * tr.d,
         );
-        Ok(())
     }
+}
+
+/// The work buffers of a run of transformer layers (rows `[t, ·]` per slot).
+#[derive(Debug)]
+pub(super) struct TrBufs {
+    x: SlotBuf,
+    h: SlotBuf,
+    qkv: SlotBuf,
+    att: SlotBuf,
+    f: SlotBuf,
 }
 
 /// A point of a frame whose intermediate a traced frame reads back.

@@ -3,12 +3,12 @@
 //! and outputs), the recorded launches of both directions over all of them, and the host's part
 //! in the encoder's code decisions ([`Decider`]).
 
-use model::mimi::Stage;
+use model::mimi::{ConvAt, Flow, Side, Step};
 
 use super::read_words;
-use super::record::{ConvOut, Direction, Recorder, SlotBuf};
+use super::record::{ConvOut, Direction, Recorder, SlotBuf, TrBufs};
 use super::shaders::MimiKernel;
-use super::weights::{DecoderGpu, EncoderGpu, GpuMimiWeights};
+use super::weights::GpuMimiWeights;
 use super::{storage_usage, COUNTERS, DEC_POS, ENC_FRAMES, ENC_POS};
 use crate::GpuError;
 
@@ -84,9 +84,6 @@ impl Streams {
         let m = &w.mimi;
         let fs = m.frame_size();
         let nq = m.n_codebooks();
-        let d = m.dimension();
-        let s = m.config().resample_stride();
-        let t2 = s;
         let list = ctx.buffer("mimi slot list", ((slots + 1) * 4) as u64, storage_usage())?;
         let io = |label: &str, stride: usize| -> Result<SlotBuf, GpuError> {
             Ok(SlotBuf {
@@ -103,89 +100,24 @@ impl Streams {
         let u_first = io("u first", cb)?;
         let u_rest = io("u rest", cb)?;
 
-        // Decoder: codes → latent [d, 1] → upsample [d, s] → transformer → SEANet → PCM.
-        let dec = {
-            let g = &w.dec;
+        let rec = |side, input: &SlotBuf, output: &SlotBuf| {
             let mut r = Recorder::new(w, slots, &counters, &list)?;
-            let lat = r.buffer("dec latent", d)?;
-            let emb = r.buffer("dec emb", d * t2)?;
-            r.rvq_decode(&codes_in, &lat);
-            r.tap(Stage::DecLatent, &lat, d);
-            r.conv_tr(&g.upsample, &lat, 1, ConvOut::Raw(&emb))?;
-            r.tap(Stage::DecUpsample, &emb, d * t2);
-            r.transformer(&g.transformer, &emb, t2, DEC_POS)?;
-            r.tap(Stage::DecTransformer, &emb, d * t2);
-            let mut sn = Seanet::new(&r, "dec", seanet_dec_sizes(g, t2))?;
-            let mut t = t2;
-            r.conv(&g.conv0, &emb, t, ConvOut::Dual(&sn.a, &sn.ea), false, 0)?;
-            for (up, res) in &g.stages {
-                r.conv_tr(up, &sn.ea, t, ConvOut::Dual(&sn.b, &sn.eb))?;
-                t *= up.shape.stride;
-                sn.next_stage();
-                for blk in res {
-                    r.res(blk, (&sn.a, &sn.ea), &sn.h, t)?;
-                }
+            let latents = (&u_first, &u_rest);
+            record_side(&mut r, side, (input, output), latents)?;
+            if side == Side::Encoder {
+                // The downsample's frames seen (its replicate padding's first frame).
+                r.launch_grid(
+                    MimiKernel::Advance,
+                    &[ENC_FRAMES, 1],
+                    &[&counters],
+                    1,
+                    (1, 1),
+                );
             }
-            if t != fs {
-                return Err(GpuError::Unsupported {
-                    format: "Mimi".into(),
-                    why: format!("the decoder gives {t} samples per frame, not {fs}"),
-                });
-            }
-            r.conv(&g.last, &sn.ea, t, ConvOut::Raw(&pcm_out), false, 0)?;
-            r.finish()?
+            r.finish()
         };
-
-        // Encoder: PCM → SEANet [d, s] → transformer → downsample [d, 1] → projections → search.
-        let enc = {
-            let g = &w.enc;
-            let mut r = Recorder::new(w, slots, &counters, &list)?;
-            let mut sn = Seanet::new(&r, "enc", seanet_enc_sizes(g, fs))?;
-            let emb = r.buffer("enc emb", d * t2)?;
-            let lat = r.buffer("enc latent", d)?;
-            let mut t = fs;
-            r.conv(&g.conv0, &pcm_in, t, ConvOut::Dual(&sn.a, &sn.ea), false, 0)?;
-            for (res, down) in &g.stages {
-                for blk in res {
-                    r.res(blk, (&sn.a, &sn.ea), &sn.h, t)?;
-                }
-                r.conv(down, &sn.ea, t, ConvOut::Dual(&sn.b, &sn.eb), false, 0)?;
-                t /= down.shape.stride;
-                sn.next_stage();
-            }
-            if t != t2 {
-                return Err(GpuError::Unsupported {
-                    format: "Mimi".into(),
-                    why: format!("the encoder gives {t} steps per frame, not {t2}"),
-                });
-            }
-            r.conv(&g.last, &sn.ea, t, ConvOut::Raw(&emb), false, 0)?;
-            r.tap(Stage::EncSeanet, &emb, d * t2);
-            r.transformer(&g.transformer, &emb, t2, ENC_POS)?;
-            r.tap(Stage::EncTransformer, &emb, d * t2);
-            r.conv(
-                &g.downsample,
-                &emb,
-                t2,
-                ConvOut::Raw(&lat),
-                false,
-                ENC_FRAMES,
-            )?;
-            r.tap(Stage::Latent, &lat, d);
-            // [d, 1] is also the row [1, d].
-            // (The stats only fill the unread LayerScale binding.)
-            r.linear(&lat, &g.first_input_proj, &u_first, &g.stats, (1, d, cb), 0);
-            r.linear(&lat, &g.rest_input_proj, &u_rest, &g.stats, (1, d, cb), 0);
-            r.rvq_search(&u_first, &u_rest, &codes_out)?;
-            r.launch_grid(
-                MimiKernel::Advance,
-                &[ENC_FRAMES, 1],
-                &[&counters],
-                1,
-                (1, 1),
-            );
-            r.finish()?
-        };
+        let dec = rec(Side::Decoder, &codes_in, &pcm_out)?;
+        let enc = rec(Side::Encoder, &pcm_in, &codes_out)?;
         Ok(Streams {
             slots,
             list,
@@ -340,32 +272,144 @@ impl Decider {
     }
 }
 
-/// Largest activation (`[C, T]`) and hidden buffer of the SEANet decoder for `t` latent steps.
-fn seanet_dec_sizes(g: &DecoderGpu, t: usize) -> (usize, usize) {
-    let mut t = t;
-    let mut amax = g.conv0.shape.cout * t;
-    let mut hmax = 1;
-    for (up, res) in &g.stages {
-        t *= up.shape.stride;
-        amax = amax.max(up.shape.cout * t);
-        for r in res {
-            hmax = hmax.max(r.c1.shape.cout * t);
+/// Records the steps of `side` of the model's plan (`model::mimi::MimiPlan`, one frame): the
+/// side's `input` (PCM, or codes for the RVQ decode) to its `output` (codes, or PCM), the
+/// encoder's projected latents into `latents` (what the host's exact decision reads back).
+///
+/// The activations move through the SEANet buffers ([`Seanet`]): a step reads `a` (or the
+/// side's input before any step ran) and leaves its output in `a`. The device's fusion: a step
+/// whose next step reads the ELU of its output (a SEANet convolution, a residual unit) writes
+/// that ELU too, once, into `ea`; a plan asking for an ELU where the producer could not write
+/// it is refused. The decoder's last step writes the PCM buffer directly.
+fn record_side(
+    r: &mut Recorder<'_>,
+    side: Side,
+    (input, output): (&SlotBuf, &SlotBuf),
+    (u_first, u_rest): (&SlotBuf, &SlotBuf),
+) -> Result<(), GpuError> {
+    let w = r.w;
+    let m = &w.mimi;
+    let steps = m.plan().side(side);
+    let refuse = |why: String| GpuError::Unsupported {
+        format: "Mimi plan".into(),
+        why,
+    };
+    let flows = m.plan().flow(m, side).map_err(|e| refuse(e.to_string()))?;
+    let per_frame = |f: Flow| match f {
+        Flow::Act { channels, steps } => (channels, steps),
+        Flow::Codes => (0, 1),
+    };
+    let amax = flows.iter().map(|(i, o)| i.values().max(o.values())).max();
+    let hmax = steps
+        .iter()
+        .zip(&flows)
+        .filter_map(|(s, (fin, _))| match s {
+            Step::Res(at) => Some(w.res.get(at)?.c1.shape.cout * per_frame(*fin).1),
+            _ => None,
+        });
+    let dir = if side == Side::Encoder { "enc" } else { "dec" };
+    let sizes = (amax.unwrap_or(1), hmax.max().unwrap_or(1));
+    let mut sn = Seanet::new(r, dir, sizes)?;
+    let last = steps.iter().rposition(|s| !matches!(s, Step::Tap(_)));
+    let mut from_input = side == Side::Encoder;
+    let mut elu_ready = false;
+    let mut run: Option<TrBufs> = None;
+    let mut wrote_output = false;
+    let absent = |s: &Step| refuse(format!("{s:?}: its weights were not uploaded"));
+    for (i, step) in steps.iter().enumerate() {
+        let (c, t) = per_frame(flows[i].0);
+        let next_elu = steps[i + 1..]
+            .iter()
+            .find(|s| !matches!(s, Step::Tap(_)))
+            .is_some_and(Step::reads_elu);
+        let to_output = side == Side::Decoder && Some(i) == last;
+        let out = if to_output {
+            ConvOut::Raw(output)
+        } else if next_elu {
+            ConvOut::Dual(&sn.b, &sn.eb)
+        } else {
+            ConvOut::Raw(&sn.b)
+        };
+        // What a step reads: the side's input, or `a`, or its ELU `ea`.
+        let x = match step.reads_elu() {
+            true if from_input || !elu_ready => {
+                return Err(refuse(format!("{step:?} reads an ELU no step wrote")))
+            }
+            true => &sn.ea,
+            false if from_input => input,
+            false => &sn.a,
+        };
+        let moved = match *step {
+            Step::Conv { at, .. } => {
+                let conv = w.convs.get(&at).ok_or_else(|| absent(step))?;
+                let counter = if at == ConvAt::Downsample {
+                    ENC_FRAMES
+                } else {
+                    0
+                };
+                r.conv(conv, x, t, out, false, counter)?;
+                true
+            }
+            Step::ConvTr { at, .. } => {
+                let conv = w.conv_trs.get(&at).ok_or_else(|| absent(step))?;
+                r.conv_tr(conv, x, t, out)?;
+                true
+            }
+            Step::Res(at) => {
+                let blk = w.res.get(&at).ok_or_else(|| absent(step))?;
+                r.res(blk, (&sn.a, &sn.ea), &sn.h, t)?;
+                elu_ready = true;
+                false
+            }
+            Step::Layer { side: s, layer } => {
+                if from_input {
+                    return Err(refuse(format!("{step:?} reads the side's input")));
+                }
+                let tr = w.transformers.get(&s).ok_or_else(|| absent(step))?;
+                let pos = if s == Side::Encoder { ENC_POS } else { DEC_POS };
+                let b = match run.take() {
+                    Some(b) => b,
+                    None => r.transformer_enter(tr, &sn.a, t)?,
+                };
+                r.transformer_layer(tr, &b, layer, t, pos)?;
+                if matches!(steps.get(i + 1), Some(Step::Layer { .. })) {
+                    run = Some(b);
+                } else {
+                    r.transformer_leave(tr, &b, &sn.a, t, pos);
+                }
+                elu_ready = false;
+                false
+            }
+            Step::RvqEncode => {
+                let (d, cb) = (m.dimension(), w.cb_dim);
+                // [d, 1] is also the row [1, d]. (The stats only fill the unread LayerScale
+                // binding.)
+                let g = &w.rvq;
+                r.linear(x, &g.first_input_proj, u_first, &g.stats, (1, d, cb), 0);
+                r.linear(x, &g.rest_input_proj, u_rest, &g.stats, (1, d, cb), 0);
+                r.rvq_search(u_first, u_rest, output)?;
+                false
+            }
+            Step::RvqDecode => {
+                r.rvq_decode(input, &sn.b);
+                true
+            }
+            Step::Tap(stage) => {
+                r.tap(stage, x, c * t);
+                false
+            }
+        };
+        if moved {
+            sn.next_stage();
+            elu_ready = next_elu;
+            from_input = false;
+            wrote_output |= to_output;
         }
     }
-    (amax, hmax)
-}
-
-/// Largest activation and hidden buffer of the SEANet encoder for `t` samples.
-fn seanet_enc_sizes(g: &EncoderGpu, t: usize) -> (usize, usize) {
-    let mut t = t;
-    let mut amax = g.conv0.shape.cout * t;
-    let mut hmax = 1;
-    for (res, down) in &g.stages {
-        for r in res {
-            hmax = hmax.max(r.c1.shape.cout * t);
-        }
-        t /= down.shape.stride;
-        amax = amax.max(down.shape.cout * t);
+    if side == Side::Decoder && !wrote_output {
+        // The plan ends in a step that works in place: the samples are in `a`.
+        let n = m.frame_size() * m.config().channels;
+        r.launch(MimiKernel::Transpose, &[n as u32, 1], &[&sn.a, output], n);
     }
-    (amax, hmax)
+    Ok(())
 }

@@ -4,7 +4,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use model::mimi::{ConvTrWeights, ConvWeights, Mimi, ResBlockWeights, TransformerWeights};
+use model::mimi::{
+    ConvAt, ConvTrAt, ConvTrWeights, ConvWeights, Mimi, ResAt, ResBlockWeights, Side, Step,
+    TransformerWeights,
+};
 
 use super::shaders::MimiKernel;
 use super::{f32_bytes, MAX_HEAD_DIM};
@@ -57,43 +60,36 @@ pub(super) struct TransformerGpu {
     pub(super) layers: Vec<LayerGpu>,
 }
 
+/// The split RVQ on the device.
 #[derive(Debug)]
-pub(super) struct DecoderGpu {
+pub(super) struct RvqGpu {
+    /// Every codebook in use, `[n_codebooks, bins, cb_dim]` (one copy both directions read).
     pub(super) centroids: wgpu::Buffer,
-    pub(super) first_output_proj: wgpu::Buffer,
-    pub(super) rest_output_proj: wgpu::Buffer,
-    pub(super) upsample: ConvTrGpu,
-    pub(super) transformer: TransformerGpu,
-    pub(super) conv0: ConvGpu,
-    pub(super) stages: Vec<(ConvTrGpu, Vec<ResGpu>)>,
-    pub(super) last: ConvGpu,
-}
-
-#[derive(Debug)]
-pub(super) struct EncoderGpu {
     /// Per centroid: `½‖c‖²` (rounded from f64) and `‖c‖`.
     pub(super) stats: wgpu::Buffer,
     pub(super) first_input_proj: wgpu::Buffer,
     pub(super) rest_input_proj: wgpu::Buffer,
-    pub(super) conv0: ConvGpu,
-    pub(super) stages: Vec<(Vec<ResGpu>, ConvGpu)>,
-    pub(super) last: ConvGpu,
-    pub(super) transformer: TransformerGpu,
-    pub(super) downsample: ConvGpu,
+    pub(super) first_output_proj: wgpu::Buffer,
+    pub(super) rest_output_proj: wgpu::Buffer,
     /// Relative error bound of the search's f32 dot products (see [`rvq_bound`]).
     pub(super) bound: f32,
 }
 
 /// Every Mimi weight in device memory (f32) and the compiled kernels; shared (behind an `Arc`)
-/// by the [`GpuMimi`](crate::GpuMimi) backends of one engine.
+/// by the [`GpuMimi`](crate::GpuMimi) backends of one engine. The layers are kept by the place the
+/// codec's plan ([`MimiPlan`](model::mimi::MimiPlan)) names them with, so the recorder resolves a
+/// step's weights as the CPU does.
 pub struct GpuMimiWeights {
     pub(super) ctx: GpuContext,
     pub(super) mimi: Arc<Mimi>,
     pub(super) kernels:
         HashMap<MimiKernel, (Arc<wgpu::ComputePipeline>, Arc<wgpu::BindGroupLayout>)>,
     pub(super) cb_dim: usize,
-    pub(super) dec: DecoderGpu,
-    pub(super) enc: EncoderGpu,
+    pub(super) convs: HashMap<ConvAt, ConvGpu>,
+    pub(super) conv_trs: HashMap<ConvTrAt, ConvTrGpu>,
+    pub(super) res: HashMap<ResAt, ResGpu>,
+    pub(super) transformers: HashMap<Side, TransformerGpu>,
+    pub(super) rvq: RvqGpu,
     pub(super) weight_bytes: u64,
 }
 
@@ -185,15 +181,11 @@ impl Uploader<'_> {
         self.on_device("convtr", &weight, &c.bias, shape)
     }
 
-    fn res(&self, r: &[ResBlockWeights]) -> Result<Vec<ResGpu>, GpuError> {
-        r.iter()
-            .map(|b| {
-                Ok(ResGpu {
-                    c1: self.conv(&b.c1)?,
-                    c2: self.conv(&b.c2)?,
-                })
-            })
-            .collect()
+    fn res(&self, r: &ResBlockWeights) -> Result<ResGpu, GpuError> {
+        Ok(ResGpu {
+            c1: self.conv(&r.c1)?,
+            c2: self.conv(&r.c2)?,
+        })
     }
 
     fn transformer(&self, t: &TransformerWeights) -> Result<TransformerGpu, GpuError> {
@@ -244,28 +236,12 @@ impl Uploader<'_> {
 }
 
 impl GpuMimiWeights {
-    /// Uploads every weight of `mimi` (as f32) and compiles the kernels (load time).
+    /// Uploads every weight `mimi`'s plan names (as f32, each once) and compiles the kernels
+    /// (load time).
     pub fn upload(ctx: &GpuContext, mimi: Arc<Mimi>) -> Result<Arc<GpuMimiWeights>, GpuError> {
-        // Both directions read the same centroids (one device copy, the decoder's).
-        let books = mimi.codebook_weights();
-        let dw = mimi.decoder_weights();
-        let ew = mimi.encoder_weights();
         let before = ctx.bytes_allocated();
         let up = Uploader { ctx };
-        let dec = DecoderGpu {
-            centroids: up.f32s("centroids", &books.centroids)?,
-            first_output_proj: up.f32s("rvq first output", &dw.first_output_proj)?,
-            rest_output_proj: up.f32s("rvq rest output", &dw.rest_output_proj)?,
-            upsample: up.conv_tr(&dw.upsample)?,
-            transformer: up.transformer(&dw.transformer)?,
-            conv0: up.conv(&dw.conv0)?,
-            stages: dw
-                .stages
-                .iter()
-                .map(|(u, r)| Ok((up.conv_tr(u)?, up.res(r)?)))
-                .collect::<Result<Vec<_>, GpuError>>()?,
-            last: up.conv(&dw.last)?,
-        };
+        let books = mimi.rvq_weights();
         let cb = books.cb_dim;
         let stats: Vec<f32> = books
             .centroids
@@ -275,21 +251,49 @@ impl GpuMimiWeights {
                 [(0.5 * sq) as f32, sq.sqrt() as f32]
             })
             .collect();
-        let enc = EncoderGpu {
+        let rvq = RvqGpu {
+            centroids: up.f32s("centroids", &books.centroids)?,
             stats: up.f32s("centroid stats", &stats)?,
-            first_input_proj: up.f32s("rvq first input", &ew.first_input_proj)?,
-            rest_input_proj: up.f32s("rvq rest input", &ew.rest_input_proj)?,
-            conv0: up.conv(&ew.conv0)?,
-            stages: ew
-                .stages
-                .iter()
-                .map(|(r, d)| Ok((up.res(r)?, up.conv(d)?)))
-                .collect::<Result<Vec<_>, GpuError>>()?,
-            last: up.conv(&ew.last)?,
-            transformer: up.transformer(&ew.transformer)?,
-            downsample: up.conv(&ew.downsample)?,
+            first_input_proj: up.f32s("rvq first input", &books.first_input_proj)?,
+            rest_input_proj: up.f32s("rvq rest input", &books.rest_input_proj)?,
+            first_output_proj: up.f32s("rvq first output", &books.first_output_proj)?,
+            rest_output_proj: up.f32s("rvq rest output", &books.rest_output_proj)?,
             bound: rvq_bound(cb),
         };
+        let (mut convs, mut conv_trs) = (HashMap::new(), HashMap::new());
+        let (mut res, mut transformers) = (HashMap::new(), HashMap::new());
+        let absent = |what: String| GpuError::Unsupported {
+            format: "Mimi plan".into(),
+            why: format!("{what} is not in the model"),
+        };
+        let plan = mimi.plan();
+        for &step in plan.encoder.iter().chain(&plan.decoder) {
+            match step {
+                Step::Conv { at, .. } if !convs.contains_key(&at) => {
+                    let c = mimi
+                        .conv_weights(at)
+                        .ok_or_else(|| absent(format!("{at:?}")))?;
+                    convs.insert(at, up.conv(&c)?);
+                }
+                Step::ConvTr { at, .. } if !conv_trs.contains_key(&at) => {
+                    let c = mimi
+                        .conv_tr_weights(at)
+                        .ok_or_else(|| absent(format!("{at:?}")))?;
+                    conv_trs.insert(at, up.conv_tr(&c)?);
+                }
+                Step::Res(at) if !res.contains_key(&at) => {
+                    let r = mimi
+                        .res_weights(at)
+                        .ok_or_else(|| absent(format!("{at:?}")))?;
+                    res.insert(at, up.res(&r)?);
+                }
+                Step::Layer { side, .. } if !transformers.contains_key(&side) => {
+                    let t = up.transformer(&mimi.transformer_weights(side))?;
+                    transformers.insert(side, t);
+                }
+                _ => {}
+            }
+        }
         let weight_bytes = ctx.bytes_allocated() - before;
         let kernels = MimiKernel::ALL
             .iter()
@@ -300,8 +304,11 @@ impl GpuMimiWeights {
             mimi,
             kernels,
             cb_dim: cb,
-            dec,
-            enc,
+            convs,
+            conv_trs,
+            res,
+            transformers,
+            rvq,
             weight_bytes,
         }))
     }

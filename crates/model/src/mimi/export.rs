@@ -3,6 +3,7 @@
 //! backend defers to when its own arithmetic cannot prove a code.
 
 use super::conv::{Conv1d, ConvTr1d};
+use super::plan::{ConvAt, ConvTrAt, ResAt, Side};
 use super::seanet::ResBlock;
 use super::transformer::Transformer;
 use super::Mimi;
@@ -107,10 +108,10 @@ pub struct TransformerWeights {
     pub layers: Vec<TransformerLayerWeights>,
 }
 
-/// The split RVQ's codebooks, which both directions read (the encoder searches them, the decoder
-/// sums their rows).
+/// The split RVQ's weights, which both directions read (the encoder projects its latent and
+/// searches the codebooks, the decoder sums their rows and projects back).
 #[derive(Debug, Clone)]
-pub struct CodebookWeights {
+pub struct RvqWeights {
     /// Latent width.
     pub dim: usize,
     /// Codebook width.
@@ -119,46 +120,14 @@ pub struct CodebookWeights {
     pub bins: usize,
     /// Centroids of every codebook in use, `[n_codebooks, bins, cb_dim]` (semantic first).
     pub centroids: Vec<f32>,
-}
-
-/// The decoder direction: RVQ decode (with [`CodebookWeights`]) → upsample → transformer → SEANet
-/// decoder.
-#[derive(Debug, Clone)]
-pub struct DecoderWeights {
-    /// Semantic output projection `[dim, cb_dim]`.
-    pub first_output_proj: Vec<f32>,
-    /// Acoustic output projection `[dim, cb_dim]`.
-    pub rest_output_proj: Vec<f32>,
-    /// Depthwise transposed-conv upsample (12.5 → 25 Hz).
-    pub upsample: ConvTrWeights,
-    /// Decoder transformer.
-    pub transformer: TransformerWeights,
-    /// SEANet decoder's first convolution.
-    pub conv0: ConvWeights,
-    /// Per ratio: ELU + transposed conv, then residual units.
-    pub stages: Vec<(ConvTrWeights, Vec<ResBlockWeights>)>,
-    /// ELU + last convolution (to PCM).
-    pub last: ConvWeights,
-}
-
-/// The encoder direction: SEANet encoder → transformer → downsample → split RVQ (with
-/// [`CodebookWeights`]).
-#[derive(Debug, Clone)]
-pub struct EncoderWeights {
     /// Semantic input projection `[cb_dim, dim]`.
     pub first_input_proj: Vec<f32>,
     /// Acoustic input projection `[cb_dim, dim]`.
     pub rest_input_proj: Vec<f32>,
-    /// SEANet encoder's first convolution.
-    pub conv0: ConvWeights,
-    /// Per ratio: residual units, then ELU + strided convolution.
-    pub stages: Vec<(Vec<ResBlockWeights>, ConvWeights)>,
-    /// ELU + last convolution (to the latent width).
-    pub last: ConvWeights,
-    /// Encoder transformer.
-    pub transformer: TransformerWeights,
-    /// Learnt stride-2 downsample (replicate padding).
-    pub downsample: ConvWeights,
+    /// Semantic output projection `[dim, cb_dim]`.
+    pub first_output_proj: Vec<f32>,
+    /// Acoustic output projection `[dim, cb_dim]`.
+    pub rest_output_proj: Vec<f32>,
 }
 
 fn matrix_f32(m: &Matrix) -> Vec<f32> {
@@ -228,11 +197,13 @@ fn transformer(t: &Transformer) -> TransformerWeights {
     }
 }
 
+/// The weights a plan names ([`super::MimiPlan`]), one by place, as f32 arrays (allocates;
+/// load-time only).
 impl Mimi {
-    /// The RVQ codebooks as f32 arrays (allocates; load-time only).
-    pub fn codebook_weights(&self) -> CodebookWeights {
+    /// The split RVQ's codebooks and projections.
+    pub fn rvq_weights(&self) -> RvqWeights {
         let q = &self.quant;
-        CodebookWeights {
+        RvqWeights {
             dim: q.d,
             cb_dim: q.cb_dim,
             bins: q.bins(),
@@ -240,45 +211,31 @@ impl Mimi {
                 .chain(&q.rest.codebooks)
                 .flat_map(|c| c.centroids.iter().copied())
                 .collect(),
-        }
-    }
-
-    /// The decoder's weights as f32 arrays (allocates; load-time only).
-    pub fn decoder_weights(&self) -> DecoderWeights {
-        let q = &self.quant;
-        DecoderWeights {
-            first_output_proj: matrix_f32(&q.first.output_proj),
-            rest_output_proj: matrix_f32(&q.rest.output_proj),
-            upsample: conv_tr(&self.up),
-            transformer: transformer(&self.dec_tr),
-            conv0: conv(&self.decoder.conv0),
-            stages: self
-                .decoder
-                .stages
-                .iter()
-                .map(|(up, rs)| (conv_tr(up), rs.iter().map(res).collect()))
-                .collect(),
-            last: conv(&self.decoder.last),
-        }
-    }
-
-    /// The encoder's weights as f32 arrays (allocates; load-time only).
-    pub fn encoder_weights(&self) -> EncoderWeights {
-        let q = &self.quant;
-        EncoderWeights {
             first_input_proj: matrix_f32(&q.first.input_proj),
             rest_input_proj: matrix_f32(&q.rest.input_proj),
-            conv0: conv(&self.encoder.conv0),
-            stages: self
-                .encoder
-                .stages
-                .iter()
-                .map(|(rs, down)| (rs.iter().map(res).collect(), conv(down)))
-                .collect(),
-            last: conv(&self.encoder.last),
-            transformer: transformer(&self.enc_tr),
-            downsample: conv(&self.down),
+            first_output_proj: matrix_f32(&q.first.output_proj),
+            rest_output_proj: matrix_f32(&q.rest.output_proj),
         }
+    }
+
+    /// The convolution at `at`, if the model has it.
+    pub fn conv_weights(&self, at: ConvAt) -> Option<ConvWeights> {
+        self.conv_at(at).map(conv)
+    }
+
+    /// The transposed convolution at `at`, if the model has it.
+    pub fn conv_tr_weights(&self, at: ConvTrAt) -> Option<ConvTrWeights> {
+        self.conv_tr_at(at).map(conv_tr)
+    }
+
+    /// The residual unit at `at`, if the model has it.
+    pub fn res_weights(&self, at: ResAt) -> Option<ResBlockWeights> {
+        self.res_at(at).map(res)
+    }
+
+    /// A side's transformer.
+    pub fn transformer_weights(&self, side: Side) -> TransformerWeights {
+        transformer(self.transformer(side))
     }
 
     /// The split RVQ's codes for one latent step given its two projected latents (`first`:

@@ -17,28 +17,32 @@ mod backend;
 mod conv;
 mod export;
 mod load;
+mod plan;
 mod quantizer;
 mod seanet;
 mod stream;
 mod transformer;
+mod walk;
 
 pub use backend::{CodecBackend, CpuMimi};
 pub use export::{
-    CodebookWeights, ConvTrWeights, ConvWeights, DecoderWeights, EncoderWeights, ResBlockWeights,
-    TransformerLayerWeights, TransformerWeights,
+    ConvTrWeights, ConvWeights, ResBlockWeights, RvqWeights, TransformerLayerWeights,
+    TransformerWeights,
 };
 pub use load::{F32Tensor, Layout, MimiTensors};
+#[cfg(any(test, feature = "testing"))]
+pub use plan::broken_plans;
+pub use plan::{ConvAt, ConvTrAt, Flow, MimiPlan, ResAt, Side, Step};
 pub use stream::StreamEncoder;
 
-use quantizer::QuantScratch;
-
 use crate::checkpoint::MimiConfig;
-use conv::{Conv1d, ConvState, ConvTr1d, ConvTrState, ConvWork};
+use conv::{Conv1d, ConvTr1d};
 pub use kernels::Pool;
 use quantizer::SplitRvq;
-use seanet::{SeanetDecState, SeanetDecoder, SeanetEncState, SeanetEncoder};
+use seanet::{SeanetDecoder, SeanetEncoder};
 use std::sync::Arc;
-use transformer::{Transformer, TransformerState};
+use transformer::Transformer;
+use walk::SideState;
 
 /// Errors of the Mimi codec.
 #[derive(Debug, thiserror::Error)]
@@ -79,7 +83,7 @@ pub enum MimiError {
 
 /// Intermediate tensors reported to a trace callback, each `[C, T]` channel-major for the
 /// frames of the current call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Stage {
     /// SEANet encoder output `[dim, 2T]` (25 Hz).
     EncSeanet,
@@ -143,6 +147,8 @@ pub struct Mimi {
     up: ConvTr1d,
     quant: SplitRvq,
     layout: Layout,
+    /// The stage list both directions walk (`plan.rs`).
+    plan: MimiPlan,
 }
 
 impl Mimi {
@@ -164,7 +170,7 @@ impl Mimi {
         opts: &MimiOptions,
     ) -> Result<Self, MimiError> {
         let p = load::load_parts(src, config, n_codebooks, opts)?;
-        Ok(Mimi {
+        let m = Mimi {
             config: config.clone(),
             encoder: p.encoder,
             decoder: p.decoder,
@@ -174,7 +180,24 @@ impl Mimi {
             up: p.up,
             quant: p.quant,
             layout: p.layout,
-        })
+            plan: MimiPlan::new(config),
+        };
+        m.plan.check(&m)?;
+        Ok(m)
+    }
+
+    /// The model running `plan` instead of its own (tests of what a backend runs: a plan that
+    /// is not the codec must fail parity). A plan that does not fit the weights is refused
+    /// ([`MimiPlan::flow`]).
+    pub fn with_plan(mut self, plan: MimiPlan) -> Result<Mimi, MimiError> {
+        plan.check(&self)?;
+        self.plan = plan;
+        Ok(self)
+    }
+
+    /// The stage list both directions walk.
+    pub fn plan(&self) -> &MimiPlan {
+        &self.plan
     }
 
     /// Builds the model from opened weights and their config.
@@ -348,39 +371,19 @@ fn check_batch(
 }
 
 /// The encoder of a set of streams: their streaming states and the buffers of one call for
-/// all of them (`chunk` frames per stream at most).
+/// all of them (`chunk` frames per stream at most), walking the plan's encoder steps.
 #[derive(Debug)]
 struct EncoderCore {
     mimi: Arc<Mimi>,
     chunk: usize,
     streams: usize,
-    seanet: SeanetEncState,
-    tr: TransformerState,
-    down: Vec<ConvState>,
-    down_work: ConvWork,
-    quant: QuantScratch,
-    emb: Vec<f32>,
-    lat: Vec<f32>,
-    codes: Vec<u32>,
+    side: SideState,
 }
 
 impl EncoderCore {
     fn new(mimi: Arc<Mimi>, chunk: usize, exact_window: bool, streams: usize) -> Self {
-        let fs = mimi.frame_size();
-        let s = mimi.config.resample_stride();
-        let d = mimi.dimension();
-        let rows = streams * chunk;
-        let mut down_work = ConvWork::default();
-        down_work.fit_conv(&mimi.down, chunk * s, streams);
         EncoderCore {
-            seanet: mimi.encoder.state(chunk * fs, streams),
-            tr: mimi.enc_tr.state(chunk * s, exact_window, streams),
-            down: (0..streams).map(|_| mimi.down.state(chunk * s)).collect(),
-            down_work,
-            quant: mimi.quant.scratch(rows),
-            emb: vec![0.0; d * rows * s],
-            lat: vec![0.0; d * rows],
-            codes: vec![0; mimi.n_codebooks() * rows],
+            side: SideState::new(&mimi, Side::Encoder, chunk, exact_window, streams),
             chunk,
             streams,
             mimi,
@@ -395,40 +398,14 @@ impl EncoderCore {
         pcm: &[f32],
         n: usize,
         pool: Option<&Pool>,
-        mut trace: Trace<'_>,
+        trace: Trace<'_>,
     ) -> &[u32] {
         debug_assert!(n <= self.chunk && active.len() <= self.streams);
-        let m = &*self.mimi;
-        let k = active.len();
-        let fs = m.frame_size();
-        let s = m.config.resample_stride();
-        let d = m.dimension();
-        let t2 = n * s;
-        let emb = &mut self.emb[..d * k * t2];
-        m.encoder.forward(
-            &mut self.seanet,
-            active,
-            &pcm[..k * n * fs],
-            n * fs,
-            emb,
-            pool,
-        );
-        report(&mut trace, Stage::EncSeanet, emb);
-        m.enc_tr.forward(&mut self.tr, active, emb, t2, pool);
-        report(&mut trace, Stage::EncTransformer, emb);
-        let lat = &mut self.lat[..d * k * n];
-        let (down, work) = (&m.down, &mut self.down_work);
-        down.forward(&mut self.down, active, work, emb, t2, false, lat, pool);
-        report(&mut trace, Stage::Latent, lat);
-        let codes = &mut self.codes[..m.n_codebooks() * k * n];
-        m.quant.encode(&mut self.quant, lat, k, n, codes, pool);
-        codes
+        self.side.encode(&self.mimi, active, pcm, n, pool, trace)
     }
 
     fn reset(&mut self, i: usize) {
-        self.seanet.reset(i);
-        self.tr.reset(i);
-        self.down[i].reset();
+        self.side.reset(i);
     }
 }
 
@@ -438,30 +415,13 @@ struct DecoderCore {
     mimi: Arc<Mimi>,
     chunk: usize,
     streams: usize,
-    quant: QuantScratch,
-    lat: Vec<f32>,
-    up: Vec<ConvTrState>,
-    up_work: ConvWork,
-    emb: Vec<f32>,
-    tr: TransformerState,
-    seanet: SeanetDecState,
+    side: SideState,
 }
 
 impl DecoderCore {
     fn new(mimi: Arc<Mimi>, chunk: usize, exact_window: bool, streams: usize) -> Self {
-        let s = mimi.config.resample_stride();
-        let d = mimi.dimension();
-        let rows = streams * chunk;
-        let mut up_work = ConvWork::default();
-        up_work.fit_tr(&mimi.up, chunk, streams);
         DecoderCore {
-            quant: mimi.quant.scratch(rows),
-            lat: vec![0.0; d * rows],
-            up: (0..streams).map(|_| mimi.up.state(chunk)).collect(),
-            up_work,
-            emb: vec![0.0; d * rows * s],
-            tr: mimi.dec_tr.state(chunk * s, exact_window, streams),
-            seanet: mimi.decoder.state(chunk * s, streams),
+            side: SideState::new(&mimi, Side::Decoder, chunk, exact_window, streams),
             chunk,
             streams,
             mimi,
@@ -477,7 +437,7 @@ impl DecoderCore {
         n: usize,
         out: &mut [f32],
         pool: Option<&Pool>,
-        mut trace: Trace<'_>,
+        trace: Trace<'_>,
     ) -> Result<(), MimiError> {
         debug_assert!(n <= self.chunk && active.len() <= self.streams);
         let m = &*self.mimi;
@@ -496,27 +456,12 @@ impl DecoderCore {
                 "code {bad} out of range (codebook size {bins})"
             )));
         }
-        let s = m.config.resample_stride();
-        let d = m.dimension();
-        let lat = &mut self.lat[..d * k * n];
-        m.quant.decode(&mut self.quant, codes, k, n, lat, pool);
-        report(&mut trace, Stage::DecLatent, lat);
-        let t2 = n * s;
-        let emb = &mut self.emb[..d * k * t2];
-        let (up, work) = (&m.up, &mut self.up_work);
-        up.forward(&mut self.up, active, work, lat, n, false, emb, pool);
-        report(&mut trace, Stage::DecUpsample, emb);
-        m.dec_tr.forward(&mut self.tr, active, emb, t2, pool);
-        report(&mut trace, Stage::DecTransformer, emb);
-        m.decoder
-            .forward(&mut self.seanet, active, emb, t2, out, pool);
+        self.side.decode(m, active, codes, n, out, pool, trace);
         Ok(())
     }
 
     fn reset(&mut self, i: usize) {
-        self.up[i].reset();
-        self.tr.reset(i);
-        self.seanet.reset(i);
+        self.side.reset(i);
     }
 }
 

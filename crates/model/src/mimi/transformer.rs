@@ -111,17 +111,12 @@ impl Transformer {
         }
     }
 
-    /// Runs `t` steps of the streams `active`. `io` is `[d, m·t]` (conv layout, stream j's
-    /// steps at `j·t`) on input and output. The linears take the `m·t` rows at once (each weight
-    /// read once per call); attention attends every stream over its own ring, in one call.
-    pub fn forward(
-        &self,
-        st: &mut TransformerState,
-        active: &[usize],
-        io: &mut [f32],
-        t: usize,
-        pool: Option<&Pool>,
-    ) {
+    /// Opens a run of layers on `t` steps of the streams `active`: `io` is `[d, m·t]` (conv
+    /// layout, stream j's steps at `j·t`), taken into rows, and the RoPE angles of the streams'
+    /// positions computed. Then [`Transformer::layer`] per layer of the run and
+    /// [`Transformer::leave`]. The linears take the `m·t` rows at once (each weight read once per
+    /// call); attention attends every stream over its own ring, in one call.
+    pub fn enter(&self, st: &mut TransformerState, active: &[usize], io: &[f32], t: usize) {
         assert!(t <= st.max_t);
         let d = self.d;
         let hd = d / self.heads;
@@ -148,70 +143,91 @@ impl Transformer {
                 }
             }
         }
-        for (l, layer) in self.layers.iter().enumerate() {
-            norm_rows(&st.x, &layer.norm1_w, &layer.norm1_b, &mut st.h, n, d);
-            matmul(
-                &layer.in_proj,
-                &st.h[..n * d],
-                n,
-                &mut st.qkv,
-                pool,
-                &mut st.scratch,
-            );
-            for (j, &sl) in active.iter().enumerate() {
-                let ring = &mut st.streams[sl].kv[l];
-                for s in j * t..(j + 1) * t {
-                    let row = &mut st.qkv[s * 3 * d..(s + 1) * 3 * d];
-                    let (cs, sn) = (
-                        &st.cos[s * half..(s + 1) * half],
-                        &st.sin[s * half..(s + 1) * half],
-                    );
-                    // q then k: 2·heads heads of hd values.
-                    kernels::ops::rope_rotate(&mut row[..2 * d], hd, cs, sn);
-                    ring.push(&row[d..2 * d], &row[2 * d..3 * d]);
-                }
+    }
+
+    /// Layer `l` on the rows [`Transformer::enter`] took, with its own KV ring.
+    pub fn layer(
+        &self,
+        st: &mut TransformerState,
+        l: usize,
+        active: &[usize],
+        t: usize,
+        pool: Option<&Pool>,
+    ) {
+        let layer = &self.layers[l];
+        let d = self.d;
+        let hd = d / self.heads;
+        let half = hd / 2;
+        let n = active.len() * t;
+        norm_rows(&st.x, &layer.norm1_w, &layer.norm1_b, &mut st.h, n, d);
+        matmul(
+            &layer.in_proj,
+            &st.h[..n * d],
+            n,
+            &mut st.qkv,
+            pool,
+            &mut st.scratch,
+        );
+        for (j, &sl) in active.iter().enumerate() {
+            let ring = &mut st.streams[sl].kv[l];
+            for s in j * t..(j + 1) * t {
+                let row = &mut st.qkv[s * 3 * d..(s + 1) * 3 * d];
+                let (cs, sn) = (
+                    &st.cos[s * half..(s + 1) * half],
+                    &st.sin[s * half..(s + 1) * half],
+                );
+                // q then k: 2·heads heads of hd values.
+                kernels::ops::rope_rotate(&mut row[..2 * d], hd, cs, sn);
+                ring.push(&row[d..2 * d], &row[2 * d..3 * d]);
             }
-            // Query p sees the keys still in the ring within its context (see the module doc).
-            // All streams in one call, so the pool gets their (stream, head) pairs at once.
-            let streams = &st.streams;
-            let chunks = Chunks {
-                rings: |j: usize| &streams[active[j]].kv[l],
-                m: active.len(),
-                q: &st.qkv[..n * 3 * d],
-                q_stride: 3 * d,
-                t,
-                context: self.context,
-            };
-            chunks.attend(&mut st.att[..n * d], &mut st.scores, pool);
-            matmul(
-                &layer.out_proj,
-                &st.att[..n * d],
-                n,
-                &mut st.o,
-                pool,
-                &mut st.scratch,
-            );
-            add_scaled(&mut st.x, &layer.ls1, &st.o, n, d);
-            norm_rows(&st.x, &layer.norm2_w, &layer.norm2_b, &mut st.h, n, d);
-            matmul(
-                &layer.linear1,
-                &st.h[..n * d],
-                n,
-                &mut st.f,
-                pool,
-                &mut st.scratch,
-            );
-            gelu(&mut st.f[..n * self.ff], pool);
-            matmul(
-                &layer.linear2,
-                &st.f[..n * self.ff],
-                n,
-                &mut st.o,
-                pool,
-                &mut st.scratch,
-            );
-            add_scaled(&mut st.x, &layer.ls2, &st.o, n, d);
         }
+        // Query p sees the keys still in the ring within its context (see the module doc).
+        // All streams in one call, so the pool gets their (stream, head) pairs at once.
+        let streams = &st.streams;
+        let chunks = Chunks {
+            rings: |j: usize| &streams[active[j]].kv[l],
+            m: active.len(),
+            q: &st.qkv[..n * 3 * d],
+            q_stride: 3 * d,
+            t,
+            context: self.context,
+        };
+        chunks.attend(&mut st.att[..n * d], &mut st.scores, pool);
+        matmul(
+            &layer.out_proj,
+            &st.att[..n * d],
+            n,
+            &mut st.o,
+            pool,
+            &mut st.scratch,
+        );
+        add_scaled(&mut st.x, &layer.ls1, &st.o, n, d);
+        norm_rows(&st.x, &layer.norm2_w, &layer.norm2_b, &mut st.h, n, d);
+        matmul(
+            &layer.linear1,
+            &st.h[..n * d],
+            n,
+            &mut st.f,
+            pool,
+            &mut st.scratch,
+        );
+        gelu(&mut st.f[..n * self.ff], pool);
+        matmul(
+            &layer.linear2,
+            &st.f[..n * self.ff],
+            n,
+            &mut st.o,
+            pool,
+            &mut st.scratch,
+        );
+        add_scaled(&mut st.x, &layer.ls2, &st.o, n, d);
+    }
+
+    /// Closes a run of layers: the streams' positions advance by `t` and the rows go back to
+    /// `io` (`[d, m·t]`).
+    pub fn leave(&self, st: &mut TransformerState, active: &[usize], io: &mut [f32], t: usize) {
+        let d = self.d;
+        let n = active.len() * t;
         for &sl in active {
             st.streams[sl].pos += t;
         }
