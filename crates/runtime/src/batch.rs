@@ -33,7 +33,7 @@ use std::thread;
 use model::sampling::{Sampler, SamplerConfig};
 
 use crate::control::SessionControl;
-use crate::conversation::Conversation;
+use crate::conversation::{Conversation, PassSlots};
 use crate::events::{Counters, Event, FrameEvent, StopReason};
 use crate::fused::FusedFrames;
 use crate::inlet::{Begin, Inlet};
@@ -382,28 +382,20 @@ impl Pass {
         }
     }
 
-    /// Slot `b`'s LM row and sampler back to fresh.
-    fn reset_row(&mut self, b: usize) {
+    /// The slots of whichever pass runs.
+    fn slots(&mut self) -> &mut dyn PassSlots {
         match self {
-            Pass::Split(st) => st.reset_row(b),
-            Pass::Fused(f) => f.reset_row(b),
+            Pass::Split(st) => &mut **st,
+            Pass::Fused(f) => &mut **f,
         }
     }
 
     /// A new conversation in slot `b`: fresh LM row, codec streams and its sampler.
     fn install(&mut self, b: usize, sampler: Sampler) {
-        match self {
-            Pass::Split(st) => {
-                st.reset_row(b);
-                st.reset_codec(b);
-                st.set_sampler(b, sampler);
-            }
-            Pass::Fused(f) => {
-                f.reset_row(b);
-                f.reset_codec(b);
-                f.set_sampler(b, sampler);
-            }
-        }
+        let slots = self.slots();
+        slots.reset_row(b);
+        slots.reset_codec(b);
+        slots.set_sampler(b, sampler);
     }
 }
 
@@ -540,7 +532,7 @@ impl Worker {
         }
         let counters = slot.conv.inlet.counters();
         drop(slot);
-        self.pass.reset_row(b);
+        self.pass.slots().reset_row(b);
         let mut t = self.shared.lock();
         t.info[b].busy = false;
         t.info[b].last = Some(counters);

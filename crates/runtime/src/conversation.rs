@@ -7,6 +7,7 @@
 use std::time::Instant;
 
 use model::lm::LmFrame;
+use model::sampling::Sampler;
 use model::text::Detokenizer;
 
 use crate::engine::Engine;
@@ -15,6 +16,19 @@ use crate::events::FrameEvent;
 use crate::inlet::{Begin, Command, Inlet};
 use crate::resample::OutputResampler;
 use crate::{FRAME_SIZE, N_AUDIO};
+
+/// The slots of a frame pass (the split `Stepper`, the fused `FusedFrames`): what a conversation's commands and
+/// a new conversation in a slot reset.
+pub(crate) trait PassSlots {
+    /// Slot `slot`'s LM side and sampler back to fresh (the other slots continue).
+    fn reset_row(&mut self, slot: usize);
+
+    /// Slot `slot`'s codec streams back to fresh before its next frame.
+    fn reset_codec(&mut self, slot: usize);
+
+    /// Gives slot `slot` its conversation's sampler.
+    fn set_sampler(&mut self, slot: usize, sampler: Sampler);
+}
 
 pub(crate) struct Conversation {
     pub(crate) inlet: Inlet,
@@ -86,6 +100,19 @@ impl Conversation {
             self.interrupt();
         }
         (begin, reset)
+    }
+
+    /// [`Conversation::begin`] for the conversation in slot `slot` of `pass`: a reset resets the slot's LM side,
+    /// then a codec reset due (a reset's or an interrupt's) its codec streams, before the frame is staged.
+    pub(crate) fn begin_in(&mut self, pass: &mut impl PassSlots, slot: usize) -> Begin {
+        let (begin, reset) = self.begin();
+        if reset {
+            pass.reset_row(slot);
+        }
+        if self.take_codec_reset() {
+            pass.reset_codec(slot);
+        }
+        begin
     }
 
     /// The frame [`Inlet::begin`] popped, for the driver to encode.

@@ -20,7 +20,7 @@ use std::time::Instant;
 use model::lm::{LmError, LmFrame};
 use model::sampling::Sampler;
 
-use crate::conversation::{micros as us, Conversation};
+use crate::conversation::{micros as us, Conversation, PassSlots};
 use crate::events::FrameTimings;
 use crate::inlet::Begin;
 use crate::stepper::{lm_error, Phase, PhaseHook};
@@ -114,22 +114,6 @@ impl FusedFrames {
         self.samplers.len()
     }
 
-    /// Give slot `slot` its conversation's sampler.
-    pub(crate) fn set_sampler(&mut self, slot: usize, sampler: Sampler) {
-        self.samplers[slot] = sampler;
-    }
-
-    /// Slot `slot`'s LM side and sampler back to fresh (the other slots continue).
-    pub(crate) fn reset_row(&mut self, slot: usize) {
-        self.backend.reset_lm(slot);
-        self.samplers[slot].reset();
-    }
-
-    /// Slot `slot`'s codec streams back to fresh before its next frame.
-    pub(crate) fn reset_codec(&mut self, slot: usize) {
-        self.backend.reset_codec(slot);
-    }
-
     /// Start a tick: nothing staged.
     pub(crate) fn begin_tick(&mut self) {
         self.staged.clear();
@@ -144,13 +128,7 @@ impl FusedFrames {
     /// codec as they ask) and pops its next frame; on [`Begin::Ready`] the frame is staged
     /// with its forced text token and first-frame rule.
     pub(crate) fn begin(&mut self, slot: usize, conv: &mut Conversation) -> Begin {
-        let (begin, reset) = conv.begin();
-        if reset {
-            self.reset_row(slot);
-        }
-        if conv.take_codec_reset() {
-            self.backend.reset_codec(slot);
-        }
+        let begin = conv.begin_in(self, slot);
         if begin == Begin::Ready {
             let step = FrameStep {
                 force_text: conv.next_forced(),
@@ -242,6 +220,21 @@ impl FusedFrames {
             self.reset_codec(b);
         }
         r
+    }
+}
+
+impl PassSlots for FusedFrames {
+    fn reset_row(&mut self, slot: usize) {
+        self.backend.reset_lm(slot);
+        self.samplers[slot].reset();
+    }
+
+    fn reset_codec(&mut self, slot: usize) {
+        self.backend.reset_codec(slot);
+    }
+
+    fn set_sampler(&mut self, slot: usize, sampler: Sampler) {
+        self.samplers[slot] = sampler;
     }
 }
 

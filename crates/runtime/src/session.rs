@@ -6,7 +6,7 @@ use std::time::Instant;
 use model::sampling::SamplerConfig;
 
 use crate::control::SessionControl;
-use crate::conversation::{micros, Conversation};
+use crate::conversation::{micros, Conversation, PassSlots};
 use crate::engine::Workers;
 use crate::events::{Counters, Event, FrameEvent, FrameTimings, Step};
 use crate::fused::FusedPass;

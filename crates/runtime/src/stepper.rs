@@ -15,7 +15,7 @@ use model::lm::{Generator, LmBackend, LmError, LmFrame, LmObserver};
 use model::mimi::CodecBackend;
 use model::sampling::{Sampler, SamplerConfig, SamplingError};
 
-use crate::conversation::{micros as us, Conversation};
+use crate::conversation::{micros as us, Conversation, PassSlots};
 use crate::engine::Workers;
 use crate::events::FrameTimings;
 use crate::inlet::Begin;
@@ -163,22 +163,6 @@ impl Stepper {
         Ok(())
     }
 
-    /// Give row `row` its conversation's sampler.
-    pub(crate) fn set_sampler(&mut self, row: usize, sampler: Sampler) {
-        self.samplers[row] = sampler;
-    }
-
-    /// Row `row` back to fresh: token cache, LM state and sampler (the other rows continue).
-    pub(crate) fn reset_row(&mut self, row: usize) {
-        self.gen.reset_row(row);
-        self.samplers[row].reset();
-    }
-
-    /// Row `row`'s codec streams back to fresh (the other slots continue).
-    pub(crate) fn reset_codec(&mut self, row: usize) {
-        self.codec.reset(row);
-    }
-
     /// Benchmark helper: every row at call `offset` with KV caches holding `min(offset, context)`
     /// meaningless entries, so a step attends over as many keys as a conversation that long (the
     /// start-up real-time probe, [`crate::realtime::probe`]). Returns row 0's call count after it.
@@ -236,13 +220,7 @@ impl Stepper {
     /// ask) and pop its next frame: what the conversation's inlet found. On [`Begin::Ready`] the frame is
     /// staged for [`Stepper::encode`].
     pub(crate) fn begin(&mut self, row: usize, conv: &mut Conversation) -> Begin {
-        let (begin, reset) = conv.begin();
-        if reset {
-            self.reset_row(row);
-        }
-        if conv.take_codec_reset() {
-            self.codec.reset(row);
-        }
+        let begin = conv.begin_in(self, row);
         if begin == Begin::Ready {
             self.stage(row, conv.input());
         }
@@ -408,5 +386,21 @@ impl Stepper {
             ..*t
         };
         Ok(())
+    }
+}
+
+impl PassSlots for Stepper {
+    /// Token cache, LM state and sampler of row `slot`.
+    fn reset_row(&mut self, slot: usize) {
+        self.gen.reset_row(slot);
+        self.samplers[slot].reset();
+    }
+
+    fn reset_codec(&mut self, slot: usize) {
+        self.codec.reset(slot);
+    }
+
+    fn set_sampler(&mut self, slot: usize, sampler: Sampler) {
+        self.samplers[slot] = sampler;
     }
 }
