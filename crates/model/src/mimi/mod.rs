@@ -370,28 +370,32 @@ fn check_batch(
     Ok(())
 }
 
-/// The encoder of a set of streams: their streaming states and the buffers of one call for
-/// all of them (`chunk` frames per stream at most), walking the plan's encoder steps.
+/// One side of a set of streams: their streaming states and the buffers of one call for all of
+/// them (`chunk` frames per stream at most), walking the plan's steps of that side.
 #[derive(Debug)]
-struct EncoderCore {
+struct Core {
     mimi: Arc<Mimi>,
     chunk: usize,
     streams: usize,
     side: SideState,
 }
 
-impl EncoderCore {
-    fn new(mimi: Arc<Mimi>, chunk: usize, exact_window: bool, streams: usize) -> Self {
-        EncoderCore {
-            side: SideState::new(&mimi, Side::Encoder, chunk, exact_window, streams),
+impl Core {
+    fn new(mimi: Arc<Mimi>, side: Side, chunk: usize, exact_window: bool, streams: usize) -> Self {
+        Core {
+            side: SideState::new(&mimi, side, chunk, exact_window, streams),
             chunk,
             streams,
             mimi,
         }
     }
 
-    /// `n` frames (≤ chunk) of each stream of `active` (`pcm`: stream after stream) → codes
-    /// `[m, nq, n]` (borrowed).
+    fn reset(&mut self, i: usize) {
+        self.side.reset(i);
+    }
+
+    /// Encoder: `n` frames (≤ chunk) of each stream of `active` (`pcm`: stream after stream) →
+    /// codes `[m, nq, n]` (borrowed).
     fn encode_chunk(
         &mut self,
         active: &[usize],
@@ -404,32 +408,8 @@ impl EncoderCore {
         self.side.encode(&self.mimi, active, pcm, n, pool, trace)
     }
 
-    fn reset(&mut self, i: usize) {
-        self.side.reset(i);
-    }
-}
-
-/// The decoder of a set of streams (see [`EncoderCore`]).
-#[derive(Debug)]
-struct DecoderCore {
-    mimi: Arc<Mimi>,
-    chunk: usize,
-    streams: usize,
-    side: SideState,
-}
-
-impl DecoderCore {
-    fn new(mimi: Arc<Mimi>, chunk: usize, exact_window: bool, streams: usize) -> Self {
-        DecoderCore {
-            side: SideState::new(&mimi, Side::Decoder, chunk, exact_window, streams),
-            chunk,
-            streams,
-            mimi,
-        }
-    }
-
-    /// Codes `[m, nq, n]` of the streams `active` → `n` frames each into `out` (stream after
-    /// stream). Codes out of range are refused before any state moves.
+    /// Decoder: codes `[m, nq, n]` of the streams `active` → `n` frames each into `out` (stream
+    /// after stream). Codes out of range are refused before any state moves.
     fn decode_chunk(
         &mut self,
         active: &[usize],
@@ -459,15 +439,11 @@ impl DecoderCore {
         self.side.decode(m, active, codes, n, out, pool, trace);
         Ok(())
     }
-
-    fn reset(&mut self, i: usize) {
-        self.side.reset(i);
-    }
 }
 
 /// The constructor, model accessor and reset of a one-stream wrapper around a core.
 macro_rules! single_stream {
-    ($ty:ident, $core:ident, $what:literal) => {
+    ($ty:ident, $side:expr, $what:literal) => {
         impl $ty {
             #[doc = concat!("A fresh streaming ", $what, " fed one frame per call.")]
             pub fn new(mimi: Arc<Mimi>) -> Self {
@@ -476,7 +452,7 @@ macro_rules! single_stream {
 
             fn with_chunk(mimi: Arc<Mimi>, chunk: usize, exact_window: bool) -> Self {
                 $ty {
-                    core: $core::new(mimi, chunk, exact_window, 1),
+                    core: Core::new(mimi, $side, chunk, exact_window, 1),
                 }
             }
 
@@ -495,12 +471,12 @@ macro_rules! single_stream {
 
 /// The constructor, accessors and per-stream reset of a several-stream wrapper around a core.
 macro_rules! batch_streams {
-    ($ty:ident, $core:ident) => {
+    ($ty:ident, $side:expr) => {
         impl $ty {
             /// `streams` fresh streams.
             pub fn new(mimi: Arc<Mimi>, streams: usize) -> Self {
                 $ty {
-                    core: $core::new(mimi, 1, false, streams.max(1)),
+                    core: Core::new(mimi, $side, 1, false, streams.max(1)),
                 }
             }
 
@@ -527,10 +503,10 @@ macro_rules! batch_streams {
 /// Streaming encoder state (PyTorch `mimi.streaming(1)` + `encode` per frame).
 #[derive(Debug)]
 pub struct MimiEncoder {
-    core: EncoderCore,
+    core: Core,
 }
 
-single_stream!(MimiEncoder, EncoderCore, "encoder");
+single_stream!(MimiEncoder, Side::Encoder, "encoder");
 
 impl MimiEncoder {
     /// Encodes one frame of `frame_size` samples; returns its `n_codebooks` codes
@@ -561,10 +537,10 @@ impl MimiEncoder {
 /// Streaming decoder state (PyTorch `mimi.streaming(1)` + `decode` per frame).
 #[derive(Debug)]
 pub struct MimiDecoder {
-    core: DecoderCore,
+    core: Core,
 }
 
-single_stream!(MimiDecoder, DecoderCore, "decoder");
+single_stream!(MimiDecoder, Side::Decoder, "decoder");
 
 impl MimiDecoder {
     /// Decodes one frame of `n_codebooks` codes into `out` (`frame_size` samples).
@@ -599,10 +575,10 @@ impl MimiDecoder {
 /// gives, whatever the other streams do (which ones run, when they start or reset).
 #[derive(Debug)]
 pub struct MimiBatchEncoder {
-    core: EncoderCore,
+    core: Core,
 }
 
-batch_streams!(MimiBatchEncoder, EncoderCore);
+batch_streams!(MimiBatchEncoder, Side::Encoder);
 
 impl MimiBatchEncoder {
     /// Encodes one frame of each stream in `active` (distinct indices below
@@ -642,10 +618,10 @@ impl MimiBatchEncoder {
 /// `conv.rs`).
 #[derive(Debug)]
 pub struct MimiBatchDecoder {
-    core: DecoderCore,
+    core: Core,
 }
 
-batch_streams!(MimiBatchDecoder, DecoderCore);
+batch_streams!(MimiBatchDecoder, Side::Decoder);
 
 impl MimiBatchDecoder {
     /// Decodes one frame of each stream in `active` (distinct, below
