@@ -36,13 +36,7 @@ fn frames(engine: &Arc<Engine>, frames: usize) -> Vec<FrameEvent> {
     let pcm: Vec<f32> = (0..frames * runtime::FRAME_SIZE)
         .map(|i| 0.3 * (i as f32 * 0.013 * (1.0 + i as f32 * 1e-5)).sin())
         .collect();
-    s.push_pcm(&pcm).unwrap();
-    let mut out = Vec::new();
-    while let runtime::Step::Frame(f) = s.step().unwrap() {
-        let mut f = f.clone();
-        f.timings = Default::default();
-        out.push(f);
-    }
+    let out = runtime::testing::frames_of(&mut s, &pcm).unwrap();
     assert_eq!(out.len(), frames);
     out
 }

@@ -55,6 +55,8 @@ mod runner;
 mod session;
 mod stepper;
 mod stt_driver;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 mod transcriber;
 mod worker;
 

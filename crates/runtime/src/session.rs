@@ -379,13 +379,7 @@ mod tests {
         let pcm: Vec<f32> = (0..frames * FRAME_SIZE)
             .map(|i| 0.3 * (i as f32 * 0.031).sin() * (1.0 + (i as f32 * 0.0007).cos()))
             .collect();
-        s.push_pcm(&pcm).unwrap();
-        let mut out = Vec::new();
-        while let Step::Frame(f) = s.step().unwrap() {
-            let mut f = f.clone();
-            f.timings = Default::default();
-            out.push(f);
-        }
+        let out = crate::testing::frames_of(s, &pcm).unwrap();
         assert_eq!(out.len(), frames);
         out
     }
