@@ -6,8 +6,8 @@
 //! Every kernel has a slot dimension, so a call launches each kernel once for all the slots it
 //! lists, in any order, and reads each weight once per call (the arithmetic is in `shaders`'
 //! docs). The files, by job: `weights` (upload), `record` (the launches of a frame, built once),
-//! `streams` (the per-slot state and the two directions' stage lists), `codec` (the calls),
-//! `shaders` with `wgsl_conv` and `wgsl_codec` (the kernels), `testing` (the kernel tests' entry
+//! `streams` (the per-slot state and the recording of the model's plan, `model::mimi::MimiPlan`),
+//! `codec` (the calls), `shaders` with `wgsl_conv` and `wgsl_codec` (the kernels), `testing` (the kernel tests' entry
 //! points).
 //!
 //! A call is one submission: the decoder takes the listed slots' codes (a `Queue::write_buffer`
@@ -22,7 +22,7 @@
 //! the exactly evaluated distance, the same code the CPU's f64 decision gives for the same
 //! latent. When a level cannot be proven (a near-tie within ~1e-5 relative), the frame's two
 //! projected latents (still in device memory) are read back and the host decides every level
-//! with the CPU's exact f64 search ([`Mimi::rvq_codes_exact`]).
+//! with the CPU's exact f64 search ([`Mimi::rvq_codes_exact`](model::mimi::Mimi::rvq_codes_exact)).
 
 mod codec;
 mod record;

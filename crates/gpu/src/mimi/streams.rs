@@ -1,7 +1,7 @@
 //! [`Streams`]: the device state of a codec's slots (one region per slot in every buffer: the
 //! convolution histories, transposed-convolution tails, K/V rings, counters, work buffers, inputs
-//! and outputs), the recorded launches of both directions over all of them, and the host's part
-//! in the encoder's code decisions ([`Decider`]).
+//! and outputs), the launches of both directions over all of them recorded from the model's plan
+//! ([`record_side`]), and the host's part in the encoder's code decisions ([`Decider`]).
 
 use model::mimi::{ConvAt, Flow, Side, Step};
 

@@ -84,7 +84,7 @@ struct Chain {
     io: Vec<f32>,
 }
 
-/// What [`SideState::each_chain`] runs for one stream: `(its chain, its place j in the call, the
+/// What [`each_chain`] runs for one stream: `(its chain, its place j in the call, the
 /// pool the chain may use)`.
 type ChainFn<'a> = dyn Fn(&mut Chain, usize, Option<&Pool>) + Sync + 'a;
 
@@ -112,7 +112,7 @@ pub(crate) struct SideState {
     /// The high-rate chain's steps ([`CHAIN_MIN`]): per stream, their one-stream states.
     chains: Vec<Chain>,
     /// The convolutions' scratch of the chains run on a pool, one per place in a call, so that
-    /// whichever thread runs a chain finds its scratch grown (see [`SideState::each_chain`]).
+    /// whichever thread runs a chain finds its scratch grown (see [`each_chain`]).
     workspaces: Vec<Workspace>,
     chain: Range<usize>,
     tr: TransformerState,
