@@ -34,6 +34,9 @@ pub struct GpuMatrix {
     cols: usize,
     /// Values per scale group (1 for dense formats: unused).
     group: usize,
+    /// Its first row in the planes of `chunks`: 0, or where it lies in the embedding arena whose
+    /// planes it shares ([`GpuMatrix::member`]).
+    base: usize,
     /// Bytes of the codes plane per row on the device: the checkpoint's row, zero-padded to a
     /// multiple of 16 (only f16/bf16 rows of `cols ≡ 4 mod 8` are padded, by 8 bytes) so that
     /// every row starts on a 16-byte boundary for the matmul's `vec4<u32>` loads.
@@ -83,11 +86,7 @@ impl GpuMatrix {
             why,
         };
         let kind = WeightKind::of(format).ok_or_else(|| unsupported("no kernel".into()))?;
-        let group = match format {
-            WeightFormat::MlxAffine { group, .. } => group,
-            WeightFormat::Q8_0 | WeightFormat::Q4_0 => 32,
-            _ => 1,
-        };
+        let group = group_of(format);
         if !cols.is_multiple_of(4) {
             return Err(unsupported(format!(
                 "{label}: {cols} columns (the kernels need a multiple of 4)"
@@ -178,12 +177,62 @@ impl GpuMatrix {
             format,
             kind,
             bytes,
+            base: 0,
             rows,
             cols,
             group,
             ld_bytes,
             chunks,
         })
+    }
+
+    /// A `[rows, cols]` table of `format` whose planes will be rows `base .. base + rows` of an
+    /// arena ([`GpuMatrix::share_planes`]); `row_bytes` of codes per row (as the checkpoint gives
+    /// them), `bytes` in all. `None` for a format no kernel reads.
+    pub(crate) fn member(
+        format: WeightFormat,
+        (rows, cols): (usize, usize),
+        row_bytes: usize,
+        bytes: usize,
+        base: usize,
+    ) -> Option<GpuMatrix> {
+        Some(GpuMatrix {
+            format,
+            kind: WeightKind::of(format)?,
+            bytes,
+            base,
+            rows,
+            cols,
+            group: group_of(format),
+            ld_bytes: row_bytes.div_ceil(16) * 16,
+            chunks: Vec::new(),
+        })
+    }
+
+    /// Gives a member its arena's planes (the same buffers, the arena's row numbering).
+    pub(crate) fn share_planes(&mut self, arena: &GpuMatrix) {
+        debug_assert_eq!((self.kind, self.ld_bytes), (arena.kind, arena.ld_bytes));
+        self.chunks = arena
+            .chunks
+            .iter()
+            .map(|c| Chunk {
+                row0: c.row0,
+                rows: c.rows,
+                codes: c.codes.clone(),
+                scales: c.scales.clone(),
+                biases: c.biases.clone(),
+            })
+            .collect();
+    }
+
+    /// Whether the two read the same planes (one arena's tables, or one matrix).
+    pub(crate) fn same_planes(&self, other: &GpuMatrix) -> bool {
+        self.chunks.first().map(|c| &c.codes) == other.chunks.first().map(|c| &c.codes)
+    }
+
+    /// Its first row in its planes (0 unless an arena's member).
+    pub(crate) fn base(&self) -> usize {
+        self.base
     }
 
     /// Output rows.
@@ -220,7 +269,8 @@ impl GpuMatrix {
     /// The dispatches of one of the matrix's kernels (one per chunk) over `x` / `y` with `step`
     /// (the step buffer), created once: each is a pipeline, a bind group and a grid. `op` is
     /// [`Module::Matmul`], `y (+)= W x` with what it fuses (a fused norm's weights in `nw` at
-    /// `p.norm_off`), or [`Module::Embed`], `y[b] += row(token(b))` (`x` and `nw` are not read).
+    /// `p.norm_off`), or [`Module::Embed`], `y[b] += Σ_e row_e(token_e(b))` over the entries of
+    /// the map bound as `x` (`lm/embed.rs`; `nw` is not read).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn dispatches(
         &self,
@@ -281,8 +331,17 @@ impl GpuMatrix {
 pub(crate) enum Op {
     /// The matrix product with what it fuses.
     Matmul(Fuse),
-    /// The embedding gather.
+    /// The embedding sum.
     Embed,
+}
+
+/// Values per scale group of `format` (1 for dense formats: unused).
+fn group_of(format: WeightFormat) -> usize {
+    match format {
+        WeightFormat::MlxAffine { group, .. } => group,
+        WeightFormat::Q8_0 | WeightFormat::Q4_0 => 32,
+        _ => 1,
+    }
 }
 
 /// `v` (`rows` rows of `per_row` items: the two halves of a gated matrix) with its rows
@@ -382,35 +441,7 @@ impl GpuContext {
         self.run_and_read(&ds, n as u32, &yb, n * out_rows)
     }
 
-    /// Row `r` of each `tokens[b]` of `m` gathered on the device (`n = tokens.len()` rows, −1 gives
-    /// zeros): the embedding kernel, once (tests).
-    pub fn embed_once(&self, m: &Matrix, tokens: &[i32]) -> Result<Vec<f32>, GpuError> {
-        let n = tokens.len();
-        if n == 0 || n > MAX_ROWS {
-            return Err(GpuError::Runtime(format!("embed_once: {n} tokens")));
-        }
-        let w = GpuMatrix::upload(self, "table", m)?;
-        let mut st = vec![0i32; crate::shaders::step::TOKENS + n];
-        st[0] = n as i32;
-        st[crate::shaders::step::TOKENS..].copy_from_slice(tokens);
-        let step = self.storage_init("step", &i32_bytes(&st))?;
-        let yb = self.buffer(
-            "y",
-            (n * m.cols() * 4) as u64,
-            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
-        )?;
-        let dummy = self.buffer("dummy", 4, wgpu::BufferUsages::STORAGE)?;
-        let p = MatParams {
-            ld_y: m.cols() as u32,
-            tok_base: crate::shaders::step::TOKENS as u32,
-            tok_stride: 1,
-            ..Default::default()
-        };
-        let ds = w.dispatches(self, Op::Embed, &dummy, &yb, &step, &dummy, &p);
-        self.run_and_read(&ds, n as u32, &yb, n * m.cols())
-    }
-
-    fn run_and_read(
+    pub(crate) fn run_and_read(
         &self,
         ds: &[Dispatch],
         n: u32,

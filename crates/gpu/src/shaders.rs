@@ -1,4 +1,4 @@
-//! The WGSL sources. A weight-reading kernel (matrix product, embedding gather) is one body
+//! The WGSL sources. A weight-reading kernel (matrix product, embedding sum) is one body
 //! written once plus a per-format `load4` that dequantizes four consecutive weights of a row from
 //! the checkpoint-format planes ([`kernels::CheckpointParts`]); the other kernels (RMS norm,
 //! attention with RoPE and the KV store, gated SiLU) do not read weights in a quantized format.
@@ -134,7 +134,8 @@ pub enum Module {
     /// The same matrix product reducing with subgroup shuffles: compiled only on a device with
     /// `wgpu::Features::SUBGROUP`, and bit for bit the same results as [`Module::Matmul`].
     MatmulSubgroup(WeightKind, Fuse),
-    /// Embedding-row gather and add with weights of a format.
+    /// The sum of embedding rows of several tables (one matrix's rows: the LM's arena) added
+    /// to the activations, with weights of a format (`shaders/matvec.rs`, `EMBED_BODY`).
     Embed(WeightKind),
     /// RMS norm.
     RmsNorm,
@@ -230,9 +231,10 @@ impl Module {
                 "codes: vec4<u32>, scales: u32, biases: u32, x: vec4<f32>, y: f32, stepb: i32, \
                  nw: vec4<f32>",
             ),
+            // `map`: the entries of the sum (see `EMBED_BODY`).
             Module::Embed(_) => (
                 "P: MatParams",
-                "codes: u32, scales: u32, biases: u32, x: f32, y: f32, stepb: i32",
+                "codes: u32, scales: u32, biases: u32, map: vec4<u32>, y: f32, stepb: i32",
             ),
             Module::RmsNorm => ("M: Misc", "x: f32, w: f32, dst: f32, stepb: i32"),
             Module::Attention => (

@@ -30,7 +30,7 @@ uniform_block! {
 uniform_block! {
     /// The uniform block `P` of a weight-reading dispatch: the chunk's shape (set per chunk by
     /// [`crate::matrix::GpuMatrix::dispatches`], whatever the caller gave), then the caller's
-    /// strides, offsets and token columns. The matmul reads activations as `vec4<f32>`: `ld_x`
+    /// strides and offsets. The matmul reads activations as `vec4<f32>`: `ld_x`
     /// and `x_off` must be multiples of 4.
     pub(crate) struct MatParams {
         pub(crate) rows: u32,
@@ -42,9 +42,6 @@ uniform_block! {
         pub(crate) ld_y: u32,
         pub(crate) y_off: u32,
         pub(crate) accumulate: bool,
-        pub(crate) tok_base: u32,
-        pub(crate) tok_stride: u32,
-        pub(crate) tok_slot: u32,
         /// Words (u32) of the codes plane per row: rows are padded to 16 bytes (see
         /// [`crate::matrix::GpuMatrix::upload`]).
         pub(crate) ld_w: u32,

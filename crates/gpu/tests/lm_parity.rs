@@ -137,9 +137,9 @@ fn a_broken_plan_fails_parity_on_the_device() {
 /// The plan recorded with its fusions: per layer 5 launches (`in_proj` with the norm, attention,
 /// `out_proj` accumulating, `lin_in` with the norm and the gated SiLU, `lin_out` accumulating), 6
 /// when the attention's keys span several chunks (its merge); the temporal step adds one launch
-/// per embedding table, the out norm and the text head, a Depformer step its input projection,
-/// its token embedding and its head. The tiny model's matrices are one chunk each; these are the
-/// counts the recording had before the plan existed.
+/// for the sum of its input embeddings (every table in one arena), the out norm and the text
+/// head, a Depformer step its input projection, its token embedding and its head. The tiny
+/// model's matrices are one chunk each.
 #[test]
 fn the_recorded_plan_fuses_into_five_launches_a_layer() {
     let Some(ctx) = common::context() else { return };
@@ -151,7 +151,7 @@ fn the_recorded_plan_fuses_into_five_launches_a_layer() {
             ..GpuLmOptions::default()
         };
         let g = GpuLm::with_options(w.clone(), 1, opts).unwrap();
-        let temporal = s.num_streams() + per_layer * s.num_layers + 2;
+        let temporal = 1 + per_layer * s.num_layers + 2;
         let dep = 2 + per_layer * s.dep_layers + 1;
         assert_eq!(
             g.dispatches_per_step(),

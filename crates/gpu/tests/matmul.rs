@@ -116,7 +116,7 @@ fn embedding_rows_match_cpu_rows() {
         let (rows, cols) = (21, 128);
         let m = Matrix::encode(f, rows, cols, &common::values(3, rows * cols)).unwrap();
         let tokens = [0, 20, -1, 7, 7, 13, -5, 1];
-        let got = ctx.embed_once(&m, &tokens).unwrap();
+        let got = ctx.embed_sum_once(&[&m], &tokens).unwrap();
         let mut want = vec![0f32; cols];
         for (b, &t) in tokens.iter().enumerate() {
             if t == -1 {
@@ -137,6 +137,89 @@ fn embedding_rows_match_cpu_rows() {
                 }
             }
         }
+    }
+}
+
+/// `Σ_e tables[e][tokens[b·T + e]]` on the CPU: the rows added one table after another onto
+/// zeros, as the LM's plan adds its input embeddings (−1 adds nothing, negative reads row 0).
+fn cpu_embedding_sum(tables: &[Matrix], tokens: &[i32], cols: usize) -> (Vec<f32>, Vec<f32>) {
+    let t = tables.len();
+    let n = tokens.len() / t;
+    let (mut sum, mut mag) = (vec![0f32; n * cols], vec![0f32; n * cols]);
+    let mut row = vec![0f32; cols];
+    for b in 0..n {
+        for (e, m) in tables.iter().enumerate() {
+            let tok = tokens[b * t + e];
+            if tok == -1 {
+                continue;
+            }
+            m.row_f32(tok.max(0) as usize, &mut row);
+            for c in 0..cols {
+                sum[b * cols + c] += row[c];
+                mag[b * cols + c] += row[c].abs();
+            }
+        }
+    }
+    (sum, mag)
+}
+
+/// One embedding sum on `ctx`: `t` tables of `rows(e)` rows and `cols` columns, `n` token rows.
+/// Equal bit for bit to the CPU's sum where the dequantization is exact (f32, f16, bf16, Q8_0,
+/// Q4_0); for MLX affine each dequantized value may differ by one rounding (`s·q + b` with or
+/// without a fused multiply-add), and the additions, made in the same order, by one rounding of
+/// each partial sum: within `(t + 2)·ε·Σ|row values|`.
+fn check_sum(ctx: &GpuContext, f: WeightFormat, rows: &[usize], cols: usize, n: usize, seed: u64) {
+    let tables: Vec<Matrix> = rows
+        .iter()
+        .enumerate()
+        .map(|(e, &r)| {
+            Matrix::encode(f, r, cols, &common::values(seed + e as u64, r * cols)).unwrap()
+        })
+        .collect();
+    let t = tables.len();
+    // Every kind of token: first and last rows, −1, other negatives, repeats.
+    let tokens: Vec<i32> = (0..n * t)
+        .map(|i| {
+            let r = rows[i % t] as i32;
+            match (i as u64 + seed) % 7 {
+                0 => -1,
+                1 => -3,
+                2 => r - 1,
+                _ => ((i as u64 * 2654435761 + seed) % r as u64) as i32,
+            }
+        })
+        .collect();
+    let refs: Vec<&Matrix> = tables.iter().collect();
+    let got = ctx.embed_sum_once(&refs, &tokens).unwrap();
+    let (want, mag) = cpu_embedding_sum(&tables, &tokens, cols);
+    for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+        if matches!(f, WeightFormat::MlxAffine { .. }) {
+            let bound = (t + 2) as f32 * f32::EPSILON * mag[i] + 1e-7;
+            assert!((g - w).abs() <= bound, "{f:?} value {i}: {g} vs {w}");
+        } else {
+            assert_eq!(g.to_bits(), w.to_bits(), "{f:?} {rows:?}x{cols} value {i}");
+        }
+    }
+}
+
+/// The embedding sum of the LM's temporal step (one launch for all its tables) equals the CPU's
+/// sum of the tables' rows in order: at Moshi's shape (17 tables of 4096 columns, fewer rows) on
+/// a device that binds them whole, and at odd shapes on one whose 1 KiB bindings split the arena
+/// into several chunks (each launch adds the entries of its rows, in order).
+#[test]
+fn embedding_sums_match_the_cpu_sum_in_order() {
+    if let Some(whole) = common::context() {
+        for f in FORMATS {
+            let mut rows = vec![9; 16];
+            rows.push(13);
+            check_sum(&whole, f, &rows, 4096, 3, 11);
+        }
+    }
+    let Some(split) = ctx() else { return };
+    for f in FORMATS {
+        let cols = 8 * common::col_unit(f);
+        check_sum(split, f, &[7, 5, 9], cols, 8, 21);
+        check_sum(split, f, &[3], cols, 5, 4);
     }
 }
 

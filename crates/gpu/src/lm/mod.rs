@@ -2,7 +2,8 @@
 //! (one batch's KV rings, work buffers and recorded dispatches; an
 //! [`LmBackend`](model::lm::LmBackend)). The files, by job: this one (upload, buffers),
 //! `record` (the model's [`LmPlan`] recorded as launches: the layer sequence is not restated
-//! here), `stepping` (the steps), `attention` (one attention layer alone, for tests).
+//! here), `embed` (the input embeddings' arena and their one-launch sum), `stepping` (the
+//! steps), `attention` (one attention layer alone, for tests).
 
 use std::sync::Arc;
 
@@ -16,11 +17,13 @@ use crate::sample::SampleStage;
 use crate::shaders::{step, Module, MAX_ROWS};
 use crate::uniforms::Misc;
 use crate::GpuError;
+use embed::Arena;
 use record::{Recorded, Shared, StackBufs};
 
 /// Every LM weight in device memory, in its checkpoint format; shared (behind an `Arc`) by the
 /// backends of one engine. Built from the model's weight table ([`LmTensors::table`]): matrices as
-/// [`GpuMatrix`], RMS-norm weights as offsets into one buffer.
+/// [`GpuMatrix`] (the temporal input embedding tables as rows of one arena, `embed.rs`), RMS-norm
+/// weights as offsets into one buffer.
 #[derive(Debug)]
 pub struct GpuLmWeights {
     ctx: GpuContext,
@@ -107,25 +110,37 @@ impl GpuLmWeights {
             .push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let before = ctx.bytes_allocated();
         let mut norms: Vec<f32> = Vec::new();
+        // The input embedding tables, in the plan's order, go to one arena (`embed.rs`).
+        let names = LmTensors::table(&spec);
+        let mut arena = Arena::new(names.audio_emb.iter().chain([&names.text_emb]));
         let result = t.try_map(
             |m| {
                 let u = parts(m)?;
                 let (rows, cols) = (u.entry.rows(), u.entry.cols());
-                // What the weights need so far, checked against a known budget before this
-                // matrix is allocated.
-                let bytes = (u.parts.codes.len()
-                    + 2 * (u.parts.scales.len() + u.parts.biases.len()))
-                    as u64;
-                ctx.check_total("the LM weights", ctx.bytes_allocated() - before + bytes)?;
-                GpuMatrix::upload_parts(
-                    ctx,
-                    &u.entry.name,
-                    u.format,
-                    rows,
-                    cols,
-                    u.parts,
-                    u.entry.gated,
-                )
+                // What the weights need so far (the arena's size once a table joined it),
+                // checked against a known budget before this matrix is allocated.
+                let need = |bytes: u64| {
+                    let total = ctx.bytes_allocated() - before + bytes;
+                    ctx.check_total("the LM weights", total)
+                };
+                match arena.take(u.entry, u.format, u.parts) {
+                    Ok(member) => need(arena.bytes()).map(|()| member),
+                    Err(p) => {
+                        need(
+                            arena.bytes()
+                                + (p.codes.len() + 2 * (p.scales.len() + p.biases.len())) as u64,
+                        )?;
+                        GpuMatrix::upload_parts(
+                            ctx,
+                            &u.entry.name,
+                            u.format,
+                            rows,
+                            cols,
+                            p,
+                            u.entry.gated,
+                        )
+                    }
+                }
             },
             |v| {
                 // Each norm starts on a 16-byte boundary (the fused matmul reads it as `vec4<f32>`).
@@ -135,7 +150,8 @@ impl GpuLmWeights {
                 Ok(o)
             },
         );
-        let result = result.and_then(|w| {
+        let result = result.and_then(|mut w| {
+            arena.finish(ctx, w.audio_emb.iter_mut().chain([&mut w.text_emb]))?;
             Ok(GpuLmWeights {
                 norms: ctx.storage_init("norms", &f32_bytes(&norms))?,
                 ctx: ctx.clone(),
@@ -524,7 +540,6 @@ impl GpuLm {
         let text_logits_dev =
             ctx.buffer("text_logits", (rows * s.text_card * 4) as u64, storage)?;
         let dep_logits_dev = ctx.buffer("dep_logits", (rows * s.card * 4) as u64, storage)?;
-        let dummy = ctx.buffer("dummy", 4, storage)?;
         let rings = |n: usize, bytes: u64, k: &str, v: &str| {
             (0..n)
                 .map(|_| {
@@ -549,7 +564,6 @@ impl GpuLm {
             step: &step_buf,
             rope: &rope,
             partials: &partials,
-            dummy: &dummy,
             out: &tout,
             prev_base,
         };
@@ -577,7 +591,6 @@ impl GpuLm {
             .flat_map(|(k, v)| [k, v])
             .collect();
         keep.push(partials);
-        keep.push(dummy);
 
         let sample = SampleStage::new(
             &ctx,
@@ -662,6 +675,7 @@ impl GpuLm {
 }
 
 mod attention;
+mod embed;
 mod record;
 mod stepping;
 

@@ -17,6 +17,7 @@
 
 use model::lm::{AttendAt, Buf, LmSpec, LmTensors, MatrixRef, Op, Pass, Token, VectorRef};
 
+use super::embed::{embed_sum, Entry};
 use super::{attention_dispatches, misc_dispatch, AttnBufs, Stack, Work};
 use crate::context::GpuContext;
 use crate::dispatch::{Dispatch, Grid};
@@ -32,6 +33,8 @@ pub(super) struct Recorded {
     pub(super) clears: Vec<wgpu::Buffer>,
     /// The launches, in order.
     pub(super) dispatches: Vec<Dispatch>,
+    /// Buffers only the launches read (the embedding sums' maps).
+    pub(super) keep: Vec<wgpu::Buffer>,
 }
 
 /// What every pass binds besides its stack's buffers.
@@ -46,8 +49,6 @@ pub(super) struct Shared<'a> {
     pub(super) step: &'a wgpu::Buffer,
     pub(super) rope: &'a wgpu::Buffer,
     pub(super) partials: &'a wgpu::Buffer,
-    /// Bound where a kernel does not read (the embedding's `x` and norm weights).
-    pub(super) dummy: &'a wgpu::Buffer,
     /// `transformer_out`.
     pub(super) out: &'a wgpu::Buffer,
     /// Where the step buffer holds the Depformer's previous tokens.
@@ -97,30 +98,43 @@ impl Shared<'_> {
                     rec.clears.push(buf(op, to)?.clone());
                     i += 1;
                 }
-                Op::Embed { table, token, to } => {
-                    let (tok_base, tok_stride, tok_slot) = match token {
-                        Token::Input(s) => (step::TOKENS, self.spec.num_streams(), s),
-                        Token::Previous(_) => (self.prev_base, 1, 0),
-                    };
-                    let p = MatParams {
-                        ld_y: width(to) as u32,
-                        tok_base: tok_base as u32,
-                        tok_stride: tok_stride as u32,
-                        tok_slot: tok_slot as u32,
-                        ..Default::default()
-                    };
-                    let (m, y) = (table.of(self.w), buf(op, to)?);
-                    let d = m.dispatches(
-                        self.ctx,
-                        MatOp::Embed,
-                        self.dummy,
-                        y,
-                        self.step,
-                        self.dummy,
-                        &p,
-                    );
+                Op::Embed { table, to, .. } => {
+                    // The run of embeddings into `to` whose tables share planes (the arena's, in
+                    // its order: a split arena's chunks then add each entry once, in order) is
+                    // one sum (`embed.rs`).
+                    let first = table.of(self.w);
+                    let mut entries = Vec::new();
+                    for op in &ops[i..] {
+                        let Op::Embed {
+                            table: m,
+                            token,
+                            to: t,
+                        } = *op
+                        else {
+                            break;
+                        };
+                        let m = m.of(self.w);
+                        let in_order = entries
+                            .last()
+                            .is_none_or(|e: &Entry<'_>| e.table.base() < m.base());
+                        if t != to || !m.same_planes(first) || !in_order {
+                            break;
+                        }
+                        let (tok_off, tok_stride) = match token {
+                            Token::Input(s) => (step::TOKENS + s, self.spec.num_streams()),
+                            Token::Previous(_) => (self.prev_base, 1),
+                        };
+                        entries.push(Entry {
+                            table: m,
+                            tok_off,
+                            tok_stride,
+                        });
+                    }
+                    let (d, map) =
+                        embed_sum(self.ctx, &entries, buf(op, to)?, self.step, width(to))?;
                     rec.dispatches.extend(d);
-                    i += 1;
+                    rec.keep.push(map);
+                    i += entries.len();
                 }
                 Op::RmsNorm { weight, from, to } if to.is_intermediate() => {
                     // The norm inside the product that reads it, and the gated SiLU inside that

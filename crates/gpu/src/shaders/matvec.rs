@@ -1,5 +1,6 @@
 //! The weight-reading kernels: the matrix product (matvec over the step's `n ≤ 8` rows) and the
-//! embedding gather (one body over a per-format `load4`, one row per token: it stays simple).
+//! embedding sum (one body over a per-format `load4`: a few rows per token row, it stays simple;
+//! its arithmetic is in `lm/embed.rs`).
 //!
 //! # The matvec
 //!
@@ -49,7 +50,8 @@
 //! (`a_j`, `g_j` adjacent, in one workgroup), so the workgroup writes `silu(a_j) · g_j` and
 //! nothing else: the `2·hidden` intermediate is never stored. Per frame that removes 2 norm
 //! launches and 1 gate launch per layer: 32 × 3 = 96 temporal and 8 × 6 × 3 = 144 Depformer,
-//! **724 → 484 launches** (the final norm, read back as `transformer_out`, stays a launch).
+//! **724 → 484 launches** (the final norm, read back as `transformer_out`, stays a launch); the
+//! embedding sum of the temporal step's 17 tables in one launch (`lm/embed.rs`) makes it 468.
 //!
 //! # Arithmetic at Moshi's shapes (`n = 1`, 3.3 TB/s)
 //!
@@ -555,28 +557,36 @@ fn norm_prologue(maxn: usize) -> String {
     s
 }
 
-/// `y[b, y_off + c] += table[token(b)][c]` for the step's `n` rows, when the row's token lies in
-/// this chunk (`row0 .. row0 + rows`); token −1 adds nothing, other negative tokens read row 0
-/// (the host has rejected tokens past the table). `x` is not read.
+/// The embedding sum `y[b, y_off + c] += Σ_e table_e[token_e(b)][c]` for the step's `n` rows,
+/// over the entries of `map` in order (the CPU adds the tables one after another in that order,
+/// so each value sees the same additions). `map[0].x` is the entry count; entry `e` is
+/// `map[1 + e]` = (first row of its table in the bound planes, the table's rows, the step-buffer
+/// index of row 0's token, the index stride per row). The tables of one launch are rows of one
+/// matrix (the LM's embedding arena); an entry adds only when its row lies in this chunk
+/// (`row0 .. row0 + rows`), so the chunks of a split arena, launched in order, add each entry
+/// once. Token −1 adds nothing, other negative tokens read row 0, a token past its table nothing
+/// (the host has rejected those). `y` is read once and written once per value.
 pub(super) const EMBED_BODY: &str = r#"
 fn body(b: u32, k: u32) {
     let n = min(u32(stepb[0]), MAXN);
     if (b >= n || k >= P.cols / 4u) {
         return;
     }
-    let t = stepb[P.tok_base + b * P.tok_stride + P.tok_slot];
-    if (t == -1) {
-        return;
-    }
-    let row = u32(max(t, 0));
-    if (row < P.row0 || row >= P.row0 + P.rows) {
-        return;
-    }
-    let w = load4(row - P.row0, k);
     let o = b * P.ld_y + P.y_off + 4u * k;
-    y[o] = y[o] + w.x;
-    y[o + 1u] = y[o + 1u] + w.y;
-    y[o + 2u] = y[o + 2u] + w.z;
-    y[o + 3u] = y[o + 3u] + w.w;
+    var acc = vec4<f32>(y[o], y[o + 1u], y[o + 2u], y[o + 3u]);
+    let count = map[0].x;
+    for (var e = 0u; e < count; e++) {
+        let m = map[1u + e];
+        let t = stepb[m.z + b * m.w];
+        let tok = u32(max(t, 0));
+        let row = m.x + tok;
+        if (t != -1 && tok < m.y && row >= P.row0 && row < P.row0 + P.rows) {
+            acc = acc + load4(row - P.row0, k);
+        }
+    }
+    y[o] = acc.x;
+    y[o + 1u] = acc.y;
+    y[o + 2u] = acc.z;
+    y[o + 3u] = acc.w;
 }
 "#;
