@@ -324,3 +324,33 @@ fn a_broken_plan_fails_parity_on_the_cpu() {
         "a layer named twice"
     );
 }
+
+/// The place → name table (`model::mimi::tensor_names`, what the loader and any backend reading
+/// the checkpoint itself use) names exactly the fixture checkpoints' tensors, in both layouts:
+/// none missing, none left unread (but the quantizer's `initialized` training flags, which
+/// carry no weight).
+#[test]
+fn the_name_table_names_every_checkpoint_tensor() {
+    use std::collections::BTreeSet;
+    let spec = spec();
+    let canonical = model::mimi::tensor_names(&spec, spec.quantizer.n_q);
+    let weights = |file: &str| -> BTreeSet<String> {
+        read_tensors(file)
+            .into_keys()
+            .filter(|n| !n.ends_with("initialized"))
+            .collect()
+    };
+    let kyutai: BTreeSet<String> = canonical.iter().cloned().collect();
+    assert_eq!(kyutai.len(), canonical.len(), "a name given twice");
+    assert_eq!(kyutai, weights("mimi.safetensors"));
+    let hf: BTreeSet<String> = canonical
+        .iter()
+        .flat_map(|n| match n.strip_suffix("in_proj_weight") {
+            Some(p) => ["q_proj", "k_proj", "v_proj"]
+                .map(|q| Layout::HuggingFace.checkpoint_name(&format!("{p}{q}.weight")))
+                .to_vec(),
+            None => vec![Layout::HuggingFace.checkpoint_name(n)],
+        })
+        .collect();
+    assert_eq!(hf, weights("mimi_hf.safetensors"));
+}

@@ -2,6 +2,8 @@
 //! Hugging Face `transformers` layout (`kyutai/mimi`).
 
 use super::conv::{Conv1d, ConvTr1d};
+use super::names::{codebook_tensors, layer_prefix, rvq_prefix};
+use super::plan::{ConvAt, ConvTrAt, ResAt, Side};
 use super::quantizer::{Codebook, Rvq, SplitRvq};
 use super::seanet::{ResBlock, SeanetDecoder, SeanetEncoder};
 use super::transformer::{Layer, Transformer};
@@ -78,44 +80,7 @@ impl<'a> Loader<'a> {
 
     /// Maps a canonical (Kyutai) name to this checkpoint's name.
     fn map(&self, name: &str) -> String {
-        if self.layout == Layout::Kyutai {
-            return name.to_string();
-        }
-        let mut n = name.to_string();
-        // quantizer first (its `_codebook` part)
-        n = n.replace(
-            "quantizer.rvq_first.vq.layers.",
-            "quantizer.semantic_residual_vector_quantizer.layers.",
-        );
-        n = n.replace(
-            "quantizer.rvq_rest.vq.layers.",
-            "quantizer.acoustic_residual_vector_quantizer.layers.",
-        );
-        n = n.replace(
-            "quantizer.rvq_first.",
-            "quantizer.semantic_residual_vector_quantizer.",
-        );
-        n = n.replace(
-            "quantizer.rvq_rest.",
-            "quantizer.acoustic_residual_vector_quantizer.",
-        );
-        n = n.replace("._codebook.embedding_sum", ".codebook.embed_sum");
-        n = n.replace("._codebook.cluster_usage", ".codebook.cluster_usage");
-        n = n.replace("downsample.conv.conv.conv.", "downsample.conv.");
-        n = n.replace("upsample.convtr.convtr.convtr.", "upsample.conv.");
-        n = n.replace("encoder.model.", "encoder.layers.");
-        n = n.replace("decoder.model.", "decoder.layers.");
-        n = n.replace(".conv.conv.", ".conv.");
-        n = n.replace(".convtr.convtr.", ".conv.");
-        n = n.replace("_transformer.transformer.layers.", "_transformer.layers.");
-        n = n.replace("self_attn.out_proj.", "self_attn.o_proj.");
-        n = n.replace(".linear1.", ".mlp.fc1.");
-        n = n.replace(".linear2.", ".mlp.fc2.");
-        n = n.replace(".norm1.", ".input_layernorm.");
-        n = n.replace(".norm2.", ".post_attention_layernorm.");
-        n = n.replace(".layer_scale_1.", ".self_attn_layer_scale.");
-        n = n.replace(".layer_scale_2.", ".mlp_layer_scale.");
-        n
+        self.layout.checkpoint_name(name)
     }
 
     fn raw(&self, name: &str) -> Result<(Vec<f32>, Vec<usize>), MimiError> {
@@ -224,34 +189,18 @@ fn conv(
 fn resblocks(
     l: &Loader,
     cfg: &MimiConfig,
-    prefix: &str,
-    first_idx: usize,
+    side: Side,
+    stage: usize,
     dim: usize,
 ) -> Result<Vec<ResBlock>, MimiError> {
     let hidden = dim / cfg.seanet.compress;
     (0..cfg.seanet.n_residual_layers)
-        .map(|j| {
-            let idx = first_idx + j;
-            let dil = cfg.seanet.dilation_base.pow(j as u32);
+        .map(|block| {
+            let dil = cfg.seanet.dilation_base.pow(block as u32);
+            let [p1, p3] = ResAt { side, stage, block }.tensor_prefixes(cfg);
             Ok(ResBlock {
-                c1: conv(
-                    l,
-                    &format!("{prefix}.{idx}.block.1.conv.conv"),
-                    dim,
-                    hidden,
-                    cfg.seanet.residual_kernel_size,
-                    1,
-                    dil,
-                )?,
-                c2: conv(
-                    l,
-                    &format!("{prefix}.{idx}.block.3.conv.conv"),
-                    hidden,
-                    dim,
-                    1,
-                    1,
-                    1,
-                )?,
+                c1: conv(l, &p1, dim, hidden, cfg.seanet.residual_kernel_size, 1, dil)?,
+                c2: conv(l, &p3, hidden, dim, 1, 1, 1)?,
             })
         })
         .collect()
@@ -283,14 +232,14 @@ fn weight_matrix(
 fn transformer(
     l: &Loader,
     cfg: &MimiConfig,
-    prefix: &str,
+    side: Side,
     bf16: bool,
 ) -> Result<Transformer, MimiError> {
     let d = cfg.seanet.dimension;
     let ff = cfg.transformer.dim_feedforward;
     let layers = (0..cfg.transformer.num_layers)
         .map(|i| {
-            let p = format!("{prefix}.transformer.layers.{i}.");
+            let p = layer_prefix(side, i);
             let t = |n: &str, s: &[usize]| l.tensor(&format!("{p}{n}"), s);
             let mat = |n: &str, r: usize, c: usize| -> Result<Matrix, MimiError> {
                 weight_matrix(r, c, t(n, &[r, c])?, bf16)
@@ -323,12 +272,20 @@ fn transformer(
     })
 }
 
-fn rvq(l: &Loader, cfg: &MimiConfig, prefix: &str, n: usize) -> Result<Rvq, MimiError> {
+/// The semantic (`first`) or acoustic quantizer; `levels` are its codebooks' levels in the
+/// split RVQ (0 is the semantic one).
+fn rvq(
+    l: &Loader,
+    cfg: &MimiConfig,
+    first: bool,
+    levels: std::ops::Range<usize>,
+) -> Result<Rvq, MimiError> {
     let (d, cd, bins) = (
         cfg.seanet.dimension,
         cfg.quantizer.dimension,
         cfg.quantizer.bins,
     );
+    let prefix = rvq_prefix(first);
     let merr = |e: kernels::KernelError| MimiError::Config(format!("{prefix}: {e}"));
     let input_proj = Matrix::from_f32(
         cd,
@@ -342,11 +299,11 @@ fn rvq(l: &Loader, cfg: &MimiConfig, prefix: &str, n: usize) -> Result<Rvq, Mimi
         l.tensor(&format!("{prefix}.output_proj.weight"), &[d, cd, 1])?,
     )
     .map_err(merr)?;
-    let codebooks = (0..n)
-        .map(|j| {
-            let p = format!("{prefix}.vq.layers.{j}._codebook");
-            let sum = l.tensor(&format!("{p}.embedding_sum"), &[bins, cd])?;
-            let usage = l.tensor(&format!("{p}.cluster_usage"), &[bins])?;
+    let codebooks = levels
+        .map(|level| {
+            let [sum, usage] = codebook_tensors(level);
+            let sum = l.tensor(&sum, &[bins, cd])?;
+            let usage = l.tensor(&usage, &[bins])?;
             Codebook::from_sums(bins, cd, &sum, &usage)
         })
         .collect::<Result<Vec<_>, MimiError>>()?;
@@ -373,47 +330,22 @@ pub(crate) fn load_parts(
     }
     let l = Loader::new(src)?.with_heads(cfg.transformer.num_heads);
     let nf = cfg.seanet.n_filters;
-    let nres = cfg.seanet.n_residual_layers;
+    let (enc, dec) = (Side::Encoder, Side::Decoder);
+    let at = |a: ConvAt| a.tensor_prefix(cfg);
     // encoder
-    let conv0 = conv(
-        &l,
-        "encoder.model.0.conv.conv",
-        cfg.channels,
-        nf,
-        cfg.seanet.kernel_size,
-        1,
-        1,
-    )?;
-    let mut idx = 1;
+    let (k, last_k) = (cfg.seanet.kernel_size, cfg.seanet.last_kernel_size);
+    let conv0 = conv(&l, &at(ConvAt::Conv0(enc)), cfg.channels, nf, k, 1, 1)?;
     let mut mult = 1;
     let mut stages = Vec::new();
-    for &r in cfg.seanet.ratios.iter().rev() {
+    for (i, &r) in cfg.seanet.ratios.iter().rev().enumerate() {
         let dim = mult * nf;
-        let res = resblocks(&l, cfg, "encoder.model", idx, dim)?;
-        idx += nres + 1; // resblocks + ELU
-        let down = conv(
-            &l,
-            &format!("encoder.model.{idx}.conv.conv"),
-            dim,
-            dim * 2,
-            2 * r,
-            r,
-            1,
-        )?;
-        idx += 1;
+        let res = resblocks(&l, cfg, enc, i, dim)?;
+        let down = conv(&l, &at(ConvAt::Down(i)), dim, dim * 2, 2 * r, r, 1)?;
         mult *= 2;
         stages.push((res, down));
     }
-    idx += 1; // ELU
-    let last = conv(
-        &l,
-        &format!("encoder.model.{idx}.conv.conv"),
-        mult * nf,
-        cfg.seanet.dimension,
-        cfg.seanet.last_kernel_size,
-        1,
-        1,
-    )?;
+    let d = cfg.seanet.dimension;
+    let last = conv(&l, &at(ConvAt::Last(enc)), mult * nf, d, last_k, 1, 1)?;
     let encoder = SeanetEncoder {
         conv0,
         stages,
@@ -421,53 +353,34 @@ pub(crate) fn load_parts(
     };
     // decoder
     let mut mult = 1 << cfg.seanet.ratios.len();
-    let conv0 = conv(
-        &l,
-        "decoder.model.0.conv.conv",
-        cfg.seanet.dimension,
-        mult * nf,
-        cfg.seanet.kernel_size,
-        1,
-        1,
-    )?;
-    let mut idx = 1;
+    let conv0 = conv(&l, &at(ConvAt::Conv0(dec)), d, mult * nf, k, 1, 1)?;
     let mut stages = Vec::new();
-    for &r in &cfg.seanet.ratios {
-        idx += 1; // ELU
+    for (i, &r) in cfg.seanet.ratios.iter().enumerate() {
         let (cin, cout) = (mult * nf, mult * nf / 2);
-        let p = format!("decoder.model.{idx}.convtr.convtr");
+        let p = ConvTrAt::Up(i).tensor_prefix(cfg);
         let w = l.tensor(&format!("{p}.weight"), &[cin, cout, 2 * r])?;
         let b = l.tensor(&format!("{p}.bias"), &[cout])?;
         let up = ConvTr1d::from_torch(cin, cout, 2 * r, r, false, &w, Some(b))?;
-        idx += 1;
-        let res = resblocks(&l, cfg, "decoder.model", idx, cout)?;
-        idx += nres;
+        let res = resblocks(&l, cfg, dec, i, cout)?;
         mult /= 2;
         stages.push((up, res));
     }
-    idx += 1; // ELU
-    let last = conv(
-        &l,
-        &format!("decoder.model.{idx}.conv.conv"),
-        nf,
-        cfg.channels,
-        cfg.seanet.last_kernel_size,
-        1,
-        1,
-    )?;
+    let last = conv(&l, &at(ConvAt::Last(dec)), nf, cfg.channels, last_k, 1, 1)?;
     let decoder = SeanetDecoder {
         conv0,
         stages,
         last,
     };
     // transformers
-    let enc_tr = transformer(&l, cfg, "encoder_transformer", opts.bf16_transformers)?;
-    let dec_tr = transformer(&l, cfg, "decoder_transformer", opts.bf16_transformers)?;
+    let enc_tr = transformer(&l, cfg, enc, opts.bf16_transformers)?;
+    let dec_tr = transformer(&l, cfg, dec, opts.bf16_transformers)?;
     // resampling
-    let d = cfg.seanet.dimension;
     let s = cfg.resample_stride();
     let down = if s > 1 {
-        let w = l.tensor("downsample.conv.conv.conv.weight", &[d, d, 2 * s])?;
+        let w = l.tensor(
+            &format!("{}.weight", at(ConvAt::Downsample)),
+            &[d, d, 2 * s],
+        )?;
         Conv1d::new(d, d, 2 * s, s, 1, w, None, true)?
     } else {
         // No resampling when the encoder rate equals the frame rate: identity 1×1 conv.
@@ -478,7 +391,8 @@ pub(crate) fn load_parts(
         Conv1d::new(d, d, 1, 1, 1, w, None, false)?
     };
     let up = if s > 1 {
-        let w = l.tensor("upsample.convtr.convtr.convtr.weight", &[d, 1, 2 * s])?;
+        let p = ConvTrAt::Upsample.tensor_prefix(cfg);
+        let w = l.tensor(&format!("{p}.weight"), &[d, 1, 2 * s])?;
         ConvTr1d::from_torch(d, d, 2 * s, s, true, &w, None)?
     } else {
         ConvTr1d::from_torch(d, d, 1, 1, true, &vec![1.0; d], None)?
@@ -487,8 +401,8 @@ pub(crate) fn load_parts(
     let quant = SplitRvq {
         d,
         cb_dim: cfg.quantizer.dimension,
-        first: rvq(&l, cfg, "quantizer.rvq_first", 1)?,
-        rest: rvq(&l, cfg, "quantizer.rvq_rest", n_codebooks - 1)?,
+        first: rvq(&l, cfg, true, 0..1)?,
+        rest: rvq(&l, cfg, false, 1..n_codebooks)?,
     };
     Ok(Parts {
         encoder,

@@ -17,6 +17,7 @@ mod backend;
 mod conv;
 mod export;
 mod load;
+mod names;
 mod plan;
 mod quantizer;
 mod seanet;
@@ -30,6 +31,7 @@ pub use export::{
     TransformerWeights,
 };
 pub use load::{F32Tensor, Layout, MimiTensors};
+pub use names::{codebook_tensors, layer_prefix, rvq_prefix, tensor_names, LAYER_TENSORS};
 #[cfg(any(test, feature = "testing"))]
 pub use plan::broken_plans;
 pub use plan::{ConvAt, ConvTrAt, Flow, MimiPlan, ResAt, Side, Step};
