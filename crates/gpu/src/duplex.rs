@@ -4,11 +4,11 @@
 
 use std::sync::Arc;
 
-use model::lm::{LmError, LmFrame, LmSpec};
+use model::lm::{FrameStep, LmError, LmFrame, LmSpec};
 use model::sampling::Sampler;
 
 use crate::context::GpuContext;
-use crate::duplex_batch::{DuplexStep, GpuDuplexBatch};
+use crate::duplex_batch::GpuDuplexBatch;
 use crate::lm::{GpuLmOptions, GpuLmWeights};
 use crate::mimi::GpuMimiWeights;
 use crate::GpuError;
@@ -131,7 +131,7 @@ impl GpuDuplex {
         &mut self,
         pcm: &[f32],
         sampler: &mut Sampler,
-        opts: DuplexStep,
+        opts: FrameStep,
         out: &mut [f32],
     ) -> Result<Option<LmFrame>, LmError> {
         self.batch.tick(

@@ -71,7 +71,7 @@
 
 use std::sync::Arc;
 
-use model::lm::{LmBackend, LmError, LmFrame, LmSpec};
+use model::lm::{FrameStep, LmBackend, LmError, LmFrame, LmSpec};
 use model::mimi::CodecBackend;
 use model::sampling::{Sampler, SamplingError};
 
@@ -81,17 +81,6 @@ use crate::mimi::{bytes_of_f32, GpuMimi, GpuMimiWeights};
 use crate::sample::rec;
 use crate::shaders::{step, MAX_ROWS};
 use crate::GpuError;
-
-/// What one slot's frame of a tick ([`GpuDuplexBatch::tick`], [`crate::GpuDuplex::frame`]) is
-/// asked to do besides the frame itself.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct DuplexStep {
-    /// The text token to force at this call (see [`model::lm::StepOptions::force_text`]).
-    pub force_text: Option<u32>,
-    /// Reset both Mimi directions right after this frame's encode (Python's server does so after
-    /// encoding the first frame: the runtime's first-frame rule), inside the same submission.
-    pub reset_codec_after_encode: bool,
-}
 
 /// The Mimi streams, LM rows and delay rings of several conversation slots on the device, stepped
 /// one tick per submission for every listed slot (module docs).
@@ -384,7 +373,7 @@ impl GpuDuplexBatch {
         &mut self,
         slots: &[usize],
         pcm: usize,
-        opts: &[DuplexStep],
+        opts: &[FrameStep],
         samplers: &[Sampler],
         out: usize,
         results: usize,
@@ -460,7 +449,7 @@ impl GpuDuplexBatch {
         &mut self,
         slots: &[usize],
         pcm: &[f32],
-        opts: &[DuplexStep],
+        opts: &[FrameStep],
         samplers: &mut [Sampler],
         out: &mut [f32],
         results: &mut [Result<Option<LmFrame>, LmError>],

@@ -49,7 +49,7 @@ mod uniforms;
 
 pub use context::{adapters, choose_adapter, AdapterChoice, AdapterDesc, GpuContext, GpuOptions};
 pub use duplex::GpuDuplex;
-pub use duplex_batch::{DuplexStep, GpuDuplexBatch};
+pub use duplex_batch::GpuDuplexBatch;
 pub use lm::{AttentionRow, AttentionShape, GpuAttention, GpuLm, GpuLmOptions, GpuLmWeights};
 pub use matrix::GpuMatrix;
 pub use mimi::{GpuMimi, GpuMimiWeights, MimiKernel, TestConvOut};

@@ -11,8 +11,8 @@ mod common;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use gpu::{DuplexStep, GpuDuplex, GpuDuplexBatch, GpuLmOptions, GpuLmWeights, GpuMimiWeights};
-use model::lm::{LmError, LmFrame};
+use gpu::{GpuDuplex, GpuDuplexBatch, GpuLmOptions, GpuLmWeights, GpuMimiWeights};
+use model::lm::{FrameStep, LmError, LmFrame};
 use model::sampling::{Sampler, SamplerConfig};
 use testkit::TensorFile;
 
@@ -140,7 +140,7 @@ fn run_batch(
                 Event::Frame => {
                     slots.push(s);
                     frames.extend_from_slice(input(pcm, s, calls[s]));
-                    opts.push(DuplexStep {
+                    opts.push(FrameStep {
                         force_text: None,
                         reset_codec_after_encode: calls[s] == 0,
                     });
@@ -202,7 +202,7 @@ fn run_alone(
                 calls = 0;
                 continue;
             }
-            let opts = DuplexStep {
+            let opts = FrameStep {
                 force_text: None,
                 reset_codec_after_encode: calls == 0,
             };
@@ -293,7 +293,7 @@ fn one_slot_of_a_batch_reproduces_the_oracle_trace() {
         let mut frames = pcm[c * FRAME..(c + 1) * FRAME].to_vec();
         frames.extend_from_slice(input(&pcm, 0, c));
         frames.extend_from_slice(input(&pcm, 1, c));
-        let opts = [DuplexStep {
+        let opts = [FrameStep {
             force_text: None,
             reset_codec_after_encode: c == 0,
         }; 3];
@@ -348,7 +348,7 @@ fn launches_per_tick_do_not_grow_with_the_listed_slots() {
                 .iter()
                 .flat_map(|&s| input(&pcm, s, c).to_vec())
                 .collect();
-            let opts = vec![DuplexStep::default(); n];
+            let opts = vec![FrameStep::default(); n];
             let mut out = vec![0.0f32; n * FRAME];
             let mut results: Vec<Result<Option<LmFrame>, LmError>> =
                 (0..n).map(|_| Ok(None)).collect();
@@ -372,7 +372,7 @@ fn launches_per_tick_do_not_grow_with_the_listed_slots() {
     let mut out = vec![0.0f32; FRAME];
     for c in 0..=max_delay + 1 {
         ctx.profile_reset();
-        d.frame(input(&pcm, 0, c), &mut smp, DuplexStep::default(), &mut out)
+        d.frame(input(&pcm, 0, c), &mut smp, FrameStep::default(), &mut out)
             .unwrap();
         ctx.profile_frame().unwrap();
     }

@@ -11,7 +11,8 @@ mod common;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use gpu::{DuplexStep, GpuDuplex, GpuLmOptions, GpuLmWeights, GpuMimiWeights};
+use gpu::{GpuDuplex, GpuLmOptions, GpuLmWeights, GpuMimiWeights};
+use model::lm::FrameStep;
 use model::sampling::{Sampler, SamplerConfig};
 use testkit::TensorFile;
 
@@ -53,7 +54,7 @@ fn run(d: &mut GpuDuplex, frames: usize, rule: bool) -> Run {
     for i in 0..frames {
         let ctx = d.context().clone();
         let before = (ctx.submissions(), ctx.waits());
-        let opts = DuplexStep {
+        let opts = FrameStep {
             force_text: None,
             reset_codec_after_encode: rule && i == 0,
         };

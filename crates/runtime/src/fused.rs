@@ -17,7 +17,7 @@
 
 use std::time::Instant;
 
-use model::lm::{LmError, LmFrame};
+use model::lm::{FrameStep, LmError, LmFrame};
 use model::sampling::Sampler;
 
 use crate::conversation::{micros as us, Conversation, PassSlots};
@@ -25,15 +25,6 @@ use crate::events::FrameTimings;
 use crate::inlet::Begin;
 use crate::stepper::{lm_error, Phase, PhaseHook};
 use crate::{RuntimeError, FRAME_SIZE, N_AUDIO};
-
-/// What one listed slot's frame asks for besides the frame itself.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct FrameStep {
-    /// The text token to force at this call.
-    pub(crate) force_text: Option<u32>,
-    /// Reset the slot's codec streams right after this frame's encode (the first-frame rule).
-    pub(crate) reset_codec_after_encode: bool,
-}
 
 /// The whole frame passes of a device's conversation slots (module docs).
 pub(crate) trait FrameBackend: Send {

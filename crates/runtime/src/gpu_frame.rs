@@ -4,16 +4,15 @@
 
 use std::sync::Arc;
 
-use model::lm::{KvDtype, LmError, LmFrame};
+use model::lm::{FrameStep, KvDtype, LmError, LmFrame};
 use model::sampling::Sampler;
 
-use crate::fused::{FrameBackend, FrameStep};
+use crate::fused::FrameBackend;
 use crate::{RuntimeError, N_AUDIO};
 
-/// `gpu::GpuDuplexBatch` with the tick's steps in the device's form (no allocation per tick).
+/// `gpu::GpuDuplexBatch` as the runtime's frame backend.
 struct GpuFrames {
     batch: gpu::GpuDuplexBatch,
-    steps: Vec<gpu::DuplexStep>,
 }
 
 impl FrameBackend for GpuFrames {
@@ -26,13 +25,8 @@ impl FrameBackend for GpuFrames {
         decoded: &mut [f32],
         results: &mut [Result<Option<LmFrame>, LmError>],
     ) -> Result<(), LmError> {
-        self.steps.clear();
-        self.steps.extend(steps.iter().map(|s| gpu::DuplexStep {
-            force_text: s.force_text,
-            reset_codec_after_encode: s.reset_codec_after_encode,
-        }));
         self.batch
-            .tick(slots, pcm, &self.steps, samplers, decoded, results)
+            .tick(slots, pcm, steps, samplers, decoded, results)
     }
 
     fn reset_lm(&mut self, slot: usize) {
@@ -80,8 +74,5 @@ pub(crate) fn open(
         ..Default::default()
     };
     let batch = gpu::GpuDuplexBatch::new(lm.clone(), mimi.clone(), opts, slots)?;
-    Ok(Some(Box::new(GpuFrames {
-        batch,
-        steps: Vec::with_capacity(slots),
-    })))
+    Ok(Some(Box::new(GpuFrames { batch })))
 }

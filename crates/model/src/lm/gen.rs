@@ -68,6 +68,19 @@ pub struct StepOptions<'a> {
     pub force_audio: Option<&'a [u32]>,
 }
 
+/// What one conversation's whole frame (Mimi encode -> LM step -> Mimi decode, run by a device as
+/// one call: the runtime's frame-level seam over `gpu::GpuDuplexBatch`) is asked to do besides
+/// the frame itself. Defined here, where both sides can name it, so the runtime hands its steps
+/// to the device as they are.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FrameStep {
+    /// The text token to force at this call (see [`StepOptions::force_text`]).
+    pub force_text: Option<u32>,
+    /// Reset both Mimi directions right after this frame's encode (Python's server does so after
+    /// encoding the first frame: the runtime's first-frame rule), inside the same call.
+    pub reset_codec_after_encode: bool,
+}
+
 /// Observation hooks called during a step (tracing). Every method has an empty default; with
 /// [`NoObserver`] the calls compile to nothing.
 pub trait LmObserver {

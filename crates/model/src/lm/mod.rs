@@ -29,8 +29,8 @@ mod table;
 
 pub use backend::{CpuLm, LmBackend};
 pub use gen::{
-    Generator, LmBatchGen, LmFrame, LmGen, LmObserver, LmRecorder, NoObserver, StepOptions,
-    MAX_AUDIO_CODEBOOKS,
+    FrameStep, Generator, LmBatchGen, LmFrame, LmGen, LmObserver, LmRecorder, NoObserver,
+    StepOptions, MAX_AUDIO_CODEBOOKS,
 };
 pub use kernels::attention::KvDtype;
 pub use model::{LmModel, LmState};
