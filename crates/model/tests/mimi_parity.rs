@@ -354,3 +354,52 @@ fn the_name_table_names_every_checkpoint_tensor() {
         .collect();
     assert_eq!(hf, weights("mimi_hf.safetensors"));
 }
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+fn conv_key(c: &model::mimi::ConvWeights) -> impl PartialEq + std::fmt::Debug {
+    let shape = (c.cin, c.cout, c.k, c.stride, c.dilation, c.replicate);
+    (shape, bits(&c.weight), bits(&c.bias))
+}
+
+/// `MimiSource` (a checkpoint read by plan place, no CPU model built: what a device backend
+/// uploads from) gives, for every convolution, transposed convolution and residual unit the
+/// plan names, bit for bit the weights and shapes the loaded CPU model exports, in both layouts.
+#[test]
+fn the_checkpoint_source_gives_the_loaded_weights_by_place() {
+    use model::mimi::{ConvTrWeights, MimiSource};
+    let spec = spec();
+    let tr_key = |c: &ConvTrWeights| {
+        let shape = (c.cin, c.cout, c.k, c.stride, c.depthwise);
+        (shape, bits(&c.weight), bits(&c.bias))
+    };
+    for file in ["mimi.safetensors", "mimi_hf.safetensors"] {
+        let tensors = read_tensors(file);
+        let mimi = load(file, &spec);
+        let src = MimiSource::new(&tensors, &spec).unwrap();
+        assert_eq!(src.layout(), mimi.layout());
+        let plan = MimiPlan::new(&spec);
+        for &step in plan.encoder.iter().chain(&plan.decoder) {
+            match step {
+                Step::Conv { at, .. } => assert_eq!(
+                    conv_key(&src.conv_weights(at).unwrap()),
+                    conv_key(&mimi.conv_weights(at).unwrap()),
+                    "{file} {at:?}"
+                ),
+                Step::ConvTr { at, .. } => assert_eq!(
+                    tr_key(&src.conv_tr_weights(at).unwrap()),
+                    tr_key(&mimi.conv_tr_weights(at).unwrap()),
+                    "{file} {at:?}"
+                ),
+                Step::Res(at) => {
+                    let (a, b) = (src.res_weights(at).unwrap(), mimi.res_weights(at).unwrap());
+                    assert_eq!(conv_key(&a.c1), conv_key(&b.c1), "{file} {at:?}");
+                    assert_eq!(conv_key(&a.c2), conv_key(&b.c2), "{file} {at:?}");
+                }
+                _ => {}
+            }
+        }
+    }
+}

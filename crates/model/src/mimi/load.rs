@@ -2,10 +2,12 @@
 //! Hugging Face `transformers` layout (`kyutai/mimi`).
 
 use super::conv::{Conv1d, ConvTr1d};
+use super::export::{ConvTrWeights, ConvWeights};
 use super::names::{codebook_tensors, layer_prefix, rvq_prefix};
 use super::plan::{ConvAt, ConvTrAt, ResAt, Side};
 use super::quantizer::{Codebook, Rvq, SplitRvq};
 use super::seanet::{ResBlock, SeanetDecoder, SeanetEncoder};
+use super::source::MimiSource;
 use super::transformer::{Layer, Transformer};
 use super::MimiError;
 use crate::checkpoint::MimiConfig;
@@ -57,7 +59,7 @@ pub(crate) struct Loader<'a> {
 }
 
 impl<'a> Loader<'a> {
-    pub fn new(src: &'a dyn MimiTensors) -> Result<Self, MimiError> {
+    pub(super) fn new(src: &'a dyn MimiTensors) -> Result<Self, MimiError> {
         let layout = if src.get_f32("encoder.model.0.conv.conv.weight")?.is_some() {
             Layout::Kyutai
         } else if src.get_f32("encoder.layers.0.conv.weight")?.is_some() {
@@ -155,7 +157,7 @@ impl<'a> Loader<'a> {
 
 /// Head count for the HF un-permutation (set before loading transformers).
 impl Loader<'_> {
-    fn with_heads(mut self, heads: usize) -> Self {
+    pub(super) fn with_heads(mut self, heads: usize) -> Self {
         self.heads = Some(heads);
         self
     }
@@ -172,38 +174,33 @@ pub(crate) struct Parts {
     pub layout: Layout,
 }
 
-fn conv(
-    l: &Loader,
-    prefix: &str,
-    cin: usize,
-    cout: usize,
-    k: usize,
-    stride: usize,
-    dilation: usize,
-) -> Result<Conv1d, MimiError> {
-    let weight = l.tensor(&format!("{prefix}.weight"), &[cout, cin, k])?;
-    let bias = Some(l.tensor(&format!("{prefix}.bias"), &[cout])?);
-    Conv1d::new(cin, cout, k, stride, dilation, weight, bias, false)
+/// The CPU convolution of `w` (no bias where the checkpoint has none: adding zeros would not
+/// be bitwise the same).
+fn cpu_conv(w: ConvWeights, bias: bool) -> Result<Conv1d, MimiError> {
+    let b = bias.then_some(w.bias);
+    Conv1d::new(
+        w.cin,
+        w.cout,
+        w.k,
+        w.stride,
+        w.dilation,
+        w.weight,
+        b,
+        w.replicate,
+    )
 }
 
-fn resblocks(
-    l: &Loader,
-    cfg: &MimiConfig,
-    side: Side,
-    stage: usize,
-    dim: usize,
-) -> Result<Vec<ResBlock>, MimiError> {
-    let hidden = dim / cfg.seanet.compress;
-    (0..cfg.seanet.n_residual_layers)
-        .map(|block| {
-            let dil = cfg.seanet.dilation_base.pow(block as u32);
-            let [p1, p3] = ResAt { side, stage, block }.tensor_prefixes(cfg);
-            Ok(ResBlock {
-                c1: conv(l, &p1, dim, hidden, cfg.seanet.residual_kernel_size, 1, dil)?,
-                c2: conv(l, &p3, hidden, dim, 1, 1, 1)?,
-            })
-        })
-        .collect()
+fn cpu_conv_tr(w: ConvTrWeights, bias: bool) -> Result<ConvTr1d, MimiError> {
+    let b = bias.then_some(w.bias);
+    ConvTr1d::from_torch(w.cin, w.cout, w.k, w.stride, w.depthwise, &w.weight, b)
+}
+
+fn cpu_res(src: &MimiSource, at: ResAt) -> Result<ResBlock, MimiError> {
+    let w = src.res_weights(at)?;
+    Ok(ResBlock {
+        c1: cpu_conv(w.c1, true)?,
+        c2: cpu_conv(w.c2, true)?,
+    })
 }
 
 /// Builds a transformer weight matrix: f32, or rounded to bf16 (round-to-nearest-even) when
@@ -320,89 +317,49 @@ pub(crate) fn load_parts(
     n_codebooks: usize,
     opts: &super::MimiOptions,
 ) -> Result<Parts, MimiError> {
-    cfg.validate()
-        .map_err(|e| MimiError::Config(e.to_string()))?;
     if n_codebooks < 1 || n_codebooks > cfg.quantizer.n_q {
         return Err(MimiError::Config(format!(
             "n_codebooks {n_codebooks} outside 1..={}",
             cfg.quantizer.n_q
         )));
     }
-    let l = Loader::new(src)?.with_heads(cfg.transformer.num_heads);
-    let nf = cfg.seanet.n_filters;
+    let src = MimiSource::new(src, cfg)?;
+    let l = &src.loader;
     let (enc, dec) = (Side::Encoder, Side::Decoder);
-    let at = |a: ConvAt| a.tensor_prefix(cfg);
-    // encoder
-    let (k, last_k) = (cfg.seanet.kernel_size, cfg.seanet.last_kernel_size);
-    let conv0 = conv(&l, &at(ConvAt::Conv0(enc)), cfg.channels, nf, k, 1, 1)?;
-    let mut mult = 1;
-    let mut stages = Vec::new();
-    for (i, &r) in cfg.seanet.ratios.iter().rev().enumerate() {
-        let dim = mult * nf;
-        let res = resblocks(&l, cfg, enc, i, dim)?;
-        let down = conv(&l, &at(ConvAt::Down(i)), dim, dim * 2, 2 * r, r, 1)?;
-        mult *= 2;
-        stages.push((res, down));
-    }
-    let d = cfg.seanet.dimension;
-    let last = conv(&l, &at(ConvAt::Last(enc)), mult * nf, d, last_k, 1, 1)?;
-    let encoder = SeanetEncoder {
-        conv0,
-        stages,
-        last,
+    let conv = |at: ConvAt| cpu_conv(src.conv_weights(at)?, at.has_bias());
+    let conv_tr = |at: ConvTrAt| cpu_conv_tr(src.conv_tr_weights(at)?, at.has_bias());
+    let units = |side, stage| {
+        (0..cfg.seanet.n_residual_layers)
+            .map(|block| cpu_res(&src, ResAt { side, stage, block }))
+            .collect::<Result<Vec<_>, MimiError>>()
     };
-    // decoder
-    let mut mult = 1 << cfg.seanet.ratios.len();
-    let conv0 = conv(&l, &at(ConvAt::Conv0(dec)), d, mult * nf, k, 1, 1)?;
-    let mut stages = Vec::new();
-    for (i, &r) in cfg.seanet.ratios.iter().enumerate() {
-        let (cin, cout) = (mult * nf, mult * nf / 2);
-        let p = ConvTrAt::Up(i).tensor_prefix(cfg);
-        let w = l.tensor(&format!("{p}.weight"), &[cin, cout, 2 * r])?;
-        let b = l.tensor(&format!("{p}.bias"), &[cout])?;
-        let up = ConvTr1d::from_torch(cin, cout, 2 * r, r, false, &w, Some(b))?;
-        let res = resblocks(&l, cfg, dec, i, cout)?;
-        mult /= 2;
-        stages.push((up, res));
-    }
-    let last = conv(&l, &at(ConvAt::Last(dec)), nf, cfg.channels, last_k, 1, 1)?;
+    let n = cfg.seanet.ratios.len();
+    let encoder = SeanetEncoder {
+        conv0: conv(ConvAt::Conv0(enc))?,
+        stages: (0..n)
+            .map(|i| Ok((units(enc, i)?, conv(ConvAt::Down(i))?)))
+            .collect::<Result<_, MimiError>>()?,
+        last: conv(ConvAt::Last(enc))?,
+    };
     let decoder = SeanetDecoder {
-        conv0,
-        stages,
-        last,
+        conv0: conv(ConvAt::Conv0(dec))?,
+        stages: (0..n)
+            .map(|i| Ok((conv_tr(ConvTrAt::Up(i))?, units(dec, i)?)))
+            .collect::<Result<_, MimiError>>()?,
+        last: conv(ConvAt::Last(dec))?,
     };
     // transformers
-    let enc_tr = transformer(&l, cfg, enc, opts.bf16_transformers)?;
-    let dec_tr = transformer(&l, cfg, dec, opts.bf16_transformers)?;
-    // resampling
-    let s = cfg.resample_stride();
-    let down = if s > 1 {
-        let w = l.tensor(
-            &format!("{}.weight", at(ConvAt::Downsample)),
-            &[d, d, 2 * s],
-        )?;
-        Conv1d::new(d, d, 2 * s, s, 1, w, None, true)?
-    } else {
-        // No resampling when the encoder rate equals the frame rate: identity 1×1 conv.
-        let mut w = vec![0.0; d * d];
-        for i in 0..d {
-            w[i * d + i] = 1.0;
-        }
-        Conv1d::new(d, d, 1, 1, 1, w, None, false)?
-    };
-    let up = if s > 1 {
-        let p = ConvTrAt::Upsample.tensor_prefix(cfg);
-        let w = l.tensor(&format!("{p}.weight"), &[d, 1, 2 * s])?;
-        ConvTr1d::from_torch(d, d, 2 * s, s, true, &w, None)?
-    } else {
-        ConvTr1d::from_torch(d, d, 1, 1, true, &vec![1.0; d], None)?
-    };
+    let enc_tr = transformer(l, cfg, enc, opts.bf16_transformers)?;
+    let dec_tr = transformer(l, cfg, dec, opts.bf16_transformers)?;
+    let down = conv(ConvAt::Downsample)?;
+    let up = conv_tr(ConvTrAt::Upsample)?;
+    let d = cfg.seanet.dimension;
     // quantizer
     let quant = SplitRvq {
         d,
         cb_dim: cfg.quantizer.dimension,
-        first: rvq(&l, cfg, true, 0..1)?,
-        rest: rvq(&l, cfg, false, 1..n_codebooks)?,
+        first: rvq(l, cfg, true, 0..1)?,
+        rest: rvq(l, cfg, false, 1..n_codebooks)?,
     };
     Ok(Parts {
         encoder,

@@ -21,6 +21,7 @@ mod names;
 mod plan;
 mod quantizer;
 mod seanet;
+mod source;
 mod stream;
 mod transformer;
 mod walk;
@@ -35,6 +36,7 @@ pub use names::{codebook_tensors, layer_prefix, rvq_prefix, tensor_names, LAYER_
 #[cfg(any(test, feature = "testing"))]
 pub use plan::broken_plans;
 pub use plan::{ConvAt, ConvTrAt, Flow, MimiPlan, ResAt, Side, Step};
+pub use source::MimiSource;
 pub use stream::StreamEncoder;
 
 use crate::checkpoint::MimiConfig;
