@@ -366,7 +366,8 @@ fn conv_key(c: &model::mimi::ConvWeights) -> impl PartialEq + std::fmt::Debug {
 
 /// `MimiSource` (a checkpoint read by plan place, no CPU model built: what a device backend
 /// uploads from) gives, for every convolution, transposed convolution and residual unit the
-/// plan names, bit for bit the weights and shapes the loaded CPU model exports, in both layouts.
+/// plan names and both transformers, bit for bit the weights and shapes the loaded CPU model
+/// exports, in both layouts.
 #[test]
 fn the_checkpoint_source_gives_the_loaded_weights_by_place() {
     use model::mimi::{ConvTrWeights, MimiSource};
@@ -399,6 +400,35 @@ fn the_checkpoint_source_gives_the_loaded_weights_by_place() {
                     assert_eq!(conv_key(&a.c2), conv_key(&b.c2), "{file} {at:?}");
                 }
                 _ => {}
+            }
+        }
+        for side in [Side::Encoder, Side::Decoder] {
+            let (a, b) = (
+                src.transformer_weights(side).unwrap(),
+                mimi.transformer_weights(side),
+            );
+            assert_eq!(
+                (a.d, a.heads, a.ff, a.context),
+                (b.d, b.heads, b.ff, b.context)
+            );
+            assert_eq!(a.max_period.to_bits(), b.max_period.to_bits());
+            assert_eq!(a.layers.len(), b.layers.len());
+            for (x, y) in a.layers.iter().zip(&b.layers) {
+                let all = |l: &model::mimi::TransformerLayerWeights| {
+                    [
+                        &l.norm1_w,
+                        &l.norm1_b,
+                        &l.in_proj,
+                        &l.out_proj,
+                        &l.ls1,
+                        &l.norm2_w,
+                    ]
+                    .into_iter()
+                    .chain([&l.norm2_b, &l.linear1, &l.linear2, &l.ls2])
+                    .map(|v| bits(v))
+                    .collect::<Vec<_>>()
+                };
+                assert_eq!(all(x), all(y), "{file} {side:?}");
             }
         }
     }

@@ -3,7 +3,7 @@
 
 use super::conv::{Conv1d, ConvTr1d};
 use super::export::{ConvTrWeights, ConvWeights};
-use super::names::{codebook_tensors, layer_prefix, rvq_prefix};
+use super::names::{codebook_tensors, rvq_prefix};
 use super::plan::{ConvAt, ConvTrAt, ResAt, Side};
 use super::quantizer::{Codebook, Rvq, SplitRvq};
 use super::seanet::{ResBlock, SeanetDecoder, SeanetEncoder};
@@ -226,45 +226,36 @@ fn weight_matrix(
     )
 }
 
-fn transformer(
-    l: &Loader,
-    cfg: &MimiConfig,
-    side: Side,
-    bf16: bool,
-) -> Result<Transformer, MimiError> {
-    let d = cfg.seanet.dimension;
-    let ff = cfg.transformer.dim_feedforward;
-    let layers = (0..cfg.transformer.num_layers)
-        .map(|i| {
-            let p = layer_prefix(side, i);
-            let t = |n: &str, s: &[usize]| l.tensor(&format!("{p}{n}"), s);
-            let mat = |n: &str, r: usize, c: usize| -> Result<Matrix, MimiError> {
-                weight_matrix(r, c, t(n, &[r, c])?, bf16)
-                    .map_err(|e| MimiError::Config(format!("{p}{n}: {e}")))
-            };
+fn transformer(src: &MimiSource, side: Side, bf16: bool) -> Result<Transformer, MimiError> {
+    let t = src.transformer_weights(side)?;
+    let (d, ff) = (t.d, t.ff);
+    let mat = |w: Vec<f32>, r: usize, c: usize| {
+        weight_matrix(r, c, w, bf16).map_err(|e| MimiError::Config(format!("{side:?}: {e}")))
+    };
+    let layers = t
+        .layers
+        .into_iter()
+        .map(|l| {
             Ok(Layer {
-                norm1_w: t("norm1.weight", &[d])?,
-                norm1_b: t("norm1.bias", &[d])?,
-                in_proj: mat("self_attn.in_proj_weight", 3 * d, d)?,
-                out_proj: mat("self_attn.out_proj.weight", d, d)?,
-                ls1: t("layer_scale_1.scale", &[d])?,
-                norm2_w: t("norm2.weight", &[d])?,
-                norm2_b: t("norm2.bias", &[d])?,
-                linear1: mat("linear1.weight", ff, d)?,
-                linear2: mat("linear2.weight", d, ff)?,
-                ls2: t("layer_scale_2.scale", &[d])?,
+                norm1_w: l.norm1_w,
+                norm1_b: l.norm1_b,
+                in_proj: mat(l.in_proj, 3 * d, d)?,
+                out_proj: mat(l.out_proj, d, d)?,
+                ls1: l.ls1,
+                norm2_w: l.norm2_w,
+                norm2_b: l.norm2_b,
+                linear1: mat(l.linear1, ff, d)?,
+                linear2: mat(l.linear2, d, ff)?,
+                ls2: l.ls2,
             })
         })
         .collect::<Result<Vec<_>, MimiError>>()?;
     Ok(Transformer {
         d,
-        heads: cfg.transformer.num_heads,
+        heads: t.heads,
         ff,
-        context: cfg
-            .transformer
-            .context
-            .ok_or_else(|| MimiError::Config("Mimi transformer without context".into()))?,
-        max_period: cfg.transformer.max_period,
+        context: t.context,
+        max_period: t.max_period,
         layers,
     })
 }
@@ -349,8 +340,8 @@ pub(crate) fn load_parts(
         last: conv(ConvAt::Last(dec))?,
     };
     // transformers
-    let enc_tr = transformer(l, cfg, enc, opts.bf16_transformers)?;
-    let dec_tr = transformer(l, cfg, dec, opts.bf16_transformers)?;
+    let enc_tr = transformer(&src, enc, opts.bf16_transformers)?;
+    let dec_tr = transformer(&src, dec, opts.bf16_transformers)?;
     let down = conv(ConvAt::Downsample)?;
     let up = conv_tr(ConvTrAt::Upsample)?;
     let d = cfg.seanet.dimension;

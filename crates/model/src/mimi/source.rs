@@ -3,8 +3,11 @@
 //! backend that packs its own copy (the GPU) reads, and what the CPU loader builds its model
 //! from, so both take each place's tensors and shapes from one reading.
 
-use super::export::{ConvTrWeights, ConvWeights, ResBlockWeights};
+use super::export::{
+    ConvTrWeights, ConvWeights, ResBlockWeights, TransformerLayerWeights, TransformerWeights,
+};
 use super::load::{Loader, MimiTensors};
+use super::names::layer_prefix;
 use super::plan::{ConvAt, ConvTrAt, ResAt, Side};
 use super::MimiError;
 use crate::checkpoint::MimiConfig;
@@ -190,6 +193,45 @@ impl<'a> MimiSource<'a> {
                 false,
             )?,
             c2: self.conv_named(&p3, [hidden, dim, 1, 1, 1], true, false)?,
+        })
+    }
+}
+
+/// The transformers, read by layer.
+impl MimiSource<'_> {
+    /// A side's transformer in f32 (Q and K rows in interleaved-pair RoPE order, whichever
+    /// layout the checkpoint uses).
+    pub fn transformer_weights(&self, side: Side) -> Result<TransformerWeights, MimiError> {
+        let c = &self.config.transformer;
+        let (d, ff) = (self.config.seanet.dimension, c.dim_feedforward);
+        let context = c
+            .context
+            .ok_or_else(|| MimiError::Config("Mimi transformer without context".into()))?;
+        let layers = (0..c.num_layers)
+            .map(|i| {
+                let p = layer_prefix(side, i);
+                let t = |n: &str, s: &[usize]| self.loader.tensor(&format!("{p}{n}"), s);
+                Ok(TransformerLayerWeights {
+                    norm1_w: t("norm1.weight", &[d])?,
+                    norm1_b: t("norm1.bias", &[d])?,
+                    in_proj: t("self_attn.in_proj_weight", &[3 * d, d])?,
+                    out_proj: t("self_attn.out_proj.weight", &[d, d])?,
+                    ls1: t("layer_scale_1.scale", &[d])?,
+                    norm2_w: t("norm2.weight", &[d])?,
+                    norm2_b: t("norm2.bias", &[d])?,
+                    linear1: t("linear1.weight", &[ff, d])?,
+                    linear2: t("linear2.weight", &[d, ff])?,
+                    ls2: t("layer_scale_2.scale", &[d])?,
+                })
+            })
+            .collect::<Result<Vec<_>, MimiError>>()?;
+        Ok(TransformerWeights {
+            d,
+            heads: c.num_heads,
+            ff,
+            context,
+            max_period: c.max_period,
+            layers,
         })
     }
 }
